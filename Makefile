@@ -1,0 +1,39 @@
+# fusegen: every target sets up what it needs (a virtual environment in .venv) by itself.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SETUP := $(VENV)/.setup-done
+
+.PHONY: setup generate rebuild check test test-gpu bench clean
+
+setup: $(SETUP)
+
+# torch is reused from the system when present; otherwise the CPU build 2.13.0 is installed
+# (the package itself never pins torch).
+$(SETUP): pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(SETUP)
+
+generate: $(SETUP)  ## regenerate generated/ from specs/ (reuses binaries whose sources did not change)
+	$(VENV)/bin/fusegen generate
+
+rebuild: $(SETUP)  ## regenerate generated/, recompiling every kernel from scratch
+	$(VENV)/bin/fusegen generate --rebuild
+
+check: $(SETUP)  ## fail and name the files if generated/ is stale
+	$(VENV)/bin/fusegen generate --check
+
+test: $(SETUP)  ## CPU tests (no GPU needed)
+	$(PY) -m pytest -q
+
+test-gpu:  ## GPU tests; needs only torch and cuda-bindings (run on a CUDA machine)
+	$(PYTHON) -m pytest -q -m cuda tests
+
+bench:  ## GPU benchmarks
+	$(PYTHON) bench/bench_pipelines.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
+	find . -name __pycache__ -prune -exec rm -rf {} +

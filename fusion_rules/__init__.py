@@ -1,0 +1,32 @@
+"""The one ordered list of fusion rules for each pass.
+
+Rules are tried in this order; each slides greedily left to right over the ops that earlier rules
+left unfused (TE's op fuser works the same way). Patterns are written in forward op order for both
+passes. To add a rule: one file named after the op chain it matches, then one line here.
+"""
+
+from .add_norm import FORWARD_ADD_NORM
+from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
+from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
+from .linear import BACKWARD_LINEAR, FORWARD_LINEAR
+from .linear_bias import FORWARD_LINEAR_BIAS
+from .norm import BACKWARD_NORM, FORWARD_NORM
+from .norm_residual_grad import BACKWARD_NORM_RESIDUAL_GRAD
+
+FORWARD_RULES = (
+    FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
+    FORWARD_NORM,  # Norm
+    FORWARD_LINEAR_BIAS,  # BasicLinear Bias: one GEMM with the bias in its epilogue
+    FORWARD_LINEAR,  # BasicLinear: one GEMM
+    FORWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel
+)
+
+BACKWARD_RULES = (
+    BACKWARD_NORM_RESIDUAL_GRAD,  # [AddExtraInput] [MakeExtraOutput] Norm: residual grad add in norm dx
+    BACKWARD_NORM,  # Norm
+    BACKWARD_EXTRA_OUTPUT_LINEAR,  # MakeExtraOutput BasicLinear: dgrad GEMM accumulates (beta=1)
+    BACKWARD_LINEAR,  # BasicLinear: dgrad and wgrad GEMMs
+    BACKWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel, dbias fused
+)
+
+__all__ = ["FORWARD_RULES", "BACKWARD_RULES"]

@@ -1,0 +1,13 @@
+"""Forward: AddExtraInput, [MakeExtraOutput], LayerNorm|RMSNorm → one residual-add + norm kernel.
+
+The kernel reads x and the residual, writes h = x + r (the residual stream: MakeExtraOutput's
+extra output, and the norm input saved for backward) and norm(h).
+"""
+
+from generator.plan import FORWARD, Rule, pattern
+
+FORWARD_ADD_NORM = Rule(
+    name="add_norm", pass_=FORWARD, stage="norm",
+    doc="residual add fused into the norm kernel; the sum is written once for the residual stream",
+    match=pattern("add_extra_input", "make_extra_output?", "norm"),
+)

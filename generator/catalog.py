@@ -1,0 +1,219 @@
+"""The op catalog: the one place that describes an operation.
+
+Every other stage reads this table: the frontend (constructor signatures and argument checks),
+the pipeline builder (feature-size rules, parameters), the planner (what kind of stage an op can
+join), the eager reference module and the emitted code (reference math, device functions).
+Semantics follow Transformer Engine's ``te.ops`` (see shared/reference/te_ops_catalog.md).
+
+Adding an elementwise op means one ``OpDef`` here plus one device struct in
+``templates/cuda/activations.cuh`` and its reference math in ``generator/reference.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+REQUIRED = object()  # marker: argument has no default
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One constructor argument. ``kind`` is one of int, float, bool."""
+
+    name: str
+    kind: str
+    default: object = REQUIRED
+    keyword_only: bool = False
+    check: Callable[[object], str | None] | None = None  # returns an error text, or None
+
+
+@dataclass(frozen=True)
+class Param:
+    """A trainable parameter of an op; ``shape`` maps the op's arguments to a shape."""
+
+    name: str
+    shape: Callable[[dict], tuple[int, ...]]
+    init: Callable[[dict], str]  # "ones" | "zeros" | "kaiming_uniform"
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """A fusible operation, as a spec names it.
+
+    kind -- what the planner sees: linear, bias, norm, activation, glu, scale,
+            add_extra_input, make_extra_output, identity. ``Linear`` has kind "container": it
+            expands to the basic ops listed in ``expand``.
+    features -- (in, out) feature rule: fixed_in(args) -> int | None, out(in) -> int.
+    tag -- the op's word in kernel names (may depend on arguments).
+    device_struct -- the struct in templates/cuda/activations.cuh with the op's fwd/bwd math.
+    reference -- the function names in reference.py (forward, backward) for this op.
+    """
+
+    name: str
+    kind: str
+    args: tuple[Arg, ...] = ()
+    params: tuple[Param, ...] = ()
+    fixed_in: Callable[[dict], int | None] = lambda a: None
+    out_features: Callable[[dict, int], int] = lambda a, n: n
+    tag: Callable[[dict], str] = lambda a: ""
+    device_struct: str = ""
+    reference: tuple[str, str] = ("", "")
+    summary: str = ""
+    expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
+    extra_inputs: int = 0
+    extra_outputs: int = 0
+    needs_input_in_backward: bool = False  # backward reads the forward input value
+    changes_value: bool = True  # forward output differs from input (identity-like ops don't)
+    changes_grad: bool = True  # backward grad differs from incoming grad
+
+    def signature(self) -> str:
+        parts, star = [], False
+        for a in self.args:
+            if a.keyword_only and not star:
+                parts.append("*")
+                star = True
+            parts.append(a.name if a.default is REQUIRED else f"{a.name}={a.default!r}")
+        return f"{self.name}({', '.join(parts)})"
+
+
+def _positive(v):
+    return None if v > 0 else "must be positive"
+
+
+def _finite(v):
+    return None if math.isfinite(v) else "must be finite"
+
+
+def float_tag(v: float) -> str:
+    """A float as an identifier fragment: 0.5 -> 0p5, -2.0 -> m2p0, 1e-06 -> 1em06."""
+    return repr(float(v)).replace("-", "m").replace(".", "p").replace("+", "")
+
+
+def _norm_tag(base: str, defaults_eps: float):
+    def tag(a: dict) -> str:
+        t = base
+        if a["zero_centered_gamma"]:
+            t += "_zc"
+        if a["eps"] != defaults_eps:
+            t += "_eps" + float_tag(a["eps"])
+        return t
+
+    return tag
+
+
+_EPS = Arg("eps", "float", 1e-5, keyword_only=True, check=lambda v: None if v > 0 else "must be positive")
+_ZCG = Arg("zero_centered_gamma", "bool", False, keyword_only=True)
+_IN_PLACE = Arg(
+    "in_place", "bool", False, keyword_only=True,
+    check=lambda v: "must be False: fusegen owns its buffers and never mutates the caller's tensors" if v else None,
+)
+_GAMMA_INIT = lambda a: "zeros" if a["zero_centered_gamma"] else "ones"  # noqa: E731
+
+OPS: dict[str, OpDef] = {}
+
+
+def _register(op: OpDef) -> None:
+    OPS[op.name] = op
+
+
+_register(OpDef(
+    "BasicLinear", "linear",
+    args=(Arg("in_features", "int", check=_positive), Arg("out_features", "int", check=_positive)),
+    params=(Param("weight", lambda a: (a["out_features"], a["in_features"]), lambda a: "kaiming_uniform"),),
+    fixed_in=lambda a: a["in_features"],
+    out_features=lambda a, n: a["out_features"],
+    reference=("linear", "linear_bwd"),
+    summary="y = x W^T",
+    needs_input_in_backward=True,
+))
+_register(OpDef(
+    "Linear", "container",
+    args=(Arg("in_features", "int", check=_positive), Arg("out_features", "int", check=_positive),
+          Arg("bias", "bool", True, keyword_only=True)),
+    expand=lambda a: [("BasicLinear", {"in_features": a["in_features"], "out_features": a["out_features"]}, "")]
+    + ([("Bias", {"size": a["out_features"]}, "")] if a["bias"] else []),
+    summary="BasicLinear followed by Bias",
+))
+_register(OpDef(
+    "Bias", "bias",
+    args=(Arg("size", "int", check=_positive),),
+    params=(Param("bias", lambda a: (a["size"],), lambda a: "zeros"),),
+    fixed_in=lambda a: a["size"],
+    tag=lambda a: "bias",
+    reference=("bias", "bias_bwd"),
+    summary="y = x + b",
+    changes_grad=False,
+))
+_register(OpDef(
+    "LayerNorm", "norm",
+    args=(Arg("normalized_shape", "int", check=_positive), _EPS, _ZCG),
+    params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),
+            Param("bias", lambda a: (a["normalized_shape"],), lambda a: "zeros")),
+    fixed_in=lambda a: a["normalized_shape"],
+    tag=_norm_tag("layernorm", 1e-5),
+    reference=("layer_norm", "layer_norm_bwd"),
+    summary="y = (x - mean) * rstd * gamma + beta",
+    needs_input_in_backward=True,
+))
+_register(OpDef(
+    "RMSNorm", "norm",
+    args=(Arg("normalized_shape", "int", check=_positive), _EPS, _ZCG),
+    params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),),
+    fixed_in=lambda a: a["normalized_shape"],
+    tag=_norm_tag("rmsnorm", 1e-5),
+    reference=("rms_norm", "rms_norm_bwd"),
+    summary="y = x * rsqrt(mean(x^2) + eps) * gamma",
+    needs_input_in_backward=True,
+))
+
+for _name, _tag, _struct, _ref, _summary in [
+    ("GELU", "gelu", "fg::Gelu", "gelu", "tanh-approximated GELU"),
+    ("ReLU", "relu", "fg::Relu", "relu", "max(x, 0)"),
+    ("SiLU", "silu", "fg::Silu", "silu", "x * sigmoid(x)"),
+]:
+    _register(OpDef(
+        _name, "activation", tag=lambda a, t=_tag: t, device_struct=_struct,
+        reference=(_ref, _ref + "_bwd"), summary=_summary, needs_input_in_backward=True,
+    ))
+
+for _name, _tag, _struct, _ref, _summary in [
+    ("SwiGLU", "swiglu", "fg::SwiGLU", "swiglu", "silu(a) * b, a = first half"),
+    ("GEGLU", "geglu", "fg::GeGLU", "geglu", "gelu_tanh(a) * b, a = first half"),
+]:
+    _register(OpDef(
+        _name, "glu", tag=lambda a, t=_tag: t, device_struct=_struct,
+        out_features=lambda a, n: n // 2,
+        reference=(_ref, _ref + "_bwd"), summary=_summary, needs_input_in_backward=True,
+    ))
+
+_register(OpDef(
+    "ConstantScale", "scale",
+    args=(Arg("scale", "float", check=_finite),),
+    tag=lambda a: "scale" + float_tag(a["scale"]),
+    reference=("constant_scale", "constant_scale_bwd"),
+    summary="y = scale * x",
+))
+_register(OpDef(
+    "AddExtraInput", "add_extra_input",
+    args=(_IN_PLACE,),
+    tag=lambda a: "add",
+    reference=("add_extra_input", "add_extra_input_bwd"),
+    summary="y = x + r (r is an extra input)", extra_inputs=1, changes_grad=False,
+))
+_register(OpDef(
+    "MakeExtraOutput", "make_extra_output",
+    args=(_IN_PLACE,),
+    tag=lambda a: "tee",
+    reference=("make_extra_output", "make_extra_output_bwd"),
+    summary="y = x, and x again as an extra output", extra_outputs=1, changes_value=False,
+))
+_register(OpDef(
+    "Identity", "identity", summary="y = x", changes_value=False, changes_grad=False,
+))
+
+# Spellings a spec may use for the pipeline container.
+SEQUENTIAL = "Sequential"
+
+ELEMENTWISE_KINDS = frozenset({"bias", "activation", "glu", "scale", "add_extra_input", "make_extra_output"})

@@ -1,0 +1,139 @@
+"""fusegen's eager reference ``Sequential``: the catalog's ops in plain, unfused PyTorch.
+
+A spec may import its ops from here instead of Transformer Engine; the same file then runs
+eagerly (``python specs/x.py``) without any generated code, and tests use these modules as the
+unfused oracle for state_dict layout and parameter initialisation. Gradients come from autograd
+through ``reference.py``'s forward math.
+
+    from generator.eager import Sequential, LayerNorm, Linear, GELU
+    mlp = Sequential(LayerNorm(1024), Linear(1024, 4096), GELU(), Linear(4096, 1024))
+    y = mlp(torch.randn(8, 1024))
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference as ref
+from .catalog import OPS, REQUIRED, OpDef
+
+
+def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
+    """Bind constructor arguments like Python would, filling defaults and running checks."""
+    positional = [a for a in op.args if not a.keyword_only]
+    if len(args) > len(positional):
+        raise TypeError(f"{op.name}() takes {len(positional)} positional arguments but {len(args)} were given")
+    bound = {a.name: v for a, v in zip(positional, args)}
+    for name, value in kwargs.items():
+        if name not in {a.name for a in op.args}:
+            raise TypeError(f"{op.name}() got an unexpected keyword argument {name!r}; signature: {op.signature()}")
+        if name in bound:
+            raise TypeError(f"{op.name}() got multiple values for argument {name!r}")
+        bound[name] = value
+    for a in op.args:
+        if a.name not in bound:
+            if a.default is REQUIRED:
+                raise TypeError(f"{op.name}() missing required argument {a.name!r}; signature: {op.signature()}")
+            bound[a.name] = a.default
+        problem = a.check(bound[a.name]) if a.check else None
+        if problem:
+            raise ValueError(f"argument {a.name!r} of {op.name} {problem}")
+    return {a.name: bound[a.name] for a in op.args}
+
+
+def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
+    """The basic ops a spec-level op stands for (``Linear`` is BasicLinear + Bias)."""
+    op = OPS[name]
+    if op.expand is None:
+        return [(op, args)]
+    return [(OPS[sub], sub_args) for sub, sub_args, _ in op.expand(args)]
+
+
+class FusibleOp(torch.nn.Module):
+    """One catalog op (or container) with its parameters registered under TE's names."""
+
+    op_name = ""
+
+    def __init__(self, *args, device=None, dtype=None, **kwargs):
+        super().__init__()
+        op = OPS[self.op_name]
+        self.args = bind_args(op, args, kwargs)
+        self.basic = basic_ops(self.op_name, self.args)
+        for basic, basic_args in self.basic:
+            for p in basic.params:
+                shape = p.shape(basic_args)
+                self.register_parameter(p.name, torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for basic, basic_args in self.basic:
+            for p in basic.params:
+                ref.init_parameter(getattr(self, p.name), p.init(basic_args))
+
+    @property
+    def num_extra_inputs(self) -> int:
+        return sum(b.extra_inputs for b, _ in self.basic)
+
+    def forward(self, x, extra_inputs=(), extra_outputs=None):
+        """Apply the basic ops in order; extra inputs are consumed, extra outputs appended."""
+        extra_inputs = list(extra_inputs)
+        for basic, a in self.basic:
+            if basic.kind == "linear":
+                x = ref.linear(x, self.weight)
+            elif basic.kind == "bias":
+                x = ref.bias(x, self.bias)
+            elif basic.kind == "norm":
+                shape = x.shape
+                x2 = x.reshape(-1, shape[-1])
+                if basic.name == "LayerNorm":
+                    y, _, _ = ref.layer_norm(x2, self.weight, self.bias, a["eps"], a["zero_centered_gamma"])
+                else:
+                    y, _ = ref.rms_norm(x2, self.weight, a["eps"], a["zero_centered_gamma"])
+                x = y.reshape(shape)
+            elif basic.kind in ("activation", "glu"):
+                x = getattr(ref, basic.reference[0])(ref.compute(x)).to(x.dtype)
+            elif basic.kind == "scale":
+                x = ref.constant_scale(x, a["scale"])
+            elif basic.kind == "add_extra_input":
+                x = ref.add_extra_input(x, extra_inputs.pop(0))
+            elif basic.kind == "make_extra_output":
+                extra_outputs.append(ref.make_extra_output(x))
+            # identity: nothing to do
+        return x
+
+
+def _op_class(name: str) -> type:
+    op = OPS[name]
+    doc = f"{op.signature()}: {op.summary}" if op.summary else op.signature()
+    return type(name, (FusibleOp,), {"op_name": name, "__doc__": doc, "__module__": __name__})
+
+
+BasicLinear = _op_class("BasicLinear")
+Linear = _op_class("Linear")
+Bias = _op_class("Bias")
+LayerNorm = _op_class("LayerNorm")
+RMSNorm = _op_class("RMSNorm")
+GELU = _op_class("GELU")
+ReLU = _op_class("ReLU")
+SiLU = _op_class("SiLU")
+SwiGLU = _op_class("SwiGLU")
+GEGLU = _op_class("GEGLU")
+ConstantScale = _op_class("ConstantScale")
+AddExtraInput = _op_class("AddExtraInput")
+MakeExtraOutput = _op_class("MakeExtraOutput")
+Identity = _op_class("Identity")
+
+
+class Sequential(torch.nn.Sequential):
+    """Runs its ops in order: ``y = seq(x, *extra_inputs)``; returns ``y`` or ``(y, *extra_outputs)``."""
+
+    def forward(self, x, *extra_inputs):
+        needed = sum(m.num_extra_inputs for m in self)
+        if len(extra_inputs) != needed:
+            raise TypeError(f"this Sequential takes {needed} extra input(s), got {len(extra_inputs)}")
+        pending, outputs = list(extra_inputs), []
+        for module in self:
+            n = module.num_extra_inputs
+            x = module(x, pending[:n], outputs)
+            pending = pending[n:]
+        return (x, *outputs) if outputs else x

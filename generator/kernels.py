@@ -1,0 +1,193 @@
+"""Kernel specifications: what each fused stage of a plan needs compiled.
+
+A ``KernelSpec`` is a function of the stage alone, so its name (which spells out the op chain,
+the feature size and any non-default constant) is also its cache key: pipelines that share a
+stage share the kernel. Each spec names the CUDA template that instantiates it and the launcher
+family that calls it from Python; ``context`` fills both templates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .pipeline import Op, Pipeline
+from .plan import Plan, Stage
+
+DTYPES = {"bfloat16": ("bf16", "__nv_bfloat16", 2), "float16": ("fp16", "__half", 2), "float32": ("fp32", "float", 4)}
+ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str  # without the dtype suffix, e.g. "bias_swiglu_bwd_n14336"
+    family: str  # norm_fwd | norm_bwd | column_sum | elementwise_fwd | elementwise_bwd
+    context: tuple[tuple[str, object], ...]  # template variables, hashable and ordered
+    summary: str
+
+    @property
+    def ctx(self) -> dict:
+        ctx = dict(self.context)
+        if "steps" in ctx:
+            ctx["steps"] = [dict(step) for step in ctx["steps"]]
+        return ctx
+
+    def vec(self, itemsize: int) -> int:
+        """Widest vector (at most 16 bytes) that divides every row this kernel touches."""
+        v = 16 // itemsize
+        while self.ctx["align"] % v:
+            v //= 2
+        return v
+
+
+def _spec(name: str, family: str, summary: str, **context) -> KernelSpec:
+    return KernelSpec(name, family, tuple(sorted(context.items())), summary)
+
+
+def column_sum(columns: int) -> KernelSpec:
+    return _spec(f"column_sum_n{columns}", "column_sum",
+                 f"sums fp32 per-block partials over blocks, {columns} columns", columns=columns, align=1)
+
+
+# --- norms --------------------------------------------------------------------------------------
+
+def norm_forward(stage: Stage) -> KernelSpec:
+    norm = stage.first("norm")
+    residual = stage.first("add_extra_input") is not None
+    name = ("add_" if residual else "") + f"{norm.tag}_fwd_h{norm.in_features}"
+    return _spec(
+        name, "norm_fwd", ("residual add + " if residual else "") + norm.describe(),
+        hidden=norm.in_features, align=norm.in_features, layernorm=norm.opdef.name == "LayerNorm",
+        residual=residual, zero_centered_gamma=norm.args["zero_centered_gamma"], eps=norm.args["eps"],
+    )
+
+
+def norm_backward(stage: Stage) -> KernelSpec:
+    norm = stage.first("norm")
+    add_dresidual = stage.first("make_extra_output") is not None
+    name = f"{norm.tag}_bwd_h{norm.in_features}" + ("_add_dresidual" if add_dresidual else "")
+    return _spec(
+        name, "norm_bwd", norm.describe() + (" backward, + residual grad" if add_dresidual else " backward"),
+        hidden=norm.in_features, align=norm.in_features, layernorm=norm.opdef.name == "LayerNorm",
+        add_dresidual=add_dresidual, zero_centered_gamma=norm.args["zero_centered_gamma"],
+        grad_columns=norm.in_features * (2 if norm.opdef.name == "LayerNorm" else 1),
+    )
+
+
+# --- elementwise runs ---------------------------------------------------------------------------
+
+def _glu_index(ops: tuple[Op, ...]) -> int | None:
+    return next((op.index for op in ops if op.kind == "glu"), None)
+
+
+def _step(op: Op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]:
+    """One op of a run as the templates see it: lanes 'a' (and 'b' before a GLU: the second half)."""
+    lanes = ("a", "b") if glu is not None and op.index <= glu else ("a",)  # a GLU reads both halves
+    step = dict(kind=op.kind, index=op.index, lanes=lanes, struct=op.opdef.device_struct,
+                scale=op.args.get("scale"), label=op.describe(), reference=op.opdef.reference, **extra)
+    return tuple(sorted(step.items()))
+
+
+def forward_aliases(stage: Stage) -> dict[int, str]:
+    """For each MakeExtraOutput in a forward run: 'input', 'output' (the same tensor) or 'write'."""
+    out = {}
+    for op in stage.ops:
+        if op.kind == "make_extra_output":
+            before = any(o.opdef.changes_value for o in stage.ops if o.index < op.index)
+            after = any(o.opdef.changes_value for o in stage.ops if o.index > op.index)
+            out[op.index] = "input" if not before else "output" if not after else "write"
+    return out
+
+
+def backward_aliases(stage: Stage) -> dict[int, str]:
+    """For each AddExtraInput in a backward run, its grad: 'dy', 'dx' (the same tensor) or 'write'."""
+    out = {}
+    for op in stage.ops:
+        if op.kind == "add_extra_input":
+            before = any(o.opdef.changes_grad for o in stage.ops if o.index < op.index)
+            after = any(o.opdef.changes_grad for o in stage.ops if o.index > op.index)
+            out[op.index] = "dy" if not after else "dx" if not before else "write"
+    return out
+
+
+def elementwise_forward(pipeline: Pipeline, stage: Stage) -> KernelSpec:
+    glu = _glu_index(stage.ops)
+    aliases = forward_aliases(stage)
+    width = pipeline.width(stage.end)
+    steps = tuple(_step(op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
+    tags = "_".join(op.tag for op in stage.ops)
+    return _spec(
+        f"{tags}_fwd_n{width}", "elementwise_fwd", ", ".join(op.describe() for op in stage.ops),
+        width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=steps, align=width,
+        threads=ELEMENTWISE_THREADS,
+    )
+
+
+def elementwise_backward(plan: Plan, stage: Stage) -> KernelSpec:
+    pipeline = plan.pipeline
+    glu = _glu_index(stage.ops)
+    aliases = backward_aliases(stage)
+    recompute = plan.recompute.get(stage.start)
+    width = pipeline.width(stage.end)
+    steps, bias_columns = [], 0
+    for op in stage.ops:
+        steps.append(_step(
+            op, glu, write=aliases.get(op.index) == "write", bias_offset=bias_columns,
+            recompute=recompute is not None and recompute.saved_position <= op.index < recompute.until,
+            needs_input=op.opdef.needs_input_in_backward,
+        ))
+        bias_columns += op.in_features if op.kind == "bias" else 0
+    name = "_".join(op.tag for op in stage.ops) + f"_bwd_n{width}"
+    first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
+    if recompute is not None and recompute.saved_position != first_needing:
+        name += f"_from_{pipeline.ops[recompute.saved_position].tag}"
+    return _spec(
+        name, "elementwise_bwd", ", ".join(op.describe() for op in stage.ops) + " backward",
+        width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=tuple(steps), align=width,
+        threads=ELEMENTWISE_THREADS, writes_dx=any(op.opdef.changes_grad for op in stage.ops),
+        saved_position=None if recompute is None else recompute.saved_position,
+        saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
+        bias_columns=bias_columns,
+    )
+
+
+def stage_kernels(plan: Plan) -> dict[tuple[str, int], list[KernelSpec]]:
+    """Kernels per stage, keyed by (pass, stage start); the first is the stage's main kernel."""
+    out: dict[tuple[str, int], list[KernelSpec]] = {}
+    for stage in plan.forward:
+        if stage.kind == "norm":
+            out[("forward", stage.start)] = [norm_forward(stage)]
+        elif stage.kind == "elementwise":
+            out[("forward", stage.start)] = [elementwise_forward(plan.pipeline, stage)]
+    for stage in plan.backward:
+        if stage.kind == "norm":
+            spec = norm_backward(stage)
+            out[("backward", stage.start)] = [spec, column_sum(spec.ctx["grad_columns"])]
+        elif stage.kind == "elementwise":
+            spec = elementwise_backward(plan, stage)
+            sums = [column_sum(spec.ctx["bias_columns"])] if spec.ctx["bias_columns"] else []
+            out[("backward", stage.start)] = [spec, *sums]
+    return out
+
+
+def launcher_io(spec: KernelSpec) -> dict[str, list[str]]:
+    """Names of an elementwise launcher's tensor operands (after x or dy), written outputs, results."""
+    steps = spec.ctx.get("steps", [])
+    if spec.family == "elementwise_fwd":
+        operands = [f"bias{s['index']}" if s["kind"] == "bias" else f"extra_in{s['index']}"
+                    for s in steps if s["kind"] in ("bias", "add_extra_input")]
+        written = [f"extra_out{s['index']}" for s in steps if s["kind"] == "make_extra_output" and s["write"]]
+        return dict(operands=operands, written=written, returned=["y", *written])
+    if spec.family == "elementwise_bwd":
+        operands = ["x"] if spec.ctx["saved_position"] is not None else []
+        for s in steps:
+            if s["recompute"] and s["kind"] == "bias":
+                operands.append(f"bias{s['index']}")
+            elif s["recompute"] and s["kind"] == "add_extra_input":
+                operands.append(f"extra_in{s['index']}")
+            elif s["kind"] == "make_extra_output":
+                operands.append(f"d_extra_out{s['index']}")
+        written = (["dx"] if spec.ctx["writes_dx"] else []) + [
+            f"d_extra_in{s['index']}" for s in steps if s["kind"] == "add_extra_input" and s["write"]]
+        dbias = [f"dbias{s['index']}" for s in steps if s["kind"] == "bias"]
+        return dict(operands=operands, written=written, returned=written + dbias)
+    return dict(operands=[], written=[], returned=[])

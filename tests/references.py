@@ -1,0 +1,117 @@
+"""Independent float64 references for the shipped pipelines, written from the TE op catalog with
+torch.nn.functional and autograd. They share no code with the generator or the generated package."""
+
+import torch
+import torch.nn.functional as F
+
+EPS = 1e-5
+
+
+def swiglu(t):
+    a, b = t.chunk(2, dim=-1)  # TE gates the FIRST half
+    return F.silu(a) * b
+
+
+def rms_norm(x, w, eps=EPS):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def layer_norm(x, w, b, eps=EPS):
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def te_mlp(p, x):
+    h = F.linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"])
+    return (F.linear(swiglu(h), p["3.weight"], p["3.bias"]),)
+
+
+def fc1(p, x):
+    n = layer_norm(x, p["0.weight"], p["0.bias"])
+    return swiglu(F.linear(n, p["2.weight"], p["2.bias"])), n
+
+
+def fc2(p, x, residual):
+    return (F.linear(x, p["0.weight"], p["0.bias"]) + residual,)
+
+
+def prenorm_block(p, x, residual):
+    return F.linear(rms_norm(x, p["1.weight"]), p["2.weight"], p["2.bias"]) + residual, x
+
+
+def gpt2_mlp(p, x):
+    h = F.gelu(F.linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"]), approximate="tanh")
+    return (F.linear(h, p["3.weight"], p["3.bias"]),)
+
+
+# name -> (generated class name, reference, number of extra inputs)
+PIPELINES = {
+    "te_mlp": ("TeMlp", te_mlp, 0),
+    "fc1": ("Fc1", fc1, 0),
+    "fc2": ("Fc2", fc2, 1),
+    "prenorm_block": ("PrenormBlock", prenorm_block, 1),
+    "gpt2_mlp": ("Gpt2Mlp", gpt2_mlp, 0),
+}
+
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def pipeline_tolerance(dtype):
+    """4 units of roundoff of the dtype, relative to the tensor's max |ref|. Every shipped pipeline
+    has a GEMM, so float32 uses float16's roundoff (TF32 may run), as for TE's single-op rows."""
+    return 4 * UNIT_ROUNDOFF[torch.float16 if dtype == torch.float32 else dtype]
+
+
+def assert_close_to_reference(name, got, ref, dtype):
+    got64, ref = got.detach().to(torch.float64).cpu(), ref.detach().cpu()
+    assert got64.shape == ref.shape, f"{name}: shape {tuple(got64.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(got64).all(), f"{name}: non-finite values"
+    scale = ref.abs().max().item()
+    err = (got64 - ref).abs().max().item()
+    tol = pipeline_tolerance(dtype) * max(scale, 1e-30)
+    assert err <= tol, f"{name}: max |err| {err:.3e} > {tol:.3e} (max |ref| {scale:.3e}, {dtype})"
+
+
+def randomize_(module, generator=None):
+    """Signed random parameters: zero biases and unit gammas would hide wrong gradients."""
+    with torch.no_grad():
+        for p in module.parameters():
+            fan_in = p.shape[-1] if p.dim() > 1 else 1
+            p.copy_(torch.randn(p.shape, generator=generator) / fan_in**0.5)
+
+
+def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=0, ref_device="cpu"):
+    """Forward + backward of a generated module against the float64 reference (computed on
+    ``ref_device``); asserts every output, extra output, input grad and parameter grad."""
+    cls_name, reference, n_extra = PIPELINES[name]
+    gen = torch.Generator().manual_seed(seed)
+    rows_shape = x_shape[:-1]
+    inputs = [torch.randn(x_shape, generator=gen)]
+    # extra inputs have the pipeline's output width
+    for _ in range(n_extra):
+        inputs.append(torch.randn((*rows_shape, module.out_features), generator=gen))
+    dev_inputs = [t.to(device=device, dtype=dtype) for t in inputs]
+    if make_input is not None:
+        dev_inputs = [make_input(t) for t in dev_inputs]
+    dev_inputs = [t.requires_grad_() for t in dev_inputs]
+    outputs = module(*dev_inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    grads = [torch.randn(o.shape, generator=gen).to(device=device, dtype=dtype) for o in outputs]
+    torch.autograd.backward(outputs, grads)
+
+    as64 = lambda t: t.detach().to(device=ref_device, dtype=torch.float64).requires_grad_()  # noqa: E731
+    params64 = {k: as64(v) for k, v in module.state_dict().items()}
+    inputs64 = [as64(t) for t in dev_inputs]
+    ref_outputs = reference(params64, *inputs64)
+    assert len(ref_outputs) == len(outputs)
+    torch.autograd.backward(ref_outputs, [g.to(device=ref_device, dtype=torch.float64) for g in grads])
+
+    for i, (o, r) in enumerate(zip(outputs, ref_outputs)):
+        assert o.dtype == dtype and o.device.type == torch.device(device).type
+        assert_close_to_reference(f"{name} output {i}", o, r, dtype)
+    for i, (t, r) in enumerate(zip(dev_inputs, inputs64)):
+        assert_close_to_reference(f"{name} input grad {i}", t.grad, r.grad, dtype)
+    named = dict(module.named_parameters())
+    assert set(named) == set(params64)
+    for key, p in named.items():
+        assert p.grad is not None, f"{name}: no grad for {key}"
+        assert_close_to_reference(f"{name} grad {key}", p.grad, params64[key].grad, dtype)

@@ -1,0 +1,26 @@
+"""Every shipped pipeline of the generated package, on CPU, against float64 references:
+outputs, extra outputs, input grads and all parameter grads, in float32 and bfloat16."""
+
+import pytest
+import torch
+
+import generated
+from references import PIPELINES, randomize_, run_and_compare
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_pipeline_matches_float64_reference(name, dtype):
+    torch.manual_seed(0)
+    module = getattr(generated, PIPELINES[name][0])(dtype=dtype)
+    randomize_(module, torch.Generator().manual_seed(1))
+    run_and_compare(module, name, (2, 3, module.in_features), dtype, "cpu", seed=2)
+
+
+def test_single_row_and_non_contiguous_input():
+    module = generated.Gpt2Mlp(dtype=torch.float32)
+    randomize_(module, torch.Generator().manual_seed(3))
+    run_and_compare(module, "gpt2_mlp", (1, module.in_features), torch.float32, "cpu", seed=4)
+    transposed = lambda t: t.t().contiguous().t()  # same values, column-major strides  # noqa: E731
+    run_and_compare(module, "gpt2_mlp", (5, module.in_features), torch.float32, "cpu",
+                    make_input=lambda t: transposed(t) if t.dim() == 2 else t, seed=5)

@@ -1,0 +1,130 @@
+"""The fusion plan chosen for each shipped spec: which rule made each stage, what is saved."""
+
+from pathlib import Path
+
+import pytest
+
+import fusion_rules
+from generator.frontend import parse_spec_file
+from generator.kernels import stage_kernels
+from generator.pipeline import build_pipeline
+from generator.plan import plan_pipeline
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+def plan_of(file, name):
+    spec = next(s for s in parse_spec_file(SPECS / file, f"specs/{file}") if s.name == name)
+    return plan_pipeline(build_pipeline(spec), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+
+
+def summary(stages):
+    return [(s.rule.name, s.kind, tuple(op.opdef.name for op in s.ops)) for s in stages]
+
+
+def kernel_names(plan):
+    return {key: [k.name for k in specs] for key, specs in stage_kernels(plan).items()}
+
+
+def test_te_mlp():
+    plan = plan_of("te_mlp.py", "te_mlp")
+    assert summary(plan.forward) == [
+        ("norm", "norm", ("LayerNorm",)),
+        ("linear_bias", "gemm", ("BasicLinear", "Bias")),
+        ("elementwise", "elementwise", ("SwiGLU",)),
+        ("linear_bias", "gemm", ("BasicLinear", "Bias")),
+    ]
+    assert summary(plan.backward) == [
+        ("norm_backward", "norm", ("LayerNorm",)),
+        ("linear_backward", "gemm", ("BasicLinear",)),
+        ("elementwise_backward", "elementwise", ("Bias", "SwiGLU")),
+        ("linear_backward", "gemm", ("BasicLinear",)),
+        ("elementwise_backward", "elementwise", ("Bias",)),
+    ]
+    assert kernel_names(plan) == {
+        ("forward", 0): ["layernorm_fwd_h4096"],
+        ("forward", 3): ["swiglu_fwd_n14336"],
+        ("backward", 0): ["layernorm_bwd_h4096", "column_sum_n8192"],
+        ("backward", 2): ["bias_swiglu_bwd_n14336", "column_sum_n28672"],
+        ("backward", 5): ["bias_bwd_n4096", "column_sum_n4096"],
+    }
+    # the SwiGLU backward recomputes from its input (the GEMM + bias output), nothing else
+    assert plan.recompute[2].saved_position == 3
+    assert plan.saved_values == (0, 1, 3, 4)
+
+
+def test_residual_split():
+    fc1 = plan_of("residual_split.py", "fc1")
+    assert [s.rule.name for s in fc1.forward] == ["norm", "elementwise", "linear_bias", "elementwise"]
+    assert fc1.forward[1].kind == "passthrough"  # MakeExtraOutput hands out the norm output as is
+    assert summary(fc1.backward) == [
+        ("norm_backward", "norm", ("LayerNorm",)),
+        ("extra_output_linear_backward", "gemm", ("MakeExtraOutput", "BasicLinear")),
+        ("elementwise_backward", "elementwise", ("Bias", "SwiGLU")),
+    ]
+    fc2 = plan_of("residual_split.py", "fc2")
+    assert summary(fc2.forward) == [
+        ("linear_bias", "gemm", ("BasicLinear", "Bias")),
+        ("elementwise", "elementwise", ("AddExtraInput",)),
+    ]
+    assert summary(fc2.backward) == [
+        ("linear_backward", "gemm", ("BasicLinear",)),
+        ("elementwise_backward", "elementwise", ("Bias", "AddExtraInput")),
+    ]
+    assert kernel_names(fc2)[("backward", 1)] == ["bias_add_bwd_n4096", "column_sum_n4096"]
+
+
+def test_prenorm_block():
+    plan = plan_of("prenorm_block.py", "prenorm_block")
+    assert summary(plan.forward) == [
+        ("elementwise", "passthrough", ("MakeExtraOutput",)),
+        ("norm", "norm", ("RMSNorm",)),
+        ("linear_bias", "gemm", ("BasicLinear", "Bias")),
+        ("elementwise", "elementwise", ("AddExtraInput",)),
+    ]
+    assert summary(plan.backward) == [
+        ("norm_residual_grad", "norm", ("MakeExtraOutput", "RMSNorm")),
+        ("linear_backward", "gemm", ("BasicLinear",)),
+        ("elementwise_backward", "elementwise", ("Bias", "AddExtraInput")),
+    ]
+    assert kernel_names(plan)[("backward", 0)] == ["rmsnorm_bwd_h4096_add_dresidual", "column_sum_n4096"]
+
+
+def test_gpt2_mlp():
+    plan = plan_of("gpt2_mlp.py", "gpt2_mlp")
+    assert [s.rule.name for s in plan.forward] == ["norm", "linear_bias", "elementwise", "linear_bias"]
+    assert [s.rule.name for s in plan.backward] == [
+        "norm_backward", "linear_backward", "elementwise_backward", "linear_backward", "elementwise_backward"]
+    assert kernel_names(plan)[("backward", 2)] == ["bias_gelu_bwd_n4096", "column_sum_n4096"]
+
+
+@pytest.mark.parametrize("source,forward,backward", [
+    # AddExtraInput right before a norm fuses into it; the sum is the extra output
+    ("AddExtraInput(), MakeExtraOutput(), RMSNorm(64)", ["add_norm"], ["norm_residual_grad"]),
+    ("AddExtraInput(), LayerNorm(64)", ["add_norm"], ["norm_residual_grad"]),
+    # a run of elementwise ops is one stage in each pass, Bias included when no GEMM takes it
+    ("Bias(64), GELU(), ConstantScale(0.5), AddExtraInput()", ["elementwise"], ["elementwise_backward"]),
+    # a second GLU starts a new run
+    ("Bias(64), SwiGLU(), SwiGLU()", ["elementwise", "elementwise"], ["elementwise_backward", "elementwise_backward"]),
+    ("BasicLinear(64, 32), Bias(32)", ["linear_bias"], ["linear_backward", "elementwise_backward"]),
+])
+def test_rules_on_small_pipelines(source, forward, backward):
+    from generator.frontend import parse_spec
+
+    text = f"from generator.eager import *\np = Sequential({source})\n"
+    text = text.replace("import *", "import Sequential, AddExtraInput, MakeExtraOutput, RMSNorm, LayerNorm, "
+                        "Bias, GELU, ConstantScale, SwiGLU, BasicLinear")
+    plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+    assert [s.rule.name for s in plan.forward] == forward
+    assert [s.rule.name for s in plan.backward] == backward
+
+
+def test_recompute_from_an_earlier_value_when_the_gemm_does_not_take_the_bias():
+    from generator.frontend import parse_spec
+
+    text = ("from generator.eager import Sequential, LayerNorm, Bias, GELU\n"
+            "p = Sequential(LayerNorm(64), Bias(64), GELU())\n")
+    plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+    # the GELU input (after the bias) is never materialised: backward recomputes from the norm output
+    assert plan.recompute[1].saved_position == 1
+    assert kernel_names(plan)[("backward", 1)] == ["bias_gelu_bwd_n64_from_bias", "column_sum_n64"]
