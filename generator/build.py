@@ -82,6 +82,8 @@ def collect_kernels(plans: list[Plan]) -> tuple[dict[str, kn.KernelSpec], dict[s
 
 def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
     """Per-dtype launch constant as a Python dict literal: threads (norms) or grid x (elementwise)."""
+    if spec.family == "column_sum":
+        return ""  # one thread per column, the same for every dtype
     items = []
     for dtype in dtypes:
         itemsize = kn.DTYPES[dtype][2]

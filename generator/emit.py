@@ -8,6 +8,7 @@ change to a spec or a rule shows up as a readable diff.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def value_name(pipeline: Pipeline, position: int) -> str:
         return "x"
     op = pipeline.ops[position - 1]
     if position < len(pipeline.ops) and pipeline.ops[position].module_index == op.module_index:
-        return f"{op.hint}_{op.opdef.name.lower()}"  # inside a container (Linear's matmul output)
+        return f"{op.hint}_pre_{pipeline.ops[position].kind}"  # inside a container: Linear's matmul output
     return f"{op.hint}_out"
 
 
@@ -73,7 +74,8 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
     stats: dict[int, str] = {}
     blocks = []
     for n, stage in enumerate(plan.forward):
-        block = Block(f"forward stage {n} · rule {stage.rule.name} · {stage_label(stage)}")
+        block = Block(f"forward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
+                      + (" · no kernel" if stage.kind == "passthrough" else ""))
         x_in, out = values[stage.start], value_name(p, stage.end)
         if stage.kind == "gemm":
             linear, bias = stage.first("linear"), stage.first("bias")
@@ -100,9 +102,10 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
         elif stage.kind == "elementwise":
             spec = stage_kernels[("forward", stage.start)][0]
             io = kn.launcher_io(spec)
-            operands = [param_name(p.ops[int(o[4:])], "bias") if o.startswith("bias")
-                        else extra_input_name(p.ops[int(o[8:])]) for o in io["operands"]]
-            results = [out] + [extra_output_name(p.ops[int(w[9:])]) for w in io["written"]]
+            at = lambda name, prefix: p.ops[stage.start + int(name[len(prefix):])]  # noqa: E731
+            operands = [param_name(at(o, "bias"), "bias") if o.startswith("bias")
+                        else extra_input_name(at(o, "extra_in")) for o in io["operands"]]
+            results = [out] + [extra_output_name(at(w, "extra_out")) for w in io["written"]]
             block.lines.append(f"{', '.join(results)} = K.{spec.name}({', '.join([x_in] + operands)})")
             for index, alias in kn.forward_aliases(stage).items():
                 if alias != "write":
@@ -125,7 +128,8 @@ def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str], sta
     grads: dict[int, str] = {len(p.ops): "d_" + values[len(p.ops)]}
     blocks = []
     for n, stage in reversed(list(enumerate(plan.backward))):
-        block = Block(f"backward stage {n} · rule {stage.rule.name} · {stage_label(stage)}")
+        block = Block(f"backward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
+                      + (" · no kernel" if stage.kind == "passthrough" else ""))
         dy = grads[stage.end]
         d_in = "d_" + values.get(stage.start, value_name(p, stage.start))
         if stage.kind == "gemm":
@@ -149,24 +153,24 @@ def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str], sta
         elif stage.kind == "elementwise":
             spec = stage_kernels[("backward", stage.start)][0]
             io = kn.launcher_io(spec)
+            at = lambda name, prefix: p.ops[stage.start + int(name[len(prefix):])]  # noqa: E731
             operands = []
             for o in io["operands"]:
                 if o == "x":
-                    operands.append(values[spec.ctx["saved_position"]])
+                    operands.append(values[plan.recompute[stage.start].saved_position])
                 elif o.startswith("bias"):
-                    operands.append(param_name(p.ops[int(o[4:])], "bias"))
+                    operands.append(param_name(at(o, "bias"), "bias"))
                 elif o.startswith("extra_in"):
-                    operands.append(extra_input_name(p.ops[int(o[8:])]))
-                else:  # d_extra_out<i>
-                    operands.append("d_" + extra_output_name(p.ops[int(o[11:])]))
+                    operands.append(extra_input_name(at(o, "extra_in")))
+                else:
+                    operands.append("d_" + extra_output_name(at(o, "d_extra_out")))
             biases = [op for op in stage.ops if op.kind == "bias"]
-            if biases:
-                operands.append(f"{param_name(biases[0], 'bias')}.dtype")
             if not spec.ctx["writes_dx"]:
                 d_in = dy
             names = {"dx": d_in}
-            names.update({f"d_extra_in{op.index}": "d_" + extra_input_name(op) for op in stage.ops if op.kind == "add_extra_input"})
-            names.update({f"dbias{op.index}": "d_" + param_name(op, "bias") for op in biases})
+            names.update({f"d_extra_in{op.index - stage.start}": "d_" + extra_input_name(op)
+                          for op in stage.ops if op.kind == "add_extra_input"})
+            names.update({f"dbias{op.index - stage.start}": "d_" + param_name(op, "bias") for op in biases})
             block.lines.append(f"{', '.join(names[r] for r in io['returned'])} = K.{spec.name}({', '.join([dy] + operands)})")
             for index, alias in kn.backward_aliases(stage).items():
                 if alias != "write":
@@ -193,7 +197,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     saved = [values[pos] for pos in plan.saved_values]
     saved += [stats[op.index] for stage in plan.backward if stage.kind == "norm" for op in [stage.first("norm")]]
     saved += [extra_input_name(op) for op in p.ops if op.extra_input in plan.saved_extra_inputs]
-    saved += [name for *_, name in params]
+    backward_code = "\n".join(line for block in bwd for line in block.lines)
+    saved += [name for *_, name in params if re.search(rf"\b{name}\b", backward_code)]
     saved_names = ", ".join(saved).split(", ") if saved else []
     modules = {}
     for op, attr, key, shape, init, name in params:
@@ -201,6 +206,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
+        param_names=[name for *_, name in params],
         saved=list(dict.fromkeys(saved_names)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params],

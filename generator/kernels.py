@@ -79,10 +79,11 @@ def _glu_index(ops: tuple[Op, ...]) -> int | None:
     return next((op.index for op in ops if op.kind == "glu"), None)
 
 
-def _step(op: Op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]:
-    """One op of a run as the templates see it: lanes 'a' (and 'b' before a GLU: the second half)."""
+def _step(stage: Stage, op: Op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]:
+    """One op of a run as the templates see it: its index within the run, lanes 'a' (and 'b'
+    before a GLU, for the second half of the row)."""
     lanes = ("a", "b") if glu is not None and op.index <= glu else ("a",)  # a GLU reads both halves
-    step = dict(kind=op.kind, index=op.index, lanes=lanes, struct=op.opdef.device_struct,
+    step = dict(kind=op.kind, index=op.index - stage.start, lanes=lanes, struct=op.opdef.device_struct,
                 scale=op.args.get("scale"), label=op.describe(), reference=op.opdef.reference, **extra)
     return tuple(sorted(step.items()))
 
@@ -113,7 +114,7 @@ def elementwise_forward(pipeline: Pipeline, stage: Stage) -> KernelSpec:
     glu = _glu_index(stage.ops)
     aliases = forward_aliases(stage)
     width = pipeline.width(stage.end)
-    steps = tuple(_step(op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
+    steps = tuple(_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
     tags = "_".join(op.tag for op in stage.ops)
     return _spec(
         f"{tags}_fwd_n{width}", "elementwise_fwd", ", ".join(op.describe() for op in stage.ops),
@@ -131,8 +132,9 @@ def elementwise_backward(plan: Plan, stage: Stage) -> KernelSpec:
     steps, bias_columns = [], 0
     for op in stage.ops:
         steps.append(_step(
-            op, glu, write=aliases.get(op.index) == "write", bias_offset=bias_columns,
-            recompute=recompute is not None and recompute.saved_position <= op.index < recompute.until,
+            stage, op, glu, write=aliases.get(op.index) == "write", bias_offset=bias_columns,
+            recompute=recompute is not None and recompute.saved_position <= op.index <= recompute.last,
+            apply=recompute is not None and recompute.saved_position <= op.index < recompute.last,
             needs_input=op.opdef.needs_input_in_backward,
         ))
         bias_columns += op.in_features if op.kind == "bias" else 0
@@ -144,7 +146,7 @@ def elementwise_backward(plan: Plan, stage: Stage) -> KernelSpec:
         name, "elementwise_bwd", ", ".join(op.describe() for op in stage.ops) + " backward",
         width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=tuple(steps), align=width,
         threads=ELEMENTWISE_THREADS, writes_dx=any(op.opdef.changes_grad for op in stage.ops),
-        saved_position=None if recompute is None else recompute.saved_position,
+        saved_offset=None if recompute is None else recompute.saved_position - stage.start,
         saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
         bias_columns=bias_columns,
     )
@@ -178,7 +180,7 @@ def launcher_io(spec: KernelSpec) -> dict[str, list[str]]:
         written = [f"extra_out{s['index']}" for s in steps if s["kind"] == "make_extra_output" and s["write"]]
         return dict(operands=operands, written=written, returned=["y", *written])
     if spec.family == "elementwise_bwd":
-        operands = ["x"] if spec.ctx["saved_position"] is not None else []
+        operands = ["x"] if spec.ctx["saved_offset"] is not None else []
         for s in steps:
             if s["recompute"] and s["kind"] == "bias":
                 operands.append(f"bias{s['index']}")

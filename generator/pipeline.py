@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import OPS, OpDef
+from .catalog import OPS, REQUIRED, OpDef
 from .eager import basic_ops
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
@@ -52,8 +52,15 @@ class Op:
         ]
 
     def describe(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
-        return f"{self.opdef.name}({shown})"
+        """The op as a spec would write it: required arguments by position, others if not default."""
+        shown = []
+        for a in self.opdef.args:
+            value = self.args[a.name]
+            if a.default is REQUIRED:
+                shown.append(repr(value))
+            elif value != a.default:
+                shown.append(f"{a.name}={value!r}")
+        return f"{self.opdef.name}({', '.join(shown)})"
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ class Recompute:
     """How an elementwise backward stage gets the forward values it needs."""
 
     saved_position: int  # the saved forward value the kernel starts from
-    until: int  # recompute ops [saved_position, until): up to the last op that needs its input
+    last: int  # the last op whose input is needed: ops [saved_position, last) are applied again
 
 
 @dataclass(frozen=True)
