@@ -129,6 +129,9 @@ def binary_name(symbol: str, target: str) -> str:
 def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: Path | None,
                     log=print) -> tuple[dict[str, bytes], dict]:
     """Compile every (kernel, arch), reusing matching binaries from a previous output package."""
+    if not archs:  # a CPU-only package: sources, no binaries
+        return {}, {symbol: {"source": f"kernels/{symbol}.cu", "source_sha256": sha256(source.encode()),
+                             "binaries": {}} for symbol, source in sources.items()}
     from . import nvrtc
 
     version = nvrtc.nvrtc_version()

@@ -83,6 +83,7 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
     """Forward + backward of a generated module against the float64 reference (computed on
     ``ref_device``); asserts every output, extra output, input grad and parameter grad."""
     cls_name, reference, n_extra = PIPELINES[name]
+    module.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(seed)
     rows_shape = x_shape[:-1]
     inputs = [torch.randn(x_shape, generator=gen)]
