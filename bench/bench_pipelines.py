@@ -61,11 +61,11 @@ def kernel_rows(rows, dtype):
         ("rmsnorm_bwd_h4096_add_dresidual", lambda: K.rmsnorm_bwd_h4096_add_dresidual(d4k, x4k, rms_rstd, w4k, d4k), 4 * 4096 * e),
         ("layernorm_fwd_h1024", lambda: K.layernorm_fwd_h1024(x1k, w1k, w1k), 2 * 1024 * e),
         ("swiglu_fwd_n14336", lambda: K.swiglu_fwd_n14336(h28k), 3 * 14336 * e),
-        ("bias_swiglu_bwd_n14336", lambda: K.bias_swiglu_bwd_n14336(d14k, h28k, dtype), 5 * 14336 * e),
+        ("bias_swiglu_bwd_n14336", lambda: K.bias_swiglu_bwd_n14336(d14k, h28k), 5 * 14336 * e),
         ("gelu_fwd_n4096", lambda: K.gelu_fwd_n4096(x4k), 2 * 4096 * e),
-        ("bias_gelu_bwd_n4096", lambda: K.bias_gelu_bwd_n4096(d4k, x4k, dtype), 3 * 4096 * e),
+        ("bias_gelu_bwd_n4096", lambda: K.bias_gelu_bwd_n4096(d4k, x4k), 3 * 4096 * e),
         ("add_fwd_n4096", lambda: K.add_fwd_n4096(x4k, d4k), 3 * 4096 * e),
-        ("bias_add_bwd_n4096", lambda: K.bias_add_bwd_n4096(d4k, dtype), 4096 * e),
+        ("bias_add_bwd_n4096", lambda: K.bias_add_bwd_n4096(d4k), 4096 * e),
     ]
 
 

@@ -12,7 +12,7 @@ from . import _reference as ref
 from ._runtime import Kernel
 
 NORM_SPLITS = 256  # row splits of a norm backward: fp32 dgamma/dbeta partials per split
-ELEMENTWISE_SPLITS = 1024  # row splits of an elementwise kernel (grid y)
+ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
 BIAS_SPLITS = 128  # row splits of an elementwise backward that sums bias gradients
 COLUMN_SUM_THREADS = 256
 

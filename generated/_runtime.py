@@ -141,7 +141,7 @@ class Kernel:
                 values.append(arg.data_ptr())
                 types.append(ctypes.c_void_p)
             elif arg is None:
-                values.append(None)
+                values.append(0)  # null pointer
                 types.append(ctypes.c_void_p)
             elif isinstance(arg, int):
                 values.append(arg)

@@ -15,6 +15,12 @@ from .plan import Plan, Stage
 
 DTYPES = {"bfloat16": ("bf16", "__nv_bfloat16", 2), "float16": ("fp16", "__half", 2), "float32": ("fp32", "float", 4)}
 ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
+NORM_MAX_THREADS = 512  # threads per row of a norm kernel
+
+
+def norm_threads(hidden: int, vec: int) -> int:
+    """Threads per block of a norm kernel: a multiple of 32 covering the row's vectors, capped."""
+    return min(NORM_MAX_THREADS, -(-hidden // vec // 32) * 32)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_bwd_n4096_fp16(
   if (v >= NVEC) return;
   const int col = v * VEC;
   float dbias0a[VEC] = {};
+#pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const long long out_a = (long long)row * N + col;
     const long long in_a = out_a;

@@ -24,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_swiglu_bwd_n14336_fp32(
   const int col = v * VEC;
   float dbias0a[VEC] = {};
   float dbias0b[VEC] = {};
+#pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const long long out_a = (long long)row * N + col;
     const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;

@@ -16,6 +16,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_fwd_n14336_fp16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+#pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     // Input rows are [a | b], 2N wide: lane a is the gate (first half), lane b the second half.
     const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;

@@ -1,0 +1,60 @@
+// fusegen device helpers shared by every kernel: dtype conversion, 16-byte vector access,
+// warp and block reductions. Plain CUDA C++; the jinja templates only instantiate what is here.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace fg {
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// N elements of T moved as one aligned access (16 bytes when N * sizeof(T) == 16).
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+
+template <typename T, int N>
+__device__ __forceinline__ void load(const T* __restrict__ p, float (&out)[N]) {
+  const Vec<T, N> vec = *reinterpret_cast<const Vec<T, N>*>(p);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = to_float<T>(vec.v[k]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store(T* __restrict__ p, const float (&in)[N]) {
+  Vec<T, N> vec;
+#pragma unroll
+  for (int k = 0; k < N; ++k) vec.v[k] = from_float<T>(in[k]);
+  *reinterpret_cast<Vec<T, N>*>(p) = vec;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over a block of THREADS threads (a multiple of 32); every thread gets the total.
+// smem holds THREADS / 32 floats. Fixed reduction order, so the result is deterministic.
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  constexpr int WARPS = THREADS / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  if (WARPS == 1) return v;
+  __syncthreads();  // smem may still be read from a previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) total += smem[w];
+  return total;
+}
+
+}  // namespace fg

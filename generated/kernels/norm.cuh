@@ -1,0 +1,148 @@
+// Row normalization (LayerNorm, RMSNorm) forward and backward, as in TE (catalog 2.7).
+//
+// Why: one block per row in the forward keeps the whole row in registers (16-byte vectors), so x
+// is read once and y written once; statistics are exact two-pass sums over the registers, in
+// fp32. The backward gives each block a fixed, strided set of rows and sums dgamma/dbeta for its
+// columns in registers, then writes one fp32 partial row per block; a column-sum kernel adds the
+// partials in block order. No atomics, so the parameter grads are identical run to run.
+// The launcher picks THREADS = min(512, round_up_32(H / VEC)); each thread holds NV vectors.
+#pragma once
+#include "common.cuh"
+
+namespace fg {
+
+template <int H, int VEC, int THREADS>
+struct RowTiling {
+  static constexpr int NVEC = H / VEC;                           // vectors per row
+  static constexpr int NV = (NVEC + THREADS - 1) / THREADS;      // vectors per thread
+  static __device__ __forceinline__ bool valid(int i) { return threadIdx.x + i * THREADS < NVEC; }
+  static __device__ __forceinline__ int col(int i) { return (threadIdx.x + i * THREADS) * VEC; }
+};
+
+template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED>
+__device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
+                                         const T* __restrict__ gamma, const T* __restrict__ beta,
+                                         T* __restrict__ y, T* __restrict__ residual_out,
+                                         float* __restrict__ mean, float* __restrict__ rstd, int rows,
+                                         float eps) {
+  using Tile = RowTiling<H, VEC, THREADS>;
+  __shared__ float smem[THREADS / 32];
+  const int row = blockIdx.x;
+  const long long base = (long long)row * H;
+  float h[Tile::NV][VEC];
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < Tile::NV; ++i) {
+    if (!Tile::valid(i)) continue;
+    load<T, VEC>(x + base + Tile::col(i), h[i]);
+    if (RESIDUAL) {
+      // h = x + r, rounded to T: the stored residual stream and what the backward reads.
+      float r[VEC];
+      load<T, VEC>(residual + base + Tile::col(i), r);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) h[i][k] = to_float<T>(from_float<T>(h[i][k] + r[k]));
+      store<T, VEC>(residual_out + base + Tile::col(i), h[i]);
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) sum += LAYERNORM ? h[i][k] : h[i][k] * h[i][k];
+  }
+  sum = block_sum<THREADS>(sum, smem);
+  float mu = 0.f, inv;
+  if (LAYERNORM) {
+    mu = sum / H;
+    float m2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) m2 += (h[i][k] - mu) * (h[i][k] - mu);
+    }
+    inv = rsqrtf(block_sum<THREADS>(m2, smem) / H + eps);
+  } else {
+    inv = rsqrtf(sum / H + eps);
+  }
+  if (threadIdx.x == 0) {
+    if (LAYERNORM) mean[row] = mu;
+    rstd[row] = inv;
+  }
+#pragma unroll
+  for (int i = 0; i < Tile::NV; ++i) {
+    if (!Tile::valid(i)) continue;
+    float g[VEC], b[VEC], out[VEC];
+    load<T, VEC>(gamma + Tile::col(i), g);
+    if (LAYERNORM) load<T, VEC>(beta + Tile::col(i), b);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float gk = ZERO_CENTERED ? g[k] + 1.f : g[k];
+      out[k] = (h[i][k] - mu) * inv * gk + (LAYERNORM ? b[k] : 0.f);
+    }
+    store<T, VEC>(y + base + Tile::col(i), out);
+  }
+}
+
+template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool ADD_DRESIDUAL, bool ZERO_CENTERED>
+__device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const float* __restrict__ mean, const float* __restrict__ rstd,
+                                         const T* __restrict__ gamma, const T* __restrict__ dresidual,
+                                         T* __restrict__ dx, float* __restrict__ partials, int rows) {
+  using Tile = RowTiling<H, VEC, THREADS>;
+  constexpr int M = LAYERNORM ? 2 : 1;  // partial rows per block: dgamma (and dbeta)
+  __shared__ float smem[THREADS / 32];
+  float g[Tile::NV][VEC];
+  float dgamma[Tile::NV][VEC] = {}, dbeta[Tile::NV][VEC] = {};
+#pragma unroll
+  for (int i = 0; i < Tile::NV; ++i) {
+    if (!Tile::valid(i)) continue;
+    load<T, VEC>(gamma + Tile::col(i), g[i]);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) g[i][k] = ZERO_CENTERED ? g[i][k] + 1.f : g[i][k];
+  }
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const long long base = (long long)row * H;
+    const float mu = LAYERNORM ? mean[row] : 0.f, inv = rstd[row];
+    float xhat[Tile::NV][VEC], dyg[Tile::NV][VEC];
+    float sum_dyg = 0.f, sum_dyg_xhat = 0.f;
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+      float xv[VEC], dyv[VEC];
+      load<T, VEC>(x + base + Tile::col(i), xv);
+      load<T, VEC>(dy + base + Tile::col(i), dyv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        xhat[i][k] = (xv[k] - mu) * inv;
+        dyg[i][k] = dyv[k] * g[i][k];
+        sum_dyg += dyg[i][k];
+        sum_dyg_xhat += dyg[i][k] * xhat[i][k];
+        dgamma[i][k] += dyv[k] * xhat[i][k];
+        dbeta[i][k] += dyv[k];
+      }
+    }
+    const float mean_dyg = LAYERNORM ? block_sum<THREADS>(sum_dyg, smem) / H : 0.f;
+    const float mean_dyg_xhat = block_sum<THREADS>(sum_dyg_xhat, smem) / H;
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+      float out[VEC], dres[VEC];
+      if (ADD_DRESIDUAL) load<T, VEC>(dresidual + base + Tile::col(i), dres);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        out[k] = inv * (dyg[i][k] - mean_dyg - xhat[i][k] * mean_dyg_xhat);
+        if (ADD_DRESIDUAL) out[k] += dres[k];
+      }
+      store<T, VEC>(dx + base + Tile::col(i), out);
+    }
+  }
+  float* part = partials + (long long)blockIdx.x * (M * H);
+#pragma unroll
+  for (int i = 0; i < Tile::NV; ++i) {
+    if (!Tile::valid(i)) continue;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      part[Tile::col(i) + k] = dgamma[i][k];
+      if (LAYERNORM) part[H + Tile::col(i) + k] = dbeta[i][k];
+    }
+  }
+}
+
+}  // namespace fg
