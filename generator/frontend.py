@@ -65,7 +65,7 @@ class _SpecReader:
         try:
             module = cst.parse_module(source)
         except cst.ParserSyntaxError as err:
-            raise SpecError(f"syntax error: {err.message}", self.location_at(err.raw_line, err.raw_column + 1)) from None
+            raise SpecError(f"syntax error: {err.message}", self.location_at(err.editor_line, err.editor_column)) from None
         self.wrapper = MetadataWrapper(module)
         self.positions = self.wrapper.resolve(PositionProvider)
         self.module = self.wrapper.module
