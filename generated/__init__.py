@@ -4,10 +4,11 @@ Needs only torch (and cuda-bindings for CUDA tensors). Kernels are prebuilt for
 sm_80, sm_90, compute_80 in bfloat16, float16, float32; nothing is compiled at run time.
 """
 
+from .elementwise_chain import ElementwiseChain
 from .gpt2_mlp import Gpt2Mlp
 from .prenorm_block import PrenormBlock
 from .fc1 import Fc1
 from .fc2 import Fc2
 from .te_mlp import TeMlp
 
-__all__ = ["Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "TeMlp"]
+__all__ = ["ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "TeMlp"]

@@ -207,6 +207,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         param_names=[name for *_, name in params],
+        extra_input_features=repr(tuple(op.in_features for op in p.ops if op.extra_input is not None)),
+        extra_output_features=repr(tuple(op.in_features for op in p.ops if op.extra_output is not None)),
         saved=list(dict.fromkeys(saved_names)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params],

@@ -43,8 +43,21 @@ def gpt2_mlp(p, x):
     return (F.linear(h, p["3.weight"], p["3.bias"]),)
 
 
+def elementwise_chain(p, x, r1, r8, r13):
+    h = F.relu(x) + r1
+    n = layer_norm(h, 1 + p["3.weight"], p["3.bias"], eps=1e-6)  # zero-centered gamma
+    t = F.gelu((n + p["4.bias"]) * 0.5, approximate="tanh")
+    e7 = t
+    t = F.silu(t + r8) + p["11.bias"]
+    a, b = t.chunk(2, dim=-1)
+    t = F.silu(F.gelu(a, approximate="tanh") * b + r13)
+    t = rms_norm(F.linear(t, p["15.weight"]), 1 + p["16.weight"])
+    return swiglu(t), h, e7
+
+
 # name -> (generated class name, reference, number of extra inputs)
 PIPELINES = {
+    "elementwise_chain": ("ElementwiseChain", elementwise_chain, 3),
     "te_mlp": ("TeMlp", te_mlp, 0),
     "fc1": ("Fc1", fc1, 0),
     "fc2": ("Fc2", fc2, 1),
@@ -88,9 +101,7 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
     gen = torch.Generator().manual_seed(seed)
     rows_shape = x_shape[:-1]
     inputs = [torch.randn(x_shape, generator=gen)]
-    # extra inputs have the pipeline's output width
-    for _ in range(n_extra):
-        inputs.append(torch.randn((*rows_shape, module.out_features), generator=gen))
+    inputs += [torch.randn((*rows_shape, n), generator=gen) for n in module.extra_input_features]
     dev_inputs = [t.to(device=device, dtype=dtype) for t in inputs]
     if make_input is not None:
         dev_inputs = [make_input(t) for t in dev_inputs]

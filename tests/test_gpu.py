@@ -144,6 +144,12 @@ def test_residual_and_bias_kernels(dtype, rows):
 def test_every_kernel_has_a_test():
     tested = {n for row in NORMS for n in row[:2]} | {n for row in ELEMENTWISE for n in row[:2]}
     tested |= {"add_fwd_n4096", "bias_add_bwd_n4096", "bias_bwd_n4096", "bias_bwd_n1024"}
+    # the elementwise_chain spec's kernels, checked through its pipeline test (every dtype, shape)
+    tested |= {"relu_fwd_n768", "relu_bwd_n768", "add_layernorm_zc_eps1em06_fwd_h768",
+               "layernorm_zc_eps1em06_bwd_h768_add_dresidual", "rmsnorm_zc_fwd_h768", "rmsnorm_zc_bwd_h768",
+               "bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384",
+               "bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias",
+               "swiglu_fwd_n384", "swiglu_bwd_n384"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = {symbol.rsplit("_", 1)[0] for symbol in manifest["kernels"]}
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above

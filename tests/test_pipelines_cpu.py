@@ -24,3 +24,16 @@ def test_single_row_and_non_contiguous_input():
     transposed = lambda t: t.t().contiguous().t()  # same values, column-major strides  # noqa: E731
     run_and_compare(module, "gpt2_mlp", (5, module.in_features), torch.float32, "cpu",
                     make_input=lambda t: transposed(t) if t.dim() == 2 else t, seed=5)
+
+
+def test_wrong_inputs_get_clear_errors():
+    module = generated.Fc2(dtype=torch.float32)
+    x, r = torch.randn(3, 14336), torch.randn(3, 4096)
+    with pytest.raises(ValueError, match=r"Fc2: x must have shape \[\.\.\., 14336\], got \[3, 4096\]"):
+        module(r, r)
+    with pytest.raises(TypeError, match="Fc2: x has dtype torch.bfloat16 but the module's parameters are torch.float32"):
+        module(x.bfloat16(), r)
+    with pytest.raises(ValueError, match=r"Fc2: addextrainput1_input must have the same leading shape as x, \[3\], got \[2\]"):
+        module(x, r[:2])
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'addextrainput1_input'"):
+        module(x)
