@@ -1,15 +1,18 @@
 """Kernel loading and launching for a fusegen output package. Copied verbatim from fusegen's
 templates/runtime.py; do not edit.
 
-Prebuilt only: kernels were compiled ahead of time into ``kernels/<name>.<sm_XY>.cubin`` (plus a
-``compute_XY`` PTX fallback) and nothing is compiled here. A kernel is loaded on its first launch,
-once per process (cuLibraryLoadData is context-independent), and bound to each device's primary
-context once. Launches go on PyTorch's current stream; this module never synchronises and never
-allocates, so whole forward and backward passes can be captured in a CUDA graph.
-Needs torch, plus cuda-bindings for CUDA tensors only.
+Prebuilt only: every kernel was compiled ahead of time into ``kernels/<name>.sm_XY.cubin`` files
+(plus, optionally, ``compute_XY.ptx`` for GPUs newer than every cubin); nothing is compiled here.
+A kernel is loaded on its first launch: the binary for the device's compute capability is loaded
+once per process with cuLibraryLoadData (context-independent) and bound to each device's primary
+context once. Launches go on PyTorch's current stream; this module never synchronises the host
+and never allocates, so whole forward and backward passes can be captured in a CUDA graph (after
+one eager warm-up step, as usual, so that the loading happens outside the capture).
+Needs torch, plus cuda-bindings for CUDA tensors only (imported on first launch).
 """
 
 import ctypes
+import re
 import threading
 from pathlib import Path
 
@@ -17,10 +20,18 @@ import torch
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 DTYPE_SUFFIX = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+BINARY_FILE = re.compile(r"(?P<name>.+)\.(?:sm_(?P<sm>\d+)\.cubin|compute_(?P<compute>\d+)\.ptx)")
+INT_RANGE = range(-2**31, 2**31)
 
 
 class KernelNotAvailableError(RuntimeError):
     """No prebuilt binary of a kernel runs on this GPU."""
+
+
+def require(cond, message):
+    """A run-time input check of the generated code: ValueError(message) unless cond."""
+    if not cond:
+        raise ValueError(message)
 
 
 def check_input(module, name, tensor, features, like, lead=None):
@@ -41,47 +52,112 @@ def check_input(module, name, tensor, features, like, lead=None):
 
 
 def select_binary(available, capability):
-    """The binary for a device of compute capability (major, minor) among file names like
-    'name.sm_90.cubin' / 'name.compute_80.ptx': a cubin of the same major and the highest minor
-    not above the device's, else the newest PTX not above the device (JIT by the driver)."""
+    """The file for a device of compute capability (major, minor) among names like
+    'k.sm_90.cubin' / 'k.compute_80.ptx', or None: a cubin of the same major and the highest minor
+    not above the device's (cubins run only within their major), else the newest PTX not above
+    the device (the driver JIT-compiles it). Pure, so it is testable without a GPU."""
     major, minor = capability
     cubins, ptx = {}, {}
     for file in available:
-        target = file.split(".")[-2]
-        number = int(target.split("_")[1])
-        (cubins if target.startswith("sm_") else ptx)[number] = file
+        match = BINARY_FILE.fullmatch(file)
+        if match and match["sm"]:
+            cubins[int(match["sm"])] = file
+        elif match:
+            ptx[int(match["compute"])] = file
+    # sm_XY is major X, minor Y; sm_100 / sm_120 are majors 10 / 12.
     same_major = [n for n in cubins if n // 10 == major and n % 10 <= minor]
     if same_major:
         return cubins[max(same_major)]
-    usable_ptx = [n for n in ptx if n <= major * 10 + minor]
-    if usable_ptx:
-        return ptx[max(usable_ptx)]
-    return None
+    older_ptx = [n for n in ptx if n <= major * 10 + minor]
+    return ptx[max(older_ptx)] if older_ptx else None
+
+
+def choose_binary(full_name, available, capability):
+    """select_binary among the files of one kernel, or KernelNotAvailableError saying what to do."""
+    own = sorted(f for f in available if f.startswith(full_name + ".") and BINARY_FILE.fullmatch(f))
+    chosen = select_binary(own, capability)
+    if chosen is None:
+        arch = f"sm_{capability[0]}{capability[1]}"
+        raise KernelNotAvailableError(
+            f"kernel {full_name} has no binary for this GPU ({arch}); found: {', '.join(own) or 'none'} "
+            f"in {KERNELS_DIR}. Add \"{arch}\" to [tool.fusegen] archs in pyproject.toml and run "
+            "`make generate`.")
+    return chosen
 
 
 def _driver():
-    from cuda.bindings import driver
+    from cuda.bindings import driver  # lazy: CPU-only use of the package needs no cuda-bindings
 
     return driver
 
 
-def _check(result, what):
+def _check(result, full_name, what):
     driver = _driver()
     if result != driver.CUresult.CUDA_SUCCESS:
-        _, name = driver.cuGetErrorName(result)
-        raise RuntimeError(f"fusegen runtime: {what} failed: {name.decode() if name else result}")
+        err, name = driver.cuGetErrorName(result)
+        name = name.decode() if err == driver.CUresult.CUDA_SUCCESS else str(result)
+        raise RuntimeError(f"kernel {full_name}: {what} failed with {name}")
+
+
+_LOCK = threading.Lock()  # guards the load path; launches read the caches without it
+_STATE = {"initialized": False}
+_FILES = {}  # full name -> binary file names present in KERNELS_DIR
+_LIBRARIES = {}  # file name -> (CUlibrary, CUkernel, image kept alive alongside)
+_FUNCTIONS = {}  # (full name, device index) -> CUfunction bound to that device's primary context
+_PRIMARY = {}  # device index -> primary context retained here (only if none was current)
+
+
+def _ensure_context(full_name, index):
+    """Make sure a context is current (PyTorch's device guard normally made it the primary one)."""
+    driver = _driver()
+    err, context = driver.cuCtxGetCurrent()
+    _check(err, full_name, "cuCtxGetCurrent")
+    if context is None or int(context) == 0:
+        if index not in _PRIMARY:
+            err, dev = driver.cuDeviceGet(index)
+            _check(err, full_name, f"cuDeviceGet({index})")
+            err, _PRIMARY[index] = driver.cuDevicePrimaryCtxRetain(dev)  # held for the process
+            _check(err, full_name, "cuDevicePrimaryCtxRetain")
+        _check(driver.cuCtxSetCurrent(_PRIMARY[index])[0], full_name, "cuCtxSetCurrent")
+
+
+def _load(full_name, index):
+    driver = _driver()
+    torch.cuda.init()  # PyTorch creates the primary contexts; the driver calls below use them
+    with _LOCK:
+        if (full_name, index) in _FUNCTIONS:  # another thread got here first
+            return _FUNCTIONS[full_name, index]
+        if not _STATE["initialized"]:
+            _check(driver.cuInit(0)[0], full_name, "cuInit")
+            _STATE["initialized"] = True
+        if full_name not in _FILES:
+            names = [p.name for p in KERNELS_DIR.glob(f"{full_name}.*")] if KERNELS_DIR.is_dir() else []
+            _FILES[full_name] = sorted(names)
+        chosen = choose_binary(full_name, _FILES[full_name], torch.cuda.get_device_capability(index))
+        if chosen not in _LIBRARIES:
+            image = (KERNELS_DIR / chosen).read_bytes()
+            if chosen.endswith(".ptx"):
+                image += b"\0"  # the driver takes PTX as a NUL-terminated string
+            err, library = driver.cuLibraryLoadData(image, None, None, 0, None, None, 0)
+            _check(err, full_name, f"cuLibraryLoadData({chosen})")
+            err, kernel = driver.cuLibraryGetKernel(library, full_name.encode())
+            _check(err, full_name, f"cuLibraryGetKernel in {chosen}")
+            _LIBRARIES[chosen] = (library, kernel, image)
+        with torch.cuda.device(index):
+            _ensure_context(full_name, index)
+            # With a PTX file the driver JIT-compiles here; an old driver fails with
+            # CUDA_ERROR_UNSUPPORTED_PTX_VERSION (then add the GPU's sm_XY to archs instead).
+            err, function = driver.cuKernelGetFunction(_LIBRARIES[chosen][1])
+            _check(err, full_name, f"cuKernelGetFunction({chosen}) on device {index}")
+        _FUNCTIONS[full_name, index] = function
+        return function
 
 
 class Kernel:
     """One generated kernel, in every dtype it was built for; ``name`` has no dtype suffix."""
 
-    _lock = threading.Lock()
-    _initialized = False
-
     def __init__(self, name):
-        self.name = name
-        self._libraries = {}  # full name -> (CUkernel, CUlibrary)
-        self._functions = {}  # (full name, device index) -> CUfunction
+        self.name = name  # nothing is loaded before the first launch
 
     def _full_name(self, dtype):
         if dtype not in DTYPE_SUFFIX:
@@ -89,66 +165,39 @@ class Kernel:
             raise TypeError(f"kernel {self.name}: unsupported dtype {dtype}; supported: {supported}")
         return f"{self.name}_{DTYPE_SUFFIX[dtype]}"
 
-    def _function(self, full, device):
-        key = (full, device.index)
-        function = self._functions.get(key)
-        if function is not None:
-            return function
-        with Kernel._lock:
-            driver = _driver()
-            if not Kernel._initialized:
-                _check(driver.cuInit(0)[0], "cuInit")
-                Kernel._initialized = True
-            capability = torch.cuda.get_device_capability(device)
-            available = sorted(p.name for p in KERNELS_DIR.glob(f"{full}.*") if p.suffix in (".cubin", ".ptx"))
-            chosen = select_binary(available, capability)
-            if chosen is None:
-                raise KernelNotAvailableError(
-                    f"kernel {full} has no binary for this GPU (sm_{capability[0]}{capability[1]}); "
-                    f"found: {', '.join(available) or 'none'}. Add the arch to [tool.fusegen] archs "
-                    "and run `make generate`.")
-            if full not in self._libraries:
-                image = (KERNELS_DIR / chosen).read_bytes()
-                if chosen.endswith(".ptx"):
-                    image += b"\0"  # the driver JIT wants a NUL-terminated string
-                err, library = driver.cuLibraryLoadData(image, None, None, 0, None, None, 0)
-                _check(err, f"loading {chosen}")
-                err, kernel = driver.cuLibraryGetKernel(library, full.encode())
-                _check(err, f"finding {full} in {chosen}")
-                self._libraries[full] = (kernel, library)
-            with torch.cuda.device(device):
-                torch.cuda.init()
-                err, context = driver.cuCtxGetCurrent()
-                _check(err, "cuCtxGetCurrent")
-                if int(context) == 0:  # PyTorch has not made the primary context current yet
-                    err, context = driver.cuDevicePrimaryCtxRetain(device.index)
-                    _check(err, "cuDevicePrimaryCtxRetain")
-                    _check(driver.cuCtxSetCurrent(context)[0], "cuCtxSetCurrent")
-                err, function = driver.cuKernelGetFunction(self._libraries[full][0])
-                _check(err, f"binding {full} to device {device.index}")
-            self._functions[key] = function
-            return function
-
     def launch(self, dtype, grid, block, args, device):
-        """Launch on the current stream of ``device``. Tensors pass as device pointers, None as
-        a null pointer, ints as C int, floats as C float."""
-        driver = _driver()
+        """Launch on the current stream of ``device``: tensors pass as device pointers, None as a
+        null pointer, ints as C int, floats as C float."""
         full = self._full_name(dtype)
-        function = self._function(full, device)
+        device = torch.device(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
         values, types = [], []
-        for arg in args:
+        for position, arg in enumerate(args):
             if isinstance(arg, torch.Tensor):
+                if arg.get_device() != index:  # a wrong pointer would fault the whole context
+                    raise ValueError(f"kernel {full}: argument {position} is on {arg.device}, not cuda:{index}")
                 values.append(arg.data_ptr())
                 types.append(ctypes.c_void_p)
             elif arg is None:
-                values.append(0)  # null pointer
+                values.append(0)  # cuda-bindings rejects None (and c_void_p(None)) as a c_void_p value
                 types.append(ctypes.c_void_p)
             elif isinstance(arg, int):
+                if arg not in INT_RANGE:  # ctypes would silently wrap it
+                    raise ValueError(f"kernel {full}: argument {position} = {arg} does not fit a C int")
                 values.append(arg)
                 types.append(ctypes.c_int)
-            else:
-                values.append(float(arg))
+            elif isinstance(arg, float):
+                values.append(arg)
                 types.append(ctypes.c_float)
-        stream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-        (err,) = driver.cuLaunchKernel(function, *grid, *block, 0, stream, (tuple(values), tuple(types)), 0)
-        _check(err, f"launching {full}")
+            else:
+                raise TypeError(f"kernel {full}: argument {position} has unsupported type {type(arg).__name__}")
+        function = _FUNCTIONS.get((full, index))
+        if function is None:
+            function = _load(full, index)
+        driver = _driver()
+        with torch.cuda.device(index):
+            stream = torch.cuda.current_stream(index).cuda_stream
+            if stream == 0:  # the legacy default stream belongs to whatever context is current
+                _ensure_context(full, index)
+            (err,) = driver.cuLaunchKernel(function, *grid, *block, 0, stream, (tuple(values), tuple(types)), 0)
+        _check(err, full, "cuLaunchKernel")

@@ -1,30 +1,34 @@
-"""Compile CUDA sources to cubins (sm_XX) or PTX (compute_XX) with NVRTC through cuda-python.
+"""Compile CUDA sources to cubins (sm_XX) or PTX (compute_XX) with NVRTC through cuda-bindings.
 
 The toolchain is pinned in pyproject.toml (cuda-bindings, nvidia-cuda-nvrtc, and
 nvidia-cuda-runtime for cuda_bf16.h / cuda_fp16.h), so the same source gives the same bytes on
-every machine. No GPU is needed. Options carry no line info and no absolute paths reach the output;
-the manifest records the options with the include folders written symbolically.
+every machine. No GPU is needed. The options carry no line info and no debug info, so the absolute
+include paths never reach a binary; the manifest records the options with the include folders
+written symbolically (``compile_options``) so it is identical on every machine too.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 from pathlib import Path
 
 from cuda.bindings import nvrtc
 
+RUNTIME_PACKAGE = "nvidia-cuda-runtime"
 LANGUAGE_OPTIONS = ("--std=c++17",)
-RECORDED_INCLUDES = ("-I<templates/cuda>", "-I<nvidia-cuda-runtime>/include")
+# What the real -I options stand for, in the order compile_source is given them by the build.
+RECORDED_INCLUDES = ("-I<templates/cuda>", f"-I<{RUNTIME_PACKAGE}>/include")
 
 
-class NvrtcError(RuntimeError):
+class NvrtcError(Exception):
     pass
 
 
 def _check(result, what: str, source_name: str = "") -> None:
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         _, text = nvrtc.nvrtcGetErrorString(result)
-        raise NvrtcError(f"{source_name}: {what} failed: {text.decode()}")
+        prefix = f"{source_name}: " if source_name else ""
+        raise NvrtcError(f"{prefix}{what} failed: {text.decode()}")
 
 
 def nvrtc_version() -> str:
@@ -34,14 +38,17 @@ def nvrtc_version() -> str:
 
 
 def cuda_include_dir() -> Path:
-    """The CUDA headers shipped by the nvidia-cuda-runtime wheel (nvidia/cu13/include)."""
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(root) / "cu13" / "include"
-        if (candidate / "cuda_bf16.h").is_file():
-            return candidate
-    raise NvrtcError("CUDA headers (cuda_bf16.h) not found: install the pinned nvidia-cuda-runtime "
-                     "package (pip install 'nvidia-cuda-runtime==13.0.96') or run `make setup`")
+    """The CUDA headers (cuda_bf16.h, cuda_fp16.h) shipped by the nvidia-cuda-runtime wheel."""
+    hint = (f"install the pinned {RUNTIME_PACKAGE} package "
+            f"(pip install '{RUNTIME_PACKAGE}==13.0.96') or run `make setup`")
+    try:
+        dist = importlib.metadata.distribution(RUNTIME_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise NvrtcError(f"CUDA headers not found: {hint}") from None
+    include = Path(dist.locate_file("nvidia/cu13/include"))
+    if not (include / "cuda_bf16.h").is_file():
+        raise NvrtcError(f"CUDA headers not found: {include / 'cuda_bf16.h'} is missing; {hint}")
+    return include
 
 
 def _arch_option(target: str) -> str:
@@ -53,30 +60,44 @@ def compile_options(target: str) -> list[str]:
     return [_arch_option(target), *LANGUAGE_OPTIONS, *RECORDED_INCLUDES]
 
 
+def _read(prog, get_size, get, what: str, source_name: str) -> bytes:
+    result, size = get_size(prog)
+    _check(result, f"{what}Size", source_name)
+    # A fresh bytearray: the binding writes into the buffer it is given, and a bytes object
+    # made by repetition may be a shared interned constant.
+    buffer = bytearray(size)
+    (result,) = get(prog, buffer)
+    _check(result, what, source_name)
+    return bytes(buffer)
+
+
+def _compile(prog, source_name: str, target: str, include_dirs: list[Path]) -> bytes:
+    options = [_arch_option(target), *LANGUAGE_OPTIONS, *(f"-I{d}" for d in include_dirs)]
+    (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        # The log holds the compiler's diagnostics (also for a bad option such as an unknown arch).
+        log = _read(prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, "nvrtcGetProgramLog", source_name)
+        text = log.rstrip(b"\0").decode(errors="replace").strip() or nvrtc.nvrtcGetErrorString(result)[1].decode()
+        raise NvrtcError(f"{source_name}: NVRTC failed for {target}:\n{text}")
+    if target.startswith("compute_"):
+        ptx = _read(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "nvrtcGetPTX", source_name)
+        return ptx.rstrip(b"\0")  # the size counts the C string's terminator
+    return _read(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN", source_name)
+
+
 def compile_source(source: str, source_name: str, target: str, include_dirs: list[Path]) -> bytes:
-    """Compile one translation unit: a cubin for sm_XX targets, PTX text for compute_XX."""
+    """Compile one translation unit: cubin bytes for sm_XX targets, PTX text for compute_XX.
+
+    ``source_name`` is the relative name shown in messages (e.g. "kernels/x_bf16.cu")."""
+    if not (target.startswith("sm_") or target.startswith("compute_")):
+        raise NvrtcError(f"{source_name}: unknown target {target!r}; expected sm_XY or compute_XY")
     result, prog = nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), 0, [], [])
     _check(result, "nvrtcCreateProgram", source_name)
     try:
-        options = [_arch_option(target), *LANGUAGE_OPTIONS, *(f"-I{d}" for d in include_dirs)]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, log)
-            raise NvrtcError(f"{source_name}: NVRTC failed for {target}:\n{log.decode(errors='replace').rstrip(chr(0))}")
-        if target.startswith("compute_"):
-            result, size = nvrtc.nvrtcGetPTXSize(prog)
-            _check(result, "nvrtcGetPTXSize", source_name)
-            data = b" " * size
-            (result,) = nvrtc.nvrtcGetPTX(prog, data)
-            _check(result, "nvrtcGetPTX", source_name)
-            return data.rstrip(b"\0")
-        result, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _check(result, "nvrtcGetCUBINSize", source_name)
-        data = b" " * size
-        (result,) = nvrtc.nvrtcGetCUBIN(prog, data)
-        _check(result, "nvrtcGetCUBIN", source_name)
-        return data
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+        binary = _compile(prog, source_name, target, include_dirs)
+    except BaseException:
+        nvrtc.nvrtcDestroyProgram(prog)  # best effort: the compile error is the one to report
+        raise
+    (result,) = nvrtc.nvrtcDestroyProgram(prog)
+    _check(result, "nvrtcDestroyProgram", source_name)
+    return binary

@@ -1,0 +1,1 @@
+"""fusegen: ahead-of-time fusion compiler for te.ops-style pipelines."""

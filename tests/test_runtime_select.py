@@ -1,0 +1,64 @@
+"""Which prebuilt binary the run-time loader picks for a GPU (CPU only: pure file-name logic)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+# templates/runtime.py is not a package module (it is copied into generated packages), so load it by path.
+_spec = importlib.util.spec_from_file_location(
+    "fusegen_runtime_select", Path(__file__).resolve().parent.parent / "templates" / "runtime.py")
+runtime = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(runtime)
+
+NAME = "rmsnorm_fwd_h4096_bf16"
+# The source and another kernel's/dtype's binaries sit in the same folder and must be ignored.
+FILES = [f"{NAME}.cu", f"{NAME}.sm_80.cubin", f"{NAME}.sm_90.cubin", f"{NAME}.compute_80.ptx",
+         "rmsnorm_fwd_h4096_fp16.sm_86.cubin", f"{NAME}x.sm_86.cubin"]
+
+
+@pytest.mark.parametrize("capability,files,chosen", [
+    ((9, 0), FILES, f"{NAME}.sm_90.cubin"),
+    ((8, 6), FILES, f"{NAME}.sm_80.cubin"),  # same major, older minor runs
+    ((8, 0), FILES, f"{NAME}.sm_80.cubin"),
+    ((8, 9), FILES, f"{NAME}.sm_80.cubin"),
+    ((12, 0), FILES, f"{NAME}.compute_80.ptx"),  # newer major: the driver JITs the PTX
+    ((10, 0), FILES, f"{NAME}.compute_80.ptx"),
+    ((8, 0), [f"{NAME}.compute_80.ptx"], f"{NAME}.compute_80.ptx"),  # PTX only
+    ((10, 3), [f"{NAME}.sm_100.cubin", f"{NAME}.sm_90.cubin"], f"{NAME}.sm_100.cubin"),  # 3-digit arch
+    ((9, 0), [f"{NAME}.compute_80.ptx", f"{NAME}.compute_90.ptx"], f"{NAME}.compute_90.ptx"),
+])
+def test_choose_binary(capability, files, chosen):
+    assert runtime.choose_binary(NAME, files, capability) == chosen
+
+
+def test_older_gpu_than_every_binary_is_a_clear_error():
+    with pytest.raises(runtime.KernelNotAvailableError) as info:
+        runtime.choose_binary(NAME, FILES, (7, 5))
+    message = str(info.value)
+    assert NAME in message and "sm_75" in message
+    assert f"found: {NAME}.compute_80.ptx, {NAME}.sm_80.cubin, {NAME}.sm_90.cubin in " in message
+    assert "[tool.fusegen] archs" in message and "make generate" in message
+    assert f"{NAME}.cu," not in message and "fp16" not in message  # only this kernel's binaries
+
+
+def test_cubin_of_a_newer_minor_or_other_major_is_not_used():
+    with pytest.raises(runtime.KernelNotAvailableError, match="found: none"):
+        runtime.choose_binary(NAME, [], (9, 0))
+    with pytest.raises(runtime.KernelNotAvailableError, match="sm_80"):
+        runtime.choose_binary(NAME, [f"{NAME}.sm_86.cubin", f"{NAME}.sm_90.cubin"], (8, 0))
+
+
+def test_require():
+    runtime.require(True, "unused")
+    with pytest.raises(ValueError, match="rows must be positive"):
+        runtime.require(False, "rows must be positive")
+
+
+def test_kernel_is_lazy_and_rejects_unknown_dtypes():
+    import torch
+
+    kernel = runtime.Kernel("rmsnorm_fwd_h4096")  # constructing loads nothing (and needs no GPU)
+    assert kernel._full_name(torch.bfloat16) == "rmsnorm_fwd_h4096_bf16"
+    with pytest.raises(TypeError, match="kernel rmsnorm_fwd_h4096: unsupported dtype torch.float64"):
+        kernel.launch(torch.float64, (1, 1, 1), (1, 1, 1), (), torch.device("cuda", 0))
