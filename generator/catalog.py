@@ -48,7 +48,8 @@ class OpDef:
     features -- (in, out) feature rule: fixed_in(args) -> int | None, out(in) -> int.
     tag -- the op's word in kernel names (may depend on arguments).
     device_struct -- the struct in templates/cuda/activations.cuh with the op's fwd/bwd math.
-    reference -- the function names in reference.py (forward, backward) for this op.
+    reference -- the function names in reference.py (forward, backward) for this op; "" where the
+                 backward is the identity on the incoming gradient.
     """
 
     name: str
@@ -199,14 +200,14 @@ _register(OpDef(
     "AddExtraInput", "add_extra_input",
     args=(_IN_PLACE,),
     tag=lambda a: "add",
-    reference=("add_extra_input", "add_extra_input_bwd"),
+    reference=("add_extra_input", ""),
     summary="y = x + r (r is an extra input)", extra_inputs=1, changes_grad=False,
 ))
 _register(OpDef(
     "MakeExtraOutput", "make_extra_output",
     args=(_IN_PLACE,),
     tag=lambda a: "tee",
-    reference=("make_extra_output", "make_extra_output_bwd"),
+    reference=("make_extra_output", ""),
     summary="y = x, and x again as an extra output", extra_outputs=1, changes_value=False,
 ))
 _register(OpDef(

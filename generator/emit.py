@@ -71,7 +71,7 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
     """Blocks of the forward, the name of each materialised value, and the norm statistics names."""
     p = plan.pipeline
     values: dict[int, str] = {0: "x"}
-    stats: dict[int, str] = {}
+    stats: dict[int, list[str]] = {}  # norm op index -> names of its saved statistics
     blocks = []
     for n, stage in enumerate(plan.forward):
         block = Block(f"forward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
@@ -97,7 +97,7 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
             if norm.opdef.name == "LayerNorm":
                 results.append(f"{norm.hint}_mean")
             results.append(f"{norm.hint}_rstd")
-            stats[norm.index] = ", ".join(results[1 + bool(add):])
+            stats[norm.index] = results[1 + bool(add):]
             block.lines.append(f"{', '.join(results)} = K.{spec.name}({', '.join(args)})")
         elif stage.kind == "elementwise":
             spec = stage_kernels[("forward", stage.start)][0]
@@ -122,7 +122,8 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
 
 # --- backward -----------------------------------------------------------------------------------
 
-def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str], stats: dict[int, str]) -> tuple[list[Block], str]:
+def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str],
+                    stats: dict[int, list[str]]) -> tuple[list[Block], str]:
     """Blocks of the backward (last stage first) and the name of the pipeline input's grad."""
     p = plan.pipeline
     grads: dict[int, str] = {len(p.ops): "d_" + values[len(p.ops)]}
@@ -143,7 +144,7 @@ def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str], sta
         elif stage.kind == "norm":
             spec = stage_kernels[("backward", stage.start)][0]
             norm, add, meo = stage.first("norm"), stage.first("add_extra_input"), stage.first("make_extra_output")
-            args = [dy, values[norm.index], stats[norm.index], param_name(norm, "weight")]
+            args = [dy, values[norm.index], *stats[norm.index], param_name(norm, "weight")]
             args += [f"d_{extra_output_name(meo)}"] if meo else []
             results = [d_in, f"d_{param_name(norm, 'weight')}"]
             results += [f"d_{param_name(norm, 'bias')}"] if norm.opdef.name == "LayerNorm" else []
@@ -195,11 +196,10 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     extra_outputs = [extra_output_name(op) for op in p.ops if op.extra_output is not None]
     params = [(op, attr, key, shape, init, param_name(op, attr)) for op, attr, key, shape, init in p.params]
     saved = [values[pos] for pos in plan.saved_values]
-    saved += [stats[op.index] for stage in plan.backward if stage.kind == "norm" for op in [stage.first("norm")]]
+    saved += [name for stage in plan.backward if stage.kind == "norm" for name in stats[stage.first("norm").index]]
     saved += [extra_input_name(op) for op in p.ops if op.extra_input in plan.saved_extra_inputs]
     backward_code = "\n".join(line for block in bwd for line in block.lines)
     saved += [name for *_, name in params if re.search(rf"\b{name}\b", backward_code)]
-    saved_names = ", ".join(saved).split(", ") if saved else []
     modules = {}
     for op, attr, key, shape, init, name in params:
         modules.setdefault(op.module_index, []).append((attr, shape, init, name))
@@ -209,7 +209,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         param_names=[name for *_, name in params],
         extra_input_features=repr(tuple(op.in_features for op in p.ops if op.extra_input is not None)),
         extra_output_features=repr(tuple(op.in_features for op in p.ops if op.extra_output is not None)),
-        saved=list(dict.fromkeys(saved_names)), modules=sorted(modules.items()),
+        saved=list(dict.fromkeys(saved)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params],
         kernels=stage_kernels,

@@ -82,14 +82,14 @@ class _Bindings(cst.CSTVisitor):
         self.names: list[str] = []
         self.imports: list[cst.Import | cst.ImportFrom] = []
 
-    def _target(self, node: cst.CSTNode) -> None:
+    def add_target(self, node: cst.CSTNode) -> None:
         if isinstance(node, cst.Name):
             self.names.append(node.value)
         elif isinstance(node, (cst.Tuple, cst.List)):
             for element in node.elements:
-                self._target(element.value)
+                self.add_target(element.value)
         elif isinstance(node, cst.StarredElement):
-            self._target(node.value)
+            self.add_target(node.value)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         self.names.append(node.name.value)
@@ -103,25 +103,25 @@ class _Bindings(cst.CSTVisitor):
         return False
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._target(node.target)
+        self.add_target(node.target)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._target(node.target)
+        self.add_target(node.target)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._target(node.target)
+        self.add_target(node.target)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._target(node.target)
+        self.add_target(node.target)
 
     def visit_For(self, node: cst.For) -> None:
-        self._target(node.target)
+        self.add_target(node.target)
 
     def visit_AsName(self, node: cst.AsName) -> None:  # with ... as x, except E as x
-        self._target(node.name)
+        self.add_target(node.name)
 
     def visit_Del(self, node: cst.Del) -> None:
-        self._target(node.target)
+        self.add_target(node.target)
 
     def visit_Import(self, node: cst.Import) -> bool:
         self.imports.append(node)
@@ -287,7 +287,7 @@ class _SpecReader:
         line = self.loc(target).line
         if not isinstance(target, cst.Name):
             bindings = _Bindings()
-            target.visit(bindings)  # a, b = ...: names we do not evaluate
+            bindings.add_target(target)  # a, b = ...: names we do not evaluate
             for name in bindings.names:
                 self.forget(name, f"line {line} assigns it by unpacking")
             return

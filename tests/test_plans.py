@@ -128,3 +128,12 @@ def test_recompute_from_an_earlier_value_when_the_gemm_does_not_take_the_bias():
     # the GELU input (after the bias) is never materialised: backward recomputes from the norm output
     assert plan.recompute[1].saved_position == 1
     assert kernel_names(plan)[("backward", 1)] == ["bias_gelu_bwd_n64_from_bias", "column_sum_n64"]
+
+
+def test_catalog_reference_functions_exist():
+    from generator import reference
+    from generator.catalog import OPS
+
+    for op in OPS.values():
+        for name in op.reference:
+            assert not name or callable(getattr(reference, name, None)), f"{op.name}: reference.{name} missing"

@@ -5,7 +5,11 @@
 // fp32. The backward gives each block a fixed, strided set of rows and sums dgamma/dbeta for its
 // columns in registers, then writes one fp32 partial row per block; a column-sum kernel adds the
 // partials in block order. No atomics, so the parameter grads are identical run to run.
-// The launcher picks THREADS = min(512, round_up_32(H / VEC)); each thread holds NV vectors.
+// The launcher picks THREADS = min(512, round_up_32(H / VEC)) for both directions; each thread
+// holds NV = ceil(H / VEC / THREADS) vectors, the last ones guarded when THREADS does not divide.
+// Launch: forward grid = rows; backward grid = S >= 1 row splits, partials sized [S, M * H].
+// Every T pointer must be VEC * sizeof(T)-byte aligned (16 bytes from torch allocations); gamma
+// and beta are T too. Shared memory is static and tiny (2 * THREADS / 32 floats at most).
 #pragma once
 #include "common.cuh"
 
@@ -13,6 +17,8 @@ namespace fg {
 
 template <int H, int VEC, int THREADS>
 struct RowTiling {
+  static_assert(H % VEC == 0, "VEC must divide H");
+  static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024, "THREADS: whole warps, at most 1024");
   static constexpr int NVEC = H / VEC;                           // vectors per row
   static constexpr int NV = (NVEC + THREADS - 1) / THREADS;      // vectors per thread
   static __device__ __forceinline__ bool valid(int i) { return threadIdx.x + i * THREADS < NVEC; }
@@ -26,8 +32,10 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
                                          float* __restrict__ mean, float* __restrict__ rstd, int rows,
                                          float eps) {
   using Tile = RowTiling<H, VEC, THREADS>;
+  static_assert((VEC & (VEC - 1)) == 0 && VEC * sizeof(T) <= 16, "VEC: power of two, at most 16 bytes");
   __shared__ float smem[THREADS / 32];
   const int row = blockIdx.x;
+  if (row >= rows) return;  // whole block leaves together, before any barrier
   const long long base = (long long)row * H;
   float h[Tile::NV][VEC];
   float sum = 0.f;
@@ -86,8 +94,9 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
                                          const T* __restrict__ gamma, const T* __restrict__ dresidual,
                                          T* __restrict__ dx, float* __restrict__ partials, int rows) {
   using Tile = RowTiling<H, VEC, THREADS>;
+  static_assert((VEC & (VEC - 1)) == 0 && VEC * sizeof(T) <= 16, "VEC: power of two, at most 16 bytes");
   constexpr int M = LAYERNORM ? 2 : 1;  // partial rows per block: dgamma (and dbeta)
-  __shared__ float smem[THREADS / 32];
+  __shared__ float smem[2 * (THREADS / 32)];
   float g[Tile::NV][VEC];
   float dgamma[Tile::NV][VEC] = {}, dbeta[Tile::NV][VEC] = {};
 #pragma unroll
@@ -115,11 +124,13 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
         sum_dyg += dyg[i][k];
         sum_dyg_xhat += dyg[i][k] * xhat[i][k];
         dgamma[i][k] += dyv[k] * xhat[i][k];
-        dbeta[i][k] += dyv[k];
+        if (LAYERNORM) dbeta[i][k] += dyv[k];
       }
     }
-    const float mean_dyg = LAYERNORM ? block_sum<THREADS>(sum_dyg, smem) / H : 0.f;
-    const float mean_dyg_xhat = block_sum<THREADS>(sum_dyg_xhat, smem) / H;
+    // Both row sums in one reduction (sum_dyg is simply unused for RMS).
+    block_sum2<THREADS>(sum_dyg, sum_dyg_xhat, smem);
+    const float mean_dyg = LAYERNORM ? sum_dyg / H : 0.f;
+    const float mean_dyg_xhat = sum_dyg_xhat / H;
 #pragma unroll
     for (int i = 0; i < Tile::NV; ++i) {
       if (!Tile::valid(i)) continue;

@@ -35,12 +35,13 @@ template <typename Act>
 struct Glu {
   static __device__ __forceinline__ float fwd(float a, float b) { return Act::fwd(a) * b; }
   static __device__ __forceinline__ void bwd(float a, float b, float dy, float& da, float& db) {
-    db = dy * Act::fwd(a);
-    da = Act::bwd(a, dy * b);
+    db = dy * Act::fwd(a);     // dy * act(a)
+    da = Act::bwd(a, dy * b);  // dy * b * act'(a)
   }
 };
 
-using SwiGLU = Glu<Silu>;
-using GeGLU = Glu<Gelu>;
+// Named structs (not aliases) so kernels and forward declarations can spell fg::SwiGLU as a type.
+struct SwiGLU : Glu<Silu> {};
+struct GeGLU : Glu<Gelu> {};
 
 }  // namespace fg

@@ -57,4 +57,28 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
   return total;
 }
 
+// Two block sums with one pair of barriers (norm backward needs sum(g) and sum(g * xhat) per row).
+// smem holds 2 * THREADS / 32 floats. Same fixed order as block_sum.
+template <int THREADS>
+__device__ __forceinline__ void block_sum2(float& a, float& b, float* smem) {
+  constexpr int WARPS = THREADS / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if (WARPS == 1) return;
+  __syncthreads();  // smem may still be read from a previous call
+  if (lane == 0) {
+    smem[warp] = a;
+    smem[WARPS + warp] = b;
+  }
+  __syncthreads();
+  a = 0.f;
+  b = 0.f;
+#pragma unroll
+  for (int w = 0; w < WARPS; ++w) {
+    a += smem[w];
+    b += smem[WARPS + w];
+  }
+}
+
 }  // namespace fg
