@@ -81,14 +81,15 @@ def pipeline_rows(rows, dtype):
         "gpt2_mlp": lambda: eager.Sequential(eager.LayerNorm(1024), eager.Linear(1024, 4096), eager.GELU(), eager.Linear(4096, 1024)),
     }
     out = []
-    for name, (cls, _, n_extra) in PIPELINES.items():
+    for name, build_eager in eager_modules.items():
+        cls = PIPELINES[name][0]
         gen = getattr(generated, cls)(device="cuda", dtype=dtype)
         randomize_(gen)
-        ref = eager_modules[name]().to(device="cuda", dtype=dtype)
+        ref = build_eager().to(device="cuda", dtype=dtype)
         ref.load_state_dict(gen.state_dict())
         compiled = torch.compile(ref)
         x = torch.randn(rows, gen.in_features, device="cuda", dtype=dtype, requires_grad=True)
-        extra = [torch.randn(rows, gen.out_features, device="cuda", dtype=dtype, requires_grad=True) for _ in range(n_extra)]
+        extra = [torch.randn(rows, n, device="cuda", dtype=dtype, requires_grad=True) for n in gen.extra_input_features]
 
         def step(module):
             def run():
