@@ -28,12 +28,6 @@ class KernelNotAvailableError(RuntimeError):
     """No prebuilt binary of a kernel runs on this GPU."""
 
 
-def require(cond, message):
-    """A run-time input check of the generated code: ValueError(message) unless cond."""
-    if not cond:
-        raise ValueError(message)
-
-
 def check_input(module, name, tensor, features, like, lead=None):
     """Clear run-time errors for a wrong type, feature size, dtype, device or row shape."""
     if not isinstance(tensor, torch.Tensor):

@@ -1,4 +1,4 @@
-"""The run-time loader's choice of binary, and its input checks (CPU; no GPU needed)."""
+"""The generated modules' run-time input checks (CPU; no GPU needed)."""
 
 import importlib.util
 from pathlib import Path
@@ -9,22 +9,6 @@ import torch
 spec = importlib.util.spec_from_file_location("fusegen_runtime", Path(__file__).resolve().parent.parent / "templates" / "runtime.py")
 runtime = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(runtime)
-
-FILES = ["k_bf16.compute_80.ptx", "k_bf16.sm_80.cubin", "k_bf16.sm_90.cubin"]
-
-
-@pytest.mark.parametrize("capability,files,chosen", [
-    ((9, 0), FILES, "k_bf16.sm_90.cubin"),
-    ((8, 6), FILES, "k_bf16.sm_80.cubin"),
-    ((8, 0), FILES, "k_bf16.sm_80.cubin"),
-    ((12, 0), FILES, "k_bf16.compute_80.ptx"),  # newer GPU: the driver JITs the PTX
-    ((10, 0), FILES, "k_bf16.compute_80.ptx"),
-    ((9, 0), ["k_bf16.compute_80.ptx"], "k_bf16.compute_80.ptx"),
-    ((7, 5), FILES, None),  # older than every target
-    ((8, 0), ["k_bf16.sm_90.cubin"], None),
-])
-def test_select_binary(capability, files, chosen):
-    assert runtime.select_binary(files, capability) == chosen
 
 
 def test_check_input_errors_say_what_to_do():
@@ -41,7 +25,3 @@ def test_check_input_errors_say_what_to_do():
     with pytest.raises(ValueError, match="is on meta but the module's parameters are on cpu"):
         runtime.check_input("M", "x", torch.zeros(2, 4, device="meta"), 4, like)
 
-
-def test_unsupported_dtype_is_a_clear_error():
-    with pytest.raises(TypeError, match="kernel k: unsupported dtype torch.float64"):
-        runtime.Kernel("k")._full_name(torch.float64)

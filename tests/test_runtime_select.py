@@ -49,12 +49,6 @@ def test_cubin_of_a_newer_minor_or_other_major_is_not_used():
         runtime.choose_binary(NAME, [f"{NAME}.sm_86.cubin", f"{NAME}.sm_90.cubin"], (8, 0))
 
 
-def test_require():
-    runtime.require(True, "unused")
-    with pytest.raises(ValueError, match="rows must be positive"):
-        runtime.require(False, "rows must be positive")
-
-
 def test_kernel_is_lazy_and_rejects_unknown_dtypes():
     import torch
 
