@@ -375,7 +375,7 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, weight):
     """LayerNorm(1024) backward: returns (dx, dweight, dbias); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
-        dy = dy.contiguous()
+        dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
@@ -399,7 +399,7 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, weight):
     """LayerNorm(4096) backward: returns (dx, dweight, dbias); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
-        dy = dy.contiguous()
+        dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 8192), device=dy.device, dtype=torch.float32)
@@ -465,7 +465,7 @@ def layernorm_zc_eps1em06_bwd_h768_add_dresidual(dy, x, mean, rstd, weight, d_re
     """LayerNorm(768, eps=1e-06, zero_centered_gamma=True) backward, + residual grad: returns (dx, dweight, dbias); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
-        dy = dy.contiguous()
+        dy, x = dy.contiguous(), x.contiguous()
         d_residual = d_residual.contiguous()
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
@@ -533,7 +533,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, weight, d_residual):
     """RMSNorm(4096) backward, + residual grad: returns (dx, dweight); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
-        dy = dy.contiguous()
+        dy, x = dy.contiguous(), x.contiguous()
         d_residual = d_residual.contiguous()
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
@@ -579,7 +579,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, weight):
     """RMSNorm(768, zero_centered_gamma=True) backward: returns (dx, dweight); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
-        dy = dy.contiguous()
+        dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 768), device=dy.device, dtype=torch.float32)

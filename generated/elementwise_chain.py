@@ -117,11 +117,12 @@ class ElementwiseChain(torch.nn.Module):
         check_input("ElementwiseChain", "addextrainput8_input", addextrainput8_input, 768, layernorm3_weight, x.shape[:-1])
         check_input("ElementwiseChain", "addextrainput13_input", addextrainput13_input, 384, layernorm3_weight, x.shape[:-1])
         lead = x.shape[:-1]
+        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
         outputs = ElementwiseChainFunction.apply(
-            x.reshape(-1, 768),
-            addextrainput1_input.reshape(-1, 768),
-            addextrainput8_input.reshape(-1, 768),
-            addextrainput13_input.reshape(-1, 384),
+            x.reshape(-1, 768).contiguous(),
+            addextrainput1_input.reshape(-1, 768).contiguous(),
+            addextrainput8_input.reshape(-1, 768).contiguous(),
+            addextrainput13_input.reshape(-1, 384).contiguous(),
             layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight,
         )
         return (

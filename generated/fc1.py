@@ -82,8 +82,9 @@ class Fc1(torch.nn.Module):
         linear2_bias = self._modules["2"].bias
         check_input("Fc1", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
+        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
         outputs = Fc1Function.apply(
-            x.reshape(-1, 4096),
+            x.reshape(-1, 4096).contiguous(),
             layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias,
         )
         return (

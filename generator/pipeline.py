@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import OPS, REQUIRED, OpDef
+from .catalog import REQUIRED, OpDef
 from .eager import basic_ops
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
@@ -157,4 +157,3 @@ def build_pipeline(spec: SequentialSpec) -> Pipeline:
     return Pipeline(spec.name, spec.file, spec.location, tuple(ops), n_in, n_out)
 
 
-__all__ = ["Op", "Pipeline", "build_pipeline", "OPS"]

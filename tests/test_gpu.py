@@ -184,10 +184,11 @@ def test_pipeline(name, dtype, shape):
     R.run_and_compare(module, name, (*shape, module.in_features), dtype, "cuda", seed=len(shape), ref_device="cuda")
 
 
+@pytest.mark.parametrize("lead", [(3, 5), (7,)], ids=["3-D", "2-D"])
 @pytest.mark.parametrize("name", sorted(R.PIPELINES))
-def test_pipeline_non_contiguous_input(name):
+def test_pipeline_non_contiguous_input(name, lead):
     module = _module(name, torch.bfloat16)
-    R.run_and_compare(module, name, (3, 5, module.in_features), torch.bfloat16, "cuda",
+    R.run_and_compare(module, name, (*lead, module.in_features), torch.bfloat16, "cuda",
                       make_input=_non_contiguous, seed=11, ref_device="cuda")
 
 
