@@ -110,7 +110,8 @@ def cuda_sources(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> dict[str,
                    io=kn.launcher_io(spec))
         if spec.family.startswith("norm"):
             ctx["threads"] = kn.norm_threads(ctx["hidden"], vec)
-            ctx["eps"] = f"{ctx.get('eps', 0.0)!r}f"
+            if "eps" in ctx:  # forward only
+                ctx["eps"] = f"{ctx['eps']!r}f"
         out[symbol] = template.render(**ctx)
     return out
 

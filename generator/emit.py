@@ -53,6 +53,11 @@ def extra_output_name(op: Op) -> str:
     return f"{op.hint}_output"
 
 
+def op_of(pipeline: Pipeline, stage: Stage, name: str, prefix: str) -> Op:
+    """The op a launcher operand names, e.g. 'bias2' (prefix 'bias') is the stage's op 2."""
+    return pipeline.ops[stage.start + int(name[len(prefix):])]
+
+
 def stage_label(stage: Stage) -> str:
     return ", ".join(op.describe() for op in stage.ops)
 
@@ -102,7 +107,7 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
         elif stage.kind == "elementwise":
             spec = stage_kernels[("forward", stage.start)][0]
             io = kn.launcher_io(spec)
-            at = lambda name, prefix: p.ops[stage.start + int(name[len(prefix):])]  # noqa: E731
+            at = lambda name, prefix: op_of(p, stage, name, prefix)  # noqa: E731
             operands = [param_name(at(o, "bias"), "bias") if o.startswith("bias")
                         else extra_input_name(at(o, "extra_in")) for o in io["operands"]]
             results = [out] + [extra_output_name(at(w, "extra_out")) for w in io["written"]]
@@ -154,7 +159,7 @@ def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str],
         elif stage.kind == "elementwise":
             spec = stage_kernels[("backward", stage.start)][0]
             io = kn.launcher_io(spec)
-            at = lambda name, prefix: p.ops[stage.start + int(name[len(prefix):])]  # noqa: E731
+            at = lambda name, prefix: op_of(p, stage, name, prefix)  # noqa: E731
             operands = []
             for o in io["operands"]:
                 if o == "x":

@@ -94,26 +94,24 @@ def _step(stage: Stage, op: Op, glu: int | None, **extra) -> tuple[tuple[str, ob
     return tuple(sorted(step.items()))
 
 
+def _alias(stage: Stage, op: Op, changes: str, first: str, last: str) -> str:
+    """Where an extra tensor of ``op`` comes from: the run's ``first`` tensor when no op before it
+    changes ``changes`` (value or grad), its ``last`` tensor when none after does, else 'write'."""
+    before = any(getattr(o.opdef, changes) for o in stage.ops if o.index < op.index)
+    after = any(getattr(o.opdef, changes) for o in stage.ops if o.index > op.index)
+    return first if not before else last if not after else "write"
+
+
 def forward_aliases(stage: Stage) -> dict[int, str]:
     """For each MakeExtraOutput in a forward run: 'input', 'output' (the same tensor) or 'write'."""
-    out = {}
-    for op in stage.ops:
-        if op.kind == "make_extra_output":
-            before = any(o.opdef.changes_value for o in stage.ops if o.index < op.index)
-            after = any(o.opdef.changes_value for o in stage.ops if o.index > op.index)
-            out[op.index] = "input" if not before else "output" if not after else "write"
-    return out
+    return {op.index: _alias(stage, op, "changes_value", "input", "output")
+            for op in stage.ops if op.kind == "make_extra_output"}
 
 
 def backward_aliases(stage: Stage) -> dict[int, str]:
-    """For each AddExtraInput in a backward run, its grad: 'dy', 'dx' (the same tensor) or 'write'."""
-    out = {}
-    for op in stage.ops:
-        if op.kind == "add_extra_input":
-            before = any(o.opdef.changes_grad for o in stage.ops if o.index < op.index)
-            after = any(o.opdef.changes_grad for o in stage.ops if o.index > op.index)
-            out[op.index] = "dy" if not after else "dx" if not before else "write"
-    return out
+    """For each AddExtraInput in a backward run, its grad: 'dx', 'dy' (the same tensor) or 'write'."""
+    return {op.index: _alias(stage, op, "changes_grad", "dx", "dy")
+            for op in stage.ops if op.kind == "add_extra_input"}
 
 
 def elementwise_forward(pipeline: Pipeline, stage: Stage) -> KernelSpec:

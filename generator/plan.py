@@ -75,7 +75,6 @@ class Plan:
     pipeline: Pipeline
     forward: tuple[Stage, ...]
     backward: tuple[Stage, ...]  # in forward order; the generated backward runs it reversed
-    materialized: frozenset[int]  # forward values (by position) that exist as tensors
     recompute: dict[int, Recompute] = field(default_factory=dict)  # backward stage start -> recompute
     saved_values: tuple[int, ...] = ()  # positions saved for backward
     saved_extra_inputs: tuple[int, ...] = ()  # extra-input indices saved for backward
@@ -147,4 +146,4 @@ def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_ru
             for op in pipeline.ops[start:needing[-1]]:
                 if op.extra_input is not None:
                     saved_extra.add(op.extra_input)
-    return Plan(pipeline, forward, backward, have, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)))
+    return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)))
