@@ -74,8 +74,8 @@ def choose_binary(full_name, available, capability):
         arch = f"sm_{capability[0]}{capability[1]}"
         raise KernelNotAvailableError(
             f"kernel {full_name} has no binary for this GPU ({arch}); found: {', '.join(own) or 'none'} "
-            f"in {KERNELS_DIR}. Add \"{arch}\" to [tool.fusegen] archs in pyproject.toml and run "
-            "`make generate`.")
+            f"in {KERNELS_DIR}. Add \"{arch}\" to the archs of [tool.fusegen] in the pyproject.toml that "
+            "generated this package (or pass --archs) and run `fusegen generate`.")
     return chosen
 
 

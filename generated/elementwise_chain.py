@@ -25,8 +25,10 @@ Inputs are [..., 768] tensors of any row count, on CUDA (prebuilt kernels) or CP
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from . import _kernels as K
+# Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
+from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import check_input
 
@@ -37,37 +39,38 @@ class ElementwiseChainFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, addextrainput1_input, addextrainput8_input, addextrainput13_input, layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight):
         # forward stage 0 · rule elementwise · ReLU()
-        relu0_out = K.relu_fwd_n768(x)
+        relu0_out = kernels.relu_fwd_n768(x)
         # forward stage 1 · rule add_norm · AddExtraInput(), MakeExtraOutput(), LayerNorm(768, eps=1e-06, zero_centered_gamma=True)
-        layernorm3_out, makeextraoutput2_output, layernorm3_mean, layernorm3_rstd = K.add_layernorm_zc_eps1em06_fwd_h768(relu0_out, addextrainput1_input, layernorm3_weight, layernorm3_bias)
+        layernorm3_out, makeextraoutput2_output, layernorm3_mean, layernorm3_rstd = kernels.add_layernorm_zc_eps1em06_fwd_h768(relu0_out, addextrainput1_input, layernorm3_weight, layernorm3_bias)
         # forward stage 2 · rule elementwise · Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
-        silu14_out, makeextraoutput7_output = K.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384(layernorm3_out, bias4_bias, addextrainput8_input, bias11_bias, addextrainput13_input)
+        silu14_out, makeextraoutput7_output = kernels.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384(layernorm3_out, bias4_bias, addextrainput8_input, bias11_bias, addextrainput13_input)
         # forward stage 3 · rule linear · BasicLinear(384, 768)
         basiclinear15_out = silu14_out.mm(basiclinear15_weight.t())
         # forward stage 4 · rule norm · RMSNorm(768, zero_centered_gamma=True)
-        rmsnorm16_out, rmsnorm16_rstd = K.rmsnorm_zc_fwd_h768(basiclinear15_out, rmsnorm16_weight)
+        rmsnorm16_out, rmsnorm16_rstd = kernels.rmsnorm_zc_fwd_h768(basiclinear15_out, rmsnorm16_weight)
         # forward stage 5 · rule elementwise · SwiGLU()
-        swiglu17_out = K.swiglu_fwd_n384(rmsnorm16_out)
+        swiglu17_out = kernels.swiglu_fwd_n384(rmsnorm16_out)
         ctx.save_for_backward(x, makeextraoutput2_output, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, addextrainput8_input, addextrainput13_input, layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
         return swiglu17_out, makeextraoutput2_output, makeextraoutput7_output
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a double backward raises
     def backward(ctx, d_swiglu17_out, d_makeextraoutput2_output, d_makeextraoutput7_output):
         x, makeextraoutput2_output, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, addextrainput8_input, addextrainput13_input, layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight = ctx.saved_tensors
         # backward stage 5 · rule elementwise_backward · SwiGLU()
-        d_rmsnorm16_out = K.swiglu_bwd_n384(d_swiglu17_out, rmsnorm16_out)
+        d_rmsnorm16_out = kernels.swiglu_bwd_n384(d_swiglu17_out, rmsnorm16_out)
         # backward stage 4 · rule norm_backward · RMSNorm(768, zero_centered_gamma=True)
-        d_basiclinear15_out, d_rmsnorm16_weight = K.rmsnorm_zc_bwd_h768(d_rmsnorm16_out, basiclinear15_out, rmsnorm16_rstd, rmsnorm16_weight)
+        d_basiclinear15_out, d_rmsnorm16_weight = kernels.rmsnorm_zc_bwd_h768(d_rmsnorm16_out, basiclinear15_out, rmsnorm16_rstd, rmsnorm16_weight)
         # backward stage 3 · rule linear_backward · BasicLinear(384, 768)
         d_silu14_out = d_basiclinear15_out.mm(basiclinear15_weight)
         d_basiclinear15_weight = d_basiclinear15_out.t().mm(silu14_out)
         # backward stage 2 · rule elementwise_backward · Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
-        d_layernorm3_out, d_addextrainput8_input, d_addextrainput13_input, d_bias4_bias, d_bias11_bias = K.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias(d_silu14_out, layernorm3_out, bias4_bias, d_makeextraoutput7_output, addextrainput8_input, bias11_bias, addextrainput13_input)
+        d_layernorm3_out, d_addextrainput8_input, d_addextrainput13_input, d_bias4_bias, d_bias11_bias = kernels.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias(d_silu14_out, layernorm3_out, bias4_bias, d_makeextraoutput7_output, addextrainput8_input, bias11_bias, addextrainput13_input)
         # backward stage 1 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(), LayerNorm(768, eps=1e-06, zero_centered_gamma=True)
-        d_relu0_out, d_layernorm3_weight, d_layernorm3_bias = K.layernorm_zc_eps1em06_bwd_h768_add_dresidual(d_layernorm3_out, makeextraoutput2_output, layernorm3_mean, layernorm3_rstd, layernorm3_weight, d_makeextraoutput2_output)
+        d_relu0_out, d_layernorm3_weight, d_layernorm3_bias = kernels.layernorm_zc_eps1em06_bwd_h768_add_dresidual(d_layernorm3_out, makeextraoutput2_output, layernorm3_mean, layernorm3_rstd, layernorm3_weight, d_makeextraoutput2_output)
         d_addextrainput1_input = d_relu0_out  # the residual's grad is the sum's grad
         # backward stage 0 · rule elementwise_backward · ReLU()
-        d_x = K.relu_bwd_n768(d_relu0_out, x)
+        d_x = kernels.relu_bwd_n768(d_relu0_out, x)
         return d_x, d_addextrainput1_input, d_addextrainput8_input, d_addextrainput13_input, d_layernorm3_weight, d_layernorm3_bias, d_bias4_bias, d_bias11_bias, d_basiclinear15_weight, d_rmsnorm16_weight
 
 

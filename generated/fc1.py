@@ -13,8 +13,10 @@ Inputs are [..., 4096] tensors of any row count, on CUDA (prebuilt kernels) or C
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from . import _kernels as K
+# Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
+from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import check_input
 
@@ -25,26 +27,27 @@ class Fc1Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
         # forward stage 0 · rule norm · LayerNorm(4096)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = K.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
+        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
         # forward stage 1 · rule elementwise · MakeExtraOutput() · no kernel
         makeextraoutput1_output = layernorm0_out
         # forward stage 2 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
         linear2_out = torch.addmm(linear2_bias, layernorm0_out, linear2_weight.t())
         # forward stage 3 · rule elementwise · SwiGLU()
-        swiglu3_out = K.swiglu_fwd_n14336(linear2_out)
+        swiglu3_out = kernels.swiglu_fwd_n14336(linear2_out)
         ctx.save_for_backward(x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear2_weight)
         return swiglu3_out, makeextraoutput1_output
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a double backward raises
     def backward(ctx, d_swiglu3_out, d_makeextraoutput1_output):
         x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear2_weight = ctx.saved_tensors
         # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()
-        d_linear2_pre_bias, d_linear2_bias = K.bias_swiglu_bwd_n14336(d_swiglu3_out, linear2_out)
+        d_linear2_pre_bias, d_linear2_bias = kernels.bias_swiglu_bwd_n14336(d_swiglu3_out, linear2_out)
         # backward stage 1 · rule extra_output_linear_backward · MakeExtraOutput(), BasicLinear(4096, 28672)
         d_layernorm0_out = torch.addmm(d_makeextraoutput1_output, d_linear2_pre_bias, linear2_weight)
         d_linear2_weight = d_linear2_pre_bias.t().mm(layernorm0_out)
         # backward stage 0 · rule norm_backward · LayerNorm(4096)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = K.layernorm_bwd_h4096(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
         return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
 
 

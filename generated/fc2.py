@@ -11,8 +11,10 @@ Inputs are [..., 14336] tensors of any row count, on CUDA (prebuilt kernels) or 
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from . import _kernels as K
+# Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
+from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import check_input
 
@@ -25,15 +27,16 @@ class Fc2Function(torch.autograd.Function):
         # forward stage 0 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
         linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
         # forward stage 1 · rule elementwise · AddExtraInput()
-        addextrainput1_out = K.add_fwd_n4096(linear0_out, addextrainput1_input)
+        addextrainput1_out = kernels.add_fwd_n4096(linear0_out, addextrainput1_input)
         ctx.save_for_backward(x, linear0_weight)
         return addextrainput1_out
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a double backward raises
     def backward(ctx, d_addextrainput1_out):
         x, linear0_weight = ctx.saved_tensors
         # backward stage 1 · rule elementwise_backward · Bias(4096), AddExtraInput()
-        d_linear0_bias = K.bias_add_bwd_n4096(d_addextrainput1_out)
+        d_linear0_bias = kernels.bias_add_bwd_n4096(d_addextrainput1_out)
         d_addextrainput1_input = d_addextrainput1_out
         # backward stage 0 · rule linear_backward · BasicLinear(14336, 4096)
         d_x = d_addextrainput1_out.mm(linear0_weight)

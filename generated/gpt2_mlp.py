@@ -14,8 +14,10 @@ Inputs are [..., 1024] tensors of any row count, on CUDA (prebuilt kernels) or C
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from . import _kernels as K
+# Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
+from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import check_input
 
@@ -26,31 +28,32 @@ class Gpt2MlpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
         # forward stage 0 · rule norm · LayerNorm(1024)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = K.layernorm_fwd_h1024(x, layernorm0_weight, layernorm0_bias)
+        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(x, layernorm0_weight, layernorm0_bias)
         # forward stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
         linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
         # forward stage 2 · rule elementwise · GELU()
-        gelu2_out = K.gelu_fwd_n4096(linear1_out)
+        gelu2_out = kernels.gelu_fwd_n4096(linear1_out)
         # forward stage 3 · rule linear_bias · BasicLinear(4096, 1024), Bias(1024)
         linear3_out = torch.addmm(linear3_bias, gelu2_out, linear3_weight.t())
         ctx.save_for_backward(x, layernorm0_out, linear1_out, gelu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight)
         return linear3_out
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a double backward raises
     def backward(ctx, d_linear3_out):
         x, layernorm0_out, linear1_out, gelu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(1024)
-        d_linear3_bias = K.bias_bwd_n1024(d_linear3_out)
+        d_linear3_bias = kernels.bias_bwd_n1024(d_linear3_out)
         # backward stage 3 · rule linear_backward · BasicLinear(4096, 1024)
         d_gelu2_out = d_linear3_out.mm(linear3_weight)
         d_linear3_weight = d_linear3_out.t().mm(gelu2_out)
         # backward stage 2 · rule elementwise_backward · Bias(4096), GELU()
-        d_linear1_pre_bias, d_linear1_bias = K.bias_gelu_bwd_n4096(d_gelu2_out, linear1_out)
+        d_linear1_pre_bias, d_linear1_bias = kernels.bias_gelu_bwd_n4096(d_gelu2_out, linear1_out)
         # backward stage 1 · rule linear_backward · BasicLinear(1024, 4096)
         d_layernorm0_out = d_linear1_pre_bias.mm(linear1_weight)
         d_linear1_weight = d_linear1_pre_bias.t().mm(layernorm0_out)
         # backward stage 0 · rule norm_backward · LayerNorm(1024)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = K.layernorm_bwd_h1024(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h1024(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
         return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
 
 

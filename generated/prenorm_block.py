@@ -13,8 +13,10 @@ Inputs are [..., 4096] tensors of any row count, on CUDA (prebuilt kernels) or C
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from . import _kernels as K
+# Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
+from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import check_input
 
@@ -27,25 +29,26 @@ class PrenormBlockFunction(torch.autograd.Function):
         # forward stage 0 · rule elementwise · MakeExtraOutput() · no kernel
         makeextraoutput0_output = x
         # forward stage 1 · rule norm · RMSNorm(4096)
-        rmsnorm1_out, rmsnorm1_rstd = K.rmsnorm_fwd_h4096(x, rmsnorm1_weight)
+        rmsnorm1_out, rmsnorm1_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm1_weight)
         # forward stage 2 · rule linear_bias · BasicLinear(4096, 4096), Bias(4096)
         linear2_out = torch.addmm(linear2_bias, rmsnorm1_out, linear2_weight.t())
         # forward stage 3 · rule elementwise · AddExtraInput()
-        addextrainput3_out = K.add_fwd_n4096(linear2_out, addextrainput3_input)
+        addextrainput3_out = kernels.add_fwd_n4096(linear2_out, addextrainput3_input)
         ctx.save_for_backward(x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight)
         return addextrainput3_out, makeextraoutput0_output
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a double backward raises
     def backward(ctx, d_addextrainput3_out, d_makeextraoutput0_output):
         x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = ctx.saved_tensors
         # backward stage 2 · rule elementwise_backward · Bias(4096), AddExtraInput()
-        d_linear2_bias = K.bias_add_bwd_n4096(d_addextrainput3_out)
+        d_linear2_bias = kernels.bias_add_bwd_n4096(d_addextrainput3_out)
         d_addextrainput3_input = d_addextrainput3_out
         # backward stage 1 · rule linear_backward · BasicLinear(4096, 4096)
         d_rmsnorm1_out = d_addextrainput3_out.mm(linear2_weight)
         d_linear2_weight = d_addextrainput3_out.t().mm(rmsnorm1_out)
         # backward stage 0 · rule norm_residual_grad · MakeExtraOutput(), RMSNorm(4096)
-        d_x, d_rmsnorm1_weight = K.rmsnorm_bwd_h4096_add_dresidual(d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_makeextraoutput0_output)
+        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_makeextraoutput0_output)
         return d_x, d_addextrainput3_input, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
 
 

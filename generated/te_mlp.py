@@ -14,8 +14,10 @@ Inputs are [..., 4096] tensors of any row count, on CUDA (prebuilt kernels) or C
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from . import _kernels as K
+# Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
+from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import check_input
 
@@ -26,31 +28,32 @@ class TeMlpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
         # forward stage 0 · rule norm · LayerNorm(4096)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = K.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
+        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
         # forward stage 1 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
         linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
         # forward stage 2 · rule elementwise · SwiGLU()
-        swiglu2_out = K.swiglu_fwd_n14336(linear1_out)
+        swiglu2_out = kernels.swiglu_fwd_n14336(linear1_out)
         # forward stage 3 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
         linear3_out = torch.addmm(linear3_bias, swiglu2_out, linear3_weight.t())
         ctx.save_for_backward(x, layernorm0_out, linear1_out, swiglu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight)
         return linear3_out
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a double backward raises
     def backward(ctx, d_linear3_out):
         x, layernorm0_out, linear1_out, swiglu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(4096)
-        d_linear3_bias = K.bias_bwd_n4096(d_linear3_out)
+        d_linear3_bias = kernels.bias_bwd_n4096(d_linear3_out)
         # backward stage 3 · rule linear_backward · BasicLinear(14336, 4096)
         d_swiglu2_out = d_linear3_out.mm(linear3_weight)
         d_linear3_weight = d_linear3_out.t().mm(swiglu2_out)
         # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()
-        d_linear1_pre_bias, d_linear1_bias = K.bias_swiglu_bwd_n14336(d_swiglu2_out, linear1_out)
+        d_linear1_pre_bias, d_linear1_bias = kernels.bias_swiglu_bwd_n14336(d_swiglu2_out, linear1_out)
         # backward stage 1 · rule linear_backward · BasicLinear(4096, 28672)
         d_layernorm0_out = d_linear1_pre_bias.mm(linear1_weight)
         d_linear1_weight = d_linear1_pre_bias.t().mm(layernorm0_out)
         # backward stage 0 · rule norm_backward · LayerNorm(4096)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = K.layernorm_bwd_h4096(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
         return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
 
 

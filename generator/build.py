@@ -1,43 +1,33 @@
 """The whole compile: spec files → pipelines → plans → files of the output package.
 
-``build_package`` returns the complete output set as {relative path: bytes}; ``write_package``
-writes it write-if-different and removes stale files, so a run is total and deterministic.
-Kernel binaries whose source, options and NVRTC version match the existing MANIFEST.json are
-reused instead of recompiled (their sha256 is verified first).
+``build_package`` returns the complete output set as {relative path: bytes}, MANIFEST.json
+included (it lists every file, which is what fusegen owns in the output folder; see output.py for
+how it is written). Kernel binaries whose source, options and NVRTC version match the existing
+MANIFEST.json are reused instead of recompiled (their sha256 is verified first).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import multiprocessing
 import os
-import sys
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+import signal
 from pathlib import Path
 
 import fusion_rules
 
 from . import emit
 from . import kernels as kn
+from .config import Config
 from .errors import SpecError
 from .frontend import parse_spec_file
 from .pipeline import Pipeline, build_pipeline
+from .output import MANIFEST, manifest_bytes, read_manifest
 from .plan import Plan, plan_pipeline
+from .progress import Progress
 
 GENERATOR_DIR = Path(__file__).resolve().parent
 CUDA_HEADERS = emit.TEMPLATES / "cuda"
-DEFAULT_ARCHS = ("sm_80", "sm_90", "compute_80")
-DEFAULT_DTYPES = ("bfloat16", "float16", "float32")
-
-
-@dataclass(frozen=True)
-class Config:
-    specs: tuple[Path, ...]
-    out: Path
-    archs: tuple[str, ...] = DEFAULT_ARCHS
-    dtypes: tuple[str, ...] = DEFAULT_DTYPES
-    root: Path = Path(".")  # paths in messages and generated files are shown relative to this
 
 
 def sha256(data: bytes) -> str:
@@ -128,8 +118,40 @@ def binary_name(symbol: str, target: str) -> str:
     return f"kernels/{symbol}.{target}.{'ptx' if target.startswith('compute_') else 'cubin'}"
 
 
+def _ignore_interrupt() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+
+
+def run_compiles(jobs: list[tuple[str, str, str]], progress: Progress) -> dict[str, bytes]:
+    """Compile (symbol, source, target) jobs in parallel; {binary file: bytes}.
+
+    A pool that is terminated on any way out (done, an NVRTC error, Ctrl-C), so no worker outlives
+    the run. Jobs start in order, so the first pending ones are those in flight."""
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    pool = multiprocessing.Pool(workers, initializer=_ignore_interrupt)
+    try:
+        pending = [(job, pool.apply_async(_compile_one, (job,))) for job in jobs]
+        binaries = {}
+        while pending:
+            pending[0][1].wait(0.25)
+            waiting = []
+            for job, result in pending:
+                if result.ready():
+                    symbol, target, binary = result.get()  # re-raises a worker's NvrtcError here
+                    binaries[binary_name(symbol, target)] = binary
+                else:
+                    waiting.append((job, result))
+            pending = waiting
+            progress.update(len(jobs) - len(pending), [f"{symbol}.{target}" for (symbol, _, target), _ in pending[:workers]])
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+    return binaries
+
+
 def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: Path | None,
-                    log=print) -> tuple[dict[str, bytes], dict]:
+                    progress: Progress) -> tuple[dict[str, bytes], dict]:
     """Compile every (kernel, arch), reusing matching binaries from a previous output package."""
     if not archs:  # a CPU-only package: sources, no binaries
         return {}, {symbol: {"source": f"kernels/{symbol}.cu", "source_sha256": sha256(source.encode()),
@@ -138,10 +160,9 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
 
     version = nvrtc.nvrtc_version()
     old = {}
-    if previous is not None and (previous / "MANIFEST.json").is_file():
-        prior_manifest = json.loads((previous / "MANIFEST.json").read_text())
-        if prior_manifest.get("cuda_headers") == header_digests():  # headers feed every binary
-            old = prior_manifest.get("kernels", {})
+    prior_manifest = read_manifest(previous) if previous is not None else None
+    if prior_manifest is not None and prior_manifest.get("cuda_headers") == header_digests():
+        old = prior_manifest.get("kernels", {})  # headers feed every binary
     files, manifest, jobs = {}, {}, []
     for symbol, source in sources.items():
         src_sha = sha256(source.encode())
@@ -160,14 +181,12 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
                 jobs.append((symbol, source, target))
             entry["binaries"][target] = record
     if jobs:
-        log(f"fusegen: compiling {len(jobs)} kernel binaries with NVRTC {version} "
-            f"({len(sources) * len(archs) - len(jobs)} reused)")
-        workers = max(1, min(len(jobs), os.cpu_count() or 1))
-        with ProcessPoolExecutor(workers) as pool:
-            for done, (symbol, target, binary) in enumerate(pool.map(_compile_one, jobs), 1):
-                files[binary_name(symbol, target)] = binary
-                if done % 20 == 0 or done == len(jobs):
-                    log(f"  [{done}/{len(jobs)}] {symbol} {target}")
+        progress.start(len(jobs), f"compiling {len(jobs)} kernel binaries with NVRTC {version} "
+                                  f"({len(sources) * len(archs) - len(jobs)} reused)")
+        try:
+            files.update(run_compiles(jobs, progress))
+        finally:
+            progress.finish()
     for symbol, entry in manifest.items():
         for target, record in entry["binaries"].items():
             record["sha256"] = sha256(files[record["file"]])
@@ -183,8 +202,9 @@ def header_digests() -> dict[str, str]:
     return {name: sha256(text.encode()) for name, text in cuda_headers().items()}
 
 
-def build_package(config: Config, log=print, reuse: bool = True) -> dict[str, bytes]:
+def build_package(config: Config, progress: Progress | None = None, reuse: bool = True) -> dict[str, bytes]:
     """The complete output set; ``reuse`` lets matching binaries of the existing package stand."""
+    progress = progress or Progress()
     plans = load_plans(config)
     unique, per_plan = collect_kernels(plans)
     env = emit.environment()
@@ -208,43 +228,10 @@ def build_package(config: Config, log=print, reuse: bool = True) -> dict[str, by
     files["__init__.py"] = env.get_template("package_init.py.j2").render(
         pipelines=[p.pipeline for p in plans], dtypes=config.dtypes, archs=config.archs)
     previous = config.out if reuse and config.out.is_dir() else None
-    binaries, manifest = compile_kernels(sources, config.archs, previous, log)
+    binaries, manifest = compile_kernels(sources, config.archs, previous, progress)
     files.update(binaries)
-    files["MANIFEST.json"] = json.dumps({
+    files[MANIFEST] = manifest_bytes({
         "generator": "fusegen", "archs": list(config.archs), "dtypes": list(config.dtypes),
-        "cuda_headers": header_digests(), "kernels": manifest,
-    }, indent=2, sort_keys=True) + "\n"
+        "cuda_headers": header_digests(), "kernels": manifest, "files": sorted(files),
+    })
     return {k: v.encode() if isinstance(v, str) else v for k, v in sorted(files.items())}
-
-
-def existing_files(out: Path) -> set[str]:
-    if not out.is_dir():
-        return set()
-    return {p.relative_to(out).as_posix() for p in out.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts}
-
-
-def write_package(files: dict[str, bytes], out: Path) -> tuple[list[str], list[str]]:
-    """Write what differs, delete what is stale; returns (written, removed)."""
-    written, removed = [], []
-    for rel, data in files.items():
-        path = out / rel
-        if not path.is_file() or path.read_bytes() != data:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            written.append(rel)
-    for rel in sorted(existing_files(out) - set(files)):
-        (out / rel).unlink()
-        removed.append(rel)
-    return written, removed
-
-
-def stale_files(files: dict[str, bytes], out: Path) -> list[str]:
-    """Files of ``out`` that differ from a fresh build: changed, missing or extra."""
-    stale = [rel for rel, data in files.items() if not (out / rel).is_file() or (out / rel).read_bytes() != data]
-    stale += sorted(existing_files(out) - set(files))
-    return sorted(stale)
-
-
-def main_log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

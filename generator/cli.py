@@ -1,81 +1,100 @@
-"""The ``fusegen`` command line.
+"""The ``fusegen`` command line (also ``python -m generator``).
 
-    fusegen generate            compile the specs named in [tool.fusegen] of ./pyproject.toml
+    fusegen generate            compile the specs named in [tool.fusegen] of the nearest pyproject.toml
     fusegen generate a.py b.py --out pkg/generated
     fusegen generate --check    exit 1 and name the files if the output package is stale
     fusegen plan specs/x.py     print the fusion plans of a spec file, compile nothing
 
 [tool.fusegen] keys: specs (list of paths or globs), package (output folder),
 archs (default sm_80, sm_90, compute_80), dtypes (default bfloat16, float16, float32).
+
+Exit codes: 0 success, 1 stale output (--check), 2 a user error (spec, configuration, arguments,
+paths), 3 a toolchain failure (NVRTC, CUDA headers), 130 interrupted, 70 an internal error (a bug
+in fusegen: please report it with the output of --debug). Errors print as one message; only
+--debug shows a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import shlex
 import sys
-import tomllib
+import traceback
 from pathlib import Path
 
-from . import build
-from .errors import SpecError
+from . import build, output
+from . import config as cfg
+from . import progress as prog
+from .errors import SpecError, ToolchainError, UsageError
 
-KNOWN_ARCH_PREFIXES = ("sm_", "compute_")
+EXIT_STALE, EXIT_USER, EXIT_TOOLCHAIN, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 70, 130
 
 
-def load_config(args: argparse.Namespace) -> build.Config:
-    pyproject = Path(args.config)
-    settings: dict = {}
-    root = pyproject.parent if pyproject.is_file() else Path(".")
-    if pyproject.is_file():
-        settings = tomllib.loads(pyproject.read_text()).get("tool", {}).get("fusegen", {})
-    elif args.config != "pyproject.toml":
-        raise SystemExit(f"fusegen: config file {args.config} not found")
-    spec_args = args.specs or settings.get("specs")
-    if not spec_args:
-        raise SystemExit("fusegen: no spec files: name them on the command line or in [tool.fusegen] specs "
-                         f"of {pyproject}")
-    specs: list[Path] = []
-    for item in spec_args:
-        base = Path(item) if args.specs else root / item
-        matches = sorted(base.parent.glob(base.name)) if any(c in item for c in "*?[") else [base]
-        if not matches or not all(m.is_file() for m in matches):
-            raise SystemExit(f"fusegen: spec file {item} not found")
-        specs.extend(matches)
-    out = Path(args.out) if args.out else root / settings.get("package", "generated")
-    archs = tuple(args.archs.split(",")) if args.archs else tuple(settings.get("archs", build.DEFAULT_ARCHS))
-    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else tuple(settings.get("dtypes", build.DEFAULT_DTYPES))
-    for arch in archs:
-        if not arch.startswith(KNOWN_ARCH_PREFIXES) or not arch.split("_", 1)[1].isdigit():
-            raise SystemExit(f"fusegen: unknown arch {arch!r}; use names like sm_80, sm_90, compute_80")
-    for dtype in dtypes:
-        if dtype not in build.kn.DTYPES:
-            raise SystemExit(f"fusegen: unknown dtype {dtype!r}; choose from {', '.join(build.kn.DTYPES)}")
-    return build.Config(tuple(dict.fromkeys(specs)), out, archs, dtypes, root=root.resolve())
+def version() -> str:
+    try:
+        return importlib.metadata.version("fusegen")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
+def load_config(args: argparse.Namespace, compiles: bool) -> cfg.Config:
+    """The run's configuration; ``compiles`` checks archs against what NVRTC can build."""
+    supported = None
+    if compiles:
+        from . import nvrtc  # raises ToolchainError when the pinned toolchain is missing
+
+        supported = nvrtc.supported_archs()
+    return cfg.load_config(args.specs, args.config, args.out, args.archs, args.dtypes, supported)
+
+
+def shown(path: Path) -> str:
+    """A path as the user would write it: relative to the working directory when inside it."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix() or "."
+    except ValueError:
+        return str(path)
+
+
+def regenerate_command(args: argparse.Namespace, config: cfg.Config) -> str:
+    """How to regenerate this output, as the user would type it (their repository may have no make)."""
+    words = ["fusegen", "generate", *args.specs]
+    for option in ("config", "out", "archs", "dtypes"):
+        if getattr(args, option) is not None:
+            words += [f"--{option}", getattr(args, option)]
+    command = f"`{shlex.join(words)}`"
+    if config.source is not None and not args.specs:
+        command += f" (it reads [tool.fusegen] of {shown(config.source)})"
+    return command
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    config = load_config(args)
-    log = build.main_log
+    config = load_config(args, compiles=True)
+    out, where = config.out, shown(config.out)
+    output.check_output_folder(out, config.specs, Path.cwd())
+    report = prog.for_stream(sys.stderr)
     if args.check:
         # Build against the checked-in package: binaries it already holds are reused only when
         # their source, options, NVRTC version and sha256 all match its MANIFEST.json.
-        files = build.build_package(config, log)
-        stale = build.stale_files(files, config.out)
+        files = build.build_package(config, report)
+        stale = output.stale_files(files, out)
         if stale:
-            print(f"fusegen: {config.out} is stale; run `make generate` and commit the result. Files:", file=sys.stderr)
+            print(f"fusegen: {where} is stale; run {regenerate_command(args, config)} and commit the result. "
+                  "Files:", file=sys.stderr)
             for rel in stale:
-                print(f"  {config.out / rel}", file=sys.stderr)
-            return 1
-        print(f"fusegen: {config.out} is up to date ({len(files)} files)", file=sys.stderr)
+                print(f"  {where}/{rel}", file=sys.stderr)
+            return EXIT_STALE
+        print(f"fusegen: {where} is up to date ({len(files)} files)", file=sys.stderr)
         return 0
-    files = build.build_package(config, log, reuse=not args.rebuild)
-    written, removed = build.write_package(files, config.out)
-    print(f"fusegen: {config.out}: {len(files)} files, {len(written)} written, {len(removed)} removed", file=sys.stderr)
+    files = build.build_package(config, report, reuse=not args.rebuild)
+    output.check_output_folder(out, config.specs, Path.cwd(), set(files))
+    written, removed = output.write_package(files, out)
+    print(f"fusegen: {where}: {len(files)} files, {len(written)} written, {len(removed)} removed", file=sys.stderr)
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    config = load_config(args)
+    config = load_config(args, compiles=False)
     for plan in build.load_plans(config):
         print(f"{plan.pipeline.name} ({plan.pipeline.location})")
         for title, stages in (("forward", plan.forward), ("backward", plan.backward)):
@@ -86,26 +105,51 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fusegen", description="Ahead-of-time fusion compiler for te.ops pipelines.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="fusegen", description="Ahead-of-time fusion compiler for te.ops pipelines.")
+    top.add_argument("--version", action="version", version=f"fusegen {version()}")
+    sub = top.add_subparsers(dest="command", required=True)
     for name, help_text in (("generate", "compile specs into the output package"),
                             ("plan", "print the fusion plans of specs")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("specs", nargs="*", help="spec files (default: [tool.fusegen] specs)")
-        p.add_argument("--config", default="pyproject.toml", help="pyproject.toml holding [tool.fusegen]")
+        p.add_argument("--config", help="pyproject.toml holding [tool.fusegen] "
+                                        "(default: the nearest one at or above the working directory)")
         p.add_argument("--out", help="output package folder (default: [tool.fusegen] package)")
         p.add_argument("--archs", help="comma-separated targets, e.g. sm_80,sm_90,compute_80")
         p.add_argument("--dtypes", help="comma-separated dtypes, e.g. bfloat16,float32")
+        p.add_argument("--debug", action="store_true", help="show a traceback with every error")
         if name == "generate":
             p.add_argument("--check", action="store_true", help="exit 1 if the output package is stale")
             p.add_argument("--rebuild", action="store_true", help="recompile every kernel, reuse nothing")
-    args = parser.parse_args(argv)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The one top-level handler: every error leaves as one message and its exit code."""
+    args = parser().parse_args(argv)
     try:
         return cmd_generate(args) if args.command == "generate" else cmd_plan(args)
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("fusegen: interrupted (every file is written whole or not at all)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (SpecError, UsageError, ToolchainError) as err:
+        if args.debug:
+            traceback.print_exc()
+        prefix = "" if isinstance(err, SpecError) and err.location is not None else "fusegen: error: "
+        print(f"{prefix}{err}", file=sys.stderr)
+        return EXIT_TOOLCHAIN if isinstance(err, ToolchainError) else EXIT_USER
+    except OSError as err:  # the file system said no: permissions, a full disk, a vanished folder
+        if args.debug:
+            traceback.print_exc()
+        print(f"fusegen: error: {err}", file=sys.stderr)
+        return EXIT_USER
+    except Exception as err:  # a bug in fusegen, not the user's mistake
+        if args.debug:
+            traceback.print_exc()
+        print(f"fusegen: internal error: {type(err).__name__}: {err}\n"
+              "This is a bug in fusegen; rerun with --debug for the traceback and report it.", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
                 results.append(f"{norm.hint}_mean")
             results.append(f"{norm.hint}_rstd")
             stats[norm.index] = results[1 + bool(add):]
-            block.lines.append(f"{', '.join(results)} = K.{spec.name}({', '.join(args)})")
+            block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
         elif stage.kind == "elementwise":
             spec = stage_kernels[("forward", stage.start)][0]
             io = kn.launcher_io(spec)
@@ -111,7 +111,7 @@ def forward_blocks(plan: Plan, stage_kernels: dict) -> tuple[list[Block], dict[i
             operands = [param_name(at(o, "bias"), "bias") if o.startswith("bias")
                         else extra_input_name(at(o, "extra_in")) for o in io["operands"]]
             results = [out] + [extra_output_name(at(w, "extra_out")) for w in io["written"]]
-            block.lines.append(f"{', '.join(results)} = K.{spec.name}({', '.join([x_in] + operands)})")
+            block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join([x_in] + operands)})")
             for index, alias in kn.forward_aliases(stage).items():
                 if alias != "write":
                     block.lines.append(f"{extra_output_name(p.ops[index])} = {x_in if alias == 'input' else out}")
@@ -153,7 +153,7 @@ def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str],
             args += [f"d_{extra_output_name(meo)}"] if meo else []
             results = [d_in, f"d_{param_name(norm, 'weight')}"]
             results += [f"d_{param_name(norm, 'bias')}"] if norm.opdef.name == "LayerNorm" else []
-            block.lines.append(f"{', '.join(results)} = K.{spec.name}({', '.join(args)})")
+            block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
             if add:
                 block.lines.append(f"d_{extra_input_name(add)} = {d_in}  # the residual's grad is the sum's grad")
         elif stage.kind == "elementwise":
@@ -177,7 +177,7 @@ def backward_blocks(plan: Plan, stage_kernels: dict, values: dict[int, str],
             names.update({f"d_extra_in{op.index - stage.start}": "d_" + extra_input_name(op)
                           for op in stage.ops if op.kind == "add_extra_input"})
             names.update({f"dbias{op.index - stage.start}": "d_" + param_name(op, "bias") for op in biases})
-            block.lines.append(f"{', '.join(names[r] for r in io['returned'])} = K.{spec.name}({', '.join([dy] + operands)})")
+            block.lines.append(f"{', '.join(names[r] for r in io['returned'])} = kernels.{spec.name}({', '.join([dy] + operands)})")
             for index, alias in kn.backward_aliases(stage).items():
                 if alias != "write":
                     block.lines.append(f"d_{extra_input_name(p.ops[index])} = {dy if alias == 'dy' else d_in}")

@@ -35,3 +35,15 @@ class SpecError(Exception):
             line = loc.source_line.rstrip("\n")
             text += f"\n    {line}\n    {' ' * (loc.col - 1)}^"
         return text
+
+
+class UsageError(Exception):
+    """A mistake in how fusegen was invoked: arguments, configuration, paths. Exit code 2."""
+
+    exit_code = 2
+
+
+class ToolchainError(Exception):
+    """The pinned NVRTC toolchain is missing or failed (headers, an arch NVRTC rejects). Exit code 3."""
+
+    exit_code = 3

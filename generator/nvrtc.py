@@ -12,7 +12,13 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from cuda.bindings import nvrtc
+from .errors import ToolchainError
+
+try:
+    from cuda.bindings import nvrtc
+except ImportError as _err:  # fusegen's own dependency: a broken install, not a user mistake
+    raise ToolchainError(f"cannot import NVRTC from cuda-bindings ({_err}); install the pinned toolchain: "
+                         "pip install 'cuda-bindings==13.0.3' 'nvidia-cuda-nvrtc==13.0.88'") from None
 
 RUNTIME_PACKAGE = "nvidia-cuda-runtime"
 LANGUAGE_OPTIONS = ("--std=c++17",)
@@ -20,7 +26,7 @@ LANGUAGE_OPTIONS = ("--std=c++17",)
 RECORDED_INCLUDES = ("-I<templates/cuda>", f"-I<{RUNTIME_PACKAGE}>/include")
 
 
-class NvrtcError(Exception):
+class NvrtcError(ToolchainError):
     pass
 
 
@@ -37,10 +43,17 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+def supported_archs() -> tuple[int, ...]:
+    """The XY of every sm_XY this NVRTC can compile for (its own list, not a guess)."""
+    result, archs = nvrtc.nvrtcGetSupportedArchs()
+    _check(result, "nvrtcGetSupportedArchs")
+    return tuple(archs)
+
+
 def cuda_include_dir() -> Path:
     """The CUDA headers (cuda_bf16.h, cuda_fp16.h) shipped by the nvidia-cuda-runtime wheel."""
     hint = (f"install the pinned {RUNTIME_PACKAGE} package "
-            f"(pip install '{RUNTIME_PACKAGE}==13.0.96') or run `make setup`")
+            f"(pip install '{RUNTIME_PACKAGE}==13.0.96')")
     try:
         dist = importlib.metadata.distribution(RUNTIME_PACKAGE)
     except importlib.metadata.PackageNotFoundError:

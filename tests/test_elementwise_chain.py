@@ -8,7 +8,7 @@ import textwrap
 
 import torch
 
-from generator import build, eager
+from generator import build, eager, output
 
 SPEC = textwrap.dedent("""\
     from generator.eager import (AddExtraInput, Bias, ConstantScale, GELU, GEGLU, LayerNorm,
@@ -26,7 +26,7 @@ def test_long_chain_matches_eager_in_float64(tmp_path):
     spec = tmp_path / "chain_spec.py"
     spec.write_text(SPEC)
     config = build.Config((spec,), tmp_path / "chain_pkg", archs=(), dtypes=("float32",), root=tmp_path)
-    build.write_package(build.build_package(config, log=lambda m: None), config.out)
+    output.write_package(build.build_package(config), config.out)
     sys.path.insert(0, str(tmp_path))
     try:
         pkg = importlib.import_module("chain_pkg")

@@ -1,7 +1,6 @@
 """The generate command: determinism, totality, the stale-output gate, and the output package
 standing alone (imports without libcst and jinja2; state_dict compatible with the eager Sequential)."""
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -12,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from generator import build, cli
+from generator import build, cli, output
+from generator.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_SPEC = textwrap.dedent("""\
@@ -28,8 +28,8 @@ def small_config(tmp_path, out_name="out"):
 
 
 def test_two_builds_give_identical_bytes(tmp_path):
-    first = build.build_package(small_config(tmp_path, "a"), log=lambda m: None)
-    second = build.build_package(small_config(tmp_path, "b"), log=lambda m: None)
+    first = build.build_package(small_config(tmp_path, "a"))
+    second = build.build_package(small_config(tmp_path, "b"))
     assert first == second
     assert "kernels/add_rmsnorm_fwd_h64_fp32.sm_90.cubin" in first
     for rel, data in first.items():
@@ -40,11 +40,10 @@ def test_two_builds_give_identical_bytes(tmp_path):
 
 def test_generate_is_total_and_check_names_stale_files(tmp_path, capsys):
     config = small_config(tmp_path)
-    files = build.build_package(config, log=lambda m: None)
-    build.write_package(files, config.out)
-    (config.out / "leftover.py").write_text("# stale\n")
-    written, removed = build.write_package(files, config.out)
-    assert written == [] and removed == ["leftover.py"]
+    files = build.build_package(config)
+    assert output.write_package(files, config.out)[1] == []
+    (config.out / "notes.txt").write_text("the user's own file\n")
+    assert output.write_package(files, config.out) == ([], [])  # nothing differs: nothing is touched
 
     args = ["generate", str(tmp_path / "small.py"), "--out", str(config.out), "--archs", "sm_90", "--dtypes", "float32"]
     assert cli.main(args + ["--check"]) == 0
@@ -52,16 +51,26 @@ def test_generate_is_total_and_check_names_stale_files(tmp_path, capsys):
     (config.out / "kernels" / "gelu_fwd_n128_fp32.cu").unlink()
     assert cli.main(args + ["--check"]) == 1
     err = capsys.readouterr().err
-    assert "block.py" in err and "gelu_fwd_n128_fp32.cu" in err and "make generate" in err
+    assert "block.py" in err and "gelu_fwd_n128_fp32.cu" in err and "notes.txt" not in err
+    assert f"run `fusegen generate {tmp_path / 'small.py'} --out {config.out}" in err
     assert cli.main(args) == 0
+    assert cli.main(args + ["--check"]) == 0
+
+    # Dropping GELU from the spec: its kernel files, which the manifest lists, go; the user's file stays.
+    (tmp_path / "small.py").write_text(SMALL_SPEC.replace(", GELU())", ")"))
+    assert cli.main(args + ["--check"]) == 1
+    assert "gelu_fwd_n128_fp32.sm_90.cubin" in capsys.readouterr().err
+    assert cli.main(args) == 0
+    assert not list(config.out.glob("kernels/gelu_*"))
+    assert (config.out / "notes.txt").read_text() == "the user's own file\n"
     assert cli.main(args + ["--check"]) == 0
 
 
 def test_check_on_the_shipped_package():
     """The checked-in generated/ equals what the specs, rules and templates produce."""
-    args = argparse.Namespace(config=str(ROOT / "pyproject.toml"), specs=[], out=None, archs=None, dtypes=None)
-    files = build.build_package(cli.load_config(args), log=lambda m: None)
-    assert build.stale_files(files, ROOT / "generated") == []
+    config = load_config([], None, None, None, None, supported_archs=None, cwd=ROOT)
+    files = build.build_package(config)
+    assert output.stale_files(files, ROOT / "generated") == []
 
 
 def test_spec_error_is_reported_with_location(tmp_path, capsys):

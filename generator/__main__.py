@@ -1,0 +1,7 @@
+"""``python -m generator`` is the ``fusegen`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,168 @@
+"""Where a run's settings come from: ``[tool.fusegen]`` of a pyproject.toml, then the command line.
+
+The pyproject.toml is found like ruff and black find theirs: the nearest one, searching upward from
+the working directory, that has a ``[tool.fusegen]`` table. Paths in it are relative to its own
+folder. The table is checked against ``SCHEMA``: wrong types, empty lists and unknown keys (with a
+"did you mean") are ``UsageError``s naming the file; nothing is silently ignored or defaulted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UsageError
+
+DEFAULT_ARCHS = ("sm_80", "sm_90", "compute_80")
+DEFAULT_DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = ("bfloat16", "float16", "float32")
+DEFAULT_PACKAGE = "generated"
+ARCH = re.compile(r"(sm|compute)_(\d+)")
+
+# key -> (expected type, what the value is, example)
+SCHEMA = {
+    "specs": (list, "spec files or globs", '["specs/*.py"]'),
+    "package": (str, "the output package folder", '"generated"'),
+    "archs": (list, "GPU targets", '["sm_80", "sm_90", "compute_80"]'),
+    "dtypes": (list, "dtypes to build kernels for", '["bfloat16", "float16", "float32"]'),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    specs: tuple[Path, ...]
+    out: Path
+    archs: tuple[str, ...] = DEFAULT_ARCHS
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    root: Path = Path(".")  # paths in messages and generated files are shown relative to this
+    source: Path | None = None  # the pyproject.toml the settings came from, if any
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The nearest pyproject.toml at or above ``start`` that has a [tool.fusegen] table."""
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file() and "fusegen" in read_pyproject(candidate).get("tool", {}):
+            return candidate
+    return None
+
+
+def read_pyproject(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot read it: {err}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        # tomllib's message ends with "(at line L, column C)": keep it, it is the location.
+        raise UsageError(f"{path}: not valid TOML: {err}; fix the file") from None
+
+
+def fusegen_table(path: Path) -> dict:
+    """[tool.fusegen] of ``path``, validated against SCHEMA."""
+    table = read_pyproject(path).get("tool", {}).get("fusegen", {})
+    where = f"{path}: [tool.fusegen]"
+    if not isinstance(table, dict):
+        raise UsageError(f"{where} must be a table, e.g. [tool.fusegen] followed by key = value lines")
+    for key, value in table.items():
+        if key not in SCHEMA:
+            close = difflib.get_close_matches(key, SCHEMA, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(SCHEMA)}"
+            raise UsageError(f"{where} has an unknown key '{key}'; {hint}")
+        kind, what, example = SCHEMA[key]
+        if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
+            expected = "a list of strings" if kind is list else "a string"
+            raise UsageError(f"{where} {key} must be {expected} ({what}), e.g. {key} = {example}; "
+                             f"got {value!r}")
+        if not value:
+            raise UsageError(f"{where} {key} is empty; give {what}, e.g. {key} = {example}")
+    return table
+
+
+def split_list(text: str, option: str) -> tuple[str, ...]:
+    """A comma-separated command-line list; empty items are an error, not a fallback."""
+    items = tuple(item.strip() for item in text.split(","))
+    if not text.strip() or not all(items):
+        raise UsageError(f"{option} needs a comma-separated list without empty items, got {text!r}")
+    return items
+
+
+def check_dtypes(dtypes: tuple[str, ...], source: str) -> None:
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            close = difflib.get_close_matches(dtype, DTYPES, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise UsageError(f"{source}: unknown dtype {dtype!r}; {hint}choose from {', '.join(DTYPES)}")
+
+
+def check_archs(archs: tuple[str, ...], supported: tuple[int, ...] | None, source: str) -> None:
+    """Every arch is sm_XY or compute_XY, with XY among what the pinned NVRTC can build
+    (``supported``; None checks the form only, for commands that compile nothing)."""
+    for arch in archs:
+        match = ARCH.fullmatch(arch)
+        if match is None:
+            raise UsageError(f"{source}: unknown arch {arch!r}; use names like sm_80, sm_90 or compute_80")
+        if supported is not None and int(match[2]) not in supported:
+            choices = ", ".join(f"sm_{n}" for n in supported)
+            raise UsageError(f"{source}: arch {arch!r} is not supported by the pinned NVRTC; it builds "
+                             f"{choices} (and compute_ of the same numbers)")
+
+
+def resolve_specs(items: list[str], base: Path, source: str) -> tuple[Path, ...]:
+    """Spec paths and globs, relative to ``base``; each must name at least one existing file."""
+    specs: list[Path] = []
+    for item in items:
+        path = base / item
+        if any(c in item for c in "*?["):
+            matches = sorted(p for p in path.parent.glob(path.name) if p.is_file())
+            if not matches:
+                raise UsageError(f"{source}: no spec file matches {item!r} (in {path.parent})")
+            specs.extend(matches)
+        elif path.is_dir():
+            raise UsageError(f"{source}: spec {item!r} is a folder; name the spec files or a glob like "
+                             f"'{Path(item) / '*.py'}'")
+        elif not path.is_file():
+            raise UsageError(f"{source}: spec file {item!r} not found (looked for {path})")
+        else:
+            specs.append(path)
+    return tuple(dict.fromkeys(specs))
+
+
+def load_config(cli_specs: list[str], config: str | None, out: str | None, archs: str | None,
+                dtypes: str | None, supported_archs: tuple[int, ...] | None, cwd: Path | None = None) -> Config:
+    """The run's Config: command-line values win over [tool.fusegen], which wins over defaults.
+
+    ``supported_archs`` is what NVRTC can build (None when nothing will be compiled: then arch
+    names are checked for form only)."""
+    cwd = cwd or Path.cwd()
+    if config is not None:
+        pyproject: Path | None = cwd / config
+        if not pyproject.is_file():
+            raise UsageError(f"config file {config} not found")
+        if "fusegen" not in read_pyproject(pyproject).get("tool", {}):
+            raise UsageError(f"{config} has no [tool.fusegen] table; add one (see the README)")
+    else:
+        pyproject = find_pyproject(cwd)
+    table = fusegen_table(pyproject) if pyproject is not None else {}
+    root = pyproject.parent if pyproject is not None else cwd
+    source = f"{pyproject}: [tool.fusegen]" if pyproject is not None else "fusegen"
+    if cli_specs:
+        specs = resolve_specs(cli_specs, cwd, "fusegen")
+    elif "specs" in table:
+        specs = resolve_specs(table["specs"], root, f"{source} specs")
+    else:
+        raise UsageError("no spec files: name them on the command line (fusegen generate a.py) or in "
+                         "[tool.fusegen] specs of a pyproject.toml in this folder or above")
+    if out is not None and not out.strip():
+        raise UsageError("--out needs a folder name")
+    out_path = cwd / out if out is not None else root / table.get("package", DEFAULT_PACKAGE)
+    arch_list = split_list(archs, "--archs") if archs is not None else tuple(table.get("archs", DEFAULT_ARCHS))
+    dtype_list = split_list(dtypes, "--dtypes") if dtypes is not None else tuple(table.get("dtypes", DEFAULT_DTYPES))
+    check_dtypes(dtype_list, "--dtypes" if dtypes is not None else f"{source} dtypes")
+    check_archs(arch_list, supported_archs, "--archs" if archs is not None else f"{source} archs")
+    return Config(specs, out_path, tuple(dict.fromkeys(arch_list)), tuple(dict.fromkeys(dtype_list)),
+                  root=root.resolve(), source=pyproject)
