@@ -159,6 +159,7 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
     from . import nvrtc
 
     version = nvrtc.nvrtc_version()
+    nvrtc.cuda_include_dir()  # fail before compiling anything when the headers are missing
     old = {}
     prior_manifest = read_manifest(previous) if previous is not None else None
     if prior_manifest is not None and prior_manifest.get("cuda_headers") == header_digests():

@@ -49,11 +49,7 @@ def load_config(args: argparse.Namespace, compiles: bool) -> cfg.Config:
 
 
 def shown(path: Path) -> str:
-    """A path as the user would write it: relative to the working directory when inside it."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix() or "."
-    except ValueError:
-        return str(path)
+    return output.display_path(path, Path.cwd())
 
 
 def regenerate_command(args: argparse.Namespace, config: cfg.Config) -> str:

@@ -48,6 +48,14 @@ def owned_files(manifest: dict) -> set[str]:
     return owned
 
 
+def display_path(path: Path, cwd: Path) -> str:
+    """A path as the user would write it: relative to the working directory when inside it."""
+    try:
+        return path.resolve().relative_to(cwd.resolve()).as_posix() or "."
+    except ValueError:
+        return str(path)
+
+
 def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
@@ -55,7 +63,7 @@ def _within(path: Path, folder: Path) -> bool:
 def check_output_folder(out: Path, specs: tuple[Path, ...], cwd: Path, new_files: set[str] | None = None) -> None:
     """Refuse, touching nothing, any output folder whose files fusegen could not safely own."""
     folder = out.resolve()
-    shown = out.as_posix()
+    shown = display_path(out, cwd)
     advice = "choose a new or empty folder just for the generated package (e.g. --out model/fused)"
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"output {shown} is a file, not a folder; {advice}")
@@ -65,7 +73,7 @@ def check_output_folder(out: Path, specs: tuple[Path, ...], cwd: Path, new_files
                          f"removes stale files there; {advice}")
     for spec in specs:
         if _within(spec.resolve(), folder):
-            raise UsageError(f"refusing to write into {shown}: it holds the spec file {spec.as_posix()}; "
+            raise UsageError(f"refusing to write into {shown}: it holds the spec file {display_path(spec, cwd)}; "
                              f"keep specs outside the output package; {advice}")
     if not folder.is_dir():
         return
@@ -83,7 +91,7 @@ def check_output_folder(out: Path, specs: tuple[Path, ...], cwd: Path, new_files
         owned = owned_files(manifest)
         foreign = sorted(rel for rel in new_files if rel not in owned and rel != MANIFEST and (folder / rel).exists())
         if foreign:
-            raise UsageError(f"refusing to overwrite {(out / foreign[0]).as_posix()}: fusegen did not write it "
+            raise UsageError(f"refusing to overwrite {display_path(out / foreign[0], cwd)}: fusegen did not write it "
                              f"(it is not in {MANIFEST}); move it away or rename the pipeline")
 
 

@@ -1,0 +1,198 @@
+"""The command line: every error class is one message with its exit code, never a traceback
+(only --debug shows one); Ctrl-C exits 130; progress output; --version and python -m."""
+
+import importlib.metadata
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from generator import build, cli, output, progress
+from generator import nvrtc
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = "from generator.eager import Sequential, RMSNorm, GELU\nblock = Sequential(RMSNorm(64), GELU())\n"
+
+
+def run(capsys, *args):
+    code = cli.main(list(args))
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err, captured.err
+    return code, captured.err
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.py").write_text(SPEC)
+    return "spec.py"
+
+
+GENERATE = ("generate", "spec.py", "--out", "fused", "--archs", "sm_90", "--dtypes", "float32")
+
+
+def test_malformed_pyproject(tmp_path, spec, capsys):
+    (tmp_path / "pyproject.toml").write_text("[tool.fusegen\n")
+    code, err = run(capsys, "generate")
+    assert code == 2 and "pyproject.toml: not valid TOML" in err and err.count("\n") == 1
+
+
+def test_unknown_config_key(tmp_path, spec, capsys):
+    (tmp_path / "pyproject.toml").write_text('[tool.fusegen]\nspec = ["spec.py"]\n')
+    code, err = run(capsys, "generate")
+    assert code == 2 and "unknown key 'spec'; did you mean 'specs'?" in err
+
+
+def test_arch_nvrtc_rejects_is_refused_before_compiling(spec, capsys):
+    code, err = run(capsys, "generate", "spec.py", "--out", "fused", "--archs", "sm_70")
+    assert code == 2 and "arch 'sm_70' is not supported by the pinned NVRTC" in err
+    assert not Path("fused").exists()
+
+
+def test_empty_archs_is_an_error_not_the_defaults(spec, capsys):
+    code, err = run(capsys, "generate", "spec.py", "--out", "fused", "--archs", "")
+    assert code == 2 and "--archs needs a comma-separated list" in err
+
+
+def test_missing_spec_file_exits_2(spec, capsys):
+    code, err = run(capsys, "generate", "nope.py", "--out", "fused")
+    assert code == 2 and "spec file 'nope.py' not found" in err
+
+
+def test_spec_error_has_its_location(tmp_path, spec, capsys):
+    (tmp_path / "spec.py").write_text(SPEC.replace("RMSNorm(64)", "RMSNorm(-1)"))
+    code, err = run(capsys, "plan", "spec.py")
+    assert code == 2 and err.startswith("spec.py:2:28: error: ") and "^" in err
+
+
+def test_out_naming_an_existing_file(tmp_path, spec, capsys):
+    (tmp_path / "taken").write_text("")
+    code, err = run(capsys, *GENERATE[:3], "taken")
+    assert code == 2 and "output taken is a file, not a folder" in err
+
+
+def test_missing_cuda_headers_is_a_toolchain_error(spec, capsys, monkeypatch):
+    def no_headers(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(nvrtc.importlib.metadata, "distribution", no_headers)
+    code, err = run(capsys, *GENERATE)
+    assert code == 3 and "CUDA headers not found: install the pinned nvidia-cuda-runtime" in err
+    assert not Path("fused").exists()
+
+
+def test_nvrtc_compile_failure_is_a_toolchain_error(spec, capsys, monkeypatch):
+    real = build.cuda_sources
+    monkeypatch.setattr(build, "cuda_sources", lambda *a: {k: v + "\nthis is not C++;\n" for k, v in real(*a).items()})
+    code, err = run(capsys, *GENERATE)
+    assert code == 3 and "NVRTC failed for sm_90" in err and "error" in err
+    assert not Path("fused").exists()
+
+
+def test_file_system_errors_are_messages(spec, capsys, monkeypatch):
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(output, "_write_atomic", refuse)
+    code, err = run(capsys, *GENERATE)
+    assert code == 2 and "fusegen: error: [Errno 13] Permission denied" in err
+
+
+def test_an_internal_error_is_one_message_and_debug_shows_the_traceback(spec, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("bug")
+
+    monkeypatch.setattr(build, "load_plans", broken)
+    code, err = run(capsys, "plan", "spec.py")
+    assert code == 70 and "internal error: ValueError: bug" in err and "--debug" in err
+    assert cli.main(["plan", "spec.py", "--debug"]) == 70
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_stale_message_names_the_config_it_used(tmp_path, spec, capsys):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.fusegen]\nspecs = ["spec.py"]\npackage = "fused"\narchs = ["sm_90"]\ndtypes = ["float32"]\n')
+    assert run(capsys, "generate", "--check")[0] == 1
+    code, err = run(capsys, "generate", "--check")
+    assert code == 1 and "run `fusegen generate` (it reads [tool.fusegen] of pyproject.toml)" in err
+    assert "make" not in err
+
+
+def test_plain_progress_in_a_log(spec, capsys):
+    code, err = run(capsys, *GENERATE)
+    assert code == 0
+    assert "fusegen: compiling 5 kernel binaries with NVRTC 13.0 (0 reused)" in err
+    assert "  [5/5] compiled" in err and "fusegen: fused: " in err
+
+
+def test_plain_progress_names_a_slow_kernel(monkeypatch):
+    stream = io.StringIO()
+    report = progress.PlainProgress(stream)
+    report.start(3, "compiling 3 kernel binaries")
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
+    report.update(0, ["rmsnorm_fwd_h65536_fp32.sm_90"])
+    report.update(3, [])
+    assert stream.getvalue().splitlines() == [
+        "fusegen: compiling 3 kernel binaries",
+        "  [0/3] still compiling rmsnorm_fwd_h65536_fp32.sm_90",
+        "  [3/3] compiled",
+    ]
+
+
+def test_live_progress_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    report = progress.for_stream(stream)
+    assert isinstance(report, progress.LiveProgress)
+    report.start(10, "compiling 10 kernel binaries")
+    assert report.bar.live.auto_refresh and report.bar.live.refresh_per_second >= 1  # redrawn every second
+    report.update(3, ["gelu_fwd_n64_fp32.sm_90"])
+    report.finish()
+    text = stream.getvalue()
+    assert "3/10" in text and "gelu_fwd_n64_fp32.sm_90" in text
+    assert isinstance(progress.for_stream(io.StringIO()), progress.PlainProgress)
+
+
+def subprocess_env():
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def test_version_and_python_m(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "generator", "--version"], capture_output=True, text=True,
+                            env=subprocess_env(), cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == f"fusegen {cli.version()}"
+    (tmp_path / "spec.py").write_text(SPEC.replace("GELU()", "GELU(3)"))
+    result = subprocess.run([sys.executable, "-m", "generator", "plan", "spec.py"], capture_output=True, text=True,
+                            env=subprocess_env(), cwd=tmp_path)
+    assert result.returncode == 2 and "spec.py:2:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path):
+    (tmp_path / "spec.py").write_text(textwrap.dedent("""\
+        from generator.eager import Sequential, RMSNorm, LayerNorm, GELU, SiLU, ReLU, SwiGLU, Bias
+        a = Sequential(RMSNorm(4096), GELU(), Bias(4096), SiLU())
+        b = Sequential(LayerNorm(2048), ReLU(), SwiGLU(), Bias(1024))
+    """))
+    command = [sys.executable, "-m", "generator", "generate", "spec.py", "--out", "fused"]
+    # A new session, signalled as a group: like a terminal's Ctrl-C, it reaches the workers too.
+    proc = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    first = proc.stderr.readline()
+    assert "fusegen: compiling" in first, first
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
+    lines = [line for line in rest.splitlines() if not line.startswith("  [")]  # progress lines may precede it
+    assert lines == ["fusegen: interrupted (every file is written whole or not at all)"]
+    assert not list(tmp_path.rglob("*.tmp"))
