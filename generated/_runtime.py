@@ -12,6 +12,7 @@ Needs torch, plus cuda-bindings for CUDA tensors only (imported on first launch)
 """
 
 import ctypes
+import functools
 import re
 import threading
 from pathlib import Path
@@ -43,6 +44,47 @@ def check_input(module, name, tensor, features, like, lead=None):
     if lead is not None and tensor.shape[:-1] != lead:
         raise ValueError(f"{module}: {name} must have the same leading shape as x, {list(lead)}, "
                          f"got {list(tensor.shape[:-1])}")
+
+
+class _SecondDerivative(torch.autograd.Function):
+    """Hands first-order grads through unchanged; differentiating them again raises."""
+
+    @staticmethod
+    def forward(ctx, module, count, *tensors):
+        ctx.module = module
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.module}: second derivatives (double backward, gradgradcheck) are not "
+                           "supported: its backward is fused and not itself differentiable")
+
+
+def first_order_only(module):
+    """Decorates a generated backward so that a second derivative raises instead of being wrong.
+
+    Like torch's once_differentiable the backward runs without building a graph; unlike it, the
+    guard node also hangs off the saved tensors, so it is reached (and raises) even when
+    torch.autograd.grad differentiates with respect to an input whose only path is through them."""
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def guarded(ctx, *grad_outputs):
+            with torch.no_grad():
+                grads = backward(ctx, *grad_outputs)
+            if not torch.is_grad_enabled():  # the usual case: no create_graph
+                return grads
+            anchors = [t for t in (*grad_outputs, *ctx.saved_tensors) if t is not None and t.requires_grad]
+            if not anchors:  # nothing the grads depend on is differentiable: their derivative is zero
+                return grads
+            grads = grads if isinstance(grads, tuple) else (grads,)
+            present = [g for g in grads if g is not None]
+            passed = iter(_SecondDerivative.apply(module, len(present), *present, *anchors))
+            return tuple(None if g is None else next(passed) for g in grads)
+
+        return guarded
+
+    return decorate
 
 
 def select_binary(available, capability):

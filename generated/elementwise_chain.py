@@ -25,12 +25,11 @@ Inputs are [..., 768] tensors of any row count, on CUDA (prebuilt kernels) or CP
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input
+from ._runtime import check_input, first_order_only
 
 
 class ElementwiseChainFunction(torch.autograd.Function):
@@ -54,7 +53,7 @@ class ElementwiseChainFunction(torch.autograd.Function):
         return swiglu17_out, makeextraoutput2_output, makeextraoutput7_output
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a double backward raises
+    @first_order_only("ElementwiseChain")  # a double backward raises instead of being wrong
     def backward(ctx, d_swiglu17_out, d_makeextraoutput2_output, d_makeextraoutput7_output):
         x, makeextraoutput2_output, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, addextrainput8_input, addextrainput13_input, layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight = ctx.saved_tensors
         # backward stage 5 · rule elementwise_backward · SwiGLU()

@@ -13,12 +13,11 @@ Inputs are [..., 4096] tensors of any row count, on CUDA (prebuilt kernels) or C
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input
+from ._runtime import check_input, first_order_only
 
 
 class Fc1Function(torch.autograd.Function):
@@ -38,7 +37,7 @@ class Fc1Function(torch.autograd.Function):
         return swiglu3_out, makeextraoutput1_output
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a double backward raises
+    @first_order_only("Fc1")  # a double backward raises instead of being wrong
     def backward(ctx, d_swiglu3_out, d_makeextraoutput1_output):
         x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear2_weight = ctx.saved_tensors
         # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()

@@ -11,12 +11,11 @@ Inputs are [..., 14336] tensors of any row count, on CUDA (prebuilt kernels) or 
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input
+from ._runtime import check_input, first_order_only
 
 
 class Fc2Function(torch.autograd.Function):
@@ -32,7 +31,7 @@ class Fc2Function(torch.autograd.Function):
         return addextrainput1_out
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a double backward raises
+    @first_order_only("Fc2")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput1_out):
         x, linear0_weight = ctx.saved_tensors
         # backward stage 1 · rule elementwise_backward · Bias(4096), AddExtraInput()

@@ -14,12 +14,11 @@ Inputs are [..., 1024] tensors of any row count, on CUDA (prebuilt kernels) or C
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input
+from ._runtime import check_input, first_order_only
 
 
 class Gpt2MlpFunction(torch.autograd.Function):
@@ -39,7 +38,7 @@ class Gpt2MlpFunction(torch.autograd.Function):
         return linear3_out
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a double backward raises
+    @first_order_only("Gpt2Mlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear3_out):
         x, layernorm0_out, linear1_out, gelu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(1024)

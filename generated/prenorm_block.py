@@ -13,12 +13,11 @@ Inputs are [..., 4096] tensors of any row count, on CUDA (prebuilt kernels) or C
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input
+from ._runtime import check_input, first_order_only
 
 
 class PrenormBlockFunction(torch.autograd.Function):
@@ -38,7 +37,7 @@ class PrenormBlockFunction(torch.autograd.Function):
         return addextrainput3_out, makeextraoutput0_output
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a double backward raises
+    @first_order_only("PrenormBlock")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput3_out, d_makeextraoutput0_output):
         x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = ctx.saved_tensors
         # backward stage 2 · rule elementwise_backward · Bias(4096), AddExtraInput()

@@ -1,0 +1,96 @@
+"""Autograd contracts of generated modules: a double backward raises instead of returning wrong
+second derivatives, and a pipeline that saves nothing for backward still imports and runs."""
+
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import generated
+from generator import build, output
+
+
+TINY_SPEC = textwrap.dedent("""\
+    from generator.eager import Sequential, Bias, LayerNorm, Linear, GELU
+    bias_only = Sequential(Bias(7))
+    tiny_mlp = Sequential(LayerNorm(4), Linear(4, 6), GELU())
+""")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A CPU-only package of small pipelines (no binaries), imported once."""
+    folder = tmp_path_factory.mktemp("tiny")
+    (folder / "tiny_spec.py").write_text(TINY_SPEC)
+    config = build.Config((folder / "tiny_spec.py",), folder / "tiny_pkg", archs=(), dtypes=("float32",), root=folder)
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module("tiny_pkg")
+    finally:
+        sys.path.remove(str(folder))
+
+
+def test_double_backward_raises_instead_of_being_wrong(tiny):
+    module = tiny.TinyMlp(dtype=torch.float64)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    message = "TinyMlp: second derivatives .* are not supported"
+    (grad,) = torch.autograd.grad(module(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=message):
+        grad.sum().backward()
+    with pytest.raises(RuntimeError, match=message):
+        torch.autograd.grad(grad.sum(), x)
+    # x also reaching the loss another way must not hide the module's part of the second derivative
+    # (torch's once_differentiable alone returns only the x**3 part here: silently wrong).
+    (grad,) = torch.autograd.grad(module(x).square().sum() + x.pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=message):
+        torch.autograd.grad(grad.sum(), x)
+    # With respect to a parameter too.
+    weight = module.get_submodule("1").weight
+    (grad,) = torch.autograd.grad(module(x).square().sum(), weight, create_graph=True)
+    with pytest.raises(RuntimeError, match=message):
+        torch.autograd.grad(grad.sum(), weight)
+    # And gradgradcheck, the check the issue named, fails loudly rather than passing wrong values.
+    with pytest.raises(RuntimeError, match=message):
+        torch.autograd.gradgradcheck(lambda t: module(t).sum(), (x,))
+
+
+def test_shipped_modules_guard_their_backward_too():
+    module = generated.Gpt2Mlp(dtype=torch.float64)
+    x = torch.randn(2, module.in_features, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(module(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="Gpt2Mlp: second derivatives"):
+        grad.sum().backward()
+
+
+def test_first_derivatives_stay_available_with_create_graph():
+    module = generated.Gpt2Mlp(dtype=torch.float64)
+    x = torch.randn(2, module.in_features, dtype=torch.float64, requires_grad=True)
+    (with_graph,) = torch.autograd.grad(module(x).sum(), x, create_graph=True)
+    (plain,) = torch.autograd.grad(module(x).sum(), x)
+    torch.testing.assert_close(with_graph, plain, rtol=0, atol=0)
+
+
+def test_pipeline_that_saves_nothing_imports_and_runs(tiny):
+    source = Path(tiny.__file__).with_name("bias_only.py").read_text()
+    assert "ctx.saved_tensors" not in source and "save_for_backward" not in source
+    module = tiny.BiasOnly(dtype=torch.float64)
+    with torch.no_grad():
+        module.get_submodule("0").bias.copy_(torch.randn(7, dtype=torch.float64))
+    x = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(4, 7, dtype=torch.float64)
+    y = module(x)
+    y.backward(dy)
+    torch.testing.assert_close(y, x.detach() + module.get_submodule("0").bias.detach())
+    torch.testing.assert_close(x.grad, dy)
+    torch.testing.assert_close(module.get_submodule("0").bias.grad, dy.sum(0))
+    # create_graph with a constant upstream grad: the grads depend on nothing differentiable, exactly
+    # as for PyTorch's own (x + b).sum(); with a differentiable upstream grad the guard raises.
+    (grad,) = torch.autograd.grad(module(x).sum(), x, create_graph=True)
+    assert not grad.requires_grad and torch.equal(grad, torch.ones_like(x))
+    (grad,) = torch.autograd.grad(module(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="BiasOnly: second derivatives"):
+        torch.autograd.grad(grad.sum(), x)
