@@ -237,3 +237,19 @@ def test_cuda_graph_capture_and_replay_forward_backward():
     want = [*ref, x64.grad, r64.grad, *(params64[k].grad for k, _ in module.named_parameters())]
     for i, (got, expected) in enumerate(zip(first, want)):
         R.assert_close_to_reference(f"replayed tensor {i}", got, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", sorted(R.PIPELINES))
+def test_double_backward_on_cuda_raises(name):
+    """The first-order guard of every shipped pipeline on its CUDA path: a first derivative with
+    create_graph=True still equals the plain one, and differentiating it again raises."""
+    module = _module(name, torch.float32)
+    x = torch.randn(5, module.in_features, device="cuda", requires_grad=True)
+    extra = [torch.randn(5, n, device="cuda") for n in module.extra_input_features]
+    outputs = module(x, *extra)
+    first = outputs[0] if isinstance(outputs, tuple) else outputs
+    (plain,) = torch.autograd.grad(first.square().sum(), x, retain_graph=True)
+    (grad,) = torch.autograd.grad(first.square().sum(), x, create_graph=True)
+    torch.testing.assert_close(grad, plain, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="second derivatives .* are not supported"):
+        torch.autograd.grad(grad.sum(), x)
