@@ -13,17 +13,18 @@ import multiprocessing
 import os
 import signal
 from pathlib import Path
+from typing import Iterable, Sequence
 
 import fusion_rules
 
 from . import emit
 from . import kernels as kn
 from .config import Config
-from .errors import SpecError
-from .frontend import parse_spec_file
-from .pipeline import Pipeline, build_pipeline
+from .frontend import SequentialSpec, parse_spec_file
+from .names import NameTable
 from .output import MANIFEST, manifest_bytes, read_manifest
-from .plan import Plan, plan_pipeline
+from .pipeline import build_pipeline
+from .plan import Plan, Rule, plan_pipeline
 from .progress import Progress
 
 GENERATOR_DIR = Path(__file__).resolve().parent
@@ -41,18 +42,23 @@ def display(path: Path, root: Path) -> str:
         return path.name
 
 
+def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules: Sequence[Rule],
+               backward_rules: Sequence[Rule]) -> list[Plan]:
+    """Pipelines and plans for parsed specs, each name claimed in ``names`` (one table per build,
+    so names collide across files too). The whole path from a parsed file to its plans."""
+    plans = []
+    for spec in specs:
+        names.claim(spec.name, spec.name_location)
+        plans.append(plan_pipeline(build_pipeline(spec), forward_rules, backward_rules))
+    return plans
+
+
 def load_plans(config: Config) -> list[Plan]:
     plans: list[Plan] = []
-    seen: dict[str, Pipeline] = {}
+    names = NameTable()  # pipeline names become module and class names of one package
     for path in config.specs:
-        for spec in parse_spec_file(path, display(path, config.root)):
-            pipeline = build_pipeline(spec)
-            if pipeline.name in seen:
-                first = seen[pipeline.name]
-                raise SpecError(f"pipeline '{pipeline.name}' is already defined at {first.location}; "
-                                "pipeline names become module names and must be unique", spec.location)
-            seen[pipeline.name] = pipeline
-            plans.append(plan_pipeline(pipeline, fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES))
+        specs = parse_spec_file(path, display(path, config.root))
+        plans.extend(plan_specs(specs, names, fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES))
     return plans
 
 

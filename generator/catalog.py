@@ -79,12 +79,54 @@ class OpDef:
         return f"{self.name}({', '.join(parts)})"
 
 
-def _positive(v):
-    return None if v > 0 else "must be positive"
+# Feature sizes a real model never reaches, so a typo (or 2**62) is an error here rather than a
+# failed allocation or an int32 overflow in a kernel later. LM heads, the widest layers, have about
+# 256k outputs; 2**24 leaves 64 times that.
+MAX_FEATURES = 2 ** 24
+# A norm kernel is specialised for its hidden size and holds the whole row in registers, hidden/512
+# values per thread (templates/cuda/norm.cuh, kernels.norm_threads). NVRTC 13 for sm_90: the
+# forward fits in registers up to 32768 and spills a little at 65536 (the backward, holding five
+# such arrays, spills from 16384); compiling takes ~1.5 s per kernel at 65536, ~4 s at 2**17 and
+# minutes at 10**6, growing faster than the size. The largest models' hidden sizes are below 32768.
+MAX_NORM_FEATURES = 2 ** 16
+# Float arguments reach the CUDA kernels as float32 literals: outside this range they become inf or 0.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MIN_NORMAL = 2.0 ** -126
+
+
+def _size(limit: int, why: str):
+    def check(v):
+        if v <= 0:
+            return "must be positive"
+        return None if v <= limit else f"must be at most {limit} (2**{limit.bit_length() - 1}), got {v}; {why}"
+
+    return check
+
+
+_FEATURES = _size(MAX_FEATURES, "that is fusegen's bound on feature sizes, far above any model's")
+_NORM_FEATURES = _size(MAX_NORM_FEATURES, "a norm kernel keeps its whole row in registers, and wider rows spill "
+                       "to memory and compile for minutes")
 
 
 def _finite(v):
-    return None if math.isfinite(v) else "must be finite"
+    if not math.isfinite(v):
+        return "must be finite"
+    if abs(v) > FLOAT32_MAX:
+        return (f"must be at most {FLOAT32_MAX:.7g} in magnitude (the kernels multiply in float32, where it would "
+                "be inf)")
+    return None
+
+
+def _eps(v):
+    """eps is added to the variance in float32 kernels: positive, finite, and not lost in float32."""
+    if not math.isfinite(v):
+        return "must be finite"
+    if v <= 0:
+        return "must be positive"
+    if not FLOAT32_MIN_NORMAL <= v <= FLOAT32_MAX:
+        return (f"must be between {FLOAT32_MIN_NORMAL:.7g} and {FLOAT32_MAX:.7g} (the kernels add it in "
+                "float32, where it would become 0 or inf)")
+    return None
 
 
 def float_tag(v: float) -> str:
@@ -104,7 +146,7 @@ def _norm_tag(base: str, defaults_eps: float):
     return tag
 
 
-_EPS = Arg("eps", "float", 1e-5, keyword_only=True, check=lambda v: None if v > 0 else "must be positive")
+_EPS = Arg("eps", "float", 1e-5, keyword_only=True, check=_eps)
 _ZCG = Arg("zero_centered_gamma", "bool", False, keyword_only=True)
 _IN_PLACE = Arg(
     "in_place", "bool", False, keyword_only=True,
@@ -121,7 +163,7 @@ def _register(op: OpDef) -> None:
 
 _register(OpDef(
     "BasicLinear", "linear",
-    args=(Arg("in_features", "int", check=_positive), Arg("out_features", "int", check=_positive)),
+    args=(Arg("in_features", "int", check=_FEATURES), Arg("out_features", "int", check=_FEATURES)),
     params=(Param("weight", lambda a: (a["out_features"], a["in_features"]), lambda a: "kaiming_uniform"),),
     fixed_in=lambda a: a["in_features"],
     out_features=lambda a, n: a["out_features"],
@@ -131,7 +173,7 @@ _register(OpDef(
 ))
 _register(OpDef(
     "Linear", "container",
-    args=(Arg("in_features", "int", check=_positive), Arg("out_features", "int", check=_positive),
+    args=(Arg("in_features", "int", check=_FEATURES), Arg("out_features", "int", check=_FEATURES),
           Arg("bias", "bool", True, keyword_only=True)),
     expand=lambda a: [("BasicLinear", {"in_features": a["in_features"], "out_features": a["out_features"]}, "")]
     + ([("Bias", {"size": a["out_features"]}, "")] if a["bias"] else []),
@@ -139,7 +181,7 @@ _register(OpDef(
 ))
 _register(OpDef(
     "Bias", "bias",
-    args=(Arg("size", "int", check=_positive),),
+    args=(Arg("size", "int", check=_FEATURES),),
     params=(Param("bias", lambda a: (a["size"],), lambda a: "zeros"),),
     fixed_in=lambda a: a["size"],
     tag=lambda a: "bias",
@@ -149,7 +191,7 @@ _register(OpDef(
 ))
 _register(OpDef(
     "LayerNorm", "norm",
-    args=(Arg("normalized_shape", "int", check=_positive), _EPS, _ZCG),
+    args=(Arg("normalized_shape", "int", check=_NORM_FEATURES), _EPS, _ZCG),
     params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),
             Param("bias", lambda a: (a["normalized_shape"],), lambda a: "zeros")),
     fixed_in=lambda a: a["normalized_shape"],
@@ -160,7 +202,7 @@ _register(OpDef(
 ))
 _register(OpDef(
     "RMSNorm", "norm",
-    args=(Arg("normalized_shape", "int", check=_positive), _EPS, _ZCG),
+    args=(Arg("normalized_shape", "int", check=_NORM_FEATURES), _EPS, _ZCG),
     params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),),
     fixed_in=lambda a: a["normalized_shape"],
     tag=_norm_tag("rmsnorm", 1e-5),

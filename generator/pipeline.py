@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import REQUIRED, OpDef
+from . import names
+from .catalog import MAX_FEATURES, REQUIRED, OpDef
 from .eager import basic_ops
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
@@ -74,7 +75,7 @@ class Pipeline:
 
     @property
     def class_name(self) -> str:
-        return "".join(part[:1].upper() + part[1:] for part in self.name.split("_") if part)
+        return names.class_name(self.name)
 
     @property
     def in_features(self) -> int:
@@ -120,8 +121,15 @@ def _infer_features(spec: SequentialSpec, expanded: list[tuple[OpDef, dict, OpCa
     # Ops before the first one that fixes a size take it from their successor.
     for i in range(len(expanded) - 1, -1, -1):
         if sizes[i] is None and sizes[i + 1] is not None:
-            op, args, _ = expanded[i]
+            op, args, call = expanded[i]
             sizes[i] = sizes[i + 1] * 2 if op.kind == "glu" else sizes[i + 1]
+            if sizes[i] > MAX_FEATURES:  # GLUs double the size backwards; the catalog bounds only given sizes
+                raise SpecError(
+                    f"{call.op}() would need {sizes[i]} input features to produce the {sizes[i + 1]} that "
+                    f"follow it, more than fusegen's bound of {MAX_FEATURES} (2**24); give the pipeline "
+                    "fewer GLUs or smaller sizes",
+                    call.location,
+                )
     if sizes[0] is None:
         raise SpecError(
             f"pipeline '{spec.name}' has no op that fixes the feature size; add an op with a size "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .errors import SpecError
 from .pipeline import Op, Pipeline
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -80,7 +81,7 @@ class Plan:
     saved_extra_inputs: tuple[int, ...] = ()  # extra-input indices saved for backward
 
 
-def apply_rules(ops: Sequence[Op], rules: Sequence[Rule]) -> tuple[Stage, ...]:
+def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[Stage, ...]:
     items: list[Op | Stage] = list(ops)
     for rule in rules:
         i = 0
@@ -97,9 +98,12 @@ def apply_rules(ops: Sequence[Op], rules: Sequence[Rule]) -> tuple[Stage, ...]:
             i += 1
     left = [item for item in items if isinstance(item, Op)]
     if left:
+        # The spec is fine; the rule set is missing a rule. Still a SpecError at the op, so the
+        # user sees which op of their file it is and a fusegen developer sees what to add.
         op = left[0]
-        raise AssertionError(f"no {rules[0].pass_} fusion rule covers {op.describe()} (op {op.index}); "
-                             "every op kind needs a rule in fusion_rules/__init__.py")
+        raise SpecError(f"no {pass_} fusion rule covers {op.describe()} (op kind '{op.kind}'); the {pass_} rules "
+                        "of fusion_rules/__init__.py need a rule for this op kind: add one, or leave the op out "
+                        "of the pipeline", op.location)
     return tuple(items)  # type: ignore[arg-type]
 
 
@@ -125,8 +129,8 @@ def materialized_values(forward: Sequence[Stage]) -> frozenset[int]:
 
 
 def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_rules: Sequence[Rule]) -> Plan:
-    forward = apply_rules(pipeline.ops, forward_rules)
-    backward = apply_rules(pipeline.ops, backward_rules)
+    forward = apply_rules(pipeline.ops, forward_rules, FORWARD)
+    backward = apply_rules(pipeline.ops, backward_rules, BACKWARD)
     have = materialized_values(forward)
     saved_values: set[int] = set()
     saved_extra: set[int] = set()
@@ -147,3 +151,4 @@ def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_ru
                 if op.extra_input is not None:
                     saved_extra.add(op.extra_input)
     return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)))
+

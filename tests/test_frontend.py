@@ -112,7 +112,7 @@ def test_non_op_statements_are_ignored_and_pipelines_keep_file_order():
         from generator.eager import Sequential, Linear, AddExtraInput
 
         def helper(x):
-            return Sequential(Linear(1, 1))  # function bodies are not declarations
+            return torch.relu(x)  # function bodies are not run
 
         class Config:
             pass
@@ -265,7 +265,8 @@ ERRORS = [
     (EAGER + "H = 4\ndef H():\n    pass\nm = Sequential(Linear(H, 4))\n",
      5, 23, "H", "(line 3 binds it inside 'def', which fusegen does not run)"),
     (EAGER + "H, G = 4, 4\nm = Sequential(Linear(H, 4))\n",
-     3, 23, "H", "(line 2 assigns it by unpacking)"),
+     2, 1, "H, G", "fusegen does not evaluate unpacking assignments (they would bind H, G); write H = 4; G = 4, "
+                   "one assignment per line"),
     (EAGER + "H = 4\ndel H\nm = Sequential(Linear(H, 4))\n",
      4, 23, "H", "(line 3 deletes it)"),
     (EAGER + "p = Sequential(Linear(4, 4))\nm = Sequential(Linear(p, 4))\n",
@@ -363,3 +364,236 @@ def test_sizes_flow_backwards_to_ops_without_their_own():
     """)
     pipeline = build_pipeline(spec)
     assert [(op.in_features, op.out_features) for op in pipeline.ops] == [(32, 32), (32, 16), (16, 4), (4, 4)]
+
+
+# --- hostile text: always a SpecError inside the file, never another exception (issue 10) -----------
+
+DEEP_CALLS = "f(" * 60 + "1" + ")" * 60
+
+
+@pytest.mark.parametrize("source,line,col,at,message", [
+    # nesting: bounded before libcst sees it (libcst recurses per level; its native parser can crash)
+    (EAGER + "H = " + DEEP_CALLS + "\nm = Sequential(Linear(4, 4))\n",
+     2, 5 + 2 * 48, "f(", "expression nested too deeply (more than 50 levels: each call, bracket and operator of a "
+                          "chain counts one); a spec needs only constants and op calls, so split long expressions "
+                          "into named constants, one per line"),
+    (EAGER + "m = Sequential(Linear(" + " + ".join(["1"] * 60) + ", 4))\n",
+     2, 23, "1 + 1", "expression nested too deeply (more than 50 levels"),
+    (EAGER + "x = 1\nH = " + "+".join(["1"] * 3000) + "\n",  # Python's parser itself runs out of stack
+     3, 1, "H = 1+1", "statement too deeply nested for Python's parser; a spec needs only constants and op calls"),
+    (EAGER + "H = " + "-" * 10000 + "1\n",  # ast.parse raises MemoryError here
+     2, 1, "H = --", "statement too deeply nested for Python's parser"),
+    (EAGER + "x = (" + "(" * 250 + ")" * 251 + "\n", 2, 205, "(", "syntax error: too many nested parentheses"),
+    (EAGER + "m = Sequential(Linear(4, 4))\n" + "#" * 100_000 + "\n",
+     3, 100_000 - len(EAGER) - 29 + 1, "#", "spec file is too large (100124 characters; fusegen reads at most 100000); "
+                                           "a spec declares pipelines, so move anything else to another file"),
+    # literals: bounded before they are converted
+    (EAGER + "m = Sequential(ConstantScale(1e999))\n",
+     2, 30, "1e999", "number too large in argument 'scale' of ConstantScale: 1e999 is beyond the float range "
+                     "(about 1.8e308)"),
+    (EAGER + "m = Sequential(Linear(4, 1" + "0" * 5000 + "))\n",
+     2, 26, "10000", "number too large: a literal of 5001 digits; sizes and constants stay far below 2**256"),
+    (EAGER + "m = Sequential(Linear(" + "9" * 300 + ", 4))\n",
+     2, 23, "999", "number too large in argument 'in_features' of Linear: 99999999999999999... has more than 256 "
+                   "bits; sizes and constants stay far below that"),
+    (EAGER + "m = Sequential(Linear(0x" + "f" * 65 + ", 4))\n", 2, 23, "0xfff", "has more than 256 bits"),
+    (EAGER + "X = 1e999\nm = Sequential(Linear(X, 4))\n",
+     3, 23, "X", "(line 2 assigns it a value fusegen cannot evaluate: number too large in constant 'X'"),
+    (EAGER + "m = Sequential(ConstantScale(2 ** 200 * 2 ** 100))\n",
+     2, 30, "2 ** 200", "number too large in argument 'scale' of ConstantScale"),
+    (EAGER + "m = Sequential(ConstantScale(1e200 ** 2))\n", 2, 30, "1e200", "number too large"),  # OverflowError
+    # sizes: a bound real models never reach, given or inferred
+    (EAGER + "m = Sequential(Linear(2 ** 62, 4))\n",
+     2, 23, "2 ** 62", "argument 'in_features' of Linear must be at most 16777216 (2**24), got 4611686018427387904; "
+                       "that is fusegen's bound on feature sizes, far above any model's"),
+    (EAGER + "m = Sequential(Linear(4, 2 ** 24 + 1))\n", 2, 26, "2 ** 24", "'out_features' of Linear must be at most"),
+    ("from generator.eager import Sequential, Bias, BasicLinear\nm = Sequential(Bias(16777217))\n",
+     2, 21, "16777217", "argument 'size' of Bias must be at most 16777216 (2**24)"),
+    ("from generator.eager import Sequential, BasicLinear\nm = Sequential(BasicLinear(4, 10 ** 8))\n",
+     2, 31, "10 ** 8", "argument 'out_features' of BasicLinear must be at most 16777216"),
+    ("from generator.eager import Sequential, RMSNorm\nm = Sequential(RMSNorm(10 ** 6))\n",
+     2, 24, "10 ** 6", "argument 'normalized_shape' of RMSNorm must be at most 65536 (2**16), got 1000000; a norm "
+                       "kernel keeps its whole row in registers, and wider rows spill to memory and compile for "
+                       "minutes"),
+    (EAGER + "m = Sequential(LayerNorm(65537))\n",
+     2, 26, "65537", "'normalized_shape' of LayerNorm must be at most 65536"),
+    # eps and scale: finite, and usable as float32 constants in the kernels
+    (EAGER + "m = Sequential(LayerNorm(8, eps=1e308 * 10))\n",
+     2, 33, "1e308", "argument 'eps' of LayerNorm must be finite, got float inf"),
+    (EAGER + "m = Sequential(LayerNorm(8, eps=1e308 * 10 - 1e308 * 10))\n",
+     2, 33, "1e308", "argument 'eps' of LayerNorm must be finite, got float nan"),
+    (EAGER + "m = Sequential(LayerNorm(8, eps=0.0))\n", 2, 33, "0.0", "argument 'eps' of LayerNorm must be positive"),
+    (EAGER + "m = Sequential(LayerNorm(8, eps=1e-300))\n",
+     2, 33, "1e-300", "argument 'eps' of LayerNorm must be between 1.175494e-38 and 3.402823e+38 (the kernels add "
+                      "it in float32, where it would become 0 or inf)"),
+    (EAGER + "m = Sequential(LayerNorm(8, eps=1e39))\n", 2, 33, "1e39", "must be between 1.175494e-38 and"),
+    (EAGER + "m = Sequential(ConstantScale(-1e308 * 10))\n",
+     2, 30, "-1e308", "argument 'scale' of ConstantScale must be finite, got float -inf"),
+    (EAGER + "m = Sequential(ConstantScale(-3.5e38))\n",
+     2, 30, "-3.5e38", "argument 'scale' of ConstantScale must be at most 3.402823e+38 in magnitude (the kernels "
+                       "multiply in float32, where it would be inf)"),
+    # names bound in ways fusegen does not evaluate are errors where they are bound
+    (EAGER + "A = (H := 16)\nm = Sequential(Linear(H, 4))\n",
+     2, 6, "H := 16", "fusegen does not evaluate ':=' (here it would bind 'H'); write H = 16 on a line of its own"),
+    (EAGER + "print(Y := 2 * 4)\n", 2, 7, "Y :=", "write Y = 2 * 4 on a line of its own"),
+    (EAGER + "xs = [y := 1 for _ in range(3)]\n",  # a comprehension's := binds in the module
+     2, 7, "y :=", "fusegen does not evaluate ':=' (here it would bind 'y')"),
+    (EAGER + "f = lambda x=(d := 3): x\n", 2, 15, "d :=", "here it would bind 'd'"),  # defaults run at module level
+    (EAGER + "m = Sequential(Linear(H := 4, 4))\n", 2, 23, "H :=", "fusegen does not evaluate ':='"),
+    (EAGER + "[A] = [4]\n", 2, 1, "[A]", "fusegen does not evaluate unpacking assignments (they would bind A); "
+                                         "write A = 4, one assignment per line"),
+    (EAGER + "*A, B = 1, 2, 3\n", 2, 1, "*A, B", "(they would bind A, B); assign each name on a line of its own"),
+    (EAGER + "x = A, B = 1, 2\n", 2, 5, "A, B", "fusegen does not evaluate unpacking assignments"),
+    (EAGER + "for i in range(3):\n    pass\nm = Sequential(Linear(i, 4))\n",
+     4, 23, "i", "(line 2 binds it inside 'for', which fusegen does not run)"),
+    (EAGER + "if (n := 10) > 5:\n    pass\nm = Sequential(Linear(n, 4))\n",
+     4, 23, "n", "(line 2 binds it inside 'if', which fusegen does not run)"),
+    # a pipeline only code would build is never silently missing
+    (EAGER + "if True:\n    m = Sequential(Linear(4, 4))\n",
+     3, 9, "Sequential(", "a pipeline must be defined at module level: fusegen does not run the 'if' at line 2, so it "
+                          "would never see this one; write NAME = Sequential(...) at the top level of the file"),
+    (EAGER + "m = Sequential(Linear(4, 4))\nfor i in range(2):\n    m2 = Sequential(Linear(4, 4))\n",
+     4, 10, "Sequential(", "fusegen does not run the 'for' at line 3"),
+    (EAGER + "while False:\n    m = Sequential(Linear(4, 4))\n", 3, 9, "Sequential(", "does not run the 'while' at line 2"),
+    (EAGER + "try:\n    m = Sequential(Linear(4, 4))\nexcept Exception:\n    pass\n",
+     3, 9, "Sequential(", "does not run the 'try' at line 2"),
+    (EAGER + "with x:\n    m = Sequential(Linear(4, 4))\n", 3, 9, "Sequential(", "does not run the 'with' at line 2"),
+    (EAGER + "def build():\n    return Sequential(Linear(4, 4))\n", 3, 12, "Sequential(", "does not run the 'def' at line 2"),
+    (EAGER + "@dec\nclass C:\n    m = Sequential(Linear(4, 4))\n", 4, 9, "Sequential(", "does not run the 'class' at line 3"),
+    (EAGER + "match x:\n    case 1:\n        m = Sequential(Linear(4, 4))\n",
+     4, 13, "Sequential(", "does not run the 'match' at line 2"),
+    ("try:\n    import transformer_engine.pytorch as te\nexcept ImportError:\n    te = None\nelse:\n"
+     "    m = te.ops.Sequential(te.ops.Linear(4, 4))\n", 6, 9, "te.ops.Sequential", "does not run the 'try' at line 1"),
+    (EAGER + "build = lambda: Sequential(Linear(4, 4))\n",
+     2, 17, "Sequential(", "a pipeline must be written as NAME = Sequential(...) at module level; fusegen does not run "
+                           "code that builds it"),
+    # text no spec is made of
+    (EAGER + "m = Sequential(Linear(4, 4))  # \0\n", 2, 33, "\0", "spec file contains a NUL character; save it as "
+                                                                 "plain UTF-8 text"),
+    (EAGER + "if True:\n", 2, 9, "", "syntax error: expected an indented block after 'if' statement on line 2"),
+    (EAGER + "m = Sequential(" + "GELU(), " * 1000 + "Linear(4, 4))\n",
+     2, 16 + 8 * 1000, "Linear(4, 4)", "pipeline 'm' has 1001 ops; fusegen plans at most 1000 ops per pipeline, so "
+                                       "split it into several pipelines"),
+])
+def test_hostile_text_gives_a_located_error(source, line, col, at, message):
+    with pytest.raises(SpecError) as info:
+        spec = parse_spec(source, "spec.py")
+        build_pipeline(spec[0])
+    assert message in info.value.message
+    assert_points_at(info.value, source, line, col, at)
+
+
+def test_inferred_sizes_are_bounded_too():
+    source = ("from generator.eager import Sequential, SwiGLU, GEGLU, Linear\n"
+              "m = Sequential(SwiGLU(), GEGLU(), Linear(2 ** 23, 4))\n")
+    (spec,) = parse_spec(source, "spec.py")
+    with pytest.raises(SpecError) as info:
+        build_pipeline(spec)
+    assert info.value.message == ("SwiGLU() would need 33554432 input features to produce the 16777216 that follow "
+                                  "it, more than fusegen's bound of 16777216 (2**24); give the pipeline fewer GLUs or "
+                                  "smaller sizes")
+    assert_points_at(info.value, source, 2, 16, "SwiGLU()")
+
+
+def test_largest_sizes_are_accepted():
+    (spec,) = parse("""
+        from generator.eager import Sequential, Linear, RMSNorm, SwiGLU, ConstantScale, LayerNorm
+        m = Sequential(SwiGLU(), Linear(2 ** 23, 65536), RMSNorm(65536, eps=2.0 ** -126), ConstantScale(-3.4e38),
+                       LayerNorm(65536, eps=3.4e38))
+    """)
+    assert [(op.in_features, op.out_features) for op in build_pipeline(spec).ops][:2] == [(2 ** 24, 2 ** 23),
+                                                                                          (2 ** 23, 65536)]
+
+
+def test_recursion_in_libcst_is_a_last_resort_error(monkeypatch):
+    import generator.frontend as frontend
+
+    monkeypatch.setattr(frontend, "MAX_NESTING", 10 ** 6)  # let a depth through that libcst cannot walk
+    source = EAGER + "H = " + "-" * 1200 + "1\n"
+    with pytest.raises(SpecError) as info:
+        parse_spec(source, "spec.py")
+    assert info.value.message.startswith("expression nested too deeply for fusegen; a spec needs only constants")
+    assert (info.value.location.line, info.value.location.source_line) == (2, source.splitlines()[1])
+
+
+def test_lone_surrogate_is_shown_as_a_question_mark():
+    with pytest.raises(SpecError) as info:
+        parse_spec(EAGER + "m = Sequential(Linear(4, 4))  # \ud800\n", "spec.py")
+    assert info.value.message.startswith("spec text contains U+D800, a lone surrogate")
+    assert (info.value.location.line, info.value.location.col) == (2, 33)
+    assert info.value.location.source_line == "m = Sequential(Linear(4, 4))  # ?"
+    str(info.value).encode("utf-8")  # printable
+
+
+def test_names_are_read_as_python_reads_them():
+    (spec,) = parse("""
+        from generator.eager import *
+        \ufb01 = 8                               # Python reads the ligature as 'fi'
+        m = Sequential(Linear(fi, 4, \uff42ias=False), \uff27ELU())
+    """)
+    assert ops(spec) == [("Linear", {"in_features": 8, "out_features": 4, "bias": False}), ("GELU", {})]
+
+
+def test_bindings_fusegen_can_follow_are_still_accepted():
+    (spec,) = parse("""
+        import torch
+        from transformer_engine.pytorch.ops import *
+        a = b = 8                 # chained assignment to names
+        x = torch.randn(3)        # not a constant: only an error if an op used it
+        x.y = 3                   # binds no module-level name
+        x[0] = 3
+        f = lambda: (z := 1)      # a lambda body is its own scope
+        for i in range(2):
+            pass
+        m = Sequential(Linear(a, b), GELU())
+    """)
+    assert ops(spec)[0] == ("Linear", {"in_features": 8, "out_features": 8, "bias": True})
+
+
+def test_line_endings_and_warnings_do_not_matter(tmp_path):
+    import warnings
+
+    source = EAGER + 'PATTERN = "\\d+"\nm = Sequential(Linear(4, 4))\n'  # an invalid escape: Python warns
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # fusegen reads the file; warnings are Python's to give when it runs
+        for text in (source, source.replace("\n", "\r\n"), source.replace("\n", "\r")):
+            (spec,) = parse_spec(text, "spec.py")
+            assert (spec.name, spec.location.line, spec.location.source_line) == ("m", 3, "m = Sequential(Linear(4, 4))")
+    path = tmp_path / "bom.py"
+    path.write_bytes(b"\xef\xbb\xbf" + source.encode())  # Windows editors write a byte-order mark
+    assert [s.name for s in parse_spec_file(path)] == ["m"]
+
+
+def test_catalog_checks_guard_the_eager_modules_too():
+    from generator import eager
+
+    with pytest.raises(ValueError, match="argument 'eps' of LayerNorm must be finite"):
+        eager.LayerNorm(8, eps=float("inf"))
+    with pytest.raises(ValueError, match="argument 'in_features' of Linear must be at most 16777216"):
+        eager.Linear(2 ** 62, 4)
+
+
+def test_deepest_accepted_nesting_leaves_most_of_the_stack():
+    """MAX_NESTING keeps libcst's recursion shallow: the deepest text it lets through (nested calls,
+    what libcst recurses on most) reads within 500 frames of Python's default 1000."""
+    import inspect
+    import sys
+
+    def source(n):
+        return EAGER + "H = " + "f(" * n + "1" + ")" * n + "\nm = Sequential(Linear(4, 4))\n"
+
+    n = 1
+    while True:
+        try:
+            parse_spec(source(n + 1), "spec.py")
+        except SpecError as err:
+            assert "nested too deeply (more than" in err.message
+            break
+        n += 1
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 500)
+    try:
+        (spec,) = parse_spec(source(n), "spec.py")
+    finally:
+        sys.setrecursionlimit(limit)
+    assert spec.name == "m"

@@ -2,13 +2,11 @@
 standing alone (imports without libcst and jinja2; state_dict compatible with the eager Sequential)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 import torch
 
 from generator import build, cli, output

@@ -137,3 +137,23 @@ def test_catalog_reference_functions_exist():
     for op in OPS.values():
         for name in op.reference:
             assert not name or callable(getattr(reference, name, None)), f"{op.name}: reference.{name} missing"
+
+
+def test_an_op_no_rule_covers_is_a_spec_error_at_the_op():
+    from generator.errors import SpecError
+    from generator.frontend import parse_spec
+    from test_frontend import assert_points_at
+
+    source = ("from generator.eager import Sequential, Linear, GELU\n"
+              "p = Sequential(\n    Linear(8, 8),\n    GELU(),\n)\n")
+    pipeline = build_pipeline(parse_spec(source, "spec.py")[0])
+    without_elementwise = [r for r in fusion_rules.BACKWARD_RULES if r.stage != "elementwise"]
+    with pytest.raises(SpecError) as info:
+        plan_pipeline(pipeline, fusion_rules.FORWARD_RULES, without_elementwise)
+    assert info.value.message == (
+        "no backward fusion rule covers Bias(8) (op kind 'bias'); the backward rules of fusion_rules/__init__.py need "
+        "a rule for this op kind: add one, or leave the op out of the pipeline")
+    assert_points_at(info.value, source, 3, 5, "Linear(8, 8)")  # Bias is half of this Linear
+    with pytest.raises(SpecError) as info:
+        plan_pipeline(pipeline, (), fusion_rules.BACKWARD_RULES)  # no rules at all
+    assert info.value.message.startswith("no forward fusion rule covers BasicLinear(8, 8) (op kind 'linear')")
