@@ -53,7 +53,7 @@ def display_path(path: Path, cwd: Path) -> str:
     try:
         return path.resolve().relative_to(cwd.resolve()).as_posix() or "."
     except ValueError:
-        return str(path)
+        return path.resolve().as_posix()
 
 
 def _within(path: Path, folder: Path) -> bool:

@@ -196,3 +196,28 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path):
     lines = [line for line in rest.splitlines() if not line.startswith("  [")]  # progress lines may precede it
     assert lines == ["fusegen: interrupted (every file is written whole or not at all)"]
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("body, message", [
+    ("_kernels = Sequential(GELU(), RMSNorm(8))", "pipeline name '_kernels' is taken by the generated package itself"),
+    ("mlp_block = Sequential(RMSNorm(8))\nmlp__block = Sequential(RMSNorm(8))", "gives the class name MlpBlock"),
+    ("mlp = Sequential(RMSNorm(8))\nMlp = Sequential(RMSNorm(8))", "one file on case-insensitive file systems"),
+    ("slow = Sequential(RMSNorm(10**6))", "must be at most 65536 (2**16), got 1000000"),
+    ("bad = Sequential(RMSNorm(8, eps=1e999))", "number too large"),
+    ("A = (H := 16)\nm = Sequential(RMSNorm(H))", "write H = 16 on a line of its own"),
+    ("if True:\n    m = Sequential(RMSNorm(8))", "a pipeline must be defined at module level"),
+    ("m = Sequential(RMSNorm(8))\nx = " + "[" * 200 + "]" * 200, "nested too deeply"),
+])
+def test_spec_mistakes_from_the_issue_are_located_messages(tmp_path, spec, capsys, body, message):
+    (tmp_path / "spec.py").write_text("from generator.eager import Sequential, RMSNorm, GELU\n" + body + "\n")
+    code, err = run(capsys, *GENERATE)
+    assert code == 2 and err.startswith("spec.py:") and message in err, err
+    assert not Path("fused").exists()
+
+
+def test_an_op_no_rule_covers_is_a_located_message(spec, capsys, monkeypatch):
+    import fusion_rules
+
+    monkeypatch.setattr(fusion_rules, "FORWARD_RULES", fusion_rules.FORWARD_RULES[:-1])  # no elementwise rule
+    code, err = run(capsys, "plan", "spec.py")
+    assert code == 2 and err.startswith("spec.py:2:33: error: no forward fusion rule covers GELU()"), err
