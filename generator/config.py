@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
+from .kernels import DTYPES
 
 DEFAULT_ARCHS = ("sm_80", "sm_90", "compute_80")
-DEFAULT_DTYPES = ("bfloat16", "float16", "float32")
-DTYPES = ("bfloat16", "float16", "float32")
+DEFAULT_DTYPES = tuple(DTYPES)  # every dtype the kernels are written for
 DEFAULT_PACKAGE = "generated"
 ARCH = re.compile(r"(sm|compute)_(\d+)")
 
