@@ -70,10 +70,10 @@ def first_order_only(module):
     def decorate(backward):
         @functools.wraps(backward)
         def guarded(ctx, *grad_outputs):
+            if not torch.is_grad_enabled():  # the usual case, no create_graph: nothing to guard
+                return backward(ctx, *grad_outputs)
             with torch.no_grad():
                 grads = backward(ctx, *grad_outputs)
-            if not torch.is_grad_enabled():  # the usual case: no create_graph
-                return grads
             anchors = [t for t in (*grad_outputs, *ctx.saved_tensors) if t is not None and t.requires_grad]
             if not anchors:  # nothing the grads depend on is differentiable: their derivative is zero
                 return grads
