@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP := $(VENV)/.setup-done
 
-.PHONY: setup generate rebuild check test test-gpu bench clean
+.PHONY: setup generate rebuild check check-without-torch test test-gpu bench clean
 
 setup: $(SETUP)
 
@@ -25,6 +25,13 @@ rebuild: $(SETUP)  ## regenerate generated/, recompiling every kernel from scrat
 check: $(SETUP)  ## fail and name the files if generated/ is stale
 	$(VENV)/bin/fusegen generate --check
 
+# The compiler needs no torch: --check from a virtual environment that has none.
+check-without-torch:
+	$(PYTHON) -m venv .venv-notorch
+	.venv-notorch/bin/python -m pip install -q -e .
+	.venv-notorch/bin/python -c "import importlib.util, sys; sys.exit('torch is installed' if importlib.util.find_spec('torch') else 0)"
+	.venv-notorch/bin/fusegen generate --check
+
 test: $(SETUP)  ## CPU tests (no GPU needed)
 	$(PY) -m pytest -q
 
@@ -35,5 +42,5 @@ bench:  ## GPU benchmarks
 	$(PYTHON) bench/bench_pipelines.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-notorch *.egg-info .pytest_cache
 	find . -name __pycache__ -prune -exec rm -rf {} +

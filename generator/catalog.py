@@ -256,6 +256,14 @@ _register(OpDef(
     "Identity", "identity", summary="y = x", changes_value=False, changes_grad=False,
 ))
 
+def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
+    """The basic ops a spec-level op stands for (``Linear`` is BasicLinear + Bias)."""
+    op = OPS[name]
+    if op.expand is None:
+        return [(op, args)]
+    return [(OPS[sub], sub_args) for sub, sub_args, _ in op.expand(args)]
+
+
 # Spellings a spec may use for the pipeline container.
 SEQUENTIAL = "Sequential"
 

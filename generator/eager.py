@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
-from .catalog import OPS, REQUIRED, OpDef
+from .catalog import OPS, REQUIRED, OpDef, basic_ops
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -39,14 +39,6 @@ def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
         if problem:
             raise ValueError(f"argument {a.name!r} of {op.name} {problem}")
     return {a.name: bound[a.name] for a in op.args}
-
-
-def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
-    """The basic ops a spec-level op stands for (``Linear`` is BasicLinear + Bias)."""
-    op = OPS[name]
-    if op.expand is None:
-        return [(op, args)]
-    return [(OPS[sub], sub_args) for sub, sub_args, _ in op.expand(args)]
 
 
 class FusibleOp(torch.nn.Module):

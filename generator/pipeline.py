@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import names
-from .catalog import MAX_FEATURES, REQUIRED, OpDef
-from .eager import basic_ops
+from .catalog import MAX_FEATURES, REQUIRED, OpDef, basic_ops
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
 
