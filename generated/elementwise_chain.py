@@ -36,26 +36,26 @@ class ElementwiseChainFunction(torch.autograd.Function):
     """Straight-line forward and backward of `elementwise_chain` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, addextrainput1_input, addextrainput8_input, addextrainput13_input, layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight):
+    def forward(ctx, x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight):
         # forward stage 0 · rule elementwise · ReLU()
         relu0_out = kernels.relu_fwd_n768(x)
         # forward stage 1 · rule add_norm · AddExtraInput(), MakeExtraOutput(), LayerNorm(768, eps=1e-06, zero_centered_gamma=True)
-        layernorm3_out, makeextraoutput2_output, layernorm3_mean, layernorm3_rstd = kernels.add_layernorm_zc_eps1em06_fwd_h768(relu0_out, addextrainput1_input, layernorm3_weight, layernorm3_bias)
+        layernorm3_out, extra_output0, layernorm3_mean, layernorm3_rstd = kernels.add_layernorm_zc_eps1em06_fwd_h768(relu0_out, extra_input0, layernorm3_weight, layernorm3_bias)
         # forward stage 2 · rule elementwise · Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
-        silu14_out, makeextraoutput7_output = kernels.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384(layernorm3_out, bias4_bias, addextrainput8_input, bias11_bias, addextrainput13_input)
+        silu14_out, extra_output1 = kernels.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384(layernorm3_out, bias4_bias, extra_input1, bias11_bias, extra_input2)
         # forward stage 3 · rule linear · BasicLinear(384, 768)
         basiclinear15_out = silu14_out.mm(basiclinear15_weight.t())
         # forward stage 4 · rule norm · RMSNorm(768, zero_centered_gamma=True)
         rmsnorm16_out, rmsnorm16_rstd = kernels.rmsnorm_zc_fwd_h768(basiclinear15_out, rmsnorm16_weight)
         # forward stage 5 · rule elementwise · SwiGLU()
         swiglu17_out = kernels.swiglu_fwd_n384(rmsnorm16_out)
-        ctx.save_for_backward(x, makeextraoutput2_output, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, addextrainput8_input, addextrainput13_input, layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
-        return swiglu17_out, makeextraoutput2_output, makeextraoutput7_output
+        ctx.save_for_backward(x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2, layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
+        return swiglu17_out, extra_output0, extra_output1
 
     @staticmethod
     @first_order_only("ElementwiseChain")  # a double backward raises instead of being wrong
-    def backward(ctx, d_swiglu17_out, d_makeextraoutput2_output, d_makeextraoutput7_output):
-        x, makeextraoutput2_output, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, addextrainput8_input, addextrainput13_input, layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight = ctx.saved_tensors
+    def backward(ctx, d_swiglu17_out, d_extra_output0, d_extra_output1):
+        x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2, layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight = ctx.saved_tensors
         # backward stage 5 · rule elementwise_backward · SwiGLU()
         d_rmsnorm16_out = kernels.swiglu_bwd_n384(d_swiglu17_out, rmsnorm16_out)
         # backward stage 4 · rule norm_backward · RMSNorm(768, zero_centered_gamma=True)
@@ -64,17 +64,17 @@ class ElementwiseChainFunction(torch.autograd.Function):
         d_silu14_out = d_basiclinear15_out.mm(basiclinear15_weight)
         d_basiclinear15_weight = d_basiclinear15_out.t().mm(silu14_out)
         # backward stage 2 · rule elementwise_backward · Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
-        d_layernorm3_out, d_addextrainput8_input, d_addextrainput13_input, d_bias4_bias, d_bias11_bias = kernels.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias(d_silu14_out, layernorm3_out, bias4_bias, d_makeextraoutput7_output, addextrainput8_input, bias11_bias, addextrainput13_input)
+        d_layernorm3_out, d_extra_input1, d_extra_input2, d_bias4_bias, d_bias11_bias = kernels.bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias(d_silu14_out, layernorm3_out, bias4_bias, d_extra_output1, extra_input1, bias11_bias, extra_input2)
         # backward stage 1 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(), LayerNorm(768, eps=1e-06, zero_centered_gamma=True)
-        d_relu0_out, d_layernorm3_weight, d_layernorm3_bias = kernels.layernorm_zc_eps1em06_bwd_h768_add_dresidual(d_layernorm3_out, makeextraoutput2_output, layernorm3_mean, layernorm3_rstd, layernorm3_weight, d_makeextraoutput2_output)
-        d_addextrainput1_input = d_relu0_out  # the residual's grad is the sum's grad
+        d_relu0_out, d_layernorm3_weight, d_layernorm3_bias = kernels.layernorm_zc_eps1em06_bwd_h768_add_dresidual(d_layernorm3_out, extra_output0, layernorm3_mean, layernorm3_rstd, layernorm3_weight, d_extra_output0)
+        d_extra_input0 = d_relu0_out  # the residual's grad is the sum's grad
         # backward stage 0 · rule elementwise_backward · ReLU()
         d_x = kernels.relu_bwd_n768(d_relu0_out, x)
-        return d_x, d_addextrainput1_input, d_addextrainput8_input, d_addextrainput13_input, d_layernorm3_weight, d_layernorm3_bias, d_bias4_bias, d_bias11_bias, d_basiclinear15_weight, d_rmsnorm16_weight
+        return d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight, d_layernorm3_bias, d_bias4_bias, d_bias11_bias, d_basiclinear15_weight, d_rmsnorm16_weight
 
 
 class ElementwiseChain(torch.nn.Module):
-    """`elementwise_chain` as one module: y, makeextraoutput2_output, makeextraoutput7_output = module(x, addextrainput1_input, addextrainput8_input, addextrainput13_input).
+    """`elementwise_chain` as one module: y, extra_output0, extra_output1 = module(x, extra_input0, extra_input1, extra_input2).
 
     Parameters and state_dict keys match the eager Sequential of the spec.
     """
@@ -107,7 +107,7 @@ class ElementwiseChain(torch.nn.Module):
         ref.init_parameter(self._modules["15"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["16"].weight, "zeros")
 
-    def forward(self, x, addextrainput1_input, addextrainput8_input, addextrainput13_input):
+    def forward(self, x, extra_input0, extra_input1, extra_input2):
         layernorm3_weight = self._modules["3"].weight
         layernorm3_bias = self._modules["3"].bias
         bias4_bias = self._modules["4"].bias
@@ -115,16 +115,16 @@ class ElementwiseChain(torch.nn.Module):
         basiclinear15_weight = self._modules["15"].weight
         rmsnorm16_weight = self._modules["16"].weight
         check_input("ElementwiseChain", "x", x, 768, layernorm3_weight)
-        check_input("ElementwiseChain", "addextrainput1_input", addextrainput1_input, 768, layernorm3_weight, x.shape[:-1])
-        check_input("ElementwiseChain", "addextrainput8_input", addextrainput8_input, 768, layernorm3_weight, x.shape[:-1])
-        check_input("ElementwiseChain", "addextrainput13_input", addextrainput13_input, 384, layernorm3_weight, x.shape[:-1])
+        check_input("ElementwiseChain", "extra_input0", extra_input0, 768, layernorm3_weight, x.shape[:-1])
+        check_input("ElementwiseChain", "extra_input1", extra_input1, 768, layernorm3_weight, x.shape[:-1])
+        check_input("ElementwiseChain", "extra_input2", extra_input2, 384, layernorm3_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
         outputs = ElementwiseChainFunction.apply(
             x.reshape(-1, 768).contiguous(),
-            addextrainput1_input.reshape(-1, 768).contiguous(),
-            addextrainput8_input.reshape(-1, 768).contiguous(),
-            addextrainput13_input.reshape(-1, 384).contiguous(),
+            extra_input0.reshape(-1, 768).contiguous(),
+            extra_input1.reshape(-1, 768).contiguous(),
+            extra_input2.reshape(-1, 384).contiguous(),
             layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight,
         )
         return (

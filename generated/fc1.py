@@ -28,22 +28,22 @@ class Fc1Function(torch.autograd.Function):
         # forward stage 0 · rule norm · LayerNorm(4096)
         layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
         # forward stage 1 · rule elementwise · MakeExtraOutput() · no kernel
-        makeextraoutput1_output = layernorm0_out
+        extra_output0 = layernorm0_out
         # forward stage 2 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
         linear2_out = torch.addmm(linear2_bias, layernorm0_out, linear2_weight.t())
         # forward stage 3 · rule elementwise · SwiGLU()
         swiglu3_out = kernels.swiglu_fwd_n14336(linear2_out)
         ctx.save_for_backward(x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear2_weight)
-        return swiglu3_out, makeextraoutput1_output
+        return swiglu3_out, extra_output0
 
     @staticmethod
     @first_order_only("Fc1")  # a double backward raises instead of being wrong
-    def backward(ctx, d_swiglu3_out, d_makeextraoutput1_output):
+    def backward(ctx, d_swiglu3_out, d_extra_output0):
         x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear2_weight = ctx.saved_tensors
         # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()
         d_linear2_pre_bias, d_linear2_bias = kernels.bias_swiglu_bwd_n14336(d_swiglu3_out, linear2_out)
         # backward stage 1 · rule extra_output_linear_backward · MakeExtraOutput(), BasicLinear(4096, 28672)
-        d_layernorm0_out = torch.addmm(d_makeextraoutput1_output, d_linear2_pre_bias, linear2_weight)
+        d_layernorm0_out = torch.addmm(d_extra_output0, d_linear2_pre_bias, linear2_weight)
         d_linear2_weight = d_linear2_pre_bias.t().mm(layernorm0_out)
         # backward stage 0 · rule norm_backward · LayerNorm(4096)
         d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
@@ -51,7 +51,7 @@ class Fc1Function(torch.autograd.Function):
 
 
 class Fc1(torch.nn.Module):
-    """`fc1` as one module: y, makeextraoutput1_output = module(x).
+    """`fc1` as one module: y, extra_output0 = module(x).
 
     Parameters and state_dict keys match the eager Sequential of the spec.
     """

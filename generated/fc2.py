@@ -22,11 +22,11 @@ class Fc2Function(torch.autograd.Function):
     """Straight-line forward and backward of `fc2` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, addextrainput1_input, linear0_weight, linear0_bias):
+    def forward(ctx, x, extra_input0, linear0_weight, linear0_bias):
         # forward stage 0 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
         linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
         # forward stage 1 · rule elementwise · AddExtraInput()
-        addextrainput1_out = kernels.add_fwd_n4096(linear0_out, addextrainput1_input)
+        addextrainput1_out = kernels.add_fwd_n4096(linear0_out, extra_input0)
         ctx.save_for_backward(x, linear0_weight)
         return addextrainput1_out
 
@@ -36,15 +36,15 @@ class Fc2Function(torch.autograd.Function):
         x, linear0_weight = ctx.saved_tensors
         # backward stage 1 · rule elementwise_backward · Bias(4096), AddExtraInput()
         d_linear0_bias = kernels.bias_add_bwd_n4096(d_addextrainput1_out)
-        d_addextrainput1_input = d_addextrainput1_out
+        d_extra_input0 = d_addextrainput1_out
         # backward stage 0 · rule linear_backward · BasicLinear(14336, 4096)
         d_x = d_addextrainput1_out.mm(linear0_weight)
         d_linear0_weight = d_addextrainput1_out.t().mm(x)
-        return d_x, d_addextrainput1_input, d_linear0_weight, d_linear0_bias
+        return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 
 
 class Fc2(torch.nn.Module):
-    """`fc2` as one module: y = module(x, addextrainput1_input).
+    """`fc2` as one module: y = module(x, extra_input0).
 
     Parameters and state_dict keys match the eager Sequential of the spec.
     """
@@ -65,16 +65,16 @@ class Fc2(torch.nn.Module):
         ref.init_parameter(self._modules["0"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["0"].bias, "zeros")
 
-    def forward(self, x, addextrainput1_input):
+    def forward(self, x, extra_input0):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
         check_input("Fc2", "x", x, 14336, linear0_weight)
-        check_input("Fc2", "addextrainput1_input", addextrainput1_input, 4096, linear0_weight, x.shape[:-1])
+        check_input("Fc2", "extra_input0", extra_input0, 4096, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
         outputs = Fc2Function.apply(
             x.reshape(-1, 14336).contiguous(),
-            addextrainput1_input.reshape(-1, 4096).contiguous(),
+            extra_input0.reshape(-1, 4096).contiguous(),
             linear0_weight, linear0_bias,
         )
         return outputs.reshape(*lead, 4096)

@@ -24,35 +24,35 @@ class PrenormBlockFunction(torch.autograd.Function):
     """Straight-line forward and backward of `prenorm_block` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, addextrainput3_input, rmsnorm1_weight, linear2_weight, linear2_bias):
+    def forward(ctx, x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
         # forward stage 0 · rule elementwise · MakeExtraOutput() · no kernel
-        makeextraoutput0_output = x
+        extra_output0 = x
         # forward stage 1 · rule norm · RMSNorm(4096)
         rmsnorm1_out, rmsnorm1_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm1_weight)
         # forward stage 2 · rule linear_bias · BasicLinear(4096, 4096), Bias(4096)
         linear2_out = torch.addmm(linear2_bias, rmsnorm1_out, linear2_weight.t())
         # forward stage 3 · rule elementwise · AddExtraInput()
-        addextrainput3_out = kernels.add_fwd_n4096(linear2_out, addextrainput3_input)
+        addextrainput3_out = kernels.add_fwd_n4096(linear2_out, extra_input0)
         ctx.save_for_backward(x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight)
-        return addextrainput3_out, makeextraoutput0_output
+        return addextrainput3_out, extra_output0
 
     @staticmethod
     @first_order_only("PrenormBlock")  # a double backward raises instead of being wrong
-    def backward(ctx, d_addextrainput3_out, d_makeextraoutput0_output):
+    def backward(ctx, d_addextrainput3_out, d_extra_output0):
         x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = ctx.saved_tensors
         # backward stage 2 · rule elementwise_backward · Bias(4096), AddExtraInput()
         d_linear2_bias = kernels.bias_add_bwd_n4096(d_addextrainput3_out)
-        d_addextrainput3_input = d_addextrainput3_out
+        d_extra_input0 = d_addextrainput3_out
         # backward stage 1 · rule linear_backward · BasicLinear(4096, 4096)
         d_rmsnorm1_out = d_addextrainput3_out.mm(linear2_weight)
         d_linear2_weight = d_addextrainput3_out.t().mm(rmsnorm1_out)
         # backward stage 0 · rule norm_residual_grad · MakeExtraOutput(), RMSNorm(4096)
-        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_makeextraoutput0_output)
-        return d_x, d_addextrainput3_input, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
+        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_extra_output0)
+        return d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
 
 
 class PrenormBlock(torch.nn.Module):
-    """`prenorm_block` as one module: y, makeextraoutput0_output = module(x, addextrainput3_input).
+    """`prenorm_block` as one module: y, extra_output0 = module(x, extra_input0).
 
     Parameters and state_dict keys match the eager Sequential of the spec.
     """
@@ -76,17 +76,17 @@ class PrenormBlock(torch.nn.Module):
         ref.init_parameter(self._modules["2"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["2"].bias, "zeros")
 
-    def forward(self, x, addextrainput3_input):
+    def forward(self, x, extra_input0):
         rmsnorm1_weight = self._modules["1"].weight
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
         check_input("PrenormBlock", "x", x, 4096, rmsnorm1_weight)
-        check_input("PrenormBlock", "addextrainput3_input", addextrainput3_input, 4096, rmsnorm1_weight, x.shape[:-1])
+        check_input("PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
         outputs = PrenormBlockFunction.apply(
             x.reshape(-1, 4096).contiguous(),
-            addextrainput3_input.reshape(-1, 4096).contiguous(),
+            extra_input0.reshape(-1, 4096).contiguous(),
             rmsnorm1_weight, linear2_weight, linear2_bias,
         )
         return (

@@ -46,11 +46,13 @@ def param_name(op: Op, attr: str) -> str:
 
 
 def extra_input_name(op: Op) -> str:
-    return f"{op.hint}_input"
+    """Public: named by order among the pipeline's extra inputs, so inserting an op elsewhere in
+    the spec never renames a caller's keyword argument."""
+    return f"extra_input{op.extra_input}"
 
 
 def extra_output_name(op: Op) -> str:
-    return f"{op.hint}_output"
+    return f"extra_output{op.extra_output}"
 
 
 def op_of(pipeline: Pipeline, stage: Stage, name: str, prefix: str) -> Op:

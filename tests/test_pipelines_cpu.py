@@ -33,7 +33,7 @@ def test_wrong_inputs_get_clear_errors():
         module(r, r)
     with pytest.raises(TypeError, match="Fc2: x has dtype torch.bfloat16 but the module's parameters are torch.float32"):
         module(x.bfloat16(), r)
-    with pytest.raises(ValueError, match=r"Fc2: addextrainput1_input must have the same leading shape as x, \[3\], got \[2\]"):
+    with pytest.raises(ValueError, match=r"Fc2: extra_input0 must have the same leading shape as x, \[3\], got \[2\]"):
         module(x, r[:2])
-    with pytest.raises(TypeError, match="missing 1 required positional argument: 'addextrainput1_input'"):
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'extra_input0'"):
         module(x)
