@@ -4,6 +4,8 @@ Needs only torch (and cuda-bindings for CUDA tensors). Kernels are prebuilt for
 sm_80, sm_90, compute_80 in bfloat16, float16, float32; nothing is compiled at run time.
 """
 
+from .gpt_oss_mlp import GptOssMlp
+from .relu2_mlp import Relu2Mlp
 from .elementwise_chain import ElementwiseChain
 from .gpt2_mlp import Gpt2Mlp
 from .prenorm_block import PrenormBlock
@@ -11,4 +13,4 @@ from .fc1 import Fc1
 from .fc2 import Fc2
 from .te_mlp import TeMlp
 
-__all__ = ["ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "TeMlp"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "TeMlp"]

@@ -131,6 +131,35 @@ def bias_bwd_n4096(dy):
     return dbias0
 
 
+_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048")
+_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
+    """Bias(4096), ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5) backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, BIAS_SPLITS))
+        partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(dy.dtype, (_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the bias grads are zero
+        bias_grads = column_sum_n4096(partials, dy.dtype)
+        dbias0 = bias_grads[0:4096]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.clamped_swiglu_bwd(in1, g, 6.0, 1.5, 0.5)
+    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
 _BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096")
 _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
@@ -160,11 +189,44 @@ def bias_gelu_bwd_n4096(dy, x):
     return dx, dbias0
 
 
-_BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_BWD_N384_FROM_BIAS = Kernel("bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias")
-_BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_BWD_N384_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384 = Kernel("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384")
+_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
-def bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8):
+def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, extra_in8):
+    """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        extra_in4 = extra_in4.contiguous()
+        bias6 = bias6.contiguous()
+        extra_in8 = extra_in8.contiguous()
+        y = torch.empty((rows, 384), device=x.device, dtype=x.dtype)
+        extra_out3 = torch.empty_like(x)
+        if rows:
+            grid = (_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x, bias0, extra_in4, bias6, extra_in8, extra_out3, y, rows), x.device)
+        return y, extra_out3
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.constant_scale(a, 0.5)
+    a = ref.gelu(a)
+    extra_out3 = a.to(x.dtype)
+    a = ref.add_extra_input(a, ref.compute(extra_in4))
+    a = ref.silu(a)
+    a = ref.bias(a, ref.compute(bias6))
+    a = ref.geglu(a)
+    a = ref.add_extra_input(a, ref.compute(extra_in8))
+    a = ref.silu(a)
+    return a.to(x.dtype), extra_out3
+
+
+_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS = Kernel("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias")
+_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8):
     """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU() backward: returns dx, d_extra_in4, d_extra_in8, dbias0, dbias6."""
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -181,7 +243,7 @@ def bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias(dy, x
         splits = max(1, min(rows, BIAS_SPLITS))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_BWD_N384_FROM_BIAS.launch(dy.dtype, (_BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_BWD_N384_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8, dx, d_extra_in4, d_extra_in8, partials, rows), dy.device)
+            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(dy.dtype, (_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8, dx, d_extra_in4, d_extra_in8, partials, rows), dy.device)
         else:
             partials.zero_()  # no rows: the bias grads are zero
         bias_grads = column_sum_n1536(partials, dy.dtype)
@@ -210,43 +272,39 @@ def bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias(dy, x
     d_extra_in4 = g.to(dy.dtype)
     g = g + ref.compute(d_extra_out3)
     g = ref.gelu_bwd(in2, g)
-    g = ref.constant_scale(g, 0.5)
+    g = ref.constant_scale_bwd(None, g, 0.5)
     dbias0 = ref.bias_bwd(g).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
 
 
-_BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_FWD_N384 = Kernel("bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384")
-_BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+_BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048")
+_BIAS_SRELU_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
-def bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384(x, bias0, extra_in4, bias6, extra_in8):
-    """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3."""
-    rows = x.shape[0]
-    if x.is_cuda:
+def bias_srelu_bwd_n2048(dy, x):
+    """Bias(2048), SReLU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
         x = x.contiguous()
-        bias0 = bias0.contiguous()
-        extra_in4 = extra_in4.contiguous()
-        bias6 = bias6.contiguous()
-        extra_in8 = extra_in8.contiguous()
-        y = torch.empty((rows, 384), device=x.device, dtype=x.dtype)
-        extra_out3 = torch.empty_like(x)
+        dx = torch.empty((rows, 2048), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, BIAS_SPLITS))
+        partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
-            grid = (_BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_FWD_N384_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _BIAS_SCALE0P5_GELU_TEE_ADD_SILU_BIAS_GEGLU_ADD_SILU_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x, bias0, extra_in4, bias6, extra_in8, extra_out3, y, rows), x.device)
-        return y, extra_out3
+            _BIAS_SRELU_BWD_N2048.launch(dy.dtype, (_BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the bias grads are zero
+        bias_grads = column_sum_n2048(partials, dy.dtype)
+        dbias0 = bias_grads[0:2048]
+        return dx, dbias0
     a = ref.compute(x)
-    a = ref.bias(a, ref.compute(bias0))
-    a = ref.constant_scale(a, 0.5)
-    a = ref.gelu(a)
-    extra_out3 = a.to(x.dtype)
-    a = ref.add_extra_input(a, ref.compute(extra_in4))
-    a = ref.silu(a)
-    a = ref.bias(a, ref.compute(bias6))
-    a = ref.geglu(a)
-    a = ref.add_extra_input(a, ref.compute(extra_in8))
-    a = ref.silu(a)
-    return a.to(x.dtype), extra_out3
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.srelu_bwd(in1, g)
+    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
 
 
 _BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336")
@@ -276,6 +334,25 @@ def bias_swiglu_bwd_n14336(dy, x):
     dbias0 = ref.bias_bwd(g).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, dbias0
+
+
+_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048 = Kernel("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048")
+_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
+    """ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 2048), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.clamped_swiglu(a, 6.0, 1.5, 0.5)
+    return a.to(x.dtype)
 
 
 _COLUMN_SUM_N1024 = Kernel("column_sum_n1024")
@@ -457,12 +534,12 @@ def layernorm_fwd_h4096(x, weight, bias):
     return y, mean, rstd
 
 
-_LAYERNORM_ZC_EPS1EM06_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_eps1em06_bwd_h768_add_dresidual")
-_LAYERNORM_ZC_EPS1EM06_BWD_H768_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_bwd_h768_add_dresidual")
+_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
-def layernorm_zc_eps1em06_bwd_h768_add_dresidual(dy, x, mean, rstd, weight, d_residual):
-    """LayerNorm(768, eps=1e-06, zero_centered_gamma=True) backward, + residual grad: returns (dx, dweight, dbias); the parameter grads are deterministic."""
+def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, weight, d_residual):
+    """LayerNorm(768, zero_centered_gamma=True) backward, + residual grad: returns (dx, dweight, dbias); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -471,7 +548,7 @@ def layernorm_zc_eps1em06_bwd_h768_add_dresidual(dy, x, mean, rstd, weight, d_re
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_ZC_EPS1EM06_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_EPS1EM06_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (
+            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (
                 dy, x, mean, rstd, weight, d_residual, dx, partials, rows,
             ), dy.device)
         else:
@@ -525,6 +602,30 @@ def relu_fwd_n768(x):
     return a.to(x.dtype)
 
 
+_RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024")
+_RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def rmsnorm_bwd_h1024(dy, x, rstd, weight):
+    """RMSNorm(1024) backward: returns (dx, dweight); the parameter grads are deterministic."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        splits = max(1, min(rows, NORM_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (
+                dy, x, None, rstd, weight, None, dx, partials, rows,
+            ), dy.device)
+        else:
+            partials.zero_()
+        grads = column_sum_n1024(partials, weight.dtype)
+        return dx, grads
+    dx, dweight = ref.rms_norm_bwd(dy, x, rstd, weight, False)
+    return dx.to(dy.dtype), dweight.to(weight.dtype)
+
+
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h4096_add_dresidual")
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
@@ -549,6 +650,26 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, weight, d_residual):
     dx, dweight = ref.rms_norm_bwd(dy, x, rstd, weight, False)
     dx = dx + ref.compute(d_residual)
     return dx.to(dy.dtype), dweight.to(weight.dtype)
+
+
+_RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024")
+_RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def rmsnorm_fwd_h1024(x, weight):
+    """RMSNorm(1024): returns (y, rstd)."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (
+                x, None, weight, None, y, None, None, rstd, rows,
+            ), x.device)
+        return y, rstd
+    y, rstd = ref.rms_norm(x, weight, 1e-05, False)
+    return y, rstd
 
 
 _RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096")
@@ -613,6 +734,25 @@ def rmsnorm_zc_fwd_h768(x, weight):
         return y, rstd
     y, rstd = ref.rms_norm(x, weight, 1e-05, True)
     return y, rstd
+
+
+_SRELU_FWD_N2048 = Kernel("srelu_fwd_n2048")
+_SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+def srelu_fwd_n2048(x):
+    """SReLU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 2048), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SRELU_FWD_N2048_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SRELU_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.srelu(a)
+    return a.to(x.dtype)
 
 
 _SWIGLU_BWD_N384 = Kernel("swiglu_bwd_n384")

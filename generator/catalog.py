@@ -47,7 +47,10 @@ class OpDef:
             expands to the basic ops listed in ``expand``.
     features -- (in, out) feature rule: fixed_in(args) -> int | None, out(in) -> int.
     tag -- the op's word in kernel names (may depend on arguments).
-    device_struct -- the struct in templates/cuda/activations.cuh with the op's fwd/bwd math.
+    device_struct -- the functor in templates/cuda/activations.cuh with the op's fwd/bwd math; a
+                     fused kernel constructs it from ``device_args`` (compile-time constants).
+    device_args -- the op's constants, in the order the functor's fields and the reference
+                   functions' trailing parameters take them.
     reference -- the function names in reference.py (forward, backward) for this op; "" where the
                  backward is the identity on the incoming gradient.
     """
@@ -60,6 +63,7 @@ class OpDef:
     out_features: Callable[[dict, int], int] = lambda a, n: n
     tag: Callable[[dict], str] = lambda a: ""
     device_struct: str = ""
+    device_args: Callable[[dict], tuple[float, ...]] = lambda a: ()
     reference: tuple[str, str] = ("", "")
     summary: str = ""
     expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
@@ -68,6 +72,14 @@ class OpDef:
     needs_input_in_backward: bool = False  # backward reads the forward input value
     changes_value: bool = True  # forward output differs from input (identity-like ops don't)
     changes_grad: bool = True  # backward grad differs from incoming grad
+
+    @property
+    def functor_form(self) -> str | None:
+        """How a fused elementwise kernel applies the op's functor: 'unary' (fwd(x), bwd(x, dy)),
+        'gate' (a GLU: fwd(a, b), bwd(a, b, dy, da, db)), or None (the op has no functor)."""
+        if not self.device_struct:
+            return None
+        return "gate" if self.kind == "glu" else "unary"
 
     def signature(self) -> str:
         parts, star = [], False
@@ -115,6 +127,10 @@ def _finite(v):
         return (f"must be at most {FLOAT32_MAX:.7g} in magnitude (the kernels multiply in float32, where it would "
                 "be inf)")
     return None
+
+
+def _positive_finite(v):
+    return _finite(v) or (None if v > 0 else "must be positive")
 
 
 def _eps(v):
@@ -215,6 +231,7 @@ for _name, _tag, _struct, _ref, _summary in [
     ("GELU", "gelu", "fg::Gelu", "gelu", "tanh-approximated GELU"),
     ("ReLU", "relu", "fg::Relu", "relu", "max(x, 0)"),
     ("SiLU", "silu", "fg::Silu", "silu", "x * sigmoid(x)"),
+    ("SReLU", "srelu", "fg::Srelu", "srelu", "relu(x)^2"),
 ]:
     _register(OpDef(
         _name, "activation", tag=lambda a, t=_tag: t, device_struct=_struct,
@@ -232,9 +249,25 @@ for _name, _tag, _struct, _ref, _summary in [
     ))
 
 _register(OpDef(
+    # GPT-OSS: a' = min(a, limit); y = a' * sigmoid(alpha * a') * (clamp(b, -limit, limit) + offset)
+    "ClampedSwiGLU", "glu",
+    args=(Arg("limit", "float", 7.0, keyword_only=True, check=_positive_finite),
+          Arg("alpha", "float", 1.702, keyword_only=True, check=_finite),
+          Arg("glu_linear_offset", "float", 1.0, keyword_only=True, check=_finite)),
+    tag=lambda a: "clamped_swiglu" + "".join(
+        f"_{key}{float_tag(a[name])}" for key, name, default in
+        (("l", "limit", 7.0), ("a", "alpha", 1.702), ("o", "glu_linear_offset", 1.0)) if a[name] != default),
+    device_struct="fg::ClampedSwiGLU", device_args=lambda a: (a["limit"], a["alpha"], a["glu_linear_offset"]),
+    out_features=lambda a, n: n // 2,
+    reference=("clamped_swiglu", "clamped_swiglu_bwd"),
+    summary="min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + offset), a = first half",
+    needs_input_in_backward=True,
+))
+_register(OpDef(
     "ConstantScale", "scale",
     args=(Arg("scale", "float", check=_finite),),
     tag=lambda a: "scale" + float_tag(a["scale"]),
+    device_struct="fg::Scale", device_args=lambda a: (a["scale"],),
     reference=("constant_scale", "constant_scale_bwd"),
     summary="y = scale * x",
 ))

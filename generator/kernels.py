@@ -4,11 +4,17 @@ A ``KernelSpec`` is a function of the stage alone, so its name (which spells out
 the feature size and any non-default constant) is also its cache key: pipelines that share a
 stage share the kernel. Each spec names the CUDA template that instantiates it and the launcher
 family that calls it from Python; ``context`` fills both templates.
+
+Names are bounded (``kernel_name``): one longer than ``MAX_KERNEL_NAME`` keeps a readable prefix
+of its op chain, then ``x`` + a short hash of the full name, then its direction and size, so a
+long elementwise run cannot push ``kernels/<name>_<dtype>.<arch>.cubin`` past file-name limits.
+The full name is kept in ``KernelSpec.full_name`` (the .cu header comment and MANIFEST.json).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 
 from .pipeline import Op, Pipeline
 from .plan import Plan, Stage
@@ -16,6 +22,10 @@ from .plan import Plan, Stage
 DTYPES = {"bfloat16": ("bf16", "__nv_bfloat16", 2), "float16": ("fp16", "__half", 2), "float32": ("fp32", "float", 4)}
 ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
 NORM_MAX_THREADS = 512  # threads per row of a norm kernel
+# Longest kernel name, without the dtype suffix. Every name of the shipped specs but the long
+# elementwise_chain run fits; with "_bf16.compute_80.ptx" a file name stays under 70 bytes.
+MAX_KERNEL_NAME = 48
+NAME_HASH_CHARS = 8  # hex digits of sha256(full name) in a cut name: "x" + 8 hex
 
 
 def norm_threads(hidden: int, vec: int) -> int:
@@ -23,9 +33,37 @@ def norm_threads(hidden: int, vec: int) -> int:
     return min(NORM_MAX_THREADS, -(-hidden // vec // 32) * 32)
 
 
+def kernel_name(chain: str, suffix: str, qualifier: str = "") -> tuple[str, str]:
+    """(name, full name) of a kernel: ``<chain>_<suffix>[_<qualifier>]``, bounded.
+
+    ``chain`` spells what the kernel computes (op tags, e.g. "bias_scale0p5_gelu"), ``suffix`` its
+    direction and size ("fwd_n384", "bwd_h768", "n1024"), ``qualifier`` a variant ("from_bias",
+    "add_dresidual"). A full name of at most MAX_KERNEL_NAME characters is the name. A longer one
+    becomes ``<prefix>_x<hash>_<suffix>[_<qualifier>]``: the longest prefix of ``chain`` ending at
+    a ``_`` that fits, then the first NAME_HASH_CHARS hex digits of sha256(full name), so the name
+    is stable and (up to the hash) unique; the qualifier is dropped when even an empty prefix
+    leaves no room for it (the hash still covers it)."""
+    full = "_".join(part for part in (chain, suffix, qualifier) if part)
+    if len(full) <= MAX_KERNEL_NAME:
+        return full, full
+    marker = "x" + hashlib.sha256(full.encode()).hexdigest()[:NAME_HASH_CHARS]
+    tail = "_".join(part for part in (marker, suffix, qualifier) if part)
+    if len(tail) > MAX_KERNEL_NAME:
+        tail = f"{marker}_{suffix}"
+    assert len(tail) <= MAX_KERNEL_NAME, f"kernel suffix {suffix!r} is too long for a bounded name"
+    prefix = ""
+    for part in chain.split("_"):
+        longer = f"{prefix}_{part}" if prefix else part
+        if len(longer) + 1 + len(tail) > MAX_KERNEL_NAME:
+            break
+        prefix = longer
+    return (f"{prefix}_{tail}" if prefix else tail), full
+
+
 @dataclass(frozen=True)
 class KernelSpec:
-    name: str  # without the dtype suffix, e.g. "bias_swiglu_bwd_n14336"
+    name: str  # without the dtype suffix, e.g. "bias_swiglu_bwd_n14336"; bounded (kernel_name)
+    full_name: str  # the name before bounding; equal to ``name`` unless that was cut
     family: str  # norm_fwd | norm_bwd | column_sum | elementwise_fwd | elementwise_bwd
     context: tuple[tuple[str, object], ...]  # template variables, hashable and ordered
     summary: str
@@ -45,12 +83,13 @@ class KernelSpec:
         return v
 
 
-def _spec(name: str, family: str, summary: str, **context) -> KernelSpec:
-    return KernelSpec(name, family, tuple(sorted(context.items())), summary)
+def _spec(name: tuple[str, str], family: str, summary: str, **context) -> KernelSpec:
+    """A spec named by ``kernel_name``'s (name, full name)."""
+    return KernelSpec(*name, family, tuple(sorted(context.items())), summary)
 
 
 def column_sum(columns: int) -> KernelSpec:
-    return _spec(f"column_sum_n{columns}", "column_sum",
+    return _spec(kernel_name("column_sum", f"n{columns}"), "column_sum",
                  f"sums fp32 per-block partials over blocks, {columns} columns", columns=columns, align=1)
 
 
@@ -59,7 +98,7 @@ def column_sum(columns: int) -> KernelSpec:
 def norm_forward(stage: Stage) -> KernelSpec:
     norm = stage.first("norm")
     residual = stage.first("add_extra_input") is not None
-    name = ("add_" if residual else "") + f"{norm.tag}_fwd_h{norm.in_features}"
+    name = kernel_name(("add_" if residual else "") + norm.tag, f"fwd_h{norm.in_features}")
     return _spec(
         name, "norm_fwd", ("residual add + " if residual else "") + norm.describe(),
         hidden=norm.in_features, align=norm.in_features, layernorm=norm.opdef.name == "LayerNorm",
@@ -67,10 +106,17 @@ def norm_forward(stage: Stage) -> KernelSpec:
     )
 
 
+def _without_eps(norm: Op) -> Op:
+    """The norm as its backward sees it: eps at its default. The backward kernel reads the saved
+    rstd and never eps, so pipelines differing only in eps share one backward kernel."""
+    default = next(a.default for a in norm.opdef.args if a.name == "eps")
+    return replace(norm, args={**norm.args, "eps": default})
+
+
 def norm_backward(stage: Stage) -> KernelSpec:
-    norm = stage.first("norm")
+    norm = _without_eps(stage.first("norm"))
     add_dresidual = stage.first("make_extra_output") is not None
-    name = f"{norm.tag}_bwd_h{norm.in_features}" + ("_add_dresidual" if add_dresidual else "")
+    name = kernel_name(norm.tag, f"bwd_h{norm.in_features}", "add_dresidual" if add_dresidual else "")
     return _spec(
         name, "norm_bwd", norm.describe() + (" backward, + residual grad" if add_dresidual else " backward"),
         hidden=norm.in_features, align=norm.in_features, layernorm=norm.opdef.name == "LayerNorm",
@@ -89,8 +135,11 @@ def _step(stage: Stage, op: Op, glu: int | None, **extra) -> tuple[tuple[str, ob
     """One op of a run as the templates see it: its index within the run, lanes 'a' (and 'b'
     before a GLU, for the second half of the row)."""
     lanes = ("a", "b") if glu is not None and op.index <= glu else ("a",)  # a GLU reads both halves
-    step = dict(kind=op.kind, index=op.index - stage.start, lanes=lanes, struct=op.opdef.device_struct,
-                scale=op.args.get("scale"), label=op.describe(), reference=op.opdef.reference, **extra)
+    constants = op.opdef.device_args(op.args)
+    step = dict(kind=op.kind, index=op.index - stage.start, lanes=lanes, form=op.opdef.functor_form,
+                struct=op.opdef.device_struct, cuda_args=tuple(f"{float(c)!r}f" for c in constants),
+                python_args=tuple(repr(float(c)) for c in constants), label=op.describe(),
+                reference=op.opdef.reference, **extra)
     return tuple(sorted(step.items()))
 
 
@@ -121,7 +170,7 @@ def elementwise_forward(pipeline: Pipeline, stage: Stage) -> KernelSpec:
     steps = tuple(_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
     tags = "_".join(op.tag for op in stage.ops)
     return _spec(
-        f"{tags}_fwd_n{width}", "elementwise_fwd", ", ".join(op.describe() for op in stage.ops),
+        kernel_name(tags, f"fwd_n{width}"), "elementwise_fwd", ", ".join(op.describe() for op in stage.ops),
         width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=steps, align=width,
         threads=ELEMENTWISE_THREADS,
     )
@@ -142,10 +191,11 @@ def elementwise_backward(plan: Plan, stage: Stage) -> KernelSpec:
             needs_input=op.opdef.needs_input_in_backward,
         ))
         bias_columns += op.in_features if op.kind == "bias" else 0
-    name = "_".join(op.tag for op in stage.ops) + f"_bwd_n{width}"
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
+    qualifier = ""
     if recompute is not None and recompute.saved_position != first_needing:
-        name += f"_from_{pipeline.ops[recompute.saved_position].tag}"
+        qualifier = f"from_{pipeline.ops[recompute.saved_position].tag}"
+    name = kernel_name("_".join(op.tag for op in stage.ops), f"bwd_n{width}", qualifier)
     return _spec(
         name, "elementwise_bwd", ", ".join(op.describe() for op in stage.ops) + " backward",
         width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=tuple(steps), align=width,

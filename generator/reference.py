@@ -98,6 +98,14 @@ def silu_bwd(x, dy):
     return dy * (s + x * s * (1 - s))
 
 
+def srelu(x):
+    return torch.clamp_min(x, 0).square()
+
+
+def srelu_bwd(x, dy):
+    return dy * torch.clamp_min(2 * x, 0)
+
+
 def _glu(act):
     def fwd(x):
         a, b = x.chunk(2, dim=-1)  # the FIRST half is the gate (unlike torch.nn.functional.glu)
@@ -118,6 +126,23 @@ swiglu = _glu(silu)
 swiglu_bwd = _glu_bwd(silu, silu_bwd)
 geglu = _glu(gelu)
 geglu_bwd = _glu_bwd(gelu, gelu_bwd)
+
+
+def clamped_swiglu(x, limit, alpha, offset):
+    a, b = x.chunk(2, dim=-1)
+    g = torch.clamp_max(a, limit)
+    return g * torch.sigmoid(alpha * g) * (torch.clamp(b, -limit, limit) + offset)
+
+
+def clamped_swiglu_bwd(x, dy, limit, alpha, offset):
+    """No gradient through an active clamp: da = 0 where a > limit, db = 0 where |b| > limit."""
+    a, b = x.chunk(2, dim=-1)
+    g = torch.clamp_max(a, limit)
+    s = torch.sigmoid(alpha * g)
+    linear = torch.clamp(b, -limit, limit) + offset
+    da = torch.where(a > limit, torch.zeros_like(dy), dy * linear * (s + alpha * g * s * (1 - s)))
+    db = torch.where(b.abs() > limit, torch.zeros_like(dy), dy * g * s)
+    return torch.cat([da, db], dim=-1)
 
 
 # --- normalization ------------------------------------------------------------------------------

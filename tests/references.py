@@ -55,6 +55,28 @@ def elementwise_chain(p, x, r1, r8, r13):
     return swiglu(t), h, e7
 
 
+def clamped_swiglu(t, limit=7.0, alpha=1.702, offset=1.0):
+    """GPT-OSS (TE's ClampedSwiGLU): gate = first half, clamped above; linear half clamped both ways.
+    Gradients come from autograd through clamp, which passes none where a clamp is active."""
+    a, b = t.chunk(2, dim=-1)
+    g = a.clamp(max=limit)
+    return g * torch.sigmoid(alpha * g) * (b.clamp(-limit, limit) + offset)
+
+
+def srelu(t):
+    return F.relu(t).square()
+
+
+def gpt_oss_mlp(p, x):
+    h = F.linear(rms_norm(x, p["0.weight"]), p["1.weight"], p["1.bias"])
+    return (F.linear(clamped_swiglu(h, limit=6.0, alpha=1.5, offset=0.5), p["3.weight"], p["3.bias"]),)
+
+
+def relu2_mlp(p, x):
+    h = F.linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"])
+    return (F.linear(srelu(h), p["3.weight"], p["3.bias"]),)
+
+
 # name -> (generated class name, reference, number of extra inputs)
 PIPELINES = {
     "elementwise_chain": ("ElementwiseChain", elementwise_chain, 3),
@@ -63,6 +85,8 @@ PIPELINES = {
     "fc2": ("Fc2", fc2, 1),
     "prenorm_block": ("PrenormBlock", prenorm_block, 1),
     "gpt2_mlp": ("Gpt2Mlp", gpt2_mlp, 0),
+    "gpt_oss_mlp": ("GptOssMlp", gpt_oss_mlp, 0),
+    "relu2_mlp": ("Relu2Mlp", relu2_mlp, 0),
 }
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

@@ -141,7 +141,8 @@ def op_call(rng: random.Random, prefix: str, name: str, width: int, corrupt: flo
         if a.default is REQUIRED:
             value = sane.get(a.name, "4")
         else:  # optional arguments: mostly left at their defaults
-            value = rng.choice(OPTIONAL[a.name]) if rng.random() < 0.3 else None
+            # (an op's own optional argument without a row here gets its default, spelled out)
+            value = rng.choice(OPTIONAL.get(a.name, [repr(a.default)])) if rng.random() < 0.3 else None
         if rng.random() < corrupt:
             value = edge_value(rng, a.kind)
         if value is None:

@@ -56,6 +56,7 @@ NORMS = [  # fwd kernel, bwd kernel, LayerNorm?, H, residual-grad add in bwd
     ("layernorm_fwd_h4096", "layernorm_bwd_h4096", True, 4096, False),
     ("layernorm_fwd_h1024", "layernorm_bwd_h1024", True, 1024, False),
     ("rmsnorm_fwd_h4096", "rmsnorm_bwd_h4096_add_dresidual", False, 4096, True),
+    ("rmsnorm_fwd_h1024", "rmsnorm_bwd_h1024", False, 1024, False),
 ]
 
 
@@ -100,19 +101,23 @@ def _swiglu(t):
     return F.silu(a) * b
 
 
-ELEMENTWISE = [  # fwd kernel, bwd kernel, activation (float64), output width, bias before it
-    ("swiglu_fwd_n14336", "bias_swiglu_bwd_n14336", _swiglu, 14336),
-    ("gelu_fwd_n4096", "bias_gelu_bwd_n4096", lambda t: F.gelu(t, approximate="tanh"), 4096),
+ELEMENTWISE = [  # fwd kernel, bwd kernel, activation (float64), output width, gated (input 2x wide)
+    ("swiglu_fwd_n14336", "bias_swiglu_bwd_n14336", _swiglu, 14336, True),
+    ("gelu_fwd_n4096", "bias_gelu_bwd_n4096", lambda t: F.gelu(t, approximate="tanh"), 4096, False),
+    # Inputs of scale 3 cross the clamps at 6 (about 5% of them): the zero grads there are checked.
+    ("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048", "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048",
+     lambda t: R.clamped_swiglu(t, limit=6.0, alpha=1.5, offset=0.5), 2048, True),
+    ("srelu_fwd_n2048", "bias_srelu_bwd_n2048", R.srelu, 2048, False),
 ]
 
 
 @pytest.mark.parametrize("rows", [1, 3, 513])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("fwd,bwd,act,width", ELEMENTWISE, ids=[e[0] for e in ELEMENTWISE])
-def test_activation_kernels(fwd, bwd, act, width, dtype, rows):
+@pytest.mark.parametrize("fwd,bwd,act,width,gated", ELEMENTWISE, ids=[e[0] for e in ELEMENTWISE])
+def test_activation_kernels(fwd, bwd, act, width, gated, dtype, rows):
     """Forward act(h); backward of Bias + act from the saved h: dx and dbias (TE's tolerances)."""
     gen = torch.Generator().manual_seed(rows)
-    in_width = width * 2 if act is _swiglu else width
+    in_width = width * 2 if gated else width
     h = randn(rows, in_width, dtype=dtype, gen=gen, scale=3.0)
     dy = randn(rows, width, dtype=dtype, gen=gen)
     h64 = h.double().requires_grad_()
@@ -146,9 +151,9 @@ def test_every_kernel_has_a_test():
     tested |= {"add_fwd_n4096", "bias_add_bwd_n4096", "bias_bwd_n4096", "bias_bwd_n1024"}
     # the elementwise_chain spec's kernels, checked through its pipeline test (every dtype, shape)
     tested |= {"relu_fwd_n768", "relu_bwd_n768", "add_layernorm_zc_eps1em06_fwd_h768",
-               "layernorm_zc_eps1em06_bwd_h768_add_dresidual", "rmsnorm_zc_fwd_h768", "rmsnorm_zc_bwd_h768",
-               "bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_fwd_n384",
-               "bias_scale0p5_gelu_tee_add_silu_bias_geglu_add_silu_bwd_n384_from_bias",
+               "layernorm_zc_bwd_h768_add_dresidual", "rmsnorm_zc_fwd_h768", "rmsnorm_zc_bwd_h768",
+               "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384",  # names cut with a hash (kernels.kernel_name)
+               "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias",
                "swiglu_fwd_n384", "swiglu_bwd_n384"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = {symbol.rsplit("_", 1)[0] for symbol in manifest["kernels"]}

@@ -22,6 +22,8 @@ extern "C" __global__ void __launch_bounds__(128) bias_gelu_bwd_n4096_bf16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  const fg::Gelu op1{};  // op 1: GELU()
   float dbias0a[VEC] = {};
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
@@ -38,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_gelu_bwd_n4096_bf16(
     fg::load<T, VEC>(dy + out_a, ga);
     // op 1: GELU()
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) ga[k] = fg::Gelu::bwd(in1a[k], ga[k]);
+    for (int k = 0; k < VEC; ++k) ga[k] = op1.bwd(in1a[k], ga[k]);
     // op 0: Bias(4096)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dbias0a[k] += ga[k];

@@ -22,6 +22,8 @@ extern "C" __global__ void __launch_bounds__(128) bias_swiglu_bwd_n14336_fp32(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  const fg::SwiGLU op1{};  // op 1: SwiGLU()
   float dbias0a[VEC] = {};
   float dbias0b[VEC] = {};
 #pragma unroll 4  // independent rows: several loads in flight per thread
@@ -44,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_swiglu_bwd_n14336_fp32(
     float gb[VEC];
     // op 1: SwiGLU()
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) fg::SwiGLU::bwd(in1a[k], in1b[k], ga[k], ga[k], gb[k]);
+    for (int k = 0; k < VEC; ++k) op1.bwd(in1a[k], in1b[k], ga[k], ga[k], gb[k]);
     // op 0: Bias(28672)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dbias0a[k] += ga[k];

@@ -18,6 +18,8 @@ extern "C" __global__ void __launch_bounds__(128) relu_bwd_n768_fp16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  const fg::Relu op0{};  // op 0: ReLU()
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const long long out_a = (long long)row * N + col;
@@ -33,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(128) relu_bwd_n768_fp16(
     fg::load<T, VEC>(dy + out_a, ga);
     // op 0: ReLU()
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) ga[k] = fg::Relu::bwd(in0a[k], ga[k]);
+    for (int k = 0; k < VEC; ++k) ga[k] = op0.bwd(in0a[k], ga[k]);
     fg::store<T, VEC>(dx + in_a, ga);
   }
 }

@@ -17,6 +17,8 @@ extern "C" __global__ void __launch_bounds__(128) relu_fwd_n768_fp32(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  const fg::Relu op0{};  // op 0: ReLU()
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const long long in_a = (long long)row * N + col;
@@ -24,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(128) relu_fwd_n768_fp32(
     fg::load<T, VEC>(x + in_a, a);
     // op 0: ReLU()
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) a[k] = fg::Relu::fwd(a[k]);
+    for (int k = 0; k < VEC; ++k) a[k] = op0.fwd(a[k]);
     fg::store<T, VEC>(y + in_a, a);
   }
 }

@@ -18,6 +18,8 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_bwd_n384_fp32(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  const fg::SwiGLU op0{};  // op 0: SwiGLU()
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const long long out_a = (long long)row * N + col;
@@ -38,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_bwd_n384_fp32(
     float gb[VEC];
     // op 0: SwiGLU()
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) fg::SwiGLU::bwd(in0a[k], in0b[k], ga[k], ga[k], gb[k]);
+    for (int k = 0; k < VEC; ++k) op0.bwd(in0a[k], in0b[k], ga[k], ga[k], gb[k]);
     fg::store<T, VEC>(dx + in_a, ga);
     fg::store<T, VEC>(dx + in_b, gb);
   }

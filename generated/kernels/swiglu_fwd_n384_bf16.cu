@@ -17,6 +17,8 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_fwd_n384_bf16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  const fg::SwiGLU op0{};  // op 0: SwiGLU()
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     // Input rows are [a | b], 2N wide: lane a is the gate (first half), lane b the second half.
@@ -26,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_fwd_n384_bf16(
     fg::load<T, VEC>(x + in_b, b);
     // op 0: SwiGLU()
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) a[k] = fg::SwiGLU::fwd(a[k], b[k]);
+    for (int k = 0; k < VEC; ++k) a[k] = op0.fwd(a[k], b[k]);
     const long long out_a = (long long)row * N + col;
     fg::store<T, VEC>(y + out_a, a);
   }

@@ -1,5 +1,7 @@
-// Activation math for fused elementwise kernels: one struct per catalog op (its device_struct),
-// fp32 in registers. Unary ops: fwd(x), bwd(x, dy) = dy * f'(x). GLU ops gate the FIRST half:
+// Elementwise math for fused kernels: one functor per catalog op (its device_struct), fp32 in
+// registers. A kernel constructs each op's functor once from the op's constants (device_args, in
+// field order; ops without constants have no fields). Unary ops: fwd(x), bwd(x, dy) = dy * f'(x)
+// (x is 0 for ops that do not read their input in backward). GLU ops gate the FIRST half:
 // fwd(a, b) = act(a) * b, bwd(a, b, dy, da, db). Formulas follow TE's common/util/math.h.
 #pragma once
 
@@ -17,6 +19,12 @@ struct Gelu {  // tanh approximation
   }
 };
 
+struct Scale {  // ConstantScale: y = scale * x
+  float scale;
+  __device__ __forceinline__ float fwd(float x) const { return x * scale; }
+  __device__ __forceinline__ float bwd(float, float dy) const { return dy * scale; }
+};
+
 struct Relu {
   static __device__ __forceinline__ float fwd(float x) { return fmaxf(x, 0.f); }
   static __device__ __forceinline__ float bwd(float x, float dy) { return x > 0.f ? dy : 0.f; }
@@ -28,6 +36,11 @@ struct Silu {
     const float s = sigmoid(x);
     return dy * (s + x * s * (1.f - s));
   }
+};
+
+struct Srelu {  // squared ReLU
+  static __device__ __forceinline__ float fwd(float x) { return x > 0.f ? x * x : 0.f; }
+  static __device__ __forceinline__ float bwd(float x, float dy) { return dy * fmaxf(2.f * x, 0.f); }
 };
 
 // act(a) * b with the activation's own derivative; a is the gate (first half of the row).
@@ -43,5 +56,21 @@ struct Glu {
 // Named structs (not aliases) so kernels and forward declarations can spell fg::SwiGLU as a type.
 struct SwiGLU : Glu<Silu> {};
 struct GeGLU : Glu<Gelu> {};
+
+// GPT-OSS SwiGLU: the gate is clamped from above, the linear half on both sides and offset;
+// each clamp passes no gradient where it is active (TE: zero where a > limit, |b| > limit).
+struct ClampedSwiGLU {
+  float limit, alpha, offset;
+  __device__ __forceinline__ float fwd(float a, float b) const {
+    const float g = fminf(a, limit);
+    return g * sigmoid(alpha * g) * (fminf(fmaxf(b, -limit), limit) + offset);
+  }
+  __device__ __forceinline__ void bwd(float a, float b, float dy, float& da, float& db) const {
+    const float g = fminf(a, limit), s = sigmoid(alpha * g);
+    const float linear = fminf(fmaxf(b, -limit), limit) + offset;
+    da = a > limit ? 0.f : dy * linear * (s + alpha * g * s * (1.f - s));
+    db = fabsf(b) > limit ? 0.f : dy * g * s;
+  }
+};
 
 }  // namespace fg

@@ -1,0 +1,148 @@
+"""The build cache: a kernel binary is reused only when its source, the headers it includes
+(transitively), the NVRTC version and options, and the binary itself all match the previous
+MANIFEST.json, so an edit to one header recompiles only the kernels that include it."""
+
+import json
+import shutil
+import textwrap
+
+import pytest
+
+from generator import build, output
+
+SPEC = textwrap.dedent("""\
+    from generator.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInput, MakeExtraOutput
+    block = Sequential(AddExtraInput(), MakeExtraOutput(), RMSNorm(64), Linear(64, 128), GELU())
+""")
+# What each kernel family's source includes, directly or through another header.
+FAMILY_HEADERS = {"norm": {"norm.cuh", "common.cuh"}, "column_sum": {"column_sum.cuh", "common.cuh"},
+                  "elementwise": {"activations.cuh", "common.cuh"}}
+
+
+def family(symbol):
+    if "norm_" in symbol:
+        return "norm"
+    return "column_sum" if symbol.startswith("column_sum_") else "elementwise"
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A written package built from a copy of templates/cuda (which the test may edit), and the
+    (symbol, target) of every binary each later build_package compiles."""
+    headers = tmp_path / "cuda"
+    shutil.copytree(build.CUDA_HEADERS, headers)
+    monkeypatch.setattr(build, "CUDA_HEADERS", headers)
+    spec = tmp_path / "small.py"
+    spec.write_text(SPEC)
+    config = build.Config((spec,), tmp_path / "out", archs=("sm_90",), dtypes=("float32",), root=tmp_path)
+    output.write_package(build.build_package(config), config.out)
+
+    compiled = []
+    run_compiles = build.run_compiles
+
+    def counting(jobs, progress):  # jobs run in worker processes: count them here, in the parent
+        compiled.extend((symbol, target) for symbol, _, target in jobs)
+        return run_compiles(jobs, progress)
+
+    monkeypatch.setattr(build, "run_compiles", counting)
+    return config, headers, compiled
+
+
+def kernels_of(files):
+    return json.loads(files[output.MANIFEST])["kernels"]
+
+
+def test_manifest_records_each_kernels_own_headers(package):
+    config, headers, _ = package
+    manifest = json.loads((config.out / output.MANIFEST).read_text())
+    assert "cuda_headers" not in manifest  # no global digest: each kernel records its own
+    assert {family(s) for s in manifest["kernels"]} == set(FAMILY_HEADERS)
+    for symbol, entry in manifest["kernels"].items():
+        assert set(entry["headers"]) == FAMILY_HEADERS[family(symbol)], symbol
+        for name, digest in entry["headers"].items():
+            assert digest == build.sha256((headers / name).read_bytes())
+    # the headers still ship beside the sources, so they rebuild as they stand
+    assert {p.name for p in (config.out / "kernels").glob("*.cuh")} == {p.name for p in headers.glob("*.cuh")}
+
+
+def test_nothing_changed_compiles_nothing(package):
+    config, _, compiled = package
+    files = build.build_package(config)
+    assert compiled == []
+    assert output.stale_files(files, config.out) == []
+
+
+@pytest.mark.parametrize("header,families", [
+    ("activations.cuh", {"elementwise"}),
+    ("norm.cuh", {"norm"}),
+    ("column_sum.cuh", {"column_sum"}),
+    ("common.cuh", {"norm", "column_sum", "elementwise"}),  # included by every other header
+])
+def test_a_header_edit_recompiles_only_the_kernels_that_include_it(package, header, families):
+    config, headers, compiled = package
+    before = kernels_of({output.MANIFEST: (config.out / output.MANIFEST).read_bytes()})
+    with open(headers / header, "a") as f:
+        f.write("// an edit\n")
+
+    files = build.build_package(config)
+    after = kernels_of(files)
+    expected = {(s, "sm_90") for s in after if family(s) in families}
+    assert expected and sorted(compiled) == sorted(expected)
+    for symbol, entry in after.items():  # the new digest is recorded where the header is included
+        changed = {n for n in entry["headers"] if entry["headers"][n] != before[symbol]["headers"][n]}
+        assert changed == ({header} if family(symbol) in families else set()), symbol
+
+    compiled.clear()
+    assert build.build_package(config, reuse=False) == files  # reusing gives a from-scratch build's bytes
+    assert len(compiled) == len(after)
+    output.write_package(files, config.out)
+    compiled.clear()
+    build.build_package(config)
+    assert compiled == []  # and the next build reuses everything again
+
+
+def test_a_binary_is_reused_only_if_its_record_matches(package):
+    config, _, compiled = package
+    manifest = json.loads((config.out / output.MANIFEST).read_text())
+    norm = next(s for s in manifest["kernels"] if s.startswith("add_rmsnorm_fwd"))
+    gelu = next(s for s in manifest["kernels"] if s.startswith("gelu_fwd"))
+    column_sum = next(s for s in manifest["kernels"] if s.startswith("column_sum_"))
+    manifest["kernels"][norm]["headers"]["norm.cuh"] = "0" * 64  # as if compiled from another norm.cuh
+    del manifest["kernels"][gelu]["headers"]  # a manifest from before per-kernel headers
+    manifest["kernels"][column_sum]["binaries"]["sm_90"]["nvrtc"] = "12.9"
+    (config.out / output.MANIFEST).write_text(json.dumps(manifest))
+    build.build_package(config)
+    assert sorted(compiled) == sorted([(norm, "sm_90"), (gelu, "sm_90"), (column_sum, "sm_90")])
+
+
+def test_includes_are_followed_through_headers(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "CUDA_HEADERS", tmp_path)
+    (tmp_path / "a.cuh").write_text('#pragma once\n  #  include "b.cuh"\n#include <cuda_fp16.h>\n')
+    (tmp_path / "b.cuh").write_text("#pragma once\n#include <a.cuh>\n")  # NVRTC finds <a.cuh> in templates/cuda too
+    (tmp_path / "unused.cuh").write_text("#pragma once\n")
+    digests = build.included_headers('#include "a.cuh"\n// #include "unused.cuh"\n', "kernels/k.cu")
+    assert digests == {name: build.sha256((tmp_path / name).read_bytes()) for name in ("a.cuh", "b.cuh")}
+    assert list(digests) == sorted(digests)
+
+
+@pytest.mark.parametrize("source,where", [
+    ('#include "missing.cuh"\n', "kernels/k.cu"),
+    ('#include "a.cuh"\n', "templates/cuda/a.cuh"),
+])
+def test_a_missing_header_is_a_clear_error(tmp_path, monkeypatch, source, where):
+    monkeypatch.setattr(build, "CUDA_HEADERS", tmp_path)
+    (tmp_path / "a.cuh").write_text('#include "missing.cuh"\n')
+    with pytest.raises(AssertionError, match=f'{where} includes "missing.cuh", which is not a header in templates/cuda/'):
+        build.included_headers(source, "kernels/k.cu")
+
+
+def test_the_edited_copy_is_what_nvrtc_compiles(package):
+    """The harness itself: the compiles (in worker processes) read the monkeypatched folder."""
+    from generator.nvrtc import NvrtcError
+
+    config, headers, compiled = package
+    with open(headers / "norm.cuh", "a") as f:
+        f.write("#error the edited copy\n")
+    with pytest.raises(NvrtcError, match="the edited copy"):
+        build.build_package(config)
+    assert compiled and all(family(s) == "norm" for s, _ in compiled)

@@ -1,0 +1,108 @@
+"""Kernel names: readable and unchanged up to MAX_KERNEL_NAME characters, cut past it to a prefix
+of the op chain + "x" + a hash of the full name + direction and size; the full name is kept in the
+.cu header comment and MANIFEST.json. Norm backward names carry no eps (the kernel never reads it)."""
+
+import hashlib
+import json
+import textwrap
+
+import pytest
+
+from generator import build, output
+from generator import kernels as kn
+
+RUN = ["Bias(64)", "GELU()", "ConstantScale(0.5)", "SiLU()"] * 10  # 40 elementwise ops
+
+
+def write_spec(tmp_path, body):
+    spec = tmp_path / "spec.py"
+    spec.write_text("from generator.eager import (Sequential, Bias, GELU, ConstantScale, SiLU, RMSNorm, LayerNorm,\n"
+                    "                             AddExtraInput, MakeExtraOutput)\n" + textwrap.dedent(body))
+    return spec
+
+
+def kernel_specs(spec, tmp_path):
+    config = build.Config((spec,), tmp_path / "out", archs=(), dtypes=("float32",), root=tmp_path)
+    return build.collect_kernels(build.load_plans(config))
+
+
+def test_a_short_name_is_the_full_name():
+    assert kn.kernel_name("rmsnorm", "fwd_h64") == ("rmsnorm_fwd_h64", "rmsnorm_fwd_h64")
+    assert kn.kernel_name("layernorm_zc", "bwd_h768", "add_dresidual")[0] == "layernorm_zc_bwd_h768_add_dresidual"
+    chain = "a" * (kn.MAX_KERNEL_NAME - len("_fwd_n64"))
+    assert kn.kernel_name(chain, "fwd_n64")[0] == f"{chain}_fwd_n64"  # exactly at the bound: not cut
+
+
+def test_a_long_name_is_cut_at_an_underscore_with_a_hash_of_the_full_name():
+    chain = "_".join(["bias", "gelu", "scale0p5", "silu"] * 10)
+    name, full = kn.kernel_name(chain, "bwd_n64", "from_bias")
+    assert full == f"{chain}_bwd_n64_from_bias"
+    digest = hashlib.sha256(full.encode()).hexdigest()[:kn.NAME_HASH_CHARS]
+    assert name == f"bias_gelu_scale0p5_x{digest}_bwd_n64_from_bias"
+    assert len(name) <= kn.MAX_KERNEL_NAME and (chain + "_").startswith(name.split("_x")[0] + "_")
+    assert kn.kernel_name(chain, "bwd_n64", "from_bias") == (name, full)  # stable
+    assert kn.kernel_name(chain + "_relu", "bwd_n64", "from_bias")[0] != name  # a different run, a different name
+    assert kn.kernel_name(chain, "fwd_n64")[0].endswith("_fwd_n64")
+
+
+def test_a_qualifier_that_leaves_no_room_goes_into_the_hash_only():
+    tag = "scale1p2345678901234567em05"  # the longest kind of op tag: a float constant
+    name, full = kn.kernel_name("_".join([tag] * 3), "bwd_n16777216", f"from_{tag}")
+    assert len(name) <= kn.MAX_KERNEL_NAME and name.startswith("x") and name.endswith("_bwd_n16777216")
+    assert full.endswith(f"_bwd_n16777216_from_{tag}")
+
+
+def test_a_long_elementwise_run_generates_with_bounded_file_names(tmp_path):
+    spec = write_spec(tmp_path, f"""\
+        long_run = Sequential({", ".join(RUN)})
+        norm = Sequential(RMSNorm(64))
+    """)
+    config = build.Config((spec,), tmp_path / "out", archs=("sm_90",), dtypes=("float32",), root=tmp_path)
+    files = build.build_package(config)
+    output.write_package(files, config.out)
+    manifest = json.loads(files[output.MANIFEST])
+    bound = len("kernels/") + kn.MAX_KERNEL_NAME + len("_fp32") + len(".compute_80.ptx")
+    assert all(len(rel) <= bound for rel in files if rel.startswith("kernels/")), max(files, key=len)
+
+    chain = "_".join(["bias_gelu_scale0p5_silu"] * 10)
+    cut = {entry["full_name"]: symbol for symbol, entry in manifest["kernels"].items() if entry["full_name"] != symbol}
+    assert set(cut) == {f"{chain}_fwd_n64_fp32", f"{chain}_bwd_n64_from_bias_fp32"}
+    for full, symbol in cut.items():
+        assert symbol.startswith("bias_gelu_scale0p5_") and symbol.endswith(full[len(chain):])
+        source = files[f"kernels/{symbol}.cu"].decode()
+        assert f"// full name: {full}\n" in source.split("#include")[0]  # in the header comment
+        assert manifest["kernels"][symbol]["specialisation"].startswith(
+            "Bias(64), GELU(), ConstantScale(0.5), SiLU(), Bias(64)")
+        assert f"def {symbol[:-len('_fp32')]}(" in files["_kernels.py"].decode()
+    # short names are unchanged, and their header comment has no "full name" line
+    assert manifest["kernels"]["rmsnorm_fwd_h64_fp32"]["full_name"] == "rmsnorm_fwd_h64_fp32"
+    assert "full name" not in files["kernels/rmsnorm_fwd_h64_fp32.cu"].decode()
+    assert {"rmsnorm_fwd_h64_fp32", "rmsnorm_bwd_h64_fp32", "column_sum_n64_fp32", "column_sum_n640_fp32"} < set(
+        manifest["kernels"])
+
+
+def test_two_kernels_with_one_cut_name_are_an_error(tmp_path, monkeypatch):
+    spec = write_spec(tmp_path, f"""\
+        first = Sequential({", ".join(RUN)})
+        second = Sequential({", ".join(RUN[:-1] + ["GELU()"])})
+    """)
+    assert len(kernel_specs(spec, tmp_path)[0]) == 5  # two fwd, two bwd, one column sum
+    monkeypatch.setattr(kn, "NAME_HASH_CHARS", 0)  # as if the two full names' hashes collided
+    with pytest.raises(AssertionError, match="two different kernels are both named bias_gelu_scale0p5_silu_"):
+        kernel_specs(spec, tmp_path)
+
+
+def test_norm_backward_names_carry_no_eps(tmp_path):
+    spec = write_spec(tmp_path, """\
+        plain = Sequential(LayerNorm(64))
+        eps = Sequential(LayerNorm(64, eps=1e-6))
+        res = Sequential(AddExtraInput(), MakeExtraOutput(), RMSNorm(64, eps=1e-3, zero_centered_gamma=True))
+    """)
+    unique, per_plan = kernel_specs(spec, tmp_path)
+    names = {plan: [k.name for ks in stages.values() for k in ks] for plan, stages in per_plan.items()}
+    assert names["plain"] == ["layernorm_fwd_h64", "layernorm_bwd_h64", "column_sum_n128"]
+    assert names["eps"] == ["layernorm_eps1em06_fwd_h64", "layernorm_bwd_h64", "column_sum_n128"]  # one shared bwd
+    assert names["res"] == ["add_rmsnorm_zc_eps0p001_fwd_h64", "rmsnorm_zc_bwd_h64_add_dresidual", "column_sum_n64"]
+    assert unique["layernorm_bwd_h64"].summary == "LayerNorm(64) backward"
+    assert "eps" not in unique["rmsnorm_zc_bwd_h64_add_dresidual"].summary
+    assert "eps" not in dict(unique["layernorm_bwd_h64"].context)  # the kernel has no eps to differ in
