@@ -20,7 +20,6 @@ extern "C" __global__ void __launch_bounds__(128) bias_add_bwd_n4096_fp16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
-  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
   float dbias0a[VEC] = {};
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
