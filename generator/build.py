@@ -131,9 +131,9 @@ def included_headers(source: str, source_name: str) -> dict[str, str]:
     """{header: sha256} of every header of templates/cuda that ``source`` includes, transitively.
 
     These, with the source itself, are all the fusegen text a binary is compiled from, so they
-    are its cache key (with the NVRTC version and options, recorded per binary). NVRTC searches
-    templates/cuda first (compile_source's -I order) for both include forms, so any include of a
-    file found there is followed. An angle-bracket include found elsewhere (<cuda_bf16.h>,
+    are its cache key (with the NVRTC version and options, recorded per binary). NVRTC is given the
+    templates/cuda headers in memory (compile_source) and takes them first for both include forms,
+    so any include of a file found there is followed. An angle-bracket include found elsewhere (<cuda_bf16.h>,
     <cuda_fp16.h>) comes from the nvidia-cuda-runtime package pinned in pyproject.toml: the pin
     fixes those, and each binary's record (NVRTC version, options naming that include folder)
     stands for them. A quoted include not found in templates/cuda is a fusegen template bug."""
@@ -159,7 +159,7 @@ def _compile_one(job: tuple[str, str, str]) -> tuple[str, str, bytes]:
     from . import nvrtc
 
     symbol, source, target = job
-    binary = nvrtc.compile_source(source, f"kernels/{symbol}.cu", target, [CUDA_HEADERS, nvrtc.cuda_include_dir()])
+    binary = nvrtc.compile_source(source, f"kernels/{symbol}.cu", target, cuda_headers(), [nvrtc.cuda_include_dir()])
     return symbol, target, binary
 
 

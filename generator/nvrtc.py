@@ -22,8 +22,10 @@ except ImportError as _err:  # fusegen's own dependency: a broken install, not a
 
 RUNTIME_PACKAGE = "nvidia-cuda-runtime"
 LANGUAGE_OPTIONS = ("--std=c++17",)
-# What the real -I options stand for, in the order compile_source is given them by the build.
-RECORDED_INCLUDES = ("-I<templates/cuda>", f"-I<{RUNTIME_PACKAGE}>/include")
+# What the real -I option stands for. fusegen's own headers are not on an include path: they are
+# handed to NVRTC in memory (compile_source), which it prefers to any file, so a `common.cuh` or
+# `kernels/norm.cuh` in the working directory can never be compiled in their place.
+RECORDED_INCLUDES = (f"-I<{RUNTIME_PACKAGE}>/include",)
 
 
 class NvrtcError(ToolchainError):
@@ -98,13 +100,18 @@ def _compile(prog, source_name: str, target: str, include_dirs: list[Path]) -> b
     return _read(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN", source_name)
 
 
-def compile_source(source: str, source_name: str, target: str, include_dirs: list[Path]) -> bytes:
+def compile_source(source: str, source_name: str, target: str, headers: dict[str, str],
+                   include_dirs: list[Path]) -> bytes:
     """Compile one translation unit: cubin bytes for sm_XX targets, PTX text for compute_XX.
 
-    ``source_name`` is the relative name shown in messages (e.g. "kernels/x_bf16.cu")."""
+    ``source_name`` is the relative name shown in messages (e.g. "kernels/x_bf16.cu");
+    ``headers`` ({include name: text}) are given in memory; ``include_dirs`` serve the rest
+    (CUDA's own headers)."""
     if not (target.startswith("sm_") or target.startswith("compute_")):
         raise NvrtcError(f"{source_name}: unknown target {target!r}; expected sm_XY or compute_XY")
-    result, prog = nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), 0, [], [])
+    names = sorted(headers)
+    result, prog = nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), len(names),
+                                            [headers[n].encode() for n in names], [n.encode() for n in names])
     _check(result, "nvrtcCreateProgram", source_name)
     try:
         binary = _compile(prog, source_name, target, include_dirs)

@@ -146,3 +146,17 @@ def test_the_edited_copy_is_what_nvrtc_compiles(package):
     with pytest.raises(NvrtcError, match="the edited copy"):
         build.build_package(config)
     assert compiled and all(family(s) == "norm" for s, _ in compiled)
+
+
+def test_a_header_in_the_working_directory_is_never_compiled_instead(tmp_path, monkeypatch):
+    """fusegen's headers go to NVRTC in memory, which it prefers to files: a user's own
+    common.cuh (in the working directory or a kernels/ folder there) cannot replace them."""
+    from generator import nvrtc
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kernels").mkdir()
+    for path in (tmp_path / "common.cuh", tmp_path / "kernels" / "common.cuh"):
+        path.write_text('#error "the user\'s header was compiled"\n')
+    source = '#include "common.cuh"\nextern "C" __global__ void k(float* x) { x[0] = 1.f; }\n'
+    ptx = nvrtc.compile_source(source, "kernels/k.cu", "compute_80", build.cuda_headers(), [nvrtc.cuda_include_dir()])
+    assert b".entry k" in ptx
