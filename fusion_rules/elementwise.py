@@ -6,7 +6,7 @@ pass over memory. Backward: one kernel producing the run's input grad, with ever
 saved run input instead of being saved. A run holds at most one GLU (it halves the width).
 """
 
-from generator.catalog import ELEMENTWISE_KINDS
+from generator.ops import ELEMENTWISE_KINDS
 from generator.plan import BACKWARD, FORWARD, Rule
 
 

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import fusion_rules
 
-from . import emit
+from . import emit, ops
 from . import kernels as kn
 from .config import Config
 from .frontend import SequentialSpec, parse_spec_file
@@ -31,7 +31,6 @@ from .pipeline import build_pipeline
 from .plan import Plan, Rule, plan_pipeline
 from .progress import Progress
 
-GENERATOR_DIR = Path(__file__).resolve().parent
 CUDA_HEADERS = emit.TEMPLATES / "cuda"
 # `#include "name"` or `#include <name>` at the start of a line (the templates write no other form).
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*(?:"([^"\n]+)"|<([^>\n]+)>)', re.MULTILINE)
@@ -273,7 +272,7 @@ def build_package(config: Config, progress: Progress | None = None, reuse: bool 
                       geometry=geometry(s, config.dtypes), **kn.launcher_io(s)) for s in unique.values()]
     files["_kernels.py"] = env.get_template("kernels.py.j2").render(kernels=launchers)
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
-    files["_reference.py"] = (GENERATOR_DIR / "reference.py").read_text()
+    files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:
         ctx = emit.pipeline_context(plan, per_plan[plan.pipeline.name])
         files[f"{plan.pipeline.name}.py"] = env.get_template("pipeline.py.j2").render(**ctx)

@@ -1,9 +1,10 @@
-"""fusegen's eager reference ``Sequential``: the catalog's ops in plain, unfused PyTorch.
+"""fusegen's eager reference ``Sequential``: the registry's ops in plain, unfused PyTorch.
 
 A spec may import its ops from here instead of Transformer Engine; the same file then runs
 eagerly (``python specs/x.py``) without any generated code, and tests use these modules as the
-unfused oracle for state_dict layout and parameter initialisation. Gradients come from autograd
-through ``reference.py``'s forward math.
+unfused oracle for state_dict layout and parameter initialisation. Each op runs its OpDef's own
+reference forward (generator/ops, the functions shipped as the output's ``_reference.py``);
+gradients come from autograd through it.
 
     from generator.eager import Sequential, LayerNorm, Linear, GELU
     mlp = Sequential(LayerNorm(1024), Linear(1024, 4096), GELU(), Linear(4096, 1024))
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from . import reference as ref
-from .catalog import OPS, REQUIRED, OpDef, basic_ops
+from .ops import OPS, REQUIRED, OpDef, basic_ops
+from .ops.common import compute, init_parameter
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -42,7 +43,7 @@ def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
 
 
 class FusibleOp(torch.nn.Module):
-    """One catalog op (or container) with its parameters registered under TE's names."""
+    """One registered op (or container) with its parameters registered under TE's names."""
 
     op_name = ""
 
@@ -60,7 +61,7 @@ class FusibleOp(torch.nn.Module):
     def reset_parameters(self) -> None:
         for basic, basic_args in self.basic:
             for p in basic.params:
-                ref.init_parameter(getattr(self, p.name), p.init(basic_args))
+                init_parameter(getattr(self, p.name), p.init(basic_args))
 
     @property
     def num_extra_inputs(self) -> int:
@@ -70,25 +71,20 @@ class FusibleOp(torch.nn.Module):
         """Apply the basic ops in order; extra inputs are consumed, extra outputs appended."""
         extra_inputs = list(extra_inputs)
         for basic, a in self.basic:
-            if basic.kind == "linear":
-                x = ref.linear(x, self.weight)
-            elif basic.kind == "bias":
-                x = ref.bias(x, self.bias)
-            elif basic.kind == "norm":
+            forward = basic.reference[0]
+            if forward is None:  # identity
+                continue
+            params = [getattr(self, p.name) for p in basic.params]
+            if basic.kind == "norm":  # over 2-D rows, like the kernels; the statistics are dropped
                 shape = x.shape
-                x2 = x.reshape(-1, shape[-1])
-                if basic.name == "LayerNorm":
-                    y, _, _ = ref.layer_norm(x2, self.weight, self.bias, a["eps"], a["zero_centered_gamma"])
-                else:
-                    y, _ = ref.rms_norm(x2, self.weight, a["eps"], a["zero_centered_gamma"])
+                y, *_ = forward(x.reshape(-1, shape[-1]), *params, a["eps"], a["zero_centered_gamma"])
                 x = y.reshape(shape)
             elif basic.functor_form is not None:  # activations, GLUs, scales: fp32 math, like the kernels
-                x = getattr(ref, basic.reference[0])(ref.compute(x), *basic.device_args(a)).to(x.dtype)
-            elif basic.kind == "add_extra_input":
-                x = ref.add_extra_input(x, extra_inputs.pop(0))
-            elif basic.kind == "make_extra_output":
-                extra_outputs.append(ref.make_extra_output(x))
-            # identity: nothing to do
+                x = forward(compute(x), *basic.device_args(a)).to(x.dtype)
+            elif basic.extra_outputs:
+                extra_outputs.append(forward(x))
+            else:  # linear, bias, extra inputs: the input, then parameters and extra inputs
+                x = forward(x, *params, *(extra_inputs.pop(0) for _ in range(basic.extra_inputs)))
         return x
 
 
@@ -98,7 +94,7 @@ def _op_class(name: str) -> type:
     return type(name, (FusibleOp,), {"op_name": name, "__doc__": doc, "__module__": __name__})
 
 
-# One module class per catalog op (Linear, RMSNorm, GELU, ...): a new op needs no line here.
+# One module class per registered op (Linear, RMSNorm, GELU, ...): a new op needs no line here.
 globals().update({name: _op_class(name) for name in OPS})
 
 

@@ -1,7 +1,7 @@
 """The spec frontend: reads a spec file with libcst, never importing or running it.
 
 Every module-level ``NAME = Sequential(...)`` becomes a ``SequentialSpec``: the op calls in order,
-their arguments bound to the catalog's signatures (defaults filled in) and source locations for
+their arguments bound to the op registry's signatures (defaults filled in) and source locations for
 error messages. Spellings follow Transformer Engine (``te.ops.Linear``, ``from
 transformer_engine.pytorch.ops import Linear as L``) or fusegen's eager module (``generator.eager``).
 Arguments may be literals, module-level constants defined earlier, and arithmetic on them.
@@ -32,7 +32,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .catalog import OPS, REQUIRED, SEQUENTIAL, Arg, OpDef
+from .ops import OPS, REQUIRED, SEQUENTIAL, Arg, OpDef
 from .errors import Location, SpecError
 from .names import NameTable
 
@@ -66,7 +66,7 @@ MAX_OPS = 1000
 
 @dataclass(frozen=True)
 class OpCall:
-    op: str  # catalog name, aliases resolved
+    op: str  # registry name (ops.OPS), aliases resolved
     args: dict[str, object]  # every argument of the op by name, defaults filled in
     location: Location  # the call
     arg_locations: dict[str, Location]  # where each explicitly given argument is written
@@ -586,7 +586,7 @@ class _SpecReader:
         return OpCall(op.name, args, self.loc(call), where)
 
     def check_kind(self, op: OpDef, arg: Arg, node: cst.BaseExpression):
-        """Evaluate one argument and check it against the catalog's kind and check."""
+        """Evaluate one argument and check it against the op's declared kind and check."""
         what = f"argument '{arg.name}' of {op.name}"
         value = self.evaluate(node, what)
         got = f"got {type(value).__name__} {value!r}"

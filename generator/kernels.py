@@ -103,6 +103,7 @@ def norm_forward(stage: Stage) -> KernelSpec:
         name, "norm_fwd", ("residual add + " if residual else "") + norm.describe(),
         hidden=norm.in_features, align=norm.in_features, layernorm=norm.opdef.name == "LayerNorm",
         residual=residual, zero_centered_gamma=norm.args["zero_centered_gamma"], eps=norm.args["eps"],
+        reference=norm.opdef.reference_names,
     )
 
 
@@ -122,6 +123,7 @@ def norm_backward(stage: Stage) -> KernelSpec:
         hidden=norm.in_features, align=norm.in_features, layernorm=norm.opdef.name == "LayerNorm",
         add_dresidual=add_dresidual, zero_centered_gamma=norm.args["zero_centered_gamma"],
         grad_columns=norm.in_features * (2 if norm.opdef.name == "LayerNorm" else 1),
+        reference=norm.opdef.reference_names,
     )
 
 
@@ -139,7 +141,7 @@ def _step(stage: Stage, op: Op, glu: int | None, **extra) -> tuple[tuple[str, ob
     step = dict(kind=op.kind, index=op.index - stage.start, lanes=lanes, form=op.opdef.functor_form,
                 struct=op.opdef.device_struct, cuda_args=tuple(f"{float(c)!r}f" for c in constants),
                 python_args=tuple(repr(float(c)) for c in constants), label=op.describe(),
-                reference=op.opdef.reference, **extra)
+                reference=op.opdef.reference_names, **extra)
     return tuple(sorted(step.items()))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import names
-from .catalog import MAX_FEATURES, REQUIRED, OpDef, basic_ops
+from .ops import MAX_FEATURES, REQUIRED, OpDef, basic_ops
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
 
@@ -122,7 +122,7 @@ def _infer_features(spec: SequentialSpec, expanded: list[tuple[OpDef, dict, OpCa
         if sizes[i] is None and sizes[i + 1] is not None:
             op, args, call = expanded[i]
             sizes[i] = sizes[i + 1] * 2 if op.kind == "glu" else sizes[i + 1]
-            if sizes[i] > MAX_FEATURES:  # GLUs double the size backwards; the catalog bounds only given sizes
+            if sizes[i] > MAX_FEATURES:  # GLUs double the size backwards; the registry bounds only given sizes
                 raise SpecError(
                     f"{call.op}() would need {sizes[i]} input features to produce the {sizes[i + 1]} that "
                     f"follow it, more than fusegen's bound of {MAX_FEATURES} (2**24); give the pipeline "

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from generator.catalog import OPS
+from generator.ops import OPS
 from generator.errors import SpecError
 from generator.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
 from generator.pipeline import build_pipeline
@@ -564,7 +564,7 @@ def test_line_endings_and_warnings_do_not_matter(tmp_path):
     assert [s.name for s in parse_spec_file(path)] == ["m"]
 
 
-def test_catalog_checks_guard_the_eager_modules_too():
+def test_registry_checks_guard_the_eager_modules_too():
     from generator import eager
 
     with pytest.raises(ValueError, match="argument 'eps' of LayerNorm must be finite"):

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import fusion_rules
-from generator.catalog import OPS, REQUIRED
+from generator.ops import OPS, REQUIRED
 from generator.errors import SpecError
 from generator.frontend import parse_spec
 from generator.names import NameTable
@@ -76,7 +76,7 @@ def assert_both_outcomes(counts: Counter, total: int, at_least: float) -> None:
     assert counts["plans"] >= at_least * total and counts["error"] >= at_least * total, dict(counts)
 
 
-# --- random specs from the catalog --------------------------------------------------------------
+# --- random specs from the registry -------------------------------------------------------------
 
 HEADERS = [  # (import lines, prefix of every op call)
     ("import transformer_engine.pytorch as te\n", "te.ops."),
@@ -124,7 +124,7 @@ OPTIONAL = {"eps": ["1e-6", "1e-5", "0.001"], "zero_centered_gamma": ["True", "F
 
 
 def op_call(rng: random.Random, prefix: str, name: str, width: int, corrupt: float) -> tuple[str, int]:
-    """A call of catalog op ``name`` that fits input ``width``, and its output width; with
+    """A call of registered op ``name`` that fits input ``width``, and its output width; with
     probability ``corrupt`` per argument an edge value replaces the sane one."""
     op = OPS[name]
     out = width
@@ -188,7 +188,7 @@ def random_spec(rng: random.Random) -> str:
     return "".join(text)
 
 
-def test_random_specs_from_the_catalog():
+def test_random_specs_from_the_registry():
     rng = random.Random(10)
     total = 3000
     counts = run_all([[("spec.py", random_spec(rng))] for _ in range(total)], "random spec")

@@ -201,7 +201,6 @@ def test_cuda_graph_capture_and_replay_forward_backward():
     """A captured forward + backward replays on new inputs: the results match the float64
     reference, and two replays are bit-identical (our kernels are deterministic). cuBLAS may pick
     other GEMM algorithms under capture, so the eager run is not a bitwise oracle."""
-    import generated
 
     module = _module("prenorm_block", torch.bfloat16)
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -1,0 +1,62 @@
+"""The op registry: every operation a spec can name, one module per op family.
+
+An ``OpDef`` owns everything about its op, and every other stage reads it from ``OPS``: the
+frontend (constructor signatures and argument checks), the pipeline builder (feature-size rules,
+parameters), the planner (what kind of stage an op can join), the kernel specs (tag, device
+functor and its constants), fusegen's eager ``Sequential`` and the output's ``_reference.py``
+(the op's reference forward and backward, copied by source: ops/shipped.py).
+
+The compiler never imports torch, and it imports this package: op modules name torch through
+``from .lazy import torch``, imported when a reference function first runs.
+
+How to add an elementwise op (an op is one entry):
+  1. In its family module (activations.py, glu.py, ... or a new module, named in ``FAMILIES``
+     below where ``OPS`` should list it): the reference forward and backward as module-level
+     functions, fp32 math matching the kernel's, then one ``register(OpDef(...))`` naming them in
+     ``reference``, its ``tag``, its ``device_struct`` and, for arguments the kernel needs, its
+     ``args`` with checks and ``device_args``. The functions are shipped by source: they may read
+     only torch, math, ``compute`` and the functions the op ships (``reference_helpers``), which
+     ``register`` checks.
+  2. One functor in templates/cuda/activations.cuh, named by ``device_struct``: fwd/bwd taking
+     the constants as fields in ``device_args`` order.
+  3. Its tests: CPU and GPU against an independent float64 reference (tests/references.py,
+     tests/test_activation_ops.py); tests/test_ops_registry.py checks the entry's shape.
+Nothing else changes: templates, emit, planner and the eager module have no per-op code for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from . import shipped
+from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEATURES, OPS, REQUIRED, Arg,
+                    OpDef, Param, float_tag, register)
+
+# The family modules register their ops when imported, so this order is the order of OPS (and of
+# _reference.py); imported by name so that no import sorter can reorder them.
+FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
+    "linear", "bias", "norms", "activations", "glu", "scale", "extra_io", "identity"))
+
+# Spellings a spec may use for the pipeline container.
+SEQUENTIAL = "Sequential"
+
+ELEMENTWISE_KINDS = frozenset({"bias", "activation", "glu", "scale", "add_extra_input", "make_extra_output"})
+
+
+def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
+    """The basic ops a spec-level op stands for (``Linear`` is BasicLinear + Bias)."""
+    op = OPS[name]
+    if op.expand is None:
+        return [(op, args)]
+    return [(OPS[sub], sub_args) for sub, sub_args, _ in op.expand(args)]
+
+
+def reference_source() -> str:
+    """The text of the output package's ``_reference.py`` (plain code with ``import torch``)."""
+    return shipped.reference_source(OPS.values())
+
+
+__all__ = [
+    "ELEMENTWISE_KINDS", "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS",
+    "REQUIRED", "SEQUENTIAL", "Arg", "OpDef", "Param", "basic_ops", "float_tag", "reference_source", "register",
+]

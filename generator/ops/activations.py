@@ -1,0 +1,65 @@
+"""Unary activations: GELU (tanh approximation), ReLU, SiLU, SReLU (squared ReLU).
+
+Each is one ``OpDef`` naming its functor in templates/cuda/activations.cuh (fwd(x), bwd(x, dy))
+and its reference forward and backward here, which compute the same formulas in float32 (the
+constants are the kernel's float literals, written inline). The reference functions below are
+shipped by source into the output's ``_reference.py`` (ops/shipped.py): they may use only
+``torch``, ``math`` and other shipped functions.
+"""
+
+from .lazy import torch
+from .opdef import OpDef, register
+
+
+def gelu(x):
+    # 0.79788456 = sqrt(2 / pi), 0.03567741 = sqrt(2 / pi) * 0.044715 (as in fg::Gelu)
+    return x * (0.5 + 0.5 * torch.tanh(x * (0.79788456 + 0.03567741 * x * x)))
+
+
+def gelu_bwd(x, dy):
+    k0 = 0.79788456  # sqrt(2 / pi)
+    t = torch.tanh(k0 * x * (1 + 0.044715 * x * x))
+    return dy * (0.5 * x * (1 - t * t) * (k0 + 0.1070322243 * x * x) + 0.5 * (1 + t))
+
+
+def relu(x):
+    return torch.clamp_min(x, 0)
+
+
+def relu_bwd(x, dy):
+    return torch.where(x > 0, dy, torch.zeros_like(dy))
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def silu_bwd(x, dy):
+    s = torch.sigmoid(x)
+    return dy * (s + x * s * (1 - s))
+
+
+def srelu(x):
+    return torch.clamp_min(x, 0).square()
+
+
+def srelu_bwd(x, dy):
+    return dy * torch.clamp_min(2 * x, 0)
+
+
+register(OpDef(
+    "GELU", "activation", tag=lambda a: "gelu", device_struct="fg::Gelu",
+    reference=(gelu, gelu_bwd), summary="tanh-approximated GELU", needs_input_in_backward=True,
+))
+register(OpDef(
+    "ReLU", "activation", tag=lambda a: "relu", device_struct="fg::Relu",
+    reference=(relu, relu_bwd), summary="max(x, 0)", needs_input_in_backward=True,
+))
+register(OpDef(
+    "SiLU", "activation", tag=lambda a: "silu", device_struct="fg::Silu",
+    reference=(silu, silu_bwd), summary="x * sigmoid(x)", needs_input_in_backward=True,
+))
+register(OpDef(
+    "SReLU", "activation", tag=lambda a: "srelu", device_struct="fg::Srelu",
+    reference=(srelu, srelu_bwd), summary="relu(x)^2", needs_input_in_backward=True,
+))

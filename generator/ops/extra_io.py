@@ -1,0 +1,38 @@
+"""Extra inputs and outputs of a pipeline: AddExtraInput (y = x + r) and MakeExtraOutput (y = x,
+and x again as an extra output), TE's residual connections.
+
+Their backward is structural (the grad is handed on or added), so each has a forward reference
+only. The reference functions below are shipped by source into the output's ``_reference.py``
+(ops/shipped.py): they may use only ``torch``, ``math`` and other shipped functions.
+"""
+
+from .opdef import Arg, OpDef, register
+
+_IN_PLACE = Arg(
+    "in_place", "bool", False, keyword_only=True,
+    check=lambda v: "must be False: fusegen owns its buffers and never mutates the caller's tensors" if v else None,
+)
+
+
+def add_extra_input(x, r):
+    return x + r
+
+
+def make_extra_output(x):
+    return x
+
+
+register(OpDef(
+    "AddExtraInput", "add_extra_input",
+    args=(_IN_PLACE,),
+    tag=lambda a: "add",
+    reference=(add_extra_input, None),
+    summary="y = x + r (r is an extra input)", extra_inputs=1, changes_grad=False,
+))
+register(OpDef(
+    "MakeExtraOutput", "make_extra_output",
+    args=(_IN_PLACE,),
+    tag=lambda a: "tee",
+    reference=(make_extra_output, None),
+    summary="y = x, and x again as an extra output", extra_outputs=1, changes_value=False,
+))

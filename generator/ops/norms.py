@@ -1,0 +1,90 @@
+"""Row normalisations: LayerNorm and RMSNorm over the last dim, statistics in float32.
+
+Their kernels are templates/cuda/norm.cuh (norm stages), not elementwise functors. The reference
+functions below are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they
+may use only ``torch``, ``math`` and other shipped functions (``compute``; ``_gamma`` is shipped as
+a reference helper).
+"""
+
+from .common import compute
+from .lazy import torch
+from .opdef import Arg, OpDef, Param, check_eps, check_norm_features, float_tag, register
+
+
+def _gamma(weight, zero_centered_gamma):
+    g = compute(weight)
+    return g + 1 if zero_centered_gamma else g
+
+
+def layer_norm(x, weight, b, eps, zero_centered_gamma):
+    """LayerNorm over the last dim of 2-D x: (y, mean, rstd), statistics in float32."""
+    xf = compute(x)
+    mean = xf.mean(-1)
+    rstd = torch.rsqrt(((xf - mean[:, None]) ** 2).mean(-1) + eps)
+    y = (xf - mean[:, None]) * rstd[:, None] * _gamma(weight, zero_centered_gamma) + compute(b)
+    return y.to(x.dtype), mean, rstd
+
+
+def layer_norm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma):
+    """(dx, dweight, dbias) of layer_norm, dx in float32 math."""
+    xhat = (compute(x) - mean[:, None]) * rstd[:, None]
+    dyf = compute(dy)
+    g = dyf * _gamma(weight, zero_centered_gamma)
+    dx = rstd[:, None] * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    return dx, (dyf * xhat).sum(0), dyf.sum(0)
+
+
+def rms_norm(x, weight, eps, zero_centered_gamma):
+    """RMSNorm over the last dim of 2-D x: (y, rstd), rstd = rsqrt(mean(x^2) + eps)."""
+    xf = compute(x)
+    rstd = torch.rsqrt((xf * xf).mean(-1) + eps)
+    y = xf * rstd[:, None] * _gamma(weight, zero_centered_gamma)
+    return y.to(x.dtype), rstd
+
+
+def rms_norm_bwd(dy, x, rstd, weight, zero_centered_gamma):
+    """(dx, dweight) of rms_norm, dx in float32 math."""
+    xhat = compute(x) * rstd[:, None]
+    dyf = compute(dy)
+    g = dyf * _gamma(weight, zero_centered_gamma)
+    dx = rstd[:, None] * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    return dx, (dyf * xhat).sum(0)
+
+
+def _norm_tag(base: str, defaults_eps: float):
+    def tag(a: dict) -> str:
+        t = base
+        if a["zero_centered_gamma"]:
+            t += "_zc"
+        if a["eps"] != defaults_eps:
+            t += "_eps" + float_tag(a["eps"])
+        return t
+
+    return tag
+
+
+_EPS = Arg("eps", "float", 1e-5, keyword_only=True, check=check_eps)
+_ZCG = Arg("zero_centered_gamma", "bool", False, keyword_only=True)
+_GAMMA_INIT = lambda a: "zeros" if a["zero_centered_gamma"] else "ones"  # noqa: E731
+
+register(OpDef(
+    "LayerNorm", "norm",
+    args=(Arg("normalized_shape", "int", check=check_norm_features), _EPS, _ZCG),
+    params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),
+            Param("bias", lambda a: (a["normalized_shape"],), lambda a: "zeros")),
+    fixed_in=lambda a: a["normalized_shape"],
+    tag=_norm_tag("layernorm", 1e-5),
+    reference=(layer_norm, layer_norm_bwd), reference_helpers=(_gamma,),
+    summary="y = (x - mean) * rstd * gamma + beta",
+    needs_input_in_backward=True,
+))
+register(OpDef(
+    "RMSNorm", "norm",
+    args=(Arg("normalized_shape", "int", check=check_norm_features), _EPS, _ZCG),
+    params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),),
+    fixed_in=lambda a: a["normalized_shape"],
+    tag=_norm_tag("rmsnorm", 1e-5),
+    reference=(rms_norm, rms_norm_bwd), reference_helpers=(_gamma,),
+    summary="y = x * rsqrt(mean(x^2) + eps) * gamma",
+    needs_input_in_backward=True,
+))

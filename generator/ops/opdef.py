@@ -1,0 +1,173 @@
+"""What an op is: ``OpDef`` and its ``Arg``s and ``Param``s, the argument checks and limits the
+family modules share, and the registry table ``OPS`` that ``register`` fills.
+
+Semantics follow Transformer Engine's ``te.ops`` (see shared/reference/te_ops_catalog.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from . import shipped
+
+REQUIRED = object()  # marker: argument has no default
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One constructor argument. ``kind`` is one of int, float, bool."""
+
+    name: str
+    kind: str
+    default: object = REQUIRED
+    keyword_only: bool = False
+    check: Callable[[object], str | None] | None = None  # returns an error text, or None
+
+
+@dataclass(frozen=True)
+class Param:
+    """A trainable parameter of an op; ``shape`` maps the op's arguments to a shape."""
+
+    name: str
+    shape: Callable[[dict], tuple[int, ...]]
+    init: Callable[[dict], str]  # "ones" | "zeros" | "kaiming_uniform"
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """A fusible operation, as a spec names it.
+
+    kind -- what the planner sees: linear, bias, norm, activation, glu, scale,
+            add_extra_input, make_extra_output, identity. ``Linear`` has kind "container": it
+            expands to the basic ops listed in ``expand``.
+    features -- (in, out) feature rule: fixed_in(args) -> int | None, out(in) -> int.
+    tag -- the op's word in kernel names (may depend on arguments).
+    device_struct -- the functor in templates/cuda/activations.cuh with the op's fwd/bwd math; a
+                     fused kernel constructs it from ``device_args`` (compile-time constants).
+    device_args -- the op's constants, in the order the functor's fields and the reference
+                   functions' trailing parameters take them.
+    reference -- the op's reference math (forward, backward), functions of its family module;
+                 None where there is none (the backward of an op whose grad is the incoming one).
+                 They are shipped by source into the output's ``_reference.py`` and called there
+                 by name (``reference_names``).
+    reference_helpers -- further functions of the op modules that ``reference`` calls, shipped
+                         with it (``compute`` and ``init_parameter`` always are).
+    """
+
+    name: str
+    kind: str
+    args: tuple[Arg, ...] = ()
+    params: tuple[Param, ...] = ()
+    fixed_in: Callable[[dict], int | None] = lambda a: None
+    out_features: Callable[[dict, int], int] = lambda a, n: n
+    tag: Callable[[dict], str] = lambda a: ""
+    device_struct: str = ""
+    device_args: Callable[[dict], tuple[float, ...]] = lambda a: ()
+    reference: tuple[Callable | None, Callable | None] = (None, None)
+    reference_helpers: tuple[Callable, ...] = ()
+    summary: str = ""
+    expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
+    extra_inputs: int = 0
+    extra_outputs: int = 0
+    needs_input_in_backward: bool = False  # backward reads the forward input value
+    changes_value: bool = True  # forward output differs from input (identity-like ops don't)
+    changes_grad: bool = True  # backward grad differs from incoming grad
+
+    @property
+    def functor_form(self) -> str | None:
+        """How a fused elementwise kernel applies the op's functor: 'unary' (fwd(x), bwd(x, dy)),
+        'gate' (a GLU: fwd(a, b), bwd(a, b, dy, da, db)), or None (the op has no functor)."""
+        if not self.device_struct:
+            return None
+        return "gate" if self.kind == "glu" else "unary"
+
+    @property
+    def reference_names(self) -> tuple[str, str]:
+        """(forward, backward) names in ``_reference.py``; "" where the op has none."""
+        forward, backward = self.reference
+        return (forward.__name__ if forward else "", backward.__name__ if backward else "")
+
+    def signature(self) -> str:
+        parts, star = [], False
+        for a in self.args:
+            if a.keyword_only and not star:
+                parts.append("*")
+                star = True
+            parts.append(a.name if a.default is REQUIRED else f"{a.name}={a.default!r}")
+        return f"{self.name}({', '.join(parts)})"
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    """Add ``op`` to the registry; an op whose reference math could not be shipped (it reads a
+    module constant, a closure, a function it does not declare) is refused here, when defined."""
+    if op.name in OPS:
+        raise ValueError(f"op {op.name} is registered twice")
+    shipped.check_shippable(op, OPS.values())
+    OPS[op.name] = op
+    return op
+
+
+# --- limits and argument checks -----------------------------------------------------------------
+
+# Feature sizes a real model never reaches, so a typo (or 2**62) is an error here rather than a
+# failed allocation or an int32 overflow in a kernel later. LM heads, the widest layers, have about
+# 256k outputs; 2**24 leaves 64 times that.
+MAX_FEATURES = 2 ** 24
+# A norm kernel is specialised for its hidden size and holds the whole row in registers, hidden/512
+# values per thread (templates/cuda/norm.cuh, kernels.norm_threads). NVRTC 13 for sm_90: the
+# forward fits in registers up to 32768 and spills a little at 65536 (the backward, holding five
+# such arrays, spills from 16384); compiling takes ~1.5 s per kernel at 65536, ~4 s at 2**17 and
+# minutes at 10**6, growing faster than the size. The largest models' hidden sizes are below 32768.
+MAX_NORM_FEATURES = 2 ** 16
+# Float arguments reach the CUDA kernels as float32 literals: outside this range they become inf or 0.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MIN_NORMAL = 2.0 ** -126
+
+
+def _size(limit: int, why: str):
+    def check(v):
+        if v <= 0:
+            return "must be positive"
+        return None if v <= limit else f"must be at most {limit} (2**{limit.bit_length() - 1}), got {v}; {why}"
+
+    return check
+
+
+check_features = _size(MAX_FEATURES, "that is fusegen's bound on feature sizes, far above any model's")
+check_norm_features = _size(MAX_NORM_FEATURES, "a norm kernel keeps its whole row in registers, and wider rows "
+                            "spill to memory and compile for minutes")
+
+
+def check_finite(v):
+    if not math.isfinite(v):
+        return "must be finite"
+    if abs(v) > FLOAT32_MAX:
+        return (f"must be at most {FLOAT32_MAX:.7g} in magnitude (the kernels multiply in float32, where it would "
+                "be inf)")
+    return None
+
+
+def check_positive_finite(v):
+    return check_finite(v) or (None if v > 0 else "must be positive")
+
+
+def check_eps(v):
+    """eps is added to the variance in float32 kernels: positive, finite, and not lost in float32."""
+    if not math.isfinite(v):
+        return "must be finite"
+    if v <= 0:
+        return "must be positive"
+    if not FLOAT32_MIN_NORMAL <= v <= FLOAT32_MAX:
+        return (f"must be between {FLOAT32_MIN_NORMAL:.7g} and {FLOAT32_MAX:.7g} (the kernels add it in "
+                "float32, where it would become 0 or inf)")
+    return None
+
+
+def float_tag(v: float) -> str:
+    """A float as an identifier fragment: 0.5 -> 0p5, -2.0 -> m2p0, 1e-06 -> 1em06."""
+    return repr(float(v)).replace("-", "m").replace(".", "p").replace("+", "")
