@@ -73,7 +73,7 @@ def kernel_rows(rows, dtype):
 
 
 def pipeline_rows(rows, dtype):
-    from generator import eager
+    from fusegen import eager
 
     # the eager module equal to each spec, built from the generated module's own op list
     eager_modules = {

@@ -4,7 +4,7 @@ The kernel reads x and the residual, writes h = x + r (the residual stream: Make
 extra output, and the norm input saved for backward) and norm(h).
 """
 
-from generator.plan import FORWARD, Rule, pattern
+from fusegen.plan import FORWARD, Rule, pattern
 
 FORWARD_ADD_NORM = Rule(
     name="add_norm", pass_=FORWARD, stage="norm",

@@ -6,8 +6,8 @@ pass over memory. Backward: one kernel producing the run's input grad, with ever
 saved run input instead of being saved. A run holds at most one GLU (it halves the width).
 """
 
-from generator.ops import ELEMENTWISE_KINDS
-from generator.plan import BACKWARD, FORWARD, Rule
+from fusegen.ops import ELEMENTWISE_KINDS
+from fusegen.plan import BACKWARD, FORWARD, Rule
 
 
 def _run(ops):

@@ -1,7 +1,7 @@
 """Backward: MakeExtraOutput, BasicLinear → the dgrad GEMM accumulates into the extra output's
 gradient (beta=1), so the two gradients are never added by a separate kernel (TE: BackwardLinearAdd)."""
 
-from generator.plan import BACKWARD, Rule, pattern
+from fusegen.plan import BACKWARD, Rule, pattern
 
 BACKWARD_EXTRA_OUTPUT_LINEAR = Rule(
     name="extra_output_linear_backward", pass_=BACKWARD, stage="gemm",

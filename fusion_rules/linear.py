@@ -1,6 +1,6 @@
 """BasicLinear → cuBLAS GEMMs through torch: forward y = x W^T; backward dgrad dy W, wgrad dy^T x."""
 
-from generator.plan import BACKWARD, FORWARD, Rule, pattern
+from fusegen.plan import BACKWARD, FORWARD, Rule, pattern
 
 FORWARD_LINEAR = Rule(name="linear", pass_=FORWARD, stage="gemm", doc="GEMM", match=pattern("linear"))
 BACKWARD_LINEAR = Rule(

@@ -1,6 +1,6 @@
 """Forward: BasicLinear, Bias → one cuBLAS GEMM with the bias in its epilogue (torch.addmm)."""
 
-from generator.plan import FORWARD, Rule, pattern
+from fusegen.plan import FORWARD, Rule, pattern
 
 FORWARD_LINEAR_BIAS = Rule(
     name="linear_bias", pass_=FORWARD, stage="gemm",

@@ -1,7 +1,7 @@
 """LayerNorm | RMSNorm → a generated row-norm kernel (forward saves fp32 mean/rstd; backward
 computes dx with deterministic dgamma/dbeta partials, then one column-sum kernel)."""
 
-from generator.plan import BACKWARD, FORWARD, Rule, pattern
+from fusegen.plan import BACKWARD, FORWARD, Rule, pattern
 
 FORWARD_NORM = Rule(
     name="norm", pass_=FORWARD, stage="norm",

@@ -2,7 +2,7 @@
 extra output's gradient (the residual stream's grad) into dx; AddExtraInput's residual gets that
 same dx, so neither needs a kernel of its own (TE: BackwardAddRMSNorm, here for LayerNorm too)."""
 
-from generator.plan import BACKWARD, Rule, pattern
+from fusegen.plan import BACKWARD, Rule, pattern
 
 _prefix_norm = pattern("add_extra_input?", "make_extra_output?", "norm")
 

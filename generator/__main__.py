@@ -1,4 +1,4 @@
-"""``python -m generator`` is the ``fusegen`` command."""
+"""``python -m fusegen`` is the ``fusegen`` command."""
 
 import sys
 

@@ -19,9 +19,7 @@ import signal
 from pathlib import Path
 from typing import Iterable, Sequence
 
-import fusion_rules
-
-from . import emit, ops
+from . import emit, fusion_rules, ops
 from . import kernels as kn
 from .config import Config
 from .frontend import SequentialSpec, parse_spec_file

@@ -1,4 +1,4 @@
-"""The ``fusegen`` command line (also ``python -m generator``).
+"""The ``fusegen`` command line (also ``python -m fusegen``).
 
     fusegen generate            compile the specs named in [tool.fusegen] of the nearest pyproject.toml
     fusegen generate a.py b.py --out pkg/generated

@@ -6,7 +6,7 @@ unfused oracle for state_dict layout and parameter initialisation. Each op runs 
 reference forward (generator/ops, the functions shipped as the output's ``_reference.py``);
 gradients come from autograd through it.
 
-    from generator.eager import Sequential, LayerNorm, Linear, GELU
+    from fusegen.eager import Sequential, LayerNorm, Linear, GELU
     mlp = Sequential(LayerNorm(1024), Linear(1024, 4096), GELU(), Linear(4096, 1024))
     y = mlp(torch.randn(8, 1024))
 """

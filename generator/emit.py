@@ -8,6 +8,7 @@ change to a spec or a rule shows up as a readable diff.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,14 @@ from . import kernels as kn
 from .pipeline import Op, Pipeline
 from .plan import Plan, Stage
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+def _templates_dir() -> Path:
+    """templates/ as installed: the folder fusegen.templates maps to (beside generator/ in a
+    checkout installed in editable mode, fusegen/templates in a wheel)."""
+    spec = importlib.util.find_spec(f"{__package__}.templates")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+TEMPLATES = _templates_dir()
 TORCH_DTYPES = {"bfloat16": "torch.bfloat16", "float16": "torch.float16", "float32": "torch.float32"}
 
 

@@ -3,7 +3,7 @@
 Every module-level ``NAME = Sequential(...)`` becomes a ``SequentialSpec``: the op calls in order,
 their arguments bound to the op registry's signatures (defaults filled in) and source locations for
 error messages. Spellings follow Transformer Engine (``te.ops.Linear``, ``from
-transformer_engine.pytorch.ops import Linear as L``) or fusegen's eager module (``generator.eager``).
+transformer_engine.pytorch.ops import Linear as L``) or fusegen's eager module (``fusegen.eager``).
 Arguments may be literals, module-level constants defined earlier, and arithmetic on them.
 
 The file is read top to bottom like Python would run it, so a constant means the value of its
@@ -36,7 +36,7 @@ from .ops import OPS, REQUIRED, SEQUENTIAL, Arg, OpDef
 from .errors import Location, SpecError
 from .names import NameTable
 
-OP_MODULES = ("transformer_engine.pytorch.ops", "generator.eager")
+OP_MODULES = ("transformer_engine.pytorch.ops", "fusegen.eager")
 
 _BINARY = {
     cst.Add: operator.add, cst.Subtract: operator.sub, cst.Multiply: operator.mul,

@@ -5,7 +5,7 @@ run with a bias the GEMM cannot take, ConstantScale, GELU, an extra output and a
 mid-run, SiLU, Identity, GEGLU halving the width, another residual and SiLU; a GEMM without bias;
 RMSNorm and SwiGLU."""
 
-from generator.eager import (
+from fusegen.eager import (
     AddExtraInput,
     BasicLinear,
     Bias,

@@ -1,6 +1,6 @@
 """GPT-2's MLP block (hidden 1024, as GPT-2 medium): LayerNorm, Linear, GELU (tanh), Linear."""
 
-from generator.eager import GELU, LayerNorm, Linear, Sequential
+from fusegen.eager import GELU, LayerNorm, Linear, Sequential
 
 HIDDEN = 1024
 

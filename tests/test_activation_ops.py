@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import references as R
-from generator import build, eager, output
+from fusegen import build, eager, output
 
 SPEC = textwrap.dedent("""\
-    from generator.eager import Sequential, Bias, ClampedSwiGLU, SReLU, ConstantScale
+    from fusegen.eager import Sequential, Bias, ClampedSwiGLU, SReLU, ConstantScale
     clamped = Sequential(Bias(32), ClampedSwiGLU(limit=1.5, alpha=1.25, glu_linear_offset=0.5))
     clamped_default = Sequential(Bias(32), ClampedSwiGLU())
     squared = Sequential(Bias(16), ConstantScale(-0.75), SReLU(), ConstantScale(2.0))

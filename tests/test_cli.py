@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from generator import build, cli, output, progress
-from generator import nvrtc
+from fusegen import build, cli, output, progress
+from fusegen import nvrtc
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = "from generator.eager import Sequential, RMSNorm, GELU\nblock = Sequential(RMSNorm(64), GELU())\n"
+SPEC = "from fusegen.eager import Sequential, RMSNorm, GELU\nblock = Sequential(RMSNorm(64), GELU())\n"
 
 
 def run(capsys, *args):
@@ -167,22 +167,22 @@ def subprocess_env():
 
 
 def test_version_and_python_m(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "generator", "--version"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "fusegen", "--version"], capture_output=True, text=True,
                             env=subprocess_env(), cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.strip() == f"fusegen {cli.version()}"
     (tmp_path / "spec.py").write_text(SPEC.replace("GELU()", "GELU(3)"))
-    result = subprocess.run([sys.executable, "-m", "generator", "plan", "spec.py"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "fusegen", "plan", "spec.py"], capture_output=True, text=True,
                             env=subprocess_env(), cwd=tmp_path)
     assert result.returncode == 2 and "spec.py:2:" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path):
     (tmp_path / "spec.py").write_text(textwrap.dedent("""\
-        from generator.eager import Sequential, RMSNorm, LayerNorm, GELU, SiLU, ReLU, SwiGLU, Bias
+        from fusegen.eager import Sequential, RMSNorm, LayerNorm, GELU, SiLU, ReLU, SwiGLU, Bias
         a = Sequential(RMSNorm(4096), GELU(), Bias(4096), SiLU())
         b = Sequential(LayerNorm(2048), ReLU(), SwiGLU(), Bias(1024))
     """))
-    command = [sys.executable, "-m", "generator", "generate", "spec.py", "--out", "fused"]
+    command = [sys.executable, "-m", "fusegen", "generate", "spec.py", "--out", "fused"]
     # A new session, signalled as a group: like a terminal's Ctrl-C, it reaches the workers too.
     proc = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -209,14 +209,14 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path):
     ("m = Sequential(RMSNorm(8))\nx = " + "[" * 200 + "]" * 200, "nested too deeply"),
 ])
 def test_spec_mistakes_from_the_issue_are_located_messages(tmp_path, spec, capsys, body, message):
-    (tmp_path / "spec.py").write_text("from generator.eager import Sequential, RMSNorm, GELU\n" + body + "\n")
+    (tmp_path / "spec.py").write_text("from fusegen.eager import Sequential, RMSNorm, GELU\n" + body + "\n")
     code, err = run(capsys, *GENERATE)
     assert code == 2 and err.startswith("spec.py:") and message in err, err
     assert not Path("fused").exists()
 
 
 def test_an_op_no_rule_covers_is_a_located_message(spec, capsys, monkeypatch):
-    import fusion_rules
+    from fusegen import fusion_rules
 
     monkeypatch.setattr(fusion_rules, "FORWARD_RULES", fusion_rules.FORWARD_RULES[:-1])  # no elementwise rule
     code, err = run(capsys, "plan", "spec.py")

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from generator.config import fusegen_table, load_config, split_list
-from generator.errors import UsageError
+from fusegen.config import fusegen_table, load_config, split_list
+from fusegen.errors import UsageError
 
 SUPPORTED = (75, 80, 86, 89, 90, 100, 120)
-SPEC = "from generator.eager import Sequential, GELU, Bias\nm = Sequential(Bias(8), GELU())\n"
+SPEC = "from fusegen.eager import Sequential, GELU, Bias\nm = Sequential(Bias(8), GELU())\n"
 
 
 def project(tmp_path, table: str) -> Path:

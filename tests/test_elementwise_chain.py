@@ -8,10 +8,10 @@ import textwrap
 
 import torch
 
-from generator import build, eager, output
+from fusegen import build, eager, output
 
 SPEC = textwrap.dedent("""\
-    from generator.eager import (AddExtraInput, Bias, ConstantScale, GELU, GEGLU, LayerNorm,
+    from fusegen.eager import (AddExtraInput, Bias, ConstantScale, GELU, GEGLU, LayerNorm,
                                  MakeExtraOutput, Sequential, SiLU, ReLU)
     H = 64
     chain = Sequential(

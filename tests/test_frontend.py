@@ -4,12 +4,12 @@ import textwrap
 
 import pytest
 
-from generator.ops import OPS
-from generator.errors import SpecError
-from generator.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
-from generator.pipeline import build_pipeline
+from fusegen.ops import OPS
+from fusegen.errors import SpecError
+from fusegen.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
+from fusegen.pipeline import build_pipeline
 
-EAGER = "from generator.eager import Sequential, Linear, LayerNorm, GELU, ConstantScale, AddExtraInput\n"
+EAGER = "from fusegen.eager import Sequential, Linear, LayerNorm, GELU, ConstantScale, AddExtraInput\n"
 KNOWN = "known ops: " + ", ".join(sorted(OPS))
 
 
@@ -66,15 +66,15 @@ def assert_points_at(err: SpecError, source: str, line: int, col: int, at: str) 
     m = Seq(L(8, 4), GELU())
     """,
     """
-    from generator.eager import Sequential, Linear, GELU
+    from fusegen.eager import Sequential, Linear, GELU
     m = Sequential(Linear(8, 4), GELU())
     """,
     """
-    import generator.eager as fg
+    import fusegen.eager as fg
     m = fg.Sequential(fg.Linear(in_features=8, out_features=4), fg.GELU())
     """,
     """
-    from generator import eager
+    from fusegen import eager
     m = eager.Sequential(eager.Linear(8, 4, bias=True), eager.GELU())
     """,
     """
@@ -109,7 +109,7 @@ def test_non_op_statements_are_ignored_and_pipelines_keep_file_order():
     specs = parse('''
         """A docstring."""
         import torch
-        from generator.eager import Sequential, Linear, AddExtraInput
+        from fusegen.eager import Sequential, Linear, AddExtraInput
 
         def helper(x):
             return torch.relu(x)  # function bodies are not run
@@ -130,7 +130,7 @@ def test_non_op_statements_are_ignored_and_pipelines_keep_file_order():
 
 def test_constants_arithmetic_defaults_and_order():
     (spec,) = parse("""
-        from generator.eager import Sequential, LayerNorm, Linear, ConstantScale
+        from fusegen.eager import Sequential, LayerNorm, Linear, ConstantScale
         H = 1_024
         H = H * 2          # a later assignment wins for later uses
         F: int = 4 * H     # annotated
@@ -148,7 +148,7 @@ def test_constants_arithmetic_defaults_and_order():
 
 def test_reassignment_applies_only_to_later_pipelines():
     first, second = parse("""
-        from generator.eager import Sequential, Linear
+        from fusegen.eager import Sequential, Linear
         H = 8
         first = Sequential(Linear(H, H))
         H = 16
@@ -161,7 +161,7 @@ def test_reassignment_applies_only_to_later_pipelines():
 
 def test_value_kinds_literals_and_operators():
     (spec,) = parse("""
-        from generator.eager import Sequential, Linear, LayerNorm, ConstantScale
+        from fusegen.eager import Sequential, Linear, LayerNorm, ConstantScale
         USE_BIAS = False
         A = 0x10 + 0b1 + 0o7 - 8   # 16
         m = Sequential(
@@ -183,7 +183,7 @@ def test_value_kinds_literals_and_operators():
 
 def test_defaults_filled_and_keyword_only_by_name():
     (spec,) = parse("""
-        from generator.eager import Sequential, RMSNorm, LayerNorm, MakeExtraOutput, Identity
+        from fusegen.eager import Sequential, RMSNorm, LayerNorm, MakeExtraOutput, Identity
         m = Sequential(RMSNorm(8), LayerNorm(normalized_shape=8, zero_centered_gamma=True), MakeExtraOutput(), Identity())
     """)
     assert ops(spec) == [
@@ -217,12 +217,12 @@ ERRORS = [
      2, 23, "te.ops.Foo", f"unknown op 'te.ops.Foo'; {KNOWN}"),
     ("import torch\nimport transformer_engine.pytorch as te\nm = te.ops.Sequential(torch.nn.Linear(4, 4))\n",
      3, 23, "torch.nn.Linear", "unknown op 'torch.nn.Linear' (it is torch.nn.Linear, not an op of "
-                               f"transformer_engine.pytorch.ops or generator.eager); {KNOWN}"),
+                               f"transformer_engine.pytorch.ops or fusegen.eager); {KNOWN}"),
     ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.Linear(4, 4))\n",
      2, 23, "te.Linear", "unknown op 'te.Linear' (it is transformer_engine.pytorch.Linear, not an op of"),
     (EAGER + "m = Sequential(RMSNorm(4))\n",
      2, 16, "RMSNorm", "unknown op 'RMSNorm' ('RMSNorm' is not imported from transformer_engine.pytorch.ops or "
-                       f"generator.eager); {KNOWN}"),
+                       f"fusegen.eager); {KNOWN}"),
     (EAGER + "m = Sequential(Linear(4))\n",
      2, 16, "Linear(4)",
      "Linear() missing required argument 'out_features'; signature: Linear(in_features, out_features, *, bias=True)"),
@@ -340,13 +340,13 @@ def test_empty_file():
 # --- errors found when the parsed spec becomes a pipeline (generator/pipeline.py) -------------------
 
 @pytest.mark.parametrize("source,line,col,at,message", [
-    ("from generator.eager import Sequential, Linear\nm = Sequential(\n    Linear(4, 8),\n    Linear(6, 2),\n)\n",
+    ("from fusegen.eager import Sequential, Linear\nm = Sequential(\n    Linear(4, 8),\n    Linear(6, 2),\n)\n",
      4, 5, "Linear(6", "Linear() expects 6 input features, but the op before it (Linear at line 3) produces 8"),
-    ("from generator.eager import Sequential, Linear, SwiGLU\nm = Sequential(Linear(4, 7), SwiGLU())\n",
+    ("from fusegen.eager import Sequential, Linear, SwiGLU\nm = Sequential(Linear(4, 7), SwiGLU())\n",
      2, 30, "SwiGLU", "SwiGLU() splits its input into two halves, but it receives 7 features (odd)"),
-    ("from generator.eager import Sequential, GELU\nm = Sequential(GELU())\n",
+    ("from fusegen.eager import Sequential, GELU\nm = Sequential(GELU())\n",
      2, 5, "Sequential", "pipeline 'm' has no op that fixes the feature size"),
-    ("from generator.eager import Sequential\nm = Sequential()\n",
+    ("from fusegen.eager import Sequential\nm = Sequential()\n",
      2, 5, "Sequential", "pipeline 'm' is empty"),
 ])
 def test_pipeline_errors_use_frontend_locations(source, line, col, at, message):
@@ -359,7 +359,7 @@ def test_pipeline_errors_use_frontend_locations(source, line, col, at, message):
 
 def test_sizes_flow_backwards_to_ops_without_their_own():
     (spec,) = parse("""
-        from generator.eager import Sequential, GELU, SwiGLU, Linear
+        from fusegen.eager import Sequential, GELU, SwiGLU, Linear
         m = Sequential(GELU(), SwiGLU(), Linear(16, 4))
     """)
     pipeline = build_pipeline(spec)
@@ -385,8 +385,9 @@ DEEP_CALLS = "f(" * 60 + "1" + ")" * 60
      2, 1, "H = --", "statement too deeply nested for Python's parser"),
     (EAGER + "x = (" + "(" * 250 + ")" * 251 + "\n", 2, 205, "(", "syntax error: too many nested parentheses"),
     (EAGER + "m = Sequential(Linear(4, 4))\n" + "#" * 100_000 + "\n",
-     3, 100_000 - len(EAGER) - 29 + 1, "#", "spec file is too large (100124 characters; fusegen reads at most 100000); "
-                                           "a spec declares pipelines, so move anything else to another file"),
+     3, 100_000 - len(EAGER) - 29 + 1, "#",
+     f"spec file is too large ({len(EAGER) + 29 + 100_001} characters; fusegen reads at most 100000); "
+     "a spec declares pipelines, so move anything else to another file"),
     # literals: bounded before they are converted
     (EAGER + "m = Sequential(ConstantScale(1e999))\n",
      2, 30, "1e999", "number too large in argument 'scale' of ConstantScale: 1e999 is beyond the float range "
@@ -407,11 +408,11 @@ DEEP_CALLS = "f(" * 60 + "1" + ")" * 60
      2, 23, "2 ** 62", "argument 'in_features' of Linear must be at most 16777216 (2**24), got 4611686018427387904; "
                        "that is fusegen's bound on feature sizes, far above any model's"),
     (EAGER + "m = Sequential(Linear(4, 2 ** 24 + 1))\n", 2, 26, "2 ** 24", "'out_features' of Linear must be at most"),
-    ("from generator.eager import Sequential, Bias, BasicLinear\nm = Sequential(Bias(16777217))\n",
+    ("from fusegen.eager import Sequential, Bias, BasicLinear\nm = Sequential(Bias(16777217))\n",
      2, 21, "16777217", "argument 'size' of Bias must be at most 16777216 (2**24)"),
-    ("from generator.eager import Sequential, BasicLinear\nm = Sequential(BasicLinear(4, 10 ** 8))\n",
+    ("from fusegen.eager import Sequential, BasicLinear\nm = Sequential(BasicLinear(4, 10 ** 8))\n",
      2, 31, "10 ** 8", "argument 'out_features' of BasicLinear must be at most 16777216"),
-    ("from generator.eager import Sequential, RMSNorm\nm = Sequential(RMSNorm(10 ** 6))\n",
+    ("from fusegen.eager import Sequential, RMSNorm\nm = Sequential(RMSNorm(10 ** 6))\n",
      2, 24, "10 ** 6", "argument 'normalized_shape' of RMSNorm must be at most 65536 (2**16), got 1000000; a norm "
                        "kernel keeps its whole row in registers, and wider rows spill to memory and compile for "
                        "minutes"),
@@ -484,7 +485,7 @@ def test_hostile_text_gives_a_located_error(source, line, col, at, message):
 
 
 def test_inferred_sizes_are_bounded_too():
-    source = ("from generator.eager import Sequential, SwiGLU, GEGLU, Linear\n"
+    source = ("from fusegen.eager import Sequential, SwiGLU, GEGLU, Linear\n"
               "m = Sequential(SwiGLU(), GEGLU(), Linear(2 ** 23, 4))\n")
     (spec,) = parse_spec(source, "spec.py")
     with pytest.raises(SpecError) as info:
@@ -497,7 +498,7 @@ def test_inferred_sizes_are_bounded_too():
 
 def test_largest_sizes_are_accepted():
     (spec,) = parse("""
-        from generator.eager import Sequential, Linear, RMSNorm, SwiGLU, ConstantScale, LayerNorm
+        from fusegen.eager import Sequential, Linear, RMSNorm, SwiGLU, ConstantScale, LayerNorm
         m = Sequential(SwiGLU(), Linear(2 ** 23, 65536), RMSNorm(65536, eps=2.0 ** -126), ConstantScale(-3.4e38),
                        LayerNorm(65536, eps=3.4e38))
     """)
@@ -506,7 +507,7 @@ def test_largest_sizes_are_accepted():
 
 
 def test_recursion_in_libcst_is_a_last_resort_error(monkeypatch):
-    import generator.frontend as frontend
+    import fusegen.frontend as frontend
 
     monkeypatch.setattr(frontend, "MAX_NESTING", 10 ** 6)  # let a depth through that libcst cannot walk
     source = EAGER + "H = " + "-" * 1200 + "1\n"
@@ -527,7 +528,7 @@ def test_lone_surrogate_is_shown_as_a_question_mark():
 
 def test_names_are_read_as_python_reads_them():
     (spec,) = parse("""
-        from generator.eager import *
+        from fusegen.eager import *
         \ufb01 = 8                               # Python reads the ligature as 'fi'
         m = Sequential(Linear(fi, 4, \uff42ias=False), \uff27ELU())
     """)
@@ -565,7 +566,7 @@ def test_line_endings_and_warnings_do_not_matter(tmp_path):
 
 
 def test_registry_checks_guard_the_eager_modules_too():
-    from generator import eager
+    from fusegen import eager
 
     with pytest.raises(ValueError, match="argument 'eps' of LayerNorm must be finite"):
         eager.LayerNorm(8, eps=float("inf"))

@@ -19,12 +19,12 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-import fusion_rules
-from generator.ops import OPS, REQUIRED
-from generator.errors import SpecError
-from generator.frontend import parse_spec
-from generator.names import NameTable
-from generator.build import plan_specs
+from fusegen import fusion_rules
+from fusegen.ops import OPS, REQUIRED
+from fusegen.errors import SpecError
+from fusegen.frontend import parse_spec
+from fusegen.names import NameTable
+from fusegen.build import plan_specs
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 SHIPPED = [path.read_text(encoding="utf-8") for path in sorted(SPECS.glob("*.py"))]
@@ -81,9 +81,9 @@ def assert_both_outcomes(counts: Counter, total: int, at_least: float) -> None:
 HEADERS = [  # (import lines, prefix of every op call)
     ("import transformer_engine.pytorch as te\n", "te.ops."),
     ("from transformer_engine.pytorch import ops\n", "ops."),
-    ("import generator.eager as fg\n", "fg."),
-    ("from generator.eager import *\n", ""),
-    (f"from generator.eager import {', '.join(['Sequential', *OPS])}\n", ""),
+    ("import fusegen.eager as fg\n", "fg."),
+    ("from fusegen.eager import *\n", ""),
+    (f"from fusegen.eager import {', '.join(['Sequential', *OPS])}\n", ""),
     (f"from transformer_engine.pytorch.ops import (\n    {', '.join(['Sequential', *OPS])},\n)\n", ""),
 ]
 NAMES = ["m", "mlp", "block", "fc1", "fc_2", "MlpBlock", "ffn_in", "p"]
@@ -214,7 +214,7 @@ SNIPPETS = [
     "H = " + "(" * 120 + "1" + ")" * 120 + "\n", "H = " + "(" * 30 + "1" + ")" * 30 + "\n",
     "H = " + "+".join(["1"] * 4000) + "\n", "H = " + "-" * 3000 + "1\n", "H = 1" + "0" * 5000 + "\n",
     "H = 1e999\n", "HIDDEN = 2 ** 62\n", "HIDDEN = 10 ** 6\n", "HIDDEN = 1e308 * 10\n", "\ufb01 = 3\n",
-    "from generator.eager import *\n", "import transformer_engine.pytorch as te\n", "del HIDDEN\n",
+    "from fusegen.eager import *\n", "import transformer_engine.pytorch as te\n", "del HIDDEN\n",
     "HIDDEN: int\n", "HIDDEN += 1\n", "HIDDEN //= 0\n", "global HIDDEN\n", "print(Y := 1)\n",
     "f = lambda: te.ops.Sequential()\n", "if True:\n    m = te.ops.Sequential(te.ops.Linear(4, 4))\n",
     "def g():\n    return Sequential(Linear(4, 4))\n", "q = te.ops.Sequential(te.ops.Linear(4, 4)).cuda()\n",
@@ -298,7 +298,7 @@ VOCABULARY = [
     "1e-5", "1e999", "0x10", "1_0", "4j", "'s'", '"""doc"""', "f'{x}'", "b'b'", "\n", "\n", "\n", "    ", "\t", " ",
     " ", "#c\n", "\\\n", "\r", "\f", "\u00e9", "\ufb01",
 ]
-SOUP_PREFIX = "import transformer_engine.pytorch as te\nfrom generator.eager import *\n"
+SOUP_PREFIX = "import transformer_engine.pytorch as te\nfrom fusegen.eager import *\n"
 
 
 def test_token_soup():

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from generator import build, cli, output
-from generator.config import load_config
+from fusegen import build, cli, output
+from fusegen.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_SPEC = textwrap.dedent("""\
-    from generator.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInput, MakeExtraOutput
+    from fusegen.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInput, MakeExtraOutput
     block = Sequential(AddExtraInput(), MakeExtraOutput(), RMSNorm(64), Linear(64, 128), GELU())
 """)
 
@@ -84,7 +84,7 @@ def test_package_imports_without_libcst_and_jinja2():
         import sys
         class Block:
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("libcst", "jinja2", "generator", "fusion_rules"):
+                if name.split(".")[0] in ("libcst", "jinja2", "fusegen", "generator", "fusion_rules"):
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, Block())
         import torch, generated
@@ -101,8 +101,8 @@ def test_package_imports_without_libcst_and_jinja2():
 
 def test_state_dict_round_trip_with_eager_sequential():
     import generated
-    from generator import eager
-    from generator.frontend import parse_spec_file
+    from fusegen import eager
+    from fusegen.frontend import parse_spec_file
 
     for file, name, cls in [("te_mlp.py", "te_mlp", "TeMlp"), ("prenorm_block.py", "prenorm_block", "PrenormBlock"),
                             ("gpt2_mlp.py", "gpt2_mlp", "Gpt2Mlp"), ("residual_split.py", "fc1", "Fc1"),

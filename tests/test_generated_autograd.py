@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import generated
-from generator import build, output
+from fusegen import build, output
 
 
 TINY_SPEC = textwrap.dedent("""\
-    from generator.eager import Sequential, Bias, LayerNorm, Linear, GELU
+    from fusegen.eager import Sequential, Bias, LayerNorm, Linear, GELU
     bias_only = Sequential(Bias(7))
     tiny_mlp = Sequential(LayerNorm(4), Linear(4, 6), GELU())
 """)

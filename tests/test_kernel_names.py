@@ -8,15 +8,15 @@ import textwrap
 
 import pytest
 
-from generator import build, output
-from generator import kernels as kn
+from fusegen import build, output
+from fusegen import kernels as kn
 
 RUN = ["Bias(64)", "GELU()", "ConstantScale(0.5)", "SiLU()"] * 10  # 40 elementwise ops
 
 
 def write_spec(tmp_path, body):
     spec = tmp_path / "spec.py"
-    spec.write_text("from generator.eager import (Sequential, Bias, GELU, ConstantScale, SiLU, RMSNorm, LayerNorm,\n"
+    spec.write_text("from fusegen.eager import (Sequential, Bias, GELU, ConstantScale, SiLU, RMSNorm, LayerNorm,\n"
                     "                             AddExtraInput, MakeExtraOutput)\n" + textwrap.dedent(body))
     return spec
 

@@ -2,17 +2,17 @@
 
 import pytest
 
-import fusion_rules
-from generator.build import load_plans
-from generator.config import Config
-from generator.errors import Location, SpecError
-from generator.frontend import parse_spec
-from generator.names import MAX_NAME_LENGTH, NameTable, check_name, class_name
-from generator.pipeline import build_pipeline
-from generator.build import plan_specs
+from fusegen import fusion_rules
+from fusegen.build import load_plans
+from fusegen.config import Config
+from fusegen.errors import Location, SpecError
+from fusegen.frontend import parse_spec
+from fusegen.names import MAX_NAME_LENGTH, NameTable, check_name, class_name
+from fusegen.pipeline import build_pipeline
+from fusegen.build import plan_specs
 from test_frontend import assert_points_at
 
-EAGER = "from generator.eager import Sequential, Linear\n"
+EAGER = "from fusegen.eager import Sequential, Linear\n"
 
 
 @pytest.mark.parametrize("name,cls", [

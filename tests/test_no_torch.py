@@ -17,7 +17,7 @@ BLOCK_TORCH = textwrap.dedent("""\
             if name.split(".")[0] == "torch":
                 raise ImportError("torch is blocked in this test: " + name)
     sys.meta_path.insert(0, BlockTorch())
-    from generator.cli import main
+    from fusegen.cli import main
     sys.exit(main(sys.argv[1:]))
 """)
 

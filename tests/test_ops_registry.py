@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from generator import ops
-from generator.eager import bind_args
-from generator.ops import OPS, OpDef, shipped
-from generator.ops.common import COMMON
+from fusegen import ops
+from fusegen.eager import bind_args
+from fusegen.ops import OPS, OpDef, shipped
+from fusegen.ops.common import COMMON
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "generated" / "_reference.py"
@@ -56,8 +56,8 @@ BLOCK_TORCH = textwrap.dedent("""\
             if name.split(".")[0] == "torch":
                 raise ImportError("torch is blocked in this test: " + name)
     sys.meta_path.insert(0, BlockTorch())
-    import generator.ops as ops
-    import generator.build
+    import fusegen.ops as ops
+    import fusegen.build
     source = ops.reference_source()
     assert "torch" not in sys.modules, "importing the registry imported torch"
     try:

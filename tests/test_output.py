@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from generator import build, cli, output
-from generator.errors import UsageError
+from fusegen import build, cli, output
+from fusegen.errors import UsageError
 
 SPEC = textwrap.dedent("""\
-    from generator.eager import Sequential, RMSNorm, GELU
+    from fusegen.eager import Sequential, RMSNorm, GELU
     block = Sequential(RMSNorm(64), GELU())
 """)
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-import fusion_rules
-from generator.frontend import parse_spec_file
-from generator.kernels import stage_kernels
-from generator.pipeline import build_pipeline
-from generator.plan import plan_pipeline
+from fusegen import fusion_rules
+from fusegen.frontend import parse_spec_file
+from fusegen.kernels import stage_kernels
+from fusegen.pipeline import build_pipeline
+from fusegen.plan import plan_pipeline
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -109,9 +109,9 @@ def test_gpt2_mlp():
     ("BasicLinear(64, 32), Bias(32)", ["linear_bias"], ["linear_backward", "elementwise_backward"]),
 ])
 def test_rules_on_small_pipelines(source, forward, backward):
-    from generator.frontend import parse_spec
+    from fusegen.frontend import parse_spec
 
-    text = f"from generator.eager import *\np = Sequential({source})\n"
+    text = f"from fusegen.eager import *\np = Sequential({source})\n"
     text = text.replace("import *", "import Sequential, AddExtraInput, MakeExtraOutput, RMSNorm, LayerNorm, "
                         "Bias, GELU, ConstantScale, SwiGLU, BasicLinear")
     plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
@@ -120,9 +120,9 @@ def test_rules_on_small_pipelines(source, forward, backward):
 
 
 def test_recompute_from_an_earlier_value_when_the_gemm_does_not_take_the_bias():
-    from generator.frontend import parse_spec
+    from fusegen.frontend import parse_spec
 
-    text = ("from generator.eager import Sequential, LayerNorm, Bias, GELU\n"
+    text = ("from fusegen.eager import Sequential, LayerNorm, Bias, GELU\n"
             "p = Sequential(LayerNorm(64), Bias(64), GELU())\n")
     plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     # the GELU input (after the bias) is never materialised: backward recomputes from the norm output
@@ -131,11 +131,11 @@ def test_recompute_from_an_earlier_value_when_the_gemm_does_not_take_the_bias():
 
 
 def test_an_op_no_rule_covers_is_a_spec_error_at_the_op():
-    from generator.errors import SpecError
-    from generator.frontend import parse_spec
+    from fusegen.errors import SpecError
+    from fusegen.frontend import parse_spec
     from test_frontend import assert_points_at
 
-    source = ("from generator.eager import Sequential, Linear, GELU\n"
+    source = ("from fusegen.eager import Sequential, Linear, GELU\n"
               "p = Sequential(\n    Linear(8, 8),\n    GELU(),\n)\n")
     pipeline = build_pipeline(parse_spec(source, "spec.py")[0])
     without_elementwise = [r for r in fusion_rules.BACKWARD_RULES if r.stage != "elementwise"]

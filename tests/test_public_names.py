@@ -1,14 +1,14 @@
 """Public argument names of generated modules: extra inputs and outputs are named by their order,
 so inserting an unrelated op earlier in the spec renames nothing a caller passes or receives."""
 
-import fusion_rules
-from generator import emit
-from generator import kernels as kn
-from generator.build import plan_specs
-from generator.frontend import parse_spec
-from generator.names import NameTable
+from fusegen import fusion_rules
+from fusegen import emit
+from fusegen import kernels as kn
+from fusegen.build import plan_specs
+from fusegen.frontend import parse_spec
+from fusegen.names import NameTable
 
-HEAD = "from generator.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInput, MakeExtraOutput\n"
+HEAD = "from fusegen.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInput, MakeExtraOutput\n"
 
 
 def public_names(body: str) -> tuple[list[str], list[str]]:
