@@ -91,7 +91,7 @@ def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
             value = kn.norm_threads(spec.ctx["hidden"], vec)
         else:
             value = -(-spec.ctx["width"] // vec // spec.ctx["threads"])
-        items.append(f"{emit.TORCH_DTYPES[dtype]}: {value}")
+        items.append(f"torch.{dtype}: {value}")  # the dtype names are torch's (kernels.DTYPES)
     return "{" + ", ".join(items) + "}"
 
 

@@ -27,7 +27,6 @@ def _templates_dir() -> Path:
 
 
 TEMPLATES = _templates_dir()
-TORCH_DTYPES = {"bfloat16": "torch.bfloat16", "float16": "torch.float16", "float32": "torch.float32"}
 
 
 def environment() -> jinja2.Environment:
