@@ -15,31 +15,20 @@ from __future__ import annotations
 
 import torch
 
-from .ops import OPS, REQUIRED, OpDef, basic_ops
+from .ops import OPS, OpDef, basic_ops
+from .ops.binding import ArgumentError, bind, check_value
 from .ops.common import compute, init_parameter
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
-    """Bind constructor arguments like Python would, filling defaults and running checks."""
-    positional = [a for a in op.args if not a.keyword_only]
-    if len(args) > len(positional):
-        raise TypeError(f"{op.name}() takes {len(positional)} positional arguments but {len(args)} were given")
-    bound = {a.name: v for a, v in zip(positional, args)}
-    for name, value in kwargs.items():
-        if name not in {a.name for a in op.args}:
-            raise TypeError(f"{op.name}() got an unexpected keyword argument {name!r}; signature: {op.signature()}")
-        if name in bound:
-            raise TypeError(f"{op.name}() got multiple values for argument {name!r}")
-        bound[name] = value
-    for a in op.args:
-        if a.name not in bound:
-            if a.default is REQUIRED:
-                raise TypeError(f"{op.name}() missing required argument {a.name!r}; signature: {op.signature()}")
-            bound[a.name] = a.default
-        problem = a.check(bound[a.name]) if a.check else None
-        if problem:
-            raise ValueError(f"argument {a.name!r} of {op.name} {problem}")
-    return {a.name: bound[a.name] for a in op.args}
+    """Bind constructor arguments with the registry's one binder (ops.binding), as Python would:
+    TypeError for a call that does not fit the signature, ValueError for a wrong value."""
+    try:
+        bound, _ = bind(op, args, [(name, name, value) for name, value in kwargs.items()],
+                        lambda arg, value: check_value(op, arg, value))
+    except ArgumentError as err:
+        raise (ValueError if err.value_error else TypeError)(err.message) from None
+    return bound
 
 
 class FusibleOp(torch.nn.Module):

@@ -1,0 +1,30 @@
+"""The one argument binder (ops.binding), as the eager modules use it: the frontend's spec tests
+(test_frontend.py) check the same rules with locations; here Python values and Python's errors."""
+
+import pytest
+
+from fusegen import eager
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: eager.Linear(4, 8, True), TypeError, "Linear() takes 2 positional arguments but 3 were given; "
+                                                  "pass bias by keyword"),
+    (lambda: eager.RMSNorm(8, epsilon=1e-6), TypeError, "RMSNorm() got an unexpected keyword argument 'epsilon'"),
+    (lambda: eager.Bias(8, size=8), TypeError, "Bias() got multiple values for argument 'size'; give it once"),
+    (lambda: eager.LayerNorm(), TypeError, "LayerNorm() missing required argument 'normalized_shape'"),
+    (lambda: eager.RMSNorm(8.5), ValueError, "argument 'normalized_shape' of RMSNorm must be an int, got float 8.5"),
+    (lambda: eager.ClampedSwiGLU(limit="7"), ValueError, "argument 'limit' of ClampedSwiGLU must be a number"),
+    (lambda: eager.Linear(4, 8, bias=1), ValueError, "argument 'bias' of Linear must be True or False, got int 1"),
+    (lambda: eager.RMSNorm(8, eps=0.0), ValueError, "argument 'eps' of RMSNorm must be positive"),
+    (lambda: eager.ConstantScale(float("nan")), ValueError, "argument 'scale' of ConstantScale must be finite"),
+])
+def test_eager_calls_are_bound_like_specs(make, error, message):
+    with pytest.raises(error) as info:
+        make()
+    assert message in str(info.value)
+
+
+def test_defaults_and_conversion():
+    assert eager.ClampedSwiGLU(alpha=2).args == {"limit": 7.0, "alpha": 2.0, "glu_linear_offset": 1.0}
+    assert isinstance(eager.ClampedSwiGLU(alpha=2).args["alpha"], float)
+    assert eager.Linear(4, 8).args == {"in_features": 4, "out_features": 8, "bias": True}
