@@ -41,25 +41,23 @@ _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel("add_layernorm_zc_eps1em06_fwd_h768
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
-def add_layernorm_zc_eps1em06_fwd_h768(x, residual, weight, bias):
-    """residual add + LayerNorm(768, eps=1e-06, zero_centered_gamma=True): returns (y, residual_sum, mean, rstd)."""
+def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
+    """residual add + LayerNorm(768, eps=1e-06, zero_centered_gamma=True): returns (y, residual_out, mean, rstd)."""
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
         residual = residual.contiguous()
-        residual_sum = torch.empty_like(x)
+        residual_out = torch.empty_like(x)
         y = torch.empty_like(x)
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1), (
-                x, residual, weight, bias, y, residual_sum, mean, rstd, rows,
-            ), x.device)
-        return y, residual_sum, mean, rstd
-    residual_sum = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
-    x = residual_sum
-    y, mean, rstd = ref.layer_norm(x, weight, bias, 1e-06, True)
-    return y, residual_sum, mean, rstd
+            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1), (x, residual, gamma, beta, y, residual_out, mean, rstd, rows), x.device)
+        return y, residual_out, mean, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-06, True)
+    return y, residual_out, mean, rstd
 
 
 _BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096")
@@ -361,7 +359,8 @@ _COLUMN_SUM_N1024 = Kernel("column_sum_n1024")
 def column_sum_n1024(partials, dtype):
     """Sum fp32 partials [splits, 1024] over splits, in order, into a 1024-vector of dtype."""
     out = torch.empty(1024, device=partials.device, dtype=dtype)
-    _COLUMN_SUM_N1024.launch(dtype, (4, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, partials.shape[0]), partials.device)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N1024.launch(dtype, (4, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -371,7 +370,8 @@ _COLUMN_SUM_N1536 = Kernel("column_sum_n1536")
 def column_sum_n1536(partials, dtype):
     """Sum fp32 partials [splits, 1536] over splits, in order, into a 1536-vector of dtype."""
     out = torch.empty(1536, device=partials.device, dtype=dtype)
-    _COLUMN_SUM_N1536.launch(dtype, (6, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, partials.shape[0]), partials.device)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N1536.launch(dtype, (6, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -381,7 +381,8 @@ _COLUMN_SUM_N2048 = Kernel("column_sum_n2048")
 def column_sum_n2048(partials, dtype):
     """Sum fp32 partials [splits, 2048] over splits, in order, into a 2048-vector of dtype."""
     out = torch.empty(2048, device=partials.device, dtype=dtype)
-    _COLUMN_SUM_N2048.launch(dtype, (8, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, partials.shape[0]), partials.device)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N2048.launch(dtype, (8, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -391,7 +392,8 @@ _COLUMN_SUM_N28672 = Kernel("column_sum_n28672")
 def column_sum_n28672(partials, dtype):
     """Sum fp32 partials [splits, 28672] over splits, in order, into a 28672-vector of dtype."""
     out = torch.empty(28672, device=partials.device, dtype=dtype)
-    _COLUMN_SUM_N28672.launch(dtype, (112, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, partials.shape[0]), partials.device)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N28672.launch(dtype, (112, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -401,7 +403,8 @@ _COLUMN_SUM_N4096 = Kernel("column_sum_n4096")
 def column_sum_n4096(partials, dtype):
     """Sum fp32 partials [splits, 4096] over splits, in order, into a 4096-vector of dtype."""
     out = torch.empty(4096, device=partials.device, dtype=dtype)
-    _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, partials.shape[0]), partials.device)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -411,7 +414,8 @@ _COLUMN_SUM_N768 = Kernel("column_sum_n768")
 def column_sum_n768(partials, dtype):
     """Sum fp32 partials [splits, 768] over splits, in order, into a 768-vector of dtype."""
     out = torch.empty(768, device=partials.device, dtype=dtype)
-    _COLUMN_SUM_N768.launch(dtype, (3, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, partials.shape[0]), partials.device)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N768.launch(dtype, (3, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -421,7 +425,8 @@ _COLUMN_SUM_N8192 = Kernel("column_sum_n8192")
 def column_sum_n8192(partials, dtype):
     """Sum fp32 partials [splits, 8192] over splits, in order, into a 8192-vector of dtype."""
     out = torch.empty(8192, device=partials.device, dtype=dtype)
-    _COLUMN_SUM_N8192.launch(dtype, (32, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, partials.shape[0]), partials.device)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N8192.launch(dtype, (32, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -448,8 +453,8 @@ _LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024")
 _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
-def layernorm_bwd_h1024(dy, x, mean, rstd, weight):
-    """LayerNorm(1024) backward: returns (dx, dweight, dbias); the parameter grads are deterministic."""
+def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
+    """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -457,23 +462,21 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, weight):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (
-                dy, x, mean, rstd, weight, None, dx, partials, rows,
-            ), dy.device)
+            _LAYERNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, None, dx, partials, rows), dy.device)
         else:
             partials.zero_()
-        grads = column_sum_n2048(partials, weight.dtype)
+        grads = column_sum_n2048(partials, gamma.dtype)
         return dx, grads[:1024], grads[1024:]
-    dx, dweight, dbias = ref.layer_norm_bwd(dy, x, mean, rstd, weight, False)
-    return dx.to(dy.dtype), dweight.to(weight.dtype), dbias.to(weight.dtype)
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
 _LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096")
 _LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
-def layernorm_bwd_h4096(dy, x, mean, rstd, weight):
-    """LayerNorm(4096) backward: returns (dx, dweight, dbias); the parameter grads are deterministic."""
+def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
+    """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -481,22 +484,20 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, weight):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 8192), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H4096.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1), (
-                dy, x, mean, rstd, weight, None, dx, partials, rows,
-            ), dy.device)
+            _LAYERNORM_BWD_H4096.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, None, dx, partials, rows), dy.device)
         else:
             partials.zero_()
-        grads = column_sum_n8192(partials, weight.dtype)
+        grads = column_sum_n8192(partials, gamma.dtype)
         return dx, grads[:4096], grads[4096:]
-    dx, dweight, dbias = ref.layer_norm_bwd(dy, x, mean, rstd, weight, False)
-    return dx.to(dy.dtype), dweight.to(weight.dtype), dbias.to(weight.dtype)
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
 _LAYERNORM_FWD_H1024 = Kernel("layernorm_fwd_h1024")
 _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
-def layernorm_fwd_h1024(x, weight, bias):
+def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     rows = x.shape[0]
     if x.is_cuda:
@@ -505,11 +506,9 @@ def layernorm_fwd_h1024(x, weight, bias):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (
-                x, None, weight, bias, y, None, mean, rstd, rows,
-            ), x.device)
+            _LAYERNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x, None, gamma, beta, y, None, mean, rstd, rows), x.device)
         return y, mean, rstd
-    y, mean, rstd = ref.layer_norm(x, weight, bias, 1e-05, False)
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, mean, rstd
 
 
@@ -517,7 +516,7 @@ _LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096")
 _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
-def layernorm_fwd_h4096(x, weight, bias):
+def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     rows = x.shape[0]
     if x.is_cuda:
@@ -526,11 +525,9 @@ def layernorm_fwd_h4096(x, weight, bias):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (
-                x, None, weight, bias, y, None, mean, rstd, rows,
-            ), x.device)
+            _LAYERNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x, None, gamma, beta, y, None, mean, rstd, rows), x.device)
         return y, mean, rstd
-    y, mean, rstd = ref.layer_norm(x, weight, bias, 1e-05, False)
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, mean, rstd
 
 
@@ -538,26 +535,24 @@ _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_bwd_h768_add_dresidu
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
-def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, weight, d_residual):
-    """LayerNorm(768, zero_centered_gamma=True) backward, + residual grad: returns (dx, dweight, dbias); the parameter grads are deterministic."""
+def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
+    """LayerNorm(768, zero_centered_gamma=True) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
-        d_residual = d_residual.contiguous()
+        dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (
-                dy, x, mean, rstd, weight, d_residual, dx, partials, rows,
-            ), dy.device)
+            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, dresidual, dx, partials, rows), dy.device)
         else:
             partials.zero_()
-        grads = column_sum_n1536(partials, weight.dtype)
+        grads = column_sum_n1536(partials, gamma.dtype)
         return dx, grads[:768], grads[768:]
-    dx, dweight, dbias = ref.layer_norm_bwd(dy, x, mean, rstd, weight, True)
-    dx = dx + ref.compute(d_residual)
-    return dx.to(dy.dtype), dweight.to(weight.dtype), dbias.to(weight.dtype)
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, True)
+    dx = dx + ref.compute(dresidual)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
 _RELU_BWD_N768 = Kernel("relu_bwd_n768")
@@ -606,8 +601,8 @@ _RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024")
 _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
-def rmsnorm_bwd_h1024(dy, x, rstd, weight):
-    """RMSNorm(1024) backward: returns (dx, dweight); the parameter grads are deterministic."""
+def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
+    """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -615,48 +610,44 @@ def rmsnorm_bwd_h1024(dy, x, rstd, weight):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (
-                dy, x, None, rstd, weight, None, dx, partials, rows,
-            ), dy.device)
+            _RMSNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
         else:
             partials.zero_()
-        grads = column_sum_n1024(partials, weight.dtype)
+        grads = column_sum_n1024(partials, gamma.dtype)
         return dx, grads
-    dx, dweight = ref.rms_norm_bwd(dy, x, rstd, weight, False)
-    return dx.to(dy.dtype), dweight.to(weight.dtype)
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h4096_add_dresidual")
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
-def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, weight, d_residual):
-    """RMSNorm(4096) backward, + residual grad: returns (dx, dweight); the parameter grads are deterministic."""
+def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
+    """RMSNorm(4096) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
-        d_residual = d_residual.contiguous()
+        dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (
-                dy, x, None, rstd, weight, d_residual, dx, partials, rows,
-            ), dy.device)
+            _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, dresidual, dx, partials, rows), dy.device)
         else:
             partials.zero_()
-        grads = column_sum_n4096(partials, weight.dtype)
+        grads = column_sum_n4096(partials, gamma.dtype)
         return dx, grads
-    dx, dweight = ref.rms_norm_bwd(dy, x, rstd, weight, False)
-    dx = dx + ref.compute(d_residual)
-    return dx.to(dy.dtype), dweight.to(weight.dtype)
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    dx = dx + ref.compute(dresidual)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
 _RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024")
 _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
-def rmsnorm_fwd_h1024(x, weight):
+def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     rows = x.shape[0]
     if x.is_cuda:
@@ -664,11 +655,9 @@ def rmsnorm_fwd_h1024(x, weight):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (
-                x, None, weight, None, y, None, None, rstd, rows,
-            ), x.device)
+            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
         return y, rstd
-    y, rstd = ref.rms_norm(x, weight, 1e-05, False)
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
 
 
@@ -676,7 +665,7 @@ _RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096")
 _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
-def rmsnorm_fwd_h4096(x, weight):
+def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     rows = x.shape[0]
     if x.is_cuda:
@@ -684,11 +673,9 @@ def rmsnorm_fwd_h4096(x, weight):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (
-                x, None, weight, None, y, None, None, rstd, rows,
-            ), x.device)
+            _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
         return y, rstd
-    y, rstd = ref.rms_norm(x, weight, 1e-05, False)
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
 
 
@@ -696,8 +683,8 @@ _RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768")
 _RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
-def rmsnorm_zc_bwd_h768(dy, x, rstd, weight):
-    """RMSNorm(768, zero_centered_gamma=True) backward: returns (dx, dweight); the parameter grads are deterministic."""
+def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
+    """RMSNorm(768, zero_centered_gamma=True) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -705,22 +692,20 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, weight):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 768), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_ZC_BWD_H768.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1), (
-                dy, x, None, rstd, weight, None, dx, partials, rows,
-            ), dy.device)
+            _RMSNORM_ZC_BWD_H768.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
         else:
             partials.zero_()
-        grads = column_sum_n768(partials, weight.dtype)
+        grads = column_sum_n768(partials, gamma.dtype)
         return dx, grads
-    dx, dweight = ref.rms_norm_bwd(dy, x, rstd, weight, True)
-    return dx.to(dy.dtype), dweight.to(weight.dtype)
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, True)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
 _RMSNORM_ZC_FWD_H768 = Kernel("rmsnorm_zc_fwd_h768")
 _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
-def rmsnorm_zc_fwd_h768(x, weight):
+def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     rows = x.shape[0]
     if x.is_cuda:
@@ -728,11 +713,9 @@ def rmsnorm_zc_fwd_h768(x, weight):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_ZC_FWD_H768.launch(x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1), (
-                x, None, weight, None, y, None, None, rstd, rows,
-            ), x.device)
+            _RMSNORM_ZC_FWD_H768.launch(x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
         return y, rstd
-    y, rstd = ref.rms_norm(x, weight, 1e-05, True)
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, True)
     return y, rstd
 
 

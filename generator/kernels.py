@@ -83,6 +83,36 @@ class KernelSpec:
         return v
 
 
+@dataclass(frozen=True)
+class KernelParam:
+    """One parameter of a kernel's C ABI. The ``.cu`` signature (templates/kernel_abi.j2) and the
+    Python launch tuple (templates/kernels.py.j2) are both rendered from ``kernel_abi``."""
+
+    name: str  # the .cu parameter, and the launcher's local variable that holds it
+    ctype: str  # "const T*", "T*", "const float*", "float*" or "int" (T: the kernel's dtype)
+    passed: bool = True  # False: this specialisation passes a null pointer, which the kernel ignores
+
+
+def kernel_abi(spec: KernelSpec) -> tuple[KernelParam, ...]:
+    """The parameters of ``spec``'s kernel, in order: the one source of its ABI."""
+    c, P = spec.ctx, KernelParam
+    if spec.family == "norm_fwd":
+        return (P("x", "const T*"), P("residual", "const T*", c["residual"]), P("gamma", "const T*"),
+                P("beta", "const T*", c["layernorm"]), P("y", "T*"), P("residual_out", "T*", c["residual"]),
+                P("mean", "float*", c["layernorm"]), P("rstd", "float*"), P("rows", "int"))
+    if spec.family == "norm_bwd":
+        return (P("dy", "const T*"), P("x", "const T*"), P("mean", "const float*", c["layernorm"]),
+                P("rstd", "const float*"), P("gamma", "const T*"), P("dresidual", "const T*", c["add_dresidual"]),
+                P("dx", "T*"), P("partials", "float*"), P("rows", "int"))
+    if spec.family == "column_sum":
+        return P("partials", "const float*"), P("out", "T*"), P("splits", "int")
+    io = launcher_io(spec)
+    first, last = ("x", ("y",)) if spec.family == "elementwise_fwd" else ("dy", ())
+    partials = ("partials",) if c.get("bias_columns") else ()
+    return (P(first, "const T*"), *(P(o, "const T*") for o in io["operands"]),
+            *(P(w, "T*") for w in (*io["written"], *last)), *(P(n, "float*") for n in partials), P("rows", "int"))
+
+
 def _spec(name: tuple[str, str], family: str, summary: str, **context) -> KernelSpec:
     """A spec named by ``kernel_name``'s (name, full name)."""
     return KernelSpec(*name, family, tuple(sorted(context.items())), summary)

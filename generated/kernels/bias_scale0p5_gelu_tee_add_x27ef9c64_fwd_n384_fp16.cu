@@ -10,8 +10,7 @@ constexpr int VEC = 8;  // elements per 16-byte access
 constexpr int NVEC = N / VEC;
 
 // Grid: x covers a row's vectors, y strides over rows. One thread, VEC columns, fp32 math,
-// one read of every input and one write of every output. Parameters in the order of
-// kernels.launcher_io, which the Python launcher follows too.
+// one read of every input and one write of every output.
 extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_fp16(
     const T* __restrict__ x,
     const T* __restrict__ bias0,
@@ -19,7 +18,8 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_tee_add_x27
     const T* __restrict__ bias6,
     const T* __restrict__ extra_in8,
     T* __restrict__ extra_out3,
-    T* __restrict__ y, int rows) {
+    T* __restrict__ y,
+    int rows) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;

@@ -6,6 +6,9 @@ using T = __half;
 constexpr int N = 1024;
 
 // grid = ceil(N / 256), block = 256: one thread per column.
-extern "C" __global__ void __launch_bounds__(256) column_sum_n1024_fp16(const float* __restrict__ partials, T* __restrict__ out, int splits) {
+extern "C" __global__ void __launch_bounds__(256) column_sum_n1024_fp16(
+    const float* __restrict__ partials,
+    T* __restrict__ out,
+    int splits) {
   fg::column_sum<T, N>(partials, out, splits);
 }

@@ -6,6 +6,9 @@ using T = float;
 constexpr int N = 768;
 
 // grid = ceil(N / 256), block = 256: one thread per column.
-extern "C" __global__ void __launch_bounds__(256) column_sum_n768_fp32(const float* __restrict__ partials, T* __restrict__ out, int splits) {
+extern "C" __global__ void __launch_bounds__(256) column_sum_n768_fp32(
+    const float* __restrict__ partials,
+    T* __restrict__ out,
+    int splits) {
   fg::column_sum<T, N>(partials, out, splits);
 }

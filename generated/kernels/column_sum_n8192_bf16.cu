@@ -6,6 +6,9 @@ using T = __nv_bfloat16;
 constexpr int N = 8192;
 
 // grid = ceil(N / 256), block = 256: one thread per column.
-extern "C" __global__ void __launch_bounds__(256) column_sum_n8192_bf16(const float* __restrict__ partials, T* __restrict__ out, int splits) {
+extern "C" __global__ void __launch_bounds__(256) column_sum_n8192_bf16(
+    const float* __restrict__ partials,
+    T* __restrict__ out,
+    int splits) {
   fg::column_sum<T, N>(partials, out, splits);
 }

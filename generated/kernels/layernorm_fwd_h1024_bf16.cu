@@ -10,9 +10,15 @@ constexpr float EPS = 1e-05f;
 
 // One block per row: grid = rows, block = THREADS.
 extern "C" __global__ void __launch_bounds__(THREADS) layernorm_fwd_h1024_bf16(
-    const T* __restrict__ x, const T* __restrict__ residual, const T* __restrict__ gamma,
-    const T* __restrict__ beta, T* __restrict__ y, T* __restrict__ residual_out,
-    float* __restrict__ mean, float* __restrict__ rstd, int rows) {
+    const T* __restrict__ x,
+    const T* __restrict__ residual,
+    const T* __restrict__ gamma,
+    const T* __restrict__ beta,
+    T* __restrict__ y,
+    T* __restrict__ residual_out,
+    float* __restrict__ mean,
+    float* __restrict__ rstd,
+    int rows) {
   fg::norm_fwd<T, H, VEC, THREADS, /*LAYERNORM=*/true, /*RESIDUAL=*/false,
                /*ZERO_CENTERED=*/false>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
 }

@@ -10,9 +10,15 @@ constexpr int THREADS = 96;
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and
 // fp32 partials [S, 2 * H: dgamma, dbeta].
 extern "C" __global__ void __launch_bounds__(THREADS) layernorm_zc_bwd_h768_add_dresidual_bf16(
-    const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
-    const float* __restrict__ rstd, const T* __restrict__ gamma, const T* __restrict__ dresidual,
-    T* __restrict__ dx, float* __restrict__ partials, int rows) {
+    const T* __restrict__ dy,
+    const T* __restrict__ x,
+    const float* __restrict__ mean,
+    const float* __restrict__ rstd,
+    const T* __restrict__ gamma,
+    const T* __restrict__ dresidual,
+    T* __restrict__ dx,
+    float* __restrict__ partials,
+    int rows) {
   fg::norm_bwd<T, H, VEC, THREADS, /*LAYERNORM=*/true, /*ADD_DRESIDUAL=*/true,
                /*ZERO_CENTERED=*/true>(dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
 }

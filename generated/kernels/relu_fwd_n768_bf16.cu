@@ -9,11 +9,11 @@ constexpr int VEC = 8;  // elements per 16-byte access
 constexpr int NVEC = N / VEC;
 
 // Grid: x covers a row's vectors, y strides over rows. One thread, VEC columns, fp32 math,
-// one read of every input and one write of every output. Parameters in the order of
-// kernels.launcher_io, which the Python launcher follows too.
+// one read of every input and one write of every output.
 extern "C" __global__ void __launch_bounds__(128) relu_fwd_n768_bf16(
     const T* __restrict__ x,
-    T* __restrict__ y, int rows) {
+    T* __restrict__ y,
+    int rows) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;

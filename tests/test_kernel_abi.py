@@ -1,0 +1,39 @@
+"""One ABI per kernel (kernels.kernel_abi): the .cu signature and the Python launch tuple of every
+shipped kernel are both rendered from it, so they agree parameter for parameter."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fusegen import build
+from fusegen import kernels as kn
+from fusegen.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = ROOT / "generated"
+
+
+def shipped_specs():
+    config = load_config([], None, None, None, None, supported_archs=None, cwd=ROOT)
+    unique, _ = build.collect_kernels(build.load_plans(config))
+    return list(unique.values())
+
+
+SPECS = shipped_specs()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
+def test_signature_and_launch_tuple_come_from_one_abi(spec):
+    abi = kn.kernel_abi(spec)
+    source = (GENERATED / "kernels" / f"{spec.name}_fp32.cu").read_text()
+    signature = re.search(rf"{spec.name}_fp32\((.*?)\) {{", source, re.S).group(1)
+    declared = [re.sub(r"\s+", " ", p.strip()) for p in signature.split(",")]
+    assert declared == [f"{p.ctype}{' __restrict__' if '*' in p.ctype else ''} {p.name}" for p in abi]
+    launchers = (GENERATED / "_kernels.py").read_text()
+    launch = re.search(rf"_{spec.name.upper()}\.launch\(.*?, (\([^()]*\)), \w+\.device\)", launchers).group(1)
+    assert launch == "(" + ", ".join(p.name if p.passed else "None" for p in abi) + ")"
+
+
+def test_every_family_is_covered():
+    assert {s.family for s in SPECS} == {"norm_fwd", "norm_bwd", "column_sum", "elementwise_fwd", "elementwise_bwd"}
