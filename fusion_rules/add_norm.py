@@ -4,10 +4,11 @@ The kernel reads x and the residual, writes h = x + r (the residual stream: Make
 extra output, and the norm input saved for backward) and norm(h).
 """
 
-from fusegen.plan import FORWARD, Rule, pattern
+from fusegen.plan import FORWARD, Rule
+from fusegen.stages import NORM
 
 FORWARD_ADD_NORM = Rule(
-    name="add_norm", pass_=FORWARD, stage="norm",
+    name="add_norm", pass_=FORWARD, stage=NORM,
     doc="residual add fused into the norm kernel; the sum is written once for the residual stream",
-    match=pattern("add_extra_input", "make_extra_output?", "norm"),
+    pattern=("add_extra_input", "make_extra_output?", "norm"),
 )

@@ -8,6 +8,7 @@ saved run input instead of being saved. A run holds at most one GLU (it halves t
 
 from fusegen.ops import ELEMENTWISE_KINDS
 from fusegen.plan import BACKWARD, FORWARD, Rule
+from fusegen.stages import ELEMENTWISE
 
 
 def _run(ops):
@@ -23,10 +24,10 @@ def _run(ops):
 
 
 FORWARD_ELEMENTWISE = Rule(
-    name="elementwise", pass_=FORWARD, stage="elementwise",
-    doc="one kernel for a run of elementwise ops", match=_run,
+    name="elementwise", pass_=FORWARD, stage=ELEMENTWISE,
+    doc="one kernel for a run of elementwise ops", match=_run, covers=ELEMENTWISE_KINDS,
 )
 BACKWARD_ELEMENTWISE = Rule(
-    name="elementwise_backward", pass_=BACKWARD, stage="elementwise",
-    doc="one kernel: run input grad with fused deterministic dbias", match=_run,
+    name="elementwise_backward", pass_=BACKWARD, stage=ELEMENTWISE,
+    doc="one kernel: run input grad with fused deterministic dbias", match=_run, covers=ELEMENTWISE_KINDS,
 )

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from .pipeline import Op, Pipeline
-from .plan import Plan, Stage
+if TYPE_CHECKING:  # the stage implementations (stages/) call in here with these
+    from .pipeline import Op, Pipeline
+    from .plan import Plan, Stage
 
 DTYPES = {"bfloat16": ("bf16", "__nv_bfloat16", 2), "float16": ("fp16", "__half", 2), "float32": ("fp32", "float", 4)}
 ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
@@ -239,21 +241,13 @@ def elementwise_backward(plan: Plan, stage: Stage) -> KernelSpec:
 
 
 def stage_kernels(plan: Plan) -> dict[tuple[str, int], list[KernelSpec]]:
-    """Kernels per stage, keyed by (pass, stage start); the first is the stage's main kernel."""
+    """Kernels per stage that has any, keyed by (pass, stage start); the stage's main kernel first."""
     out: dict[tuple[str, int], list[KernelSpec]] = {}
-    for stage in plan.forward:
-        if stage.kind == "norm":
-            out[("forward", stage.start)] = [norm_forward(stage)]
-        elif stage.kind == "elementwise":
-            out[("forward", stage.start)] = [elementwise_forward(plan.pipeline, stage)]
-    for stage in plan.backward:
-        if stage.kind == "norm":
-            spec = norm_backward(stage)
-            out[("backward", stage.start)] = [spec, column_sum(spec.ctx["grad_columns"])]
-        elif stage.kind == "elementwise":
-            spec = elementwise_backward(plan, stage)
-            sums = [column_sum(spec.ctx["bias_columns"])] if spec.ctx["bias_columns"] else []
-            out[("backward", stage.start)] = [spec, *sums]
+    for pass_, stages in (("forward", plan.forward), ("backward", plan.backward)):
+        for stage in stages:
+            specs = stage.rule.stage.kernels(plan, stage, pass_)
+            if specs:
+                out[(pass_, stage.start)] = specs
     return out
 
 

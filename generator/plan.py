@@ -9,47 +9,102 @@ forward pass never materialised recomputes it from the nearest earlier one insid
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .errors import SpecError
+from .ops import OPS
 from .pipeline import Op, Pipeline
+from .stages import Recompute, StageImpl
 
 FORWARD, BACKWARD = "forward", "backward"
 
 
+class RuleError(ValueError):
+    """A rule that cannot work as defined; raised when the rule is made, never at a spec."""
+
+
 @dataclass(frozen=True)
 class Rule:
-    """A fusion rule: ``match(ops)`` returns how many leading ops of ``ops`` it fuses (0: none)."""
+    """A fusion rule: which ops fuse in one pass, and the stage implementation that runs them.
+
+    Give ``pattern``, a chain of op kinds in forward order (a kind ending in '?' is optional), or
+    a ``match`` function (``match(ops)`` returns how many leading ops it fuses, 0 for none) with
+    ``covers``, the op kinds it may take. Either way the stage implementation is asked, here,
+    whether it can run every chain the rule can produce, so a rule that could turn into wrong
+    code fails when it is defined (``RuleError``) instead of at some spec."""
 
     name: str
     pass_: str
-    stage: str  # gemm | norm | elementwise
+    stage: StageImpl
     doc: str
-    match: Callable[[Sequence[Op]], int]
+    pattern: tuple[str, ...] = ()
+    match: Callable[[Sequence[Op]], int] | None = None
+    covers: frozenset[str] = frozenset()
+    min_ops: int = 1  # fewer matched ops is no match (a bare norm left to the plain norm rule)
+
+    def __post_init__(self):
+        where = f"fusion rule '{self.name}'"
+        if self.pass_ not in (FORWARD, BACKWARD):
+            raise RuleError(f"{where}: pass_ must be '{FORWARD}' or '{BACKWARD}', got {self.pass_!r}")
+        if not isinstance(self.stage, StageImpl):
+            raise RuleError(f"{where}: stage must be a stage implementation (fusegen.stages: GEMM, NORM, "
+                            f"ELEMENTWISE), got {self.stage!r}")
+        if isinstance(self.pattern, str) or not all(isinstance(k, str) for k in self.pattern):
+            raise RuleError(f"{where}: pattern must be a tuple of op kinds, e.g. (\"linear\",) or "
+                            f"(\"scale\", \"add_extra_input\"); got {self.pattern!r}")
+        if bool(self.pattern) == (self.match is not None):
+            raise RuleError(f"{where}: give either a pattern of op kinds or a match function, not "
+                            f"{'both' if self.pattern else 'neither'}")
+        if self.match is not None and not self.covers:
+            raise RuleError(f"{where}: a match function needs covers=, the op kinds it may fuse, so the stage "
+                            "can check it runs them")
+        known = {op.kind for op in OPS.values()}
+        for kind in [k.rstrip("?") for k in self.pattern] + sorted(self.covers):
+            if kind not in known:
+                hint = difflib.get_close_matches(kind, known, 1)
+                raise RuleError(f"{where}: no registered op has kind {kind!r}"
+                                + (f"; did you mean {hint[0]!r}?" if hint else f"; the kinds are {', '.join(sorted(known))}"))
+        chains = _chains(self.pattern) if self.pattern else [(kind,) for kind in sorted(self.covers)]
+        for chain in chains:
+            if len(chain) < self.min_ops and self.pattern:
+                continue
+            why = self.stage.check(self.pass_, chain)
+            if why is not None:
+                raise RuleError(f"{where} cannot be implemented: it may fuse {' + '.join(chain)}, but {why}")
+
+    def fuses(self, ops: Sequence[Op]) -> int:
+        """How many leading ops of ``ops`` this rule fuses (0: none)."""
+        n = self.match(ops) if self.match is not None else _match_pattern(self.pattern, ops)
+        return n if n >= self.min_ops else 0
 
 
-def pattern(*kinds: str) -> Callable[[Sequence[Op]], int]:
-    """Matcher for a fixed chain of op kinds; a kind ending in '?' is optional."""
+def _chains(pattern: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Every concrete chain of op kinds a pattern with optional ('?') kinds matches."""
+    chains: list[tuple[str, ...]] = [()]
+    for kind in pattern:
+        with_it = [chain + (kind.rstrip("?"),) for chain in chains]
+        chains = with_it + chains if kind.endswith("?") else with_it
+    return [chain for chain in chains if chain]
 
-    def match(ops: Sequence[Op]) -> int:
-        n = 0
-        for kind in kinds:
-            optional = kind.endswith("?")
-            if n < len(ops) and ops[n].kind == kind.rstrip("?"):
-                n += 1
-            elif not optional:
-                return 0
-        return n
 
-    return match
+def _match_pattern(kinds: tuple[str, ...], ops: Sequence[Op]) -> int:
+    n = 0
+    for kind in kinds:
+        optional = kind.endswith("?")
+        if n < len(ops) and ops[n].kind == kind.rstrip("?"):
+            n += 1
+        elif not optional:
+            return 0
+    return n
 
 
 @dataclass(frozen=True)
 class Stage:
     rule: Rule
     ops: tuple[Op, ...]
-    kind: str  # gemm | norm | elementwise | passthrough (no kernel: values or grads pass as is)
+    kind: str  # the implementation's name, or passthrough (no kernel: values or grads pass as is)
 
     @property
     def start(self) -> int:
@@ -61,14 +116,6 @@ class Stage:
 
     def first(self, kind: str) -> Op | None:
         return next((op for op in self.ops if op.kind == kind), None)
-
-
-@dataclass(frozen=True)
-class Recompute:
-    """How an elementwise backward stage gets the forward values it needs."""
-
-    saved_position: int  # the saved forward value the kernel starts from
-    last: int  # the last op whose input is needed: ops [saved_position, last) are applied again
 
 
 @dataclass(frozen=True)
@@ -91,10 +138,10 @@ def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[S
                 if not isinstance(item, Op):
                     break
                 run.append(item)
-            n = rule.match(run) if run else 0
+            n = rule.fuses(run) if run else 0
             if n:
                 covered = tuple(run[:n])
-                items[i:i + n] = [Stage(rule, covered, _stage_kind(rule, covered))]
+                items[i:i + n] = [Stage(rule, covered, rule.stage.kind(pass_, covered))]
             i += 1
     left = [item for item in items if isinstance(item, Op)]
     if left:
@@ -107,24 +154,11 @@ def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[S
     return tuple(items)  # type: ignore[arg-type]
 
 
-def _stage_kind(rule: Rule, ops: tuple[Op, ...]) -> str:
-    if rule.stage != "elementwise":
-        return rule.stage
-    if rule.pass_ == FORWARD:
-        active = any(op.opdef.changes_value for op in ops)
-    else:
-        active = any(op.opdef.changes_grad or op.kind == "bias" for op in ops)
-    return "elementwise" if active else "passthrough"
-
-
 def materialized_values(forward: Sequence[Stage]) -> frozenset[int]:
     """Positions of forward values that exist as tensors after the forward pass."""
-    values = set()
+    values: set[int] = set()
     for stage in forward:
-        values.update((stage.start, stage.end))
-        norm = stage.first("norm")
-        if norm is not None:
-            values.add(norm.index)  # the norm's (residual-summed) input is written and saved
+        values.update(stage.rule.stage.materialises(stage))
     return frozenset(values)
 
 
@@ -136,19 +170,9 @@ def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_ru
     saved_extra: set[int] = set()
     recompute: dict[int, Recompute] = {}
     for stage in backward:
-        if stage.kind == "gemm":
-            saved_values.add(stage.first("linear").index)
-        elif stage.kind == "norm":
-            saved_values.add(stage.first("norm").index)
-        elif stage.kind == "elementwise":
-            needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward]
-            if not needing:
-                continue
-            start = max(p for p in have if stage.start <= p <= needing[0])
-            recompute[stage.start] = Recompute(start, needing[-1])
-            saved_values.add(start)
-            for op in pipeline.ops[start:needing[-1]]:
-                if op.extra_input is not None:
-                    saved_extra.add(op.extra_input)
+        saves = stage.rule.stage.saves(pipeline, stage, have)
+        saved_values |= saves.values
+        saved_extra |= saves.extra_inputs
+        if saves.recompute is not None:
+            recompute[stage.start] = saves.recompute
     return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)))
-

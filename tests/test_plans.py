@@ -138,7 +138,7 @@ def test_an_op_no_rule_covers_is_a_spec_error_at_the_op():
     source = ("from fusegen.eager import Sequential, Linear, GELU\n"
               "p = Sequential(\n    Linear(8, 8),\n    GELU(),\n)\n")
     pipeline = build_pipeline(parse_spec(source, "spec.py")[0])
-    without_elementwise = [r for r in fusion_rules.BACKWARD_RULES if r.stage != "elementwise"]
+    without_elementwise = [r for r in fusion_rules.BACKWARD_RULES if r.stage.name != "elementwise"]
     with pytest.raises(SpecError) as info:
         plan_pipeline(pipeline, fusion_rules.FORWARD_RULES, without_elementwise)
     assert info.value.message == (

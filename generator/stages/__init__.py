@@ -1,0 +1,13 @@
+"""Stage implementations: how each family of fused stages runs (one module each).
+
+A rule (fusion_rules/) produces a stage of one of these; everything about running it lives in
+its module: which op chains it can run (checked when a rule is defined), what it saves for
+backward, the kernels it needs, and the lines it writes into the generated forward and backward.
+"""
+
+from .base import Block, Emitter, Recompute, Saves, StageImpl
+from .elementwise import ELEMENTWISE
+from .gemm import GEMM
+from .norm import NORM
+
+__all__ = ["ELEMENTWISE", "GEMM", "NORM", "Block", "Emitter", "Recompute", "Saves", "StageImpl"]

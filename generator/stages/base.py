@@ -1,0 +1,137 @@
+"""What every stage implementation shares: the interface a rule's stage implements, the names of
+values in generated code, and the emitter state the stages write their lines into.
+
+A ``StageImpl`` is how one family of stages runs (``gemm``, ``norm``, ``elementwise``). A rule
+names the implementation it produces (fusion_rules/); the planner, the kernel list, the generated
+forward and backward and the plan's "runs as" column all ask the stage's implementation, so no
+module outside ``stages/`` (and ``ops/``) branches on what kind of stage or op it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # the planner imports this module; these are for annotations only
+    from ..kernels import KernelSpec
+    from ..pipeline import Op, Pipeline
+    from ..plan import Plan, Stage
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """How an elementwise backward stage gets the forward values it needs."""
+
+    saved_position: int  # the saved forward value the kernel starts from
+    last: int  # the last op whose input is needed: ops [saved_position, last) are applied again
+
+
+@dataclass(frozen=True)
+class Saves:
+    """What one backward stage needs kept from the forward pass."""
+
+    values: frozenset[int] = frozenset()  # forward value positions
+    extra_inputs: frozenset[int] = frozenset()  # extra-input indices
+    recompute: Recompute | None = None  # an elementwise run that recomputes forward values
+
+
+class StageImpl:
+    """The interface of a stage implementation; ``stages/*.py`` hold one each."""
+
+    name = ""
+
+    def check(self, pass_: str, chain: Sequence[str]) -> str | None:
+        """Why this implementation cannot run ``chain`` (op kinds in forward order) in ``pass_``,
+        or None when it can. Rules call it when they are defined."""
+        raise NotImplementedError
+
+    def kind(self, pass_: str, ops: Sequence[Op]) -> str:
+        """The stage's kind as plans report it: the implementation's name, or "passthrough" when
+        the stage needs no kernel (its values or grads pass through as they are)."""
+        return self.name
+
+    def materialises(self, stage: Stage) -> set[int]:
+        """Forward value positions that exist as tensors after this forward stage."""
+        return {stage.start, stage.end}
+
+    def saves(self, pipeline: Pipeline, stage: Stage, have: frozenset[int]) -> Saves:
+        """What this backward stage reads from the forward pass (``have``: what it materialised)."""
+        return Saves()
+
+    def saved_names(self, em: Emitter, stage: Stage) -> list[str]:
+        """Names of forward results (beyond values and parameters) this backward stage reads."""
+        return []
+
+    def kernels(self, plan: Plan, stage: Stage, pass_: str) -> list[KernelSpec]:
+        """The generated kernels the stage launches, its main kernel first."""
+        return []
+
+    def runs_as(self, pass_: str, stage: Stage, kernels: Sequence[KernelSpec]) -> str:
+        """The plan's "runs as" cell."""
+        if stage.kind == "passthrough":
+            return "no kernel"
+        return " + ".join(f"`{k.name}`" for k in kernels)
+
+    def forward(self, em: Emitter, stage: Stage, block: Block) -> str:
+        """Append the stage's forward lines to ``block``; returns the name of its output value."""
+        raise NotImplementedError
+
+    def backward(self, em: Emitter, stage: Stage, block: Block, dy: str, d_in: str) -> str:
+        """Append the stage's backward lines; returns the name of its input's grad."""
+        raise NotImplementedError
+
+
+# --- names in generated code --------------------------------------------------------------------
+
+def value_name(pipeline: Pipeline, position: int) -> str:
+    """Name of forward value ``position`` (the input of op ``position``)."""
+    if position == 0:
+        return "x"
+    op = pipeline.ops[position - 1]
+    if position < len(pipeline.ops) and pipeline.ops[position].module_index == op.module_index:
+        return f"{op.hint}_pre_{pipeline.ops[position].kind}"  # inside a container: Linear's matmul output
+    return f"{op.hint}_out"
+
+
+def param_name(op: Op, attr: str) -> str:
+    return f"{op.hint}_{attr}"
+
+
+def extra_input_name(op: Op) -> str:
+    """Public: named by order among the pipeline's extra inputs, so inserting an op elsewhere in
+    the spec never renames a caller's keyword argument."""
+    return f"extra_input{op.extra_input}"
+
+
+def extra_output_name(op: Op) -> str:
+    return f"extra_output{op.extra_output}"
+
+
+def stage_label(stage: Stage) -> str:
+    return ", ".join(op.describe() for op in stage.ops)
+
+
+@dataclass
+class Block:
+    """One stage's lines in the generated forward or backward."""
+
+    title: str
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Emitter:
+    """The state the stages of one pipeline write into, in order."""
+
+    plan: Plan
+    stage_kernels: dict  # (pass, stage start) -> [KernelSpec]
+    values: dict[int, str] = field(default_factory=lambda: {0: "x"})  # forward value position -> name
+    stats: dict[int, list[str]] = field(default_factory=dict)  # norm op index -> its saved statistics
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.plan.pipeline
+
+    def kernel(self, pass_: str, stage: Stage) -> KernelSpec:
+        """The stage's main kernel."""
+        return self.stage_kernels[(pass_, stage.start)][0]

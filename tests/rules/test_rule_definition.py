@@ -1,0 +1,58 @@
+"""A rule is checked against its stage implementation when it is defined: a pattern the stage
+cannot run is a RuleError there, never wrong code or a planner crash at some spec."""
+
+import pytest
+
+from fusegen import fusion_rules
+from fusegen.plan import BACKWARD, FORWARD, Rule, RuleError
+from fusegen.stages import ELEMENTWISE, GEMM, NORM
+
+
+def test_a_gemm_rule_that_would_drop_an_op_fails_at_definition():
+    # The epilogue of torch.addmm has a bias and nothing else: a scale would be silently dropped.
+    with pytest.raises(RuleError) as info:
+        Rule("linear_bias_scale", FORWARD, GEMM, "GEMM + bias + scale", pattern=("linear", "bias", "scale"))
+    assert str(info.value) == (
+        "fusion rule 'linear_bias_scale' cannot be implemented: it may fuse linear + bias + scale, but a forward "
+        "GEMM stage runs only these op chains: linear; linear + bias")
+
+
+def test_te_linear_bias_activation_pattern_fails_at_definition_not_in_the_planner():
+    with pytest.raises(RuleError, match="cannot be implemented: it may fuse linear \\+ bias \\+ activation"):
+        Rule("forward_linear_bias_activation", FORWARD, GEMM, "TE's fused op", pattern=("linear", "bias", "activation"))
+
+
+def test_every_chain_of_an_optional_pattern_is_checked():
+    # norm alone is fine; make_extra_output + norm without the add is not a forward norm stage.
+    with pytest.raises(RuleError, match="it may fuse make_extra_output \\+ norm, but a forward norm stage"):
+        Rule("tee_norm", FORWARD, NORM, "x", pattern=("make_extra_output?", "norm"))
+    with pytest.raises(RuleError, match="it may fuse glu \\+ glu, but an elementwise stage holds at most one GLU"):
+        Rule("two_glus", FORWARD, ELEMENTWISE, "x", pattern=("glu", "glu"))
+    with pytest.raises(RuleError, match="an elementwise stage runs only elementwise ops .* not norm"):
+        Rule("bias_norm", BACKWARD, ELEMENTWISE, "x", pattern=("bias", "norm"))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(pattern="linear"), "pattern must be a tuple of op kinds"),
+    (dict(pattern=("lienar",)), "no registered op has kind 'lienar'; did you mean 'linear'?"),
+    (dict(), "give either a pattern of op kinds or a match function, not neither"),
+    (dict(pattern=("linear",), match=lambda ops: 1), "not both"),
+    (dict(match=lambda ops: 1), "a match function needs covers="),
+])
+def test_malformed_rules_say_what_to_write(kwargs, message):
+    with pytest.raises(RuleError, match=message.replace("(", "\\(").replace("?", "\\?")):
+        Rule("r", FORWARD, GEMM, "doc", **kwargs)
+
+
+def test_pass_and_stage_are_checked():
+    with pytest.raises(RuleError, match="pass_ must be 'forward' or 'backward', got 'fwd'"):
+        Rule("r", "fwd", GEMM, "doc", pattern=("linear",))
+    with pytest.raises(RuleError, match="stage must be a stage implementation"):
+        Rule("r", FORWARD, "gemm", "doc", pattern=("linear",))
+
+
+def test_shipped_rules_are_valid_and_each_names_its_stage():
+    for rule in fusion_rules.FORWARD_RULES + fusion_rules.BACKWARD_RULES:
+        assert rule.stage in (GEMM, NORM, ELEMENTWISE)
+    assert [r.pass_ for r in fusion_rules.FORWARD_RULES] == [FORWARD] * len(fusion_rules.FORWARD_RULES)
+    assert [r.pass_ for r in fusion_rules.BACKWARD_RULES] == [BACKWARD] * len(fusion_rules.BACKWARD_RULES)
