@@ -1,12 +1,13 @@
 """A maximal run of elementwise ops → ONE generated kernel per pass.
 
-Forward: bias, activations (GLU included), ConstantScale, AddExtraInput and MakeExtraOutput in one
-pass over memory. Backward: one kernel producing the run's input grad, with every Bias gradient
-(column sum) fused in as deterministic per-block partials; forward values are recomputed from the
-saved run input instead of being saved. A run holds at most one GLU (it halves the width).
+Forward: bias, activations (GLU included), ConstantScale, AddExtraInput, MakeExtraOutput and any
+plugin op with a device functor, in one pass over memory. Backward: one kernel producing the
+run's input grad, with every Bias gradient (column sum) fused in as deterministic per-block
+partials; forward values are recomputed from the saved run input instead of being saved. A run
+holds at most one GLU (it halves the width).
 """
 
-from fusegen.ops import ELEMENTWISE_KINDS
+from fusegen.ops import elementwise_kinds
 from fusegen.plan import BACKWARD, FORWARD, Rule
 from fusegen.stages import ELEMENTWISE
 
@@ -14,9 +15,9 @@ from fusegen.stages import ELEMENTWISE
 def _run(ops):
     n = glus = 0
     for op in ops:
-        if op.kind not in ELEMENTWISE_KINDS:
+        if op.opdef.functor_form is None:
             break
-        glus += op.kind == "glu"
+        glus += op.opdef.halves_width
         if glus > 1:
             break
         n += 1
@@ -25,9 +26,9 @@ def _run(ops):
 
 FORWARD_ELEMENTWISE = Rule(
     name="elementwise", pass_=FORWARD, stage=ELEMENTWISE,
-    doc="one kernel for a run of elementwise ops", match=_run, covers=ELEMENTWISE_KINDS,
+    doc="one kernel for a run of elementwise ops", match=_run, covers=elementwise_kinds(),
 )
 BACKWARD_ELEMENTWISE = Rule(
     name="elementwise_backward", pass_=BACKWARD, stage=ELEMENTWISE,
-    doc="one kernel: run input grad with fused deterministic dbias", match=_run, covers=ELEMENTWISE_KINDS,
+    doc="one kernel: run input grad with fused deterministic dbias", match=_run, covers=elementwise_kinds(),
 )

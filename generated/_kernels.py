@@ -13,7 +13,7 @@ from ._runtime import Kernel
 
 NORM_SPLITS = 256  # row splits of a norm backward: fp32 dgamma/dbeta partials per split
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
-BIAS_SPLITS = 128  # row splits of an elementwise backward that sums bias gradients
+GRAD_SPLITS = 128  # row splits of an elementwise backward that sums parameter gradients
 COLUMN_SUM_THREADS = 256
 
 
@@ -69,17 +69,18 @@ def bias_add_bwd_n4096(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_ADD_BWD_N4096.launch(dy.dtype, (_BIAS_ADD_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n4096(partials, dy.dtype)
-        dbias0 = bias_grads[0:4096]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n4096(partials, dy.dtype)
+        dbias0 = column_grads[0:4096]
         return dbias0
     g = ref.compute(dy)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     return dbias0
 
 
@@ -92,17 +93,18 @@ def bias_bwd_n1024(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_BWD_N1024.launch(dy.dtype, (_BIAS_BWD_N1024_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n1024(partials, dy.dtype)
-        dbias0 = bias_grads[0:1024]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
         return dbias0
     g = ref.compute(dy)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     return dbias0
 
 
@@ -115,17 +117,18 @@ def bias_bwd_n4096(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_BWD_N4096.launch(dy.dtype, (_BIAS_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n4096(partials, dy.dtype)
-        dbias0 = bias_grads[0:4096]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n4096(partials, dy.dtype)
+        dbias0 = column_grads[0:4096]
         return dbias0
     g = ref.compute(dy)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     return dbias0
 
 
@@ -140,20 +143,21 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(dy.dtype, (_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n4096(partials, dy.dtype)
-        dbias0 = bias_grads[0:4096]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n4096(partials, dy.dtype)
+        dbias0 = column_grads[0:4096]
         return dx, dbias0
     a = ref.compute(x)
     in1 = a
     g = ref.compute(dy)
     g = ref.clamped_swiglu_bwd(in1, g, 6.0, 1.5, 0.5)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, dbias0
 
@@ -169,20 +173,21 @@ def bias_gelu_bwd_n4096(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_GELU_BWD_N4096.launch(dy.dtype, (_BIAS_GELU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n4096(partials, dy.dtype)
-        dbias0 = bias_grads[0:4096]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n4096(partials, dy.dtype)
+        dbias0 = column_grads[0:4096]
         return dx, dbias0
     a = ref.compute(x)
     in1 = a
     g = ref.compute(dy)
     g = ref.gelu_bwd(in1, g)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, dbias0
 
@@ -238,15 +243,15 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
         dx = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         d_extra_in4 = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         d_extra_in8 = torch.empty((rows, 384), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(dy.dtype, (_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8, dx, d_extra_in4, d_extra_in8, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n1536(partials, dy.dtype)
-        dbias0 = bias_grads[0:768]
-        dbias6 = bias_grads[768:1536]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1536(partials, dy.dtype)
+        dbias0 = column_grads[0:768]
+        dbias6 = column_grads[768:1536]
         return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias0))
@@ -263,15 +268,19 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
     in9 = a
     g = ref.compute(dy)
     g = ref.silu_bwd(in9, g)
-    d_extra_in8 = g.to(dy.dtype)
+    g, dt = ref.add_extra_input_bwd(None, None, g)
+    d_extra_in8 = dt.to(dy.dtype)
     g = ref.geglu_bwd(in7, g)
-    dbias6 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias6 = dt.sum(0).to(dy.dtype)
     g = ref.silu_bwd(in5, g)
-    d_extra_in4 = g.to(dy.dtype)
+    g, dt = ref.add_extra_input_bwd(None, None, g)
+    d_extra_in4 = dt.to(dy.dtype)
     g = g + ref.compute(d_extra_out3)
     g = ref.gelu_bwd(in2, g)
     g = ref.constant_scale_bwd(None, g, 0.5)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
 
@@ -287,20 +296,21 @@ def bias_srelu_bwd_n2048(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 2048), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_SRELU_BWD_N2048.launch(dy.dtype, (_BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n2048(partials, dy.dtype)
-        dbias0 = bias_grads[0:2048]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n2048(partials, dy.dtype)
+        dbias0 = column_grads[0:2048]
         return dx, dbias0
     a = ref.compute(x)
     in1 = a
     g = ref.compute(dy)
     g = ref.srelu_bwd(in1, g)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, dbias0
 
@@ -316,20 +326,21 @@ def bias_swiglu_bwd_n14336(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 28672), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, BIAS_SPLITS))
+        splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 28672), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_SWIGLU_BWD_N14336.launch(dy.dtype, (_BIAS_SWIGLU_BWD_N14336_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
         else:
-            partials.zero_()  # no rows: the bias grads are zero
-        bias_grads = column_sum_n28672(partials, dy.dtype)
-        dbias0 = bias_grads[0:28672]
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n28672(partials, dy.dtype)
+        dbias0 = column_grads[0:28672]
         return dx, dbias0
     a = ref.compute(x)
     in1 = a
     g = ref.compute(dy)
     g = ref.swiglu_bwd(in1, g)
-    dbias0 = ref.bias_bwd(g).to(dy.dtype)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, dbias0
 

@@ -48,9 +48,9 @@ def bias(x, b):
     return x + b
 
 
-def bias_bwd(dy):
-    """Bias gradient: the column sum of dy over all rows (dx is dy itself)."""
-    return dy.reshape(-1, dy.shape[-1]).sum(0)
+def bias_bwd(x, b, dy):
+    """(dx, db) elementwise: both are dy (the caller sums db over rows)."""
+    return dy, dy
 
 
 # --- generator/ops/norms.py ---------------------------------------------------------------------
@@ -186,6 +186,11 @@ def constant_scale_bwd(x, dy, scale):
 
 def add_extra_input(x, r):
     return x + r
+
+
+def add_extra_input_bwd(x, r, dy):
+    """(dx, dr): both are dy."""
+    return dy, dy
 
 
 def make_extra_output(x):

@@ -64,16 +64,19 @@ class FusibleOp(torch.nn.Module):
             if forward is None:  # identity
                 continue
             params = [getattr(self, p.name) for p in basic.params]
-            if basic.kind == "norm":  # over 2-D rows, like the kernels; the statistics are dropped
-                shape = x.shape
-                y, *_ = forward(x.reshape(-1, shape[-1]), *params, a["eps"], a["zero_centered_gamma"])
-                x = y.reshape(shape)
-            elif basic.functor_form is not None:  # activations, GLUs, scales: fp32 math, like the kernels
-                x = forward(compute(x), *basic.device_args(a)).to(x.dtype)
-            elif basic.extra_outputs:
+            form = basic.functor_form
+            if form == "tee":  # an extra output: the value itself, handed out
                 extra_outputs.append(forward(x))
-            else:  # linear, bias, extra inputs: the input, then parameters and extra inputs
-                x = forward(x, *params, *(extra_inputs.pop(0) for _ in range(basic.extra_inputs)))
+            elif form is None:  # GEMMs and norms, over 2-D rows like the kernels; statistics dropped
+                lead = x.shape[:-1]
+                y = forward(x.reshape(-1, x.shape[-1]), *params, *basic.reference_arguments(a))
+                y = y[0] if isinstance(y, tuple) else y
+                x = y.reshape(*lead, y.shape[-1])
+            else:  # elementwise ops: fp32 math on the value and the operand, like the kernels
+                operands = []
+                if basic.operand is not None:
+                    operands.append(params[0] if basic.operand.source == "param" else extra_inputs.pop(0))
+                x = forward(compute(x), *map(compute, operands), *basic.device_args(a)).to(x.dtype)
         return x
 
 

@@ -59,12 +59,18 @@ def test_every_functor_op_has_reference_math_and_a_device_functor():
 
 # --- the functions as called in generator/ops and as shipped: the same results -------------------
 
-SAMPLE_ARGS = {"ConstantScale": (0.5,)}  # ops whose arguments have no default
+SAMPLE_ARGS = {"ConstantScale": (0.5,), "Bias": (8,)}  # ops whose arguments have no default
 
 
 def reference_calls(op: OpDef, x, dy):
     """(function, args) pairs exercising ``op``'s reference forward and backward."""
     forward, backward = op.reference
+    if op.functor_form == "binary":  # fwd(x, t, *constants), bwd(x, t, dy, *constants) -> (dx, dt)
+        constants = op.device_args(bind_args(op, SAMPLE_ARGS.get(op.name, ()), {}))
+        t = dy.flip(0) if op.operand.broadcast == "element" else dy[0] if op.operand.broadcast == "column" else dy[0, :1]
+        return [(forward, (x, t, *constants)), (backward, (x, t, dy, *constants))]
+    if op.functor_form == "tee":
+        return [(forward, (x,))]
     if op.functor_form is not None:  # fwd(x, *constants), bwd(x, dy, *constants)
         constants = op.device_args(bind_args(op, SAMPLE_ARGS.get(op.name, ()), {}))
         dy = dy[:, : x.shape[1] // 2] if op.kind == "glu" else dy
@@ -72,18 +78,12 @@ def reference_calls(op: OpDef, x, dy):
     w, b = torch.randn(6, 8, dtype=x.dtype), torch.randn(8, dtype=x.dtype)
     if op.name == "BasicLinear":
         return [(forward, (x, w)), (backward, (dy[:, :6], x, w))]
-    if op.name == "Bias":
-        return [(forward, (x, b)), (backward, (dy,))]
     if op.name == "LayerNorm":
         _, mean, rstd = forward(x, b, b, 1e-5, True)
         return [(forward, (x, b, b, 1e-5, True)), (backward, (dy, x, mean, rstd, b, True))]
     if op.name == "RMSNorm":
         _, rstd = forward(x, b, 1e-5, False)
         return [(forward, (x, b, 1e-5, False)), (backward, (dy, x, rstd, b, False))]
-    if op.name == "AddExtraInput":
-        return [(forward, (x, dy))]
-    if op.name == "MakeExtraOutput":
-        return [(forward, (x,))]
     raise AssertionError(f"{op.name}: add its reference calls here")
 
 

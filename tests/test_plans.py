@@ -6,7 +6,7 @@ import pytest
 
 from fusegen import fusion_rules
 from fusegen.frontend import parse_spec_file
-from fusegen.kernels import stage_kernels
+from fusegen.stages import stage_kernels
 from fusegen.pipeline import build_pipeline
 from fusegen.plan import plan_pipeline
 

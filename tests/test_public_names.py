@@ -3,7 +3,7 @@ so inserting an unrelated op earlier in the spec renames nothing a caller passes
 
 from fusegen import fusion_rules
 from fusegen import emit
-from fusegen import kernels as kn
+from fusegen.stages import stage_kernels
 from fusegen.build import plan_specs
 from fusegen.frontend import parse_spec
 from fusegen.names import NameTable
@@ -14,7 +14,7 @@ HEAD = "from fusegen.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInp
 def public_names(body: str) -> tuple[list[str], list[str]]:
     (plan,) = plan_specs(parse_spec(HEAD + body, "spec.py"), NameTable(), fusion_rules.FORWARD_RULES,
                          fusion_rules.BACKWARD_RULES)
-    context = emit.pipeline_context(plan, kn.stage_kernels(plan))
+    context = emit.pipeline_context(plan, stage_kernels(plan))
     return context["extra_inputs"], context["extra_outputs"]
 
 

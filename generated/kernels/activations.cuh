@@ -1,7 +1,8 @@
 // Elementwise math for fused kernels: one functor per catalog op (its device_struct), fp32 in
 // registers. A kernel constructs each op's functor once from the op's constants (device_args, in
 // field order; ops without constants have no fields). Unary ops: fwd(x), bwd(x, dy) = dy * f'(x)
-// (x is 0 for ops that do not read their input in backward). GLU ops gate the FIRST half:
+// (x is 0 for ops that do not read their input in backward). Ops with an operand t (a bias, an
+// extra input): fwd(x, t), bwd(x, t, dy, dx, dt). GLU ops gate the FIRST half:
 // fwd(a, b) = act(a) * b, bwd(a, b, dy, da, db). Formulas follow TE's common/util/math.h.
 #pragma once
 
@@ -16,6 +17,14 @@ struct Gelu {  // tanh approximation
   static __device__ __forceinline__ float bwd(float x, float dy) {
     const float t = tanhf(0.79788456f * x * (1.f + 0.044715f * x * x));
     return dy * (0.5f * x * (1.f - t * t) * (0.79788456f + 0.1070322243f * x * x) + 0.5f * (1.f + t));
+  }
+};
+
+struct Add {  // Bias, AddExtraInput: y = x + t
+  static __device__ __forceinline__ float fwd(float x, float t) { return x + t; }
+  static __device__ __forceinline__ void bwd(float, float, float dy, float& dx, float& dt) {
+    dx = dy;
+    dt = dy;
   }
 };
 

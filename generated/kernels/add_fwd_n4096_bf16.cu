@@ -18,6 +18,8 @@ extern "C" __global__ void __launch_bounds__(128) add_fwd_n4096_bf16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (its device header).
+  const fg::Add op0{};  // op 0: AddExtraInput()
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const long long in_a = (long long)row * N + col;
@@ -26,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(128) add_fwd_n4096_bf16(
     // op 0: AddExtraInput()
     { float t[VEC]; fg::load<T, VEC>(extra_in0 + in_a, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op0.fwd(a[k], t[k]); }
     fg::store<T, VEC>(y + in_a, a);
   }
 }

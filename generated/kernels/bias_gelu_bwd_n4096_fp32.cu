@@ -7,12 +7,12 @@ using T = float;
 constexpr int N = 4096;  // features per row of dy
 constexpr int VEC = 4;  // elements per 16-byte access
 constexpr int NVEC = N / VEC;
-constexpr int BIAS_COLUMNS = 4096;  // width of one row of fp32 dbias partials
+constexpr int GRAD_COLUMNS = 4096;  // width of one row of fp32 parameter-grad partials
 
 // Grid: x covers a row's vectors, y = row splits; split y takes rows y, y + S, ... in order.
 // Forward values are recomputed from the saved run input in registers, never re-read.
-// Bias gradients are summed per split in registers and written as partials [S, BIAS_COLUMNS];
-// a column-sum kernel adds the splits in a fixed order (deterministic, no atomics).
+// Parameter gradients are summed per split in registers and written as partials [S, GRAD_COLUMNS];
+// the launcher adds the splits in a fixed order (deterministic, no atomics).
 extern "C" __global__ void __launch_bounds__(128) bias_gelu_bwd_n4096_fp32(
     const T* __restrict__ dy,
     const T* __restrict__ x,
@@ -22,7 +22,8 @@ extern "C" __global__ void __launch_bounds__(128) bias_gelu_bwd_n4096_fp32(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
-  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  // Each op's functor, built from its compile-time constants (its device header).
+  const fg::Add op0{};  // op 0: Bias(4096)
   const fg::Gelu op1{};  // op 1: GELU()
   float dbias0a[VEC] = {};
 #pragma unroll 4  // independent rows: several loads in flight per thread
@@ -42,9 +43,12 @@ extern "C" __global__ void __launch_bounds__(128) bias_gelu_bwd_n4096_fp32(
 #pragma unroll
     for (int k = 0; k < VEC; ++k) ga[k] = op1.bwd(in1a[k], ga[k]);
     // op 0: Bias(4096)
+    { float dt[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dbias0a[k] += ga[k];
+      for (int k = 0; k < VEC; ++k) op0.bwd(0.f, 0.f, ga[k], ga[k], dt[k]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dbias0a[k] += dt[k]; }
     fg::store<T, VEC>(dx + in_a, ga);
   }
-  fg::store<float, VEC>(partials + (long long)blockIdx.y * BIAS_COLUMNS + 0 + col, dbias0a);
+  fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + col, dbias0a);
 }

@@ -23,11 +23,15 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_tee_add_x27
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
-  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  // Each op's functor, built from its compile-time constants (its device header).
+  const fg::Add op0{};  // op 0: Bias(768)
   const fg::Scale op1{0.5f};  // op 1: ConstantScale(0.5)
   const fg::Gelu op2{};  // op 2: GELU()
+  const fg::Add op4{};  // op 4: AddExtraInput()
   const fg::Silu op5{};  // op 5: SiLU()
+  const fg::Add op6{};  // op 6: Bias(768)
   const fg::GeGLU op7{};  // op 7: GEGLU()
+  const fg::Add op8{};  // op 8: AddExtraInput()
   const fg::Silu op9{};  // op 9: SiLU()
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
@@ -39,10 +43,10 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_tee_add_x27
     // op 0: Bias(768)
     { float t[VEC]; fg::load<T, VEC>(bias0 + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op0.fwd(a[k], t[k]); }
     { float t[VEC]; fg::load<T, VEC>(bias0 + N + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) b[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) b[k] = op0.fwd(b[k], t[k]); }
     // op 1: ConstantScale(0.5)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) a[k] = op1.fwd(a[k]);
@@ -59,10 +63,10 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_tee_add_x27
     // op 4: AddExtraInput()
     { float t[VEC]; fg::load<T, VEC>(extra_in4 + in_a, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op4.fwd(a[k], t[k]); }
     { float t[VEC]; fg::load<T, VEC>(extra_in4 + in_b, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) b[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) b[k] = op4.fwd(b[k], t[k]); }
     // op 5: SiLU()
 #pragma unroll
     for (int k = 0; k < VEC; ++k) a[k] = op5.fwd(a[k]);
@@ -71,10 +75,10 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_tee_add_x27
     // op 6: Bias(768)
     { float t[VEC]; fg::load<T, VEC>(bias6 + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op6.fwd(a[k], t[k]); }
     { float t[VEC]; fg::load<T, VEC>(bias6 + N + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) b[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) b[k] = op6.fwd(b[k], t[k]); }
     // op 7: GEGLU()
 #pragma unroll
     for (int k = 0; k < VEC; ++k) a[k] = op7.fwd(a[k], b[k]);
@@ -82,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_tee_add_x27
     // op 8: AddExtraInput()
     { float t[VEC]; fg::load<T, VEC>(extra_in8 + out_a, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op8.fwd(a[k], t[k]); }
     // op 9: SiLU()
 #pragma unroll
     for (int k = 0; k < VEC; ++k) a[k] = op9.fwd(a[k]);

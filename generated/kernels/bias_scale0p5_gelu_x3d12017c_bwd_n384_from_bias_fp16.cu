@@ -8,12 +8,12 @@ using T = __half;
 constexpr int N = 384;  // features per row of dy
 constexpr int VEC = 8;  // elements per 16-byte access
 constexpr int NVEC = N / VEC;
-constexpr int BIAS_COLUMNS = 1536;  // width of one row of fp32 dbias partials
+constexpr int GRAD_COLUMNS = 1536;  // width of one row of fp32 parameter-grad partials
 
 // Grid: x covers a row's vectors, y = row splits; split y takes rows y, y + S, ... in order.
 // Forward values are recomputed from the saved run input in registers, never re-read.
-// Bias gradients are summed per split in registers and written as partials [S, BIAS_COLUMNS];
-// a column-sum kernel adds the splits in a fixed order (deterministic, no atomics).
+// Parameter gradients are summed per split in registers and written as partials [S, GRAD_COLUMNS];
+// the launcher adds the splits in a fixed order (deterministic, no atomics).
 extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_fp16(
     const T* __restrict__ dy,
     const T* __restrict__ x,
@@ -30,11 +30,15 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
-  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  // Each op's functor, built from its compile-time constants (its device header).
+  const fg::Add op0{};  // op 0: Bias(768)
   const fg::Scale op1{0.5f};  // op 1: ConstantScale(0.5)
   const fg::Gelu op2{};  // op 2: GELU()
+  const fg::Add op4{};  // op 4: AddExtraInput()
   const fg::Silu op5{};  // op 5: SiLU()
+  const fg::Add op6{};  // op 6: Bias(768)
   const fg::GeGLU op7{};  // op 7: GEGLU()
+  const fg::Add op8{};  // op 8: AddExtraInput()
   const fg::Silu op9{};  // op 9: SiLU()
   float dbias0a[VEC] = {};
   float dbias0b[VEC] = {};
@@ -50,10 +54,10 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
     fg::load<T, VEC>(x + in_b, b);
     { float t[VEC]; fg::load<T, VEC>(bias0 + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op0.fwd(a[k], t[k]); }
     { float t[VEC]; fg::load<T, VEC>(bias0 + N + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) b[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) b[k] = op0.fwd(b[k], t[k]); }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) a[k] = op1.fwd(a[k]);
 #pragma unroll
@@ -61,35 +65,35 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
     float in2a[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) in2a[k] = a[k];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) a[k] = op2.fwd(a[k]);
     float in2b[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) in2b[k] = b[k];
 #pragma unroll
+    for (int k = 0; k < VEC; ++k) a[k] = op2.fwd(a[k]);
+#pragma unroll
     for (int k = 0; k < VEC; ++k) b[k] = op2.fwd(b[k]);
     { float t[VEC]; fg::load<T, VEC>(extra_in4 + in_a, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op4.fwd(a[k], t[k]); }
     { float t[VEC]; fg::load<T, VEC>(extra_in4 + in_b, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) b[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) b[k] = op4.fwd(b[k], t[k]); }
     float in5a[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) in5a[k] = a[k];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) a[k] = op5.fwd(a[k]);
     float in5b[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) in5b[k] = b[k];
 #pragma unroll
+    for (int k = 0; k < VEC; ++k) a[k] = op5.fwd(a[k]);
+#pragma unroll
     for (int k = 0; k < VEC; ++k) b[k] = op5.fwd(b[k]);
     { float t[VEC]; fg::load<T, VEC>(bias6 + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op6.fwd(a[k], t[k]); }
     { float t[VEC]; fg::load<T, VEC>(bias6 + N + col, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) b[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) b[k] = op6.fwd(b[k], t[k]); }
     float in7a[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) in7a[k] = a[k];
@@ -100,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
     for (int k = 0; k < VEC; ++k) a[k] = op7.fwd(a[k], b[k]);
     { float t[VEC]; fg::load<T, VEC>(extra_in8 + out_a, t);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) a[k] += t[k]; }
+      for (int k = 0; k < VEC; ++k) a[k] = op8.fwd(a[k], t[k]); }
     float in9a[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) in9a[k] = a[k];
@@ -112,23 +116,38 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
 #pragma unroll
     for (int k = 0; k < VEC; ++k) ga[k] = op9.bwd(in9a[k], ga[k]);
     // op 8: AddExtraInput()
-    fg::store<T, VEC>(d_extra_in8 + out_a, ga);
+    { float dt[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) op8.bwd(0.f, 0.f, ga[k], ga[k], dt[k]);
+      fg::store<T, VEC>(d_extra_in8 + out_a, dt); }
     // op 7: GEGLU()
 #pragma unroll
     for (int k = 0; k < VEC; ++k) op7.bwd(in7a[k], in7b[k], ga[k], ga[k], gb[k]);
     // op 6: Bias(768)
+    { float dt[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dbias6a[k] += ga[k];
+      for (int k = 0; k < VEC; ++k) op6.bwd(0.f, 0.f, ga[k], ga[k], dt[k]);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dbias6b[k] += gb[k];
+      for (int k = 0; k < VEC; ++k) dbias6a[k] += dt[k]; }
+    { float dt[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) op6.bwd(0.f, 0.f, gb[k], gb[k], dt[k]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dbias6b[k] += dt[k]; }
     // op 5: SiLU()
 #pragma unroll
     for (int k = 0; k < VEC; ++k) ga[k] = op5.bwd(in5a[k], ga[k]);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) gb[k] = op5.bwd(in5b[k], gb[k]);
     // op 4: AddExtraInput()
-    fg::store<T, VEC>(d_extra_in4 + in_a, ga);
-    fg::store<T, VEC>(d_extra_in4 + in_b, gb);
+    { float dt[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) op4.bwd(0.f, 0.f, ga[k], ga[k], dt[k]);
+      fg::store<T, VEC>(d_extra_in4 + in_a, dt); }
+    { float dt[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) op4.bwd(0.f, 0.f, gb[k], gb[k], dt[k]);
+      fg::store<T, VEC>(d_extra_in4 + in_b, dt); }
     // op 3: MakeExtraOutput()
     { float t[VEC]; fg::load<T, VEC>(d_extra_out3 + in_a, t);
 #pragma unroll
@@ -147,15 +166,21 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
 #pragma unroll
     for (int k = 0; k < VEC; ++k) gb[k] = op1.bwd(0.f, gb[k]);
     // op 0: Bias(768)
+    { float dt[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dbias0a[k] += ga[k];
+      for (int k = 0; k < VEC; ++k) op0.bwd(0.f, 0.f, ga[k], ga[k], dt[k]);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dbias0b[k] += gb[k];
+      for (int k = 0; k < VEC; ++k) dbias0a[k] += dt[k]; }
+    { float dt[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) op0.bwd(0.f, 0.f, gb[k], gb[k], dt[k]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dbias0b[k] += dt[k]; }
     fg::store<T, VEC>(dx + in_a, ga);
     fg::store<T, VEC>(dx + in_b, gb);
   }
-  fg::store<float, VEC>(partials + (long long)blockIdx.y * BIAS_COLUMNS + 0 + col, dbias0a);
-  fg::store<float, VEC>(partials + (long long)blockIdx.y * BIAS_COLUMNS + 0 + N + col, dbias0b);
-  fg::store<float, VEC>(partials + (long long)blockIdx.y * BIAS_COLUMNS + 768 + col, dbias6a);
-  fg::store<float, VEC>(partials + (long long)blockIdx.y * BIAS_COLUMNS + 768 + N + col, dbias6b);
+  fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + col, dbias0a);
+  fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + N + col, dbias0b);
+  fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 768 + col, dbias6a);
+  fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 768 + N + col, dbias6b);
 }

@@ -7,12 +7,12 @@ using T = __half;
 constexpr int N = 14336;  // features per row of dy
 constexpr int VEC = 8;  // elements per 16-byte access
 constexpr int NVEC = N / VEC;
-constexpr int BIAS_COLUMNS = 28672;  // width of one row of fp32 dbias partials
+constexpr int GRAD_COLUMNS = 28672;  // width of one row of fp32 parameter-grad partials
 
 // Grid: x covers a row's vectors, y = row splits; split y takes rows y, y + S, ... in order.
 // Forward values are recomputed from the saved run input in registers, never re-read.
-// Bias gradients are summed per split in registers and written as partials [S, BIAS_COLUMNS];
-// a column-sum kernel adds the splits in a fixed order (deterministic, no atomics).
+// Parameter gradients are summed per split in registers and written as partials [S, GRAD_COLUMNS];
+// the launcher adds the splits in a fixed order (deterministic, no atomics).
 extern "C" __global__ void __launch_bounds__(128) bias_swiglu_bwd_n14336_fp16(
     const T* __restrict__ dy,
     const T* __restrict__ x,
@@ -22,7 +22,8 @@ extern "C" __global__ void __launch_bounds__(128) bias_swiglu_bwd_n14336_fp16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
-  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  // Each op's functor, built from its compile-time constants (its device header).
+  const fg::Add op0{};  // op 0: Bias(28672)
   const fg::SwiGLU op1{};  // op 1: SwiGLU()
   float dbias0a[VEC] = {};
   float dbias0b[VEC] = {};
@@ -48,13 +49,19 @@ extern "C" __global__ void __launch_bounds__(128) bias_swiglu_bwd_n14336_fp16(
 #pragma unroll
     for (int k = 0; k < VEC; ++k) op1.bwd(in1a[k], in1b[k], ga[k], ga[k], gb[k]);
     // op 0: Bias(28672)
+    { float dt[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dbias0a[k] += ga[k];
+      for (int k = 0; k < VEC; ++k) op0.bwd(0.f, 0.f, ga[k], ga[k], dt[k]);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dbias0b[k] += gb[k];
+      for (int k = 0; k < VEC; ++k) dbias0a[k] += dt[k]; }
+    { float dt[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) op0.bwd(0.f, 0.f, gb[k], gb[k], dt[k]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dbias0b[k] += dt[k]; }
     fg::store<T, VEC>(dx + in_a, ga);
     fg::store<T, VEC>(dx + in_b, gb);
   }
-  fg::store<float, VEC>(partials + (long long)blockIdx.y * BIAS_COLUMNS + 0 + col, dbias0a);
-  fg::store<float, VEC>(partials + (long long)blockIdx.y * BIAS_COLUMNS + 0 + N + col, dbias0b);
+  fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + col, dbias0a);
+  fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + N + col, dbias0b);
 }

@@ -17,7 +17,7 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l6p0_a1p5_o0p5_
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
-  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  // Each op's functor, built from its compile-time constants (its device header).
   const fg::ClampedSwiGLU op0{6.0f, 1.5f, 0.5f};  // op 0: ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {

@@ -18,7 +18,7 @@ extern "C" __global__ void __launch_bounds__(128) relu_bwd_n768_fp16(
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;
-  // Each op's functor, built from its compile-time constants (templates/cuda/activations.cuh).
+  // Each op's functor, built from its compile-time constants (its device header).
   const fg::Relu op0{};  // op 0: ReLU()
 #pragma unroll 4  // independent rows: several loads in flight per thread
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {

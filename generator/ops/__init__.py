@@ -30,7 +30,7 @@ import importlib
 
 from . import shipped
 from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEATURES, OPS, REQUIRED, Arg,
-                    OpDef, Param, float_tag, register)
+                    OpDef, Operand, Param, float_tag, register)
 
 # The family modules register their ops when imported, so this order is the order of OPS (and of
 # _reference.py); imported by name so that no import sorter can reorder them.
@@ -40,7 +40,12 @@ FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
 # Spellings a spec may use for the pipeline container.
 SEQUENTIAL = "Sequential"
 
-ELEMENTWISE_KINDS = frozenset({"bias", "activation", "glu", "scale", "add_extra_input", "make_extra_output"})
+
+
+def elementwise_kinds() -> frozenset[str]:
+    """Kinds of the ops that run in fused elementwise kernels (those with a ``functor_form``),
+    plugins' included."""
+    return frozenset(op.kind for op in OPS.values() if op.functor_form is not None)
 
 
 def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
@@ -57,6 +62,6 @@ def reference_source() -> str:
 
 
 __all__ = [
-    "ELEMENTWISE_KINDS", "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS",
-    "REQUIRED", "SEQUENTIAL", "Arg", "OpDef", "Param", "basic_ops", "float_tag", "reference_source", "register",
+    "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "SEQUENTIAL", "Arg",
+    "OpDef", "Operand", "Param", "basic_ops", "elementwise_kinds", "float_tag", "reference_source", "register",
 ]

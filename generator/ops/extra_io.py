@@ -1,12 +1,12 @@
 """Extra inputs and outputs of a pipeline: AddExtraInput (y = x + r) and MakeExtraOutput (y = x,
 and x again as an extra output), TE's residual connections.
 
-Their backward is structural (the grad is handed on or added), so each has a forward reference
-only. The reference functions below are shipped by source into the output's ``_reference.py``
+AddExtraInput runs in fused kernels as fg::Add with the extra input as a per-element operand;
+MakeExtraOutput is a tee (its value handed out, its grad added), which needs no backward reference. The reference functions below are shipped by source into the output's ``_reference.py``
 (ops/shipped.py): they may use only ``torch``, ``math`` and other shipped functions.
 """
 
-from .opdef import Arg, OpDef, register
+from .opdef import Arg, OpDef, Operand, register
 
 _IN_PLACE = Arg(
     "in_place", "bool", False, keyword_only=True,
@@ -18,6 +18,11 @@ def add_extra_input(x, r):
     return x + r
 
 
+def add_extra_input_bwd(x, r, dy):
+    """(dx, dr): both are dy."""
+    return dy, dy
+
+
 def make_extra_output(x):
     return x
 
@@ -26,7 +31,8 @@ register(OpDef(
     "AddExtraInput", "add_extra_input",
     args=(_IN_PLACE,),
     tag=lambda a: "add",
-    reference=(add_extra_input, None),
+    device_struct="fg::Add", operand=Operand("extra_input", "element", grad="element"),
+    reference=(add_extra_input, add_extra_input_bwd),
     summary="y = x + r (r is an extra input)", extra_inputs=1, changes_grad=False,
 ))
 register(OpDef(

@@ -67,6 +67,11 @@ _EPS = Arg("eps", "float", 1e-5, keyword_only=True, check=check_eps)
 _ZCG = Arg("zero_centered_gamma", "bool", False, keyword_only=True)
 _GAMMA_INIT = lambda a: "zeros" if a["zero_centered_gamma"] else "ones"  # noqa: E731
 
+def _norm_reference_args(a):
+    """The reference forward's trailing arguments: (eps, zero_centered_gamma)."""
+    return a["eps"], a["zero_centered_gamma"]
+
+
 register(OpDef(
     "LayerNorm", "norm",
     args=(Arg("normalized_shape", "int", check=check_norm_features), _EPS, _ZCG),
@@ -74,7 +79,7 @@ register(OpDef(
             Param("bias", lambda a: (a["normalized_shape"],), lambda a: "zeros")),
     fixed_in=lambda a: a["normalized_shape"],
     tag=_norm_tag("layernorm", 1e-5),
-    reference=(layer_norm, layer_norm_bwd), reference_helpers=(_gamma,),
+    reference=(layer_norm, layer_norm_bwd), reference_helpers=(_gamma,), reference_args=_norm_reference_args,
     summary="y = (x - mean) * rstd * gamma + beta",
     needs_input_in_backward=True,
 ))
@@ -84,7 +89,7 @@ register(OpDef(
     params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),),
     fixed_in=lambda a: a["normalized_shape"],
     tag=_norm_tag("rmsnorm", 1e-5),
-    reference=(rms_norm, rms_norm_bwd), reference_helpers=(_gamma,),
+    reference=(rms_norm, rms_norm_bwd), reference_helpers=(_gamma,), reference_args=_norm_reference_args,
     summary="y = x * rsqrt(mean(x^2) + eps) * gamma",
     needs_input_in_backward=True,
 ))

@@ -36,6 +36,22 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Operand:
+    """A tensor an elementwise op reads beside the running value: its parameter or an extra input.
+
+    The op's functor takes it as a second argument, ``fwd(x, t)`` and ``bwd(x, t, dy, dx, dt)``,
+    as do its reference functions (``f(x, t, *constants)``; ``f_bwd(x, t, dy, *constants)``
+    returning ``(dx, dt)``; x and t are None where the backward does not read them).
+    """
+
+    source: str  # "param": the op's one parameter | "extra_input": the op's extra input
+    broadcast: str  # "column": one value per feature | "element": one per value | "scalar": one value
+    grad: str  # dt reduced to the operand's grad: "column" (summed over rows), "scalar" (summed over
+    #            all, deterministically) or "element" (an addend: its grad is the running grad)
+    read_in_backward: bool = False  # the backward needs t (a product does; a sum does not)
+
+
+@dataclass(frozen=True)
 class OpDef:
     """A fusible operation, as a spec names it.
 
@@ -44,14 +60,19 @@ class OpDef:
             expands to the basic ops listed in ``expand``.
     features -- (in, out) feature rule: fixed_in(args) -> int | None, out(in) -> int.
     tag -- the op's word in kernel names (may depend on arguments).
-    device_struct -- the functor in templates/cuda/activations.cuh with the op's fwd/bwd math; a
-                     fused kernel constructs it from ``device_args`` (compile-time constants).
+    device_struct -- the functor with the op's fwd/bwd math (in ``device_header``); a fused kernel
+                     constructs it from ``device_args`` (compile-time constants).
+    device_header -- the header holding it: one of templates/cuda/, or of a plugin's ``.cuh`` folder.
+    operand -- the tensor the functor reads besides the running value (Bias's vector, an extra
+               input, a learnable scalar), and how its gradient is reduced.
     device_args -- the op's constants, in the order the functor's fields and the reference
                    functions' trailing parameters take them.
     reference -- the op's reference math (forward, backward), functions of its family module;
                  None where there is none (the backward of an op whose grad is the incoming one).
                  They are shipped by source into the output's ``_reference.py`` and called there
                  by name (``reference_names``).
+    reference_args -- the trailing arguments of the reference forward after the input and the
+                      parameters (default: ``device_args``, the functor's constants).
     reference_helpers -- further functions of the op modules that ``reference`` calls, shipped
                          with it (``compute`` and ``init_parameter`` always are).
     """
@@ -64,9 +85,12 @@ class OpDef:
     out_features: Callable[[dict, int], int] = lambda a, n: n
     tag: Callable[[dict], str] = lambda a: ""
     device_struct: str = ""
+    device_header: str = "activations.cuh"
+    operand: Operand | None = None
     device_args: Callable[[dict], tuple[float, ...]] = lambda a: ()
     reference: tuple[Callable | None, Callable | None] = (None, None)
     reference_helpers: tuple[Callable, ...] = ()
+    reference_args: Callable[[dict], tuple] | None = None
     summary: str = ""
     expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
     extra_inputs: int = 0
@@ -77,11 +101,26 @@ class OpDef:
 
     @property
     def functor_form(self) -> str | None:
-        """How a fused elementwise kernel applies the op's functor: 'unary' (fwd(x), bwd(x, dy)),
-        'gate' (a GLU: fwd(a, b), bwd(a, b, dy, da, db)), or None (the op has no functor)."""
+        """How a fused elementwise kernel applies the op: 'unary' (fwd(x), bwd(x, dy)), 'gate' (a
+        GLU: fwd(a, b), bwd(a, b, dy, da, db)), 'binary' (with an ``operand`` t: fwd(x, t),
+        bwd(x, t, dy, dx, dt)), 'tee' (an extra output: the value is handed out, its grad added),
+        or None (the op does not run in elementwise kernels)."""
+        if self.extra_outputs:
+            return "tee"
         if not self.device_struct:
             return None
+        if self.operand is not None:
+            return "binary"
         return "gate" if self.kind == "glu" else "unary"
+
+    @property
+    def halves_width(self) -> bool:
+        """A GLU: its output is half its input, and a run may hold only one."""
+        return self.kind == "glu"
+
+    def reference_arguments(self, args: dict) -> tuple:
+        """The trailing arguments of the reference forward (``reference_args``)."""
+        return (self.reference_args or self.device_args)(args)
 
     @property
     def reference_names(self) -> tuple[str, str]:

@@ -10,4 +10,15 @@ from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM
 
-__all__ = ["ELEMENTWISE", "GEMM", "NORM", "Block", "Emitter", "Recompute", "Saves", "StageImpl"]
+__all__ = ["ELEMENTWISE", "GEMM", "NORM", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+
+
+def stage_kernels(plan) -> dict:
+    """Kernels per stage that has any, keyed by (pass, stage start); the stage's main kernel first."""
+    out = {}
+    for pass_, stages in (("forward", plan.forward), ("backward", plan.backward)):
+        for stage in stages:
+            specs = stage.rule.stage.kernels(plan, stage, pass_)
+            if specs:
+                out[(pass_, stage.start)] = specs
+    return out

@@ -1,33 +1,38 @@
-"""Elementwise stages: a run of bias, activation, GLU, scale and extra input/output ops as ONE
-generated kernel per pass (a run holds at most one GLU: it halves the width).
+"""Elementwise stages: a run of ops that have a ``functor_form`` (bias, activations, GLUs, scales,
+extra inputs and outputs, and plugins' ops) as ONE generated kernel per pass. A run holds at most
+one GLU (it halves the width).
 
 Forward: one pass over memory; a MakeExtraOutput whose value equals the run's input or output is
-handed out as that tensor instead of written. Backward: one kernel producing the run's input grad
-with every Bias gradient (column sum) fused as deterministic per-block partials; forward values
-the backward needs are recomputed in registers from the nearest value the forward materialised
-(``Recompute``), never saved. A run that changes nothing (MakeExtraOutput alone forward,
-AddExtraInput alone backward) is a passthrough: no kernel, names alias.
+handed out as that tensor instead of written. Backward: one kernel producing the run's input grad,
+with every reduced operand grad (a Bias's column sum, a learnable scalar's total) fused as
+deterministic per-block partials; forward values the backward needs are recomputed in registers
+from the nearest value the forward materialised (``Recompute``), never saved. A run that changes
+nothing (MakeExtraOutput alone forward, AddExtraInput alone backward) is a passthrough: no
+kernel, names alias.
+
+Every op reaches the kernel as data (``_step``): its functor and constants, its operand and how
+that operand's grad is reduced; the templates compose them with no per-op code.
 """
 
 from __future__ import annotations
 
 from .. import kernels as kn
-from ..ops import ELEMENTWISE_KINDS
-from .base import Recompute, Saves, StageImpl, extra_input_name, extra_output_name, param_name, value_name
+from ..kernels import KernelParam as P
+from ..ops import elementwise_kinds
+from .base import (Recompute, Saves, StageImpl, extra_input_name, extra_output_name, param_name,
+                   value_name)
 
-
-def _operand_op(em, stage, name: str, prefix: str):
-    """The op a launcher operand names, e.g. 'bias2' (prefix 'bias') is the stage's op 2."""
-    return em.pipeline.ops[stage.start + int(name[len(prefix):])]
+ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
 
 
 class ElementwiseStage(StageImpl):
     name = "elementwise"
 
     def check(self, pass_, chain):
-        other = [kind for kind in chain if kind not in ELEMENTWISE_KINDS]
+        kinds = elementwise_kinds()
+        other = [kind for kind in chain if kind not in kinds]
         if other:
-            return f"an elementwise stage runs only elementwise ops ({', '.join(sorted(ELEMENTWISE_KINDS))}), not {other[0]}"
+            return f"an elementwise stage runs only elementwise ops ({', '.join(sorted(kinds))}), not {other[0]}"
         if list(chain).count("glu") > 1:
             return "an elementwise stage holds at most one GLU (it halves the width)"
         return None
@@ -36,42 +41,49 @@ class ElementwiseStage(StageImpl):
         if pass_ == "forward":
             active = any(op.opdef.changes_value for op in ops)
         else:
-            active = any(op.opdef.changes_grad or op.kind == "bias" for op in ops)
+            active = any(op.opdef.changes_grad or _reduced(op) for op in ops)
         return self.name if active else "passthrough"
 
     def saves(self, pipeline, stage, have):
-        if stage.kind == "passthrough":
+        needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward or _reads_operand(op)]
+        if stage.kind == "passthrough" or not needing:
             return Saves()
-        needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward]
-        if not needing:
-            return Saves()
-        start = max(p for p in have if stage.start <= p <= needing[0])
-        extra = {op.extra_input for op in pipeline.ops[start:needing[-1]] if op.extra_input is not None}
-        return Saves(values=frozenset({start}), extra_inputs=frozenset(extra), recompute=Recompute(start, needing[-1]))
+        values = set()
+        if any(op.opdef.needs_input_in_backward for op in stage.ops):
+            first = next(op.index for op in stage.ops if op.opdef.needs_input_in_backward)
+            last = max(op.index for op in stage.ops if op.opdef.needs_input_in_backward)
+            start = max(p for p in have if stage.start <= p <= first)
+            values.add(start)
+            recompute = Recompute(start, last)
+        else:
+            recompute = None
+        extra = {op.extra_input for op in pipeline.ops[recompute.saved_position:recompute.last]
+                 if op.extra_input is not None} if recompute else set()
+        extra |= {op.extra_input for op in stage.ops if _reads_operand(op) and op.extra_input is not None}
+        return Saves(values=frozenset(values), extra_inputs=frozenset(extra), recompute=recompute)
 
     def kernels(self, plan, stage, pass_):
         if stage.kind == "passthrough":
             return []
         if pass_ == "forward":
-            return [kn.elementwise_forward(plan.pipeline, stage)]
-        spec = kn.elementwise_backward(plan, stage)
-        return [spec, *([kn.column_sum(spec.ctx["bias_columns"])] if spec.ctx["bias_columns"] else [])]
+            return [forward_kernel(plan.pipeline, stage)]
+        spec = backward_kernel(plan, stage)
+        column_grads = any(step["grad"] == "column" for step in spec.ctx["steps"])
+        return [spec, *([kn.column_sum(spec.ctx["grad_columns"])] if column_grads else [])]
 
     def forward(self, em, stage, block):
         p = em.pipeline
         x_in, out = em.values[stage.start], value_name(p, stage.end)
         if stage.kind == "passthrough":  # MakeExtraOutput hands out its input as is
             for op in stage.ops:
-                if op.kind == "make_extra_output":
+                if op.extra_output is not None:
                     block.lines.append(f"{extra_output_name(op)} = {x_in}")
             return x_in
         spec = em.kernel("forward", stage)
-        io = kn.launcher_io(spec)
-        operands = [param_name(_operand_op(em, stage, o, "bias"), "bias") if o.startswith("bias")
-                    else extra_input_name(_operand_op(em, stage, o, "extra_in")) for o in io["operands"]]
-        results = [out] + [extra_output_name(_operand_op(em, stage, w, "extra_out")) for w in io["written"]]
-        block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join([x_in] + operands)})")
-        for index, alias in kn.forward_aliases(stage).items():
+        names = {"y": out, **_io_names(stage)}
+        block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
+                           f"kernels.{spec.name}({', '.join([x_in] + [names[o] for o in spec.operands])})")
+        for index, alias in forward_aliases(stage).items():
             if alias != "write":
                 block.lines.append(f"{extra_output_name(p.ops[index])} = {x_in if alias == 'input' else out}")
         return out
@@ -80,33 +92,174 @@ class ElementwiseStage(StageImpl):
         p = em.pipeline
         if stage.kind == "passthrough":  # AddExtraInput hands its grad to both inputs
             for op in stage.ops:
-                if op.kind == "add_extra_input":
+                if op.extra_input is not None:
                     block.lines.append(f"d_{extra_input_name(op)} = {dy}")
             return dy
         spec = em.kernel("backward", stage)
-        io = kn.launcher_io(spec)
-        operands = []
-        for o in io["operands"]:
-            if o == "x":
-                operands.append(em.values[em.plan.recompute[stage.start].saved_position])
-            elif o.startswith("bias"):
-                operands.append(param_name(_operand_op(em, stage, o, "bias"), "bias"))
-            elif o.startswith("extra_in"):
-                operands.append(extra_input_name(_operand_op(em, stage, o, "extra_in")))
-            else:
-                operands.append("d_" + extra_output_name(_operand_op(em, stage, o, "d_extra_out")))
         if not spec.ctx["writes_dx"]:
             d_in = dy
-        names = {"dx": d_in}
-        names.update({f"d_extra_in{op.index - stage.start}": "d_" + extra_input_name(op)
-                      for op in stage.ops if op.kind == "add_extra_input"})
-        names.update({f"dbias{op.index - stage.start}": "d_" + param_name(op, "bias")
-                      for op in stage.ops if op.kind == "bias"})
-        block.lines.append(f"{', '.join(names[r] for r in io['returned'])} = kernels.{spec.name}({', '.join([dy] + operands)})")
-        for index, alias in kn.backward_aliases(stage).items():
+        names = {"dx": d_in, **_io_names(stage)}
+        recompute = em.plan.recompute.get(stage.start)
+        if recompute is not None:
+            names["x"] = em.values[recompute.saved_position]
+        block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
+                           f"kernels.{spec.name}({', '.join([dy] + [names[o] for o in spec.operands])})")
+        for index, alias in backward_aliases(stage).items():
             if alias != "write":
                 block.lines.append(f"d_{extra_input_name(p.ops[index])} = {dy if alias == 'dy' else d_in}")
         return d_in
 
 
 ELEMENTWISE = ElementwiseStage()
+
+
+# --- what each op of a run is to the kernel -----------------------------------------------------
+
+def _reduced(op) -> bool:
+    """The op's operand grad is reduced (a parameter's) rather than handed on per element."""
+    operand = op.opdef.operand
+    return operand is not None and operand.grad in ("column", "scalar")
+
+
+def _reads_operand(op) -> bool:
+    return op.opdef.operand is not None and op.opdef.operand.read_in_backward
+
+
+def _operand_names(op, rel: int) -> tuple[str, str]:
+    """(operand, its grad) as the kernel and launcher name them: bias3/dbias3, extra_in3/d_extra_in3."""
+    if op.opdef.operand.source == "param":
+        param = op.opdef.params[0].name
+        return f"{param}{rel}", f"d{param}{rel}"
+    return f"extra_in{rel}", f"d_extra_in{rel}"
+
+
+def _io_names(stage) -> dict[str, str]:
+    """{launcher operand or result: the generated module's name for it} for a run's ops."""
+    names = {}
+    for op in stage.ops:
+        rel = op.index - stage.start
+        if op.opdef.operand is not None:
+            operand, grad = _operand_names(op, rel)
+            if op.opdef.operand.source == "param":
+                names[operand] = param_name(op, op.opdef.params[0].name)
+            else:
+                names[operand] = extra_input_name(op)
+            names[grad] = "d_" + names[operand]
+        if op.extra_output is not None:
+            names[f"extra_out{rel}"] = extra_output_name(op)
+            names[f"d_extra_out{rel}"] = "d_" + extra_output_name(op)
+    return names
+
+
+def _glu_index(ops) -> int | None:
+    return next((op.index for op in ops if op.opdef.halves_width), None)
+
+
+def _alias(stage, op, changes: str, first: str, last: str) -> str:
+    """Where an extra tensor of ``op`` comes from: the run's ``first`` tensor when no op before it
+    changes ``changes`` (value or grad), its ``last`` tensor when none after does, else 'write'."""
+    before = any(getattr(o.opdef, changes) for o in stage.ops if o.index < op.index)
+    after = any(getattr(o.opdef, changes) for o in stage.ops if o.index > op.index)
+    return first if not before else last if not after else "write"
+
+
+def forward_aliases(stage) -> dict[int, str]:
+    """For each extra output of a forward run: 'input', 'output' (the same tensor) or 'write'."""
+    return {op.index: _alias(stage, op, "changes_value", "input", "output")
+            for op in stage.ops if op.opdef.functor_form == "tee"}
+
+
+def backward_aliases(stage) -> dict[int, str]:
+    """For each per-element addend of a backward run (an extra input), its grad: 'dx', 'dy' (the
+    same tensor) or 'write'."""
+    return {op.index: _alias(stage, op, "changes_grad", "dx", "dy")
+            for op in stage.ops if op.opdef.operand is not None and op.opdef.operand.grad == "element"}
+
+
+def _step(stage, op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]:
+    """One op of a run as the templates see it: its index within the run, its form and functor,
+    its operand (name, broadcast, grad), lanes 'a' (and 'b' before a GLU: the row's second half)."""
+    rel = op.index - stage.start
+    lanes = ("a", "b") if glu is not None and op.index <= glu else ("a",)  # a GLU reads both halves
+    constants = op.opdef.device_args(op.args)
+    operand = op.opdef.operand
+    names = _operand_names(op, rel) if operand is not None else ("", "")
+    step = dict(index=rel, lanes=lanes, form=op.opdef.functor_form, struct=op.opdef.device_struct,
+                cuda_args=tuple(f"{float(c)!r}f" for c in constants),
+                python_args=tuple(repr(float(c)) for c in constants), label=op.describe(),
+                reference=op.opdef.reference_names, operand=names[0], operand_grad=names[1],
+                broadcast=operand.broadcast if operand else "", grad=operand.grad if operand else "",
+                reads_operand=bool(operand and operand.read_in_backward),
+                tee=f"extra_out{rel}" if op.extra_output is not None else "", **extra)
+    return tuple(sorted(step.items()))
+
+
+def _headers(stage) -> tuple[str, ...]:
+    return tuple(sorted({op.opdef.device_header for op in stage.ops if op.opdef.device_struct}))
+
+
+def forward_kernel(pipeline, stage) -> kn.KernelSpec:
+    glu = _glu_index(stage.ops)
+    aliases = forward_aliases(stage)
+    width = pipeline.width(stage.end)
+    steps = tuple(_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
+    operands = [dict(s)["operand"] for s in steps if dict(s)["operand"]]
+    written = [dict(s)["tee"] for s in steps if dict(s)["tee"] and dict(s)["write"]]
+    abi = (P("x", "const T*"), *(P(o, "const T*") for o in operands), *(P(w, "T*") for w in written),
+           P("y", "T*"), P("rows", "int"))
+    tags = "_".join(op.tag for op in stage.ops)
+    return kn.make_spec(
+        kn.kernel_name(tags, f"fwd_n{width}"), "elementwise_fwd", ", ".join(op.describe() for op in stage.ops),
+        abi=abi, operands=operands, returned=["y", *written], headers=_headers(stage),
+        width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=steps, align=width,
+        threads=ELEMENTWISE_THREADS,
+    )
+
+
+def backward_kernel(plan, stage) -> kn.KernelSpec:
+    pipeline = plan.pipeline
+    glu = _glu_index(stage.ops)
+    aliases = backward_aliases(stage)
+    recompute = plan.recompute.get(stage.start)
+    width = pipeline.width(stage.end)
+    steps, grad_columns = [], 0
+    for op in stage.ops:
+        replays = recompute is not None and recompute.saved_position <= op.index <= recompute.last
+        steps.append(dict(_step(
+            stage, op, glu, write=aliases.get(op.index) == "write", grad_offset=grad_columns,
+            recompute=replays, apply=replays and op.index < recompute.last,
+            needs_input=op.opdef.needs_input_in_backward,
+            # an addend whose grad is aliased, not written: nothing to do in this kernel
+            inert=not op.opdef.changes_grad and not _reduced(op) and aliases.get(op.index, "write") != "write",
+        )))
+        steps[-1]["uses_functor"] = bool(steps[-1]["struct"]) and (steps[-1]["apply"] or not steps[-1]["inert"])
+        grad_columns += op.in_features if _reduced(op) else 0
+    # Operands: the saved run input, those the replayed forward and the backward read, the extra
+    # outputs' grads; results: dx when the run changes the grad, the addends' written grads, then
+    # the reduced grads (summed from the partials).
+    operands = ["x"] if recompute is not None else []
+    for s in steps:
+        if s["operand"] and (s["apply"] or s["reads_operand"]):
+            operands.append(s["operand"])
+        elif s["tee"]:
+            operands.append("d_" + s["tee"])
+    writes_dx = any(op.opdef.changes_grad for op in stage.ops)
+    written = (["dx"] if writes_dx else []) + [s["operand_grad"] for s in steps if s["grad"] == "element" and s["write"]]
+    reduced = [s["operand_grad"] for s in steps if s["grad"] in ("column", "scalar")]
+    abi = (P("dy", "const T*"), *(P(o, "const T*") for o in operands), *(P(w, "T*") for w in written),
+           *((P("partials", "float*"),) if grad_columns else ()), P("rows", "int"))
+    first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
+    qualifier = ""
+    if recompute is not None and recompute.saved_position != first_needing:
+        qualifier = f"from_{pipeline.ops[recompute.saved_position].tag}"
+    name = kn.kernel_name("_".join(op.tag for op in stage.ops), f"bwd_n{width}", qualifier)
+    return kn.make_spec(
+        name, "elementwise_bwd", ", ".join(op.describe() for op in stage.ops) + " backward",
+        abi=abi, operands=operands, returned=written + reduced, headers=_headers(stage),
+        width=width, in_width=pipeline.width(stage.start), glu=glu is not None,
+        steps=tuple(tuple(sorted(s.items())) for s in steps), align=width,
+        threads=ELEMENTWISE_THREADS, writes_dx=writes_dx,
+        saved_offset=None if recompute is None else recompute.saved_position - stage.start,
+        saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
+        grad_columns=grad_columns,
+    )

@@ -9,7 +9,10 @@ partials summed by one column-sum kernel.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import kernels as kn
+from ..kernels import KernelParam as P
 from .base import Saves, StageImpl, extra_input_name, extra_output_name, param_name, value_name
 
 
@@ -20,6 +23,46 @@ def _norm_chain(chain) -> bool:
         if rest[:1] == [optional]:
             rest.pop(0)
     return rest == ["norm"]
+
+
+def norm_forward(stage) -> kn.KernelSpec:
+    norm = stage.first("norm")
+    residual = stage.first("add_extra_input") is not None
+    layernorm = norm.opdef.name == "LayerNorm"
+    return kn.make_spec(
+        kn.kernel_name(("add_" if residual else "") + norm.tag, f"fwd_h{norm.in_features}"), "norm_fwd",
+        ("residual add + " if residual else "") + norm.describe(),
+        abi=(P("x", "const T*"), P("residual", "const T*", residual), P("gamma", "const T*"),
+             P("beta", "const T*", layernorm), P("y", "T*"), P("residual_out", "T*", residual),
+             P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
+        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm,
+        residual=residual, zero_centered_gamma=norm.args["zero_centered_gamma"], eps=norm.args["eps"],
+        reference=norm.opdef.reference_names,
+    )
+
+
+def _without_eps(norm):
+    """The norm as its backward sees it: eps at its default. The backward kernel reads the saved
+    rstd and never eps, so pipelines differing only in eps share one backward kernel."""
+    default = next(a.default for a in norm.opdef.args if a.name == "eps")
+    return replace(norm, args={**norm.args, "eps": default})
+
+
+def norm_backward(stage) -> kn.KernelSpec:
+    norm = _without_eps(stage.first("norm"))
+    add_dresidual = stage.first("make_extra_output") is not None
+    layernorm = norm.opdef.name == "LayerNorm"
+    name = kn.kernel_name(norm.tag, f"bwd_h{norm.in_features}", "add_dresidual" if add_dresidual else "")
+    return kn.make_spec(
+        name, "norm_bwd", norm.describe() + (" backward, + residual grad" if add_dresidual else " backward"),
+        abi=(P("dy", "const T*"), P("x", "const T*"), P("mean", "const float*", layernorm),
+             P("rstd", "const float*"), P("gamma", "const T*"), P("dresidual", "const T*", add_dresidual),
+             P("dx", "T*"), P("partials", "float*"), P("rows", "int")),
+        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm,
+        add_dresidual=add_dresidual, zero_centered_gamma=norm.args["zero_centered_gamma"],
+        grad_columns=norm.in_features * (2 if layernorm else 1),
+        reference=norm.opdef.reference_names,
+    )
 
 
 class NormStage(StageImpl):
@@ -41,8 +84,8 @@ class NormStage(StageImpl):
 
     def kernels(self, plan, stage, pass_):
         if pass_ == "forward":
-            return [kn.norm_forward(stage)]
-        spec = kn.norm_backward(stage)
+            return [norm_forward(stage)]
+        spec = norm_backward(stage)
         return [spec, kn.column_sum(spec.ctx["grad_columns"])]
 
     def forward(self, em, stage, block):
