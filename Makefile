@@ -16,14 +16,20 @@ $(SETUP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(SETUP)
 
+# The plugin fixture (tests/fixtures/plugin_project) is a second project with its own package.
+PLUGIN_PROJECT := tests/fixtures/plugin_project
+
 generate: $(SETUP)  ## regenerate generated/ from specs/ (reuses binaries whose sources did not change)
 	$(VENV)/bin/fusegen generate
+	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate
 
 rebuild: $(SETUP)  ## regenerate generated/, recompiling every kernel from scratch
 	$(VENV)/bin/fusegen generate --rebuild
+	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate --rebuild
 
-check: $(SETUP)  ## fail and name the files if generated/ is stale
+check: $(SETUP)  ## fail and name the files if generated/ (or the plugin fixture's package) is stale
 	$(VENV)/bin/fusegen generate --check
+	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate --check
 
 # The compiler needs no torch: --check from a virtual environment that has none.
 check-without-torch:
@@ -31,6 +37,7 @@ check-without-torch:
 	.venv-notorch/bin/python -m pip install -q -e .
 	.venv-notorch/bin/python -c "import importlib.util, sys; sys.exit('torch is installed' if importlib.util.find_spec('torch') else 0)"
 	.venv-notorch/bin/fusegen generate --check
+	cd $(PLUGIN_PROJECT) && $(CURDIR)/.venv-notorch/bin/fusegen generate --check
 
 test: $(SETUP)  ## CPU tests (no GPU needed)
 	$(PY) -m pytest -q

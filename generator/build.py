@@ -19,7 +19,7 @@ import signal
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from . import emit, fusion_rules, ops, stages
+from . import emit, ops, plugins, stages
 from . import kernels as kn
 from .config import Config
 from .frontend import SequentialSpec, parse_spec_file
@@ -57,11 +57,17 @@ def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules:
 
 
 def load_plans(config: Config) -> list[Plan]:
+    """The plans of the config's specs, with its plugins loaded while planning."""
+    with plugins.loaded(config.plugins, config.root) as ext:
+        return plans_with(config, ext)
+
+
+def plans_with(config: Config, ext: plugins.Extensions) -> list[Plan]:
     plans: list[Plan] = []
     names = NameTable()  # pipeline names become module and class names of one package
     for path in config.specs:
         specs = parse_spec_file(path, display(path, config.root))
-        plans.extend(plan_specs(specs, names, fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES))
+        plans.extend(plan_specs(specs, names, ext.forward_rules, ext.backward_rules))
     return plans
 
 
@@ -124,8 +130,14 @@ def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict[str, di
                                                   "specialisation": spec.summary} for dtype in dtypes}
 
 
-def included_headers(source: str, source_name: str) -> dict[str, str]:
-    """{header: sha256} of every header of templates/cuda that ``source`` includes, transitively.
+def header_files(extra: dict[str, Path] | None = None) -> dict[str, Path]:
+    """{name: file} of the device headers kernels may include: templates/cuda's, then plugins'."""
+    return {**{p.name: p for p in sorted(CUDA_HEADERS.glob("*.cuh"))}, **(extra or {})}
+
+
+def included_headers(source: str, source_name: str, headers: dict[str, Path] | None = None) -> dict[str, str]:
+    """{header: sha256} of every header of ``headers`` (default: templates/cuda's) that ``source``
+    includes, transitively.
 
     These, with the source itself, are all the fusegen text a binary is compiled from, so they
     are its cache key (with the NVRTC version and options, recorded per binary). NVRTC is given the
@@ -133,30 +145,35 @@ def included_headers(source: str, source_name: str) -> dict[str, str]:
     so any include of a file found there is followed. An angle-bracket include found elsewhere (<cuda_bf16.h>,
     <cuda_fp16.h>) comes from the nvidia-cuda-runtime package pinned in pyproject.toml: the pin
     fixes those, and each binary's record (NVRTC version, options naming that include folder)
-    stands for them. A quoted include not found in templates/cuda is a fusegen template bug."""
+    stands for them. A quoted include not found in templates/cuda (or a plugin's folder) is a
+    fusegen template bug."""
+    files = header_files() if headers is None else headers
     digests: dict[str, str] = {}
     pending = [(source_name, source)]
     while pending:
         including, text = pending.pop()
         for quoted, angled in INCLUDE.findall(text):
             name = quoted or angled
-            path = CUDA_HEADERS / name
-            if name in digests or (angled and not path.is_file()):
+            path = files.get(name)
+            if name in digests or (angled and path is None):
                 continue
-            if not path.is_file() or CUDA_HEADERS.resolve() not in path.resolve().parents:
+            if path is None:
                 raise AssertionError(f'{including} includes "{name}", which is not a header in templates/cuda/ '
-                                     f"(a fusegen template bug)")
+                                     f"or a plugin's folder (a fusegen template bug)")
             data = path.read_bytes()
             digests[name] = sha256(data)
-            pending.append((f"templates/cuda/{name}", data.decode()))
+            pending.append((f"templates/cuda/{name}" if path.parent == CUDA_HEADERS else name, data.decode()))
     return dict(sorted(digests.items()))
+
+
+_worker_headers: dict[str, str] = {}  # a compile worker's headers, set by its pool's initializer
 
 
 def _compile_one(job: tuple[str, str, str]) -> tuple[str, str, bytes]:
     from . import nvrtc
 
     symbol, source, target = job
-    binary = nvrtc.compile_source(source, f"kernels/{symbol}.cu", target, cuda_headers(), [nvrtc.cuda_include_dir()])
+    binary = nvrtc.compile_source(source, f"kernels/{symbol}.cu", target, _worker_headers, [nvrtc.cuda_include_dir()])
     return symbol, target, binary
 
 
@@ -164,17 +181,19 @@ def binary_name(symbol: str, target: str) -> str:
     return f"kernels/{symbol}.{target}.{'ptx' if target.startswith('compute_') else 'cubin'}"
 
 
-def _ignore_interrupt() -> None:
+def _start_worker(headers: dict[str, str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+    _worker_headers.clear()
+    _worker_headers.update(headers)
 
 
-def run_compiles(jobs: list[tuple[str, str, str]], progress: Progress) -> dict[str, bytes]:
+def run_compiles(jobs: list[tuple[str, str, str]], progress: Progress, headers: dict[str, str]) -> dict[str, bytes]:
     """Compile (symbol, source, target) jobs in parallel; {binary file: bytes}.
 
     A pool that is terminated on any way out (done, an NVRTC error, Ctrl-C), so no worker outlives
     the run. Jobs start in order, so the first pending ones are those in flight."""
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    pool = multiprocessing.Pool(workers, initializer=_ignore_interrupt)
+    pool = multiprocessing.Pool(workers, initializer=_start_worker, initargs=(headers,))
     try:
         pending = [(job, pool.apply_async(_compile_one, (job,))) for job in jobs]
         binaries = {}
@@ -197,14 +216,14 @@ def run_compiles(jobs: list[tuple[str, str, str]], progress: Progress) -> dict[s
 
 
 def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: Path | None,
-                    progress: Progress) -> tuple[dict[str, bytes], dict]:
+                    progress: Progress, headers: dict[str, Path] | None = None) -> tuple[dict[str, bytes], dict]:
     """Compile every (kernel, arch), reusing matching binaries from a previous output package.
 
     A binary is reused only when the previous MANIFEST.json records for its kernel the same source
     sha256 and header digests (``included_headers``), and for the binary the same NVRTC version
     and options, and the file's sha256 matches."""
     manifest = {symbol: {"source": f"kernels/{symbol}.cu", "source_sha256": sha256(source.encode()),
-                         "headers": included_headers(source, f"kernels/{symbol}.cu"), "binaries": {}}
+                         "headers": included_headers(source, f"kernels/{symbol}.cu", headers), "binaries": {}}
                 for symbol, source in sources.items()}
     if not archs:  # a CPU-only package: sources, no binaries
         return {}, manifest
@@ -236,7 +255,7 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
         progress.start(len(jobs), f"compiling {len(jobs)} kernel binaries with NVRTC {version} "
                                   f"({len(sources) * len(archs) - len(jobs)} reused)")
         try:
-            files.update(run_compiles(jobs, progress))
+            files.update(run_compiles(jobs, progress, cuda_headers(headers)))
         finally:
             progress.finish()
     for symbol, entry in manifest.items():
@@ -245,16 +264,22 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
     return files, manifest
 
 
-def cuda_headers() -> dict[str, str]:
-    """The kernel-math headers the generated sources include, by file name."""
-    return {p.name: p.read_text() for p in sorted(CUDA_HEADERS.glob("*.cuh"))}
+def cuda_headers(headers: dict[str, Path] | None = None) -> dict[str, str]:
+    """The kernel-math headers the generated sources may include, by file name (NVRTC gets them in
+    memory): ``headers`` (header_files), default templates/cuda's."""
+    return {name: path.read_text() for name, path in (header_files() if headers is None else headers).items()}
 
 
 def build_package(config: Config, progress: Progress | None = None, reuse: bool = True) -> dict[str, bytes]:
     """The complete output set; ``reuse`` lets matching binaries of the existing package stand."""
-    progress = progress or Progress()
-    plans = load_plans(config)
+    with plugins.loaded(config.plugins, config.root) as ext:
+        return _build(config, ext, progress or Progress(), reuse)
+
+
+def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: bool) -> dict[str, bytes]:
+    plans = plans_with(config, ext)
     unique, per_plan = collect_kernels(plans)
+    headers = header_files(ext.headers)
     env = emit.environment()
     files: dict[str, str | bytes] = {}
     sources: dict[str, str] = {}
@@ -264,8 +289,10 @@ def build_package(config: Config, progress: Progress | None = None, reuse: bool 
         details.update(kernel_details(spec, config.dtypes))
     for symbol, source in sources.items():
         files[f"kernels/{symbol}.cu"] = source
-    for name, text in cuda_headers().items():  # shipped so the sources rebuild as they stand
-        files[f"kernels/{name}"] = text
+    shipped = {name for source in sources.values() for name in included_headers(source, "", headers)}
+    for name, path in headers.items():  # shipped so the sources rebuild as they stand
+        if name not in ext.headers or name in shipped:
+            files[f"kernels/{name}"] = path.read_text()
     launchers = [dict(name=s.name, family=s.family, ctx=s.ctx, summary=s.summary,
                       geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), **kn.launcher_io(s))
                  for s in unique.values()]
@@ -279,7 +306,7 @@ def build_package(config: Config, progress: Progress | None = None, reuse: bool 
     files["__init__.py"] = env.get_template("package_init.py.j2").render(
         pipelines=[p.pipeline for p in plans], dtypes=config.dtypes, archs=config.archs)
     previous = config.out if reuse and config.out.is_dir() else None
-    binaries, manifest = compile_kernels(sources, config.archs, previous, progress)
+    binaries, manifest = compile_kernels(sources, config.archs, previous, progress, headers)
     for symbol, entry in manifest.items():
         entry.update(details[symbol])
     files.update(binaries)

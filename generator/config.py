@@ -28,7 +28,9 @@ SCHEMA = {
     "package": (str, "the output package folder", '"generated"'),
     "archs": (list, "GPU targets", '["sm_80", "sm_90", "compute_80"]'),
     "dtypes": (list, "dtypes to build kernels for", '["bfloat16", "float16", "float32"]'),
+    "plugins": (list, "modules that register ops and fusion rules", '["mypkg.fusegen_ext"]'),
 }
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Config:
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     root: Path = Path(".")  # paths in messages and generated files are shown relative to this
     source: Path | None = None  # the pyproject.toml the settings came from, if any
+    plugins: tuple[str, ...] = ()  # modules imported (with ``root`` on sys.path) before specs are read
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -164,5 +167,10 @@ def load_config(cli_specs: list[str], config: str | None, out: str | None, archs
     dtype_list = split_list(dtypes, "--dtypes") if dtypes is not None else tuple(table.get("dtypes", DEFAULT_DTYPES))
     check_dtypes(dtype_list, "--dtypes" if dtypes is not None else f"{source} dtypes")
     check_archs(arch_list, supported_archs, "--archs" if archs is not None else f"{source} archs")
+    plugins = tuple(table.get("plugins", ()))
+    for name in plugins:
+        if not MODULE_NAME.fullmatch(name):
+            raise UsageError(f"{source} plugins: {name!r} is not a module name; write a dotted import path "
+                             "like 'mypkg.fusegen_ext' (the module is imported from the project folder)")
     return Config(specs, out_path, tuple(dict.fromkeys(arch_list)), tuple(dict.fromkeys(dtype_list)),
-                  root=root.resolve(), source=pyproject)
+                  root=root.resolve(), source=pyproject, plugins=tuple(dict.fromkeys(plugins)))

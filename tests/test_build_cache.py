@@ -40,9 +40,9 @@ def package(tmp_path, monkeypatch):
     compiled = []
     run_compiles = build.run_compiles
 
-    def counting(jobs, progress):  # jobs run in worker processes: count them here, in the parent
+    def counting(jobs, progress, headers):  # jobs run in worker processes: count them here, in the parent
         compiled.extend((symbol, target) for symbol, _, target in jobs)
-        return run_compiles(jobs, progress)
+        return run_compiles(jobs, progress, headers)
 
     monkeypatch.setattr(build, "run_compiles", counting)
     return config, headers, compiled

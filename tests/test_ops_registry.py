@@ -67,7 +67,7 @@ def reference_calls(op: OpDef, x, dy):
     forward, backward = op.reference
     if op.functor_form == "binary":  # fwd(x, t, *constants), bwd(x, t, dy, *constants) -> (dx, dt)
         constants = op.device_args(bind_args(op, SAMPLE_ARGS.get(op.name, ()), {}))
-        t = dy.flip(0) if op.operand.broadcast == "element" else dy[0] if op.operand.broadcast == "column" else dy[0, :1]
+        t = dy.flip(0) if op.operand.broadcast == "element" else dy[0] if op.operand.broadcast == "column" else dy[0, 0]
         return [(forward, (x, t, *constants)), (backward, (x, t, dy, *constants))]
     if op.functor_form == "tee":
         return [(forward, (x,))]

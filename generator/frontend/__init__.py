@@ -23,7 +23,6 @@ from pathlib import Path
 from ..errors import Location, SpecError
 from .calls import MAX_OPS, OpCall, SequentialSpec
 from .reader import _SpecReader
-from .scope import OP_MODULES
 from .source import _MAX_INT_BITS, MAX_NESTING, MAX_SOURCE_CHARS, SpecSource, nesting_hint
 
 # The package, module by module: source.py (the text: bounds, parsing, locations), scope.py
@@ -55,6 +54,6 @@ def parse_spec_file(path: Path, display_path: str | None = None) -> list[Sequent
 
 
 __all__ = [
-    "MAX_NESTING", "MAX_OPS", "MAX_SOURCE_CHARS", "OP_MODULES", "_MAX_INT_BITS", "OpCall", "SequentialSpec",
+    "MAX_NESTING", "MAX_OPS", "MAX_SOURCE_CHARS", "_MAX_INT_BITS", "OpCall", "SequentialSpec",
     "parse_spec", "parse_spec_file",
 ]

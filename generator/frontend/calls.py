@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..errors import Location, SpecError
-from ..ops import OPS, SEQUENTIAL, Arg, OpDef
+from ..ops import OPS, SEQUENTIAL, Arg, OpDef, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
-from .scope import OP_MODULES, Scope, _dotted, _ident
+from .scope import Scope, _dotted, _ident
 from .source import SpecSource
 from .values import ConstantFolder
 
@@ -90,10 +90,12 @@ class OpBinder:
         spelled = self.source.code(func)
         target = self.scope.resolve(func)
         if target is None:
-            why = (f" ('{spelled}' is not imported from {' or '.join(OP_MODULES)})"
+            why = (f" ('{spelled}' is not imported from {' or '.join(op_modules())})"
                    if _dotted(func) else "")
-        elif target[0] not in OP_MODULES:
-            why = f" (it is {'.'.join(target)}, not an op of {' or '.join(OP_MODULES)})"
+        elif target[0] not in op_modules():
+            why = f" (it is {'.'.join(target)}, not an op of {' or '.join(op_modules())})"
+        elif target[1] in OPS:  # a plugin's op spelled from Transformer Engine, or the reverse
+            why = f" ({target[1]} is not in {target[0]}; import it from {' or '.join(OPS[target[1]].modules)})"
         else:
             why = ""
         return SpecError(f"unknown op '{spelled}'{why}; known ops: {', '.join(sorted(OPS))}", self.source.loc(func))

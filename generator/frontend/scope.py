@@ -12,9 +12,7 @@ import unicodedata
 
 import libcst as cst
 
-from ..ops import OPS, SEQUENTIAL
-
-OP_MODULES = ("transformer_engine.pytorch.ops", "fusegen.eager")
+from ..ops import OPS, SEQUENTIAL, importable, op_modules
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
@@ -65,8 +63,8 @@ class Scope:
         if isinstance(node.names, cst.ImportStar):
             # An op module exports its ops and Sequential; what any other module binds is unknown,
             # and names it would bind stay unresolved ("unknown op").
-            if base in OP_MODULES:
-                for name in (*OPS, SEQUENTIAL):
+            if base in op_modules():
+                for name in [name for name in (*OPS, SEQUENTIAL) if importable(base, name)]:
                     self.forget(name, f"line {line} imports it")
                     self.aliases[name] = f"{base}.{name}"
             return
@@ -92,9 +90,9 @@ class Scope:
     def op_name(self, call: cst.Call) -> str | None:
         """The op (or SEQUENTIAL) a call constructs, or None if it is not from an op module."""
         target = self.resolve(call.func)
-        if target is None or target[0] not in OP_MODULES:
+        if target is None or not importable(*target):
             return None
-        return target[1] if target[1] in OPS or target[1] == SEQUENTIAL else None
+        return target[1]
 
 
 class _Bindings(cst.CSTVisitor):

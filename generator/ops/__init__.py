@@ -29,8 +29,8 @@ from __future__ import annotations
 import importlib
 
 from . import shipped
-from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEATURES, OPS, REQUIRED, Arg,
-                    OpDef, Operand, Param, float_tag, register)
+from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEATURES, OPS, REQUIRED,
+                    SPEC_MODULES, Arg, OpDef, Operand, Param, float_tag, register)
 
 # The family modules register their ops when imported, so this order is the order of OPS (and of
 # _reference.py); imported by name so that no import sorter can reorder them.
@@ -48,6 +48,18 @@ def elementwise_kinds() -> frozenset[str]:
     return frozenset(op.kind for op in OPS.values() if op.functor_form is not None)
 
 
+def op_modules() -> tuple[str, ...]:
+    """Every module a spec may import ops from: Transformer Engine's, fusegen's, plugins'."""
+    return tuple(dict.fromkeys([*SPEC_MODULES, *(m for op in OPS.values() for m in op.modules)]))
+
+
+def importable(module: str, name: str) -> bool:
+    """Whether ``from <module> import <name>`` gives a spec an op (or Sequential)."""
+    if name == SEQUENTIAL:
+        return module in SPEC_MODULES
+    return name in OPS and module in OPS[name].modules
+
+
 def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
     """The basic ops a spec-level op stands for (``Linear`` is BasicLinear + Bias)."""
     op = OPS[name]
@@ -63,5 +75,6 @@ def reference_source() -> str:
 
 __all__ = [
     "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "SEQUENTIAL", "Arg",
-    "OpDef", "Operand", "Param", "basic_ops", "elementwise_kinds", "float_tag", "reference_source", "register",
+    "SPEC_MODULES", "OpDef", "Operand", "Param", "basic_ops", "elementwise_kinds", "float_tag", "importable",
+    "op_modules", "reference_source", "register",
 ]

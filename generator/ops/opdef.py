@@ -13,6 +13,9 @@ from typing import Callable
 from . import shipped
 
 REQUIRED = object()  # marker: argument has no default
+# Where a spec imports the shipped ops (and Sequential) from: Transformer Engine, or fusegen's
+# eager module. A plugin's ops are imported from the plugin's own module (OpDef.modules).
+SPEC_MODULES = ("transformer_engine.pytorch.ops", "fusegen.eager")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class OpDef:
     reference_args: Callable[[dict], tuple] | None = None
     summary: str = ""
     expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
+    modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
     extra_inputs: int = 0
     extra_outputs: int = 0
     needs_input_in_backward: bool = False  # backward reads the forward input value

@@ -1,0 +1,175 @@
+"""Plugins: modules of the user's own repository that add ops and fusion rules.
+
+``[tool.fusegen] plugins = ["mypkg.fusegen_ext"]`` names modules that fusegen imports (with the
+project folder, where the pyproject.toml is, first on ``sys.path``) before it reads any spec. At
+import they call ``register_op`` and ``register_rule``; what they register lasts for that one
+build (``loaded``), so two builds in one process never see each other's plugins. As with TE's
+``BasicOperation`` and ``register_forward_fusion``, nothing of fusegen is forked:
+
+    from fusegen.plugins import FORWARD, ELEMENTWISE, OpDef, Operand, Param, Rule, register_op, register_rule
+
+    def learnable_scale(x, scale):                 # reference math, shipped into _reference.py
+        return x * scale
+    ...
+    register_op(OpDef("LearnableScale", "learnable_scale", ..., device_struct="ext::Mul",
+                      device_header="learnable_scale.cuh"), cuda="cuda")
+    register_rule(Rule("axpy", FORWARD, ELEMENTWISE, "...", pattern=("scale", "add_extra_input")),
+                  before="elementwise")
+
+An op's reference functions follow the registry's rules (ops/shipped.py: they may read only
+``torch``, ``math``, the common helpers and their own helpers; ``torch`` is this module's lazy
+one, so a plugin never imports torch into the compiler). Its device functor lives in a ``.cuh``
+of the plugin's ``cuda`` folder, which kernels include by name and the build cache digests.
+A rule is checked against its stage implementation when it is made (plan.Rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+from . import fusion_rules
+from .errors import UsageError
+from .emit import TEMPLATES
+from .ops import OPS, SPEC_MODULES, Arg, OpDef, Operand, Param, register
+from .ops.lazy import torch
+from .plan import BACKWARD, FORWARD, Rule, RuleError
+from .stages import ELEMENTWISE, GEMM, NORM
+
+BUILTIN_HEADERS = TEMPLATES / "cuda"
+
+
+@dataclass
+class Extensions:
+    """What the plugins of one build added: the rule lists in force and their device headers."""
+
+    forward_rules: list[Rule] = field(default_factory=lambda: list(fusion_rules.FORWARD_RULES))
+    backward_rules: list[Rule] = field(default_factory=lambda: list(fusion_rules.BACKWARD_RULES))
+    headers: dict[str, Path] = field(default_factory=dict)  # header name -> file, plugins' only
+    loading: str = ""  # the plugin module being imported
+
+
+_active: Extensions | None = None
+
+
+def _current(what: str) -> Extensions:
+    if _active is None or not _active.loading:
+        raise RuntimeError(f"{what} is for plugin modules: name the module in [tool.fusegen] plugins of "
+                           "pyproject.toml and fusegen calls it while it imports the module")
+    return _active
+
+
+def register_op(op: OpDef, cuda: str | Path | None = None) -> OpDef:
+    """Add a plugin's op to the registry for this build.
+
+    ``cuda``: the folder holding the op's ``device_header`` (relative to the plugin module's
+    file, or absolute); needed when the op has a device functor. A spec imports the op from the
+    module that registers it, unless ``op.modules`` names others."""
+    ext = _current("register_op")
+    module = sys.modules.get(ext.loading)
+    if op.modules == SPEC_MODULES:  # not said: the spec imports it from the plugin module
+        op = replace(op, modules=(ext.loading,))
+    if op.device_struct:
+        if cuda is None:
+            raise RuleError(f"op {op.name}: its functor {op.device_struct} needs the folder of "
+                            f"{op.device_header}: register_op(..., cuda=\"cuda\")")
+        folder = Path(cuda)
+        if not folder.is_absolute() and module is not None and getattr(module, "__file__", None):
+            folder = Path(module.__file__).resolve().parent / folder
+        header = folder / op.device_header
+        if not header.is_file():
+            raise RuleError(f"op {op.name}: device header {op.device_header} not found in {folder}")
+        known = ext.headers.get(op.device_header)
+        if (BUILTIN_HEADERS / op.device_header).is_file() or (known is not None and known != header):
+            raise RuleError(f"op {op.name}: a device header named {op.device_header} already exists; "
+                            "give the plugin's header a name of its own")
+        ext.headers[op.device_header] = header
+    return register(op)
+
+
+def register_rule(rule: Rule, *, before: str | None = None, after: str | None = None) -> Rule:
+    """Put a plugin's rule into its pass's ordered rule list for this build: just before or after
+    the rule named ``before``/``after``, or last (after every shipped rule) when neither is given."""
+    ext = _current("register_rule")
+    rules = ext.forward_rules if rule.pass_ == FORWARD else ext.backward_rules
+    if before is not None and after is not None:
+        raise RuleError(f"fusion rule '{rule.name}': give before= or after=, not both")
+    if any(r.name == rule.name for r in rules):
+        raise RuleError(f"fusion rule '{rule.name}' is already in the {rule.pass_} rules; give it another name")
+    anchor = before if before is not None else after
+    if anchor is None:
+        rules.append(rule)
+        return rule
+    names = [r.name for r in rules]
+    if anchor not in names:
+        raise RuleError(f"fusion rule '{rule.name}': no {rule.pass_} rule is named '{anchor}'; the {rule.pass_} "
+                        f"rules are {', '.join(names)}")
+    rules.insert(names.index(anchor) + (after is not None), rule)
+    return rule
+
+
+@contextlib.contextmanager
+def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
+    """Import the plugin ``modules`` from ``root``; yield what they added; then remove it all (ops
+    from the registry, the modules from sys.modules), so the next build starts clean."""
+    global _active
+    if _active is not None:
+        raise RuntimeError("plugins are already loaded for a build in progress")
+    ext = Extensions()
+    ops_before = dict(OPS)
+    modules_before = set(sys.modules)
+    sys.path.insert(0, str(root))
+    _active = ext
+    try:
+        for name in modules:
+            ext.loading = name
+            _import(name, root)
+        ext.loading = ""
+        yield ext
+    finally:
+        _active = None
+        sys.path.remove(str(root))
+        OPS.clear()
+        OPS.update(ops_before)
+        for name in set(sys.modules) - modules_before:
+            if _is_plugin_module(name, modules, root):  # fusegen's own lazy imports stay
+                del sys.modules[name]
+
+
+def _is_plugin_module(name: str, plugins: tuple[str, ...], root: Path) -> bool:
+    """A module the plugins brought in: one of them, a submodule, or any module from ``root``."""
+    if any(name == p or name.startswith(p + ".") for p in plugins):
+        return True
+    file = getattr(sys.modules.get(name), "__file__", None)
+    return file is not None and Path(file).resolve().is_relative_to(root.resolve())
+
+
+def _import(name: str, root: Path) -> None:
+    """Import one plugin module; any failure is the user's to fix: a UsageError saying where."""
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (name == err.name or name.startswith(err.name + ".")):
+            raise UsageError(f"plugin {name} not found: [tool.fusegen] plugins names modules importable from "
+                             f"the project folder {root} (a package folder or a .py file there)") from None
+        raise UsageError(f"plugin {name} failed to import: {_where(err)}") from None
+    except (RuleError, ValueError) as err:  # a rule or op refused when defined
+        raise UsageError(f"plugin {name}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - a bug in the user's module, shown as a message
+        raise UsageError(f"plugin {name} failed to import: {_where(err)}") from None
+
+
+def _where(err: BaseException) -> str:
+    """``file:line: Type: message`` of the innermost frame that raised ``err``."""
+    frames = traceback.extract_tb(err.__traceback__)
+    at = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    return f"{at}{type(err).__name__}: {err}"
+
+
+__all__ = ["BACKWARD", "ELEMENTWISE", "FORWARD", "GEMM", "NORM", "Arg", "OpDef", "Operand", "Param", "Rule",
+           "RuleError", "loaded", "register_op", "register_rule", "torch"]

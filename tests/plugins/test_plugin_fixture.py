@@ -1,0 +1,176 @@
+"""A plugin in the user's own repository (tests/fixtures/plugin_project): TE's op-fuser guide
+examples as a fusegen plugin, LearnableScale (a custom op with a scalar parameter) and the
+ForwardAxpy fusion. The project's package generates, is current, plans with the plugin's rule,
+and matches float64 references on CPU; what the plugin registers lasts one build."""
+
+import importlib
+import shutil
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import references as R
+from fusegen import build, fusion_rules, output, plugins
+from fusegen.cli import main
+from fusegen.config import Config
+from fusegen.ops import OPS
+from plugin_references import PIPELINES, PROJECT
+
+
+def test_plan_uses_the_plugins_op_and_rule(monkeypatch, capsys):
+    monkeypatch.chdir(PROJECT)
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "1. [forward_axpy] elementwise: ConstantScale(0.5), AddExtraInput()" in out
+    assert "1. [elementwise] elementwise: LearnableScale(), GELU()" in out
+    assert "1. [elementwise_backward] elementwise: Bias(128), LearnableScale(), GELU()" in out
+
+
+def test_checked_in_package_of_the_plugin_project_is_current(monkeypatch, capsys):
+    monkeypatch.chdir(PROJECT)
+    assert main(["generate", "--check"]) == 0, capsys.readouterr().err
+
+
+def test_a_plugin_build_leaves_no_trace():
+    config = Config(specs=(PROJECT / "specs" / "scaled.py",), out=PROJECT / "generated_ext", archs=(),
+                    root=PROJECT, plugins=("fusegen_ext",))
+    before_rules = (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+    plans = build.load_plans(config)
+    assert [s.rule.name for s in plans[1].forward] == ["linear", "forward_axpy"]
+    assert "LearnableScale" not in OPS and "fusegen_ext" not in sys.modules
+    assert str(PROJECT) not in sys.path
+    assert (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES) == before_rules
+    assert build.load_plans(config)[1].forward[1].rule.name == "forward_axpy"  # a second build loads it again
+
+
+def _generate_cpu_package(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("generated_ext", "__pycache__"))
+    config = Config(specs=(project / "specs" / "scaled.py",), out=project / "cpu_ext", archs=(),
+                    dtypes=("float32",), root=project, plugins=("fusegen_ext",))
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(project))
+    try:
+        return importlib.import_module("cpu_ext")
+    finally:
+        sys.path.remove(str(project))
+        for name in [n for n in sys.modules if n == "cpu_ext" or n.startswith("cpu_ext.")]:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_plugin_pipelines_match_float64_references_on_cpu(tmp_path, name):
+    pkg = _generate_cpu_package(tmp_path)
+    cls_name, reference, features = PIPELINES[name]
+    module = getattr(pkg, cls_name)()
+    R.randomize_(module, torch.Generator().manual_seed(1))
+    R.run_and_compare(module, name, (3, 5, features), torch.float32, "cpu", reference=reference)
+
+
+def test_learnable_scale_parameter_is_a_scalar_and_its_kernels_use_the_plugin_header():
+    source = (PROJECT / "generated_ext" / "scaled_mlp.py").read_text()
+    assert 'self._modules["1"].scale = torch.nn.Parameter(torch.empty((), device=device, dtype=dtype))' in source
+    kernel = (PROJECT / "generated_ext" / "kernels" / "lscale_bwd_n64_bf16.cu").read_text()
+    assert '#include "learnable_scale.cuh"' in kernel and "const ext::Mul op0{};" in kernel
+    assert (PROJECT / "generated_ext" / "kernels" / "learnable_scale.cuh").is_file()
+    # the scalar grad: per-block partials, then one fixed-order sum; no column-sum kernel for it
+    launchers = (PROJECT / "generated_ext" / "_kernels.py").read_text()
+    assert "dscale0 = partials[:, 0:64].sum().to(dy.dtype)  # fixed-order reduction" in launchers
+
+
+# --- a plugin's mistakes are messages, exit 2 ----------------------------------------------------
+
+def _project_with(tmp_path, module_source, plugins_line='plugins = ["bad_ext"]', spec=None):
+    project = tmp_path / "p"
+    (project / "specs").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        f'[tool.fusegen]\nspecs = ["specs/*.py"]\npackage = "out"\n{plugins_line}\n')
+    (project / "bad_ext.py").write_text(textwrap.dedent(module_source))
+    (project / "specs" / "s.py").write_text(spec or textwrap.dedent("""\
+        from transformer_engine.pytorch.ops import Linear, Sequential
+        m = Sequential(Linear(8, 8))
+    """))
+    return project
+
+
+BAD_PLUGINS = [
+    ("""\
+        from fusegen.plugins import FORWARD, GEMM, Rule, register_rule
+        register_rule(Rule("linear_scale", FORWARD, GEMM, "GEMM + scale", pattern=("linear", "scale")))
+     """, "plugin bad_ext: fusion rule 'linear_scale' cannot be implemented: it may fuse linear + scale, but a "
+          "forward GEMM stage runs only these op chains: linear; linear + bias"),
+    ("""\
+        from fusegen.plugins import ELEMENTWISE, FORWARD, Rule, register_rule
+        register_rule(Rule("r", FORWARD, ELEMENTWISE, "x", pattern=("scale",)), before="elementwize")
+     """, "plugin bad_ext: fusion rule 'r': no forward rule is named 'elementwize'; the forward rules are add_norm"),
+    ("""\
+        from fusegen.plugins import OpDef, register_op
+        register_op(OpDef("Twice", "twice", device_struct="ext::Twice", device_header="twice.cuh"), cuda="cuda")
+     """, "plugin bad_ext: op Twice: device header twice.cuh not found in"),
+    ("""\
+        from fusegen.plugins import OpDef, register_op
+        register_op(OpDef("GELU", "activation"))
+     """, "plugin bad_ext: op GELU is registered twice"),
+    ("""\
+        SCALE = 2.0
+        from fusegen.plugins import OpDef, register_op
+        def twice(x):
+            return x * SCALE
+        register_op(OpDef("Twice", "twice", reference=(twice, None)))
+     """, "plugin bad_ext: Twice: reference function bad_ext.twice reads 'SCALE'"),
+    ("""\
+        import fusegen.plugins
+        1 / 0
+     """, "plugin bad_ext failed to import: "),
+]
+
+
+@pytest.mark.parametrize("source, message", BAD_PLUGINS, ids=["gemm-rule", "anchor", "header", "twice", "unshippable",
+                                                                  "bug"])
+def test_a_broken_plugin_is_a_message_at_the_plugin(tmp_path, monkeypatch, capsys, source, message):
+    monkeypatch.chdir(_project_with(tmp_path, source))
+    assert main(["plan"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert "Twice" not in OPS and "bad_ext" not in sys.modules
+
+
+def test_a_bug_in_a_plugin_names_its_file_and_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(_project_with(tmp_path, BAD_PLUGINS[-1][0]))
+    assert main(["plan"]) == 2
+    assert "bad_ext.py:2: ZeroDivisionError: division by zero" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, message", [
+    ('plugins = ["not_there"]', "plugin not_there not found: [tool.fusegen] plugins names modules importable"),
+    ('plugins = ["bad ext"]', "plugins: 'bad ext' is not a module name"),
+    ('plugins = "bad_ext"', '[tool.fusegen] plugins must be a list of strings (modules that register ops and fusion '
+                              'rules), e.g. plugins = ["mypkg.fusegen_ext"]'),
+])
+def test_plugin_settings_are_checked(tmp_path, monkeypatch, capsys, line, message):
+    monkeypatch.chdir(_project_with(tmp_path, "", plugins_line=line))
+    assert main(["plan"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_plugin_op_is_imported_from_the_plugin_not_from_te(tmp_path, monkeypatch, capsys):
+    source = """\
+        from fusegen.plugins import OpDef, register_op
+        register_op(OpDef("Noop", "noop"))
+    """
+    spec = "from transformer_engine.pytorch.ops import Linear, Noop, Sequential\nm = Sequential(Linear(8, 8), Noop())\n"
+    monkeypatch.chdir(_project_with(tmp_path, source, spec=spec))
+    assert main(["plan"]) == 2
+    assert "unknown op 'Noop' (Noop is not in transformer_engine.pytorch.ops; import it from bad_ext)" \
+        in capsys.readouterr().err
+
+
+def test_register_outside_a_plugin_says_how_to_use_it():
+    from fusegen.plugins import OpDef, register_op
+
+    with pytest.raises(RuntimeError, match="name the module in \\[tool.fusegen\\] plugins"):
+        register_op(OpDef("Loose", "loose"))
+    assert plugins._active is None
