@@ -4,9 +4,11 @@
     fusegen generate a.py b.py --out pkg/generated
     fusegen generate --check    exit 1 and name the files if the output package is stale
     fusegen plan specs/x.py     print the fusion plans of a spec file, compile nothing
+    fusegen ops                 list every op a spec can use (the plugins' of [tool.fusegen] included)
 
 [tool.fusegen] keys: specs (list of paths or globs), package (output folder),
-archs (default sm_80, sm_90, compute_80), dtypes (default bfloat16, float16, float32).
+archs (default sm_80, sm_90, compute_80), dtypes (default bfloat16, float16, float32), plugins
+(modules that register ops and fusion rules; see the README).
 
 Exit codes: 0 success, 1 stale output (--check), 2 a user error (spec, configuration, arguments,
 paths), 3 a toolchain failure (NVRTC, CUDA headers), 130 interrupted, 70 an internal error (a bug
@@ -23,7 +25,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import build, output
+from . import build, output, plugins
 from . import config as cfg
 from . import progress as prog
 from .errors import SpecError, ToolchainError, UsageError
@@ -101,6 +103,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ops(args: argparse.Namespace) -> int:
+    """Every registered op: its signature, what it computes, where a spec imports it from."""
+    from .ops import OPS
+
+    pyproject = Path.cwd() / args.config if args.config else cfg.find_pyproject(Path.cwd())
+    if args.config and not pyproject.is_file():
+        raise UsageError(f"config file {args.config} not found")
+    table = cfg.fusegen_table(pyproject) if pyproject is not None else {}
+    with plugins.loaded(tuple(table.get("plugins", ())), pyproject.parent if pyproject else Path.cwd()):
+        for op in OPS.values():
+            print(f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="fusegen", description="Ahead-of-time fusion compiler for te.ops pipelines.")
     top.add_argument("--version", action="version", version=f"fusegen {version()}")
@@ -118,6 +134,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "generate":
             p.add_argument("--check", action="store_true", help="exit 1 if the output package is stale")
             p.add_argument("--rebuild", action="store_true", help="recompile every kernel, reuse nothing")
+    p = sub.add_parser("ops", help="list every op a spec can use, with its signature")
+    p.add_argument("--config", help="pyproject.toml whose [tool.fusegen] plugins to load")
+    p.add_argument("--debug", action="store_true", help="show a traceback with every error")
     return top
 
 
@@ -125,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     """The one top-level handler: every error leaves as one message and its exit code."""
     args = parser().parse_args(argv)
     try:
-        return cmd_generate(args) if args.command == "generate" else cmd_plan(args)
+        return {"generate": cmd_generate, "plan": cmd_plan, "ops": cmd_ops}[args.command](args)
     except KeyboardInterrupt:
         print("fusegen: interrupted (every file is written whole or not at all)", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -221,3 +221,12 @@ def test_an_op_no_rule_covers_is_a_located_message(spec, capsys, monkeypatch):
     monkeypatch.setattr(fusion_rules, "FORWARD_RULES", fusion_rules.FORWARD_RULES[:-1])  # no elementwise rule
     code, err = run(capsys, "plan", "spec.py")
     assert code == 2 and err.startswith("spec.py:2:33: error: no forward fusion rule covers GELU()"), err
+
+
+def test_ops_lists_every_registered_op_with_its_signature(capsys):
+    from fusegen.ops import OPS
+
+    assert cli.main(["ops"]) == 0
+    out = capsys.readouterr().out
+    for op in OPS.values():
+        assert f"{op.signature()}\n    {op.summary}  (from transformer_engine.pytorch.ops or fusegen.eager)" in out

@@ -174,3 +174,10 @@ def test_register_outside_a_plugin_says_how_to_use_it():
     with pytest.raises(RuntimeError, match="name the module in \\[tool.fusegen\\] plugins"):
         register_op(OpDef("Loose", "loose"))
     assert plugins._active is None
+
+
+def test_ops_lists_the_plugins_ops_where_a_spec_imports_them(monkeypatch, capsys):
+    monkeypatch.chdir(PROJECT)
+    assert main(["ops"]) == 0
+    assert "LearnableScale()\n    y = scale * x, scale a learned scalar  (from fusegen_ext)" in capsys.readouterr().out
+    assert "LearnableScale" not in OPS
