@@ -39,15 +39,25 @@ def _check(result, what: str, source_name: str = "") -> None:
         raise NvrtcError(f"{prefix}{what} failed: {text.decode()}")
 
 
+def _loaded(call, *args):
+    """A first NVRTC call: cuda-bindings loads libnvrtc on it, so a missing or broken library shows
+    here (cuda.pathfinder's DynamicLibNotFoundError and kin) and is the toolchain's error."""
+    try:
+        return call(*args)
+    except Exception as err:  # noqa: BLE001 - whatever the loader raises
+        raise ToolchainError(f"cannot load the NVRTC library ({type(err).__name__}: {err}); install the pinned "
+                             "toolchain: pip install 'cuda-bindings==13.0.3' 'nvidia-cuda-nvrtc==13.0.88'") from None
+
+
 def nvrtc_version() -> str:
-    result, major, minor = nvrtc.nvrtcVersion()
+    result, major, minor = _loaded(nvrtc.nvrtcVersion)
     _check(result, "nvrtcVersion")
     return f"{major}.{minor}"
 
 
 def supported_archs() -> tuple[int, ...]:
     """The XY of every sm_XY this NVRTC can compile for (its own list, not a guess)."""
-    result, archs = nvrtc.nvrtcGetSupportedArchs()
+    result, archs = _loaded(nvrtc.nvrtcGetSupportedArchs)
     _check(result, "nvrtcGetSupportedArchs")
     return tuple(archs)
 

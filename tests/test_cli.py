@@ -87,6 +87,19 @@ def test_missing_cuda_headers_is_a_toolchain_error(spec, capsys, monkeypatch):
     assert not Path("fused").exists()
 
 
+def test_a_missing_nvrtc_library_is_a_toolchain_error(spec, capsys, monkeypatch):
+    class DynamicLibNotFoundError(RuntimeError):  # what cuda.pathfinder raises on the first call
+        pass
+
+    def not_found():
+        raise DynamicLibNotFoundError("Failure finding \"libnvrtc.so.13\"")
+
+    monkeypatch.setattr(nvrtc.nvrtc, "nvrtcGetSupportedArchs", not_found)
+    code, err = run(capsys, *GENERATE)
+    assert code == 3 and "cannot load the NVRTC library (DynamicLibNotFoundError: Failure finding" in err
+    assert "pip install 'cuda-bindings==13.0.3' 'nvidia-cuda-nvrtc==13.0.88'" in err and "Traceback" not in err
+
+
 def test_nvrtc_compile_failure_is_a_toolchain_error(spec, capsys, monkeypatch):
     real = build.cuda_sources
     monkeypatch.setattr(build, "cuda_sources", lambda *a: {k: v + "\nthis is not C++;\n" for k, v in real(*a).items()})
