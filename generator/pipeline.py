@@ -1,8 +1,8 @@
-"""From a parsed spec to a typed pipeline: basic ops with feature sizes, parameters and channels.
+"""The planner's view of a graph (ir.py): the chain of basic ops a Sequential runs, each with
+its feature sizes, parameters and extra input/output numbers.
 
-``Linear`` expands to BasicLinear + Bias (as in TE); ``Identity`` is dropped (it would only break
-fusion windows, catalog 6.2 item 13). Feature sizes flow from op to op; a size one op fixes and
-its neighbour contradicts is a SpecError at the contradicting call.
+Rules match consecutive ops of this chain, as TE's fuser matches its op list. Views (``Identity``)
+are left out (they would only break fusion windows, catalog 6.2 item 13).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import names
-from .ops import MAX_FEATURES, REQUIRED, OpDef, basic_ops
 from .errors import Location, SpecError
-from .frontend import OpCall, SequentialSpec
+from .frontend import SequentialSpec
+from .ir import Graph, build_graph
+from .ops import REQUIRED, OpDef
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Pipeline:
     ops: tuple[Op, ...]
     num_extra_inputs: int
     num_extra_outputs: int
+    graph: Graph  # what this chain is a view of
 
     @property
     def class_name(self) -> str:
@@ -78,11 +80,11 @@ class Pipeline:
 
     @property
     def in_features(self) -> int:
-        return self.ops[0].in_features
+        return self.graph.features(self.graph.inputs[0])
 
     @property
     def out_features(self) -> int:
-        return self.ops[-1].out_features
+        return self.graph.features(self.graph.outputs[0])
 
     @property
     def params(self) -> list[tuple[Op, str, str, tuple[int, ...], str]]:
@@ -93,74 +95,35 @@ class Pipeline:
         return self.ops[position].in_features if position < len(self.ops) else self.out_features
 
 
-def _infer_features(spec: SequentialSpec, expanded: list[tuple[OpDef, dict, OpCall]]) -> list[int]:
-    """Input feature size of each basic op, checked against every size an op fixes."""
-    sizes: list[int | None] = [None] * (len(expanded) + 1)
-    fixed_by: list[OpCall | None] = [None] * (len(expanded) + 1)
-    for i, (op, args, call) in enumerate(expanded):
-        want = op.fixed_in(args)
-        if want is not None:
-            if sizes[i] is not None and sizes[i] != want:
-                before = fixed_by[i]
-                raise SpecError(
-                    f"{call.op}() expects {want} input features, but the op before it "
-                    f"({before.op} at line {before.location.line}) produces {sizes[i]}; "
-                    "make the feature sizes of neighbouring ops agree",
-                    call.location,
-                )
-            sizes[i], fixed_by[i] = want, call
-        if sizes[i] is not None:
-            if op.kind == "glu" and sizes[i] % 2:
-                raise SpecError(
-                    f"{call.op}() splits its input into two halves, but it receives {sizes[i]} "
-                    "features (odd); give the op before it an even output size",
-                    call.location,
-                )
-            sizes[i + 1], fixed_by[i + 1] = op.out_features(args, sizes[i]), call
-    # Ops before the first one that fixes a size take it from their successor.
-    for i in range(len(expanded) - 1, -1, -1):
-        if sizes[i] is None and sizes[i + 1] is not None:
-            op, args, call = expanded[i]
-            sizes[i] = sizes[i + 1] * 2 if op.kind == "glu" else sizes[i + 1]
-            if sizes[i] > MAX_FEATURES:  # GLUs double the size backwards; the registry bounds only given sizes
-                raise SpecError(
-                    f"{call.op}() would need {sizes[i]} input features to produce the {sizes[i + 1]} that "
-                    f"follow it, more than fusegen's bound of {MAX_FEATURES} (2**24); give the pipeline "
-                    "fewer GLUs or smaller sizes",
-                    call.location,
-                )
-    if sizes[0] is None:
-        raise SpecError(
-            f"pipeline '{spec.name}' has no op that fixes the feature size; add an op with a size "
-            "(Linear, LayerNorm, RMSNorm, Bias) so kernels can be specialised",
-            spec.location,
-        )
-    return sizes  # type: ignore[return-value]
-
-
 def build_pipeline(spec: SequentialSpec) -> Pipeline:
-    if not spec.calls:
-        raise SpecError(f"pipeline '{spec.name}' is empty; give Sequential at least one op", spec.location)
-    expanded: list[tuple[OpDef, dict, OpCall, int]] = []
-    for module_index, call in enumerate(spec.calls):
-        for op, args in basic_ops(call.op, call.args):
-            expanded.append((op, args, call, module_index))
-    sizes = _infer_features(spec, [(op, args, call) for op, args, call, _ in expanded])
+    return chain(build_graph(spec))
+
+
+def chain(graph: Graph) -> Pipeline:
+    """The planner's view of a graph: its nodes in order, views left out, each op reading the
+    running value its predecessor wrote; extra inputs and outputs numbered by their order among
+    the graph's inputs and outputs. Kernels are specialised on feature sizes, so every size must
+    be fixed here."""
+    if graph.symbolic:
+        raise SpecError(
+            f"pipeline '{graph.name}' has no op that fixes the feature size; add an op with a size "
+            "(Linear, LayerNorm, RMSNorm, Bias) so kernels can be specialised",
+            graph.location,
+        )
     ops: list[Op] = []
-    n_in = n_out = 0
-    for i, (op, args, call, module_index) in enumerate(expanded):
-        if op.kind == "identity":
+    n_out = 0
+    for node in graph.nodes:
+        if node.opdef.view:
             continue
+        extra_input = graph.inputs.index(node.inputs[1]) - 1 if node.opdef.extra_inputs else None
         ops.append(Op(
-            index=len(ops), opdef=op, args=args, in_features=sizes[i], out_features=sizes[i + 1],
-            module_index=module_index, module_name=call.op, location=call.location,
-            extra_input=n_in if op.extra_inputs else None,
-            extra_output=n_out if op.extra_outputs else None,
+            index=len(ops), opdef=node.opdef, args=node.args, in_features=graph.features(node.inputs[0]),
+            out_features=graph.features(node.outputs[0]), module_index=node.module_index,
+            module_name=node.module_name, location=node.location, extra_input=extra_input,
+            extra_output=n_out if node.opdef.extra_outputs else None,
         ))
-        n_in += op.extra_inputs
-        n_out += op.extra_outputs
+        n_out += node.opdef.extra_outputs
     if not ops:
-        raise SpecError(f"pipeline '{spec.name}' has only Identity ops; there is nothing to generate", spec.location)
-    return Pipeline(spec.name, spec.file, spec.location, tuple(ops), n_in, n_out)
-
-
+        raise SpecError(f"pipeline '{graph.name}' has only Identity ops; there is nothing to generate", graph.location)
+    return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
+                    len(graph.outputs) - 1, graph)

@@ -97,6 +97,7 @@ class OpDef:
     summary: str = ""
     expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
     modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
+    view: bool = False  # moves no data (Identity): a graph node whose output is its input
     extra_inputs: int = 0
     extra_outputs: int = 0
     needs_input_in_backward: bool = False  # backward reads the forward input value

@@ -1,0 +1,156 @@
+"""The graph IR: a parsed spec as values and the nodes that produce and consume them.
+
+``build_graph`` turns a ``SequentialSpec`` into a ``Graph``. Every basic op is a ``Node`` (``Linear``
+expanded to BasicLinear + Bias, as in TE) reading and writing ``Value``s by index; a value knows
+its feature size, which is a ``Sym`` where no op fixes it. Extra inputs and outputs are values
+like any other: an ``AddExtraInput`` node reads the running value and a graph input, a
+``MakeExtraOutput`` node's input is also a graph output (the value handed out), in order, so the public
+names (``extra_input0``, ...) are the positions of those values among the graph's inputs and
+outputs. Views (``Identity``; later ``Reshape``) are nodes too: the planner's chain view
+(pipeline.py) passes them through.
+
+Sizes flow from op to op (``OpDef.fixed_in``, ``out_features``; a GLU halves); a size one op
+fixes and its neighbour contradicts is a SpecError at the contradicting call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .errors import Location, SpecError
+from .frontend import OpCall, SequentialSpec
+from .ops import MAX_FEATURES, OpDef, basic_ops
+
+
+@dataclass(frozen=True)
+class Sym:
+    """A feature size no op of the pipeline fixes: ``factor`` times the pipeline input's ``n``."""
+
+    factor: Fraction = Fraction(1)
+
+    def __mul__(self, k: int) -> Sym:
+        return Sym(self.factor * k)
+
+    def __floordiv__(self, k: int) -> Sym:
+        return Sym(self.factor / k)
+
+    def __str__(self) -> str:
+        return "n" if self.factor == 1 else f"{self.factor}*n"
+
+
+Size = int | Sym
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor of the pipeline, [rows, features]."""
+
+    index: int
+    features: Size
+    producer: int | None  # the node that writes it; None for a graph input
+
+
+@dataclass(frozen=True)
+class Node:
+    """One basic op: reads ``inputs`` (the running value, then any extra input), writes
+    ``outputs`` (a view writes nothing new: its output is its input)."""
+
+    index: int
+    opdef: OpDef
+    args: dict
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    module_index: int  # position in the spec's Sequential: the state_dict prefix
+    module_name: str  # the spec-level op ("Linear" for its BasicLinear and Bias)
+    location: Location
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    file: str
+    location: Location
+    values: tuple[Value, ...]
+    nodes: tuple[Node, ...]  # in execution order
+    inputs: tuple[int, ...]  # the pipeline input, then the extra inputs in order
+    outputs: tuple[int, ...]  # the pipeline output, then the extra outputs in order
+
+    def features(self, value: int) -> Size:
+        return self.values[value].features
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether some feature size is not fixed by any op."""
+        return any(isinstance(v.features, Sym) for v in self.values)
+
+
+def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) -> list[Size]:
+    """Feature size of the running value before each op (and after the last), checked against
+    every size an op fixes; a ``Sym`` where no op fixes one."""
+    sizes: list[Size | None] = [None] * (len(ops) + 1)
+    fixed_by: list[OpCall | None] = [None] * (len(ops) + 1)
+    for i, (op, args, call) in enumerate(ops):
+        want = op.fixed_in(args)
+        if want is not None:
+            if sizes[i] is not None and sizes[i] != want:
+                before = fixed_by[i]
+                raise SpecError(
+                    f"{call.op}() expects {want} input features, but the op before it "
+                    f"({before.op} at line {before.location.line}) produces {sizes[i]}; "
+                    "make the feature sizes of neighbouring ops agree",
+                    call.location,
+                )
+            sizes[i], fixed_by[i] = want, call
+        if sizes[i] is not None:
+            if op.halves_width and sizes[i] % 2:
+                raise SpecError(
+                    f"{call.op}() splits its input into two halves, but it receives {sizes[i]} "
+                    "features (odd); give the op before it an even output size",
+                    call.location,
+                )
+            sizes[i + 1], fixed_by[i + 1] = op.out_features(args, sizes[i]), call
+    # Ops before the first one that fixes a size take it from their successor.
+    for i in range(len(ops) - 1, -1, -1):
+        if sizes[i] is None and sizes[i + 1] is not None:
+            op, args, call = ops[i]
+            sizes[i] = sizes[i + 1] * 2 if op.halves_width else sizes[i + 1]
+            if sizes[i] > MAX_FEATURES:  # GLUs double the size backwards; the registry bounds only given sizes
+                raise SpecError(
+                    f"{call.op}() would need {sizes[i]} input features to produce the {sizes[i + 1]} that "
+                    f"follow it, more than fusegen's bound of {MAX_FEATURES} (2**24); give the pipeline "
+                    "fewer GLUs or smaller sizes",
+                    call.location,
+                )
+    if sizes[0] is None:  # no op fixes a size: everything is a multiple of the input's n
+        sizes[0] = Sym()
+        for i, (op, args, _) in enumerate(ops):
+            sizes[i + 1] = op.out_features(args, sizes[i])
+    return sizes  # type: ignore[return-value]
+
+
+def build_graph(spec: SequentialSpec) -> Graph:
+    if not spec.calls:
+        raise SpecError(f"pipeline '{spec.name}' is empty; give Sequential at least one op", spec.location)
+    expanded = [(op, args, call, module_index)
+                for module_index, call in enumerate(spec.calls) for op, args in basic_ops(call.op, call.args)]
+    sizes = _infer_sizes(spec, [(op, args, call) for op, args, call, _ in expanded])
+    values = [Value(0, sizes[0], None)]
+    inputs, extra_outputs, nodes = [0], [], []
+    running = 0
+
+    def new_value(features: Size, producer: int | None) -> int:
+        values.append(Value(len(values), features, producer))
+        return len(values) - 1
+
+    for i, (op, args, call, module_index) in enumerate(expanded):
+        reads = [running]
+        for _ in range(op.extra_inputs):  # an extra input: a graph input of the running value's width
+            reads.append(new_value(sizes[i], None))
+            inputs.append(reads[-1])
+        out = running if op.view else new_value(sizes[i + 1], len(nodes))
+        extra_outputs += [running] * op.extra_outputs  # an extra output hands out the value it reads
+        nodes.append(Node(len(nodes), op, args, tuple(reads), (out,), module_index, call.op, call.location))
+        running = out
+    return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
+                 (running, *extra_outputs))
