@@ -12,6 +12,7 @@ from .linear import BACKWARD_LINEAR, FORWARD_LINEAR
 from .linear_bias import FORWARD_LINEAR_BIAS
 from .norm import BACKWARD_NORM, FORWARD_NORM
 from .norm_residual_grad import BACKWARD_NORM_RESIDUAL_GRAD
+from .opaque import BACKWARD_OPAQUE, FORWARD_OPAQUE
 
 FORWARD_RULES = (
     FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
@@ -19,6 +20,7 @@ FORWARD_RULES = (
     FORWARD_LINEAR_BIAS,  # BasicLinear Bias: one GEMM with the bias in its epilogue
     FORWARD_LINEAR,  # BasicLinear: one GEMM
     FORWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel
+    FORWARD_OPAQUE,  # an op registered opaque: its reference math in PyTorch
 )
 
 BACKWARD_RULES = (
@@ -27,6 +29,7 @@ BACKWARD_RULES = (
     BACKWARD_EXTRA_OUTPUT_LINEAR,  # MakeExtraOutput BasicLinear: dgrad GEMM accumulates (beta=1)
     BACKWARD_LINEAR,  # BasicLinear: dgrad and wgrad GEMMs
     BACKWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel, dbias fused
+    BACKWARD_OPAQUE,  # an op registered opaque: its reference backward in PyTorch
 )
 
 __all__ = ["FORWARD_RULES", "BACKWARD_RULES"]

@@ -50,14 +50,14 @@ class Rule:
             raise RuleError(f"{where}: pass_ must be '{FORWARD}' or '{BACKWARD}', got {self.pass_!r}")
         if not isinstance(self.stage, StageImpl):
             raise RuleError(f"{where}: stage must be a stage implementation (fusegen.stages: GEMM, NORM, "
-                            f"ELEMENTWISE), got {self.stage!r}")
+                            f"ELEMENTWISE, OPAQUE), got {self.stage!r}")
         if isinstance(self.pattern, str) or not all(isinstance(k, str) for k in self.pattern):
             raise RuleError(f"{where}: pattern must be a tuple of op kinds, e.g. (\"linear\",) or "
                             f"(\"scale\", \"add_extra_input\"); got {self.pattern!r}")
         if bool(self.pattern) == (self.match is not None):
             raise RuleError(f"{where}: give either a pattern of op kinds or a match function, not "
                             f"{'both' if self.pattern else 'neither'}")
-        if self.match is not None and not self.covers:
+        if self.match is not None and not self.covers and not self.stage.takes_any_op:
             raise RuleError(f"{where}: a match function needs covers=, the op kinds it may fuse, so the stage "
                             "can check it runs them")
         known = {op.kind for op in OPS.values()}

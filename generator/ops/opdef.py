@@ -98,6 +98,7 @@ class OpDef:
     expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
     modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
     view: bool = False  # moves no data (Identity): a graph node whose output is its input
+    opaque: bool = False  # runs unfused as its reference math in PyTorch (stages/opaque.py)
     extra_inputs: int = 0
     extra_outputs: int = 0
     needs_input_in_backward: bool = False  # backward reads the forward input value
@@ -151,6 +152,9 @@ def register(op: OpDef) -> OpDef:
     module constant, a closure, a function it does not declare) is refused here, when defined."""
     if op.name in OPS:
         raise ValueError(f"op {op.name} is registered twice")
+    if op.opaque and (op.device_struct or None in op.reference):
+        raise ValueError(f"op {op.name}: an opaque op runs as its reference math, so it needs a reference "
+                         "forward and backward and no device functor")
     shipped.check_shippable(op, OPS.values())
     OPS[op.name] = op
     return op

@@ -9,8 +9,9 @@ from .base import Block, Emitter, Recompute, Saves, StageImpl
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM
+from .opaque import OPAQUE
 
-__all__ = ["ELEMENTWISE", "GEMM", "NORM", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ELEMENTWISE", "GEMM", "NORM", "OPAQUE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:

@@ -39,6 +39,7 @@ class StageImpl:
     """The interface of a stage implementation; ``stages/*.py`` hold one each."""
 
     name = ""
+    takes_any_op = False  # True: the stage judges each op itself (no op kinds to declare in a rule)
 
     def check(self, pass_: str, chain: Sequence[str]) -> str | None:
         """Why this implementation cannot run ``chain`` (op kinds in forward order) in ``pass_``,

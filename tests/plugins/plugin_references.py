@@ -23,9 +23,14 @@ def norm_scale(p, x):
     return (p["1.scale"] * R.rms_norm(x, p["0.weight"]),)
 
 
+def softmax_head(p, x):
+    return (F.linear(F.softmax(F.linear(x, p["0.weight"], p["0.bias"]), dim=-1), p["2.weight"], p["2.bias"]),)
+
+
 # pipeline -> (class, reference, input features)
 PIPELINES = {
     "scaled_mlp": ("ScaledMlp", scaled_mlp, 64),
     "axpy": ("Axpy", axpy, 64),
     "norm_scale": ("NormScale", norm_scale, 64),
+    "softmax_head": ("SoftmaxHead", softmax_head, 64),
 }

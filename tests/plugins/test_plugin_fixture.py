@@ -26,6 +26,7 @@ def test_plan_uses_the_plugins_op_and_rule(monkeypatch, capsys):
     assert "1. [forward_axpy] elementwise: ConstantScale(0.5), AddExtraInput()" in out
     assert "1. [elementwise] elementwise: LearnableScale(), GELU()" in out
     assert "1. [elementwise_backward] elementwise: Bias(128), LearnableScale(), GELU()" in out
+    assert "1. [opaque] opaque: Softmax()" in out and "2. [opaque_backward] opaque: Softmax()" in out
 
 
 def test_checked_in_package_of_the_plugin_project_is_current(monkeypatch, capsys):
@@ -39,7 +40,7 @@ def test_a_plugin_build_leaves_no_trace():
     before_rules = (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     plans = build.load_plans(config)
     assert [s.rule.name for s in plans[1].forward] == ["linear", "forward_axpy"]
-    assert "LearnableScale" not in OPS and "fusegen_ext" not in sys.modules
+    assert "LearnableScale" not in OPS and "Softmax" not in OPS and "fusegen_ext" not in sys.modules
     assert str(PROJECT) not in sys.path
     assert (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES) == before_rules
     assert build.load_plans(config)[1].forward[1].rule.name == "forward_axpy"  # a second build loads it again
@@ -121,6 +122,13 @@ BAD_PLUGINS = [
         register_op(OpDef("Twice", "twice", reference=(twice, None)))
      """, "plugin bad_ext: Twice: reference function bad_ext.twice reads 'SCALE'"),
     ("""\
+        from fusegen.plugins import OpDef, register_op
+        def f(x):
+            return x
+        register_op(OpDef("Half", "half", reference=(f, None), opaque=True))
+     """, "plugin bad_ext: op Half: an opaque op runs as its reference math, so it needs a reference forward and "
+          "backward and no device functor"),
+    ("""\
         import fusegen.plugins
         1 / 0
      """, "plugin bad_ext failed to import: "),
@@ -128,7 +136,7 @@ BAD_PLUGINS = [
 
 
 @pytest.mark.parametrize("source, message", BAD_PLUGINS, ids=["gemm-rule", "anchor", "header", "twice", "unshippable",
-                                                                  "bug"])
+                                                                  "opaque", "bug"])
 def test_a_broken_plugin_is_a_message_at_the_plugin(tmp_path, monkeypatch, capsys, source, message):
     monkeypatch.chdir(_project_with(tmp_path, source))
     assert main(["plan"]) == 2
@@ -181,3 +189,43 @@ def test_ops_lists_the_plugins_ops_where_a_spec_imports_them(monkeypatch, capsys
     assert main(["ops"]) == 0
     assert "LearnableScale()\n    y = scale * x, scale a learned scalar  (from fusegen_ext)" in capsys.readouterr().out
     assert "LearnableScale" not in OPS
+
+
+def test_an_opaque_op_with_a_parameter_runs_its_reference_math_and_gets_its_grads(tmp_path, monkeypatch):
+    source = """\
+        from fusegen.plugins import Arg, OpDef, Param, register_op
+
+        def colscale(x, w):
+            return x * w
+
+        def colscale_bwd(x, dy, w):
+            return dy * w, (dy * x).sum(0)
+
+        register_op(OpDef(
+            "ColScale", "colscale", args=(Arg("size", "int"),), params=(Param("weight", lambda a: (a["size"],),
+            lambda a: "ones"),), fixed_in=lambda a: a["size"], reference=(colscale, colscale_bwd), opaque=True,
+            needs_input_in_backward=True,
+        ))
+    """
+    spec = ("from transformer_engine.pytorch.ops import GELU, Sequential\nfrom bad_ext import ColScale\n"
+            "m = Sequential(GELU(), ColScale(8), GELU())\n")
+    project = _project_with(tmp_path, source, spec=spec)
+    config = Config(specs=(project / "specs" / "s.py",), out=project / "out", archs=(), dtypes=("float32",),
+                    root=project, plugins=("bad_ext",))
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(project))
+    try:
+        pkg = importlib.import_module("out")
+    finally:
+        sys.path.remove(str(project))
+        for name in [n for n in sys.modules if n == "out" or n.startswith("out.")]:
+            del sys.modules[name]
+    assert "ref.colscale(ref.compute(gelu0_out), ref.compute(colscale1_weight))" in (project / "out" / "m.py").read_text()
+    module = pkg.M()
+    R.randomize_(module, torch.Generator().manual_seed(2))
+
+    def reference(p, x):
+        gelu = torch.nn.functional.gelu
+        return (gelu(gelu(x, approximate="tanh") * p["1.weight"], approximate="tanh"),)
+
+    R.run_and_compare(module, "m", (4, 8), torch.float32, "cpu", reference=reference)
