@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import conftest  # noqa: E402,F401 - maps this checkout as `fusegen` where it is not installed (GPU machine)
 import generated  # noqa: E402
 from generated import _kernels as K  # noqa: E402
 from references import PIPELINES, randomize_  # noqa: E402

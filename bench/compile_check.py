@@ -1,9 +1,11 @@
-"""Compile-check the norm, column-sum and activation kernels with NVRTC (no GPU needed).
+"""Compile-check every kernel family with NVRTC over a grid of shapes (no GPU needed).
 
-Renders templates/norm_fwd.cu.j2, norm_bwd.cu.j2 and column_sum.cu.j2 for every dtype over a
-grid of shapes and flags, plus a tiny kernel that uses every struct in activations.cuh, and
-compiles each for sm_90 (cubin, with ptxas -v so registers and spills can be reported). A few
-sources are also compiled for sm_80 and compute_80 (PTX). Any warning counts as a failure.
+The kernels come from the compiler itself: specs written here (norms with and without the
+residual add, zero-centred gamma, LayerNorm and RMSNorm at several hidden sizes; every registered
+elementwise op after a Bias, at several widths) are planned by the shipped rules and rendered by
+the stage implementations, exactly as `fusegen generate` would; nothing here lists ops or
+repeats kernel geometry. Each is compiled for sm_90 (cubin, with ptxas -v so registers and spills
+can be reported), a sample also for sm_80 and compute_80 (PTX). Any warning counts as a failure.
 
     .venv/bin/python bench/compile_check.py [--jobs N]
 """
@@ -11,99 +13,56 @@ sources are also compiled for sm_80 and compute_80 (PTX). Any warning counts as 
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import jinja2
 from cuda.bindings import nvrtc
 
+from fusegen import build, emit, fusion_rules, nvrtc as fg_nvrtc
+from fusegen.frontend import parse_spec
+from fusegen.names import NameTable
+from fusegen.ops import OPS, REQUIRED
+
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ROOT / "templates"
-CUDA_HEADERS = TEMPLATES / "cuda"
-
-DTYPES = {"fp32": ("float", 4), "fp16": ("__half", 2), "bf16": ("__nv_bfloat16", 2)}
+CUDA_HEADERS = ROOT / "templates" / "cuda"
 HIDDEN = (1024, 4096, 768, 4104)
-NORM_MAX_THREADS = 512  # same rule as generator/kernels.py: norm_threads
+SAMPLE = {"int": 8, "float": 0.5, "bool": True}  # a value for an argument that has no default
 
 
-def cuda_include_dir() -> Path:
-    import nvidia
-
-    for base in nvidia.__path__:
-        include = Path(base) / "cu13" / "include"
-        if (include / "cuda_bf16.h").is_file():
-            return include
-    sys.exit("cuda_bf16.h not found under nvidia/cu13/include (install nvidia-cuda-runtime)")
+def _call(name: str) -> str:
+    """A spec call of op ``name`` with its required arguments filled in."""
+    args = [repr(SAMPLE[a.kind]) for a in OPS[name].args if a.default is REQUIRED]
+    return f"{name}({', '.join(args)})"
 
 
-def vec_for(hidden: int, itemsize: int) -> int:
-    """Widest power-of-two vector of at most 16 bytes that divides the row."""
-    v = 16 // itemsize
-    while hidden % v:
-        v //= 2
-    return v
-
-
-def norm_threads(hidden: int, vec: int) -> int:
-    return min(NORM_MAX_THREADS, -(-hidden // vec // 32) * 32)
-
-
-ACTIVATIONS_SOURCE = """\
-#include "common.cuh"
-#include "activations.cuh"
-
-// Uses every activation struct once, forward and backward.
-template <typename T>
-__device__ void all_activations(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ out, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float a = fg::to_float<T>(x[i]), b = fg::to_float<T>(x[n + i]), g = fg::to_float<T>(dy[i]);
-  float da, db, acc = 0.f;
-  acc += fg::Gelu::fwd(a) + fg::Gelu::bwd(a, g);
-  acc += fg::Relu::fwd(a) + fg::Relu::bwd(a, g);
-  acc += fg::Silu::fwd(a) + fg::Silu::bwd(a, g);
-  acc += fg::SwiGLU::fwd(a, b);
-  fg::SwiGLU::bwd(a, b, g, da, db);
-  acc += da + db;
-  acc += fg::GeGLU::fwd(a, b);
-  fg::GeGLU::bwd(a, b, g, da, db);
-  acc += da + db;
-  out[i] = fg::from_float<T>(acc);
-}
-
-extern "C" __global__ void act_fp32(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ out, int n) { all_activations<float>(x, dy, out, n); }
-extern "C" __global__ void act_fp16(const __half* __restrict__ x, const __half* __restrict__ dy, __half* __restrict__ out, int n) { all_activations<__half>(x, dy, out, n); }
-extern "C" __global__ void act_bf16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ dy, __nv_bfloat16* __restrict__ out, int n) { all_activations<__nv_bfloat16>(x, dy, out, n); }
-"""
+def spec_text() -> str:
+    lines = ["from transformer_engine.pytorch.ops import *"]
+    for h in HIDDEN:
+        for norm in ("LayerNorm", "RMSNorm"):
+            for zc in (False, True):
+                op = f"{norm}({h}, zero_centered_gamma={zc})"
+                tag = f"{norm.lower()}_{h}_{int(zc)}"
+                lines.append(f"{tag} = Sequential({op})")
+                lines.append(f"add_{tag} = Sequential(AddExtraInput(), MakeExtraOutput(), {op})")
+        for name, op in OPS.items():  # every elementwise op with a functor, after a Bias the GEMM does not take
+            if op.device_struct and not op.operand:
+                width = 2 * h if op.halves_width else h
+                lines.append(f"{name.lower()}_{h} = Sequential(Bias({width}), {_call(name)})")
+    return "\n".join(lines) + "\n"
 
 
 def sources() -> dict[str, str]:
-    """{kernel symbol: CUDA source} for every combination checked."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    out = {"activations_all": ACTIVATIONS_SOURCE}
-    for suffix, (ctype, itemsize) in DTYPES.items():
-        for hidden, layernorm, flag, zc in itertools.product(HIDDEN, (True, False), (False, True), (False, True)):
-            vec = vec_for(hidden, itemsize)
-            tag = ("layernorm" if layernorm else "rmsnorm") + ("_zc" if zc else "")
-            common = dict(ctype=ctype, hidden=hidden, vec=vec, threads=norm_threads(hidden, vec),
-                          layernorm=layernorm, zero_centered_gamma=zc)
-            name = ("add_" if flag else "") + f"{tag}_fwd_h{hidden}_{suffix}"
-            out[name] = env.get_template("norm_fwd.cu.j2").render(
-                kernel_name=name, residual=flag, eps="1e-05f",
-                header_comment=f"// {name}: compile check\n// (bench/compile_check.py)", **common)
-            name = f"{tag}_bwd_h{hidden}" + ("_add_dresidual" if flag else "") + f"_{suffix}"
-            out[name] = env.get_template("norm_bwd.cu.j2").render(
-                kernel_name=name, add_dresidual=flag, eps="0.0f",
-                header_comment=f"// {name}: compile check", **common)
-        for columns in sorted({h * m for h in HIDDEN for m in (1, 2)}):
-            name = f"column_sum_n{columns}_{suffix}"
-            out[name] = env.get_template("column_sum.cu.j2").render(
-                kernel_name=name, ctype=ctype, columns=columns, header_comment=f"// {name}: compile check")
+    """{kernel symbol: CUDA source} for every kernel the specs above need, in every dtype."""
+    plans = build.plan_specs(parse_spec(spec_text(), "compile_check.py"), NameTable(), fusion_rules.FORWARD_RULES,
+                             fusion_rules.BACKWARD_RULES)
+    unique, _ = build.collect_kernels(plans)
+    env = emit.environment()
+    out: dict[str, str] = {}
+    for spec in unique.values():
+        out.update(build.cuda_sources(spec, ("float32", "float16", "bfloat16"), env))
     return out
 
 
@@ -153,12 +112,11 @@ def main() -> int:
     parser.add_argument("--quiet", action="store_true", help="print failures and the summary only")
     args = parser.parse_args()
 
-    include = str(cuda_include_dir())
+    include = str(fg_nvrtc.cuda_include_dir())
     srcs = sources()
     jobs = [(name, src, "sm_90", include) for name, src in srcs.items()]
-    # Older arch and PTX: one of each family and dtype is enough to catch arch-specific trouble.
-    extra = ["activations_all", "add_layernorm_fwd_h4104_bf16", "rmsnorm_zc_bwd_h4096_add_dresidual_fp16",
-             "layernorm_bwd_h768_fp32", "column_sum_n8208_bf16"]
+    # Older arch and PTX: a sample of every family is enough to catch arch-specific trouble.
+    extra = sorted(srcs)[::max(1, len(srcs) // 12)]
     jobs += [(name, srcs[name], target, include) for name in extra for target in ("sm_80", "compute_80")]
 
     failures = 0
