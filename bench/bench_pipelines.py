@@ -9,6 +9,7 @@ Times are medians of CUDA-event timings after warm-up (triton.testing.do_bench w
 """
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import conftest  # noqa: E402,F401 - maps this checkout as `fusegen` where it is not installed (GPU machine)
+importlib.import_module("conftest")  # maps this checkout as `fusegen` where it is not installed (GPU machine)
 import generated  # noqa: E402
 from generated import _kernels as K  # noqa: E402
 from references import PIPELINES, randomize_  # noqa: E402

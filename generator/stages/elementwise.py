@@ -212,7 +212,7 @@ def forward_kernel(pipeline, stage) -> kn.KernelSpec:
         kn.kernel_name(tags, f"fwd_n{width}"), "elementwise_fwd", ", ".join(op.describe() for op in stage.ops),
         abi=abi, operands=operands, returned=["y", *written], headers=_headers(stage),
         width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=steps, align=width,
-        threads=ELEMENTWISE_THREADS,
+        threads=ELEMENTWISE_THREADS, geometry="row_vectors",
     )
 
 
@@ -258,7 +258,7 @@ def backward_kernel(plan, stage) -> kn.KernelSpec:
         abi=abi, operands=operands, returned=written + reduced, headers=_headers(stage),
         width=width, in_width=pipeline.width(stage.start), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps), align=width,
-        threads=ELEMENTWISE_THREADS, writes_dx=writes_dx,
+        threads=ELEMENTWISE_THREADS, geometry="row_vectors", writes_dx=writes_dx,
         saved_offset=None if recompute is None else recompute.saved_position - stage.start,
         saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
         grad_columns=grad_columns,

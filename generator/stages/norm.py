@@ -37,7 +37,7 @@ def norm_forward(stage) -> kn.KernelSpec:
              P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
         hidden=norm.in_features, align=norm.in_features, layernorm=layernorm,
         residual=residual, zero_centered_gamma=norm.args["zero_centered_gamma"], eps=norm.args["eps"],
-        reference=norm.opdef.reference_names,
+        eps_literal=f"{norm.args['eps']!r}f", reference=norm.opdef.reference_names, geometry="row_threads",
     )
 
 
@@ -61,7 +61,7 @@ def norm_backward(stage) -> kn.KernelSpec:
         hidden=norm.in_features, align=norm.in_features, layernorm=layernorm,
         add_dresidual=add_dresidual, zero_centered_gamma=norm.args["zero_centered_gamma"],
         grad_columns=norm.in_features * (2 if layernorm else 1),
-        reference=norm.opdef.reference_names,
+        reference=norm.opdef.reference_names, geometry="row_threads",
     )
 
 
