@@ -20,7 +20,7 @@ How to add an elementwise op (an op is one entry):
   2. One functor in templates/cuda/activations.cuh, named by ``device_struct``: fwd/bwd taking
      the constants as fields in ``device_args`` order.
   3. Its tests: CPU and GPU against an independent float64 reference (tests/references.py,
-     tests/test_activation_ops.py); tests/test_ops_registry.py checks the entry's shape.
+     tests/ops/test_activation_ops.py); tests/ops/test_ops_registry.py checks the entry's shape.
 Nothing else changes: templates, emit, planner and the eager module have no per-op code for it.
 """
 

@@ -4,6 +4,8 @@ import textwrap
 
 import pytest
 
+from spec_errors import assert_points_at
+
 from fusegen.ops import OPS
 from fusegen.errors import SpecError
 from fusegen.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
@@ -19,18 +21,6 @@ def parse(source):
 
 def ops(spec):
     return [(c.op, c.args) for c in spec.calls]
-
-
-def assert_points_at(err: SpecError, source: str, line: int, col: int, at: str) -> None:
-    """The error's location is (line, col), the text there starts with ``at``, and str() shows it."""
-    src_line = source.splitlines()[line - 1] if source else ""
-    assert (err.location.file, err.location.line, err.location.col) == ("spec.py", line, col), str(err)
-    assert err.location.source_line == src_line
-    assert src_line[col - 1:].startswith(at), str(err)
-    rendered = str(err).splitlines()
-    assert rendered[0] == f"spec.py:{line}:{col}: error: {err.message}"
-    if src_line:
-        assert rendered[1:] == ["    " + src_line, "    " + " " * (col - 1) + "^"]
 
 
 # --- spellings ----------------------------------------------------------------------------------

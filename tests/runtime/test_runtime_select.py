@@ -7,7 +7,7 @@ import pytest
 
 # templates/runtime.py is not a package module (it is copied into generated packages), so load it by path.
 _spec = importlib.util.spec_from_file_location(
-    "fusegen_runtime_select", Path(__file__).resolve().parent.parent / "templates" / "runtime.py")
+    "fusegen_runtime_select", Path(__file__).resolve().parents[2] / "templates" / "runtime.py")
 runtime = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(runtime)
 

@@ -10,7 +10,7 @@ from fusegen.stages import stage_kernels
 from fusegen.pipeline import build_pipeline
 from fusegen.plan import plan_pipeline
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 
 def plan_of(file, name):
@@ -133,7 +133,7 @@ def test_recompute_from_an_earlier_value_when_the_gemm_does_not_take_the_bias():
 def test_an_op_no_rule_covers_is_a_spec_error_at_the_op():
     from fusegen.errors import SpecError
     from fusegen.frontend import parse_spec
-    from test_frontend import assert_points_at
+    from spec_errors import assert_points_at
 
     source = ("from fusegen.eager import Sequential, Linear, GELU\n"
               "p = Sequential(\n    Linear(8, 8),\n    GELU(),\n)\n")

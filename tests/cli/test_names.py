@@ -10,7 +10,7 @@ from fusegen.frontend import parse_spec
 from fusegen.names import MAX_NAME_LENGTH, NameTable, check_name, class_name
 from fusegen.pipeline import build_pipeline
 from fusegen.build import plan_specs
-from test_frontend import assert_points_at
+from spec_errors import assert_points_at
 
 EAGER = "from fusegen.eager import Sequential, Linear\n"
 

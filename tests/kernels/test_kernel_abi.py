@@ -10,7 +10,7 @@ from fusegen import build
 from fusegen import kernels as kn
 from fusegen.config import load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "generated"
 
 

@@ -14,7 +14,7 @@ from fusegen.eager import bind_args
 from fusegen.ops import OPS, OpDef, shipped
 from fusegen.ops.common import COMMON
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "generated" / "_reference.py"
 
 

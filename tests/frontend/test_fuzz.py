@@ -26,7 +26,7 @@ from fusegen.frontend import parse_spec
 from fusegen.names import NameTable
 from fusegen.build import plan_specs
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "specs"
 SHIPPED = [path.read_text(encoding="utf-8") for path in sorted(SPECS.glob("*.py"))]
 
 

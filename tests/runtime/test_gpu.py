@@ -21,7 +21,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp32", "fp16", "bf16"]
 # TE's single-op tolerances (rtol, atol)
 TOLS = {torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "generated"
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "generated"
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ import pytest
 from fusegen import build, cli, output, progress
 from fusegen import nvrtc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = "from fusegen.eager import Sequential, RMSNorm, GELU\nblock = Sequential(RMSNorm(64), GELU())\n"
 
 

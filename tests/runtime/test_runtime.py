@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-spec = importlib.util.spec_from_file_location("fusegen_runtime", Path(__file__).resolve().parent.parent / "templates" / "runtime.py")
+spec = importlib.util.spec_from_file_location("fusegen_runtime", Path(__file__).resolve().parents[2] / "templates" / "runtime.py")
 runtime = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(runtime)
 

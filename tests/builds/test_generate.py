@@ -12,7 +12,7 @@ import torch
 from fusegen import build, cli, output
 from fusegen.config import load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMALL_SPEC = textwrap.dedent("""\
     from fusegen.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInput, MakeExtraOutput
     block = Sequential(AddExtraInput(), MakeExtraOutput(), RMSNorm(64), Linear(64, 128), GELU())
