@@ -3,7 +3,6 @@ examples as a fusegen plugin, LearnableScale (a custom op with a scalar paramete
 ForwardAxpy fusion. The project's package generates, is current, plans with the plugin's rule,
 and matches float64 references on CPU; what the plugin registers lasts one build."""
 
-import importlib
 import shutil
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from fusegen import build, fusion_rules, output, plugins
 from fusegen.cli import main
 from fusegen.config import Config
 from fusegen.ops import OPS
-from plugin_references import PIPELINES, PROJECT
+from plugin_references import PIPELINES, PROJECT, import_package
 
 
 def test_plan_uses_the_plugins_op_and_rule(monkeypatch, capsys):
@@ -52,13 +51,7 @@ def _generate_cpu_package(tmp_path):
     config = Config(specs=(project / "specs" / "scaled.py",), out=project / "cpu_ext", archs=(),
                     dtypes=("float32",), root=project, plugins=("fusegen_ext",))
     output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(project))
-    try:
-        return importlib.import_module("cpu_ext")
-    finally:
-        sys.path.remove(str(project))
-        for name in [n for n in sys.modules if n == "cpu_ext" or n.startswith("cpu_ext.")]:
-            del sys.modules[name]
+    return import_package(project, "cpu_ext")
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
@@ -213,13 +206,7 @@ def test_an_opaque_op_with_a_parameter_runs_its_reference_math_and_gets_its_grad
     config = Config(specs=(project / "specs" / "s.py",), out=project / "out", archs=(), dtypes=("float32",),
                     root=project, plugins=("bad_ext",))
     output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(project))
-    try:
-        pkg = importlib.import_module("out")
-    finally:
-        sys.path.remove(str(project))
-        for name in [n for n in sys.modules if n == "out" or n.startswith("out.")]:
-            del sys.modules[name]
+    pkg = import_package(project, "out")
     assert "ref.colscale(ref.compute(gelu0_out), ref.compute(colscale1_weight))" in (project / "out" / "m.py").read_text()
     module = pkg.M()
     R.randomize_(module, torch.Generator().manual_seed(2))

@@ -1,14 +1,11 @@
 """The plugin project's checked-in package on the GPU: LearnableScale and ForwardAxpy kernels
 against float64 references in every dtype, and the scalar grad reduced deterministically."""
 
-import importlib
-import sys
-
 import pytest
 import torch
 
 import references as R
-from plugin_references import PIPELINES, PROJECT
+from plugin_references import PIPELINES, PROJECT, import_package
 
 pytestmark = [
     pytest.mark.cuda,
@@ -20,11 +17,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 @pytest.fixture(scope="module")
 def pkg():
-    sys.path.insert(0, str(PROJECT))
-    try:
-        yield importlib.import_module("generated_ext")
-    finally:
-        sys.path.remove(str(PROJECT))
+    return import_package(PROJECT, "generated_ext")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16", "bf16"])
