@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .. import kernels as kn
 from ..kernels import KernelParam as P
-from ..ops import elementwise_kinds
+from ..ops import OPS, elementwise_kinds
 from .base import (Recompute, Saves, StageImpl, extra_input_name, extra_output_name, param_name,
                    value_name)
 
@@ -33,7 +33,7 @@ class ElementwiseStage(StageImpl):
         other = [kind for kind in chain if kind not in kinds]
         if other:
             return f"an elementwise stage runs only elementwise ops ({', '.join(sorted(kinds))}), not {other[0]}"
-        if list(chain).count("glu") > 1:
+        if sum(kind in _width_halving_kinds() for kind in chain) > 1:
             return "an elementwise stage holds at most one GLU (it halves the width)"
         return None
 
@@ -45,22 +45,17 @@ class ElementwiseStage(StageImpl):
         return self.name if active else "passthrough"
 
     def saves(self, pipeline, stage, have):
-        needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward or _reads_operand(op)]
-        if stage.kind == "passthrough" or not needing:
+        if stage.kind == "passthrough":
             return Saves()
-        values = set()
-        if any(op.opdef.needs_input_in_backward for op in stage.ops):
-            first = next(op.index for op in stage.ops if op.opdef.needs_input_in_backward)
-            last = max(op.index for op in stage.ops if op.opdef.needs_input_in_backward)
-            start = max(p for p in have if stage.start <= p <= first)
-            values.add(start)
-            recompute = Recompute(start, last)
-        else:
-            recompute = None
-        extra = {op.extra_input for op in pipeline.ops[recompute.saved_position:recompute.last]
-                 if op.extra_input is not None} if recompute else set()
-        extra |= {op.extra_input for op in stage.ops if _reads_operand(op) and op.extra_input is not None}
-        return Saves(values=frozenset(values), extra_inputs=frozenset(extra), recompute=recompute)
+        # extra inputs the backward functors read (a product's operand), and the forward values
+        # they need, recomputed from the nearest one the forward materialised
+        extra = {op.extra_input for op in stage.ops if _reads_operand(op) and op.extra_input is not None}
+        needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward]
+        if not needing:
+            return Saves(extra_inputs=frozenset(extra))
+        start = max(p for p in have if stage.start <= p <= needing[0])
+        extra |= {op.extra_input for op in pipeline.ops[start:needing[-1]] if op.extra_input is not None}
+        return Saves(values=frozenset({start}), extra_inputs=frozenset(extra), recompute=Recompute(start, needing[-1]))
 
     def kernels(self, plan, stage, pass_):
         if stage.kind == "passthrough":
@@ -114,6 +109,10 @@ ELEMENTWISE = ElementwiseStage()
 
 
 # --- what each op of a run is to the kernel -----------------------------------------------------
+
+def _width_halving_kinds() -> set[str]:
+    return {op.kind for op in OPS.values() if op.halves_width}
+
 
 def _reduced(op) -> bool:
     """The op's operand grad is reduced (a parameter's) rather than handed on per element."""
