@@ -68,13 +68,15 @@ def register_op(op: OpDef, cuda: str | Path | None = None) -> OpDef:
     """Add a plugin's op to the registry for this build.
 
     ``cuda``: the folder holding the op's ``device_header`` (relative to the plugin module's
-    file, or absolute); needed when the op has a device functor. A spec imports the op from the
+    file, or absolute); needed when the op's functor is the plugin's own (one of fusegen's
+    headers, say activations.cuh for fg::Scale, needs none). A spec imports the op from the
     module that registers it, unless ``op.modules`` names others."""
     ext = _current("register_op")
     module = sys.modules.get(ext.loading)
     if op.modules == SPEC_MODULES:  # not said: the spec imports it from the plugin module
         op = replace(op, modules=(ext.loading,))
-    if op.device_struct:
+    builtin = (BUILTIN_HEADERS / op.device_header).is_file()
+    if op.device_struct and not (cuda is None and builtin):  # a builtin header needs no folder
         if cuda is None:
             raise RuleError(f"op {op.name}: its functor {op.device_struct} needs the folder of "
                             f"{op.device_header}: register_op(..., cuda=\"cuda\")")
@@ -85,7 +87,7 @@ def register_op(op: OpDef, cuda: str | Path | None = None) -> OpDef:
         if not header.is_file():
             raise RuleError(f"op {op.name}: device header {op.device_header} not found in {folder}")
         known = ext.headers.get(op.device_header)
-        if (BUILTIN_HEADERS / op.device_header).is_file() or (known is not None and known != header):
+        if builtin or (known is not None and known != header):
             raise RuleError(f"op {op.name}: a device header named {op.device_header} already exists; "
                             "give the plugin's header a name of its own")
         ext.headers[op.device_header] = header

@@ -216,3 +216,23 @@ def test_an_opaque_op_with_a_parameter_runs_its_reference_math_and_gets_its_grad
         return (gelu(gelu(x, approximate="tanh") * p["1.weight"], approximate="tanh"),)
 
     R.run_and_compare(module, "m", (4, 8), torch.float32, "cpu", reference=reference)
+
+
+def test_a_plugin_op_may_use_a_shipped_functor(tmp_path, monkeypatch, capsys):
+    source = """\
+        from fusegen.plugins import OpDef, register_op
+
+        def halve(x):
+            return x * 0.5
+
+        def halve_bwd(x, dy):
+            return dy * 0.5
+
+        register_op(OpDef("Halve", "halve", tag=lambda a: "halve", device_struct="fg::Scale",
+                          device_args=lambda a: (0.5,), reference=(halve, halve_bwd)))
+    """
+    spec = ("from transformer_engine.pytorch.ops import Bias, Sequential\nfrom bad_ext import Halve\n"
+            "m = Sequential(Bias(8), Halve())\n")
+    monkeypatch.chdir(_project_with(tmp_path, source, spec=spec))
+    assert main(["plan"]) == 0
+    assert "0. [elementwise] elementwise: Bias(8), Halve()" in capsys.readouterr().out
