@@ -11,6 +11,12 @@ from .gpt2_mlp import Gpt2Mlp
 from .prenorm_block import PrenormBlock
 from .fc1 import Fc1
 from .fc2 import Fc2
+from .qgelu_mlp import QgeluMlp
+from .glu_mlp import GluMlp
+from .qgeglu_mlp import QgegluMlp
+from .reglu_mlp import RegluMlp
+from .sreglu_mlp import SregluMlp
+from .situglu_mlp import SitugluMlp
 from .te_mlp import TeMlp
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "TeMlp"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeMlp"]

@@ -108,6 +108,30 @@ def bias_bwd_n1024(dy):
     return dbias0
 
 
+_BIAS_BWD_N256 = Kernel("bias_bwd_n256")
+_BIAS_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_bwd_n256(dy):
+    """Bias(256) backward: returns dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_BWD_N256.launch(dy.dtype, (_BIAS_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n256(partials, dy.dtype)
+        dbias0 = column_grads[0:256]
+        return dbias0
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    return dbias0
+
+
 _BIAS_BWD_N4096 = Kernel("bias_bwd_n4096")
 _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
@@ -186,6 +210,126 @@ def bias_gelu_bwd_n4096(dy, x):
     in1 = a
     g = ref.compute(dy)
     g = ref.gelu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_GLU_BWD_N512 = Kernel("bias_glu_bwd_n512")
+_BIAS_GLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_glu_bwd_n512(dy, x):
+    """Bias(1024), GLU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_GLU_BWD_N512.launch(dy.dtype, (_BIAS_GLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.glu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_QGEGLU_BWD_N512 = Kernel("bias_qgeglu_bwd_n512")
+_BIAS_QGEGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_qgeglu_bwd_n512(dy, x):
+    """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_QGEGLU_BWD_N512.launch(dy.dtype, (_BIAS_QGEGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.qgeglu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_QGELU_BWD_N512 = Kernel("bias_qgelu_bwd_n512")
+_BIAS_QGELU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_qgelu_bwd_n512(dy, x):
+    """Bias(512), QGELU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_QGELU_BWD_N512.launch(dy.dtype, (_BIAS_QGELU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n512(partials, dy.dtype)
+        dbias0 = column_grads[0:512]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.qgelu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_REGLU_BWD_N512 = Kernel("bias_reglu_bwd_n512")
+_BIAS_REGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_reglu_bwd_n512(dy, x):
+    """Bias(1024), ReGLU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_REGLU_BWD_N512.launch(dy.dtype, (_BIAS_REGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.reglu_bwd(in1, g)
     g, dt = ref.bias_bwd(None, None, g)
     dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
@@ -283,6 +427,66 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
     dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
+
+
+_BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512")
+_BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
+    """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(dy.dtype, (_BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.situglu_bwd(in1, g, 2.0, 8.0)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_SREGLU_BWD_N512 = Kernel("bias_sreglu_bwd_n512")
+_BIAS_SREGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_sreglu_bwd_n512(dy, x):
+    """Bias(1024), SReGLU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_SREGLU_BWD_N512.launch(dy.dtype, (_BIAS_SREGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.sreglu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
 
 
 _BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048")
@@ -397,6 +601,17 @@ def column_sum_n2048(partials, dtype):
     return out
 
 
+_COLUMN_SUM_N256 = Kernel("column_sum_n256")
+
+
+def column_sum_n256(partials, dtype):
+    """Sum fp32 partials [splits, 256] over splits, in order, into a 256-vector of dtype."""
+    out = torch.empty(256, device=partials.device, dtype=dtype)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N256.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    return out
+
+
 _COLUMN_SUM_N28672 = Kernel("column_sum_n28672")
 
 
@@ -416,6 +631,17 @@ def column_sum_n4096(partials, dtype):
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    return out
+
+
+_COLUMN_SUM_N512 = Kernel("column_sum_n512")
+
+
+def column_sum_n512(partials, dtype):
+    """Sum fp32 partials [splits, 512] over splits, in order, into a 512-vector of dtype."""
+    out = torch.empty(512, device=partials.device, dtype=dtype)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N512.launch(dtype, (2, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
     return out
 
 
@@ -457,6 +683,25 @@ def gelu_fwd_n4096(x):
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
+    return a.to(x.dtype)
+
+
+_GLU_FWD_N512 = Kernel("glu_fwd_n512")
+_GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def glu_fwd_n512(x):
+    """GLU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_GLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _GLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.glu(a)
     return a.to(x.dtype)
 
 
@@ -564,6 +809,63 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, True)
     dx = dx + ref.compute(dresidual)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
+_QGEGLU_FWD_N512 = Kernel("qgeglu_fwd_n512")
+_QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def qgeglu_fwd_n512(x):
+    """QGEGLU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_QGEGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _QGEGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.qgeglu(a)
+    return a.to(x.dtype)
+
+
+_QGELU_FWD_N512 = Kernel("qgelu_fwd_n512")
+_QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def qgelu_fwd_n512(x):
+    """QGELU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_QGELU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _QGELU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.qgelu(a)
+    return a.to(x.dtype)
+
+
+_REGLU_FWD_N512 = Kernel("reglu_fwd_n512")
+_REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def reglu_fwd_n512(x):
+    """ReGLU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_REGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _REGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.reglu(a)
+    return a.to(x.dtype)
 
 
 _RELU_BWD_N768 = Kernel("relu_bwd_n768")
@@ -728,6 +1030,44 @@ def rmsnorm_zc_fwd_h768(x, gamma):
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, True)
     return y, rstd
+
+
+_SITUGLU_B2P0_C8P0_FWD_N512 = Kernel("situglu_b2p0_c8p0_fwd_n512")
+_SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def situglu_b2p0_c8p0_fwd_n512(x):
+    """SiTUGLU(beta1=2.0, beta2=8.0): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SITUGLU_B2P0_C8P0_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SITUGLU_B2P0_C8P0_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.situglu(a, 2.0, 8.0)
+    return a.to(x.dtype)
+
+
+_SREGLU_FWD_N512 = Kernel("sreglu_fwd_n512")
+_SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def sreglu_fwd_n512(x):
+    """SReGLU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SREGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SREGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.sreglu(a)
+    return a.to(x.dtype)
 
 
 _SRELU_FWD_N2048 = Kernel("srelu_fwd_n2048")

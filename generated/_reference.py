@@ -133,6 +133,15 @@ def srelu_bwd(x, dy):
     return dy * torch.clamp_min(2 * x, 0)
 
 
+def qgelu(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+def qgelu_bwd(x, dy):
+    s = torch.sigmoid(1.702 * x)
+    return dy * (s + 1.702 * x * s * (1 - s))
+
+
 # --- generator/ops/glu.py -----------------------------------------------------------------------
 
 def swiglu(x):
@@ -169,6 +178,73 @@ def clamped_swiglu_bwd(x, dy, limit, alpha, offset):
     linear = torch.clamp(b, -limit, limit) + offset
     da = torch.where(a > limit, torch.zeros_like(dy), dy * linear * (s + alpha * g * s * (1 - s)))
     db = torch.where(b.abs() > limit, torch.zeros_like(dy), dy * g * s)
+    return torch.cat([da, db], dim=-1)
+
+
+def gated(x, act):
+    """act(a) * b over the row's halves (a the first, b the second)."""
+    a, b = x.chunk(2, dim=-1)
+    return act(a) * b
+
+
+def gated_bwd(x, dy, act, act_bwd):
+    """[da, db] of act(a) * b."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([act_bwd(a, dy * b), dy * act(a)], dim=-1)
+
+
+def sigmoid(x):
+    return torch.sigmoid(x)
+
+
+def sigmoid_bwd(x, dy):
+    s = torch.sigmoid(x)
+    return dy * s * (1 - s)
+
+
+def glu(x):
+    return gated(x, sigmoid)
+
+
+def glu_bwd(x, dy):
+    return gated_bwd(x, dy, sigmoid, sigmoid_bwd)
+
+
+def qgeglu(x):
+    return gated(x, qgelu)
+
+
+def qgeglu_bwd(x, dy):
+    return gated_bwd(x, dy, qgelu, qgelu_bwd)
+
+
+def reglu(x):
+    return gated(x, relu)
+
+
+def reglu_bwd(x, dy):
+    return gated_bwd(x, dy, relu, relu_bwd)
+
+
+def sreglu(x):
+    return gated(x, srelu)
+
+
+def sreglu_bwd(x, dy):
+    return gated_bwd(x, dy, srelu, srelu_bwd)
+
+
+def situglu(x, beta1, beta2):
+    a, b = x.chunk(2, dim=-1)
+    return beta1 * torch.tanh(a / beta1) * torch.sigmoid(a) * (beta2 * torch.tanh(b / beta2))
+
+
+def situglu_bwd(x, dy, beta1, beta2):
+    """da = dy·g(b)·[(1 − t²)σ + β1·t·σ(1 − σ)], t = tanh(a/β1); db = dy·act(a)·(1 − tanh²(b/β2))."""
+    a, b = x.chunk(2, dim=-1)
+    t, s, u = torch.tanh(a / beta1), torch.sigmoid(a), torch.tanh(b / beta2)
+    da = dy * beta2 * u * ((1 - t * t) * s + beta1 * t * s * (1 - s))
+    db = dy * beta1 * t * s * (1 - u * u)
     return torch.cat([da, db], dim=-1)
 
 

@@ -77,6 +77,33 @@ def relu2_mlp(p, x):
     return (F.linear(srelu(h), p["3.weight"], p["3.bias"]),)
 
 
+def qgelu(t):
+    return t * torch.sigmoid(1.702 * t)
+
+
+def gated(t, act, up=lambda b: b):
+    """TE's GLU family: act(first half) * up(second half)."""
+    a, b = t.chunk(2, dim=-1)
+    return act(a) * up(b)
+
+
+GLU_GATES = {  # TE's gates, float64
+    "glu": torch.sigmoid,
+    "qgeglu": qgelu,
+    "reglu": F.relu,
+    "sreglu": lambda a: F.relu(a).square(),
+}
+
+
+def situglu(t, beta1=4.0, beta2=25.0):
+    return gated(t, lambda a: beta1 * torch.tanh(a / beta1) * torch.sigmoid(a), lambda b: beta2 * torch.tanh(b / beta2))
+
+
+def mlp(act):
+    """Linear, act, Linear: the te_activations spec's pipelines."""
+    return lambda p, x: (F.linear(act(F.linear(x, p["0.weight"], p["0.bias"])), p["2.weight"], p["2.bias"]),)
+
+
 # name -> (generated class name, reference, number of extra inputs)
 PIPELINES = {
     "elementwise_chain": ("ElementwiseChain", elementwise_chain, 3),
@@ -87,6 +114,10 @@ PIPELINES = {
     "gpt2_mlp": ("Gpt2Mlp", gpt2_mlp, 0),
     "gpt_oss_mlp": ("GptOssMlp", gpt_oss_mlp, 0),
     "relu2_mlp": ("Relu2Mlp", relu2_mlp, 0),
+    "qgelu_mlp": ("QgeluMlp", mlp(qgelu), 0),
+    **{f"{name}_mlp": (f"{name.capitalize()}Mlp", mlp(lambda t, g=gate: gated(t, g)), 0)
+       for name, gate in GLU_GATES.items()},
+    "situglu_mlp": ("SitugluMlp", mlp(lambda t: situglu(t, beta1=2.0, beta2=8.0)), 0),
 }
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

@@ -1,4 +1,4 @@
-"""Unary activations: GELU (tanh approximation), ReLU, SiLU, SReLU (squared ReLU).
+"""Unary activations: GELU (tanh approximation), ReLU, SiLU, SReLU (squared ReLU), QGELU (x·σ(1.702x)).
 
 Each is one ``OpDef`` naming its functor in templates/cuda/activations.cuh (fwd(x), bwd(x, dy))
 and its reference forward and backward here, which compute the same formulas in float32 (the
@@ -62,4 +62,19 @@ register(OpDef(
 register(OpDef(
     "SReLU", "activation", tag=lambda a: "srelu", device_struct="fg::Srelu",
     reference=(srelu, srelu_bwd), summary="relu(x)^2", needs_input_in_backward=True,
+))
+
+
+def qgelu(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+def qgelu_bwd(x, dy):
+    s = torch.sigmoid(1.702 * x)
+    return dy * (s + 1.702 * x * s * (1 - s))
+
+
+register(OpDef(
+    "QGELU", "activation", tag=lambda a: "qgelu", device_struct="fg::Qgelu",
+    reference=(qgelu, qgelu_bwd), summary="x * sigmoid(1.702 x) (quick GELU)", needs_input_in_backward=True,
 ))

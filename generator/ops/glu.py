@@ -1,4 +1,4 @@
-"""Gated linear units: SwiGLU, GEGLU and GPT-OSS's ClampedSwiGLU.
+"""Gated linear units: SwiGLU, GEGLU, GPT-OSS's ClampedSwiGLU, GLU, QGEGLU, ReGLU, SReGLU, SiTUGLU.
 
 A GLU splits the row in halves and gates the FIRST half (unlike torch.nn.functional.glu):
 y = act(a) * b, half the input width. Each is one ``OpDef`` naming its functor in
@@ -8,7 +8,7 @@ are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they
 ``reference_helpers``).
 """
 
-from .activations import gelu, gelu_bwd, silu, silu_bwd
+from .activations import gelu, gelu_bwd, qgelu, qgelu_bwd, relu, relu_bwd, silu, silu_bwd, srelu, srelu_bwd
 from .lazy import torch
 from .opdef import Arg, OpDef, check_finite, check_positive_finite, float_tag, register
 
@@ -75,5 +75,102 @@ register(OpDef(
     out_features=lambda a, n: n // 2,
     reference=(clamped_swiglu, clamped_swiglu_bwd),
     summary="min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + offset), a = first half",
+    needs_input_in_backward=True,
+))
+
+
+def gated(x, act):
+    """act(a) * b over the row's halves (a the first, b the second)."""
+    a, b = x.chunk(2, dim=-1)
+    return act(a) * b
+
+
+def gated_bwd(x, dy, act, act_bwd):
+    """[da, db] of act(a) * b."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([act_bwd(a, dy * b), dy * act(a)], dim=-1)
+
+
+def sigmoid(x):
+    return torch.sigmoid(x)
+
+
+def sigmoid_bwd(x, dy):
+    s = torch.sigmoid(x)
+    return dy * s * (1 - s)
+
+
+def glu(x):
+    return gated(x, sigmoid)
+
+
+def glu_bwd(x, dy):
+    return gated_bwd(x, dy, sigmoid, sigmoid_bwd)
+
+
+def qgeglu(x):
+    return gated(x, qgelu)
+
+
+def qgeglu_bwd(x, dy):
+    return gated_bwd(x, dy, qgelu, qgelu_bwd)
+
+
+def reglu(x):
+    return gated(x, relu)
+
+
+def reglu_bwd(x, dy):
+    return gated_bwd(x, dy, relu, relu_bwd)
+
+
+def sreglu(x):
+    return gated(x, srelu)
+
+
+def sreglu_bwd(x, dy):
+    return gated_bwd(x, dy, srelu, srelu_bwd)
+
+
+def situglu(x, beta1, beta2):
+    a, b = x.chunk(2, dim=-1)
+    return beta1 * torch.tanh(a / beta1) * torch.sigmoid(a) * (beta2 * torch.tanh(b / beta2))
+
+
+def situglu_bwd(x, dy, beta1, beta2):
+    """da = dy·g(b)·[(1 − t²)σ + β1·t·σ(1 − σ)], t = tanh(a/β1); db = dy·act(a)·(1 − tanh²(b/β2))."""
+    a, b = x.chunk(2, dim=-1)
+    t, s, u = torch.tanh(a / beta1), torch.sigmoid(a), torch.tanh(b / beta2)
+    da = dy * beta2 * u * ((1 - t * t) * s + beta1 * t * s * (1 - s))
+    db = dy * beta1 * t * s * (1 - u * u)
+    return torch.cat([da, db], dim=-1)
+
+
+def _simple_glu(name, tag, struct, forward, backward, helpers, summary):
+    register(OpDef(
+        name, "glu", tag=lambda a: tag, device_struct=struct, out_features=lambda a, n: n // 2,
+        reference=(forward, backward), reference_helpers=(gated, gated_bwd, *helpers),
+        summary=summary, needs_input_in_backward=True,
+    ))
+
+
+_simple_glu("GLU", "glu", "fg::GLU", glu, glu_bwd, (sigmoid, sigmoid_bwd), "sigmoid(a) * b, a = first half")
+_simple_glu("QGEGLU", "qgeglu", "fg::QGeGLU", qgeglu, qgeglu_bwd, (qgelu, qgelu_bwd),
+            "a * sigmoid(1.702 a) * b, a = first half")
+_simple_glu("ReGLU", "reglu", "fg::ReGLU", reglu, reglu_bwd, (relu, relu_bwd), "relu(a) * b, a = first half")
+_simple_glu("SReGLU", "sreglu", "fg::SReGLU", sreglu, sreglu_bwd, (srelu, srelu_bwd),
+            "relu(a)^2 * b, a = first half")
+register(OpDef(
+    # Sigmoid-tanh-unit GLU: act(a) = β1·tanh(a/β1)·σ(a), g(b) = β2·tanh(b/β2)
+    "SiTUGLU", "glu",
+    args=(Arg("beta1", "float", 4.0, keyword_only=True, check=check_positive_finite),
+          Arg("beta2", "float", 25.0, keyword_only=True, check=check_positive_finite)),
+    tag=lambda a: "situglu" + "".join(
+        f"_{key}{float_tag(a[name])}" for key, name, default in (("b", "beta1", 4.0), ("c", "beta2", 25.0))
+        if a[name] != default),
+    device_struct="fg::SiTUGLU", device_args=lambda a: (a["beta1"], a["beta2"]),
+    out_features=lambda a, n: n // 2,
+    reference=(situglu, situglu_bwd),
+    summary="beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2), a = first half",
     needs_input_in_backward=True,
 ))

@@ -52,6 +52,22 @@ struct Srelu {  // squared ReLU
   static __device__ __forceinline__ float bwd(float x, float dy) { return dy * fmaxf(2.f * x, 0.f); }
 };
 
+struct Qgelu {  // quick GELU: x * sigmoid(1.702 x)
+  static __device__ __forceinline__ float fwd(float x) { return x * sigmoid(1.702f * x); }
+  static __device__ __forceinline__ float bwd(float x, float dy) {
+    const float s = sigmoid(1.702f * x);
+    return dy * (s + 1.702f * x * s * (1.f - s));
+  }
+};
+
+struct Sigmoid {  // the gate of GLU
+  static __device__ __forceinline__ float fwd(float x) { return sigmoid(x); }
+  static __device__ __forceinline__ float bwd(float x, float dy) {
+    const float s = sigmoid(x);
+    return dy * s * (1.f - s);
+  }
+};
+
 // act(a) * b with the activation's own derivative; a is the gate (first half of the row).
 template <typename Act>
 struct Glu {
@@ -65,6 +81,23 @@ struct Glu {
 // Named structs (not aliases) so kernels and forward declarations can spell fg::SwiGLU as a type.
 struct SwiGLU : Glu<Silu> {};
 struct GeGLU : Glu<Gelu> {};
+struct GLU : Glu<Sigmoid> {};
+struct QGeGLU : Glu<Qgelu> {};
+struct ReGLU : Glu<Relu> {};
+struct SReGLU : Glu<Srelu> {};
+
+// SiTU GLU: act(a) = beta1 tanh(a / beta1) sigmoid(a), g(b) = beta2 tanh(b / beta2).
+struct SiTUGLU {
+  float beta1, beta2;
+  __device__ __forceinline__ float fwd(float a, float b) const {
+    return beta1 * tanhf(a / beta1) * sigmoid(a) * (beta2 * tanhf(b / beta2));
+  }
+  __device__ __forceinline__ void bwd(float a, float b, float dy, float& da, float& db) const {
+    const float t = tanhf(a / beta1), s = sigmoid(a), u = tanhf(b / beta2);
+    da = dy * beta2 * u * ((1.f - t * t) * s + beta1 * t * s * (1.f - s));
+    db = dy * beta1 * t * s * (1.f - u * u);
+  }
+};
 
 // GPT-OSS SwiGLU: the gate is clamped from above, the linear half on both sides and offset;
 // each clamp passes no gradient where it is active (TE: zero where a > limit, |b| > limit).

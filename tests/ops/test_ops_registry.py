@@ -156,7 +156,7 @@ def test_declared_helpers_ship_with_their_op():
 def test_registry_order_is_the_family_order():
     """OPS iterates in registration order (ops.FAMILIES): generated files list ops in this order."""
     assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SReLU",
-                         "SwiGLU", "GEGLU", "ClampedSwiGLU", "ConstantScale", "AddExtraInput", "MakeExtraOutput",
-                         "Identity"]
+                         "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
+                         "ConstantScale", "AddExtraInput", "MakeExtraOutput", "Identity"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
         "linear", "bias", "norms", "activations", "glu", "scale", "extra_io", "identity"]
