@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..errors import Location, SpecError
-from ..ops import OPS, SEQUENTIAL, Arg, OpDef, op_modules
+from ..ops import NOT_YET, OPS, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
 from .scope import Scope, _dotted, _ident
 from .source import SpecSource
@@ -89,6 +89,10 @@ class OpBinder:
     def unknown_op(self, func: cst.BaseExpression) -> SpecError:
         spelled = self.source.code(func)
         target = self.scope.resolve(func)
+        if target is not None and target[0] in SPEC_MODULES and target[1] in NOT_YET:
+            return SpecError(f"{target[1]} is a te.ops operation fusegen does not generate: {NOT_YET[target[1]]}; "
+                             "leave it out of the pipeline (run it before or after the generated module)",
+                             self.source.loc(func))
         if target is None:
             why = (f" ('{spelled}' is not imported from {' or '.join(op_modules())})"
                    if _dotted(func) else "")

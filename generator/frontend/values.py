@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 
 import libcst as cst
 
@@ -28,7 +29,7 @@ _AUGMENTED = {
     cst.DivideAssign: operator.truediv, cst.FloorDivideAssign: operator.floordiv,
     cst.ModuloAssign: operator.mod, cst.PowerAssign: operator.pow,
 }
-_ALLOWED = "only literals, module-level constants and + - * / // % ** are allowed"
+_ALLOWED = "only literals (numbers, True/False, strings, tuples), module-level constants and + - * / // % ** are allowed"
 
 
 class ConstantFolder:
@@ -66,6 +67,12 @@ class ConstantFolder:
             self.require_number(left, node.left, what)
             self.require_number(right, node.right, what)
             return self.apply(_BINARY[type(node.operator)], left, right, node, what)
+        if isinstance(node, (cst.Tuple, cst.List)) and all(isinstance(e, cst.Element) for e in node.elements):
+            return tuple(self.evaluate(e.value, what) for e in node.elements)  # a shape: (64,)
+        if isinstance(node, cst.SimpleString) and not node.prefix.strip("rRuU"):
+            with warnings.catch_warnings():  # "\d" reads as Python reads it, without its warning
+                warnings.simplefilter("ignore")
+                return node.evaluated_value  # the binder then says which kind the argument takes
         raise SpecError(f"unsupported expression in {what}: {_ALLOWED}", self.source.loc(node))
 
     def integer(self, node: cst.Integer, what: str) -> int:

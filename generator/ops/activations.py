@@ -8,7 +8,7 @@ shipped by source into the output's ``_reference.py`` (ops/shipped.py): they may
 """
 
 from .lazy import torch
-from .opdef import OpDef, register
+from .opdef import CACHE_QUANTIZED_INPUT, OpDef, register
 
 
 def gelu(x):
@@ -48,19 +48,19 @@ def srelu_bwd(x, dy):
 
 
 register(OpDef(
-    "GELU", "activation", tag=lambda a: "gelu", device_struct="fg::Gelu",
+    "GELU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "gelu", device_struct="fg::Gelu",
     reference=(gelu, gelu_bwd), summary="tanh-approximated GELU", needs_input_in_backward=True,
 ))
 register(OpDef(
-    "ReLU", "activation", tag=lambda a: "relu", device_struct="fg::Relu",
+    "ReLU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "relu", device_struct="fg::Relu",
     reference=(relu, relu_bwd), summary="max(x, 0)", needs_input_in_backward=True,
 ))
 register(OpDef(
-    "SiLU", "activation", tag=lambda a: "silu", device_struct="fg::Silu",
+    "SiLU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "silu", device_struct="fg::Silu",
     reference=(silu, silu_bwd), summary="x * sigmoid(x)", needs_input_in_backward=True,
 ))
 register(OpDef(
-    "SReLU", "activation", tag=lambda a: "srelu", device_struct="fg::Srelu",
+    "SReLU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "srelu", device_struct="fg::Srelu",
     reference=(srelu, srelu_bwd), summary="relu(x)^2", needs_input_in_backward=True,
 ))
 
@@ -75,6 +75,6 @@ def qgelu_bwd(x, dy):
 
 
 register(OpDef(
-    "QGELU", "activation", tag=lambda a: "qgelu", device_struct="fg::Qgelu",
+    "QGELU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "qgelu", device_struct="fg::Qgelu",
     reference=(qgelu, qgelu_bwd), summary="x * sigmoid(1.702 x) (quick GELU)", needs_input_in_backward=True,
 ))

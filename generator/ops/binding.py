@@ -34,9 +34,17 @@ def _plural(n: int, word: str) -> str:
 
 
 def check_value(op: OpDef, arg: Arg, value: object) -> object:
-    """``value`` checked against ``arg``'s kind (int, float, bool) and check; floats come back as float."""
+    """``value`` checked against ``arg``'s kind (int, float, bool, shape) and check; floats come back as
+    float, a shape (an int or a one-element tuple) as int."""
     what = f"argument '{arg.name}' of {op.name}"
     got = f"got {type(value).__name__} {value!r}"
+    if arg.kind == "shape":  # TE and torch take an int or a tuple; fusegen normalises the last dim
+        if isinstance(value, tuple) and len(value) != 1:
+            raise ArgumentError(f"{what} must be one size (the last dim), {got}; fusegen's norms normalise over "
+                                "the last dim only", value_error=True)
+        value = value[0] if isinstance(value, tuple) else value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentError(f"{what} must be an int or a one-element tuple of int, {got}", value_error=True)
     if arg.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         hint = "; use // for integer division" if isinstance(value, float) else ""
         raise ArgumentError(f"{what} must be an int, {got}{hint}", value_error=True)

@@ -10,7 +10,7 @@ are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they
 
 from .activations import gelu, gelu_bwd, qgelu, qgelu_bwd, relu, relu_bwd, silu, silu_bwd, srelu, srelu_bwd
 from .lazy import torch
-from .opdef import Arg, OpDef, check_finite, check_positive_finite, float_tag, register
+from .opdef import CACHE_QUANTIZED_INPUT, Arg, OpDef, check_finite, check_positive_finite, float_tag, register
 
 
 def swiglu(x):
@@ -51,13 +51,13 @@ def clamped_swiglu_bwd(x, dy, limit, alpha, offset):
 
 
 register(OpDef(
-    "SwiGLU", "glu", tag=lambda a: "swiglu", device_struct="fg::SwiGLU",
+    "SwiGLU", "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "swiglu", device_struct="fg::SwiGLU",
     out_features=lambda a, n: n // 2,
     reference=(swiglu, swiglu_bwd), reference_helpers=(silu, silu_bwd),
     summary="silu(a) * b, a = first half", needs_input_in_backward=True,
 ))
 register(OpDef(
-    "GEGLU", "glu", tag=lambda a: "geglu", device_struct="fg::GeGLU",
+    "GEGLU", "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "geglu", device_struct="fg::GeGLU",
     out_features=lambda a, n: n // 2,
     reference=(geglu, geglu_bwd), reference_helpers=(gelu, gelu_bwd),
     summary="gelu_tanh(a) * b, a = first half", needs_input_in_backward=True,
@@ -67,7 +67,7 @@ register(OpDef(
     "ClampedSwiGLU", "glu",
     args=(Arg("limit", "float", 7.0, keyword_only=True, check=check_positive_finite),
           Arg("alpha", "float", 1.702, keyword_only=True, check=check_finite),
-          Arg("glu_linear_offset", "float", 1.0, keyword_only=True, check=check_finite)),
+          Arg("glu_linear_offset", "float", 1.0, keyword_only=True, check=check_finite), CACHE_QUANTIZED_INPUT),
     tag=lambda a: "clamped_swiglu" + "".join(
         f"_{key}{float_tag(a[name])}" for key, name, default in
         (("l", "limit", 7.0), ("a", "alpha", 1.702), ("o", "glu_linear_offset", 1.0)) if a[name] != default),
@@ -148,7 +148,7 @@ def situglu_bwd(x, dy, beta1, beta2):
 
 def _simple_glu(name, tag, struct, forward, backward, helpers, summary):
     register(OpDef(
-        name, "glu", tag=lambda a: tag, device_struct=struct, out_features=lambda a, n: n // 2,
+        name, "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: tag, device_struct=struct, out_features=lambda a, n: n // 2,
         reference=(forward, backward), reference_helpers=(gated, gated_bwd, *helpers),
         summary=summary, needs_input_in_backward=True,
     ))
@@ -164,7 +164,7 @@ register(OpDef(
     # Sigmoid-tanh-unit GLU: act(a) = β1·tanh(a/β1)·σ(a), g(b) = β2·tanh(b/β2)
     "SiTUGLU", "glu",
     args=(Arg("beta1", "float", 4.0, keyword_only=True, check=check_positive_finite),
-          Arg("beta2", "float", 25.0, keyword_only=True, check=check_positive_finite)),
+          Arg("beta2", "float", 25.0, keyword_only=True, check=check_positive_finite), CACHE_QUANTIZED_INPUT),
     tag=lambda a: "situglu" + "".join(
         f"_{key}{float_tag(a[name])}" for key, name, default in (("b", "beta1", 4.0), ("c", "beta2", 25.0))
         if a[name] != default),

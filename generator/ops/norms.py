@@ -8,7 +8,7 @@ a reference helper).
 
 from .common import compute
 from .lazy import torch
-from .opdef import Arg, OpDef, Param, check_eps, check_norm_features, float_tag, register
+from .opdef import SM_MARGIN, Arg, OpDef, Param, check_eps, check_norm_features, float_tag, register
 
 
 def _gamma(weight, zero_centered_gamma):
@@ -74,7 +74,7 @@ def _norm_reference_args(a):
 
 register(OpDef(
     "LayerNorm", "norm",
-    args=(Arg("normalized_shape", "int", check=check_norm_features), _EPS, _ZCG),
+    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, _ZCG, SM_MARGIN),
     params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),
             Param("bias", lambda a: (a["normalized_shape"],), lambda a: "zeros")),
     fixed_in=lambda a: a["normalized_shape"],
@@ -85,7 +85,7 @@ register(OpDef(
 ))
 register(OpDef(
     "RMSNorm", "norm",
-    args=(Arg("normalized_shape", "int", check=check_norm_features), _EPS, _ZCG),
+    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, _ZCG, SM_MARGIN),
     params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),),
     fixed_in=lambda a: a["normalized_shape"],
     tag=_norm_tag("rmsnorm", 1e-5),

@@ -20,7 +20,8 @@ SPEC_MODULES = ("transformer_engine.pytorch.ops", "fusegen.eager")
 
 @dataclass(frozen=True)
 class Arg:
-    """One constructor argument. ``kind`` is one of int, float, bool."""
+    """One constructor argument. ``kind`` is one of int, float, bool, shape (an int or a one-element
+    tuple, as TE's ``normalized_shape``)."""
 
     name: str
     kind: str
@@ -202,6 +203,13 @@ def check_finite(v):
 
 def check_positive_finite(v):
     return check_finite(v) or (None if v > 0 else "must be positive")
+
+
+# TE's performance hints that have no effect in fusegen's kernels: accepted so a TE spec compiles
+# unchanged, and documented as no-ops (README).
+CACHE_QUANTIZED_INPUT = Arg("cache_quantized_input", "bool", False, keyword_only=True)  # FP8 saved input
+SM_MARGIN = Arg("sm_margin", "int", 0, keyword_only=True,
+                check=lambda v: None if v >= 0 else "must be 0 or more (SMs left to other kernels)")
 
 
 def check_eps(v):

@@ -6,7 +6,8 @@ import pytest
 
 from spec_errors import assert_points_at
 
-from fusegen.ops import OPS
+from fusegen.ops import NOT_YET, OPS
+from fusegen.ops.opdef import CACHE_QUANTIZED_INPUT, SM_MARGIN
 from fusegen.errors import SpecError
 from fusegen.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
 from fusegen.pipeline import build_pipeline
@@ -19,8 +20,13 @@ def parse(source):
     return parse_spec(textwrap.dedent(source), "spec.py")
 
 
+HINTS = {CACHE_QUANTIZED_INPUT.name: False, SM_MARGIN.name: 0}  # TE's no-op performance hints, at their defaults
+
+
 def ops(spec):
-    return [(c.op, c.args) for c in spec.calls]
+    """(op, args) of each call, TE's no-op hints left out where they are at their defaults
+    (test_te_hints_are_accepted checks them)."""
+    return [(c.op, {k: v for k, v in c.args.items() if HINTS.get(k, object()) != v}) for c in spec.calls]
 
 
 # --- spellings ----------------------------------------------------------------------------------
@@ -221,9 +227,10 @@ ERRORS = [
     (EAGER + "m = Sequential(Linear(4, 4, True))\n",
      2, 29, "True", "Linear() takes 2 positional arguments but 3 were given; pass bias by keyword; signature: "),
     (EAGER + "m = Sequential(GELU(4))\n",
-     2, 21, "4", "GELU() takes 0 positional arguments but 1 was given; signature: GELU()"),
+     2, 21, "4", "GELU() takes 0 positional arguments but 1 was given; pass cache_quantized_input by keyword; "
+                 "signature: GELU(*, cache_quantized_input=False)"),
     (EAGER + "m = Sequential(LayerNorm(8, 1e-6))\n",
-     2, 29, "1e-6", "LayerNorm() takes 1 positional argument but 2 were given; pass eps, zero_centered_gamma by keyword"),
+     2, 29, "1e-6", "LayerNorm() takes 1 positional argument but 2 were given; pass eps, zero_centered_gamma, sm_margin by keyword"),
     (EAGER + "m = Sequential(Linear(4, 4, bias=1))\n",
      2, 34, "1", "argument 'bias' of Linear must be True or False, got int 1"),
     (EAGER + "m = Sequential(Linear(8 / 2, 4))\n",
@@ -262,13 +269,15 @@ ERRORS = [
     (EAGER + "p = Sequential(Linear(4, 4))\nm = Sequential(Linear(p, 4))\n",
      3, 23, "p", "(line 2 makes it a pipeline)"),
     (EAGER + "m = Sequential(Linear(len('ab'), 4))\n",
-     2, 23, "len('ab')", "unsupported expression in argument 'in_features' of Linear: only literals, module-level "
+     2, 23, "len('ab')", "unsupported expression in argument 'in_features' of Linear: only literals (numbers, True/False, strings, tuples), module-level "
                          "constants and + - * / // % ** are allowed"),
-    (EAGER + "m = Sequential(Linear('4', 4))\n", 2, 23, "'4'", "unsupported expression in argument 'in_features'"),
+    (EAGER + "m = Sequential(Linear('4', 4))\n", 2, 23, "'4'", "argument 'in_features' of Linear must be an int, got str '4'"),
+    (EAGER + "m = Sequential(LayerNorm((8, 64)))\n", 2, 27, "8, 64)",
+     "argument 'normalized_shape' of LayerNorm must be one size (the last dim), got tuple (8, 64)"),
     (EAGER + "m = Sequential(Linear(cfg.hidden, 4))\n", 2, 23, "cfg.hidden", "unsupported expression"),
     (EAGER + "S = (4,)\nm = Sequential(Linear(S[0], 4))\n", 3, 23, "S[0]", "unsupported expression"),
     (EAGER + "m = Sequential(LayerNorm(8, eps=None))\n", 2, 33, "None", "unsupported expression in argument 'eps'"),
-    (EAGER + "m = Sequential(Linear(4 * 'a', 4))\n", 2, 27, "'a'", "unsupported expression"),
+    (EAGER + "m = Sequential(Linear(4 * 'a', 4))\n", 2, 27, "'a'", "arithmetic on str 'a' in argument 'in_features'"),
     (EAGER + "m = Sequential(Linear(4 // 0, 4))\n",
      2, 23, "4 // 0", "division by zero in argument 'in_features' of Linear"),
     (EAGER + "m = Sequential(Linear(True + 1, 4))\n",
@@ -588,3 +597,30 @@ def test_deepest_accepted_nesting_leaves_most_of_the_stack():
     finally:
         sys.setrecursionlimit(limit)
     assert spec.name == "m"
+
+
+def test_te_hints_are_accepted():
+    """TE's spellings compile unchanged: a tuple normalized_shape, and the performance hints that
+    do nothing in fusegen's kernels (sm_margin, cache_quantized_input; README lists them)."""
+    (spec,) = parse(
+        "import transformer_engine.pytorch as te\n"
+        "m = te.ops.Sequential(te.ops.LayerNorm((64,), sm_margin=8), te.ops.RMSNorm([64]), "
+        "te.ops.GELU(cache_quantized_input=True), te.ops.SwiGLU(cache_quantized_input=False))\n")
+    assert [c.args for c in spec.calls] == [
+        {"normalized_shape": 64, "eps": 1e-5, "zero_centered_gamma": False, "sm_margin": 8},
+        {"normalized_shape": 64, "eps": 1e-5, "zero_centered_gamma": False, "sm_margin": 0},
+        {"cache_quantized_input": True}, {"cache_quantized_input": False}]
+    plan = build_pipeline(spec)
+    assert [op.describe() for op in plan.ops] == [
+        "LayerNorm(64, sm_margin=8)", "RMSNorm(64)", "GELU(cache_quantized_input=True)", "SwiGLU()"]
+
+
+
+@pytest.mark.parametrize("name", sorted(NOT_YET))
+def test_te_ops_fusegen_does_not_generate_say_so(name):
+    source = f"import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.Linear(8, 8), te.ops.{name}())\n"
+    with pytest.raises(SpecError) as info:
+        parse(source)
+    assert info.value.message.startswith(f"{name} is a te.ops operation fusegen does not generate: {NOT_YET[name]}")
+    assert (info.value.location.line, info.value.location.col) == (2, 44)
+    assert name not in OPS  # an op that is generated leaves this table

@@ -12,7 +12,7 @@ from fusegen import eager
     (lambda: eager.RMSNorm(8, epsilon=1e-6), TypeError, "RMSNorm() got an unexpected keyword argument 'epsilon'"),
     (lambda: eager.Bias(8, size=8), TypeError, "Bias() got multiple values for argument 'size'; give it once"),
     (lambda: eager.LayerNorm(), TypeError, "LayerNorm() missing required argument 'normalized_shape'"),
-    (lambda: eager.RMSNorm(8.5), ValueError, "argument 'normalized_shape' of RMSNorm must be an int, got float 8.5"),
+    (lambda: eager.RMSNorm(8.5), ValueError, "argument 'normalized_shape' of RMSNorm must be an int or a one-element tuple of int, got float 8.5"),
     (lambda: eager.ClampedSwiGLU(limit="7"), ValueError, "argument 'limit' of ClampedSwiGLU must be a number"),
     (lambda: eager.Linear(4, 8, bias=1), ValueError, "argument 'bias' of Linear must be True or False, got int 1"),
     (lambda: eager.RMSNorm(8, eps=0.0), ValueError, "argument 'eps' of RMSNorm must be positive"),
@@ -25,6 +25,7 @@ def test_eager_calls_are_bound_like_specs(make, error, message):
 
 
 def test_defaults_and_conversion():
-    assert eager.ClampedSwiGLU(alpha=2).args == {"limit": 7.0, "alpha": 2.0, "glu_linear_offset": 1.0}
+    assert eager.ClampedSwiGLU(alpha=2).args == {"limit": 7.0, "alpha": 2.0, "glu_linear_offset": 1.0,
+                                                 "cache_quantized_input": False}
     assert isinstance(eager.ClampedSwiGLU(alpha=2).args["alpha"], float)
     assert eager.Linear(4, 8).args == {"in_features": 4, "out_features": 8, "bias": True}
