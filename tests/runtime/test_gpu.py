@@ -157,11 +157,13 @@ def test_residual_and_bias_kernels(dtype, rows):
     assert_close("dbias 4096", K().bias_bwd_n4096(dy), dy.double().sum(0), dtype)
     dy1 = randn(rows, 1024, dtype=dtype, gen=gen)
     assert_close("dbias 1024", K().bias_bwd_n1024(dy1), dy1.double().sum(0), dtype)
+    dy2 = randn(rows, 256, dtype=dtype, gen=gen)
+    assert_close("dbias 256", K().bias_bwd_n256(dy2), dy2.double().sum(0), dtype)
 
 
 def test_every_kernel_has_a_test():
     tested = {n for row in NORMS for n in row[:2]} | {n for row in ELEMENTWISE for n in row[:2]}
-    tested |= {"add_fwd_n4096", "bias_add_bwd_n4096", "bias_bwd_n4096", "bias_bwd_n1024"}
+    tested |= {"add_fwd_n4096", "bias_add_bwd_n4096", "bias_bwd_n4096", "bias_bwd_n1024", "bias_bwd_n256"}
     # the elementwise_chain spec's kernels, checked through its pipeline test (every dtype, shape)
     tested |= {"relu_fwd_n768", "relu_bwd_n768", "add_layernorm_zc_eps1em06_fwd_h768",
                "layernorm_zc_bwd_h768_add_dresidual", "rmsnorm_zc_fwd_h768", "rmsnorm_zc_bwd_h768",
