@@ -3,7 +3,7 @@
 Each launcher takes and returns 2-D ``[rows, features]`` tensors. On CUDA tensors it allocates the
 outputs through PyTorch and launches the prebuilt kernel for the tensor's dtype on the current
 stream; on CPU tensors it runs the catalog's reference math (``_reference.py``) the same way:
-fp32 math through the whole fused stage, one rounding at the end.
+float64 math (``compute``) through the whole fused stage, one rounding at the end.
 """
 
 import torch

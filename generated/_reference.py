@@ -2,7 +2,7 @@
 
 Each op's reference forward and backward (and the helpers they call), copied from its op module
 in registry order. The generated modules run them on CPU tensors; fusegen's eager ``Sequential``
-calls the same functions. Math runs in float32 (or float64 for float64 inputs); callers round to
+calls the same functions. Math runs in float64 (``compute``); callers round to
 the storage dtype.
 """
 
@@ -14,7 +14,14 @@ import torch
 # --- generator/ops/common.py --------------------------------------------------------------------
 
 def compute(t):
-    """The tensor in its math precision: float32 for 16-bit floats, else unchanged."""
+    """The tensor in the reference math's precision. On CPU, float64: one rounding at the end, and
+    no dependence on torch's float32 CPU math (torch 2.13's float32 tanh on CPU is off by up to
+    ~1e-4 in some processes). On a GPU (fusegen's eager Sequential, the benchmarks' eager peer),
+    float32 for 16-bit floats, as the kernels and plain PyTorch compute."""
+    if not t.is_floating_point():
+        return t
+    if t.device.type == "cpu":
+        return t.double()
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
@@ -61,7 +68,7 @@ def _gamma(weight, zero_centered_gamma):
 
 
 def layer_norm(x, weight, b, eps, zero_centered_gamma):
-    """LayerNorm over the last dim of 2-D x: (y, mean, rstd), statistics in float32."""
+    """LayerNorm over the last dim of 2-D x: (y, mean, rstd), statistics in the math precision (compute)."""
     xf = compute(x)
     mean = xf.mean(-1)
     rstd = torch.rsqrt(((xf - mean[:, None]) ** 2).mean(-1) + eps)
@@ -70,7 +77,7 @@ def layer_norm(x, weight, b, eps, zero_centered_gamma):
 
 
 def layer_norm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma):
-    """(dx, dweight, dbias) of layer_norm, dx in float32 math."""
+    """(dx, dweight, dbias) of layer_norm, dx in the math precision (compute)."""
     xhat = (compute(x) - mean[:, None]) * rstd[:, None]
     dyf = compute(dy)
     g = dyf * _gamma(weight, zero_centered_gamma)
@@ -87,7 +94,7 @@ def rms_norm(x, weight, eps, zero_centered_gamma):
 
 
 def rms_norm_bwd(dy, x, rstd, weight, zero_centered_gamma):
-    """(dx, dweight) of rms_norm, dx in float32 math."""
+    """(dx, dweight) of rms_norm, dx in the math precision (compute)."""
     xhat = compute(x) * rstd[:, None]
     dyf = compute(dy)
     g = dyf * _gamma(weight, zero_centered_gamma)

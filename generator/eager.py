@@ -72,7 +72,7 @@ class FusibleOp(torch.nn.Module):
                 y = forward(x.reshape(-1, x.shape[-1]), *params, *basic.reference_arguments(a))
                 y = y[0] if isinstance(y, tuple) else y
                 x = y.reshape(*lead, y.shape[-1])
-            else:  # elementwise ops: fp32 math on the value and the operand, like the kernels
+            else:  # elementwise ops: float64 math (compute) on the value and operand, one rounding
                 operands = []
                 if basic.operand is not None:
                     operands.append(params[0] if basic.operand.source == "param" else extra_inputs.pop(0))

@@ -68,6 +68,14 @@ def runs_as(plan: Plan, stage_kernels: dict) -> dict[tuple[str, int], str]:
             for pass_, stages in (("forward", plan.forward), ("backward", plan.backward)) for stage in stages}
 
 
+def placement(op) -> tuple[str, str]:
+    """The device= and dtype= expressions for ``op``'s parameters: the module's own arguments, or
+    where the spec placed the op (TE's device=/dtype=) when the module is given none."""
+    device, dtype = op.args.get("device"), op.args.get("dtype")
+    return ("device" if device is None else f"device if device is not None else {device!r}",
+            "dtype" if dtype is None else f"dtype if dtype is not None else {dtype!r}")
+
+
 # --- whole files --------------------------------------------------------------------------------
 
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
@@ -86,7 +94,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     saved += [name for *_, name in params if re.search(rf"\b{name}\b", backward_code)]
     modules = {}
     for op, attr, key, shape, init, name in params:
-        modules.setdefault(op.module_index, []).append((attr, shape, init, name))
+        modules.setdefault(op.module_index, []).append((attr, shape, init, name, *placement(op)))
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,

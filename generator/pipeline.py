@@ -52,10 +52,14 @@ class Op:
             for p in self.opdef.params
         ]
 
-    def describe(self) -> str:
-        """The op as a spec would write it: required arguments by position, others if not default."""
+    def describe(self, placement: bool = True) -> str:
+        """The op as a spec would write it: required arguments by position, others if not default.
+        ``placement=False`` leaves out device= and dtype= (where the parameters live is no part of
+        a kernel, so kernels describe their ops without it)."""
         shown = []
         for a in self.opdef.args:
+            if not placement and a.kind in ("device", "dtype"):
+                continue
             value = self.args[a.name]
             if a.default is REQUIRED:
                 shown.append(repr(value))

@@ -15,6 +15,7 @@ import warnings
 import libcst as cst
 
 from ..errors import SpecError
+from ..ops.opdef import TORCH_DTYPES, TorchDtype
 from .scope import Scope, _Bindings, _ident
 from .source import _MAX_INT_BITS, SpecSource, _short
 
@@ -29,7 +30,8 @@ _AUGMENTED = {
     cst.DivideAssign: operator.truediv, cst.FloorDivideAssign: operator.floordiv,
     cst.ModuloAssign: operator.mod, cst.PowerAssign: operator.pow,
 }
-_ALLOWED = "only literals (numbers, True/False, strings, tuples), module-level constants and + - * / // % ** are allowed"
+_ALLOWED = ("only literals (numbers, True/False, None, strings, tuples), torch dtypes, module-level constants and "
+            "+ - * / // % ** are allowed")
 
 
 class ConstantFolder:
@@ -48,7 +50,12 @@ class ConstantFolder:
                 raise SpecError(f"number too large in {what}: {_short(node.value, 20)} is beyond the float range "
                                 "(about 1.8e308)", self.source.loc(node))
             return value
-        if isinstance(node, cst.Name) and node.value != "None":
+        if isinstance(node, cst.Name) and node.value == "None":
+            return None  # device=None, dtype=None; elsewhere the binder names the kind it wants
+        dtype = self.torch_dtype(node)
+        if dtype is not None:
+            return dtype
+        if isinstance(node, cst.Name):
             if node.value in ("True", "False"):
                 return node.value == "True"
             name = _ident(node.value)
@@ -74,6 +81,15 @@ class ConstantFolder:
                 warnings.simplefilter("ignore")
                 return node.evaluated_value  # the binder then says which kind the argument takes
         raise SpecError(f"unsupported expression in {what}: {_ALLOWED}", self.source.loc(node))
+
+    def torch_dtype(self, node: cst.BaseExpression) -> TorchDtype | None:
+        """``torch.bfloat16`` (through the file's imports of torch) as the dtype it names."""
+        if not isinstance(node, (cst.Name, cst.Attribute)):
+            return None
+        target = self.scope.resolve(node)
+        if target is None or target[0] != "torch" or target[1] not in TORCH_DTYPES:
+            return None
+        return TorchDtype(TORCH_DTYPES[target[1]])
 
     def integer(self, node: cst.Integer, what: str) -> int:
         """An integer literal, refused before conversion when it is beyond _MAX_INT_BITS (Python

@@ -1,7 +1,7 @@
 """Unary activations: GELU (tanh approximation), ReLU, SiLU, SReLU (squared ReLU), QGELU (x·σ(1.702x)).
 
 Each is one ``OpDef`` naming its functor in templates/cuda/activations.cuh (fwd(x), bwd(x, dy))
-and its reference forward and backward here, which compute the same formulas in float32 (the
+and its reference forward and backward here, which compute the same formulas (in float64, the
 constants are the kernel's float literals, written inline). The reference functions below are
 shipped by source into the output's ``_reference.py`` (ops/shipped.py): they may use only
 ``torch``, ``math`` and other shipped functions.

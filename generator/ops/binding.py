@@ -11,9 +11,10 @@ one given argument into its value (the frontend folds constants there) and may r
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, Sequence, TypeVar
 
-from .opdef import REQUIRED, Arg, OpDef
+from .opdef import REQUIRED, Arg, OpDef, TorchDtype
 
 Given = TypeVar("Given")
 
@@ -38,6 +39,12 @@ def check_value(op: OpDef, arg: Arg, value: object) -> object:
     float, a shape (an int or a one-element tuple) as int."""
     what = f"argument '{arg.name}' of {op.name}"
     got = f"got {type(value).__name__} {value!r}"
+    if arg.kind == "device" and value is not None:
+        if not isinstance(value, str) or not re.fullmatch(r"(cuda|cpu)(:\d+)?", value):
+            raise ArgumentError(f"{what} must be None or a device name like 'cuda', 'cuda:1' or 'cpu', {got}",
+                                value_error=True)
+    if arg.kind == "dtype" and value is not None and not isinstance(value, TorchDtype):
+        raise ArgumentError(f"{what} must be None or a torch dtype like torch.bfloat16, {got}", value_error=True)
     if arg.kind == "shape":  # TE and torch take an int or a tuple; fusegen normalises the last dim
         if isinstance(value, tuple) and len(value) != 1:
             raise ArgumentError(f"{what} must be one size (the last dim), {got}; fusegen's norms normalise over "

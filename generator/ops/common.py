@@ -10,7 +10,14 @@ from .lazy import torch
 
 
 def compute(t):
-    """The tensor in its math precision: float32 for 16-bit floats, else unchanged."""
+    """The tensor in the reference math's precision. On CPU, float64: one rounding at the end, and
+    no dependence on torch's float32 CPU math (torch 2.13's float32 tanh on CPU is off by up to
+    ~1e-4 in some processes). On a GPU (fusegen's eager Sequential, the benchmarks' eager peer),
+    float32 for 16-bit floats, as the kernels and plain PyTorch compute."""
+    if not t.is_floating_point():
+        return t
+    if t.device.type == "cpu":
+        return t.double()
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 

@@ -5,7 +5,7 @@ The reference functions below are shipped by source into the output's ``_referen
 (ops/shipped.py): they may use only ``torch``, ``math`` and other shipped functions.
 """
 
-from .opdef import Arg, OpDef, Param, check_features, register
+from .opdef import DEVICE, DTYPE, Arg, OpDef, Param, check_features, register
 
 
 def linear(x, weight):
@@ -19,7 +19,8 @@ def linear_bwd(dy, x, weight):
 
 register(OpDef(
     "BasicLinear", "linear",
-    args=(Arg("in_features", "int", check=check_features), Arg("out_features", "int", check=check_features)),
+    args=(Arg("in_features", "int", check=check_features), Arg("out_features", "int", check=check_features),
+          DEVICE, DTYPE),
     params=(Param("weight", lambda a: (a["out_features"], a["in_features"]), lambda a: "kaiming_uniform"),),
     fixed_in=lambda a: a["in_features"],
     out_features=lambda a, n: a["out_features"],
@@ -30,8 +31,9 @@ register(OpDef(
 register(OpDef(
     "Linear", "container",
     args=(Arg("in_features", "int", check=check_features), Arg("out_features", "int", check=check_features),
-          Arg("bias", "bool", True, keyword_only=True)),
-    expand=lambda a: [("BasicLinear", {"in_features": a["in_features"], "out_features": a["out_features"]}, "")]
-    + ([("Bias", {"size": a["out_features"]}, "")] if a["bias"] else []),
+          Arg("bias", "bool", True, keyword_only=True), DEVICE, DTYPE),
+    expand=lambda a: [("BasicLinear", {"in_features": a["in_features"], "out_features": a["out_features"],
+                                       "device": a["device"], "dtype": a["dtype"]}, "")]
+    + ([("Bias", {"size": a["out_features"], "device": a["device"], "dtype": a["dtype"]}, "")] if a["bias"] else []),
     summary="BasicLinear followed by Bias",
 ))

@@ -1,4 +1,4 @@
-"""Row normalisations: LayerNorm and RMSNorm over the last dim, statistics in float32.
+"""Row normalisations: LayerNorm and RMSNorm over the last dim (the kernels keep fp32 statistics).
 
 Their kernels are templates/cuda/norm.cuh (norm stages), not elementwise functors. The reference
 functions below are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they
@@ -8,7 +8,7 @@ a reference helper).
 
 from .common import compute
 from .lazy import torch
-from .opdef import SM_MARGIN, Arg, OpDef, Param, check_eps, check_norm_features, float_tag, register
+from .opdef import DEVICE, DTYPE, SM_MARGIN, Arg, OpDef, Param, check_eps, check_norm_features, float_tag, register
 
 
 def _gamma(weight, zero_centered_gamma):
@@ -17,7 +17,7 @@ def _gamma(weight, zero_centered_gamma):
 
 
 def layer_norm(x, weight, b, eps, zero_centered_gamma):
-    """LayerNorm over the last dim of 2-D x: (y, mean, rstd), statistics in float32."""
+    """LayerNorm over the last dim of 2-D x: (y, mean, rstd), statistics in the math precision (compute)."""
     xf = compute(x)
     mean = xf.mean(-1)
     rstd = torch.rsqrt(((xf - mean[:, None]) ** 2).mean(-1) + eps)
@@ -26,7 +26,7 @@ def layer_norm(x, weight, b, eps, zero_centered_gamma):
 
 
 def layer_norm_bwd(dy, x, mean, rstd, weight, zero_centered_gamma):
-    """(dx, dweight, dbias) of layer_norm, dx in float32 math."""
+    """(dx, dweight, dbias) of layer_norm, dx in the math precision (compute)."""
     xhat = (compute(x) - mean[:, None]) * rstd[:, None]
     dyf = compute(dy)
     g = dyf * _gamma(weight, zero_centered_gamma)
@@ -43,7 +43,7 @@ def rms_norm(x, weight, eps, zero_centered_gamma):
 
 
 def rms_norm_bwd(dy, x, rstd, weight, zero_centered_gamma):
-    """(dx, dweight) of rms_norm, dx in float32 math."""
+    """(dx, dweight) of rms_norm, dx in the math precision (compute)."""
     xhat = compute(x) * rstd[:, None]
     dyf = compute(dy)
     g = dyf * _gamma(weight, zero_centered_gamma)
@@ -74,7 +74,7 @@ def _norm_reference_args(a):
 
 register(OpDef(
     "LayerNorm", "norm",
-    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, _ZCG, SM_MARGIN),
+    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, DEVICE, DTYPE, _ZCG, SM_MARGIN),
     params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),
             Param("bias", lambda a: (a["normalized_shape"],), lambda a: "zeros")),
     fixed_in=lambda a: a["normalized_shape"],
@@ -85,7 +85,7 @@ register(OpDef(
 ))
 register(OpDef(
     "RMSNorm", "norm",
-    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, _ZCG, SM_MARGIN),
+    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, DEVICE, DTYPE, _ZCG, SM_MARGIN),
     params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),),
     fixed_in=lambda a: a["normalized_shape"],
     tag=_norm_tag("rmsnorm", 1e-5),

@@ -19,9 +19,25 @@ SPEC_MODULES = ("transformer_engine.pytorch.ops", "fusegen.eager")
 
 
 @dataclass(frozen=True)
+class TorchDtype:
+    """A ``torch.<dtype>`` a spec names (read, never imported): ``dtype=torch.bfloat16``."""
+
+    name: str  # torch's canonical name: float32, float16, bfloat16, float64
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+# torch's dtype attributes a spec may name, by their canonical names
+TORCH_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
+                "bfloat16": "bfloat16", "float64": "float64", "double": "float64"}
+
+
+@dataclass(frozen=True)
 class Arg:
     """One constructor argument. ``kind`` is one of int, float, bool, shape (an int or a one-element
-    tuple, as TE's ``normalized_shape``)."""
+    tuple, as TE's ``normalized_shape``), device (None or "cuda", "cuda:1", "cpu") and dtype (None
+    or a ``TorchDtype``)."""
 
     name: str
     kind: str
@@ -204,6 +220,11 @@ def check_finite(v):
 def check_positive_finite(v):
     return check_finite(v) or (None if v > 0 else "must be positive")
 
+
+# Where and in which dtype an op's parameters are made (TE's device= and dtype=): the generated
+# module's defaults for that op's parameters; its constructor's device=/dtype= override them.
+DEVICE = Arg("device", "device", None, keyword_only=True)
+DTYPE = Arg("dtype", "dtype", None, keyword_only=True)
 
 # TE's performance hints that have no effect in fusegen's kernels: accepted so a TE spec compiles
 # unchanged, and documented as no-ops (README).

@@ -26,7 +26,7 @@ HEADER = '''\
 
 Each op's reference forward and backward (and the helpers they call), copied from its op module
 in registry order. The generated modules run them on CPU tensors; fusegen's eager ``Sequential``
-calls the same functions. Math runs in float32 (or float64 for float64 inputs); callers round to
+calls the same functions. Math runs in float64 (``compute``); callers round to
 the storage dtype.
 """
 

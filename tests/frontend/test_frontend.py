@@ -7,7 +7,7 @@ import pytest
 from spec_errors import assert_points_at
 
 from fusegen.ops import NOT_YET, OPS
-from fusegen.ops.opdef import CACHE_QUANTIZED_INPUT, SM_MARGIN
+from fusegen.ops.opdef import CACHE_QUANTIZED_INPUT, SM_MARGIN, TorchDtype
 from fusegen.errors import SpecError
 from fusegen.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
 from fusegen.pipeline import build_pipeline
@@ -20,7 +20,8 @@ def parse(source):
     return parse_spec(textwrap.dedent(source), "spec.py")
 
 
-HINTS = {CACHE_QUANTIZED_INPUT.name: False, SM_MARGIN.name: 0}  # TE's no-op performance hints, at their defaults
+# TE's no-op performance hints and parameter placement, at their defaults
+HINTS = {CACHE_QUANTIZED_INPUT.name: False, SM_MARGIN.name: 0, "device": None, "dtype": None}
 
 
 def ops(spec):
@@ -98,7 +99,7 @@ def test_op_alias_resolves_to_catalog_name_and_locations():
     assert call.location.source_line == "    L(8, out_features=4),"
     # only explicitly given arguments have locations; the default `bias` has none
     assert {k: (v.line, v.col) for k, v in call.arg_locations.items()} == {"in_features": (3, 7), "out_features": (3, 23)}
-    assert call.args == {"in_features": 8, "out_features": 4, "bias": True}
+    assert call.args == {"in_features": 8, "out_features": 4, "bias": True, "device": None, "dtype": None}
 
 
 def test_non_op_statements_are_ignored_and_pipelines_keep_file_order():
@@ -221,16 +222,17 @@ ERRORS = [
                        f"fusegen.eager); {KNOWN}"),
     (EAGER + "m = Sequential(Linear(4))\n",
      2, 16, "Linear(4)",
-     "Linear() missing required argument 'out_features'; signature: Linear(in_features, out_features, *, bias=True)"),
-    (EAGER + "m = Sequential(Linear(4, 4, device='cuda'))\n",
-     2, 29, "device", "Linear() got an unexpected keyword argument 'device'; signature: Linear(in_features, "),
+     "Linear() missing required argument 'out_features'; signature: Linear(in_features, out_features, *, bias=True, "
+     "device=None, dtype=None)"),
+    (EAGER + "m = Sequential(Linear(4, 4, devices='cuda'))\n",
+     2, 29, "devices", "Linear() got an unexpected keyword argument 'devices'"),
     (EAGER + "m = Sequential(Linear(4, 4, True))\n",
-     2, 29, "True", "Linear() takes 2 positional arguments but 3 were given; pass bias by keyword; signature: "),
+     2, 29, "True", "Linear() takes 2 positional arguments but 3 were given; pass bias, device, dtype by keyword; signature: "),
     (EAGER + "m = Sequential(GELU(4))\n",
      2, 21, "4", "GELU() takes 0 positional arguments but 1 was given; pass cache_quantized_input by keyword; "
                  "signature: GELU(*, cache_quantized_input=False)"),
     (EAGER + "m = Sequential(LayerNorm(8, 1e-6))\n",
-     2, 29, "1e-6", "LayerNorm() takes 1 positional argument but 2 were given; pass eps, zero_centered_gamma, sm_margin by keyword"),
+     2, 29, "1e-6", "LayerNorm() takes 1 positional argument but 2 were given; pass eps, device, dtype, zero_centered_gamma, sm_margin by keyword"),
     (EAGER + "m = Sequential(Linear(4, 4, bias=1))\n",
      2, 34, "1", "argument 'bias' of Linear must be True or False, got int 1"),
     (EAGER + "m = Sequential(Linear(8 / 2, 4))\n",
@@ -269,14 +271,16 @@ ERRORS = [
     (EAGER + "p = Sequential(Linear(4, 4))\nm = Sequential(Linear(p, 4))\n",
      3, 23, "p", "(line 2 makes it a pipeline)"),
     (EAGER + "m = Sequential(Linear(len('ab'), 4))\n",
-     2, 23, "len('ab')", "unsupported expression in argument 'in_features' of Linear: only literals (numbers, True/False, strings, tuples), module-level "
+     2, 23, "len('ab')", "unsupported expression in argument 'in_features' of Linear: only literals (numbers, True/False, None, strings, "
+     "tuples), torch dtypes, module-level "
                          "constants and + - * / // % ** are allowed"),
     (EAGER + "m = Sequential(Linear('4', 4))\n", 2, 23, "'4'", "argument 'in_features' of Linear must be an int, got str '4'"),
     (EAGER + "m = Sequential(LayerNorm((8, 64)))\n", 2, 27, "8, 64)",
      "argument 'normalized_shape' of LayerNorm must be one size (the last dim), got tuple (8, 64)"),
     (EAGER + "m = Sequential(Linear(cfg.hidden, 4))\n", 2, 23, "cfg.hidden", "unsupported expression"),
     (EAGER + "S = (4,)\nm = Sequential(Linear(S[0], 4))\n", 3, 23, "S[0]", "unsupported expression"),
-    (EAGER + "m = Sequential(LayerNorm(8, eps=None))\n", 2, 33, "None", "unsupported expression in argument 'eps'"),
+    (EAGER + "m = Sequential(LayerNorm(8, eps=None))\n", 2, 33, "None",
+     "argument 'eps' of LayerNorm must be a number, got NoneType None"),
     (EAGER + "m = Sequential(Linear(4 * 'a', 4))\n", 2, 27, "'a'", "arithmetic on str 'a' in argument 'in_features'"),
     (EAGER + "m = Sequential(Linear(4 // 0, 4))\n",
      2, 23, "4 // 0", "division by zero in argument 'in_features' of Linear"),
@@ -607,8 +611,10 @@ def test_te_hints_are_accepted():
         "m = te.ops.Sequential(te.ops.LayerNorm((64,), sm_margin=8), te.ops.RMSNorm([64]), "
         "te.ops.GELU(cache_quantized_input=True), te.ops.SwiGLU(cache_quantized_input=False))\n")
     assert [c.args for c in spec.calls] == [
-        {"normalized_shape": 64, "eps": 1e-5, "zero_centered_gamma": False, "sm_margin": 8},
-        {"normalized_shape": 64, "eps": 1e-5, "zero_centered_gamma": False, "sm_margin": 0},
+        {"normalized_shape": 64, "eps": 1e-5, "device": None, "dtype": None, "zero_centered_gamma": False,
+         "sm_margin": 8},
+        {"normalized_shape": 64, "eps": 1e-5, "device": None, "dtype": None, "zero_centered_gamma": False,
+         "sm_margin": 0},
         {"cache_quantized_input": True}, {"cache_quantized_input": False}]
     plan = build_pipeline(spec)
     assert [op.describe() for op in plan.ops] == [
@@ -624,3 +630,32 @@ def test_te_ops_fusegen_does_not_generate_say_so(name):
     assert info.value.message.startswith(f"{name} is a te.ops operation fusegen does not generate: {NOT_YET[name]}")
     assert (info.value.location.line, info.value.location.col) == (2, 44)
     assert name not in OPS  # an op that is generated leaves this table
+
+
+def test_device_and_dtype_as_te_spells_them():
+    (spec,) = parse(
+        "import torch\nimport transformer_engine.pytorch as te\nDT = torch.bfloat16\n"
+        "m = te.ops.Sequential(te.ops.Linear(8, 8, device='cuda', dtype=DT), te.ops.RMSNorm(8, dtype=torch.half),"
+        " te.ops.Bias(8, device=None, dtype=None))\n")
+    assert [(c.args["device"], c.args["dtype"]) for c in spec.calls] == [
+        ("cuda", TorchDtype("bfloat16")), (None, TorchDtype("float16")), (None, None)]
+    p = build_pipeline(spec)
+    assert [op.describe() for op in p.ops] == [
+        "BasicLinear(8, 8, device='cuda', dtype=torch.bfloat16)", "Bias(8, device='cuda', dtype=torch.bfloat16)",
+        "RMSNorm(8, dtype=torch.float16)", "Bias(8)"]
+    assert p.ops[0].describe(placement=False) == "BasicLinear(8, 8)"  # kernels do not see placement
+
+
+@pytest.mark.parametrize("call, message", [
+    ("te.ops.Linear(8, 8, dtype='bf16')", "argument 'dtype' of Linear must be None or a torch dtype like "
+                                          "torch.bfloat16, got str 'bf16'"),
+    ("te.ops.Bias(8, device='tpu')", "argument 'device' of Bias must be None or a device name like 'cuda', "
+                                     "'cuda:1' or 'cpu', got str 'tpu'"),
+    ("te.ops.Bias(8, dtype=torch.int8)", "unsupported expression in argument 'dtype' of Bias"),
+    ("te.ops.GELU(device='cuda')", "GELU() got an unexpected keyword argument 'device'"),
+])
+def test_bad_device_and_dtype_are_errors_at_them(call, message):
+    with pytest.raises(SpecError) as info:
+        parse(f"import torch\nimport transformer_engine.pytorch as te\nm = te.ops.Sequential({call})\n")
+    assert message in info.value.message
+

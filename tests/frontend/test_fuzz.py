@@ -104,6 +104,8 @@ FLOAT_EDGES = [
 ]
 BOOL_EDGES = ["True", "False", "1", "0", "None", "not True", "USE"]
 SHAPE_EDGES = INT_EDGES + ["(64,)", "(8, 64)", "()", "[64]", "('64',)", "(True,)", "'64'"]
+DEVICE_EDGES = ["None", "'cuda'", "'cuda:1'", "'cpu'", "'tpu'", "''", "0", "torch.float32"]
+DTYPE_EDGES = ["None", "torch.bfloat16", "torch.half", "torch.int8", "'bf16'", "torch", "float", "1"]
 CONSTANTS = [
     "H = {h}\n", "F = H * 4\n", "EPS = 1e-6\n", "USE = True\n", "H += 0\n", "H: int = {h}\n", "del H\nH = {h}\n",
     "import torch\nX = torch.ones(1)\n", "def f():\n    return 1\n", "x = y = 3\n", "x.y = 3\n",
@@ -117,7 +119,8 @@ SIZING = [name for name, op in OPS.items() if op.kind in ("linear", "container",
 
 
 def edge_value(rng: random.Random, kind: str) -> str:
-    return rng.choice({"int": INT_EDGES, "float": FLOAT_EDGES, "bool": BOOL_EDGES, "shape": SHAPE_EDGES}[kind])
+    return rng.choice({"int": INT_EDGES, "float": FLOAT_EDGES, "bool": BOOL_EDGES, "shape": SHAPE_EDGES,
+                       "device": DEVICE_EDGES, "dtype": DTYPE_EDGES}[kind])
 
 
 OPTIONAL = {"eps": ["1e-6", "1e-5", "0.001"], "zero_centered_gamma": ["True", "False"], "bias": ["True", "False"],
