@@ -52,13 +52,13 @@ class Op:
             for p in self.opdef.params
         ]
 
-    def describe(self, placement: bool = True) -> str:
+    def describe(self, kernel: bool = False) -> str:
         """The op as a spec would write it: required arguments by position, others if not default.
-        ``placement=False`` leaves out device= and dtype= (where the parameters live is no part of
-        a kernel, so kernels describe their ops without it)."""
+        ``kernel=True``: as a kernel sees it, without the arguments that are no part of what it
+        computes (device=, dtype=, TE's no-op hints: ``Arg.in_kernel``)."""
         shown = []
         for a in self.opdef.args:
-            if not placement and a.kind in ("device", "dtype"):
+            if kernel and not a.in_kernel:
                 continue
             value = self.args[a.name]
             if a.default is REQUIRED:

@@ -44,6 +44,7 @@ class Arg:
     default: object = REQUIRED
     keyword_only: bool = False
     check: Callable[[object], str | None] | None = None  # returns an error text, or None
+    in_kernel: bool = True  # False: no part of what a kernel computes (placement, TE's no-op hints)
 
 
 @dataclass(frozen=True)
@@ -223,13 +224,13 @@ def check_positive_finite(v):
 
 # Where and in which dtype an op's parameters are made (TE's device= and dtype=): the generated
 # module's defaults for that op's parameters; its constructor's device=/dtype= override them.
-DEVICE = Arg("device", "device", None, keyword_only=True)
-DTYPE = Arg("dtype", "dtype", None, keyword_only=True)
+DEVICE = Arg("device", "device", None, keyword_only=True, in_kernel=False)
+DTYPE = Arg("dtype", "dtype", None, keyword_only=True, in_kernel=False)
 
 # TE's performance hints that have no effect in fusegen's kernels: accepted so a TE spec compiles
 # unchanged, and documented as no-ops (README).
-CACHE_QUANTIZED_INPUT = Arg("cache_quantized_input", "bool", False, keyword_only=True)  # FP8 saved input
-SM_MARGIN = Arg("sm_margin", "int", 0, keyword_only=True,
+CACHE_QUANTIZED_INPUT = Arg("cache_quantized_input", "bool", False, keyword_only=True, in_kernel=False)  # FP8
+SM_MARGIN = Arg("sm_margin", "int", 0, keyword_only=True, in_kernel=False,
                 check=lambda v: None if v >= 0 else "must be 0 or more (SMs left to other kernels)")
 
 

@@ -185,7 +185,7 @@ def _step(stage, op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]
     names = _operand_names(op, rel) if operand is not None else ("", "")
     step = dict(index=rel, lanes=lanes, form=op.opdef.functor_form, struct=op.opdef.device_struct,
                 cuda_args=tuple(f"{float(c)!r}f" for c in constants),
-                python_args=tuple(repr(float(c)) for c in constants), label=op.describe(placement=False),
+                python_args=tuple(repr(float(c)) for c in constants), label=op.describe(kernel=True),
                 reference=op.opdef.reference_names, operand=names[0], operand_grad=names[1],
                 broadcast=operand.broadcast if operand else "", grad=operand.grad if operand else "",
                 reads_operand=bool(operand and operand.read_in_backward),
@@ -208,7 +208,7 @@ def forward_kernel(pipeline, stage) -> kn.KernelSpec:
            P("y", "T*"), P("rows", "int"))
     tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(
-        kn.kernel_name(tags, f"fwd_n{width}"), "elementwise_fwd", ", ".join(op.describe(placement=False) for op in stage.ops),
+        kn.kernel_name(tags, f"fwd_n{width}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
         abi=abi, operands=operands, returned=["y", *written], headers=_headers(stage),
         width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=steps, align=width,
         threads=ELEMENTWISE_THREADS, geometry="row_vectors",
@@ -253,7 +253,7 @@ def backward_kernel(plan, stage) -> kn.KernelSpec:
         qualifier = f"from_{pipeline.ops[recompute.saved_position].tag}"
     name = kn.kernel_name("_".join(op.tag for op in stage.ops), f"bwd_n{width}", qualifier)
     return kn.make_spec(
-        name, "elementwise_bwd", ", ".join(op.describe(placement=False) for op in stage.ops) + " backward",
+        name, "elementwise_bwd", ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
         abi=abi, operands=operands, returned=written + reduced, headers=_headers(stage),
         width=width, in_width=pipeline.width(stage.start), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps), align=width,

@@ -31,7 +31,7 @@ def norm_forward(stage) -> kn.KernelSpec:
     layernorm = norm.opdef.name == "LayerNorm"
     return kn.make_spec(
         kn.kernel_name(("add_" if residual else "") + norm.tag, f"fwd_h{norm.in_features}"), "norm_fwd",
-        ("residual add + " if residual else "") + norm.describe(placement=False),
+        ("residual add + " if residual else "") + norm.describe(kernel=True),
         abi=(P("x", "const T*"), P("residual", "const T*", residual), P("gamma", "const T*"),
              P("beta", "const T*", layernorm), P("y", "T*"), P("residual_out", "T*", residual),
              P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
@@ -54,7 +54,7 @@ def norm_backward(stage) -> kn.KernelSpec:
     layernorm = norm.opdef.name == "LayerNorm"
     name = kn.kernel_name(norm.tag, f"bwd_h{norm.in_features}", "add_dresidual" if add_dresidual else "")
     return kn.make_spec(
-        name, "norm_bwd", norm.describe(placement=False) + (" backward, + residual grad" if add_dresidual else " backward"),
+        name, "norm_bwd", norm.describe(kernel=True) + (" backward, + residual grad" if add_dresidual else " backward"),
         abi=(P("dy", "const T*"), P("x", "const T*"), P("mean", "const float*", layernorm),
              P("rstd", "const float*"), P("gamma", "const T*"), P("dresidual", "const T*", add_dresidual),
              P("dx", "T*"), P("partials", "float*"), P("rows", "int")),

@@ -246,7 +246,8 @@ ERRORS = [
     (EAGER + "m = Sequential(LayerNorm(8, eps=-1.0))\n",
      2, 33, "-1.0", "argument 'eps' of LayerNorm must be positive"),
     (EAGER + "m = Sequential(AddExtraInput(in_place=True))\n",
-     2, 39, "True", "argument 'in_place' of AddExtraInput must be False"),
+     2, 39, "True", "argument 'in_place' of AddExtraInput must be False: fusegen never writes into the caller's "
+                    "tensors"),
     (EAGER + "m = Sequential(ConstantScale(1e308 * 10))\n",
      2, 30, "1e308", "argument 'scale' of ConstantScale must be finite"),
     (EAGER + "m = Sequential(Linear(HIDDEN, 4))\n",
@@ -643,7 +644,7 @@ def test_device_and_dtype_as_te_spells_them():
     assert [op.describe() for op in p.ops] == [
         "BasicLinear(8, 8, device='cuda', dtype=torch.bfloat16)", "Bias(8, device='cuda', dtype=torch.bfloat16)",
         "RMSNorm(8, dtype=torch.float16)", "Bias(8)"]
-    assert p.ops[0].describe(placement=False) == "BasicLinear(8, 8)"  # kernels do not see placement
+    assert p.ops[0].describe(kernel=True) == "BasicLinear(8, 8)"  # kernels do not see placement
 
 
 @pytest.mark.parametrize("call, message", [

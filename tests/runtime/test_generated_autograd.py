@@ -94,3 +94,30 @@ def test_pipeline_that_saves_nothing_imports_and_runs(tiny):
     (grad,) = torch.autograd.grad(module(x).square().sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="BiasOnly: second derivatives"):
         torch.autograd.grad(grad.sum(), x)
+
+
+def test_make_extra_output_in_place_gives_the_values_and_grads_of_out_of_place(tmp_path):
+    """TE's MakeExtraOutput(in_place=True) only changes how the grad buffer is accumulated."""
+    spec = tmp_path / "tee_spec.py"
+    spec.write_text("from transformer_engine.pytorch.ops import Bias, GELU, MakeExtraOutput, Sequential\n"
+                    "a = Sequential(Bias(8), MakeExtraOutput(in_place=True), GELU())\n"
+                    "b = Sequential(Bias(8), MakeExtraOutput(), GELU())\n")
+    config = build.Config((spec,), tmp_path / "tee_pkg", archs=(), dtypes=("float32",), root=tmp_path)
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        pkg = importlib.import_module("tee_pkg")
+    finally:
+        sys.path.remove(str(tmp_path))
+    x = torch.randn(5, 8, dtype=torch.float64)
+    results = []
+    for cls in (pkg.A, pkg.B):
+        module = cls(dtype=torch.float64)
+        with torch.no_grad():
+            module.get_submodule("0").bias.copy_(torch.linspace(-1, 1, 8))
+        xi = x.clone().requires_grad_()
+        y, extra = module(xi)
+        (y.sum() + 2 * extra.sum()).backward()
+        results.append((y, extra, xi.grad))
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
