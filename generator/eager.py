@@ -28,6 +28,9 @@ def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
                         lambda arg, value: check_value(op, arg, value))
     except ArgumentError as err:
         raise (ValueError if err.value_error else TypeError)(err.message) from None
+    problem = op.validate(bound) if op.validate else None
+    if problem:
+        raise ValueError(f"{op.name}(): {problem}")
     return bound
 
 
@@ -87,7 +90,7 @@ def _op_class(name: str) -> type:
 
 
 # One module class per registered op (Linear, RMSNorm, GELU, ...): a new op needs no line here.
-globals().update({name: _op_class(name) for name in OPS})
+globals().update({name: _op_class(name) for name, op in OPS.items() if __name__ in op.modules})
 
 
 class Sequential(torch.nn.Sequential):
@@ -105,4 +108,4 @@ class Sequential(torch.nn.Sequential):
         return (x, *outputs) if outputs else x
 
 
-__all__ = ["Sequential", *OPS]
+__all__ = ["Sequential", *(name for name, op in OPS.items() if __name__ in op.modules)]

@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
-from .ops import MAX_FEATURES, OpDef, basic_ops
+from .ops import MAX_FEATURES, OPS, OpDef, basic_ops
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Node:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     module_index: int  # position in the spec's Sequential: the state_dict prefix
-    module_name: str  # the spec-level op ("Linear" for its BasicLinear and Bias)
+    module_name: str  # the spec-level op as spelled ("Linear" for its BasicLinear and Bias; nn.Linear's too)
     location: Location
 
 
@@ -150,7 +150,8 @@ def build_graph(spec: SequentialSpec) -> Graph:
             inputs.append(reads[-1])
         out = running if op.view else new_value(sizes[i + 1], len(nodes))
         extra_outputs += [running] * op.extra_outputs  # an extra output hands out the value it reads
-        nodes.append(Node(len(nodes), op, args, tuple(reads), (out,), module_index, call.op, call.location))
+        nodes.append(Node(len(nodes), op, args, tuple(reads), (out,), module_index, OPS[call.op].attribute,
+                          call.location))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
                  (running, *extra_outputs))

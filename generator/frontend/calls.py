@@ -84,6 +84,9 @@ class OpBinder:
         except ArgumentError as err:
             raise SpecError(err.message, self.source.loc(call if err.at is None else err.at)) from None
         where = {name: self.source.loc(node) for name, node in given.items()}
+        problem = op.validate(args) if op.validate else None
+        if problem:
+            raise SpecError(f"{op.name}(): {problem}", self.source.loc(call))
         return OpCall(op.name, args, self.source.loc(call), where)
 
     def unknown_op(self, func: cst.BaseExpression) -> SpecError:
@@ -96,10 +99,14 @@ class OpBinder:
         if target is None:
             why = (f" ('{spelled}' is not imported from {' or '.join(op_modules())})"
                    if _dotted(func) else "")
+        elif target[0] == "torch.nn":
+            mapped = ", ".join(op.attribute for op in OPS.values() if "torch.nn" in op.modules)
+            why = (f" (torch.nn modules stand for te.ops where fusegen has the op: {mapped}; torch.nn.{target[1]} "
+                   "is not one of them)")
         elif target[0] not in op_modules():
             why = f" (it is {'.'.join(target)}, not an op of {' or '.join(op_modules())})"
         elif target[1] in OPS:  # a plugin's op spelled from Transformer Engine, or the reverse
             why = f" ({target[1]} is not in {target[0]}; import it from {' or '.join(OPS[target[1]].modules)})"
         else:
             why = ""
-        return SpecError(f"unknown op '{spelled}'{why}; known ops: {', '.join(sorted(OPS))}", self.source.loc(func))
+        return SpecError(f"unknown op '{spelled}'{why}; known ops: {', '.join(sorted({op.attribute for op in OPS.values()}))}", self.source.loc(func))

@@ -12,7 +12,7 @@ import unicodedata
 
 import libcst as cst
 
-from ..ops import OPS, SEQUENTIAL, importable, op_modules
+from ..ops import OPS, SEQUENTIAL, SEQUENTIAL_MODULES, op_modules, op_named
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
@@ -63,8 +63,9 @@ class Scope:
         if isinstance(node.names, cst.ImportStar):
             # An op module exports its ops and Sequential; what any other module binds is unknown,
             # and names it would bind stay unresolved ("unknown op").
-            if base in op_modules():
-                for name in [name for name in (*OPS, SEQUENTIAL) if importable(base, name)]:
+            if base in op_modules() or base in SEQUENTIAL_MODULES:
+                spelled = [op.attribute for op in OPS.values() if base in op.modules] + [SEQUENTIAL]
+                for name in [name for name in spelled if op_named(base, name)]:
                     self.forget(name, f"line {line} imports it")
                     self.aliases[name] = f"{base}.{name}"
             return
@@ -88,11 +89,9 @@ class Scope:
         return module, attr
 
     def op_name(self, call: cst.Call) -> str | None:
-        """The op (or SEQUENTIAL) a call constructs, or None if it is not from an op module."""
+        """The registry name of the op (or SEQUENTIAL) a call constructs, or None if it is not one."""
         target = self.resolve(call.func)
-        if target is None or not importable(*target):
-            return None
-        return target[1]
+        return None if target is None else op_named(*target)
 
 
 class _Bindings(cst.CSTVisitor):

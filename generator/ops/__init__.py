@@ -35,10 +35,11 @@ from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEAT
 # The family modules register their ops when imported, so this order is the order of OPS (and of
 # _reference.py); imported by name so that no import sorter can reorder them.
 FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
-    "linear", "bias", "norms", "activations", "glu", "scale", "extra_io", "identity"))
+    "linear", "bias", "norms", "activations", "glu", "scale", "extra_io", "identity", "torch_nn"))
 
-# Spellings a spec may use for the pipeline container.
+# Spellings a spec may use for the pipeline container, and the modules it comes from.
 SEQUENTIAL = "Sequential"
+SEQUENTIAL_MODULES = (*SPEC_MODULES, "torch.nn")
 
 
 
@@ -65,11 +66,12 @@ def op_modules() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*SPEC_MODULES, *(m for op in OPS.values() for m in op.modules)]))
 
 
-def importable(module: str, name: str) -> bool:
-    """Whether ``from <module> import <name>`` gives a spec an op (or Sequential)."""
-    if name == SEQUENTIAL:
-        return module in SPEC_MODULES
-    return name in OPS and module in OPS[name].modules
+def op_named(module: str, attribute: str) -> str | None:
+    """The registry name of the op ``from <module> import <attribute>`` gives a spec (SEQUENTIAL
+    for the container), or None."""
+    if attribute == SEQUENTIAL:
+        return SEQUENTIAL if module in SEQUENTIAL_MODULES else None
+    return next((name for name, op in OPS.items() if op.attribute == attribute and module in op.modules), None)
 
 
 def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
@@ -87,6 +89,6 @@ def reference_source() -> str:
 
 __all__ = [
     "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "SEQUENTIAL", "Arg",
-    "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "elementwise_kinds", "float_tag", "importable",
+    "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "elementwise_kinds", "float_tag", "op_named",
     "op_modules", "reference_source", "register",
 ]

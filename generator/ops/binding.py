@@ -39,6 +39,8 @@ def check_value(op: OpDef, arg: Arg, value: object) -> object:
     float, a shape (an int or a one-element tuple) as int."""
     what = f"argument '{arg.name}' of {op.name}"
     got = f"got {type(value).__name__} {value!r}"
+    if arg.kind == "str" and not isinstance(value, str):
+        raise ArgumentError(f"{what} must be a string, {got}", value_error=True)
     if arg.kind == "device" and value is not None:
         if not isinstance(value, str) or not re.fullmatch(r"(cuda|cpu)(:\d+)?", value):
             raise ArgumentError(f"{what} must be None or a device name like 'cuda', 'cuda:1' or 'cpu', {got}",

@@ -115,6 +115,8 @@ class OpDef:
     summary: str = ""
     expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
     modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
+    spelled: str = ""  # its name in those modules, where that is not ``name`` (torch.nn's Linear)
+    validate: Callable[[dict], str | None] | None = None  # a check across arguments: an error text, or None
     view: bool = False  # moves no data (Identity): a graph node whose output is its input
     opaque: bool = False  # runs unfused as its reference math in PyTorch (stages/opaque.py)
     extra_inputs: int = 0
@@ -141,6 +143,11 @@ class OpDef:
     def halves_width(self) -> bool:
         """A GLU: its output is half its input, and a run may hold only one."""
         return self.kind == "glu"
+
+    @property
+    def attribute(self) -> str:
+        """The name a spec imports it by from its ``modules``."""
+        return self.spelled or self.name
 
     def reference_arguments(self, args: dict) -> tuple:
         """The trailing arguments of the reference forward (``reference_args``)."""

@@ -243,4 +243,5 @@ def test_ops_lists_every_registered_op_with_its_signature(capsys):
     assert cli.main(["ops"]) == 0
     out = capsys.readouterr().out
     for op in OPS.values():
-        assert f"{op.signature()}\n    {op.summary}  (from transformer_engine.pytorch.ops or fusegen.eager)" in out
+        assert f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})" in out
+    assert "nn.Linear(in_features, out_features, bias=True, *, device=None, dtype=None)\n" in out

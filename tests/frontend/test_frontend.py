@@ -13,7 +13,7 @@ from fusegen.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
 from fusegen.pipeline import build_pipeline
 
 EAGER = "from fusegen.eager import Sequential, Linear, LayerNorm, GELU, ConstantScale, AddExtraInput\n"
-KNOWN = "known ops: " + ", ".join(sorted(OPS))
+KNOWN = "known ops: " + ", ".join(sorted({op.attribute for op in OPS.values()}))
 
 
 def parse(source):
@@ -212,14 +212,15 @@ ERRORS = [
     # (source, line, col, text at the location, message fragment)
     ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.Foo(4))\n",
      2, 23, "te.ops.Foo", f"unknown op 'te.ops.Foo'; {KNOWN}"),
-    ("import torch\nimport transformer_engine.pytorch as te\nm = te.ops.Sequential(torch.nn.Linear(4, 4))\n",
-     3, 23, "torch.nn.Linear", "unknown op 'torch.nn.Linear' (it is torch.nn.Linear, not an op of "
-                               f"transformer_engine.pytorch.ops or fusegen.eager); {KNOWN}"),
+    ("import torch\nimport transformer_engine.pytorch as te\nm = te.ops.Sequential(torch.nn.Conv1d(4, 4, 1))\n",
+     3, 23, "torch.nn.Conv1d", "unknown op 'torch.nn.Conv1d' (torch.nn modules stand for te.ops where fusegen has "
+                               "the op: Linear, LayerNorm, RMSNorm, GELU, SiLU, ReLU, Identity; torch.nn.Conv1d is "
+                               f"not one of them); {KNOWN}"),
     ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.Linear(4, 4))\n",
      2, 23, "te.Linear", "unknown op 'te.Linear' (it is transformer_engine.pytorch.Linear, not an op of"),
     (EAGER + "m = Sequential(RMSNorm(4))\n",
      2, 16, "RMSNorm", "unknown op 'RMSNorm' ('RMSNorm' is not imported from transformer_engine.pytorch.ops or "
-                       f"fusegen.eager); {KNOWN}"),
+                       f"fusegen.eager or torch.nn); {KNOWN}"),
     (EAGER + "m = Sequential(Linear(4))\n",
      2, 16, "Linear(4)",
      "Linear() missing required argument 'out_features'; signature: Linear(in_features, out_features, *, bias=True, "

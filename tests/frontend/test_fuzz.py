@@ -78,13 +78,15 @@ def assert_both_outcomes(counts: Counter, total: int, at_least: float) -> None:
 
 # --- random specs from the registry -------------------------------------------------------------
 
+# the ops the headers' modules (TE's, fusegen.eager) export; torch.nn's spellings are tested apart
+TE_OPS = [name for name, op in OPS.items() if "fusegen.eager" in op.modules]
 HEADERS = [  # (import lines, prefix of every op call)
     ("import transformer_engine.pytorch as te\n", "te.ops."),
     ("from transformer_engine.pytorch import ops\n", "ops."),
     ("import fusegen.eager as fg\n", "fg."),
     ("from fusegen.eager import *\n", ""),
-    (f"from fusegen.eager import {', '.join(['Sequential', *OPS])}\n", ""),
-    (f"from transformer_engine.pytorch.ops import (\n    {', '.join(['Sequential', *OPS])},\n)\n", ""),
+    (f"from fusegen.eager import {', '.join(['Sequential', *TE_OPS])}\n", ""),
+    (f"from transformer_engine.pytorch.ops import (\n    {', '.join(['Sequential', *TE_OPS])},\n)\n", ""),
 ]
 NAMES = ["m", "mlp", "block", "fc1", "fc_2", "MlpBlock", "ffn_in", "p"]
 ODD_NAMES = ["_", "_0", "__init__", "_runtime", "kernels", "Mlp", "mlp__block", "mlp_block", "\ufb01", "\u2115",
@@ -106,6 +108,7 @@ BOOL_EDGES = ["True", "False", "1", "0", "None", "not True", "USE"]
 SHAPE_EDGES = INT_EDGES + ["(64,)", "(8, 64)", "()", "[64]", "('64',)", "(True,)", "'64'"]
 DEVICE_EDGES = ["None", "'cuda'", "'cuda:1'", "'cpu'", "'tpu'", "''", "0", "torch.float32"]
 DTYPE_EDGES = ["None", "torch.bfloat16", "torch.half", "torch.int8", "'bf16'", "torch", "float", "1"]
+STR_EDGES = ["'tanh'", "'none'", "''", "None", "1", "'tanh' * 2", "f'{H}'", "b'tanh'"]
 CONSTANTS = [
     "H = {h}\n", "F = H * 4\n", "EPS = 1e-6\n", "USE = True\n", "H += 0\n", "H: int = {h}\n", "del H\nH = {h}\n",
     "import torch\nX = torch.ones(1)\n", "def f():\n    return 1\n", "x = y = 3\n", "x.y = 3\n",
@@ -115,12 +118,12 @@ ODD_CONSTANTS = [
     "K = (H := {h})\n", "A, B = 1, 2\n", "if True:\n    H = {h}\n", "H = {h} * 1.0\n", "H = 10 ** 100\n", "H = 1e999\n",
     "H = 2 ** 24 * 2\n", "H = H\n", "del H\n", "print(Y := 1)\n", "[H] = [{h}]\n", "H //= 0\n",
 ]
-SIZING = [name for name, op in OPS.items() if op.kind in ("linear", "container", "bias", "norm")]
+SIZING = [name for name in TE_OPS if OPS[name].kind in ("linear", "container", "bias", "norm")]
 
 
 def edge_value(rng: random.Random, kind: str) -> str:
     return rng.choice({"int": INT_EDGES, "float": FLOAT_EDGES, "bool": BOOL_EDGES, "shape": SHAPE_EDGES,
-                       "device": DEVICE_EDGES, "dtype": DTYPE_EDGES}[kind])
+                       "device": DEVICE_EDGES, "dtype": DTYPE_EDGES, "str": STR_EDGES}[kind])
 
 
 OPTIONAL = {"eps": ["1e-6", "1e-5", "0.001"], "zero_centered_gamma": ["True", "False"], "bias": ["True", "False"],
@@ -163,7 +166,7 @@ def random_pipeline(rng: random.Random, prefix: str, corrupt: float) -> str:
     width = rng.choice([8, 64, 768, 1024, 4096])
     calls = []
     for i in range(rng.randint(1, 5)):
-        names = [n for n in OPS if not (OPS[n].kind == "glu" and width % 2)]
+        names = [n for n in TE_OPS if not (OPS[n].kind == "glu" and width % 2)]
         if i == 0 and rng.random() < 0.8:  # an op that fixes the feature size, mostly
             names = SIZING
         call, width = op_call(rng, prefix, rng.choice(names), width, corrupt)
