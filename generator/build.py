@@ -169,7 +169,9 @@ def run_compiles(jobs: list[tuple[str, str, str]], progress: Progress, headers: 
     A pool that is terminated on any way out (done, an NVRTC error, Ctrl-C), so no worker outlives
     the run. Jobs start in order, so the first pending ones are those in flight."""
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    pool = multiprocessing.Pool(workers, initializer=_start_worker, initargs=(headers,))
+    # spawn, not fork: the calling process may run threads (torch's, in tests and notebooks), and a
+    # forked child can inherit a lock one of them held and hang
+    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_start_worker, initargs=(headers,))
     try:
         pending = [(job, pool.apply_async(_compile_one, (job,))) for job in jobs]
         binaries = {}
