@@ -18,5 +18,6 @@ from .reglu_mlp import RegluMlp
 from .sreglu_mlp import SregluMlp
 from .situglu_mlp import SitugluMlp
 from .te_mlp import TeMlp
+from .l2norm_block import L2normBlock
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeMlp"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeMlp", "L2normBlock"]

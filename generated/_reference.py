@@ -102,6 +102,17 @@ def rms_norm_bwd(dy, x, rstd, weight, zero_centered_gamma):
     return dx, (dyf * xhat).sum(0)
 
 
+def l2_normalization(x, eps):
+    """x / sqrt(sum(x^2) + eps) over the last dim (eps inside the root, no mean), as TE's."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def l2_normalization_bwd(x, dy, eps):
+    """(dx,): r * (dy - x * sum(x * dy) / (sum(x^2) + eps)), r = rsqrt(sum(x^2) + eps)."""
+    s = (x * x).sum(-1, keepdim=True) + eps
+    return (torch.rsqrt(s) * (dy - x * (x * dy).sum(-1, keepdim=True) / s),)
+
+
 # --- generator/ops/activations.py ---------------------------------------------------------------
 
 def gelu(x):

@@ -104,6 +104,10 @@ def mlp(act):
     return lambda p, x: (F.linear(act(F.linear(x, p["0.weight"], p["0.bias"])), p["2.weight"], p["2.bias"]),)
 
 
+def l2_normalization(t, eps):
+    return t / (t.square().sum(-1, keepdim=True) + eps).sqrt()
+
+
 # name -> (generated class name, reference, number of extra inputs)
 PIPELINES = {
     "elementwise_chain": ("ElementwiseChain", elementwise_chain, 3),
@@ -118,6 +122,7 @@ PIPELINES = {
     **{f"{name}_mlp": (f"{name.capitalize()}Mlp", mlp(lambda t, g=gate: gated(t, g)), 0)
        for name, gate in GLU_GATES.items()},
     "situglu_mlp": ("SitugluMlp", mlp(lambda t: situglu(t, beta1=2.0, beta2=8.0)), 0),
+    "l2norm_block": ("L2normBlock", mlp(lambda t: l2_normalization(t, 1e-5)), 0),
 }
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

@@ -37,6 +37,8 @@ def _plural(n: int, word: str) -> str:
 def check_value(op: OpDef, arg: Arg, value: object) -> object:
     """``value`` checked against ``arg``'s kind (int, float, bool, shape) and check; floats come back as
     float, a shape (an int or a one-element tuple) as int."""
+    if value is None and arg.default is None:  # None where None is the default: "not given"
+        return None
     what = f"argument '{arg.name}' of {op.name}"
     got = f"got {type(value).__name__} {value!r}"
     if arg.kind == "str" and not isinstance(value, str):

@@ -1,4 +1,5 @@
-"""Row normalisations: LayerNorm and RMSNorm over the last dim (the kernels keep fp32 statistics).
+"""Row normalisations over the last dim: LayerNorm and RMSNorm (generated row kernels, fp32
+statistics), and L2Normalization (its reference math in PyTorch, as TE runs it).
 
 Their kernels are templates/cuda/norm.cuh (norm stages), not elementwise functors. The reference
 functions below are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they
@@ -92,4 +93,28 @@ register(OpDef(
     reference=(rms_norm, rms_norm_bwd), reference_helpers=(_gamma,), reference_args=_norm_reference_args,
     summary="y = x * rsqrt(mean(x^2) + eps) * gamma",
     needs_input_in_backward=True,
+))
+
+
+def l2_normalization(x, eps):
+    """x / sqrt(sum(x^2) + eps) over the last dim (eps inside the root, no mean), as TE's."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def l2_normalization_bwd(x, dy, eps):
+    """(dx,): r * (dy - x * sum(x * dy) / (sum(x^2) + eps)), r = rsqrt(sum(x^2) + eps)."""
+    s = (x * x).sum(-1, keepdim=True) + eps
+    return (torch.rsqrt(s) * (dy - x * (x * dy).sum(-1, keepdim=True) / s),)
+
+
+register(OpDef(
+    # TE runs it as torch.compile'd PyTorch, not a kernel: here it is an opaque op, its reference
+    # math in PyTorch (stages/opaque.py). seq_length and micro_batch_size only warm up TE's JIT.
+    "L2Normalization", "l2_normalization",
+    args=(Arg("eps", "float", 1e-6, keyword_only=True, check=check_eps),
+          Arg("seq_length", "int", None, keyword_only=True, in_kernel=False),
+          Arg("micro_batch_size", "int", None, keyword_only=True, in_kernel=False)),
+    reference=(l2_normalization, l2_normalization_bwd), reference_args=lambda a: (a["eps"],),
+    opaque=True, needs_input_in_backward=True,
+    summary="y = x / sqrt(sum(x^2) + eps) over the features (runs as its reference math, as in TE)",
 ))

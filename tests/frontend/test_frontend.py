@@ -661,3 +661,10 @@ def test_bad_device_and_dtype_are_errors_at_them(call, message):
         parse(f"import torch\nimport transformer_engine.pytorch as te\nm = te.ops.Sequential({call})\n")
     assert message in info.value.message
 
+
+
+def test_l2_normalization_takes_te_arguments():
+    (spec,) = parse("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.Linear(8, 8), "
+                    "te.ops.L2Normalization(eps=1e-5, seq_length=None, micro_batch_size=4))\n")
+    assert spec.calls[1].args == {"eps": 1e-5, "seq_length": None, "micro_batch_size": 4}
+    assert [op.describe(kernel=True) for op in build_pipeline(spec).ops][-1] == "L2Normalization(eps=1e-05)"

@@ -81,6 +81,8 @@ def reference_calls(op: OpDef, x, dy):
     if op.name == "LayerNorm":
         _, mean, rstd = forward(x, b, b, 1e-5, True)
         return [(forward, (x, b, b, 1e-5, True)), (backward, (dy, x, mean, rstd, b, True))]
+    if op.name == "L2Normalization":
+        return [(forward, (x, 1e-6)), (backward, (x, dy, 1e-6))]
     if op.name == "RMSNorm":
         _, rstd = forward(x, b, 1e-5, False)
         return [(forward, (x, b, 1e-5, False)), (backward, (dy, x, rstd, b, False))]
@@ -155,7 +157,7 @@ def test_declared_helpers_ship_with_their_op():
 
 def test_registry_order_is_the_family_order():
     """OPS iterates in registration order (ops.FAMILIES): generated files list ops in this order."""
-    assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SReLU",
+    assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "L2Normalization", "GELU", "ReLU", "SiLU", "SReLU",
                          "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
                          "ConstantScale", "AddExtraInput", "MakeExtraOutput", "Identity", "nn.Linear", "nn.LayerNorm",
                          "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Identity"]
