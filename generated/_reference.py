@@ -162,24 +162,32 @@ def qgelu_bwd(x, dy):
 
 # --- generator/ops/glu.py -----------------------------------------------------------------------
 
+def gated(x, act):
+    """act(a) * b over the row's halves: the FIRST half a is gated (unlike torch.nn.functional.glu)."""
+    a, b = x.chunk(2, dim=-1)
+    return act(a) * b
+
+
+def gated_bwd(x, dy, act, act_bwd):
+    """[da, db] of act(a) * b."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([act_bwd(a, dy * b), dy * act(a)], dim=-1)
+
+
 def swiglu(x):
-    a, b = x.chunk(2, dim=-1)  # the FIRST half is the gate (unlike torch.nn.functional.glu)
-    return silu(a) * b
+    return gated(x, silu)
 
 
 def swiglu_bwd(x, dy):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([silu_bwd(a, dy * b), dy * silu(a)], dim=-1)
+    return gated_bwd(x, dy, silu, silu_bwd)
 
 
 def geglu(x):
-    a, b = x.chunk(2, dim=-1)  # the FIRST half is the gate (unlike torch.nn.functional.glu)
-    return gelu(a) * b
+    return gated(x, gelu)
 
 
 def geglu_bwd(x, dy):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([gelu_bwd(a, dy * b), dy * gelu(a)], dim=-1)
+    return gated_bwd(x, dy, gelu, gelu_bwd)
 
 
 def clamped_swiglu(x, limit, alpha, offset):
@@ -197,18 +205,6 @@ def clamped_swiglu_bwd(x, dy, limit, alpha, offset):
     da = torch.where(a > limit, torch.zeros_like(dy), dy * linear * (s + alpha * g * s * (1 - s)))
     db = torch.where(b.abs() > limit, torch.zeros_like(dy), dy * g * s)
     return torch.cat([da, db], dim=-1)
-
-
-def gated(x, act):
-    """act(a) * b over the row's halves (a the first, b the second)."""
-    a, b = x.chunk(2, dim=-1)
-    return act(a) * b
-
-
-def gated_bwd(x, dy, act, act_bwd):
-    """[da, db] of act(a) * b."""
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([act_bwd(a, dy * b), dy * act(a)], dim=-1)
 
 
 def sigmoid(x):

@@ -13,24 +13,40 @@ from .lazy import torch
 from .opdef import CACHE_QUANTIZED_INPUT, Arg, OpDef, check_finite, check_positive_finite, float_tag, register
 
 
+def gated(x, act):
+    """act(a) * b over the row's halves: the FIRST half a is gated (unlike torch.nn.functional.glu)."""
+    a, b = x.chunk(2, dim=-1)
+    return act(a) * b
+
+
+def gated_bwd(x, dy, act, act_bwd):
+    """[da, db] of act(a) * b."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([act_bwd(a, dy * b), dy * act(a)], dim=-1)
+
+
 def swiglu(x):
-    a, b = x.chunk(2, dim=-1)  # the FIRST half is the gate (unlike torch.nn.functional.glu)
-    return silu(a) * b
+    return gated(x, silu)
 
 
 def swiglu_bwd(x, dy):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([silu_bwd(a, dy * b), dy * silu(a)], dim=-1)
+    return gated_bwd(x, dy, silu, silu_bwd)
 
 
 def geglu(x):
-    a, b = x.chunk(2, dim=-1)  # the FIRST half is the gate (unlike torch.nn.functional.glu)
-    return gelu(a) * b
+    return gated(x, gelu)
 
 
 def geglu_bwd(x, dy):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([gelu_bwd(a, dy * b), dy * gelu(a)], dim=-1)
+    return gated_bwd(x, dy, gelu, gelu_bwd)
+
+
+def _simple_glu(name, tag, struct, forward, backward, helpers, summary):
+    register(OpDef(
+        name, "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: tag, device_struct=struct, out_features=lambda a, n: n // 2,
+        reference=(forward, backward), reference_helpers=(gated, gated_bwd, *helpers),
+        summary=summary, needs_input_in_backward=True,
+    ))
 
 
 def clamped_swiglu(x, limit, alpha, offset):
@@ -50,18 +66,10 @@ def clamped_swiglu_bwd(x, dy, limit, alpha, offset):
     return torch.cat([da, db], dim=-1)
 
 
-register(OpDef(
-    "SwiGLU", "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "swiglu", device_struct="fg::SwiGLU",
-    out_features=lambda a, n: n // 2,
-    reference=(swiglu, swiglu_bwd), reference_helpers=(silu, silu_bwd),
-    summary="silu(a) * b, a = first half", needs_input_in_backward=True,
-))
-register(OpDef(
-    "GEGLU", "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "geglu", device_struct="fg::GeGLU",
-    out_features=lambda a, n: n // 2,
-    reference=(geglu, geglu_bwd), reference_helpers=(gelu, gelu_bwd),
-    summary="gelu_tanh(a) * b, a = first half", needs_input_in_backward=True,
-))
+_simple_glu("SwiGLU", "swiglu", "fg::SwiGLU", swiglu, swiglu_bwd, (silu, silu_bwd),
+            "silu(a) * b, a = first half")
+_simple_glu("GEGLU", "geglu", "fg::GeGLU", geglu, geglu_bwd, (gelu, gelu_bwd),
+            "gelu_tanh(a) * b, a = first half")
 register(OpDef(
     # GPT-OSS: a' = min(a, limit); y = a' * sigmoid(alpha * a') * (clamp(b, -limit, limit) + offset)
     "ClampedSwiGLU", "glu",
@@ -77,18 +85,6 @@ register(OpDef(
     summary="min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + offset), a = first half",
     needs_input_in_backward=True,
 ))
-
-
-def gated(x, act):
-    """act(a) * b over the row's halves (a the first, b the second)."""
-    a, b = x.chunk(2, dim=-1)
-    return act(a) * b
-
-
-def gated_bwd(x, dy, act, act_bwd):
-    """[da, db] of act(a) * b."""
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([act_bwd(a, dy * b), dy * act(a)], dim=-1)
 
 
 def sigmoid(x):
@@ -144,14 +140,6 @@ def situglu_bwd(x, dy, beta1, beta2):
     da = dy * beta2 * u * ((1 - t * t) * s + beta1 * t * s * (1 - s))
     db = dy * beta1 * t * s * (1 - u * u)
     return torch.cat([da, db], dim=-1)
-
-
-def _simple_glu(name, tag, struct, forward, backward, helpers, summary):
-    register(OpDef(
-        name, "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: tag, device_struct=struct, out_features=lambda a, n: n // 2,
-        reference=(forward, backward), reference_helpers=(gated, gated_bwd, *helpers),
-        summary=summary, needs_input_in_backward=True,
-    ))
 
 
 _simple_glu("GLU", "glu", "fg::GLU", glu, glu_bwd, (sigmoid, sigmoid_bwd), "sigmoid(a) * b, a = first half")
