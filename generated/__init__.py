@@ -11,6 +11,9 @@ from .gpt2_mlp import Gpt2Mlp
 from .prenorm_block import PrenormBlock
 from .fc1 import Fc1
 from .fc2 import Fc2
+from .gelu_any import GeluAny
+from .swiglu_any import SwigluAny
+from .residual_any import ResidualAny
 from .qgelu_mlp import QgeluMlp
 from .glu_mlp import GluMlp
 from .qgeglu_mlp import QgegluMlp
@@ -20,4 +23,4 @@ from .situglu_mlp import SitugluMlp
 from .te_mlp import TeMlp
 from .l2norm_block import L2normBlock
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeMlp", "L2normBlock"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeMlp", "L2normBlock"]

@@ -17,6 +17,11 @@ GRAD_SPLITS = 128  # row splits of an elementwise backward that sums parameter g
 COLUMN_SUM_THREADS = 256
 
 
+def aligned(*tensors):
+    """Whether every tensor starts on a 16-byte boundary, as a fixed-size kernel's vectors need."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
 _ADD_FWD_N4096 = Kernel("add_fwd_n4096")
 _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
@@ -58,6 +63,62 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     x = residual_out
     y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-06, True)
     return y, residual_out, mean, rstd
+
+
+_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel("add_scale0p5_tee_qgelu_bwd_any_from_add")
+_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
+    """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU() backward, any width: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        extra_in0 = extra_in0.contiguous()
+        d_extra_out2 = d_extra_out2.contiguous()
+        dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC[dy.dtype] * 128)), splits, 1)
+            _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in0, d_extra_out2, dx, rows, n), dy.device)
+        return dx
+    a = ref.compute(x)
+    a = ref.add_extra_input(a, ref.compute(extra_in0))
+    a = ref.constant_scale(a, 0.5)
+    in3 = a
+    g = ref.compute(dy)
+    g = ref.qgelu_bwd(in3, g)
+    g = g + ref.compute(d_extra_out2)
+    g = ref.constant_scale_bwd(None, g, 0.5)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_ADD_SCALE0P5_TEE_QGELU_FWD_ANY = Kernel("add_scale0p5_tee_qgelu_fwd_any")
+_ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
+    """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU(), any width: returns y, extra_out2."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1]
+        x = x.contiguous()
+        extra_in0 = extra_in0.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        extra_out2 = torch.empty_like(x)
+        if rows and n:
+            grid = (-(-n // (_ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _ADD_SCALE0P5_TEE_QGELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in0, extra_out2, y, rows, n), x.device)
+        return y, extra_out2
+    a = ref.compute(x)
+    a = ref.add_extra_input(a, ref.compute(extra_in0))
+    a = ref.constant_scale(a, 0.5)
+    extra_out2 = a.to(x.dtype)
+    a = ref.qgelu(a)
+    return a.to(x.dtype), extra_out2
 
 
 _BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096")
@@ -667,6 +728,54 @@ def column_sum_n8192(partials, dtype):
     return out
 
 
+_GELU_BWD_ANY = Kernel("gelu_bwd_any")
+_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def gelu_bwd_any(dy, x):
+    """GELU() backward, any width: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_GELU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_GELU_FWD_ANY = Kernel("gelu_fwd_any")
+_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def gelu_fwd_any(x):
+    """GELU(), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1]
+        fixed = _GELU_FWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        if fixed is not None and aligned(x):
+            return fixed(x)
+        x = x.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.gelu(a)
+    return a.to(x.dtype)
+
+
 _GELU_FWD_N4096 = Kernel("gelu_fwd_n4096")
 _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
@@ -1089,6 +1198,34 @@ def srelu_fwd_n2048(x):
     return a.to(x.dtype)
 
 
+_SWIGLU_BWD_ANY = Kernel("swiglu_bwd_any")
+_SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def swiglu_bwd_any(dy, x):
+    """SwiGLU() backward, any width: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        fixed = _SWIGLU_BWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        if fixed is not None and aligned(dy, x):
+            return fixed(dy, x)
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _SWIGLU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
 _SWIGLU_BWD_N384 = Kernel("swiglu_bwd_n384")
 _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -1110,6 +1247,52 @@ def swiglu_bwd_n384(dy, x):
     g = ref.swiglu_bwd(in0, g)
     dx = g.to(dy.dtype)
     return dx
+
+
+_SWIGLU_BWD_N4096 = Kernel("swiglu_bwd_n4096")
+_SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
+
+
+def swiglu_bwd_n4096(dy, x):
+    """SwiGLU() backward: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 8192), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _SWIGLU_BWD_N4096.launch(dy.dtype, (_SWIGLU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, rows), dy.device)
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_SWIGLU_FWD_ANY = Kernel("swiglu_fwd_any")
+_SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def swiglu_fwd_any(x):
+    """SwiGLU(), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        fixed = _SWIGLU_FWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        if fixed is not None and aligned(x):
+            return fixed(x)
+        x = x.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    return a.to(x.dtype)
 
 
 _SWIGLU_FWD_N14336 = Kernel("swiglu_fwd_n14336")
@@ -1150,3 +1333,27 @@ def swiglu_fwd_n384(x):
     return a.to(x.dtype)
 
 
+_SWIGLU_FWD_N4096 = Kernel("swiglu_fwd_n4096")
+_SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
+
+
+def swiglu_fwd_n4096(x):
+    """SwiGLU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 4096), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SWIGLU_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    return a.to(x.dtype)
+
+
+# Fixed-size kernels of size-generic runs, by the width they were built for: the size-generic
+# launcher hands rows of that width to them.
+_GELU_FWD_ANY_FIXED = {4096: gelu_fwd_n4096}
+_SWIGLU_BWD_ANY_FIXED = {384: swiglu_bwd_n384, 4096: swiglu_bwd_n4096}
+_SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: swiglu_fwd_n14336}

@@ -29,18 +29,26 @@ class KernelNotAvailableError(RuntimeError):
     """No prebuilt binary of a kernel runs on this GPU."""
 
 
-def check_input(module, name, tensor, features, like, lead=None):
-    """Clear run-time errors for a wrong type, feature size, dtype, device or row shape."""
+def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
+                like_is="the module's parameters are"):
+    """Clear run-time errors for a wrong type, feature size, dtype, device or row shape.
+    ``features``: the size the last dimension must have, or None for any size that is a multiple
+    of ``multiple_of`` (a size-generic pipeline). ``like``: the tensor whose dtype and device the
+    input must have (a parameter, or x in a pipeline without parameters), ``like_is`` what it is."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dim() < 1 or tensor.shape[-1] != features:
+    if features is None:
+        if tensor.dim() < 1 or tensor.shape[-1] % multiple_of:
+            raise ValueError(f"{module}: {name} must have shape [..., n] with n a multiple of {multiple_of} "
+                             f"(each GLU of the pipeline halves the features), got {list(tensor.shape)}")
+    elif tensor.dim() < 1 or tensor.shape[-1] != features:
         raise ValueError(f"{module}: {name} must have shape [..., {features}], got {list(tensor.shape)}")
     if tensor.dtype != like.dtype:
-        raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but the module's parameters are "
-                        f"{like.dtype}; convert the input or the module (module.to(dtype))")
+        raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but {like_is} {like.dtype}; convert "
+                        "the input or the module (module.to(dtype))")
     if tensor.device != like.device:
-        raise ValueError(f"{module}: {name} is on {tensor.device} but the module's parameters are on "
-                         f"{like.device}; move one of them")
+        raise ValueError(f"{module}: {name} is on {tensor.device} but {like_is} on {like.device}; move one "
+                         "of them")
     if lead is not None and tensor.shape[:-1] != lead:
         raise ValueError(f"{module}: {name} must have the same leading shape as x, {list(lead)}, "
                          f"got {list(tensor.shape[:-1])}")

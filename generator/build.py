@@ -11,6 +11,7 @@ elementwise kernels only, never the norms.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import multiprocessing
 import os
@@ -22,6 +23,7 @@ from typing import Iterable, Sequence
 from . import emit, ops, plugins, stages
 from . import kernels as kn
 from .config import Config
+from .errors import UsageError
 from .frontend import SequentialSpec, parse_spec_file
 from .names import NameTable
 from .output import MANIFEST, manifest_bytes, read_manifest
@@ -46,14 +48,40 @@ def display(path: Path, root: Path) -> str:
 
 
 def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules: Sequence[Rule],
-               backward_rules: Sequence[Rule]) -> list[Plan]:
+               backward_rules: Sequence[Rule], features: dict[str, tuple[int, ...]] | None = None) -> list[Plan]:
     """Pipelines and plans for parsed specs, each name claimed in ``names`` (one table per build,
-    so names collide across files too). The whole path from a parsed file to its plans."""
+    so names collide across files too). The whole path from a parsed file to its plans.
+    ``features``: input sizes to specialise size-generic pipelines for, by name."""
     plans = []
     for spec in specs:
         names.claim(spec.name, spec.name_location)
-        plans.append(plan_pipeline(build_pipeline(spec), forward_rules, backward_rules))
+        pipeline = build_pipeline(spec, (features or {}).get(spec.name, ()))
+        plans.append(plan_pipeline(pipeline, forward_rules, backward_rules))
     return plans
+
+
+def check_features(config: Config, plans: list[Plan]) -> None:
+    """Each [tool.fusegen.pipelines.<name>] names a size-generic pipeline of the specs, and its
+    sizes are ones the pipeline accepts. Spec files named on the command line may be a part of
+    the project's: a table naming a pipeline they do not hold is then for another file."""
+    where = f"{config.source}: [tool.fusegen.pipelines"
+    pipelines = {plan.pipeline.name: plan.pipeline for plan in plans}
+    for name, sizes in config.features:
+        pipeline = pipelines.get(name)
+        if pipeline is None and config.specs_named_on_command_line:
+            continue
+        if pipeline is None:
+            close = difflib.get_close_matches(name, pipelines, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"pipelines: {', '.join(sorted(pipelines))}"
+            raise UsageError(f"{where}.{name}] names no pipeline of the specs; {hint}")
+        if not pipeline.generic:
+            raise UsageError(f"{where}.{name}] features: pipeline '{name}' ({pipeline.location}) has a fixed "
+                             f"input size, {pipeline.in_features}; features is for pipelines in which no op "
+                             "fixes the size. Remove the table")
+        odd = [n for n in sizes if n % pipeline.divisor]
+        if odd:
+            raise UsageError(f"{where}.{name}] features: {odd[0]} is not a multiple of {pipeline.divisor}, "
+                             f"which pipeline '{name}' needs (each GLU halves the size); give sizes it accepts")
 
 
 def load_plans(config: Config) -> list[Plan]:
@@ -65,9 +93,11 @@ def load_plans(config: Config) -> list[Plan]:
 def plans_with(config: Config, ext: plugins.Extensions) -> list[Plan]:
     plans: list[Plan] = []
     names = NameTable()  # pipeline names become module and class names of one package
+    features = dict(config.features)
     for path in config.specs:
         specs = parse_spec_file(path, display(path, config.root))
-        plans.extend(plan_specs(specs, names, ext.forward_rules, ext.backward_rules))
+        plans.extend(plan_specs(specs, names, ext.forward_rules, ext.backward_rules, features))
+    check_features(config, plans)
     return plans
 
 
@@ -83,6 +113,18 @@ def collect_kernels(plans: list[Plan]) -> tuple[dict[str, kn.KernelSpec], dict[s
                 if unique.setdefault(spec.name, spec) != spec:
                     raise AssertionError(f"two different kernels are both named {spec.name}")
     return dict(sorted(unique.items())), per_plan
+
+
+def fixed_sizes(unique: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpec]]:
+    """{size-generic kernel: the package's fixed-size kernels of the same run, by width}: a
+    size-generic launcher dispatches to them (a fixed-size pipeline's kernel counts too: same ops,
+    same constants, so the same computation)."""
+    fixed: dict[str, list[kn.KernelSpec]] = {}
+    for spec in unique.values():
+        generic = spec.ctx.get("generic_name")
+        if generic is not None and not spec.ctx["generic"] and generic in unique:
+            fixed.setdefault(generic, []).append(spec)
+    return {name: sorted(specs, key=lambda s: s.ctx["width"]) for name, specs in fixed.items()}
 
 
 def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
@@ -274,7 +316,7 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     launchers = [dict(name=s.name, family=s.family, ctx=s.ctx, summary=s.summary,
                       geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), **kn.launcher_io(s))
                  for s in unique.values()]
-    files["_kernels.py"] = env.get_template("kernels.py.j2").render(kernels=launchers)
+    files["_kernels.py"] = env.get_template("kernels.py.j2").render(kernels=launchers, fixed=fixed_sizes(unique))
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:

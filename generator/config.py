@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .kernels import DTYPES
+from .ops.opdef import MAX_FEATURES
 
 DEFAULT_ARCHS = ("sm_80", "sm_90", "compute_80")
 DEFAULT_DTYPES = tuple(DTYPES)  # every dtype the kernels are written for
@@ -29,6 +30,11 @@ SCHEMA = {
     "archs": (list, "GPU targets", '["sm_80", "sm_90", "compute_80"]'),
     "dtypes": (list, "dtypes to build kernels for", '["bfloat16", "float16", "float32"]'),
     "plugins": (list, "modules that register ops and fusion rules", '["mypkg.fusegen_ext"]'),
+    "pipelines": (dict, "per-pipeline settings", "{ mlp = { features = [4096, 8192] } }"),
+}
+# [tool.fusegen.pipelines.<name>] keys -> (what the value is, example)
+PIPELINE_SCHEMA = {
+    "features": ("input sizes to build fixed-size kernels for, besides the size-generic ones", "[4096, 8192]"),
 }
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -42,6 +48,9 @@ class Config:
     root: Path = Path(".")  # paths in messages and generated files are shown relative to this
     source: Path | None = None  # the pyproject.toml the settings came from, if any
     plugins: tuple[str, ...] = ()  # modules imported (with ``root`` on sys.path) before specs are read
+    # pipeline name -> input sizes its size-generic kernels are also specialised for
+    features: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    specs_named_on_command_line: bool = False  # a subset of the project's specs, maybe
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -78,12 +87,36 @@ def fusegen_table(path: Path) -> dict:
             raise UsageError(f"{where} has an unknown key '{key}'; {hint}")
         kind, what, example = SCHEMA[key]
         if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
-            expected = "a list of strings" if kind is list else "a string"
+            expected = {list: "a list of strings", str: "a string", dict: "a table"}[kind]
             raise UsageError(f"{where} {key} must be {expected} ({what}), e.g. {key} = {example}; "
                              f"got {value!r}")
         if not value:
             raise UsageError(f"{where} {key} is empty; give {what}, e.g. {key} = {example}")
     return table
+
+
+def pipeline_features(table: dict, where: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """[tool.fusegen.pipelines]: {pipeline name: {features = [sizes]}}, checked. Whether each name
+    is a pipeline of the specs, and a size-generic one, is checked once they are read (build.py)."""
+    result = []
+    for name, settings in sorted(table.items()):
+        at = f"{where}.pipelines.{name}"
+        if not isinstance(settings, dict):
+            raise UsageError(f"{at} must be a table, e.g. [tool.fusegen.pipelines.{name}] followed by "
+                             f"features = {PIPELINE_SCHEMA['features'][1]}")
+        for key in settings:
+            if key not in PIPELINE_SCHEMA:
+                close = difflib.get_close_matches(key, PIPELINE_SCHEMA, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(PIPELINE_SCHEMA)}"
+                raise UsageError(f"{at} has an unknown key '{key}'; {hint}")
+        sizes = settings.get("features", [])
+        what, example = PIPELINE_SCHEMA["features"]
+        if (not isinstance(sizes, list) or not sizes
+                or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_FEATURES for v in sizes)):
+            raise UsageError(f"{at} features must be a non-empty list of sizes from 1 to {MAX_FEATURES} ({what}), "
+                             f"e.g. features = {example}; got {sizes!r}")
+        result.append((name, tuple(sorted(set(sizes)))))
+    return tuple(result)
 
 
 def split_list(text: str, option: str) -> tuple[str, ...]:
@@ -172,5 +205,7 @@ def load_config(cli_specs: list[str], config: str | None, out: str | None, archs
         if not MODULE_NAME.fullmatch(name):
             raise UsageError(f"{source} plugins: {name!r} is not a module name; write a dotted import path "
                              "like 'mypkg.fusegen_ext' (the module is imported from the project folder)")
+    features = pipeline_features(table.get("pipelines", {}), source)
     return Config(specs, out_path, tuple(dict.fromkeys(arch_list)), tuple(dict.fromkeys(dtype_list)),
-                  root=root.resolve(), source=pyproject, plugins=tuple(dict.fromkeys(plugins)))
+                  root=root.resolve(), source=pyproject, plugins=tuple(dict.fromkeys(plugins)), features=features,
+                  specs_named_on_command_line=bool(cli_specs))

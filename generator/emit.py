@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jinja2
 
+from .ir import size_expr
 from .plan import Plan
 from .stages import Block, Emitter
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
@@ -30,10 +31,15 @@ TEMPLATES = _templates_dir()
 
 
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,
     )
+    # A size (ir.Size: an int, or a Sym of a size-generic pipeline) as an expression in the
+    # kernel's N (CUDA) or the launcher's n (Python).
+    env.filters["cexpr"] = lambda size: size_expr(size, "N", "/")
+    env.filters["pyexpr"] = lambda size: size_expr(size, "n", "//")
+    return env
 
 
 # --- forward and backward: each stage's implementation writes its own lines ----------------------
@@ -78,6 +84,11 @@ def placement(op) -> tuple[str, str]:
 
 # --- whole files --------------------------------------------------------------------------------
 
+def _sizes_literal(sizes) -> str:
+    """A tuple literal of feature sizes: ints, or (size-generic) their expressions in n, 'n // 2'."""
+    return repr(tuple(size if isinstance(size, int) else size_expr(size, "n", "//") for size in sizes))
+
+
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     p = plan.pipeline
     em = Emitter(plan, stage_kernels)
@@ -99,8 +110,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         param_names=[name for *_, name in params],
-        extra_input_features=repr(tuple(p.graph.features(v) for v in p.graph.inputs[1:])),
-        extra_output_features=repr(tuple(p.graph.features(v) for v in p.graph.outputs[1:])),
+        extra_input_features=_sizes_literal(p.graph.features(v) for v in p.graph.inputs[1:]),
+        extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
         saved=list(dict.fromkeys(saved)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params],

@@ -35,11 +35,49 @@ class Sym:
     def __floordiv__(self, k: int) -> Sym:
         return Sym(self.factor / k)
 
-    def __str__(self) -> str:
-        return "n" if self.factor == 1 else f"{self.factor}*n"
+    def __add__(self, other: Size) -> Sym:
+        if other == 0:  # sums of widths start from 0
+            return self
+        if not isinstance(other, Sym):
+            raise TypeError("a fixed size plus a symbolic one has no meaning in a pipeline")
+        return Sym(self.factor + other.factor)
+
+    __radd__ = __add__
+
+    def __str__(self) -> str:  # as plans show it: n, n / 2, 2 * n
+        return self.expr("n", "/")
+
+    def at(self, n: int) -> int:
+        """The size when the pipeline input has ``n`` features (``n`` must make it whole)."""
+        size = self.factor * n
+        if size.denominator != 1:
+            raise ValueError(f"{self} is not a whole number of features at n = {n}")
+        return int(size)
+
+    @property
+    def divisor(self) -> int:
+        """What ``n`` must be a multiple of for this size to be whole (2 after a GLU)."""
+        return self.factor.denominator
+
+    def expr(self, var: str, div: str) -> str:
+        """This size as an integer expression in ``var`` (``div``: the language's integer
+        division, ``//`` in Python, ``/`` in C), e.g. ``n``, ``2 * n``, ``n // 2``."""
+        p, q = self.factor.numerator, self.factor.denominator
+        scaled = var if p == 1 else f"{p} * {var}"
+        return scaled if q == 1 else f"{scaled} {div} {q}"
 
 
 Size = int | Sym
+
+
+def size_at(size: Size, n: int | None) -> Size:
+    """``size`` with the pipeline's ``n`` substituted (None: as it is)."""
+    return size.at(n) if isinstance(size, Sym) and n is not None else size
+
+
+def size_expr(size: Size, var: str, div: str) -> str:
+    """A size as an expression: an int as its digits, a ``Sym`` in ``var``."""
+    return size.expr(var, div) if isinstance(size, Sym) else str(size)
 
 
 @dataclass(frozen=True)

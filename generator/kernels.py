@@ -67,6 +67,10 @@ class KernelParam:
     ctype: str  # "const T*", "T*", "const float*", "float*" or "int" (T: the kernel's dtype)
     passed: bool = True  # False: this specialisation passes a null pointer, which the kernel ignores
 
+    @property
+    def pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -87,7 +91,8 @@ class KernelSpec:
     headers: tuple[str, ...] = ()  # device headers the kernel includes besides common.cuh
     # How the launch shape follows from the row: "row_threads" (a block per row, threads covering
     # the row's vectors: norms), "row_vectors" (grid x covering the row's vectors with ``threads``
-    # per block: elementwise) or "" (fixed: column sums).
+    # per block: elementwise), "any_row_vectors" (the same for a size-generic kernel: the launcher
+    # computes grid x from the run-time n and the vector width) or "" (fixed: column sums).
     geometry: str = ""
 
     @property
@@ -100,18 +105,21 @@ class KernelSpec:
     def vec(self, itemsize: int) -> int:
         """Widest vector (at most 16 bytes) that divides every row this kernel touches."""
         v = 16 // itemsize
-        while self.ctx["align"] % v:
+        while self.ctx["align"] is not None and self.ctx["align"] % v:  # None: size-generic, any n
             v //= 2
         return v
 
     def launch_size(self, itemsize: int) -> int | None:
-        """The dtype-dependent launch constant: threads per block ("row_threads") or blocks along
-        the row ("row_vectors"); None when the launch does not depend on the dtype."""
+        """The dtype-dependent launch constant: threads per block ("row_threads"), blocks along
+        the row ("row_vectors") or elements per vector ("any_row_vectors"); None when the launch
+        does not depend on the dtype."""
         ctx, vec = self.ctx, self.vec(itemsize)
         if self.geometry == "row_threads":
             return norm_threads(ctx["hidden"], vec)
         if self.geometry == "row_vectors":
             return -(-ctx["width"] // vec // ctx["threads"])
+        if self.geometry == "any_row_vectors":
+            return vec
         return None
 
     def template_context(self, dtype: str) -> dict:

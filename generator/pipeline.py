@@ -3,6 +3,10 @@ its feature sizes, parameters and extra input/output numbers.
 
 Rules match consecutive ops of this chain, as TE's fuser matches its op list. Views (``Identity``)
 are left out (they would only break fusion windows, catalog 6.2 item 13).
+
+A pipeline in which no op fixes the feature size is size-generic: its sizes are ``Sym``s (``n``,
+``n // 2`` after a GLU) and its kernels take ``n`` at run time. ``specialise`` lists input sizes
+to build fixed-size kernels for as well (``[tool.fusegen.pipelines.<name>] features``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 from . import names
 from .errors import Location, SpecError
 from .frontend import SequentialSpec
-from .ir import Graph, build_graph
+from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import REQUIRED, OpDef
 
 
@@ -23,8 +27,8 @@ class Op:
     index: int
     opdef: OpDef
     args: dict
-    in_features: int
-    out_features: int
+    in_features: Size
+    out_features: Size
     module_index: int  # position in the spec's Sequential: the state_dict prefix
     module_name: str  # the spec-level op ("Linear" for its BasicLinear and Bias)
     location: Location
@@ -77,43 +81,48 @@ class Pipeline:
     num_extra_inputs: int
     num_extra_outputs: int
     graph: Graph  # what this chain is a view of
+    specialise: tuple[int, ...] = ()  # input sizes a size-generic pipeline also has fixed-size kernels for
 
     @property
     def class_name(self) -> str:
         return names.class_name(self.name)
 
     @property
-    def in_features(self) -> int:
+    def in_features(self) -> Size:
         return self.graph.features(self.graph.inputs[0])
 
     @property
-    def out_features(self) -> int:
+    def out_features(self) -> Size:
         return self.graph.features(self.graph.outputs[0])
+
+    @property
+    def generic(self) -> bool:
+        """Whether the feature sizes are symbolic (no op fixes one)."""
+        return isinstance(self.in_features, Sym)
+
+    @property
+    def divisor(self) -> int:
+        """What a size-generic pipeline's input size must be a multiple of (each GLU halves it)."""
+        return max((v.features.divisor for v in self.graph.values if isinstance(v.features, Sym)), default=1)
 
     @property
     def params(self) -> list[tuple[Op, str, str, tuple[int, ...], str]]:
         return [(op, *p) for op in self.ops for p in op.params]
 
-    def width(self, position: int) -> int:
-        """Feature size of value ``position`` (0 = pipeline input)."""
-        return self.ops[position].in_features if position < len(self.ops) else self.out_features
+    def width(self, position: int, n: int | None = None) -> Size:
+        """Feature size of value ``position`` (0 = pipeline input); at input size ``n`` if given."""
+        size = self.ops[position].in_features if position < len(self.ops) else self.out_features
+        return size_at(size, n)
 
 
-def build_pipeline(spec: SequentialSpec) -> Pipeline:
-    return chain(build_graph(spec))
+def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = ()) -> Pipeline:
+    return chain(build_graph(spec), specialise)
 
 
-def chain(graph: Graph) -> Pipeline:
+def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
     """The planner's view of a graph: its nodes in order, views left out, each op reading the
     running value its predecessor wrote; extra inputs and outputs numbered by their order among
-    the graph's inputs and outputs. Kernels are specialised on feature sizes, so every size must
-    be fixed here."""
-    if graph.symbolic:
-        raise SpecError(
-            f"pipeline '{graph.name}' has no op that fixes the feature size; add an op with a size "
-            "(Linear, LayerNorm, RMSNorm, Bias) so kernels can be specialised",
-            graph.location,
-        )
+    the graph's inputs and outputs."""
     ops: list[Op] = []
     n_out = 0
     for node in graph.nodes:
@@ -130,4 +139,4 @@ def chain(graph: Graph) -> Pipeline:
     if not ops:
         raise SpecError(f"pipeline '{graph.name}' has only Identity ops; there is nothing to generate", graph.location)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
-                    len(graph.outputs) - 1, graph)
+                    len(graph.outputs) - 1, graph, tuple(specialise))

@@ -125,6 +125,21 @@ PIPELINES = {
     "l2norm_block": ("L2normBlock", mlp(lambda t: l2_normalization(t, 1e-5)), 0),
 }
 
+
+
+def residual_any(p, x, r):
+    s = (x + r) * 0.5
+    return qgelu(s), s
+
+
+# Size-generic pipelines (specs/size_generic.py): name -> (class name, reference, whether a GLU
+# halves the width)
+GENERIC_PIPELINES = {
+    "gelu_any": ("GeluAny", lambda p, x: (F.gelu(x, approximate="tanh"),), False),
+    "swiglu_any": ("SwigluAny", lambda p, x: (swiglu(x),), True),
+    "residual_any": ("ResidualAny", residual_any, False),
+}
+
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
@@ -154,17 +169,20 @@ def randomize_(module, generator=None):
 
 
 def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=0, ref_device="cpu",
-                    reference=None):
+                    reference=None, gemm=True):
     """Forward + backward of a generated module against the float64 reference (computed on
     ``ref_device``; ``reference(params, x, *extra_inputs)``, by default the shipped pipeline's in
-    PIPELINES); asserts every output, extra output, input grad and parameter grad."""
+    PIPELINES); asserts every output, extra output, input grad and parameter grad. A size-generic
+    module's extra inputs are as wide as its ``extra_input_features`` say in terms of x's width n.
+    ``gemm=False``: the pipeline has no GEMM, so float32 is held to its own roundoff."""
     if reference is None:
         _, reference, _ = PIPELINES[name]
     module.zero_grad(set_to_none=True)
     gen = torch.Generator().manual_seed(seed)
     rows_shape = x_shape[:-1]
     inputs = [torch.randn(x_shape, generator=gen)]
-    inputs += [torch.randn((*rows_shape, n), generator=gen) for n in module.extra_input_features]
+    widths = [eval(n, {"n": x_shape[-1]}) if isinstance(n, str) else n for n in module.extra_input_features]
+    inputs += [torch.randn((*rows_shape, n), generator=gen) for n in widths]
     dev_inputs = [t.to(device=device, dtype=dtype) for t in inputs]
     if make_input is not None:
         dev_inputs = [make_input(t) for t in dev_inputs]
@@ -183,11 +201,11 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
 
     for i, (o, r) in enumerate(zip(outputs, ref_outputs)):
         assert o.dtype == dtype and o.device.type == torch.device(device).type
-        assert_close_to_reference(f"{name} output {i}", o, r, dtype)
+        assert_close_to_reference(f"{name} output {i}", o, r, dtype, gemm)
     for i, (t, r) in enumerate(zip(dev_inputs, inputs64)):
-        assert_close_to_reference(f"{name} input grad {i}", t.grad, r.grad, dtype)
+        assert_close_to_reference(f"{name} input grad {i}", t.grad, r.grad, dtype, gemm)
     named = dict(module.named_parameters())
     assert set(named) == set(params64)
     for key, p in named.items():
         assert p.grad is not None, f"{name}: no grad for {key}"
-        assert_close_to_reference(f"{name} grad {key}", p.grad, params64[key].grad, dtype)
+        assert_close_to_reference(f"{name} grad {key}", p.grad, params64[key].grad, dtype, gemm)

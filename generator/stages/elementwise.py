@@ -17,6 +17,7 @@ that operand's grad is reduced; the templates compose them with no per-op code.
 from __future__ import annotations
 
 from .. import kernels as kn
+from ..ir import Sym
 from ..kernels import KernelParam as P
 from ..ops import OPS, elementwise_kinds
 from .base import (Recompute, Saves, StageImpl, extra_input_name, extra_output_name, param_name,
@@ -58,13 +59,17 @@ class ElementwiseStage(StageImpl):
         return Saves(values=frozenset({start}), extra_inputs=frozenset(extra), recompute=Recompute(start, needing[-1]))
 
     def kernels(self, plan, stage, pass_):
+        """The run's kernel (size-generic in a size-generic pipeline), its column sum, and the
+        fixed-size kernels the pipeline is specialised for (its launcher dispatches to them)."""
         if stage.kind == "passthrough":
             return []
+        specialise = plan.pipeline.specialise
         if pass_ == "forward":
-            return [forward_kernel(plan.pipeline, stage)]
+            return [forward_kernel(plan.pipeline, stage), *(forward_kernel(plan.pipeline, stage, n) for n in specialise)]
         spec = backward_kernel(plan, stage)
         column_grads = any(step["grad"] == "column" for step in spec.ctx["steps"])
-        return [spec, *([kn.column_sum(spec.ctx["grad_columns"])] if column_grads else [])]
+        return [spec, *([kn.column_sum(spec.ctx["grad_columns"])] if column_grads else []),
+                *(backward_kernel(plan, stage, n) for n in specialise)]
 
     def forward(self, em, stage, block):
         p = em.pipeline
@@ -197,30 +202,48 @@ def _headers(stage) -> tuple[str, ...]:
     return tuple(sorted({op.opdef.device_header for op in stage.ops if op.opdef.device_struct}))
 
 
-def forward_kernel(pipeline, stage) -> kn.KernelSpec:
+def _size(width) -> tuple[str, dict]:
+    """A kernel's size suffix and its size-dependent context: a fixed width, or ``any`` (the
+    kernel takes ``n`` at run time; ``generic``)."""
+    if isinstance(width, Sym):
+        return "any", dict(width=None, align=None, generic=True, geometry="any_row_vectors")
+    return f"n{width}", dict(width=width, align=width, generic=False, geometry="row_vectors")
+
+
+def _generic_name(chain: str, direction: str, qualifier: str = "") -> str:
+    """The name of a run's size-generic kernel: its launcher dispatches to every fixed-size kernel
+    of the package that names it here (same ops and constants, so the same computation)."""
+    return kn.kernel_name(chain, f"{direction}_any", qualifier)[0]
+
+
+def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
+    """The run's forward kernel; at input size ``n`` if given (a specialisation)."""
     glu = _glu_index(stage.ops)
     aliases = forward_aliases(stage)
-    width = pipeline.width(stage.end)
+    width = pipeline.width(stage.end, n)
+    suffix, size = _size(width)
     steps = tuple(_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
     operands = [dict(s)["operand"] for s in steps if dict(s)["operand"]]
     written = [dict(s)["tee"] for s in steps if dict(s)["tee"] and dict(s)["write"]]
     abi = (P("x", "const T*"), *(P(o, "const T*") for o in operands), *(P(w, "T*") for w in written),
-           P("y", "T*"), P("rows", "int"))
+           P("y", "T*"), P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(
-        kn.kernel_name(tags, f"fwd_n{width}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
+        kn.kernel_name(tags, f"fwd_{suffix}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
         abi=abi, operands=operands, returned=["y", *written], headers=_headers(stage),
-        width=width, in_width=pipeline.width(stage.start), glu=glu is not None, steps=steps, align=width,
-        threads=ELEMENTWISE_THREADS, geometry="row_vectors",
+        in_width=pipeline.width(stage.start, n), glu=glu is not None, steps=steps,
+        threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd"), **size,
     )
 
 
-def backward_kernel(plan, stage) -> kn.KernelSpec:
+def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
+    """The run's backward kernel; at input size ``n`` if given (a specialisation)."""
     pipeline = plan.pipeline
     glu = _glu_index(stage.ops)
     aliases = backward_aliases(stage)
     recompute = plan.recompute.get(stage.start)
-    width = pipeline.width(stage.end)
+    width = pipeline.width(stage.end, n)
+    suffix, size = _size(width)
     steps, grad_columns = [], 0
     for op in stage.ops:
         replays = recompute is not None and recompute.saved_position <= op.index <= recompute.last
@@ -232,7 +255,7 @@ def backward_kernel(plan, stage) -> kn.KernelSpec:
             inert=not op.opdef.changes_grad and not _reduced(op) and aliases.get(op.index, "write") != "write",
         )))
         steps[-1]["uses_functor"] = bool(steps[-1]["struct"]) and (steps[-1]["apply"] or not steps[-1]["inert"])
-        grad_columns += op.in_features if _reduced(op) else 0
+        grad_columns += pipeline.width(op.index, n) if _reduced(op) else 0
     # Operands: the saved run input, those the replayed forward and the backward read, the extra
     # outputs' grads; results: dx when the run changes the grad, the addends' written grads, then
     # the reduced grads (summed from the partials).
@@ -246,18 +269,20 @@ def backward_kernel(plan, stage) -> kn.KernelSpec:
     written = (["dx"] if writes_dx else []) + [s["operand_grad"] for s in steps if s["grad"] == "element" and s["write"]]
     reduced = [s["operand_grad"] for s in steps if s["grad"] in ("column", "scalar")]
     abi = (P("dy", "const T*"), *(P(o, "const T*") for o in operands), *(P(w, "T*") for w in written),
-           *((P("partials", "float*"),) if grad_columns else ()), P("rows", "int"))
+           *((P("partials", "float*"),) if grad_columns else ()), P("rows", "int"),
+           *((P("n", "int"),) if size["generic"] else ()))
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
     qualifier = ""
     if recompute is not None and recompute.saved_position != first_needing:
         qualifier = f"from_{pipeline.ops[recompute.saved_position].tag}"
-    name = kn.kernel_name("_".join(op.tag for op in stage.ops), f"bwd_n{width}", qualifier)
+    tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(
-        name, "elementwise_bwd", ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
+        kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
+        ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
         abi=abi, operands=operands, returned=written + reduced, headers=_headers(stage),
-        width=width, in_width=pipeline.width(stage.start), glu=glu is not None,
-        steps=tuple(tuple(sorted(s.items())) for s in steps), align=width,
-        threads=ELEMENTWISE_THREADS, geometry="row_vectors", writes_dx=writes_dx,
+        in_width=pipeline.width(stage.start, n), glu=glu is not None,
+        steps=tuple(tuple(sorted(s.items())) for s in steps),
+        threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier), **size,
         saved_offset=None if recompute is None else recompute.saved_position - stage.start,
         saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
         grad_columns=grad_columns,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from fusegen.build import load_plans
 from fusegen.config import fusegen_table, load_config, split_list
 from fusegen.errors import UsageError
 
@@ -124,8 +125,77 @@ def test_explicit_config_must_exist_and_hold_the_table(tmp_path):
 
 def test_the_shipped_table_is_valid():
     root = Path(__file__).resolve().parents[2]
-    assert set(fusegen_table(root / "pyproject.toml")) == {"specs", "package", "archs", "dtypes"}
+    assert set(fusegen_table(root / "pyproject.toml")) == {"specs", "package", "archs", "dtypes", "pipelines"}
+    assert load(root).features == (("swiglu_any", (8192,)),)
+
+
+# --- [tool.fusegen.pipelines.<name>]: sizes a size-generic pipeline is also built for -----------
+
+GENERIC_SPECS = ("from fusegen.eager import Sequential, GELU, Bias, SwiGLU\n"
+                 "act = Sequential(GELU())\nglu = Sequential(SwiGLU())\nfixed = Sequential(Bias(8), GELU())\n")
+
+
+def test_pipeline_features_are_read_sorted_and_deduplicated(tmp_path):
+    project(tmp_path, """
+        [tool.fusegen]
+        specs = ["specs/*.py"]
+        [tool.fusegen.pipelines.act]
+        features = [4096, 64, 4096]
+        [tool.fusegen.pipelines.glu]
+        features = [128]
+    """)
+    (tmp_path / "specs" / "mlp.py").write_text(GENERIC_SPECS)
+    config = load(tmp_path)
+    assert config.features == (("act", (64, 4096)), ("glu", (128,)))
+    plans = {p.pipeline.name: p.pipeline for p in load_plans(config)}
+    assert plans["act"].specialise == (64, 4096) and plans["glu"].specialise == (128,)
+    assert plans["fixed"].specialise == () and not plans["fixed"].generic
+
+
+@pytest.mark.parametrize("table, message", [
+    ('pipelines = "act"', "pipelines must be a table (per-pipeline settings)"),
+    ("[tool.fusegen.pipelines]\nact = 3", "[tool.fusegen].pipelines.act must be a table, e.g. "
+                                          "[tool.fusegen.pipelines.act] followed by features = [4096, 8192]"),
+    ("[tool.fusegen.pipelines.act]\nfeature = [64]", "pipelines.act has an unknown key 'feature'; did you mean 'features'?"),
+    ("[tool.fusegen.pipelines.act]\nfeatures = []", "pipelines.act features must be a non-empty list of sizes"),
+    ("[tool.fusegen.pipelines.act]\nfeatures = [0]", "sizes from 1 to 16777216"),
+    ('[tool.fusegen.pipelines.act]\nfeatures = ["64"]', "got ['64']"),
+    ("[tool.fusegen.pipelines.act]\nfeatures = [true]", "got [True]"),
+])
+def test_pipeline_table_errors(tmp_path, table, message):
+    project(tmp_path, '[tool.fusegen]\nspecs = ["specs/*.py"]\n' + table + "\n")
+    with pytest.raises(UsageError) as err:
+        load(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'pyproject.toml'}: [tool.fusegen]")
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("name, sizes, message", [
+    ("ac", "[64]", "[tool.fusegen.pipelines.ac] names no pipeline of the specs; did you mean 'act'?"),
+    ("zzz", "[64]", "names no pipeline of the specs; pipelines: act, fixed, glu"),
+    ("fixed", "[64]", "[tool.fusegen.pipelines.fixed] features: pipeline 'fixed' (specs/mlp.py:4:9) has a fixed "
+                      "input size, 8; features is for pipelines in which no op fixes the size. Remove the table"),
+    ("glu", "[64, 7]", "[tool.fusegen.pipelines.glu] features: 7 is not a multiple of 2, which pipeline 'glu' needs"),
+])
+def test_pipeline_features_are_checked_against_the_specs(tmp_path, name, sizes, message):
+    project(tmp_path, f'[tool.fusegen]\nspecs = ["specs/*.py"]\n[tool.fusegen.pipelines.{name}]\nfeatures = {sizes}\n')
+    (tmp_path / "specs" / "mlp.py").write_text(GENERIC_SPECS)
+    with pytest.raises(UsageError) as err:
+        load_plans(load(tmp_path))
+    assert message in str(err.value)
 
 
 def test_split_list_strips_spaces():
     assert split_list("sm_80, sm_90", "--archs") == ("sm_80", "sm_90")
+
+
+def test_spec_files_named_on_the_command_line_may_leave_out_a_table_s_pipeline(tmp_path):
+    """`fusegen generate one.py` builds a part of the project: a table for a pipeline of another
+    spec file is for that file; one for a pipeline of one.py is still checked."""
+    project(tmp_path, '[tool.fusegen]\nspecs = ["specs/*.py"]\n[tool.fusegen.pipelines.elsewhere]\nfeatures = [64]\n'
+                      '[tool.fusegen.pipelines.glu]\nfeatures = [7]\n')
+    (tmp_path / "specs" / "mlp.py").write_text(GENERIC_SPECS)
+    with pytest.raises(UsageError, match="names no pipeline of the specs"):
+        load_plans(load(tmp_path))
+    with pytest.raises(UsageError, match="7 is not a multiple of 2"):
+        load_plans(load(tmp_path, specs=["specs/mlp.py"]))

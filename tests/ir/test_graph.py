@@ -35,15 +35,23 @@ def test_sizes_flow_backwards_through_a_glu():
     assert [g.features(n.inputs[0]) for n in g.nodes] == [128, 128, 64, 8]
 
 
-def test_sizes_no_op_fixes_are_symbolic_and_the_chain_asks_for_one():
-    g = graph("m = Sequential(GELU(), SwiGLU(), ConstantScale(2.0))\n")
+def test_sizes_no_op_fixes_are_symbolic_and_the_chain_is_size_generic():
+    g = graph("m = Sequential(GELU(), SwiGLU(), ConstantScale(2.0), SwiGLU())\n")
     assert g.symbolic
-    assert [str(g.features(n.inputs[0])) for n in g.nodes] == ["n", "n", "1/2*n"]
-    assert g.features(g.outputs[0]) == Sym() // 2
-    with pytest.raises(SpecError) as info:
-        chain(g)
-    assert info.value.message.startswith("pipeline 'm' has no op that fixes the feature size")
-    assert info.value.location.line == 2
+    assert [str(g.features(n.inputs[0])) for n in g.nodes] == ["n", "n", "n / 2", "n / 2"]
+    assert g.features(g.outputs[0]) == Sym() // 4
+    p = chain(g, specialise=(64,))
+    assert p.generic and p.divisor == 4 and p.specialise == (64,)
+    assert [p.width(i) for i in range(5)] == [Sym(), Sym(), Sym() // 2, Sym() // 2, Sym() // 4]
+    assert [p.width(i, 64) for i in range(5)] == [64, 64, 32, 32, 16]
+
+
+def test_symbolic_sizes_as_expressions():
+    assert [(Sym() * k).expr("n", "//") for k in (1, 2)] == ["n", "2 * n"]
+    assert (Sym() // 2).expr("N", "/") == "N / 2" and (Sym() * 3 // 4).expr("n", "//") == "3 * n // 4"
+    assert Sym() + Sym() // 2 == Sym() * 3 // 2 and 0 + Sym() == Sym()
+    with pytest.raises(ValueError, match="not a whole number of features at n = 3"):
+        (Sym() // 2).at(3)
 
 
 def test_identity_is_a_view_node_that_the_chain_leaves_out():

@@ -170,6 +170,10 @@ def test_every_kernel_has_a_test():
                "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384",  # names cut with a hash (kernels.kernel_name)
                "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias",
                "swiglu_fwd_n384", "swiglu_bwd_n384"}
+    # specs/size_generic.py's kernels, checked through test_size_generic.py (every dtype and width,
+    # both paths, the fixed-size kernels its SwiGLU is specialised to)
+    tested |= {"gelu_fwd_any", "gelu_bwd_any", "swiglu_fwd_any", "swiglu_bwd_any", "swiglu_fwd_n4096",
+               "swiglu_bwd_n4096", "add_scale0p5_tee_qgelu_fwd_any", "add_scale0p5_tee_qgelu_bwd_any_from_add"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = {symbol.rsplit("_", 1)[0] for symbol in manifest["kernels"]}
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
