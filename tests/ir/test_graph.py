@@ -3,7 +3,6 @@ extra inputs and outputs as graph values, views as nodes; and the planner's chai
 
 import pytest
 
-from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
 from fusegen.ir import Sym, build_graph
 from fusegen.pipeline import chain
