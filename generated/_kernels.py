@@ -1212,7 +1212,7 @@ def swiglu_bwd_any(dy, x):
             return fixed(dy, x)
         dy = dy.contiguous()
         x = x.contiguous()
-        dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)

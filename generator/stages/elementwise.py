@@ -210,6 +210,13 @@ def _size(width) -> tuple[str, dict]:
     return f"n{width}", dict(width=width, align=width, generic=False, geometry="row_vectors")
 
 
+def _relative(size, width):
+    """A size of a run in terms of the kernel's own N, its output width (a size-generic run's
+    sizes are multiples of the pipeline's n; its kernel, shared by every pipeline that has the run,
+    knows only N)."""
+    return Sym(size.factor / width.factor) if isinstance(size, Sym) else size
+
+
 def _generic_name(chain: str, direction: str, qualifier: str = "") -> str:
     """The name of a run's size-generic kernel: its launcher dispatches to every fixed-size kernel
     of the package that names it here (same ops and constants, so the same computation)."""
@@ -231,7 +238,7 @@ def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
     return kn.make_spec(
         kn.kernel_name(tags, f"fwd_{suffix}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
         abi=abi, operands=operands, returned=["y", *written], headers=_headers(stage),
-        in_width=pipeline.width(stage.start, n), glu=glu is not None, steps=steps,
+        in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None, steps=steps,
         threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd"), **size,
     )
 
@@ -248,7 +255,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     for op in stage.ops:
         replays = recompute is not None and recompute.saved_position <= op.index <= recompute.last
         steps.append(dict(_step(
-            stage, op, glu, write=aliases.get(op.index) == "write", grad_offset=grad_columns,
+            stage, op, glu, write=aliases.get(op.index) == "write", grad_offset=_relative(grad_columns, width),
             recompute=replays, apply=replays and op.index < recompute.last,
             needs_input=op.opdef.needs_input_in_backward,
             # an addend whose grad is aliased, not written: nothing to do in this kernel
@@ -280,10 +287,10 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
         kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
         ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
         abi=abi, operands=operands, returned=written + reduced, headers=_headers(stage),
-        in_width=pipeline.width(stage.start, n), glu=glu is not None,
+        in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps),
         threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier), **size,
         saved_offset=None if recompute is None else recompute.saved_position - stage.start,
         saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
-        grad_columns=grad_columns,
+        grad_columns=_relative(grad_columns, width),
     )
