@@ -65,6 +65,28 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     return y, residual_out, mean, rstd
 
 
+_ADD_RMSNORM_FWD_H256 = Kernel("add_rmsnorm_fwd_h256")
+_ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def add_rmsnorm_fwd_h256(x, residual, gamma):
+    """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_RMSNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x, residual, gamma, None, y, residual_out, None, rstd, rows), x.device)
+        return y, residual_out, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, residual_out, rstd
+
+
 _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel("add_scale0p5_tee_qgelu_bwd_any_from_add")
 _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
@@ -121,6 +143,26 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     return a.to(x.dtype), extra_out2
 
 
+_ADD_TEE_FWD_N256 = Kernel("add_tee_fwd_n256")
+_ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def add_tee_fwd_n256(x, extra_in0):
+    """AddExtraInput(), MakeExtraOutput(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        extra_in0 = extra_in0.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_ADD_TEE_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _ADD_TEE_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, extra_in0, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.add_extra_input(a, ref.compute(extra_in0))
+    return a.to(x.dtype)
+
+
 _BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096")
 _BIAS_ADD_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
@@ -143,6 +185,95 @@ def bias_add_bwd_n4096(dy):
     g, dt = ref.bias_bwd(None, None, g)
     dbias0 = dt.sum(0).to(dy.dtype)
     return dbias0
+
+
+_BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256")
+_BIAS_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_add_tee_bwd_n256(dy, d_extra_out2):
+    """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        d_extra_out2 = d_extra_out2.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_ADD_TEE_BWD_N256.launch(dy.dtype, (_BIAS_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, d_extra_out2, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n256(partials, dy.dtype)
+        dbias0 = column_grads[0:256]
+        return dx, dbias0
+    g = ref.compute(dy)
+    g = g + ref.compute(d_extra_out2)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel("bias_add_tee_gelu_bwd_n256_from_bias")
+_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
+    """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        d_extra_out2 = d_extra_out2.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(dy.dtype, (_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, bias0, extra_in1, d_extra_out2, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n256(partials, dy.dtype)
+        dbias0 = column_grads[0:256]
+        return dx, dbias0
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.add_extra_input(a, ref.compute(extra_in1))
+    in3 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in3, g)
+    g = g + ref.compute(d_extra_out2)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_ADD_TEE_GELU_FWD_N256 = Kernel("bias_add_tee_gelu_fwd_n256")
+_BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
+    """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU(): returns y, extra_out2."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        extra_out2 = torch.empty_like(x)
+        if rows:
+            grid = (_BIAS_ADD_TEE_GELU_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _BIAS_ADD_TEE_GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, bias0, extra_in1, extra_out2, y, rows), x.device)
+        return y, extra_out2
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.add_extra_input(a, ref.compute(extra_in1))
+    extra_out2 = a.to(x.dtype)
+    a = ref.gelu(a)
+    return a.to(x.dtype), extra_out2
 
 
 _BIAS_BWD_N1024 = Kernel("bias_bwd_n1024")
@@ -1038,6 +1169,30 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
         grads = column_sum_n1024(partials, gamma.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
+_RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h256_add_dresidual")
+_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
+    """RMSNorm(256) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dresidual = dresidual.contiguous()
+        dx = torch.empty_like(dy)
+        splits = max(1, min(rows, NORM_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, dresidual, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()
+        grads = column_sum_n256(partials, gamma.dtype)
+        return dx, grads
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    dx = dx + ref.compute(dresidual)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 

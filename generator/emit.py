@@ -96,7 +96,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     bwd, d_x = backward_blocks(em)
     values = em.values
     extra_inputs = [extra_input_name(op) for op in p.ops if op.extra_input is not None]
-    extra_outputs = [extra_output_name(op) for op in p.ops if op.extra_output is not None]
+    # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
+    tees = sorted((op for op in p.ops if op.extra_output is not None), key=lambda op: op.extra_output)
+    extra_outputs = [extra_output_name(op) for op in tees]
     params = [(op, attr, key, shape, init, param_name(op, attr)) for op, attr, key, shape, init in p.params]
     saved = [values[pos] for pos in plan.saved_values]
     saved += [name for stage in plan.backward for name in stage.rule.stage.saved_names(em, stage)]
@@ -109,6 +111,12 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
+        public_extra_outputs=[op for op in tees if op.writes_back_to is None],
+        # the extra inputs written back, and whether the backward reads them (then the forward
+        # must get a copy: the caller's tensor changes after it)
+        written_back=[(op, extra_inputs[op.writes_back_to], op.writes_back_to in plan.saved_extra_inputs)
+                      for op in p.written_back],
+        copied_extra_inputs={op.writes_back_to for op in p.written_back if op.writes_back_to in plan.saved_extra_inputs},
         param_names=[name for *_, name in params],
         extra_input_features=_sizes_literal(p.graph.features(v) for v in p.graph.inputs[1:]),
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),

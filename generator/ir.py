@@ -113,6 +113,9 @@ class Graph:
     nodes: tuple[Node, ...]  # in execution order
     inputs: tuple[int, ...]  # the pipeline input, then the extra inputs in order
     outputs: tuple[int, ...]  # the pipeline output, then the extra outputs in order
+    # (value, graph input): a node's output also written into the extra input it read
+    # (OpDef.writes_back: TE's AddExtraInput(in_place=True))
+    written_back: tuple[tuple[int, int], ...] = ()
 
     def features(self, value: int) -> Size:
         return self.values[value].features
@@ -174,7 +177,7 @@ def build_graph(spec: SequentialSpec) -> Graph:
                 for module_index, call in enumerate(spec.calls) for op, args in basic_ops(call.op, call.args)]
     sizes = _infer_sizes(spec, [(op, args, call) for op, args, call, _ in expanded])
     values = [Value(0, sizes[0], None)]
-    inputs, extra_outputs, nodes = [0], [], []
+    inputs, extra_outputs, nodes, written_back = [0], [], [], []
     running = 0
 
     def new_value(features: Size, producer: int | None) -> int:
@@ -188,8 +191,10 @@ def build_graph(spec: SequentialSpec) -> Graph:
             inputs.append(reads[-1])
         out = running if op.view else new_value(sizes[i + 1], len(nodes))
         extra_outputs += [running] * op.extra_outputs  # an extra output hands out the value it reads
+        if op.writes_back(args):
+            written_back.append((out, reads[1]))
         nodes.append(Node(len(nodes), op, args, tuple(reads), (out,), module_index, OPS[call.op].attribute,
                           call.location))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
-                 (running, *extra_outputs))
+                 (running, *extra_outputs), tuple(written_back))

@@ -17,7 +17,7 @@ from . import names
 from .errors import Location, SpecError
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
-from .ops import REQUIRED, OpDef
+from .ops import OPS, REQUIRED, OpDef
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class Op:
     location: Location
     extra_input: int | None = None  # index among the pipeline's extra inputs
     extra_output: int | None = None  # index among the pipeline's extra outputs
+    # A hidden extra output (numbered after the public ones): the value goes into this extra
+    # input of the caller's after the forward (OpDef.writes_back)
+    writes_back_to: int | None = None
 
     @property
     def kind(self) -> str:
@@ -109,6 +112,11 @@ class Pipeline:
     def params(self) -> list[tuple[Op, str, str, tuple[int, ...], str]]:
         return [(op, *p) for op in self.ops for p in op.params]
 
+    @property
+    def written_back(self) -> list[Op]:
+        """The hidden tees of ops that write their value into an extra input, in order."""
+        return [op for op in self.ops if op.writes_back_to is not None]
+
     def width(self, position: int, n: int | None = None) -> Size:
         """Feature size of value ``position`` (0 = pipeline input); at input size ``n`` if given."""
         size = self.ops[position].in_features if position < len(self.ops) else self.out_features
@@ -124,7 +132,7 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
     running value its predecessor wrote; extra inputs and outputs numbered by their order among
     the graph's inputs and outputs."""
     ops: list[Op] = []
-    n_out = 0
+    n_out, n_hidden = 0, len(graph.outputs) - 1
     for node in graph.nodes:
         if node.opdef.view:
             continue
@@ -136,6 +144,14 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             extra_output=n_out if node.opdef.extra_outputs else None,
         ))
         n_out += node.opdef.extra_outputs
+        if node.opdef.writes_back(node.args):  # its value handed out by a tee the spec does not show
+            size = graph.features(node.outputs[0])
+            ops.append(Op(
+                index=len(ops), opdef=OPS["MakeExtraOutput"], args={"in_place": False}, in_features=size,
+                out_features=size, module_index=node.module_index, module_name=node.module_name,
+                location=node.location, extra_output=n_hidden, writes_back_to=extra_input,
+            ))
+            n_hidden += 1
     if not ops:
         raise SpecError(f"pipeline '{graph.name}' has only Identity ops; there is nothing to generate", graph.location)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,

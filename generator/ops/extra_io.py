@@ -9,18 +9,15 @@ functions.
 
 ``in_place``: TE's ``MakeExtraOutput(in_place=True)`` accumulates the output grad into the extra
 output's grad buffer in place; the values and grads are those of ``in_place=False``, so fusegen
-accepts it and adds out of place. ``AddExtraInput(in_place=True)`` writes the sum into the
-caller's extra input tensor, which fusegen's generated modules never do: refused with that reason.
+accepts it and adds out of place. ``AddExtraInput(in_place=True)`` also writes the sum into the
+caller's extra input tensor (catalog 2.10: ``r += x``, the caller's tensor is mutated):
+``writes_back``, the sum is a hidden extra output of the fused stages that the generated module
+copies into that tensor after the forward. Values and grads are those of ``in_place=False``.
 """
 
 from .opdef import Arg, OpDef, Operand, register
 
-_ADD_IN_PLACE = Arg(
-    "in_place", "bool", False, keyword_only=True,
-    check=lambda v: ("must be False: fusegen never writes into the caller's tensors (TE's in_place=True adds into "
-                     "the extra input); drop in_place") if v else None,
-)
-_TEE_IN_PLACE = Arg("in_place", "bool", False, keyword_only=True, in_kernel=False)  # same values and grads
+_IN_PLACE = Arg("in_place", "bool", False, keyword_only=True, in_kernel=False)  # same values and grads
 
 
 def add_extra_input(x, r):
@@ -38,7 +35,7 @@ def make_extra_output(x):
 
 register(OpDef(
     "AddExtraInput", "add_extra_input",
-    args=(_ADD_IN_PLACE,),
+    args=(_IN_PLACE,), writes_back=lambda a: a["in_place"],
     tag=lambda a: "add",
     device_struct="fg::Add", operand=Operand("extra_input", "element", grad="element"),
     reference=(add_extra_input, add_extra_input_bwd),
@@ -46,7 +43,7 @@ register(OpDef(
 ))
 register(OpDef(
     "MakeExtraOutput", "make_extra_output",
-    args=(_TEE_IN_PLACE,),
+    args=(_IN_PLACE,),
     tag=lambda a: "tee",
     reference=(make_extra_output, None),
     summary="y = x, and x again as an extra output", extra_outputs=1, changes_value=False,

@@ -121,6 +121,10 @@ class OpDef:
     opaque: bool = False  # runs unfused as its reference math in PyTorch (stages/opaque.py)
     extra_inputs: int = 0
     extra_outputs: int = 0
+    # Whether the op's output is also written into its extra input (TE's AddExtraInput(in_place=True)
+    # mutates the caller's tensor): the planner hands the value out as a hidden extra output and
+    # the generated module copies it into that tensor.
+    writes_back: Callable[[dict], bool] = lambda a: False
     needs_input_in_backward: bool = False  # backward reads the forward input value
     changes_value: bool = True  # forward output differs from input (identity-like ops don't)
     changes_grad: bool = True  # backward grad differs from incoming grad

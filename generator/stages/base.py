@@ -105,6 +105,8 @@ def extra_input_name(op: Op) -> str:
 
 
 def extra_output_name(op: Op) -> str:
+    if op.writes_back_to is not None:  # hidden: the new value of a caller's extra input
+        return f"new_extra_input{op.writes_back_to}"
     return f"extra_output{op.extra_output}"
 
 

@@ -174,6 +174,9 @@ def test_every_kernel_has_a_test():
     # both paths, the fixed-size kernels its SwiGLU is specialised to)
     tested |= {"gelu_fwd_any", "gelu_bwd_any", "swiglu_fwd_any", "swiglu_bwd_any", "swiglu_fwd_n4096",
                "swiglu_bwd_n4096", "add_scale0p5_tee_qgelu_fwd_any", "add_scale0p5_tee_qgelu_bwd_any_from_add"}
+    # specs/te_in_place.py's, checked through test_in_place.py
+    tested |= {"add_rmsnorm_fwd_h256", "add_tee_fwd_n256", "bias_add_tee_bwd_n256", "bias_add_tee_gelu_bwd_n256_from_bias",
+               "bias_add_tee_gelu_fwd_n256", "rmsnorm_bwd_h256_add_dresidual"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = {symbol.rsplit("_", 1)[0] for symbol in manifest["kernels"]}
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
