@@ -20,10 +20,13 @@ from .qgeglu_mlp import QgegluMlp
 from .reglu_mlp import RegluMlp
 from .sreglu_mlp import SregluMlp
 from .situglu_mlp import SitugluMlp
+from .dropout_mlp import DropoutMlp
+from .dropout_glu import DropoutGlu
+from .dropout_any import DropoutAny
 from .residual_in_place import ResidualInPlace
 from .prenorm_in_place import PrenormInPlace
 from .in_place_mid import InPlaceMid
 from .te_mlp import TeMlp
 from .l2norm_block import L2normBlock
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "TeMlp", "L2normBlock"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "TeMlp", "L2normBlock"]

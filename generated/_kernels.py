@@ -378,6 +378,65 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     return dx, dbias0
 
 
+_BIAS_DROPOUT0P1_ADD_BWD_N256 = Kernel("bias_dropout0p1_add_bwd_n256")
+_BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_dropout0p1_add_bwd_n256(dy, seed1):
+    """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, seed1, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n256(partials, dy.dtype)
+        dbias0 = column_grads[0:256]
+        return dx, dbias0
+    g = ref.compute(dy)
+    g, dt = ref.dropout_bwd(None, ref.draws(seed1, g), g, 0.10000002384185791, 1.1111111111111112)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2 = Kernel("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2")
+_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
+    """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(dy.dtype, (_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, seed1, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    a = ref.dropout(a, ref.draws(seed1, a), 0.20000004768371582, 1.25)
+    in2 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in2, g)
+    g, dt = ref.dropout_bwd(None, ref.draws(seed1, g), g, 0.20000004768371582, 1.25)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
 _BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096")
 _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
@@ -401,6 +460,37 @@ def bias_gelu_bwd_n4096(dy, x):
     a = ref.compute(x)
     in1 = a
     g = ref.compute(dy)
+    g = ref.gelu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_GELU_DROPOUT0P1_BWD_N512 = Kernel("bias_gelu_dropout0p1_bwd_n512")
+_BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
+    """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(dy.dtype, (_BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, seed2, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n512(partials, dy.dtype)
+        dbias0 = column_grads[0:512]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g, dt = ref.dropout_bwd(None, ref.draws(seed2, g), g, 0.10000002384185791, 1.1111111111111112)
     g = ref.gelu_bwd(in1, g)
     g, dt = ref.bias_bwd(None, None, g)
     dbias0 = dt.sum(0).to(dy.dtype)
@@ -859,6 +949,89 @@ def column_sum_n8192(partials, dtype):
     return out
 
 
+_DROPOUT0P1_ADD_FWD_N256 = Kernel("dropout0p1_add_fwd_n256")
+_DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
+    """Dropout(0.1), AddExtraInput(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_DROPOUT0P1_ADD_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _DROPOUT0P1_ADD_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, seed0, extra_in1, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.dropout(a, ref.draws(seed0, a), 0.10000002384185791, 1.1111111111111112)
+    a = ref.add_extra_input(a, ref.compute(extra_in1))
+    return a.to(x.dtype)
+
+
+_DROPOUT0P25_BWD_ANY = Kernel("dropout0p25_bwd_any")
+_DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def dropout0p25_bwd_any(dy, seed0):
+    """Dropout(0.25) backward, any width: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_DROPOUT0P25_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _DROPOUT0P25_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, seed0, dx, rows, n), dy.device)
+        return dx
+    g = ref.compute(dy)
+    g, dt = ref.dropout_bwd(None, ref.draws(seed0, g), g, 0.25, 1.3333333333333333)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_DROPOUT0P25_FWD_ANY = Kernel("dropout0p25_fwd_any")
+_DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def dropout0p25_fwd_any(x, seed0):
+    """Dropout(0.25), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1]
+        x = x.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_DROPOUT0P25_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _DROPOUT0P25_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, seed0, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.dropout(a, ref.draws(seed0, a), 0.25, 1.3333333333333333)
+    return a.to(x.dtype)
+
+
+_DROPOUT0P2_SWIGLU_FWD_N512 = Kernel("dropout0p2_swiglu_fwd_n512")
+_DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def dropout0p2_swiglu_fwd_n512(x, seed0):
+    """Dropout(0.2), SwiGLU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_DROPOUT0P2_SWIGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _DROPOUT0P2_SWIGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, seed0, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.dropout(a, ref.draws(seed0, a), 0.20000004768371582, 1.25)
+    a = ref.swiglu(a)
+    return a.to(x.dtype)
+
+
 _GELU_BWD_ANY = Kernel("gelu_bwd_any")
 _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
@@ -882,6 +1055,26 @@ def gelu_bwd_any(dy, x):
     g = ref.gelu_bwd(in0, g)
     dx = g.to(dy.dtype)
     return dx
+
+
+_GELU_DROPOUT0P1_FWD_N512 = Kernel("gelu_dropout0p1_fwd_n512")
+_GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def gelu_dropout0p1_fwd_n512(x, seed1):
+    """GELU(), Dropout(0.1): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_GELU_DROPOUT0P1_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _GELU_DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, seed1, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.gelu(a)
+    a = ref.dropout(a, ref.draws(seed1, a), 0.10000002384185791, 1.1111111111111112)
+    return a.to(x.dtype)
 
 
 _GELU_FWD_ANY = Kernel("gelu_fwd_any")

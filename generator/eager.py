@@ -17,7 +17,7 @@ import torch
 
 from .ops import OPS, OpDef, basic_ops
 from .ops.binding import ArgumentError, bind, check_value
-from .ops.common import compute, init_parameter
+from .ops.common import compute, draws, init_parameter, new_seed
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -76,10 +76,19 @@ class FusibleOp(torch.nn.Module):
                 y = y[0] if isinstance(y, tuple) else y
                 x = y.reshape(*lead, y.shape[-1])
             else:  # elementwise ops: float64 math (compute) on the value and operand, one rounding
-                operands = []
-                if basic.operand is not None:
-                    operands.append(params[0] if basic.operand.source == "param" else extra_inputs.pop(0))
+                operands, consumed = [], None
+                source = basic.operand.source if basic.operand is not None else None
+                if source == "param":
+                    operands.append(params[0])
+                elif source == "random":  # a fresh key in training, none (keep all) in eval
+                    operands.append(draws(new_seed(x) if self.training else None, x))
+                elif source == "extra_input":
+                    consumed = extra_inputs.pop(0)
+                    operands.append(consumed)
                 x = forward(compute(x), *map(compute, operands), *basic.device_args(a)).to(x.dtype)
+                if basic.writes_back(a):  # TE's AddExtraInput(in_place=True): the caller's tensor becomes the sum
+                    with torch.no_grad():
+                        consumed.copy_(x)
         return x
 
 

@@ -84,6 +84,11 @@ def placement(op) -> tuple[str, str]:
 
 # --- whole files --------------------------------------------------------------------------------
 
+def takes_training(pipeline) -> bool:
+    """Whether the pipeline's forward depends on the module's training mode (a random op: Dropout)."""
+    return any(op.opdef.operand is not None and op.opdef.operand.source == "random" for op in pipeline.ops)
+
+
 def _sizes_literal(sizes) -> str:
     """A tuple literal of feature sizes: ints, or (size-generic) their expressions in n, 'n // 2'."""
     return repr(tuple(size if isinstance(size, int) else size_expr(size, "n", "//") for size in sizes))
@@ -122,6 +127,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
         saved=list(dict.fromkeys(saved)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
-        grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params],
+        grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
+        + (["None"] if takes_training(p) else []),  # training is a flag, not a tensor
+        takes_training=takes_training(p),
         kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),
     )

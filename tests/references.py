@@ -209,3 +209,35 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
     for key, p in named.items():
         assert p.grad is not None, f"{name}: no grad for {key}"
         assert_close_to_reference(f"{name} grad {key}", p.grad, params64[key].grad, dtype, gemm)
+
+
+# --- Dropout: the documented counter-based draws, written again from their definition ------------
+
+def _fmix32(h):
+    """MurmurHash3's 32-bit finaliser on Python ints."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def dropout_keep(key, shape, p):
+    """The keep mask Dropout(p) draws under ``key`` (a signed 64-bit int) for a value of ``shape``:
+    element i (flat index) is kept when its 24-bit draw, as a multiple of 2**-24, is >= p."""
+    import math
+
+    key &= 2**64 - 1
+    numel = math.prod(shape)
+    keep = []
+    for i in range(numel):
+        h = _fmix32((i & 0xFFFFFFFF) ^ (key & 0xFFFFFFFF))
+        h = _fmix32(h ^ (i >> 32) ^ (key >> 32))
+        keep.append((h >> 8) >= math.ceil(p * 2**24))
+    return torch.tensor(keep).reshape(shape)
+
+
+def next_keys(count, device):
+    """The keys the next ``count`` Dropout calls of a module draw from PyTorch's generator on
+    ``device``, in forward order (call under the same torch.manual_seed as the module)."""
+    return [torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64, device=device).item() for _ in range(count)]

@@ -28,6 +28,17 @@ struct Add {  // Bias, AddExtraInput: y = x + t
   }
 };
 
+struct Dropout {  // y = x * keep / (1 - p); t: the element's draw in [0, 1), or 1 in eval mode (y = x)
+  float p, scale;
+  __device__ __forceinline__ float fwd(float x, float t) const {
+    return t >= 1.f ? x : (t >= p ? x * scale : 0.f);
+  }
+  __device__ __forceinline__ void bwd(float, float t, float dy, float& dx, float& dt) const {
+    dx = fwd(dy, t);  // the same mask and scale
+    dt = 0.f;
+  }
+};
+
 struct Scale {  // ConstantScale: y = scale * x
   float scale;
   __device__ __forceinline__ float fwd(float x) const { return x * scale; }

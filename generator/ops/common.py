@@ -34,5 +34,44 @@ def init_parameter(p, init):
             raise ValueError(f"unknown parameter init {init!r}")
 
 
+# --- random operands (Operand "random", Dropout): counter-based draws, as fg::uniform ------------
+
+def _mul32(h, c):
+    """(h * c) mod 2**32 for h < 2**32 and a constant c < 2**32, in int64 without overflow."""
+    return (h * (c & 0xFFFF) + (((h * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
+
+
+def _mix32(h):
+    """MurmurHash3's 32-bit finaliser, as fg::mix32."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def uniform(key, index):
+    """The draws of elements ``index`` (an int64 tensor) under ``key`` (a 1-element int64 tensor),
+    uniform in [0, 1) with 24 bits, as fg::uniform computes them."""
+    key = key.reshape(()).to(index.device)
+    h = _mix32((index & 0xFFFFFFFF) ^ (key & 0xFFFFFFFF))
+    h = _mix32(h ^ ((index >> 32) & 0xFFFFFFFF) ^ ((key >> 32) & 0xFFFFFFFF))
+    return (h >> 8).double() * 2.0**-24
+
+
+def draws(key, like):
+    """One draw per element of ``like`` (element i: its flat index in ``like``), in float64; all 1
+    (keep, unscaled) when ``key`` is None, in eval mode."""
+    if key is None:
+        return torch.ones(like.shape, dtype=torch.float64, device=like.device)
+    index = torch.arange(like.numel(), dtype=torch.int64, device=like.device).reshape(like.shape)
+    return uniform(key, index)
+
+
+def new_seed(like):
+    """A fresh 64-bit key from PyTorch's generator on ``like``'s device."""
+    return torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64, device=like.device)
+
+
 # In this order at the top of _reference.py, after its imports.
-COMMON = (compute, init_parameter)
+COMMON = (compute, init_parameter, _mul32, _mix32, uniform, draws, new_seed)

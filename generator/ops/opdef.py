@@ -65,10 +65,13 @@ class Operand:
     returning ``(dx, dt)``; x and t are None where the backward does not read them).
     """
 
-    source: str  # "param": the op's one parameter | "extra_input": the op's extra input
-    broadcast: str  # "column": one value per feature | "element": one per value | "scalar": one value
+    source: str  # "param": the op's one parameter | "extra_input": the op's extra input |
+    #              "random": a key the generated module draws per call (Dropout)
+    broadcast: str  # "column": one value per feature | "element": one per value | "scalar": one value |
+    #                 "random": one draw per element, uniform in [0, 1), from the key (fg::draws)
     grad: str  # dt reduced to the operand's grad: "column" (summed over rows), "scalar" (summed over
-    #            all, deterministically) or "element" (an addend: its grad is the running grad)
+    #            all, deterministically), "element" (an addend: its grad is the running grad) or
+    #            "none" (the operand has no gradient)
     read_in_backward: bool = False  # the backward needs t (a product does; a sum does not)
 
 

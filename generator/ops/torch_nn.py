@@ -69,6 +69,11 @@ register(OpDef(
     expand=lambda a: [("ReLU", {"cache_quantized_input": False}, "")], summary="torch.nn.ReLU: ReLU",
 ))
 register(OpDef(
+    "nn.Dropout", "container", modules=TORCH_NN, spelled="Dropout",
+    args=(Arg("p", "float", 0.5), _INPLACE),
+    expand=lambda a: [("Dropout", {"p": a["p"]}, "")], summary="torch.nn.Dropout: Dropout",
+))
+register(OpDef(
     "nn.Identity", "container", modules=TORCH_NN, spelled="Identity",
     expand=lambda a: [("Identity", {}, "")], summary="torch.nn.Identity: Identity",
 ))

@@ -58,6 +58,10 @@ class ElementwiseStage(StageImpl):
         extra |= {op.extra_input for op in pipeline.ops[start:needing[-1]] if op.extra_input is not None}
         return Saves(values=frozenset({start}), extra_inputs=frozenset(extra), recompute=Recompute(start, needing[-1]))
 
+    def saved_names(self, em, stage):
+        """The keys of the random ops this backward stage replays (their masks are regenerated)."""
+        return [seed_name(op) for op in _random_ops(stage.ops)]
+
     def kernels(self, plan, stage, pass_):
         """The run's kernel (size-generic in a size-generic pipeline), its column sum, and the
         fixed-size kernels the pipeline is specialised for (its launcher dispatches to them)."""
@@ -80,6 +84,8 @@ class ElementwiseStage(StageImpl):
                     block.lines.append(f"{extra_output_name(op)} = {x_in}")
             return x_in
         spec = em.kernel("forward", stage)
+        for op in _random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
+            block.lines.append(f"{seed_name(op)} = ref.new_seed({x_in}) if training else None")
         names = {"y": out, **_io_names(stage)}
         block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
                            f"kernels.{spec.name}({', '.join([x_in] + [names[o] for o in spec.operands])})")
@@ -134,7 +140,22 @@ def _operand_names(op, rel: int) -> tuple[str, str]:
     if op.opdef.operand.source == "param":
         param = op.opdef.params[0].name
         return f"{param}{rel}", f"d{param}{rel}"
+    if op.opdef.operand.source == "random":
+        return f"seed{rel}", ""
     return f"extra_in{rel}", f"d_extra_in{rel}"
+
+
+def seed_name(op) -> str:
+    """The generated module's name for a random op's key, drawn once per call (Operand "random")."""
+    return f"{op.hint}_seed"
+
+
+def _random_ops(ops):
+    return [op for op in ops if op.opdef.operand is not None and op.opdef.operand.source == "random"]
+
+
+def _operand_ctype(operand) -> str:
+    return "const long long*" if operand.startswith("seed") else "const T*"
 
 
 def _io_names(stage) -> dict[str, str]:
@@ -146,9 +167,12 @@ def _io_names(stage) -> dict[str, str]:
             operand, grad = _operand_names(op, rel)
             if op.opdef.operand.source == "param":
                 names[operand] = param_name(op, op.opdef.params[0].name)
+            elif op.opdef.operand.source == "random":
+                names[operand] = seed_name(op)
             else:
                 names[operand] = extra_input_name(op)
-            names[grad] = "d_" + names[operand]
+            if grad:
+                names[grad] = "d_" + names[operand]
         if op.extra_output is not None:
             names[f"extra_out{rel}"] = extra_output_name(op)
             names[f"d_extra_out{rel}"] = "d_" + extra_output_name(op)
@@ -232,7 +256,7 @@ def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
     steps = tuple(_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
     operands = [dict(s)["operand"] for s in steps if dict(s)["operand"]]
     written = [dict(s)["tee"] for s in steps if dict(s)["tee"] and dict(s)["write"]]
-    abi = (P("x", "const T*"), *(P(o, "const T*") for o in operands), *(P(w, "T*") for w in written),
+    abi = (P("x", "const T*"), *(P(o, _operand_ctype(o)) for o in operands), *(P(w, "T*") for w in written),
            P("y", "T*"), P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(
@@ -275,7 +299,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     writes_dx = any(op.opdef.changes_grad for op in stage.ops)
     written = (["dx"] if writes_dx else []) + [s["operand_grad"] for s in steps if s["grad"] == "element" and s["write"]]
     reduced = [s["operand_grad"] for s in steps if s["grad"] in ("column", "scalar")]
-    abi = (P("dy", "const T*"), *(P(o, "const T*") for o in operands), *(P(w, "T*") for w in written),
+    abi = (P("dy", "const T*"), *(P(o, _operand_ctype(o)) for o in operands), *(P(w, "T*") for w in written),
            *((P("partials", "float*"),) if grad_columns else ()), P("rows", "int"),
            *((P("n", "int"),) if size["generic"] else ()))
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)

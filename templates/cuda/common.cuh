@@ -81,4 +81,37 @@ __device__ __forceinline__ void block_sum2(float& a, float& b, float* smem) {
   }
 }
 
+// Counter-based random draws (Dropout): element `index` of a value under a 64-bit key is a fixed
+// hash of the two, so the forward, the backward (which regenerates the mask instead of storing
+// it) and the CPU reference (generator/ops/dropout.py: uniform) draw the same numbers.
+__device__ __forceinline__ unsigned int mix32(unsigned int h) {  // MurmurHash3's finaliser
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+
+// Uniform in [0, 1), 24 bits.
+__device__ __forceinline__ float uniform(unsigned long long key, long long index) {
+  const unsigned long long i = (unsigned long long)index;
+  unsigned int h = mix32((unsigned int)i ^ (unsigned int)key);
+  h = mix32(h ^ (unsigned int)(i >> 32) ^ (unsigned int)(key >> 32));
+  return (float)(h >> 8) * 5.9604644775390625e-08f;  // 2^-24
+}
+
+// The draws of N consecutive elements from `first` under the key *seed; all 1 (keep, unscaled)
+// when seed is null (the module is in eval mode).
+template <int N>
+__device__ __forceinline__ void draws(const long long* __restrict__ seed, long long first, float (&t)[N]) {
+  if (seed == nullptr) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) t[k] = 1.f;
+    return;
+  }
+  const unsigned long long key = (unsigned long long)*seed;
+#pragma unroll
+  for (int k = 0; k < N; ++k) t[k] = uniform(key, first + k);
+}
+
 }  // namespace fg

@@ -214,7 +214,7 @@ ERRORS = [
      2, 23, "te.ops.Foo", f"unknown op 'te.ops.Foo'; {KNOWN}"),
     ("import torch\nimport transformer_engine.pytorch as te\nm = te.ops.Sequential(torch.nn.Conv1d(4, 4, 1))\n",
      3, 23, "torch.nn.Conv1d", "unknown op 'torch.nn.Conv1d' (torch.nn modules stand for te.ops where fusegen has "
-                               "the op: Linear, LayerNorm, RMSNorm, GELU, SiLU, ReLU, Identity; torch.nn.Conv1d is "
+                               "the op: Linear, LayerNorm, RMSNorm, GELU, SiLU, ReLU, Dropout, Identity; torch.nn.Conv1d is "
                                f"not one of them); {KNOWN}"),
     ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.Linear(4, 4))\n",
      2, 23, "te.Linear", "unknown op 'te.Linear' (it is transformer_engine.pytorch.Linear, not an op of"),

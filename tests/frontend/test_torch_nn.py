@@ -71,8 +71,8 @@ def test_generated_module_matches_torch_nn_with_its_state_dict(pkg, name):
     ("nn.RMSNorm(16)", "nn.RMSNorm() missing required argument 'eps'"),
     ("nn.LayerNorm(16, elementwise_affine=False)", "a LayerNorm without its affine parameters has no te.ops"),
     ("nn.LayerNorm(16, bias=False)", "a LayerNorm without its affine parameters has no te.ops"),
-    ("nn.Dropout(0.1)", "torch.nn modules stand for te.ops where fusegen has the op: Linear, LayerNorm, RMSNorm, GELU, "
-                        "SiLU, ReLU, Identity; torch.nn.Dropout is not one of them"),
+    ("nn.Conv1d(4, 4, 1)", "torch.nn modules stand for te.ops where fusegen has the op: Linear, LayerNorm, RMSNorm, "
+                           "GELU, SiLU, ReLU, Dropout, Identity; torch.nn.Conv1d is not one of them"),
 ])
 def test_torch_nn_modules_without_an_equivalent_say_why(call, message):
     with pytest.raises(SpecError) as info:

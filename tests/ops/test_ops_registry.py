@@ -59,7 +59,7 @@ def test_every_functor_op_has_reference_math_and_a_device_functor():
 
 # --- the functions as called in generator/ops and as shipped: the same results -------------------
 
-SAMPLE_ARGS = {"ConstantScale": (0.5,), "Bias": (8,)}  # ops whose arguments have no default
+SAMPLE_ARGS = {"ConstantScale": (0.5,), "Bias": (8,), "Dropout": (0.25,)}  # ops whose arguments have no default
 
 
 def reference_calls(op: OpDef, x, dy):
@@ -67,7 +67,9 @@ def reference_calls(op: OpDef, x, dy):
     forward, backward = op.reference
     if op.functor_form == "binary":  # fwd(x, t, *constants), bwd(x, t, dy, *constants) -> (dx, dt)
         constants = op.device_args(bind_args(op, SAMPLE_ARGS.get(op.name, ()), {}))
-        t = dy.flip(0) if op.operand.broadcast == "element" else dy[0] if op.operand.broadcast == "column" else dy[0, 0]
+        t = {"element": dy.flip(0), "column": dy[0], "scalar": dy[0, 0],
+             "random": torch.rand(dy.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+             }[op.operand.broadcast]
         return [(forward, (x, t, *constants)), (backward, (x, t, dy, *constants))]
     if op.functor_form == "tee":
         return [(forward, (x,))]
@@ -159,7 +161,7 @@ def test_registry_order_is_the_family_order():
     """OPS iterates in registration order (ops.FAMILIES): generated files list ops in this order."""
     assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "L2Normalization", "GELU", "ReLU", "SiLU", "SReLU",
                          "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
-                         "ConstantScale", "AddExtraInput", "MakeExtraOutput", "Identity", "nn.Linear", "nn.LayerNorm",
-                         "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Identity"]
+                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "nn.Linear",
+                         "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
-        "linear", "bias", "norms", "activations", "glu", "scale", "extra_io", "identity", "torch_nn"]
+        "linear", "bias", "norms", "activations", "glu", "scale", "dropout", "extra_io", "identity", "torch_nn"]

@@ -1,0 +1,19 @@
+"""Dropout as TE places it: after an MLP's activation, and before the residual add ("bias, dropout,
+add"), fused into the elementwise kernels around it; before a GLU (its draws cover both halves);
+and alone, at any width. Masks are drawn from a per-call key and regenerated in backward."""
+
+import transformer_engine.pytorch as te
+
+HIDDEN = 256
+FFN = 512
+
+dropout_mlp = te.ops.Sequential(
+    te.ops.Linear(HIDDEN, FFN),
+    te.ops.GELU(),
+    te.ops.Dropout(0.1),
+    te.ops.Linear(FFN, HIDDEN),
+    te.ops.Dropout(0.1),
+    te.ops.AddExtraInput(),
+)
+dropout_glu = te.ops.Sequential(te.ops.Linear(HIDDEN, 2 * FFN), te.ops.Dropout(0.2), te.ops.SwiGLU())
+dropout_any = te.ops.Sequential(te.ops.Dropout(0.25))
