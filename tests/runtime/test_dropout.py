@@ -174,4 +174,6 @@ def test_gpu_kernels_draw_the_cpu_reference_masks(width):
     key = torch.tensor([-(2**62) - 12345], dtype=torch.int64)
     cpu = _kernels.dropout0p25_fwd_any(x, key)
     gpu = _kernels.dropout0p25_fwd_any(x.cuda(), key.cuda()).cpu()
-    assert torch.equal(cpu != 0, gpu != 0) and torch.equal(cpu, gpu)
+    assert torch.equal(cpu != 0, gpu != 0)  # the same elements kept, bit for bit
+    # the values within rounding: the kernel scales by a float32 1 / (1 - p), the reference in float64
+    torch.testing.assert_close(gpu, cpu, rtol=2**-22, atol=0)
