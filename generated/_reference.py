@@ -77,6 +77,28 @@ def new_seed(like):
 
 # --- generator/ops/linear.py --------------------------------------------------------------------
 
+def accumulate_into_main_grad(weight, dy, x):
+    """TE's accumulate_into_main_grad (catalog 2.1): dW = dy^T x is added into ``weight.main_grad``
+    in that tensor's dtype (float32, as Megatron keeps it). Returns what autograd gets as the
+    weight's grad: with Megatron's ``grad_added_to_main_grad`` attribute, that flag set and a
+    placeholder (zeros when ``weight.zero_out_wgrad``), else None."""
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise RuntimeError(
+            "a Linear with accumulate_into_main_grad=True adds its weight gradient into weight.main_grad, "
+            "but the weight has no main_grad: set weight.main_grad to a tensor of the weight's shape "
+            "(usually float32, zeroed per step) before backward, as Megatron's DDP does")
+    if tuple(main_grad.shape) != tuple(weight.shape):
+        raise RuntimeError(f"weight.main_grad has shape {list(main_grad.shape)}, but the weight is "
+                           f"{list(weight.shape)}; give it the weight's shape")
+    main_grad.addmm_(dy.t().to(main_grad.dtype), x.to(main_grad.dtype))
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    weight.grad_added_to_main_grad = True
+    placeholder = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    return placeholder(weight.shape, dtype=weight.dtype, device=weight.device)
+
+
 def linear(x, weight):
     return x @ weight.t()
 

@@ -79,7 +79,9 @@ def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
     op = OPS[name]
     if op.expand is None:
         return [(op, args)]
-    return [(OPS[sub], sub_args) for sub, sub_args, _ in op.expand(args)]
+    # arguments an expansion leaves out take their defaults (TE-only arguments of a torch.nn module's op)
+    return [(OPS[sub], {**{a.name: a.default for a in OPS[sub].args if a.default is not REQUIRED}, **sub_args})
+            for sub, sub_args, _ in op.expand(args)]
 
 
 def reference_source() -> str:

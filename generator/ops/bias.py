@@ -6,7 +6,7 @@ source into the output's ``_reference.py`` (ops/shipped.py): they may use only `
 ``math`` and other shipped functions.
 """
 
-from .opdef import DEVICE, DTYPE, Arg, OpDef, Operand, Param, check_features, register
+from .opdef import DEVICE, DTYPE, TENSOR_PARALLEL, TENSOR_PARALLEL_GROUP, Arg, OpDef, Operand, Param, check_features, register
 
 
 def bias(x, b):
@@ -20,7 +20,7 @@ def bias_bwd(x, b, dy):
 
 register(OpDef(
     "Bias", "bias",
-    args=(Arg("size", "int", check=check_features), DEVICE, DTYPE),
+    args=(Arg("size", "int", check=check_features), DEVICE, DTYPE, TENSOR_PARALLEL, TENSOR_PARALLEL_GROUP),
     params=(Param("bias", lambda a: (a["size"],), lambda a: "zeros"),),
     fixed_in=lambda a: a["size"],
     tag=lambda a: "bias",

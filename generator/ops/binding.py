@@ -80,7 +80,7 @@ def bind(op: OpDef, positional: Sequence[Given], keywords: Sequence[tuple[str, o
     ``keywords`` are (name, where the name is written, given value)."""
     params = [a for a in op.args if not a.keyword_only]
     if len(positional) > len(params):
-        keyword_only = [a.name for a in op.args if a.keyword_only]
+        keyword_only = [a.name for a in op.args if a.keyword_only and not a.te_only]
         hint = f"; pass {', '.join(keyword_only)} by keyword" if keyword_only else ""
         was = "was" if len(positional) == 1 else "were"
         raise ArgumentError(f"{op.name}() takes {_plural(len(params), 'positional argument')} but "

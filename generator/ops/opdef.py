@@ -45,6 +45,9 @@ class Arg:
     keyword_only: bool = False
     check: Callable[[object], str | None] | None = None  # returns an error text, or None
     in_kernel: bool = True  # False: no part of what a kernel computes (placement, TE's no-op hints)
+    # True: one of TE's arguments accepted only at its default, for TE compatibility (parallelism):
+    # left out of the signatures error messages show
+    te_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ class OpDef:
             if a.keyword_only and not star:
                 parts.append("*")
                 star = True
-            parts.append(a.name if a.default is REQUIRED else f"{a.name}={a.default!r}")
+            if not a.te_only:
+                parts.append(a.name if a.default is REQUIRED else f"{a.name}={a.default!r}")
         return f"{self.name}({', '.join(parts)})"
 
 
@@ -246,6 +250,26 @@ DTYPE = Arg("dtype", "dtype", None, keyword_only=True, in_kernel=False)
 CACHE_QUANTIZED_INPUT = Arg("cache_quantized_input", "bool", False, keyword_only=True, in_kernel=False)  # FP8
 SM_MARGIN = Arg("sm_margin", "int", 0, keyword_only=True, in_kernel=False,
                 check=lambda v: None if v >= 0 else "must be 0 or more (SMs left to other kernels)")
+
+
+def _parallel_not_yet(v):
+    return (f"must be left at its default: tensor and sequence parallelism are not supported yet (got {v!r}); "
+            "generate the unsharded pipeline") if v not in (None, False) else None
+
+
+# TE's tensor- and sequence-parallel arguments: accepted at their defaults, so a TE spec that spells
+# them out compiles unchanged; anything else is "not supported yet".
+TENSOR_PARALLEL_MODE = Arg("tensor_parallel_mode", "str", None, keyword_only=True, in_kernel=False, te_only=True,
+                           check=_parallel_not_yet)
+TENSOR_PARALLEL_GROUP = Arg("tensor_parallel_group", "str", None, keyword_only=True, in_kernel=False, te_only=True,
+                            check=_parallel_not_yet)
+SEQUENCE_PARALLEL = Arg("sequence_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True,
+                        check=_parallel_not_yet)
+TENSOR_PARALLEL = Arg("tensor_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True, check=_parallel_not_yet)
+RNG_STATE_TRACKER = Arg("rng_state_tracker_function", "str", None, keyword_only=True, in_kernel=False, te_only=True,
+                        check=lambda v: "must be None: fusegen initialises parameters with PyTorch's generator")
+USERBUFFERS = Arg("userbuffers_options", "str", None, keyword_only=True, in_kernel=False, te_only=True, check=_parallel_not_yet)
+LINEAR_PARALLEL = (TENSOR_PARALLEL_MODE, TENSOR_PARALLEL_GROUP, SEQUENCE_PARALLEL, RNG_STATE_TRACKER, USERBUFFERS)
 
 
 def check_eps(v):

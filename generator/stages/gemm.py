@@ -49,7 +49,10 @@ class GemmStage(StageImpl):
             block.lines.append(f"{d_in} = torch.addmm(d_{extra_output_name(meo)}, {dy}, {w})")
         else:
             block.lines.append(f"{d_in} = {dy}.mm({w})")
-        block.lines.append(f"d_{w} = {dy}.t().mm({em.values[linear.index]})")
+        if linear.args["accumulate_into_main_grad"]:  # TE's option: dW goes into weight.main_grad
+            block.lines.append(f"d_{w} = ref.accumulate_into_main_grad({w}, {dy}, {em.values[linear.index]})")
+        else:
+            block.lines.append(f"d_{w} = {dy}.t().mm({em.values[linear.index]})")
         return d_in
 
 

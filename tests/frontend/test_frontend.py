@@ -7,7 +7,8 @@ import pytest
 from spec_errors import assert_points_at
 
 from fusegen.ops import NOT_YET, OPS
-from fusegen.ops.opdef import CACHE_QUANTIZED_INPUT, SM_MARGIN, TorchDtype
+from fusegen.ops.linear import MAIN_GRAD
+from fusegen.ops.opdef import CACHE_QUANTIZED_INPUT, LINEAR_PARALLEL, SM_MARGIN, TENSOR_PARALLEL, TorchDtype
 from fusegen.errors import SpecError
 from fusegen.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
 from fusegen.pipeline import build_pipeline
@@ -21,7 +22,11 @@ def parse(source):
 
 
 # TE's no-op performance hints and parameter placement, at their defaults
-HINTS = {CACHE_QUANTIZED_INPUT.name: False, SM_MARGIN.name: 0, "device": None, "dtype": None}
+# TE arguments with no effect at their defaults: hints, placement, and the parallelism and
+# main-grad options of linears and biases
+HINTS = {CACHE_QUANTIZED_INPUT.name: False, SM_MARGIN.name: 0, "device": None, "dtype": None,
+         **{a.name: a.default for a in (*LINEAR_PARALLEL, TENSOR_PARALLEL, MAIN_GRAD)}}
+LINEAR_DEFAULTS = {a.name: a.default for a in (*LINEAR_PARALLEL, MAIN_GRAD)}
 
 
 def ops(spec):
@@ -99,7 +104,8 @@ def test_op_alias_resolves_to_catalog_name_and_locations():
     assert call.location.source_line == "    L(8, out_features=4),"
     # only explicitly given arguments have locations; the default `bias` has none
     assert {k: (v.line, v.col) for k, v in call.arg_locations.items()} == {"in_features": (3, 7), "out_features": (3, 23)}
-    assert call.args == {"in_features": 8, "out_features": 4, "bias": True, "device": None, "dtype": None}
+    assert call.args == {"in_features": 8, "out_features": 4, "bias": True, "device": None, "dtype": None,
+                         **LINEAR_DEFAULTS}
 
 
 def test_non_op_statements_are_ignored_and_pipelines_keep_file_order():
@@ -224,11 +230,11 @@ ERRORS = [
     (EAGER + "m = Sequential(Linear(4))\n",
      2, 16, "Linear(4)",
      "Linear() missing required argument 'out_features'; signature: Linear(in_features, out_features, *, bias=True, "
-     "device=None, dtype=None)"),
+     "device=None, dtype=None, accumulate_into_main_grad=False)"),
     (EAGER + "m = Sequential(Linear(4, 4, devices='cuda'))\n",
      2, 29, "devices", "Linear() got an unexpected keyword argument 'devices'"),
     (EAGER + "m = Sequential(Linear(4, 4, True))\n",
-     2, 29, "True", "Linear() takes 2 positional arguments but 3 were given; pass bias, device, dtype by keyword; signature: "),
+     2, 29, "True", "Linear() takes 2 positional arguments but 3 were given; pass bias, device, dtype, accumulate_into_main_grad by keyword; signature: "),
     (EAGER + "m = Sequential(GELU(4))\n",
      2, 21, "4", "GELU() takes 0 positional arguments but 1 was given; pass cache_quantized_input by keyword; "
                  "signature: GELU(*, cache_quantized_input=False)"),

@@ -150,7 +150,7 @@ def op_call(rng: random.Random, prefix: str, name: str, width: int, corrupt: flo
         else:  # optional arguments: mostly left at their defaults
             # (an op's own optional argument without a row here gets its default, spelled out)
             value = rng.choice(OPTIONAL.get(a.name, [repr(a.default)])) if rng.random() < 0.3 else None
-        if rng.random() < corrupt:
+        if rng.random() < (corrupt / 4 if a.te_only else corrupt):  # TE-only arguments: rarely written at all
             value = edge_value(rng, a.kind)
         if value is None:
             continue

@@ -8,7 +8,7 @@ from fusegen import eager
 
 @pytest.mark.parametrize("make, error, message", [
     (lambda: eager.Linear(4, 8, True), TypeError, "Linear() takes 2 positional arguments but 3 were given; "
-                                                  "pass bias, device, dtype by keyword"),
+                                                  "pass bias, device, dtype, accumulate_into_main_grad by keyword"),
     (lambda: eager.RMSNorm(8, epsilon=1e-6), TypeError, "RMSNorm() got an unexpected keyword argument 'epsilon'"),
     (lambda: eager.Bias(8, size=8), TypeError, "Bias() got multiple values for argument 'size'; give it once"),
     (lambda: eager.LayerNorm(), TypeError, "LayerNorm() missing required argument 'normalized_shape'"),
@@ -28,5 +28,7 @@ def test_defaults_and_conversion():
     assert eager.ClampedSwiGLU(alpha=2).args == {"limit": 7.0, "alpha": 2.0, "glu_linear_offset": 1.0,
                                                  "cache_quantized_input": False}
     assert isinstance(eager.ClampedSwiGLU(alpha=2).args["alpha"], float)
-    assert eager.Linear(4, 8).args == {"in_features": 4, "out_features": 8, "bias": True, "device": None,
-                                       "dtype": None}
+    assert eager.Linear(4, 8).args == {
+        "in_features": 4, "out_features": 8, "bias": True, "device": None, "dtype": None, "tensor_parallel_mode": None,
+        "tensor_parallel_group": None, "sequence_parallel": False, "rng_state_tracker_function": None,
+        "userbuffers_options": None, "accumulate_into_main_grad": False}

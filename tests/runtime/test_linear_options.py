@@ -1,0 +1,93 @@
+"""TE's Linear options: accumulate_into_main_grad (the weight gradient goes into weight.main_grad,
+Megatron's way) and its parallelism arguments, accepted at their defaults and refused otherwise."""
+
+import importlib
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegen import build, output
+from fusegen.errors import SpecError
+from fusegen.frontend import parse_spec
+from fusegen.pipeline import build_pipeline
+
+SPEC = """\
+import transformer_engine.pytorch as te
+main_grad_mlp = te.ops.Sequential(
+    te.ops.Linear(8, 6, accumulate_into_main_grad=True, tensor_parallel_mode=None, sequence_parallel=False),
+    te.ops.GELU(),
+    te.ops.BasicLinear(6, 4, accumulate_into_main_grad=True),
+)
+"""
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("main_grad")
+    (folder / "main_grad_spec.py").write_text(SPEC)
+    config = build.Config((folder / "main_grad_spec.py",), folder / "main_grad_pkg", archs=(), dtypes=("float32",),
+                          root=folder)
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module("main_grad_pkg")
+    finally:
+        sys.path.remove(str(folder))
+
+
+def reference_grads(module, x, gy):
+    p = {k: v.detach().clone().requires_grad_() for k, v in module.state_dict().items()}
+    x = x.detach().clone().requires_grad_()
+    y = F.linear(F.gelu(F.linear(x, p["0.weight"], p["0.bias"]), approximate="tanh"), p["2.weight"])
+    y.backward(gy)
+    return p, x.grad
+
+
+def test_weight_gradients_accumulate_into_main_grad(pkg):
+    module = pkg.MainGradMlp(dtype=torch.float64)
+    w0, b0, w2 = module.get_submodule("0").weight, module.get_submodule("0").bias, module.get_submodule("2").weight
+    for w in (w0, w2):
+        w.main_grad = torch.zeros_like(w)
+    w0.grad_added_to_main_grad = False  # Megatron's flag: the module sets it and hands autograd a placeholder
+    x, gy = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    ref, ref_dx = reference_grads(module, x, gy)
+    for step in (1, 2):  # two backward passes: main_grad holds their sum
+        xi = x.clone().requires_grad_()
+        module(xi).backward(gy)
+        torch.testing.assert_close(xi.grad, ref_dx)
+        torch.testing.assert_close(w0.main_grad, step * ref["0.weight"].grad)
+        torch.testing.assert_close(w2.main_grad, step * ref["2.weight"].grad)
+    assert w0.grad_added_to_main_grad is True and w0.grad is not None and w0.grad.shape == w0.shape
+    assert w2.grad is None  # no flag: autograd gets no weight gradient at all
+    torch.testing.assert_close(b0.grad, 2 * ref["0.bias"].grad)  # the bias is an ordinary parameter
+
+
+def test_a_missing_main_grad_is_a_clear_error(pkg):
+    module = pkg.MainGradMlp(dtype=torch.float64)
+    y = module(torch.randn(2, 8, dtype=torch.float64, requires_grad=True))
+    with pytest.raises(RuntimeError, match="accumulate_into_main_grad=True adds its weight gradient into "
+                                           "weight.main_grad, but the weight has no main_grad"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("call, message", [
+    ("Linear(8, 4, tensor_parallel_mode='column')", "argument 'tensor_parallel_mode' of Linear must be left at its "
+                                                    "default: tensor and sequence parallelism are not supported yet"),
+    ("BasicLinear(8, 4, sequence_parallel=True)", "argument 'sequence_parallel' of BasicLinear must be left at its default"),
+    ("Bias(8, tensor_parallel=True)", "argument 'tensor_parallel' of Bias must be left at its default"),
+    ("Linear(8, 4, rng_state_tracker_function='tracker')", "must be None: fusegen initialises parameters"),
+])
+def test_parallel_arguments_other_than_their_defaults_are_not_supported_yet(call, message):
+    with pytest.raises(SpecError) as info:
+        parse_spec(f"import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.{call})\n", "spec.py")
+    assert message in info.value.message
+
+
+def test_parallel_arguments_at_their_defaults_change_nothing():
+    text = ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.Linear(8, 4, tensor_parallel_mode=None, "
+            "tensor_parallel_group=None, sequence_parallel=False, userbuffers_options=None), te.ops.Bias(4, "
+            "tensor_parallel=False))\n")
+    (spec,) = parse_spec(text, "spec.py")
+    assert [op.describe() for op in build_pipeline(spec).ops] == ["BasicLinear(8, 4)", "Bias(4)", "Bias(4)"]
