@@ -13,6 +13,7 @@ from .linear_bias import FORWARD_LINEAR_BIAS
 from .norm import BACKWARD_NORM, FORWARD_NORM
 from .norm_residual_grad import BACKWARD_NORM_RESIDUAL_GRAD
 from .opaque import BACKWARD_OPAQUE, FORWARD_OPAQUE
+from .reshape import BACKWARD_RESHAPE, FORWARD_RESHAPE
 
 FORWARD_RULES = (
     FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
@@ -21,6 +22,7 @@ FORWARD_RULES = (
     FORWARD_LINEAR,  # BasicLinear: one GEMM
     FORWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel
     FORWARD_OPAQUE,  # an op registered opaque: its reference math in PyTorch
+    FORWARD_RESHAPE,  # Reshape: a view, no kernel
 )
 
 BACKWARD_RULES = (
@@ -30,6 +32,7 @@ BACKWARD_RULES = (
     BACKWARD_LINEAR,  # BasicLinear: dgrad and wgrad GEMMs
     BACKWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel, dbias fused
     BACKWARD_OPAQUE,  # an op registered opaque: its reference backward in PyTorch
+    BACKWARD_RESHAPE,  # Reshape: the grad viewed back, no kernel
 )
 
 __all__ = ["FORWARD_RULES", "BACKWARD_RULES"]

@@ -28,5 +28,7 @@ from .prenorm_in_place import PrenormInPlace
 from .in_place_mid import InPlaceMid
 from .te_mlp import TeMlp
 from .l2norm_block import L2normBlock
+from .head_norm import HeadNorm
+from .rows_of_64 import RowsOf64
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "TeMlp", "L2normBlock"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64"]

@@ -927,6 +927,17 @@ def column_sum_n512(partials, dtype):
     return out
 
 
+_COLUMN_SUM_N64 = Kernel("column_sum_n64")
+
+
+def column_sum_n64(partials, dtype):
+    """Sum fp32 partials [splits, 64] over splits, in order, into a 64-vector of dtype."""
+    out = torch.empty(64, device=partials.device, dtype=dtype)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N64.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    return out
+
+
 _COLUMN_SUM_N768 = Kernel("column_sum_n768")
 
 
@@ -1041,6 +1052,9 @@ def gelu_bwd_any(dy, x):
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
+        fixed = _GELU_BWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        if fixed is not None and aligned(dy, x):
+            return fixed(dy, x)
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
@@ -1048,6 +1062,29 @@ def gelu_bwd_any(dy, x):
         if rows and n:
             grid = (-(-n // (_GELU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
             _GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_GELU_BWD_N256 = Kernel("gelu_bwd_n256")
+_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def gelu_bwd_n256(dy, x):
+    """GELU() backward: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _GELU_BWD_N256.launch(dy.dtype, (_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, rows), dy.device)
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1094,6 +1131,25 @@ def gelu_fwd_any(x):
         if rows and n:
             grid = (-(-n // (_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
             _GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.gelu(a)
+    return a.to(x.dtype)
+
+
+_GELU_FWD_N256 = Kernel("gelu_fwd_n256")
+_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def gelu_fwd_n256(x):
+    """GELU(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_GELU_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
@@ -1413,6 +1469,28 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
+_RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64")
+_RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def rmsnorm_bwd_h64(dy, x, rstd, gamma):
+    """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        splits = max(1, min(rows, NORM_SPLITS))
+        partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_BWD_H64.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()
+        grads = column_sum_n64(partials, gamma.dtype)
+        return dx, grads
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
 _RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024")
 _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
@@ -1444,6 +1522,24 @@ def rmsnorm_fwd_h4096(x, gamma):
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
             _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, rstd
+
+
+_RMSNORM_FWD_H64 = Kernel("rmsnorm_fwd_h64")
+_RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def rmsnorm_fwd_h64(x, gamma):
+    """RMSNorm(64): returns (y, rstd)."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H64.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
@@ -1487,6 +1583,51 @@ def rmsnorm_zc_fwd_h768(x, gamma):
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, True)
     return y, rstd
+
+
+_SILU_BWD_ANY = Kernel("silu_bwd_any")
+_SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def silu_bwd_any(dy, x):
+    """SiLU() backward, any width: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_SILU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _SILU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.silu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_SILU_FWD_ANY = Kernel("silu_fwd_any")
+_SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def silu_fwd_any(x):
+    """SiLU(), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1]
+        x = x.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_SILU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _SILU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.silu(a)
+    return a.to(x.dtype)
 
 
 _SITUGLU_B2P0_C8P0_FWD_N512 = Kernel("situglu_b2p0_c8p0_fwd_n512")
@@ -1700,8 +1841,57 @@ def swiglu_fwd_n4096(x):
     return a.to(x.dtype)
 
 
+_TEE_BIAS_BWD_N64 = Kernel("tee_bias_bwd_n64")
+_TEE_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def tee_bias_bwd_n64(dy, d_extra_out0):
+    """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        d_extra_out0 = d_extra_out0.contiguous()
+        dx = torch.empty((rows, 64), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
+        if rows:
+            _TEE_BIAS_BWD_N64.launch(dy.dtype, (_TEE_BIAS_BWD_N64_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, d_extra_out0, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n64(partials, dy.dtype)
+        dbias1 = column_grads[0:64]
+        return dx, dbias1
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias1 = dt.sum(0).to(dy.dtype)
+    g = g + ref.compute(d_extra_out0)
+    dx = g.to(dy.dtype)
+    return dx, dbias1
+
+
+_TEE_BIAS_FWD_N64 = Kernel("tee_bias_fwd_n64")
+_TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def tee_bias_fwd_n64(x, bias1):
+    """MakeExtraOutput(), Bias(64): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias1 = bias1.contiguous()
+        y = torch.empty((rows, 64), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_TEE_BIAS_FWD_N64_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _TEE_BIAS_FWD_N64.launch(x.dtype, grid, (128, 1, 1), (x, bias1, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias1))
+    return a.to(x.dtype)
+
+
 # Fixed-size kernels of size-generic runs, by the width they were built for: the size-generic
 # launcher hands rows of that width to them.
-_GELU_FWD_ANY_FIXED = {4096: gelu_fwd_n4096}
+_GELU_BWD_ANY_FIXED = {256: gelu_bwd_n256}
+_GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 4096: gelu_fwd_n4096}
 _SWIGLU_BWD_ANY_FIXED = {384: swiglu_bwd_n384, 4096: swiglu_bwd_n4096}
 _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: swiglu_fwd_n14336}

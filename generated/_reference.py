@@ -38,6 +38,18 @@ def init_parameter(p, init):
             raise ValueError(f"unknown parameter init {init!r}")
 
 
+def reshaped_lead(module, op, shape, numel):
+    """The leading dims of ``numel`` elements reshaped to ``shape`` (TE's Reshape, torch.reshape's
+    rules: one -1 inferred), or a clear error naming the module and the op."""
+    known = math.prod(d for d in shape if d != -1)
+    if -1 in shape and numel % known == 0:
+        shape = tuple(numel // known if d == -1 else d for d in shape)
+    if math.prod(shape) != numel or -1 in shape:
+        raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to {list(shape)}; "
+                         "give an input whose size fits the shape")
+    return torch.Size(shape[:-1])
+
+
 def _mul32(h, c):
     """(h * c) mod 2**32 for h < 2**32 and a constant c < 2**32, in int64 without overflow."""
     return (h * (c & 0xFFFF) + (((h * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF

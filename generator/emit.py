@@ -84,6 +84,23 @@ def placement(op) -> tuple[str, str]:
 
 # --- whole files --------------------------------------------------------------------------------
 
+def leading_dims(p) -> tuple[dict[int, str], list[str]]:
+    """The name of the leading dims in effect at each op's input in the generated module (its
+    extra inputs and outputs have them), and the lines that compute them: ``x.shape[:-1]``, then
+    a new ``leadK`` after each Reshape."""
+    current, names, lines = "lead", {}, []
+    for op in p.ops:
+        names[op.index] = current
+        if op.opdef.reshape is not None:
+            new = f"lead{len(lines) + 1}"
+            shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
+            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", "{op.describe()} ({op.location})", '
+                         f"{shape!r}, {numel})")
+            current = new
+    names[len(p.ops)] = current
+    return names, lines
+
+
 def takes_training(pipeline) -> bool:
     """Whether the pipeline's forward depends on the module's training mode (a random op: Dropout)."""
     return any(op.opdef.operand is not None and op.opdef.operand.source == "random" for op in pipeline.ops)
@@ -130,5 +147,6 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
         + (["None"] if takes_training(p) else []),  # training is a flag, not a tensor
         takes_training=takes_training(p),
+        leads=leading_dims(p)[0], lead_lines=leading_dims(p)[1],
         kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),
     )

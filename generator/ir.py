@@ -151,10 +151,13 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) ->
                     call.location,
                 )
             sizes[i + 1], fixed_by[i + 1] = op.out_features(args, sizes[i]), call
-    # Ops before the first one that fixes a size take it from their successor.
+        elif op.fixed_out(args) is not None:  # a Reshape: its output size whatever its input's
+            sizes[i + 1], fixed_by[i + 1] = op.fixed_out(args), call
+    # Ops before the first one that fixes a size take it from their successor (not through an op
+    # whose output size does not depend on its input's: a Reshape).
     for i in range(len(ops) - 1, -1, -1):
-        if sizes[i] is None and sizes[i + 1] is not None:
-            op, args, call = ops[i]
+        op, args, call = ops[i]
+        if sizes[i] is None and sizes[i + 1] is not None and op.fixed_out(args) is None:
             sizes[i] = sizes[i + 1] * 2 if op.halves_width else sizes[i + 1]
             if sizes[i] > MAX_FEATURES:  # GLUs double the size backwards; the registry bounds only given sizes
                 raise SpecError(
@@ -163,10 +166,11 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) ->
                     "fewer GLUs or smaller sizes",
                     call.location,
                 )
-    if sizes[0] is None:  # no op fixes a size: everything is a multiple of the input's n
+    if sizes[0] is None:  # no op fixes the input's size: sizes up to the first one fixed are multiples of n
         sizes[0] = Sym()
         for i, (op, args, _) in enumerate(ops):
-            sizes[i + 1] = op.out_features(args, sizes[i])
+            if sizes[i + 1] is None:
+                sizes[i + 1] = op.out_features(args, sizes[i])
     return sizes  # type: ignore[return-value]
 
 

@@ -57,7 +57,6 @@ NOT_YET = {
     "GroupedLinear": "grouped (MoE expert) GEMMs are not supported yet",
     **dict.fromkeys(("ScaledSwiGLU", "ScaledSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU"),
                     "row-scaled activations (a per-row scale input) are not supported yet"),
-    "Reshape": "this op is not supported yet",
 }
 
 

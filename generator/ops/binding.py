@@ -56,6 +56,10 @@ def check_value(op: OpDef, arg: Arg, value: object) -> object:
         value = value[0] if isinstance(value, tuple) else value
         if isinstance(value, bool) or not isinstance(value, int):
             raise ArgumentError(f"{what} must be an int or a one-element tuple of int, {got}", value_error=True)
+    if arg.kind == "dims":  # a tensor shape, as torch.reshape takes it: a tuple or list of ints
+        value = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        if not value or any(isinstance(d, bool) or not isinstance(d, int) for d in value):
+            raise ArgumentError(f"{what} must be a non-empty tuple of ints, {got}", value_error=True)
     if arg.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         hint = "; use // for integer division" if isinstance(value, float) else ""
         raise ArgumentError(f"{what} must be an int, {got}{hint}", value_error=True)

@@ -34,6 +34,18 @@ def init_parameter(p, init):
             raise ValueError(f"unknown parameter init {init!r}")
 
 
+def reshaped_lead(module, op, shape, numel):
+    """The leading dims of ``numel`` elements reshaped to ``shape`` (TE's Reshape, torch.reshape's
+    rules: one -1 inferred), or a clear error naming the module and the op."""
+    known = math.prod(d for d in shape if d != -1)
+    if -1 in shape and numel % known == 0:
+        shape = tuple(numel // known if d == -1 else d for d in shape)
+    if math.prod(shape) != numel or -1 in shape:
+        raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to {list(shape)}; "
+                         "give an input whose size fits the shape")
+    return torch.Size(shape[:-1])
+
+
 # --- random operands (Operand "random", Dropout): counter-based draws, as fg::uniform ------------
 
 def _mul32(h, c):
@@ -74,4 +86,4 @@ def new_seed(like):
 
 
 # In this order at the top of _reference.py, after its imports.
-COMMON = (compute, init_parameter, _mul32, _mix32, uniform, draws, new_seed)
+COMMON = (compute, init_parameter, reshaped_lead, _mul32, _mix32, uniform, draws, new_seed)

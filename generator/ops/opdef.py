@@ -110,6 +110,10 @@ class OpDef:
     params: tuple[Param, ...] = ()
     fixed_in: Callable[[dict], int | None] = lambda a: None
     out_features: Callable[[dict, int], int] = lambda a, n: n
+    # The op's output size whatever its input's (Reshape): sizes do not flow back through it
+    fixed_out: Callable[[dict], int | None] = lambda a: None
+    # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
+    reshape: Callable[[dict], tuple[int, ...]] | None = None
     tag: Callable[[dict], str] = lambda a: ""
     device_struct: str = ""
     device_header: str = "activations.cuh"

@@ -10,8 +10,9 @@ from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM
 from .opaque import OPAQUE
+from .reshape import RESHAPE
 
-__all__ = ["ELEMENTWISE", "GEMM", "NORM", "OPAQUE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ELEMENTWISE", "GEMM", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:

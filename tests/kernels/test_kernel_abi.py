@@ -31,7 +31,7 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
     declared = [re.sub(r"\s+", " ", p.strip()) for p in signature.split(",")]
     assert declared == [f"{p.ctype}{' __restrict__' if '*' in p.ctype else ''} {p.name}" for p in abi]
     launchers = (GENERATED / "_kernels.py").read_text()
-    launch = re.search(rf"_{spec.name.upper()}\.launch\(.*?, (\([^()]*\)), \w+\.device\)", launchers).group(1)
+    launch = re.search(rf"(?<!\w)_{spec.name.upper()}\.launch\(.*?, (\([^()]*\)), \w+\.device\)", launchers).group(1)
     assert launch == "(" + ", ".join(p.name if p.passed else "None" for p in abi) + ")"
 
 

@@ -161,7 +161,7 @@ def test_registry_order_is_the_family_order():
     """OPS iterates in registration order (ops.FAMILIES): generated files list ops in this order."""
     assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "L2Normalization", "GELU", "ReLU", "SiLU", "SReLU",
                          "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
-                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "nn.Linear",
+                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "nn.Linear",
                          "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
         "linear", "bias", "norms", "activations", "glu", "scale", "dropout", "extra_io", "identity", "torch_nn"]

@@ -1,0 +1,36 @@
+"""Reshape stages: TE's Reshape on the 2-D [rows, features] tensors the fused stages work on.
+
+Forward: the running tensor viewed as [-1, shape[-1]] (torch.reshape: a view when the memory
+allows, as TE's); backward: the grad viewed back as [-1, input features]. No kernel. The leading
+dims the reshape makes are the generated module's business (its outputs take them: emit.py).
+An input size no op fixes is ``ctx.n``, the width the forward saw (a size-generic pipeline).
+"""
+
+from __future__ import annotations
+
+from ..ir import size_expr
+from .base import StageImpl, value_name
+
+
+class ReshapeStage(StageImpl):
+    name = "reshape"
+
+    def check(self, pass_, chain):
+        return None if list(chain) == ["reshape"] else "a reshape stage runs one Reshape"
+
+    def runs_as(self, pass_, stage, kernels):
+        return "a view (`torch.reshape`), no kernel"
+
+    def forward(self, em, stage, block):
+        op = stage.ops[0]
+        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
+        block.lines.append(f"{out} = {x_in}.reshape(-1, {size_expr(op.out_features, 'ctx.n', '//')})")
+        return out
+
+    def backward(self, em, stage, block, dy, d_in):
+        op = stage.ops[0]
+        block.lines.append(f"{d_in} = {dy}.reshape(-1, {size_expr(op.in_features, 'ctx.n', '//')})")
+        return d_in
+
+
+RESHAPE = ReshapeStage()
