@@ -26,9 +26,11 @@ from .dropout_any import DropoutAny
 from .residual_in_place import ResidualInPlace
 from .prenorm_in_place import PrenormInPlace
 from .in_place_mid import InPlaceMid
+from .interleaved_mlp import InterleavedMlp
+from .interleaved_any import InterleavedAny
 from .te_mlp import TeMlp
 from .l2norm_block import L2normBlock
 from .head_norm import HeadNorm
 from .rows_of_64 import RowsOf64
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64"]

@@ -831,6 +831,81 @@ def bias_swiglu_bwd_n14336(dy, x):
     return dx, dbias0
 
 
+_BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512")
+_BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_swiglu_i32_bwd_n512(dy, x):
+    """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_SWIGLU_I32_BWD_N512.launch(dy.dtype, (_BIAS_SWIGLU_I32_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.interleave(ref.swiglu_bwd(ref.deinterleave(in1, 32), g), 32)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY = Kernel("clamped_swiglu_l3p0_i16_bwd_any")
+_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
+    """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.interleave(ref.clamped_swiglu_bwd(ref.deinterleave(in0, 16), g, 3.0, 1.702, 1.0), 16)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY = Kernel("clamped_swiglu_l3p0_i16_fwd_any")
+_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def clamped_swiglu_l3p0_i16_fwd_any(x):
+    """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        x = x.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.clamped_swiglu(ref.deinterleave(a, 16), 3.0, 1.702, 1.0)
+    return a.to(x.dtype)
+
+
 _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048 = Kernel("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048")
 _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
@@ -1838,6 +1913,25 @@ def swiglu_fwd_n4096(x):
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
+    return a.to(x.dtype)
+
+
+_SWIGLU_I32_FWD_N512 = Kernel("swiglu_i32_fwd_n512")
+_SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_i32_fwd_n512(x):
+    """SwiGLU(glu_interleave_size=32): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SWIGLU_I32_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_I32_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(ref.deinterleave(a, 32))
     return a.to(x.dtype)
 
 

@@ -50,6 +50,18 @@ def reshaped_lead(module, op, shape, numel):
     return torch.Size(shape[:-1])
 
 
+def deinterleave(x, k):
+    """Rows of alternating blocks [a(k), b(k), a(k), b(k), ...] (TE's glu_interleave_size) as [a | b]."""
+    rows, width = x.shape
+    return x.reshape(rows, width // (2 * k), 2, k).transpose(1, 2).reshape(rows, width)
+
+
+def interleave(x, k):
+    """The inverse of ``deinterleave``: [a | b] as alternating blocks of k."""
+    rows, width = x.shape
+    return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
+
+
 def _mul32(h, c):
     """(h * c) mod 2**32 for h < 2**32 and a constant c < 2**32, in int64 without overflow."""
     return (h * (c & 0xFFFF) + (((h * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF

@@ -17,7 +17,7 @@ import torch
 
 from .ops import OPS, OpDef, basic_ops
 from .ops.binding import ArgumentError, bind, check_value
-from .ops.common import compute, draws, init_parameter, new_seed
+from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -85,7 +85,10 @@ class FusibleOp(torch.nn.Module):
                 elif source == "extra_input":
                     consumed = extra_inputs.pop(0)
                     operands.append(consumed)
-                x = forward(compute(x), *map(compute, operands), *basic.device_args(a)).to(x.dtype)
+                value = compute(x)
+                if basic.interleave(a) is not None:  # blocks [a(k), b(k), ...] as halves [a | b]
+                    value = deinterleave(value.reshape(-1, value.shape[-1]), basic.interleave(a)).reshape(value.shape)
+                x = forward(value, *map(compute, operands), *basic.device_args(a)).to(x.dtype)
                 if basic.writes_back(a):  # TE's AddExtraInput(in_place=True): the caller's tensor becomes the sum
                     with torch.no_grad():
                         consumed.copy_(x)

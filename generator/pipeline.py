@@ -11,6 +11,7 @@ to build fixed-size kernels for as well (``[tool.fusegen.pipelines.<name>] featu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from . import names
@@ -105,8 +106,16 @@ class Pipeline:
 
     @property
     def divisor(self) -> int:
-        """What a size-generic pipeline's input size must be a multiple of (each GLU halves it)."""
-        return max((v.features.divisor for v in self.graph.values if isinstance(v.features, Sym)), default=1)
+        """What a size-generic pipeline's input size must be a multiple of: each GLU halves it, and
+        an interleaved GLU (glu_interleave_size=k) reads whole blocks of 2k."""
+        divisor = max((v.features.divisor for v in self.graph.values if isinstance(v.features, Sym)), default=1)
+        for op in self.ops:
+            k = op.opdef.interleave(op.args)
+            if k is not None and isinstance(op.in_features, Sym):  # n * p / q a multiple of 2k
+                p, q = op.in_features.factor.numerator, op.in_features.factor.denominator
+                need = 2 * k * q
+                divisor = math.lcm(divisor, need // math.gcd(need, p))
+        return divisor
 
     @property
     def params(self) -> list[tuple[Op, str, str, tuple[int, ...], str]]:

@@ -40,7 +40,7 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
     if features is None:
         if tensor.dim() < 1 or tensor.shape[-1] % multiple_of:
             raise ValueError(f"{module}: {name} must have shape [..., n] with n a multiple of {multiple_of} "
-                             f"(each GLU of the pipeline halves the features), got {list(tensor.shape)}")
+                             f"(the pipeline's GLUs split each row), got {list(tensor.shape)}")
     elif tensor.dim() < 1 or tensor.shape[-1] != features:
         raise ValueError(f"{module}: {name} must have shape [..., {features}], got {list(tensor.shape)}")
     if tensor.dtype != like.dtype:

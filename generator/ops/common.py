@@ -46,6 +46,18 @@ def reshaped_lead(module, op, shape, numel):
     return torch.Size(shape[:-1])
 
 
+def deinterleave(x, k):
+    """Rows of alternating blocks [a(k), b(k), a(k), b(k), ...] (TE's glu_interleave_size) as [a | b]."""
+    rows, width = x.shape
+    return x.reshape(rows, width // (2 * k), 2, k).transpose(1, 2).reshape(rows, width)
+
+
+def interleave(x, k):
+    """The inverse of ``deinterleave``: [a | b] as alternating blocks of k."""
+    rows, width = x.shape
+    return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
+
+
 # --- random operands (Operand "random", Dropout): counter-based draws, as fg::uniform ------------
 
 def _mul32(h, c):
@@ -86,4 +98,4 @@ def new_seed(like):
 
 
 # In this order at the top of _reference.py, after its imports.
-COMMON = (compute, init_parameter, reshaped_lead, _mul32, _mix32, uniform, draws, new_seed)
+COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, _mul32, _mix32, uniform, draws, new_seed)

@@ -1,7 +1,8 @@
 """Gated linear units: SwiGLU, GEGLU, GPT-OSS's ClampedSwiGLU, GLU, QGEGLU, ReGLU, SReGLU, SiTUGLU.
 
 A GLU splits the row in halves and gates the FIRST half (unlike torch.nn.functional.glu):
-y = act(a) * b, half the input width. Each is one ``OpDef`` naming its functor in
+y = act(a) * b, half the input width; with ``glu_interleave_size=k`` (SwiGLU, SiTUGLU,
+ClampedSwiGLU, as in TE) the halves are alternating blocks of k instead. Each is one ``OpDef`` naming its functor in
 templates/cuda/activations.cuh (fwd(a, b), bwd(a, b, dy, da, db)). The reference functions below
 are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they may use only
 ``torch``, ``math`` and other shipped functions (the activations they gate are listed in
@@ -41,9 +42,23 @@ def geglu_bwd(x, dy):
     return gated_bwd(x, dy, gelu, gelu_bwd)
 
 
-def _simple_glu(name, tag, struct, forward, backward, helpers, summary):
+# TE's glu_interleave_size (SwiGLU, SiTUGLU, ClampedSwiGLU): the input rows alternate blocks
+# [a(k), b(k), a(k), ...]. The kernels read the blocks where they are (no de-interleaving copies);
+# the reference math de-interleaves (common.deinterleave).
+INTERLEAVE = Arg("glu_interleave_size", "int", None, keyword_only=True,
+                 check=lambda v: None if v > 0 else "must be positive")
+
+
+def _interleave_tag(a) -> str:
+    return f"_i{a['glu_interleave_size']}" if a["glu_interleave_size"] is not None else ""
+
+
+def _simple_glu(name, tag, struct, forward, backward, helpers, summary, interleaves=False):
     register(OpDef(
-        name, "glu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: tag, device_struct=struct, out_features=lambda a, n: n // 2,
+        name, "glu", args=(INTERLEAVE, CACHE_QUANTIZED_INPUT) if interleaves else (CACHE_QUANTIZED_INPUT,),
+        tag=(lambda a: tag + _interleave_tag(a)) if interleaves else (lambda a: tag),
+        interleave=(lambda a: a["glu_interleave_size"]) if interleaves else (lambda a: None),
+        device_struct=struct, out_features=lambda a, n: n // 2,
         reference=(forward, backward), reference_helpers=(gated, gated_bwd, *helpers),
         summary=summary, needs_input_in_backward=True,
     ))
@@ -67,18 +82,20 @@ def clamped_swiglu_bwd(x, dy, limit, alpha, offset):
 
 
 _simple_glu("SwiGLU", "swiglu", "fg::SwiGLU", swiglu, swiglu_bwd, (silu, silu_bwd),
-            "silu(a) * b, a = first half")
+            "silu(a) * b, a = first half", interleaves=True)
 _simple_glu("GEGLU", "geglu", "fg::GeGLU", geglu, geglu_bwd, (gelu, gelu_bwd),
             "gelu_tanh(a) * b, a = first half")
 register(OpDef(
     # GPT-OSS: a' = min(a, limit); y = a' * sigmoid(alpha * a') * (clamp(b, -limit, limit) + offset)
     "ClampedSwiGLU", "glu",
-    args=(Arg("limit", "float", 7.0, keyword_only=True, check=check_positive_finite),
+    args=(INTERLEAVE, Arg("limit", "float", 7.0, keyword_only=True, check=check_positive_finite),
           Arg("alpha", "float", 1.702, keyword_only=True, check=check_finite),
           Arg("glu_linear_offset", "float", 1.0, keyword_only=True, check=check_finite), CACHE_QUANTIZED_INPUT),
     tag=lambda a: "clamped_swiglu" + "".join(
         f"_{key}{float_tag(a[name])}" for key, name, default in
-        (("l", "limit", 7.0), ("a", "alpha", 1.702), ("o", "glu_linear_offset", 1.0)) if a[name] != default),
+        (("l", "limit", 7.0), ("a", "alpha", 1.702), ("o", "glu_linear_offset", 1.0)) if a[name] != default)
+    + _interleave_tag(a),
+    interleave=lambda a: a["glu_interleave_size"],
     device_struct="fg::ClampedSwiGLU", device_args=lambda a: (a["limit"], a["alpha"], a["glu_linear_offset"]),
     out_features=lambda a, n: n // 2,
     reference=(clamped_swiglu, clamped_swiglu_bwd),
@@ -151,11 +168,12 @@ _simple_glu("SReGLU", "sreglu", "fg::SReGLU", sreglu, sreglu_bwd, (srelu, srelu_
 register(OpDef(
     # Sigmoid-tanh-unit GLU: act(a) = β1·tanh(a/β1)·σ(a), g(b) = β2·tanh(b/β2)
     "SiTUGLU", "glu",
-    args=(Arg("beta1", "float", 4.0, keyword_only=True, check=check_positive_finite),
+    args=(INTERLEAVE, Arg("beta1", "float", 4.0, keyword_only=True, check=check_positive_finite),
           Arg("beta2", "float", 25.0, keyword_only=True, check=check_positive_finite), CACHE_QUANTIZED_INPUT),
     tag=lambda a: "situglu" + "".join(
         f"_{key}{float_tag(a[name])}" for key, name, default in (("b", "beta1", 4.0), ("c", "beta2", 25.0))
-        if a[name] != default),
+        if a[name] != default) + _interleave_tag(a),
+    interleave=lambda a: a["glu_interleave_size"],
     device_struct="fg::SiTUGLU", device_args=lambda a: (a["beta1"], a["beta2"]),
     out_features=lambda a, n: n // 2,
     reference=(situglu, situglu_bwd),

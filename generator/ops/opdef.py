@@ -114,6 +114,8 @@ class OpDef:
     fixed_out: Callable[[dict], int | None] = lambda a: None
     # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
     reshape: Callable[[dict], tuple[int, ...]] | None = None
+    # A GLU's glu_interleave_size: its input rows alternate blocks [a(k), b(k), a(k), ...]; None: [a | b]
+    interleave: Callable[[dict], int | None] = lambda a: None
     tag: Callable[[dict], str] = lambda a: ""
     device_struct: str = ""
     device_header: str = "activations.cuh"

@@ -16,6 +16,8 @@ that operand's grad is reduced; the templates compose them with no per-op code.
 
 from __future__ import annotations
 
+import math
+
 from .. import kernels as kn
 from ..ir import Sym
 from ..kernels import KernelParam as P
@@ -218,7 +220,8 @@ def _step(stage, op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]
                 reference=op.opdef.reference_names, operand=names[0], operand_grad=names[1],
                 broadcast=operand.broadcast if operand else "", grad=operand.grad if operand else "",
                 reads_operand=bool(operand and operand.read_in_backward),
-                tee=f"extra_out{rel}" if op.extra_output is not None else "", **extra)
+                tee=f"extra_out{rel}" if op.extra_output is not None else "",
+                interleave=op.opdef.interleave(op.args), **extra)
     return tuple(sorted(step.items()))
 
 
@@ -232,6 +235,15 @@ def _size(width) -> tuple[str, dict]:
     if isinstance(width, Sym):
         return "any", dict(width=None, align=None, generic=True, geometry="any_row_vectors")
     return f"n{width}", dict(width=width, align=width, generic=False, geometry="row_vectors")
+
+
+def _interleave(stage, size: dict) -> dict:
+    """The run's GLU's glu_interleave_size (None: halves) and, with one, vectors that stay within a
+    block of it: the widest access must divide the block size too."""
+    k = next((op.opdef.interleave(op.args) for op in stage.ops if op.opdef.halves_width), None)
+    if k is None:
+        return dict(interleave=None)
+    return dict(interleave=k, align=k if size["align"] is None else math.gcd(size["align"], k))
 
 
 def _relative(size, width):
@@ -263,7 +275,7 @@ def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
         kn.kernel_name(tags, f"fwd_{suffix}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
         abi=abi, operands=operands, returned=["y", *written], headers=_headers(stage),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None, steps=steps,
-        threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd"), **size,
+        threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd"), **{**size, **_interleave(stage, size)},
     )
 
 
@@ -313,7 +325,8 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
         abi=abi, operands=operands, returned=written + reduced, headers=_headers(stage),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps),
-        threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier), **size,
+        threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier),
+        **{**size, **_interleave(stage, size)},
         saved_offset=None if recompute is None else recompute.saved_position - stage.start,
         saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
         grad_columns=_relative(grad_columns, width),

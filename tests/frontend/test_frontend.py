@@ -620,7 +620,7 @@ def test_te_hints_are_accepted():
          "sm_margin": 8},
         {"normalized_shape": 64, "eps": 1e-5, "device": None, "dtype": None, "zero_centered_gamma": False,
          "sm_margin": 0},
-        {"cache_quantized_input": True}, {"cache_quantized_input": False}]
+        {"cache_quantized_input": True}, {"glu_interleave_size": None, "cache_quantized_input": False}]
     plan = build_pipeline(spec)
     assert [op.describe() for op in plan.ops] == [
         "LayerNorm(64, sm_margin=8)", "RMSNorm(64)", "GELU(cache_quantized_input=True)", "SwiGLU()"]

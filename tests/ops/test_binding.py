@@ -25,8 +25,8 @@ def test_eager_calls_are_bound_like_specs(make, error, message):
 
 
 def test_defaults_and_conversion():
-    assert eager.ClampedSwiGLU(alpha=2).args == {"limit": 7.0, "alpha": 2.0, "glu_linear_offset": 1.0,
-                                                 "cache_quantized_input": False}
+    assert eager.ClampedSwiGLU(alpha=2).args == {"glu_interleave_size": None, "limit": 7.0, "alpha": 2.0,
+                                                 "glu_linear_offset": 1.0, "cache_quantized_input": False}
     assert isinstance(eager.ClampedSwiGLU(alpha=2).args["alpha"], float)
     assert eager.Linear(4, 8).args == {
         "in_features": 4, "out_features": 8, "bias": True, "device": None, "dtype": None, "tensor_parallel_mode": None,

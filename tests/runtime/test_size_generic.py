@@ -40,7 +40,7 @@ def test_one_module_serves_several_widths_and_rejects_what_it_cannot_take():
     assert module(torch.randn(2, 6)).shape == (2, 3) and module(torch.randn(4, 10)).shape == (4, 5)
     assert module.in_features is None and generated.ResidualAny.extra_input_features == ("n",)
     with pytest.raises(ValueError, match=r"SwigluAny: x must have shape \[\.\.\., n\] with n a multiple of 2 "
-                                         r"\(each GLU of the pipeline halves the features\), got \[2, 7\]"):
+                                         r"\(the pipeline's GLUs split each row\), got \[2, 7\]"):
         module(torch.randn(2, 7))
     residual = generated.ResidualAny()
     with pytest.raises(ValueError, match=r"ResidualAny: extra_input0 must have shape \[\.\.\., 5\], got \[2, 4\]"):
