@@ -10,6 +10,7 @@ from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
 from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
 from .linear import BACKWARD_LINEAR, FORWARD_LINEAR
 from .linear_bias import FORWARD_LINEAR_BIAS
+from .linear_epilogue import BACKWARD_LINEAR_SCALE, FORWARD_LINEAR_BIAS_SCALE, FORWARD_LINEAR_SCALE_ADD
 from .norm import BACKWARD_NORM, FORWARD_NORM
 from .norm_residual_grad import BACKWARD_NORM_RESIDUAL_GRAD
 from .opaque import BACKWARD_OPAQUE, FORWARD_OPAQUE
@@ -18,6 +19,8 @@ from .reshape import BACKWARD_RESHAPE, FORWARD_RESHAPE
 FORWARD_RULES = (
     FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
     FORWARD_NORM,  # Norm
+    FORWARD_LINEAR_SCALE_ADD,  # BasicLinear [ConstantScale] AddExtraInput: GEMM alpha, accumulating (beta=1)
+    FORWARD_LINEAR_BIAS_SCALE,  # BasicLinear [Bias] ConstantScale: GEMM alpha (and beta)
     FORWARD_LINEAR_BIAS,  # BasicLinear Bias: one GEMM with the bias in its epilogue
     FORWARD_LINEAR,  # BasicLinear: one GEMM
     FORWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel
@@ -29,6 +32,7 @@ BACKWARD_RULES = (
     BACKWARD_NORM_RESIDUAL_GRAD,  # [AddExtraInput] [MakeExtraOutput] Norm: residual grad add in norm dx
     BACKWARD_NORM,  # Norm
     BACKWARD_EXTRA_OUTPUT_LINEAR,  # MakeExtraOutput BasicLinear: dgrad GEMM accumulates (beta=1)
+    BACKWARD_LINEAR_SCALE,  # BasicLinear ConstantScale: the scale as the GEMMs' alpha
     BACKWARD_LINEAR,  # BasicLinear: dgrad and wgrad GEMMs
     BACKWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel, dbias fused
     BACKWARD_OPAQUE,  # an op registered opaque: its reference backward in PyTorch

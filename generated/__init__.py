@@ -23,6 +23,10 @@ from .situglu_mlp import SitugluMlp
 from .dropout_mlp import DropoutMlp
 from .dropout_glu import DropoutGlu
 from .dropout_any import DropoutAny
+from .linear_residual import LinearResidual
+from .scaled_residual import ScaledResidual
+from .scaled_linear import ScaledLinear
+from .scaled_projection import ScaledProjection
 from .residual_in_place import ResidualInPlace
 from .prenorm_in_place import PrenormInPlace
 from .in_place_mid import InPlaceMid
@@ -33,4 +37,4 @@ from .l2norm_block import L2normBlock
 from .head_norm import HeadNorm
 from .rows_of_64 import RowsOf64
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64"]

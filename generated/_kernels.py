@@ -143,6 +143,27 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     return a.to(x.dtype), extra_out2
 
 
+_ADD_TEE_BWD_N256 = Kernel("add_tee_bwd_n256")
+_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def add_tee_bwd_n256(dy, d_extra_out1):
+    """AddExtraInput(), MakeExtraOutput() backward: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        d_extra_out1 = d_extra_out1.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _ADD_TEE_BWD_N256.launch(dy.dtype, (_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, d_extra_out1, dx, rows), dy.device)
+        return dx
+    g = ref.compute(dy)
+    g = g + ref.compute(d_extra_out1)
+    dx = g.to(dy.dtype)
+    return dx
+
+
 _ADD_TEE_FWD_N256 = Kernel("add_tee_fwd_n256")
 _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -709,6 +730,37 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
     dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
+
+
+_BIAS_SCALE2P0_GELU_BWD_N256 = Kernel("bias_scale2p0_gelu_bwd_n256")
+_BIAS_SCALE2P0_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_scale2p0_gelu_bwd_n256(dy, x):
+    """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_SCALE2P0_GELU_BWD_N256.launch(dy.dtype, (_BIAS_SCALE2P0_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n256(partials, dy.dtype)
+        dbias0 = column_grads[0:256]
+        return dx, dbias0
+    a = ref.compute(x)
+    in2 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in2, g)
+    g = ref.constant_scale_bwd(None, g, 2.0)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
 
 
 _BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512")

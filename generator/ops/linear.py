@@ -21,8 +21,8 @@ def linear_bwd(dy, x, weight):
     return dy @ weight, dy.t() @ x
 
 
-def accumulate_into_main_grad(weight, dy, x):
-    """TE's accumulate_into_main_grad (catalog 2.1): dW = dy^T x is added into ``weight.main_grad``
+def accumulate_into_main_grad(weight, dy, x, alpha=1.0):
+    """TE's accumulate_into_main_grad (catalog 2.1): dW = alpha dy^T x is added into ``weight.main_grad``
     in that tensor's dtype (float32, as Megatron keeps it). Returns what autograd gets as the
     weight's grad: with Megatron's ``grad_added_to_main_grad`` attribute, that flag set and a
     placeholder (zeros when ``weight.zero_out_wgrad``), else None."""
@@ -35,7 +35,7 @@ def accumulate_into_main_grad(weight, dy, x):
     if tuple(main_grad.shape) != tuple(weight.shape):
         raise RuntimeError(f"weight.main_grad has shape {list(main_grad.shape)}, but the weight is "
                            f"{list(weight.shape)}; give it the weight's shape")
-    main_grad.addmm_(dy.t().to(main_grad.dtype), x.to(main_grad.dtype))
+    main_grad.addmm_(dy.t().to(main_grad.dtype), x.to(main_grad.dtype), alpha=alpha)
     if not hasattr(weight, "grad_added_to_main_grad"):
         return None
     weight.grad_added_to_main_grad = True

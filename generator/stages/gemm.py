@@ -1,18 +1,30 @@
 """GEMM stages: BasicLinear through cuBLAS via torch, with what its epilogue can absorb.
 
-Forward y = x W^T, with a following Bias in the epilogue (``torch.addmm``). Backward dgrad dy W and
-wgrad dy^T x; a MakeExtraOutput just before the linear has its output grad accumulated into dgrad
-(``beta=1``, TE's BackwardLinearAdd). Nothing else fits a GEMM call, so ``check`` refuses any
-other chain: a rule asking for, say, a scale in the epilogue fails when it is defined.
+Forward y = x W^T (``torch.addmm``: y = beta C + alpha x W^T), absorbing
+- a following Bias: C = the bias (TE's ForwardLinearBiasActivation, without the activation);
+- a following ConstantScale s: alpha = s (and beta = s with a Bias: s (x W^T + b));
+- a following AddExtraInput r: C = r, beta = 1, the GEMM accumulating into the residual (TE's
+  ForwardLinearBiasAdd / ForwardLinearScaleAdd; a Bias as well would need two C operands).
+Backward dgrad dy W and wgrad dy^T x; a ConstantScale right after the linear becomes both GEMMs'
+alpha (TE's BackwardLinearScale); a MakeExtraOutput just before the linear has its output grad
+accumulated into dgrad (``beta=1``, TE's BackwardLinearAdd). Nothing else fits a GEMM call, so
+``check`` refuses any other chain: a rule asking for, say, a GELU in the epilogue fails when it is
+defined.
 """
 
 from __future__ import annotations
 
-from .base import Saves, StageImpl, extra_output_name, param_name, value_name
+from .base import Saves, StageImpl, extra_input_name, extra_output_name, param_name, value_name
 
 FORMS = {
-    "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue"},
+    "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue",
+                ("linear", "scale"): "GEMM with the scale as alpha",
+                ("linear", "bias", "scale"): "GEMM with the bias in its epilogue and the scale as alpha and beta",
+                ("linear", "add_extra_input"): "GEMM accumulating into the extra input (beta=1)",
+                ("linear", "scale", "add_extra_input"): "GEMM with the scale as alpha, accumulating into the "
+                                                        "extra input (beta=1)"},
     "backward": {("linear",): "dgrad and wgrad GEMMs",
+                 ("linear", "scale"): "dgrad and wgrad GEMMs with the scale as alpha",
                  ("make_extra_output", "linear"): "dgrad accumulating the extra output's grad"},
 }
 
@@ -33,18 +45,33 @@ class GemmStage(StageImpl):
         return "cuBLAS GEMM (torch)" if pass_ == "forward" else "cuBLAS dgrad + wgrad GEMMs (torch)"
 
     def forward(self, em, stage, block):
-        linear, bias = stage.first("linear"), stage.first("bias")
+        linear, bias, scale, add = (stage.first(kind) for kind in ("linear", "bias", "scale", "add_extra_input"))
         x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
         w = param_name(linear, "weight")
-        if bias is not None:
-            block.lines.append(f"{out} = torch.addmm({param_name(bias, 'bias')}, {x_in}, {w}.t())")
+        alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
+        if add is not None:  # beta = 1: the GEMM accumulates into the residual
+            block.lines.append(f"{out} = torch.addmm({extra_input_name(add)}, {x_in}, {w}.t(){alpha})")
+        elif bias is not None:
+            beta = f", beta={scale.args['scale']!r}" if scale is not None else ""  # s (x W^T + b)
+            block.lines.append(f"{out} = torch.addmm({param_name(bias, 'bias')}, {x_in}, {w}.t(){beta}{alpha})")
+        elif scale is not None:  # beta = 0: C is never read
+            block.lines.append(f"{out} = torch.addmm({x_in}.new_zeros(()), {x_in}, {w}.t(), beta=0{alpha})")
         else:
             block.lines.append(f"{out} = {x_in}.mm({w}.t())")
         return out
 
     def backward(self, em, stage, block, dy, d_in):
-        linear, meo = stage.first("linear"), stage.first("make_extra_output")
+        linear, meo, scale = stage.first("linear"), stage.first("make_extra_output"), stage.first("scale")
         w = param_name(linear, "weight")
+        if scale is not None:  # d(x W^T) = s dy: the scale as both GEMMs' alpha
+            s = scale.args["scale"]
+            block.lines.append(f"{d_in} = torch.addmm({dy}.new_zeros(()), {dy}, {w}, beta=0, alpha={s!r})")
+            x = em.values[linear.index]
+            if linear.args["accumulate_into_main_grad"]:
+                block.lines.append(f"d_{w} = ref.accumulate_into_main_grad({w}, {dy}, {x}, alpha={s!r})")
+            else:
+                block.lines.append(f"d_{w} = torch.addmm({dy}.new_zeros(()), {dy}.t(), {x}, beta=0, alpha={s!r})")
+            return d_in
         if meo is not None:
             block.lines.append(f"{d_in} = torch.addmm(d_{extra_output_name(meo)}, {dy}, {w})")
         else:

@@ -30,7 +30,7 @@ def scaled_mlp(p, x):
 
 
 def axpy(p, x, r):
-    return (0.5 * F.linear(x, p["0.weight"]) + r,)
+    return (0.5 * F.gelu(F.linear(x, p["0.weight"], p["0.bias"]), approximate="tanh") + r,)
 
 
 def norm_scale(p, x):

@@ -22,7 +22,7 @@ def test_plan_uses_the_plugins_op_and_rule(monkeypatch, capsys):
     monkeypatch.chdir(PROJECT)
     assert main(["plan"]) == 0
     out = capsys.readouterr().out
-    assert "1. [forward_axpy] elementwise: ConstantScale(0.5), AddExtraInput()" in out
+    assert "2. [forward_axpy] elementwise: ConstantScale(0.5), AddExtraInput()" in out
     assert "1. [elementwise] elementwise: LearnableScale(), GELU()" in out
     assert "1. [elementwise_backward] elementwise: Bias(128), LearnableScale(), GELU()" in out
     assert "1. [opaque] opaque: Softmax()" in out and "2. [opaque_backward] opaque: Softmax()" in out
@@ -38,11 +38,11 @@ def test_a_plugin_build_leaves_no_trace():
                     root=PROJECT, plugins=("fusegen_ext",))
     before_rules = (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     plans = build.load_plans(config)
-    assert [s.rule.name for s in plans[1].forward] == ["linear", "forward_axpy"]
+    assert [s.rule.name for s in plans[1].forward] == ["linear_bias", "elementwise", "forward_axpy"]
     assert "LearnableScale" not in OPS and "Softmax" not in OPS and "fusegen_ext" not in sys.modules
     assert str(PROJECT) not in sys.path
     assert (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES) == before_rules
-    assert build.load_plans(config)[1].forward[1].rule.name == "forward_axpy"  # a second build loads it again
+    assert build.load_plans(config)[1].forward[2].rule.name == "forward_axpy"  # a second build loads it again
 
 
 def _generate_cpu_package(tmp_path):
@@ -92,9 +92,9 @@ def _project_with(tmp_path, module_source, plugins_line='plugins = ["bad_ext"]',
 BAD_PLUGINS = [
     ("""\
         from fusegen.plugins import FORWARD, GEMM, Rule, register_rule
-        register_rule(Rule("linear_scale", FORWARD, GEMM, "GEMM + scale", pattern=("linear", "scale")))
-     """, "plugin bad_ext: fusion rule 'linear_scale' cannot be implemented: it may fuse linear + scale, but a "
-          "forward GEMM stage runs only these op chains: linear; linear + bias"),
+        register_rule(Rule("linear_gelu", FORWARD, GEMM, "GEMM + GELU", pattern=("linear", "activation")))
+     """, "plugin bad_ext: fusion rule 'linear_gelu' cannot be implemented: it may fuse linear + activation, but a "
+          "forward GEMM stage runs only these op chains: linear; linear + bias; linear + scale"),
     ("""\
         from fusegen.plugins import ELEMENTWISE, FORWARD, Rule, register_rule
         register_rule(Rule("r", FORWARD, ELEMENTWISE, "x", pattern=("scale",)), before="elementwize")

@@ -107,6 +107,16 @@ def test_gpt2_mlp():
     # a second GLU starts a new run
     ("Bias(64), SwiGLU(), SwiGLU()", ["elementwise", "elementwise"], ["elementwise_backward", "elementwise_backward"]),
     ("BasicLinear(64, 32), Bias(32)", ["linear_bias"], ["linear_backward", "elementwise_backward"]),
+    # what the GEMM epilogue takes (fusion_rules/linear_epilogue.py)
+    ("BasicLinear(64, 32), AddExtraInput()", ["linear_scale_add"], ["linear_backward", "elementwise_backward"]),
+    ("BasicLinear(64, 32), ConstantScale(0.5), AddExtraInput()", ["linear_scale_add"],
+     ["linear_scale_backward", "elementwise_backward"]),
+    ("BasicLinear(64, 32), ConstantScale(0.5)", ["linear_bias_scale"], ["linear_scale_backward"]),
+    ("BasicLinear(64, 32), Bias(32), ConstantScale(0.5)", ["linear_bias_scale"],
+     ["linear_backward", "elementwise_backward"]),
+    # a bias and a residual would need two C operands: the add stays elementwise
+    ("BasicLinear(64, 32), Bias(32), AddExtraInput()", ["linear_bias", "elementwise"],
+     ["linear_backward", "elementwise_backward"]),
 ])
 def test_rules_on_small_pipelines(source, forward, backward):
     from fusegen.frontend import parse_spec

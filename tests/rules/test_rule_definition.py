@@ -8,13 +8,17 @@ from fusegen.plan import BACKWARD, FORWARD, Rule, RuleError
 from fusegen.stages import ELEMENTWISE, GEMM, NORM, OPAQUE, RESHAPE
 
 
+FORMS_TEXT = ("linear; linear + bias; linear + scale; linear + bias + scale; linear + add_extra_input; "
+              "linear + scale + add_extra_input")
+
+
 def test_a_gemm_rule_that_would_drop_an_op_fails_at_definition():
-    # The epilogue of torch.addmm has a bias and nothing else: a scale would be silently dropped.
+    # torch.addmm's epilogue takes one C operand: a bias and a residual together would drop one.
     with pytest.raises(RuleError) as info:
-        Rule("linear_bias_scale", FORWARD, GEMM, "GEMM + bias + scale", pattern=("linear", "bias", "scale"))
+        Rule("linear_bias_add", FORWARD, GEMM, "GEMM + bias + add", pattern=("linear", "bias", "add_extra_input"))
     assert str(info.value) == (
-        "fusion rule 'linear_bias_scale' cannot be implemented: it may fuse linear + bias + scale, but a forward "
-        "GEMM stage runs only these op chains: linear; linear + bias")
+        "fusion rule 'linear_bias_add' cannot be implemented: it may fuse linear + bias + add_extra_input, but a "
+        f"forward GEMM stage runs only these op chains: {FORMS_TEXT}")
 
 
 def test_te_linear_bias_activation_pattern_fails_at_definition_not_in_the_planner():

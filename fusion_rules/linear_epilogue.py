@@ -1,0 +1,24 @@
+"""Forward: BasicLinear followed by what cuBLAS's epilogue can take, as one GEMM (torch.addmm,
+y = beta C + alpha x W^T): a ConstantScale as alpha, after a Bias too (alpha = beta = s); an
+AddExtraInput as C with beta = 1, the GEMM accumulating into the residual (TE's
+ForwardLinearBiasAdd / ForwardLinearScaleAdd), after a ConstantScale too.
+Backward: BasicLinear, ConstantScale → the scale as the dgrad and wgrad GEMMs' alpha (TE's
+BackwardLinearScale)."""
+
+from fusegen.plan import BACKWARD, FORWARD, Rule
+from fusegen.stages import GEMM
+
+FORWARD_LINEAR_SCALE_ADD = Rule(
+    name="linear_scale_add", pass_=FORWARD, stage=GEMM,
+    doc="GEMM with the scale as alpha, accumulating into the extra input (beta=1)",
+    pattern=("linear", "scale?", "add_extra_input"),
+)
+FORWARD_LINEAR_BIAS_SCALE = Rule(
+    name="linear_bias_scale", pass_=FORWARD, stage=GEMM,
+    doc="GEMM with the bias in its epilogue, scaled by alpha = beta = s",
+    pattern=("linear", "bias?", "scale"),
+)
+BACKWARD_LINEAR_SCALE = Rule(
+    name="linear_scale_backward", pass_=BACKWARD, stage=GEMM,
+    doc="dgrad and wgrad GEMMs with the scale as alpha", pattern=("linear", "scale"),
+)
