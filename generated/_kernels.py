@@ -853,6 +853,44 @@ def bias_srelu_bwd_n2048(dy, x):
     return dx, dbias0
 
 
+_BIAS_SRELU_ROWSCALE_BWD_N512 = Kernel("bias_srelu_rowscale_bwd_n512")
+_BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
+    """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        extra_in2 = extra_in2.contiguous()
+        dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        # each thread's sum over its columns, per row (columns past the threads stay zero)
+        row_partials2 = torch.zeros((rows, 512), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(dy.dtype, (_BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, extra_in2, dx, partials, row_partials2, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n512(partials, dy.dtype)
+        dbias0 = column_grads[0:512]
+        d_extra_in2 = row_partials2.sum(1).to(dy.dtype)  # fixed-order reduction per row
+        return dx, dbias0, d_extra_in2
+    a = ref.compute(x)
+    in1 = a
+    a = ref.srelu(a)
+    in2 = a
+    g = ref.compute(dy)
+    g, dt = ref.row_scale_bwd(in2, ref.compute(extra_in2)[:, None], g)
+    d_extra_in2 = dt.sum(1).to(dy.dtype)
+    g = ref.srelu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0, d_extra_in2
+
+
 _BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336")
 _BIAS_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
 
@@ -955,6 +993,61 @@ def clamped_swiglu_l3p0_i16_fwd_any(x):
         return y
     a = ref.compute(x)
     a = ref.clamped_swiglu(ref.deinterleave(a, 16), 3.0, 1.702, 1.0)
+    return a.to(x.dtype)
+
+
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_bwd_any")
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
+    """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        # each thread's sum over its columns, per row (columns past the threads stay zero)
+        row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
+        if rows and n:
+            grid = (-(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in1, dx, row_partials1, rows, n), dy.device)
+        d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
+        return dx, d_extra_in1
+    a = ref.compute(x)
+    in0 = a
+    a = ref.clamped_swiglu(a, 5.0, 1.702, 1.0)
+    in1 = a
+    g = ref.compute(dy)
+    g, dt = ref.row_scale_bwd(in1, ref.compute(extra_in1)[:, None], g)
+    d_extra_in1 = dt.sum(1).to(dy.dtype)
+    g = ref.clamped_swiglu_bwd(in0, g, 5.0, 1.702, 1.0)
+    dx = g.to(dy.dtype)
+    return dx, d_extra_in1
+
+
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_fwd_any")
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
+    """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.clamped_swiglu(a, 5.0, 1.702, 1.0)
+    a = ref.row_scale(a, ref.compute(extra_in1)[:, None])
     return a.to(x.dtype)
 
 
@@ -1776,6 +1869,61 @@ def situglu_b2p0_c8p0_fwd_n512(x):
     return a.to(x.dtype)
 
 
+_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY = Kernel("situglu_b2p0_i32_rowscale_bwd_any")
+_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
+    """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale() backward, any width: returns dx, d_extra_in1."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        # each thread's sum over its columns, per row (columns past the threads stay zero)
+        row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
+        if rows and n:
+            grid = (-(-n // (_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in1, dx, row_partials1, rows, n), dy.device)
+        d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
+        return dx, d_extra_in1
+    a = ref.compute(x)
+    in0 = a
+    a = ref.situglu(ref.deinterleave(a, 32), 2.0, 25.0)
+    in1 = a
+    g = ref.compute(dy)
+    g, dt = ref.row_scale_bwd(in1, ref.compute(extra_in1)[:, None], g)
+    d_extra_in1 = dt.sum(1).to(dy.dtype)
+    g = ref.interleave(ref.situglu_bwd(ref.deinterleave(in0, 32), g, 2.0, 25.0), 32)
+    dx = g.to(dy.dtype)
+    return dx, d_extra_in1
+
+
+_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY = Kernel("situglu_b2p0_i32_rowscale_fwd_any")
+_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
+    """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.situglu(ref.deinterleave(a, 32), 2.0, 25.0)
+    a = ref.row_scale(a, ref.compute(extra_in1)[:, None])
+    return a.to(x.dtype)
+
+
 _SREGLU_FWD_N512 = Kernel("sreglu_fwd_n512")
 _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -1811,6 +1959,27 @@ def srelu_fwd_n2048(x):
         return y
     a = ref.compute(x)
     a = ref.srelu(a)
+    return a.to(x.dtype)
+
+
+_SRELU_ROWSCALE_FWD_N512 = Kernel("srelu_rowscale_fwd_n512")
+_SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def srelu_rowscale_fwd_n512(x, extra_in1):
+    """SReLU(), RowScale(): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SRELU_ROWSCALE_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SRELU_ROWSCALE_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.srelu(a)
+    a = ref.row_scale(a, ref.compute(extra_in1)[:, None])
     return a.to(x.dtype)
 
 
@@ -1984,6 +2153,61 @@ def swiglu_i32_fwd_n512(x):
         return y
     a = ref.compute(x)
     a = ref.swiglu(ref.deinterleave(a, 32))
+    return a.to(x.dtype)
+
+
+_SWIGLU_ROWSCALE_BWD_ANY = Kernel("swiglu_rowscale_bwd_any")
+_SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def swiglu_rowscale_bwd_any(dy, x, extra_in1):
+    """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        # each thread's sum over its columns, per row (columns past the threads stay zero)
+        row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _SWIGLU_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in1, dx, row_partials1, rows, n), dy.device)
+        d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
+        return dx, d_extra_in1
+    a = ref.compute(x)
+    in0 = a
+    a = ref.swiglu(a)
+    in1 = a
+    g = ref.compute(dy)
+    g, dt = ref.row_scale_bwd(in1, ref.compute(extra_in1)[:, None], g)
+    d_extra_in1 = dt.sum(1).to(dy.dtype)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx, d_extra_in1
+
+
+_SWIGLU_ROWSCALE_FWD_ANY = Kernel("swiglu_rowscale_fwd_any")
+_SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def swiglu_rowscale_fwd_any(x, extra_in1):
+    """SwiGLU(), RowScale(), any width: returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows, n), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    a = ref.row_scale(a, ref.compute(extra_in1)[:, None])
     return a.to(x.dtype)
 
 

@@ -345,6 +345,18 @@ def situglu_bwd(x, dy, beta1, beta2):
     return torch.cat([da, db], dim=-1)
 
 
+# --- generator/ops/row_scaled.py ----------------------------------------------------------------
+
+def row_scale(x, s):
+    """s: one scale per row, broadcast over the row (its last dim)."""
+    return x * s
+
+
+def row_scale_bwd(x, s, dy):
+    """(dx, ds) elementwise: ds is summed over each row by the caller."""
+    return dy * s, dy * x
+
+
 # --- generator/ops/scale.py ---------------------------------------------------------------------
 
 def constant_scale(x, scale):

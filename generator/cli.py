@@ -113,7 +113,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
     table = cfg.fusegen_table(pyproject) if pyproject is not None else {}
     with plugins.loaded(tuple(table.get("plugins", ())), pyproject.parent if pyproject else Path.cwd()):
         for op in OPS.values():
-            print(f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})")
+            if op.modules:  # fusegen's internal basic ops (RowScale) are for containers only
+                print(f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})")
     return 0
 
 

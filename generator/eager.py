@@ -84,7 +84,8 @@ class FusibleOp(torch.nn.Module):
                     operands.append(draws(new_seed(x) if self.training else None, x))
                 elif source == "extra_input":
                     consumed = extra_inputs.pop(0)
-                    operands.append(consumed)
+                    # one value per row (a row-scaled activation's scales) broadcasts over the row
+                    operands.append(consumed.unsqueeze(-1) if basic.operand.broadcast == "row" else consumed)
                 value = compute(x)
                 if basic.interleave(a) is not None:  # blocks [a(k), b(k), ...] as halves [a | b]
                     value = deinterleave(value.reshape(-1, value.shape[-1]), basic.interleave(a)).reshape(value.shape)

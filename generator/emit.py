@@ -106,9 +106,15 @@ def takes_training(pipeline) -> bool:
     return any(op.opdef.operand is not None and op.opdef.operand.source == "random" for op in pipeline.ops)
 
 
+def row_inputs(pipeline) -> list:
+    """The ops whose extra input holds one value per row (a row-scaled activation's scales)."""
+    return [op for op in pipeline.ops if op.opdef.operand is not None and op.opdef.operand.broadcast == "row"]
+
+
 def _sizes_literal(sizes) -> str:
-    """A tuple literal of feature sizes: ints, or (size-generic) their expressions in n, 'n // 2'."""
-    return repr(tuple(size if isinstance(size, int) else size_expr(size, "n", "//") for size in sizes))
+    """A tuple literal of feature sizes: ints, "rows" (one value per row), or (size-generic) their
+    expressions in n, 'n // 2'."""
+    return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") for size in sizes))
 
 
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
@@ -140,7 +146,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                       for op in p.written_back],
         copied_extra_inputs={op.writes_back_to for op in p.written_back if op.writes_back_to in plan.saved_extra_inputs},
         param_names=[name for *_, name in params],
-        extra_input_features=_sizes_literal(p.graph.features(v) for v in p.graph.inputs[1:]),
+        extra_input_features=_sizes_literal("rows" if op in row_inputs(p) else op.in_features
+                                            for op in p.ops if op.extra_input is not None),
+        row_inputs=row_inputs(p),
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
         saved=list(dict.fromkeys(saved)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],

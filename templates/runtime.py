@@ -54,6 +54,17 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
                          f"got {list(tensor.shape[:-1])}")
 
 
+def check_row_input(module, name, tensor, like, lead, like_is="the module's parameters are"):
+    """Clear run-time errors for a per-row input (a row-scaled activation's scales): one value per
+    row, shape ``lead`` (the output's shape without its last dim)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.shape != lead:
+        raise ValueError(f"{module}: {name} holds one scale per row: it must have shape {list(lead)}, "
+                         f"got {list(tensor.shape)}")
+    check_input(module, name, tensor.unsqueeze(-1), 1, like, None, like_is=like_is)
+
+
 class _SecondDerivative(torch.autograd.Function):
     """Hands first-order grads through unchanged; differentiating them again raises."""
 

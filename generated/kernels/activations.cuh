@@ -28,6 +28,14 @@ struct Add {  // Bias, AddExtraInput: y = x + t
   }
 };
 
+struct RowScale {  // the row-scaled activations' scale: y = x * t, t = s[row]; dt summed over the row
+  static __device__ __forceinline__ float fwd(float x, float t) { return x * t; }
+  static __device__ __forceinline__ void bwd(float x, float t, float dy, float& dx, float& dt) {
+    dx = dy * t;
+    dt = dy * x;
+  }
+};
+
 struct Dropout {  // y = x * keep / (1 - p); t: the element's draw in [0, 1), or 1 in eval mode (y = x)
   float p, scale;
   __device__ __forceinline__ float fwd(float x, float t) const {

@@ -81,6 +81,13 @@ __device__ __forceinline__ void block_sum2(float& a, float& b, float* smem) {
   }
 }
 
+// N copies of one value (a per-row operand broadcast over a thread's columns).
+template <int N>
+__device__ __forceinline__ void fill(float value, float (&t)[N]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) t[k] = value;
+}
+
 // Counter-based random draws (Dropout): element `index` of a value under a 64-bit key is a fixed
 // hash of the two, so the forward, the backward (which regenerates the mask instead of storing
 // it) and the CPU reference (generator/ops/dropout.py: uniform) draw the same numbers.

@@ -35,7 +35,8 @@ from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEAT
 # The family modules register their ops when imported, so this order is the order of OPS (and of
 # _reference.py); imported by name so that no import sorter can reorder them.
 FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
-    "linear", "bias", "norms", "activations", "glu", "scale", "dropout", "extra_io", "identity", "torch_nn"))
+    "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
+    "torch_nn"))
 
 # Spellings a spec may use for the pipeline container, and the modules it comes from.
 SEQUENTIAL = "Sequential"
@@ -55,8 +56,6 @@ NOT_YET = {
     **dict.fromkeys(("AllGather", "AllReduce", "ReduceScatter"),
                     "tensor- and sequence-parallel communication is not supported yet"),
     "GroupedLinear": "grouped (MoE expert) GEMMs are not supported yet",
-    **dict.fromkeys(("ScaledSwiGLU", "ScaledSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU"),
-                    "row-scaled activations (a per-row scale input) are not supported yet"),
 }
 
 

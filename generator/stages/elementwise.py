@@ -310,10 +310,12 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
             operands.append("d_" + s["tee"])
     writes_dx = any(op.opdef.changes_grad for op in stage.ops)
     written = (["dx"] if writes_dx else []) + [s["operand_grad"] for s in steps if s["grad"] == "element" and s["write"]]
-    reduced = [s["operand_grad"] for s in steps if s["grad"] in ("column", "scalar")]
+    reduced = [s["operand_grad"] for s in steps if s["grad"] in ("column", "scalar", "row")]
+    # a per-row operand's grad: each thread's sum over its columns, per row, summed by the launcher
+    row_partials = [f"row_partials{s['index']}" for s in steps if s["grad"] == "row"]
     abi = (P("dy", "const T*"), *(P(o, _operand_ctype(o)) for o in operands), *(P(w, "T*") for w in written),
-           *((P("partials", "float*"),) if grad_columns else ()), P("rows", "int"),
-           *((P("n", "int"),) if size["generic"] else ()))
+           *((P("partials", "float*"),) if grad_columns else ()), *(P(r, "float*") for r in row_partials),
+           P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
     qualifier = ""
     if recompute is not None and recompute.saved_position != first_needing:

@@ -68,8 +68,8 @@ def reference_calls(op: OpDef, x, dy):
     if op.functor_form == "binary":  # fwd(x, t, *constants), bwd(x, t, dy, *constants) -> (dx, dt)
         constants = op.device_args(bind_args(op, SAMPLE_ARGS.get(op.name, ()), {}))
         t = {"element": dy.flip(0), "column": dy[0], "scalar": dy[0, 0],
-             "random": torch.rand(dy.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-             }[op.operand.broadcast]
+             "random": torch.rand(dy.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64),
+             "row": dy[:, :1]}[op.operand.broadcast]
         return [(forward, (x, t, *constants)), (backward, (x, t, dy, *constants))]
     if op.functor_form == "tee":
         return [(forward, (x,))]
@@ -161,7 +161,9 @@ def test_registry_order_is_the_family_order():
     """OPS iterates in registration order (ops.FAMILIES): generated files list ops in this order."""
     assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "L2Normalization", "GELU", "ReLU", "SiLU", "SReLU",
                          "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
+                         "RowScale", "ScaledSwiGLU", "ScaledSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU",
                          "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "nn.Linear",
                          "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
-        "linear", "bias", "norms", "activations", "glu", "scale", "dropout", "extra_io", "identity", "torch_nn"]
+        "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
+        "torch_nn"]

@@ -178,6 +178,10 @@ def test_every_kernel_has_a_test():
     tested |= {"bias_dropout0p1_add_bwd_n256", "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2",
                "bias_gelu_dropout0p1_bwd_n512", "dropout0p1_add_fwd_n256", "dropout0p25_bwd_any", "dropout0p25_fwd_any",
                "dropout0p2_swiglu_fwd_n512", "gelu_dropout0p1_fwd_n512"}
+    # specs/te_row_scaled.py's, checked through test_row_scaled.py
+    tested |= {"bias_srelu_rowscale_bwd_n512", "clamped_swiglu_l5p0_rowscale_bwd_any", "clamped_swiglu_l5p0_rowscale_fwd_any",
+               "situglu_b2p0_i32_rowscale_bwd_any", "situglu_b2p0_i32_rowscale_fwd_any", "srelu_rowscale_fwd_n512",
+               "swiglu_rowscale_bwd_any", "swiglu_rowscale_fwd_any"}
     # specs/te_gemm_epilogues.py's, checked through test_gemm_epilogues.py
     tested |= {"add_tee_bwd_n256", "bias_scale2p0_gelu_bwd_n256"}
     # specs/te_interleaved_glu.py's, checked through test_interleaved_glu.py
