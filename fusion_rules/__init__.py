@@ -13,6 +13,7 @@ from .linear_bias import FORWARD_LINEAR_BIAS
 from .linear_epilogue import BACKWARD_LINEAR_SCALE, FORWARD_LINEAR_BIAS_SCALE, FORWARD_LINEAR_SCALE_ADD
 from .norm import BACKWARD_NORM, FORWARD_NORM
 from .norm_residual_grad import BACKWARD_NORM_RESIDUAL_GRAD
+from .module import BACKWARD_MODULE, FORWARD_MODULE
 from .opaque import BACKWARD_OPAQUE, FORWARD_OPAQUE
 from .reshape import BACKWARD_RESHAPE, FORWARD_RESHAPE
 
@@ -26,6 +27,7 @@ FORWARD_RULES = (
     FORWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel
     FORWARD_OPAQUE,  # an op registered opaque: its reference math in PyTorch
     FORWARD_RESHAPE,  # Reshape: a view, no kernel
+    FORWARD_MODULE,  # a module of the user's code: run as it is
 )
 
 BACKWARD_RULES = (
@@ -37,6 +39,7 @@ BACKWARD_RULES = (
     BACKWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel, dbias fused
     BACKWARD_OPAQUE,  # an op registered opaque: its reference backward in PyTorch
     BACKWARD_RESHAPE,  # Reshape: the grad viewed back, no kernel
+    BACKWARD_MODULE,  # a module of the user's code: its own backward
 )
 
 __all__ = ["FORWARD_RULES", "BACKWARD_RULES"]

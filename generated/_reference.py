@@ -62,6 +62,31 @@ def interleave(x, k):
     return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
 
 
+def construct_module(owner, target, where, positional, keywords, device, dtype):
+    """A module of the user's code (ops/module.py), built with its spec arguments, then placed."""
+    import importlib
+
+    module_name, _, attribute = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ImportError(f"{owner}: cannot import {target} for {where}: {err}; make it importable where the "
+                          "generated package runs") from None
+    module = cls(*positional, **dict(keywords))
+    if device is not None or dtype is not None:
+        module.to(device=device, dtype=dtype)
+    return module
+
+
+def check_module_output(owner, where, x, y):
+    """A user module between fused ops must keep the tensor's shape (the fused stages after it were
+    planned for it)."""
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(f"{owner}: {where} returned {got} for an input of shape {list(x.shape)}; fusegen runs a "
+                         "module between fused ops only when it keeps the tensor's shape")
+
+
 def _mul32(h, c):
     """(h * c) mod 2**32 for h < 2**32 and a constant c < 2**32, in int64 without overflow."""
     return (h * (c & 0xFFFF) + (((h * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF

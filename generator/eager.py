@@ -110,11 +110,14 @@ class Sequential(torch.nn.Sequential):
     """Runs its ops in order: ``y = seq(x, *extra_inputs)``; returns ``y`` or ``(y, *extra_outputs)``."""
 
     def forward(self, x, *extra_inputs):
-        needed = sum(m.num_extra_inputs for m in self)
+        needed = sum(getattr(m, "num_extra_inputs", 0) for m in self)
         if len(extra_inputs) != needed:
             raise TypeError(f"this Sequential takes {needed} extra input(s), got {len(extra_inputs)}")
         pending, outputs = list(extra_inputs), []
         for module in self:
+            if not isinstance(module, FusibleOp):  # any other module runs as it is (TE's opaque blocks)
+                x = module(x)
+                continue
             n = module.num_extra_inputs
             x = module(x, pending[:n], outputs)
             pending = pending[n:]

@@ -17,6 +17,7 @@ import jinja2
 from .ir import size_expr
 from .plan import Plan
 from .stages import Block, Emitter
+from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
 
@@ -106,6 +107,11 @@ def takes_training(pipeline) -> bool:
     return any(op.opdef.operand is not None and op.opdef.operand.source == "random" for op in pipeline.ops)
 
 
+def user_modules(pipeline) -> list:
+    """The ops that run a module of the user's code (ops/module.py)."""
+    return [op for op in pipeline.ops if op.opdef.user_module]
+
+
 def row_inputs(pipeline) -> list:
     """The ops whose extra input holds one value per row (a row-scaled activation's scales)."""
     return [op for op in pipeline.ops if op.opdef.operand is not None and op.opdef.operand.broadcast == "row"]
@@ -153,7 +159,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         saved=list(dict.fromkeys(saved)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
-        + (["None"] if takes_training(p) else []),  # training is a flag, not a tensor
+        + (["None"] if takes_training(p) else [])  # training is a flag, not a tensor
+        + ["None", "None"] * len(user_modules(p)),  # a user module and its leading dims
+        user_modules=[(op, module_name(op), lead_name(op)) for op in user_modules(p)],
         takes_training=takes_training(p),
         leads=leading_dims(p)[0], lead_lines=leading_dims(p)[1],
         kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),

@@ -63,7 +63,10 @@ class Op:
     def describe(self, kernel: bool = False) -> str:
         """The op as a spec would write it: required arguments by position, others if not default.
         ``kernel=True``: as a kernel sees it, without the arguments that are no part of what it
-        computes (device=, dtype=, TE's no-op hints: ``Arg.in_kernel``)."""
+        computes (device=, dtype=, TE's no-op hints: ``Arg.in_kernel``). A module of the user's
+        code: its call as written."""
+        if self.opdef.user_module:
+            return self.args["call"]
         shown = []
         for a in self.opdef.args:
             if kernel and not a.in_kernel:

@@ -49,7 +49,7 @@ class Rule:
         if self.pass_ not in (FORWARD, BACKWARD):
             raise RuleError(f"{where}: pass_ must be '{FORWARD}' or '{BACKWARD}', got {self.pass_!r}")
         if not isinstance(self.stage, StageImpl):
-            raise RuleError(f"{where}: stage must be a stage implementation (fusegen.stages: GEMM, NORM, RESHAPE, "
+            raise RuleError(f"{where}: stage must be a stage implementation (fusegen.stages: GEMM, NORM, RESHAPE, MODULE, "
                             f"ELEMENTWISE, OPAQUE), got {self.stage!r}")
         if isinstance(self.pattern, str) or not all(isinstance(k, str) for k in self.pattern):
             raise RuleError(f"{where}: pattern must be a tuple of op kinds, e.g. (\"linear\",) or "

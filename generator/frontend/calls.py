@@ -23,6 +23,14 @@ from .values import ConstantFolder
 MAX_OPS = 1000
 
 
+def user_module(target: tuple[str, str]) -> bool:
+    """Whether a callee is a class of the user's code (or torch.nn's without a te.ops equivalent),
+    which runs as an opaque module: not from Transformer Engine or fusegen, and not a name of an op
+    module (an op it does not have is an unknown op there)."""
+    module = target[0]
+    return not (module in op_modules() or module.split(".")[0] in ("transformer_engine", "fusegen"))
+
+
 @dataclass(frozen=True)
 class OpCall:
     op: str  # registry name (ops.OPS), aliases resolved
@@ -62,7 +70,11 @@ class OpBinder:
                 raise SpecError("Sequential(...) cannot be nested; list the inner ops directly in the outer one",
                                 self.source.loc(arg.value))
             if op is None:
-                raise self.unknown_op(arg.value.func)
+                target = self.scope.resolve(arg.value.func)
+                if target is None or not user_module(target):
+                    raise self.unknown_op(arg.value.func)
+                calls.append(self.module_call(target, arg.value))
+                continue
             calls.append(self.bind(OPS[op], arg.value))
         return SequentialSpec(name, self.source.display, self.source.loc(call), tuple(calls), name_location)
 
@@ -88,6 +100,24 @@ class OpBinder:
         if problem:
             raise SpecError(f"{op.name}(): {problem}", self.source.loc(call))
         return OpCall(op.name, args, self.source.loc(call), where)
+
+    def module_call(self, target: tuple[str, str], call: cst.Call) -> OpCall:
+        """A call of a class from the user's code: a ``Module`` op holding where it comes from, the
+        call as written and its folded (literal) arguments."""
+        spelled = self.source.code(call.func)
+        positional, keywords = [], []
+        for i, arg in enumerate(call.args):
+            if arg.star:
+                raise SpecError(f"{spelled}() arguments cannot be unpacked with {arg.star}; write each argument out",
+                                self.source.loc(arg))
+            if arg.keyword is None:
+                positional.append(self.folder.evaluate(arg.value, f"argument {i + 1} of {spelled}"))
+            else:
+                name = _ident(arg.keyword.value)
+                keywords.append((name, self.folder.evaluate(arg.value, f"argument '{name}' of {spelled}")))
+        args = {"target": ".".join(target), "call": self.source.code(call), "positional": tuple(positional),
+                "keywords": tuple(keywords)}
+        return OpCall("Module", args, self.source.loc(call), {})
 
     def unknown_op(self, func: cst.BaseExpression) -> SpecError:
         spelled = self.source.code(func)

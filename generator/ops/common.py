@@ -58,6 +58,31 @@ def interleave(x, k):
     return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
 
 
+def construct_module(owner, target, where, positional, keywords, device, dtype):
+    """A module of the user's code (ops/module.py), built with its spec arguments, then placed."""
+    import importlib
+
+    module_name, _, attribute = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ImportError(f"{owner}: cannot import {target} for {where}: {err}; make it importable where the "
+                          "generated package runs") from None
+    module = cls(*positional, **dict(keywords))
+    if device is not None or dtype is not None:
+        module.to(device=device, dtype=dtype)
+    return module
+
+
+def check_module_output(owner, where, x, y):
+    """A user module between fused ops must keep the tensor's shape (the fused stages after it were
+    planned for it)."""
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(f"{owner}: {where} returned {got} for an input of shape {list(x.shape)}; fusegen runs a "
+                         "module between fused ops only when it keeps the tensor's shape")
+
+
 # --- random operands (Operand "random", Dropout): counter-based draws, as fg::uniform ------------
 
 def _mul32(h, c):
@@ -98,4 +123,4 @@ def new_seed(like):
 
 
 # In this order at the top of _reference.py, after its imports.
-COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, _mul32, _mix32, uniform, draws, new_seed)
+COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, construct_module, check_module_output, _mul32, _mix32, uniform, draws, new_seed)

@@ -114,6 +114,7 @@ class OpDef:
     fixed_out: Callable[[dict], int | None] = lambda a: None
     # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
     reshape: Callable[[dict], tuple[int, ...]] | None = None
+    user_module: bool = False  # a module of the user's code, run as it is (ops/module.py)
     # A GLU's glu_interleave_size: its input rows alternate blocks [a(k), b(k), a(k), ...]; None: [a | b]
     interleave: Callable[[dict], int | None] = lambda a: None
     tag: Callable[[dict], str] = lambda a: ""

@@ -9,10 +9,11 @@ from .base import Block, Emitter, Recompute, Saves, StageImpl
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM
+from .module import MODULE
 from .opaque import OPAQUE
 from .reshape import RESHAPE
 
-__all__ = ["ELEMENTWISE", "GEMM", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:
