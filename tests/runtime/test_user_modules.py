@@ -6,9 +6,11 @@ included) against float64 references; clear errors for a module that changes the
 that cannot be imported, and arguments fusegen cannot read. On CPU and, marked cuda, on a GPU."""
 
 import importlib
+import re
 import shutil
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,9 +134,12 @@ def test_gpu(pkg, dtype):
     package's, copied beside it."""
     import generated
 
-    shipped = generated.__path__[0] + "/kernels"
-    own = pkg.__path__[0] + "/kernels"
-    for name in ("gelu_fwd_n256", "bias_scale2p0_gelu_bwd_n256"):
-        for file in __import__("pathlib").Path(shipped).glob(f"{name}_*"):
+    shipped, own = Path(generated.__path__[0]) / "kernels", Path(pkg.__path__[0]) / "kernels"
+    needed = re.findall(r'Kernel\("(\w+)"\)', (Path(pkg.__path__[0]) / "_kernels.py").read_text())
+    assert needed
+    for name in needed:
+        binaries = [f for f in shipped.glob(f"{name}_*") if f.suffix in (".cubin", ".ptx")]
+        assert binaries, f"the shipped package has no {name}: pick ops whose kernels it has"
+        for file in binaries:
             shutil.copy(file, own)
     check(pkg, dtype, "cuda")
