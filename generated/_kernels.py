@@ -18,8 +18,9 @@ COLUMN_SUM_THREADS = 256
 
 
 def aligned(*tensors):
-    """Whether every tensor starts on a 16-byte boundary, as a fixed-size kernel's vectors need."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
+    """Whether every tensor starts on a 16-byte boundary, as a fixed-size kernel's vectors need
+    (None: an operand not passed, a Dropout key in eval mode)."""
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
 _ADD_FWD_N4096 = Kernel("add_fwd_n4096")

@@ -142,14 +142,14 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     modules = {}
     for op, attr, key, shape, init, name in params:
         modules.setdefault(op.module_index, []).append((attr, shape, init, name, *placement(op)))
+    leads, lead_lines = leading_dims(p)
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],
-        # the extra inputs written back, and whether the backward reads them (then the forward
-        # must get a copy: the caller's tensor changes after it)
-        written_back=[(op, extra_inputs[op.writes_back_to], op.writes_back_to in plan.saved_extra_inputs)
-                      for op in p.written_back],
+        # the extra inputs written back, and those the backward reads (the forward gets a copy of
+        # them: the caller's tensor changes after it)
+        written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],
         copied_extra_inputs={op.writes_back_to for op in p.written_back if op.writes_back_to in plan.saved_extra_inputs},
         param_names=[name for *_, name in params],
         extra_input_features=_sizes_literal("rows" if op in row_inputs(p) else op.in_features
@@ -163,6 +163,6 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         + ["None", "None"] * len(user_modules(p)),  # a user module and its leading dims
         user_modules=[(op, module_name(op), lead_name(op)) for op in user_modules(p)],
         takes_training=takes_training(p),
-        leads=leading_dims(p)[0], lead_lines=leading_dims(p)[1],
+        leads=leads, lead_lines=lead_lines,
         kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),
     )

@@ -57,6 +57,10 @@ def test_the_specialised_width_is_dispatched_to_its_fixed_size_kernel():
     assert _kernels._SWIGLU_FWD_ANY_FIXED[4096] is _kernels.swiglu_fwd_n4096
     assert _kernels._SWIGLU_BWD_ANY_FIXED[4096] is _kernels.swiglu_bwd_n4096
     assert not hasattr(_kernels, "_RESIDUAL_ANY_FIXED")
+    # only when every operand starts on a 16-byte boundary; an operand not passed (a Dropout key in
+    # eval mode) does not count
+    buffer = torch.zeros(17)
+    assert _kernels.aligned(buffer[:16], None) and not _kernels.aligned(buffer[1:], None)
 
 
 # --- on a GPU -------------------------------------------------------------------------------
