@@ -1,5 +1,7 @@
 """Forward: BasicLinear followed by what cuBLAS's epilogue can take, as one GEMM (torch.addmm,
-y = beta C + alpha x W^T): a ConstantScale as alpha, after a Bias too (alpha = beta = s); an
+y = beta C + alpha x W^T): a Bias and a ReLU (torch._addmm_activation: cuBLASLt's bias + ReLU
+epilogue; the ReLU's backward reads its output), a ConstantScale as alpha, after a Bias too
+(alpha = beta = s); an
 AddExtraInput as C with beta = 1, the GEMM accumulating into the residual (TE's
 ForwardLinearBiasAdd / ForwardLinearScaleAdd), after a ConstantScale too.
 Backward: BasicLinear, ConstantScale → the scale as the dgrad and wgrad GEMMs' alpha (TE's
@@ -8,6 +10,10 @@ BackwardLinearScale)."""
 from fusegen.plan import BACKWARD, FORWARD, Rule
 from fusegen.stages import GEMM
 
+FORWARD_LINEAR_BIAS_RELU = Rule(
+    name="linear_bias_relu", pass_=FORWARD, stage=GEMM,
+    doc="GEMM with the bias and the ReLU in its epilogue (cuBLASLt)", pattern=("linear", "bias", "relu"),
+)
 FORWARD_LINEAR_SCALE_ADD = Rule(
     name="linear_scale_add", pass_=FORWARD, stage=GEMM,
     doc="GEMM with the scale as alpha, accumulating into the extra input (beta=1)",

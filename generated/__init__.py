@@ -27,6 +27,7 @@ from .linear_residual import LinearResidual
 from .scaled_residual import ScaledResidual
 from .scaled_linear import ScaledLinear
 from .scaled_projection import ScaledProjection
+from .relu_mlp import ReluMlp
 from .residual_in_place import ResidualInPlace
 from .prenorm_in_place import PrenormInPlace
 from .in_place_mid import InPlaceMid
@@ -41,4 +42,4 @@ from .moe_swiglu import MoeSwiglu
 from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

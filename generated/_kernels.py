@@ -640,6 +640,36 @@ def bias_reglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
+_BIAS_RELU_BWD_N512_FROM_OUTPUT = Kernel("bias_relu_bwd_n512_from_output")
+_BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_relu_bwd_n512_from_output(dy, x):
+    """Bias(512), ReLU() backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(dy.dtype, (_BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n512(partials, dy.dtype)
+        dbias0 = column_grads[0:512]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.relu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
 _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384 = Kernel("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384")
 _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 

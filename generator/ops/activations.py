@@ -52,8 +52,9 @@ register(OpDef(
     reference=(gelu, gelu_bwd), summary="tanh-approximated GELU", needs_input_in_backward=True,
 ))
 register(OpDef(
-    "ReLU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "relu", device_struct="fg::Relu",
-    reference=(relu, relu_bwd), summary="max(x, 0)", needs_input_in_backward=True,
+    # its own kind: a GEMM epilogue can take it (fusion_rules/linear_epilogue.py), other activations not
+    "ReLU", "relu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "relu", device_struct="fg::Relu",
+    reference=(relu, relu_bwd), summary="max(x, 0)", needs_input_in_backward=True, backward_from_output=True,
 ))
 register(OpDef(
     "SiLU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "silu", device_struct="fg::Silu",

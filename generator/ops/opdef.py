@@ -139,6 +139,9 @@ class OpDef:
     # the generated module copies it into that tensor.
     writes_back: Callable[[dict], bool] = lambda a: False
     needs_input_in_backward: bool = False  # backward reads the forward input value
+    # its backward gives the same result from its output as from its input (ReLU: y > 0 exactly
+    # where x > 0), so a stage that materialised only the output (a GEMM epilogue) serves it
+    backward_from_output: bool = False
     changes_value: bool = True  # forward output differs from input (identity-like ops don't)
     changes_grad: bool = True  # backward grad differs from incoming grad
 

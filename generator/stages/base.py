@@ -24,6 +24,9 @@ class Recompute:
 
     saved_position: int  # the saved forward value the kernel starts from
     last: int  # the last op whose input is needed: ops [saved_position, last) are applied again
+    # the op just before saved_position whose input the saved value (its output) stands for, where
+    # nothing before it was materialised (OpDef.backward_from_output: a ReLU in a GEMM's epilogue)
+    output_for: int | None = None
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,15 @@ class ElementwiseStage(StageImpl):
         needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward]
         if not needing:
             return Saves(extra_inputs=frozenset(extra))
+        if not any(stage.start <= p <= needing[0] for p in have):
+            # nothing before the op is materialised (a GEMM epilogue ran it): its output serves
+            # when its backward reads that as well as its input (OpDef.backward_from_output)
+            op = pipeline.ops[needing[0]]
+            assert op.opdef.backward_from_output and op.index + 1 in have, \
+                f"{op.describe()}: its backward needs a value no stage materialised (a rule bug)"
+            extra |= {o.extra_input for o in pipeline.ops[op.index + 1:needing[-1]] if o.extra_input is not None}
+            return Saves(values=frozenset({op.index + 1}), extra_inputs=frozenset(extra),
+                         recompute=Recompute(op.index + 1, needing[-1], output_for=op.index))
         start = max(p for p in have if stage.start <= p <= needing[0])
         extra |= {op.extra_input for op in pipeline.ops[start:needing[-1]] if op.extra_input is not None}
         return Saves(values=frozenset({start}), extra_inputs=frozenset(extra), recompute=Recompute(start, needing[-1]))
@@ -288,11 +297,13 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     width = pipeline.width(stage.end, n)
     suffix, size = _size(width)
     steps, grad_columns = [], 0
+    output_for = recompute.output_for if recompute is not None else None  # Saves: backward_from_output
     for op in stage.ops:
         replays = recompute is not None and recompute.saved_position <= op.index <= recompute.last
+        replays = replays or op.index == output_for  # its input: its saved output
         steps.append(dict(_step(
             stage, op, glu, write=aliases.get(op.index) == "write", grad_offset=_relative(grad_columns, width),
-            recompute=replays, apply=replays and op.index < recompute.last,
+            recompute=replays, apply=replays and op.index < recompute.last and op.index != output_for,
             needs_input=op.opdef.needs_input_in_backward,
             # an addend whose grad is aliased, not written: nothing to do in this kernel
             inert=not op.opdef.changes_grad and not _reduced(op) and aliases.get(op.index, "write") != "write",
@@ -318,7 +329,9 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
            P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
     qualifier = ""
-    if recompute is not None and recompute.saved_position != first_needing:
+    if output_for is not None:
+        qualifier = "from_output"
+    elif recompute is not None and recompute.saved_position != first_needing:
         qualifier = f"from_{pipeline.ops[recompute.saved_position].tag}"
     tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(

@@ -3,6 +3,8 @@
 Forward y = x W^T (``torch.addmm``: y = beta C + alpha x W^T), absorbing
 - a following Bias: C = the bias (TE's ForwardLinearBiasActivation, without the activation);
 - a following ConstantScale s: alpha = s (and beta = s with a Bias: s (x W^T + b));
+- a following Bias and ReLU: cuBLASLt's bias + ReLU epilogue (``torch._addmm_activation``; TE's
+  ForwardLinearBiasActivation forms only the bias), the ReLU's backward then reading its output;
 - a following AddExtraInput r: C = r, beta = 1, the GEMM accumulating into the residual (TE's
   ForwardLinearBiasAdd / ForwardLinearScaleAdd; a Bias as well would need two C operands).
 Backward dgrad dy W and wgrad dy^T x; a ConstantScale right after the linear becomes both GEMMs'
@@ -20,6 +22,7 @@ FORMS = {
     "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue",
                 ("linear", "scale"): "GEMM with the scale as alpha",
                 ("linear", "bias", "scale"): "GEMM with the bias in its epilogue and the scale as alpha and beta",
+                ("linear", "bias", "relu"): "GEMM with the bias and the ReLU in its epilogue",
                 ("linear", "add_extra_input"): "GEMM accumulating into the extra input (beta=1)",
                 ("linear", "scale", "add_extra_input"): "GEMM with the scale as alpha, accumulating into the "
                                                         "extra input (beta=1)"},
@@ -48,6 +51,9 @@ class GemmStage(StageImpl):
         linear, bias, scale, add = (stage.first(kind) for kind in ("linear", "bias", "scale", "add_extra_input"))
         x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
         w = param_name(linear, "weight")
+        if stage.first("relu") is not None:
+            block.lines.append(f"{out} = torch._addmm_activation({param_name(bias, 'bias')}, {x_in}, {w}.t())")
+            return out
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
         if add is not None:  # beta = 1: the GEMM accumulates into the residual
             block.lines.append(f"{out} = torch.addmm({extra_input_name(add)}, {x_in}, {w}.t(){alpha})")

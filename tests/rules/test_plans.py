@@ -114,6 +114,11 @@ def test_gpt2_mlp():
     ("BasicLinear(64, 32), ConstantScale(0.5)", ["linear_bias_scale"], ["linear_scale_backward"]),
     ("BasicLinear(64, 32), Bias(32), ConstantScale(0.5)", ["linear_bias_scale"],
      ["linear_backward", "elementwise_backward"]),
+    # cuBLASLt's bias + ReLU epilogue; the ReLU's backward reads the GEMM's output
+    ("BasicLinear(64, 32), Bias(32), ReLU()", ["linear_bias_relu"], ["linear_backward", "elementwise_backward"]),
+    # ... and serves the ops after it in the same backward run (recomputed from it)
+    ("BasicLinear(64, 32), Bias(32), ReLU(), SwiGLU()", ["linear_bias_relu", "elementwise"],
+     ["linear_backward", "elementwise_backward"]),
     # a bias and a residual would need two C operands: the add stays elementwise
     ("BasicLinear(64, 32), Bias(32), AddExtraInput()", ["linear_bias", "elementwise"],
      ["linear_backward", "elementwise_backward"]),
@@ -123,7 +128,7 @@ def test_rules_on_small_pipelines(source, forward, backward):
 
     text = f"from fusegen.eager import *\np = Sequential({source})\n"
     text = text.replace("import *", "import Sequential, AddExtraInput, MakeExtraOutput, RMSNorm, LayerNorm, "
-                        "Bias, GELU, ConstantScale, SwiGLU, BasicLinear")
+                        "Bias, GELU, ConstantScale, SwiGLU, BasicLinear, ReLU")
     plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     assert [s.rule.name for s in plan.forward] == forward
     assert [s.rule.name for s in plan.backward] == backward

@@ -8,8 +8,8 @@ from fusegen.plan import BACKWARD, FORWARD, Rule, RuleError
 from fusegen.stages import ELEMENTWISE, GEMM, MODULE, NORM, OPAQUE, RESHAPE
 
 
-FORMS_TEXT = ("linear; linear + bias; linear + scale; linear + bias + scale; linear + add_extra_input; "
-              "linear + scale + add_extra_input")
+FORMS_TEXT = ("linear; linear + bias; linear + scale; linear + bias + scale; linear + bias + relu; "
+              "linear + add_extra_input; linear + scale + add_extra_input")
 
 
 def test_a_gemm_rule_that_would_drop_an_op_fails_at_definition():

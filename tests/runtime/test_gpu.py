@@ -183,7 +183,7 @@ def test_every_kernel_has_a_test():
                "situglu_b2p0_i32_rowscale_bwd_any", "situglu_b2p0_i32_rowscale_fwd_any", "srelu_rowscale_fwd_n512",
                "swiglu_rowscale_bwd_any", "swiglu_rowscale_fwd_any"}
     # specs/te_gemm_epilogues.py's, checked through test_gemm_epilogues.py
-    tested |= {"add_tee_bwd_n256", "bias_scale2p0_gelu_bwd_n256"}
+    tested |= {"add_tee_bwd_n256", "bias_scale2p0_gelu_bwd_n256", "bias_relu_bwd_n512_from_output"}
     # specs/te_interleaved_glu.py's, checked through test_interleaved_glu.py
     tested |= {"bias_swiglu_i32_bwd_n512", "clamped_swiglu_l3p0_i16_bwd_any", "clamped_swiglu_l3p0_i16_fwd_any",
                "swiglu_i32_fwd_n512"}
