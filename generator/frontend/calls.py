@@ -24,10 +24,15 @@ MAX_OPS = 1000
 
 
 def user_module(target: tuple[str, str]) -> bool:
-    """Whether a callee is a class of the user's code (or torch.nn's without a te.ops equivalent),
-    which runs as an opaque module: not from Transformer Engine or fusegen, and not a name of an op
-    module (an op it does not have is an unknown op there)."""
-    module = target[0]
+    """Whether a callee is a module class run as it is between fused ops, as TE's Sequential runs
+    what it cannot fuse: the user's code, or torch.nn's modules without a te.ops equivalent (the
+    callee is not an op there); not Transformer Engine's or fusegen's (an op they do not have is an
+    unknown op there)."""
+    module, name = target
+    if not name[:1].isupper():  # a function, not a module class (a spec cannot tell them apart otherwise)
+        return False
+    if module == "torch.nn":
+        return True
     return not (module in op_modules() or module.split(".")[0] in ("transformer_engine", "fusegen"))
 
 
@@ -129,14 +134,15 @@ class OpBinder:
         if target is None:
             why = (f" ('{spelled}' is not imported from {' or '.join(op_modules())})"
                    if _dotted(func) else "")
-        elif target[0] == "torch.nn":
+        elif target[0] == "torch.nn":  # a function (module classes run as they are)
             mapped = ", ".join(op.attribute for op in OPS.values() if "torch.nn" in op.modules)
-            why = (f" (torch.nn modules stand for te.ops where fusegen has the op: {mapped}; torch.nn.{target[1]} "
-                   "is not one of them)")
+            why = (f" (torch.nn modules stand for te.ops where fusegen has the op: {mapped}, and other torch.nn "
+                   f"modules run as they are; torch.nn.{target[1]} is not a module class)")
         elif target[0] not in op_modules():
             why = f" (it is {'.'.join(target)}, not an op of {' or '.join(op_modules())})"
         elif target[1] in OPS:  # a plugin's op spelled from Transformer Engine, or the reverse
             why = f" ({target[1]} is not in {target[0]}; import it from {' or '.join(OPS[target[1]].modules)})"
         else:
             why = ""
-        return SpecError(f"unknown op '{spelled}'{why}; known ops: {', '.join(sorted({op.attribute for op in OPS.values()}))}", self.source.loc(func))
+        return SpecError(f"unknown op '{spelled}'{why}; known ops: {', '.join(sorted({op.attribute for op in OPS.values() if op.modules}))}",
+                         self.source.loc(func))

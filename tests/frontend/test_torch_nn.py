@@ -71,10 +71,15 @@ def test_generated_module_matches_torch_nn_with_its_state_dict(pkg, name):
     ("nn.RMSNorm(16)", "nn.RMSNorm() missing required argument 'eps'"),
     ("nn.LayerNorm(16, elementwise_affine=False)", "a LayerNorm without its affine parameters has no te.ops"),
     ("nn.LayerNorm(16, bias=False)", "a LayerNorm without its affine parameters has no te.ops"),
-    ("nn.Conv1d(4, 4, 1)", "torch.nn modules stand for te.ops where fusegen has the op: Linear, LayerNorm, RMSNorm, "
-                           "GELU, SiLU, ReLU, Dropout, Identity; torch.nn.Conv1d is not one of them"),
 ])
 def test_torch_nn_modules_without_an_equivalent_say_why(call, message):
     with pytest.raises(SpecError) as info:
         parse_spec(f"from torch import nn\nm = nn.Sequential(nn.Linear(16, 16), {call})\n", "spec.py")
     assert message in info.value.message and info.value.location.line == 2
+
+
+def test_other_torch_nn_modules_run_as_they_are():
+    """As TE's Sequential runs a module it cannot fuse (stages/module.py)."""
+    (spec,) = parse_spec("from torch import nn\nm = nn.Sequential(nn.Linear(16, 16), nn.Softmax(dim=-1))\n", "spec.py")
+    assert spec.calls[1].op == "Module"
+    assert spec.calls[1].args["target"] == "torch.nn.Softmax" and spec.calls[1].args["keywords"] == (("dim", -1),)

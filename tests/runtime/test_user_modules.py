@@ -44,6 +44,7 @@ LAYERS = textwrap.dedent('''\
 # The kernels around the module are ones the shipped package has (specs/te_gemm_epilogues.py), so
 # the GPU test can run them.
 SPEC = textwrap.dedent('''\
+    import torch
     import transformer_engine.pytorch as te
     from user_layers import Mixer, Pool
 
@@ -54,6 +55,7 @@ SPEC = textwrap.dedent('''\
     )
     pooled = te.ops.Sequential(te.ops.Linear(256, 256), Pool())
     missing = te.ops.Sequential(te.ops.Linear(256, 256), Pool())
+    softmax_head = te.ops.Sequential(te.ops.Linear(256, 256), torch.nn.Softmax(dim=-1))
 ''')
 
 
@@ -102,15 +104,30 @@ def test_cpu(pkg, dtype):
     check(pkg, dtype, "cpu")
 
 
+def test_a_torch_nn_module_without_a_te_ops_equivalent_runs_as_it_is(pkg):
+    module = pkg.SoftmaxHead(dtype=torch.float64)
+    x = torch.randn(3, 256, dtype=torch.float64, requires_grad=True)
+    y = module(x)
+    p = {k: v.detach().requires_grad_() for k, v in module.state_dict().items()}
+    x64 = x.detach().requires_grad_()
+    want = torch.softmax(F.linear(x64, p["0.weight"], p["0.bias"]), dim=-1)
+    torch.testing.assert_close(y, want)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    want.backward(gy)
+    torch.testing.assert_close(x.grad, x64.grad)
+    torch.testing.assert_close(module.get_submodule("0").weight.grad, p["0.weight"].grad)
+
+
 def test_a_module_that_changes_the_shape_is_a_clear_error(pkg):
-    with pytest.raises(ValueError, match=r"Pooled: Pool\(\) \(spec.py:9:\d+\) returned \[3, 1\] for an input of shape "
+    with pytest.raises(ValueError, match=r"Pooled: Pool\(\) \(spec.py:10:\d+\) returned \[3, 1\] for an input of shape "
                                          r"\[3, 256\]; fusegen runs a module between fused ops only when it keeps"):
         pkg.Pooled()(torch.randn(3, 256))
 
 
 def test_a_class_that_cannot_be_imported_is_a_clear_error(pkg, monkeypatch):
     monkeypatch.setitem(sys.modules, "user_layers", None)  # as if not installed where the package runs
-    with pytest.raises(ImportError, match=r"Missing: cannot import user_layers.Pool for Pool\(\) \(spec.py:10:\d+\): "
+    with pytest.raises(ImportError, match=r"Missing: cannot import user_layers.Pool for Pool\(\) \(spec.py:11:\d+\): "
                                           r".*make it importable where the generated package runs"):
         pkg.Missing()
 
