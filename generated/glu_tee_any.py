@@ -3,7 +3,7 @@
     glu_tee_any = Sequential(  # as basic ops: Linear is BasicLinear + Bias
         SwiGLU(),
         MakeExtraOutput(),  # extra output 0
-        GELU(),
+        ConstantScale(0.5),
     )
 
 Inputs are [..., n] tensors of any row count and any width n that is a multiple of 2
@@ -25,17 +25,17 @@ class GluTeeAnyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        # forward stage 0 · rule elementwise · SwiGLU(), MakeExtraOutput(), GELU()
-        gelu2_out, extra_output0 = kernels.swiglu_tee_gelu_fwd_any(x)
+        # forward stage 0 · rule elementwise · SwiGLU(), MakeExtraOutput(), ConstantScale(0.5)
+        constantscale2_out, extra_output0 = kernels.swiglu_tee_scale0p5_fwd_any(x)
         ctx.save_for_backward(x)
-        return gelu2_out, extra_output0
+        return constantscale2_out, extra_output0
 
     @staticmethod
     @first_order_only("GluTeeAny")  # a double backward raises instead of being wrong
-    def backward(ctx, d_gelu2_out, d_extra_output0):
+    def backward(ctx, d_constantscale2_out, d_extra_output0):
         x, = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · SwiGLU(), MakeExtraOutput(), GELU()
-        d_x = kernels.swiglu_tee_gelu_bwd_any(d_gelu2_out, x, d_extra_output0)
+        # backward stage 0 · rule elementwise_backward · SwiGLU(), MakeExtraOutput(), ConstantScale(0.5)
+        d_x = kernels.swiglu_tee_scale0p5_bwd_any(d_constantscale2_out, x, d_extra_output0)
         return d_x
 
 

@@ -9,7 +9,7 @@ import transformer_engine.pytorch as te
 gelu_any = te.ops.Sequential(te.ops.GELU())
 swiglu_any = te.ops.Sequential(te.ops.SwiGLU())
 # An extra output after the GLU: the half-width value, handed out mid-run.
-glu_tee_any = te.ops.Sequential(te.ops.SwiGLU(), te.ops.MakeExtraOutput(), te.ops.GELU())
+glu_tee_any = te.ops.Sequential(te.ops.SwiGLU(), te.ops.MakeExtraOutput(), te.ops.ConstantScale(0.5))
 # A residual branch: add, scale, hand out the sum, activate.
 residual_any = te.ops.Sequential(
     te.ops.AddExtraInput(),

@@ -174,7 +174,7 @@ def test_every_kernel_has_a_test():
     # both paths, the fixed-size kernels its SwiGLU is specialised to)
     tested |= {"gelu_fwd_any", "gelu_bwd_any", "swiglu_fwd_any", "swiglu_bwd_any", "swiglu_fwd_n4096",
                "swiglu_bwd_n4096", "add_scale0p5_tee_qgelu_fwd_any", "add_scale0p5_tee_qgelu_bwd_any_from_add",
-               "swiglu_tee_gelu_fwd_any", "swiglu_tee_gelu_bwd_any"}
+               "swiglu_tee_scale0p5_fwd_any", "swiglu_tee_scale0p5_bwd_any"}
     # specs/te_dropout.py's, checked through test_dropout.py
     tested |= {"bias_dropout0p1_add_bwd_n256", "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2",
                "bias_gelu_dropout0p1_bwd_n512", "dropout0p1_add_fwd_n256", "dropout0p25_bwd_any", "dropout0p25_fwd_any",
