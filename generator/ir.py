@@ -150,13 +150,6 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) ->
                     "features (odd); give the op before it an even output size",
                     call.location,
                 )
-            k = op.interleave(args)
-            if k is not None and sizes[i] % (2 * k):
-                raise SpecError(
-                    f"{call.op}() with glu_interleave_size={k} reads blocks [a({k}), b({k}), ...], but it receives "
-                    f"{sizes[i]} features, not a multiple of {2 * k}; give it a multiple of {2 * k}",
-                    call.location,
-                )
             sizes[i + 1], fixed_by[i + 1] = op.out_features(args, sizes[i]), call
         elif op.fixed_out(args) is not None:  # a Reshape: its output size whatever its input's
             sizes[i + 1], fixed_by[i + 1] = op.fixed_out(args), call
@@ -178,6 +171,14 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) ->
         for i, (op, args, _) in enumerate(ops):
             if sizes[i + 1] is None:
                 sizes[i + 1] = op.out_features(args, sizes[i])
+    for i, (op, args, call) in enumerate(ops):  # every fixed size known, given or passed back
+        k = op.interleave(args)
+        if k is not None and isinstance(sizes[i], int) and sizes[i] % (2 * k):
+            raise SpecError(
+                f"{call.op}() with glu_interleave_size={k} reads blocks [a({k}), b({k}), ...], but it receives "
+                f"{sizes[i]} features, not a multiple of {2 * k}; give it a multiple of {2 * k}",
+                call.location,
+            )
     return sizes  # type: ignore[return-value]
 
 

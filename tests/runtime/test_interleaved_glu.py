@@ -57,6 +57,11 @@ def test_a_width_the_blocks_do_not_fit_is_an_error():
     with pytest.raises(SpecError, match="SwiGLU\\(\\) with glu_interleave_size=32 reads blocks \\[a\\(32\\), b\\(32\\), "
                                         "...\\], but it receives 96 features, not a multiple of 64"):
         build_pipeline(spec)
+    # a size passed back from the op after it is checked too
+    (spec,) = parse_spec("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.GELU(), "
+                         "te.ops.SwiGLU(glu_interleave_size=32), te.ops.Linear(48, 8))\n", "spec.py")
+    with pytest.raises(SpecError, match="it receives 96 features, not a multiple of 64"):
+        build_pipeline(spec)
 
 
 @pytest.mark.cuda
