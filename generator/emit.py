@@ -17,6 +17,7 @@ import jinja2
 from .ir import size_expr
 from .plan import Plan
 from .stages import Block, Emitter
+from .stages.elementwise import random_ops
 from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
@@ -102,11 +103,6 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
     return names, lines
 
 
-def takes_training(pipeline) -> bool:
-    """Whether the pipeline's forward depends on the module's training mode (a random op: Dropout)."""
-    return any(op.opdef.operand is not None and op.opdef.operand.source == "random" for op in pipeline.ops)
-
-
 def user_modules(pipeline) -> list:
     """The ops that run a module of the user's code (ops/module.py)."""
     return [op for op in pipeline.ops if op.opdef.user_module]
@@ -143,6 +139,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     for op, attr, key, shape, init, name in params:
         modules.setdefault(op.module_index, []).append((attr, shape, init, name, *placement(op)))
     leads, lead_lines = leading_dims(p)
+    modules_run, per_row = user_modules(p), row_inputs(p)
+    takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
@@ -152,17 +150,17 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],
         copied_extra_inputs={op.writes_back_to for op in p.written_back if op.writes_back_to in plan.saved_extra_inputs},
         param_names=[name for *_, name in params],
-        extra_input_features=_sizes_literal("rows" if op in row_inputs(p) else op.in_features
+        extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
                                             for op in p.ops if op.extra_input is not None),
-        row_inputs=row_inputs(p),
+        row_inputs=per_row,
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
         saved=list(dict.fromkeys(saved)), modules=sorted(modules.items()),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
-        + (["None"] if takes_training(p) else [])  # training is a flag, not a tensor
-        + ["None", "None"] * len(user_modules(p)),  # a user module and its leading dims
-        user_modules=[(op, module_name(op), lead_name(op)) for op in user_modules(p)],
-        takes_training=takes_training(p),
+        + (["None"] if takes_training else [])  # training is a flag, not a tensor
+        + ["None", "None"] * len(modules_run),  # a user module and its leading dims
+        user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
+        takes_training=takes_training,
         leads=leads, lead_lines=lead_lines,
         kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),
     )

@@ -71,7 +71,7 @@ class ElementwiseStage(StageImpl):
 
     def saved_names(self, em, stage):
         """The keys of the random ops this backward stage replays (their masks are regenerated)."""
-        return [seed_name(op) for op in _random_ops(stage.ops)]
+        return [seed_name(op) for op in random_ops(stage.ops)]
 
     def kernels(self, plan, stage, pass_):
         """The run's kernel (size-generic in a size-generic pipeline), its column sum, and the
@@ -95,7 +95,7 @@ class ElementwiseStage(StageImpl):
                     block.lines.append(f"{extra_output_name(op)} = {x_in}")
             return x_in
         spec = em.kernel("forward", stage)
-        for op in _random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
+        for op in random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
             block.lines.append(f"{seed_name(op)} = ref.new_seed({x_in}) if training else None")
         names = {"y": out, **_io_names(stage)}
         block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
@@ -161,12 +161,16 @@ def seed_name(op) -> str:
     return f"{op.hint}_seed"
 
 
-def _random_ops(ops):
+def random_ops(ops):
+    """The ops drawing random operands (Dropout): their forward depends on the training mode."""
     return [op for op in ops if op.opdef.operand is not None and op.opdef.operand.source == "random"]
 
 
-def _operand_ctype(operand) -> str:
-    return "const long long*" if operand.startswith("seed") else "const T*"
+def _operand_ctypes(steps) -> dict[str, str]:
+    """{operand: its C type}: a random operand is its 64-bit key, any other a T tensor (a missing
+    name: the saved run input or an extra output's grad, both T)."""
+    return {dict(s)["operand"]: "const long long*" if dict(s)["broadcast"] == "random" else "const T*"
+            for s in steps if dict(s)["operand"]}
 
 
 def _io_names(stage) -> dict[str, str]:
@@ -277,7 +281,8 @@ def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
     steps = tuple(_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
     operands = [dict(s)["operand"] for s in steps if dict(s)["operand"]]
     written = [dict(s)["tee"] for s in steps if dict(s)["tee"] and dict(s)["write"]]
-    abi = (P("x", "const T*"), *(P(o, _operand_ctype(o)) for o in operands), *(P(w, "T*") for w in written),
+    ctypes = _operand_ctypes(steps)
+    abi = (P("x", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
            P("y", "T*"), P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(
@@ -324,7 +329,8 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     reduced = [s["operand_grad"] for s in steps if s["grad"] in ("column", "scalar", "row")]
     # a per-row operand's grad: each thread's sum over its columns, per row, summed by the launcher
     row_partials = [f"row_partials{s['index']}" for s in steps if s["grad"] == "row"]
-    abi = (P("dy", "const T*"), *(P(o, _operand_ctype(o)) for o in operands), *(P(w, "T*") for w in written),
+    ctypes = _operand_ctypes(steps)
+    abi = (P("dy", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
            *((P("partials", "float*"),) if grad_columns else ()), *(P(r, "float*") for r in row_partials),
            P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
