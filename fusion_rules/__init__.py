@@ -6,6 +6,7 @@ passes. To add a rule: one file named after the op chain it matches, then one li
 """
 
 from .add_norm import FORWARD_ADD_NORM
+from .dropout_norm import FORWARD_DROPOUT_ADD_NORM, FORWARD_NORM_DROPOUT
 from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
 from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
 from .linear import BACKWARD_LINEAR, FORWARD_LINEAR
@@ -19,6 +20,8 @@ from .opaque import BACKWARD_OPAQUE, FORWARD_OPAQUE
 from .reshape import BACKWARD_RESHAPE, FORWARD_RESHAPE
 
 FORWARD_RULES = (
+    FORWARD_DROPOUT_ADD_NORM,  # [Bias] Dropout [AddExtraInput] [MakeExtraOutput] Norm [Dropout]: one kernel
+    FORWARD_NORM_DROPOUT,  # [AddExtraInput] [MakeExtraOutput] Norm Dropout: one kernel
     FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
     FORWARD_NORM,  # Norm
     FORWARD_LINEAR_BIAS_RELU,  # BasicLinear Bias ReLU: cuBLASLt's bias + ReLU epilogue

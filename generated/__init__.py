@@ -24,6 +24,8 @@ from .situglu_mlp import SitugluMlp
 from .dropout_mlp import DropoutMlp
 from .dropout_glu import DropoutGlu
 from .dropout_any import DropoutAny
+from .post_attention import PostAttention
+from .norm_dropout import NormDropout
 from .linear_residual import LinearResidual
 from .scaled_residual import ScaledResidual
 from .scaled_linear import ScaledLinear
@@ -43,4 +45,4 @@ from .moe_swiglu import MoeSwiglu
 from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

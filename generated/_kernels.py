@@ -370,6 +370,30 @@ def bias_bwd_n4096(dy):
     return dbias0
 
 
+_BIAS_BWD_N512 = Kernel("bias_bwd_n512")
+_BIAS_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_bwd_n512(dy):
+    """Bias(512) backward: returns dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_BWD_N512.launch(dy.dtype, (_BIAS_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n512(partials, dy.dtype)
+        dbias0 = column_grads[0:512]
+        return dbias0
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    return dbias0
+
+
 _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048")
 _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
@@ -414,6 +438,60 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
             _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, seed1, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()  # no rows: the parameter grads are zero
+        column_grads = column_sum_n256(partials, dy.dtype)
+        dbias0 = column_grads[0:256]
+        return dx, dbias0
+    g = ref.compute(dy)
+    g, dt = ref.dropout_bwd(None, ref.draws(seed1, g), g, 0.10000002384185791, 1.1111111111111112)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256 = Kernel("bias_dropout0p1_add_layernorm_fwd_h256")
+_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta):
+    """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256): returns (y, residual_out, mean, rstd)."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x, bias0, seed1, residual, gamma, beta, y, residual_out, mean, rstd, rows), x.device)
+        return y, residual_out, mean, rstd
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.dropout(a, ref.draws(seed1, a), 0.10000002384185791, 1.1111111111111112)
+    residual_out = (a + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
+    return y, residual_out, mean, rstd
+
+
+_BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256")
+_BIAS_DROPOUT0P1_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_dropout0p1_bwd_n256(dy, seed1):
+    """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = max(1, min(rows, GRAD_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _BIAS_DROPOUT0P1_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, seed1, dx, partials, rows), dy.device)
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -1294,6 +1372,26 @@ def dropout0p2_swiglu_fwd_n512(x, seed0):
     return a.to(x.dtype)
 
 
+_DROPOUT0P3_BWD_N256 = Kernel("dropout0p3_bwd_n256")
+_DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def dropout0p3_bwd_n256(dy, seed0):
+    """Dropout(0.3) backward: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _DROPOUT0P3_BWD_N256.launch(dy.dtype, (_DROPOUT0P3_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, seed0, dx, rows), dy.device)
+        return dx
+    g = ref.compute(dy)
+    g, dt = ref.dropout_bwd(None, ref.draws(seed0, g), g, 0.30000001192092896, 1.4285714285714286)
+    dx = g.to(dy.dtype)
+    return dx
+
+
 _GELU_BWD_ANY = Kernel("gelu_bwd_any")
 _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
@@ -1464,6 +1562,30 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
         grads = column_sum_n2048(partials, gamma.dtype)
         return dx, grads[:1024], grads[1024:]
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
+_LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel("layernorm_bwd_h256_add_dresidual")
+_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
+    """LayerNorm(256) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dresidual = dresidual.contiguous()
+        dx = torch.empty_like(dy)
+        splits = max(1, min(rows, NORM_SPLITS))
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if rows:
+            _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, dresidual, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()
+        grads = column_sum_n512(partials, gamma.dtype)
+        return dx, grads[:256], grads[256:]
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    dx = dx + ref.compute(dresidual)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
@@ -1672,6 +1794,28 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
+_RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256")
+_RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def rmsnorm_bwd_h256(dy, x, rstd, gamma):
+    """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        splits = max(1, min(rows, NORM_SPLITS))
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
+        else:
+            partials.zero_()
+        grads = column_sum_n256(partials, gamma.dtype)
+        return dx, grads
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
 _RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h256_add_dresidual")
 _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
@@ -1740,6 +1884,27 @@ def rmsnorm_bwd_h64(dy, x, rstd, gamma):
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
+_RMSNORM_DROPOUT0P3_FWD_H256 = Kernel("rmsnorm_dropout0p3_fwd_h256")
+_RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
+    """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_DROPOUT0P3_FWD_H256.launch(x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1), (x, seed1, None, gamma, None, y, None, None, rstd, rows), x.device)
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    a = ref.compute(y)
+    a = ref.dropout(a, ref.draws(seed1, a), 0.30000001192092896, 1.4285714285714286)
+    y = a.to(x.dtype)
+    return y, rstd
 
 
 _RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024")

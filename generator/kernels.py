@@ -98,8 +98,9 @@ class KernelSpec:
     @property
     def ctx(self) -> dict:
         ctx = dict(self.context)
-        if "steps" in ctx:
-            ctx["steps"] = [dict(step) for step in ctx["steps"]]
+        for ops in ("steps", "prologue", "epilogue"):  # elementwise ops, as (key, value) pairs
+            if ops in ctx:
+                ctx[ops] = [dict(step) for step in ctx[ops]]
         return ctx
 
     def vec(self, itemsize: int) -> int:

@@ -17,3 +17,14 @@ dropout_mlp = te.ops.Sequential(
 )
 dropout_glu = te.ops.Sequential(te.ops.Linear(HIDDEN, 2 * FFN), te.ops.Dropout(0.2), te.ops.SwiGLU())
 dropout_any = te.ops.Sequential(te.ops.Dropout(0.25))
+# "Bias, dropout, add" then the norm, as after attention: one norm kernel applies the bias and the
+# dropout as it loads x, adds the residual and writes it once (fusion_rules/dropout_norm.py).
+post_attention = te.ops.Sequential(
+    te.ops.Linear(HIDDEN, HIDDEN),
+    te.ops.Dropout(0.1),
+    te.ops.AddExtraInput(),
+    te.ops.MakeExtraOutput(),
+    te.ops.LayerNorm(HIDDEN),
+)
+# Dropout after a norm: the norm kernel drops out the normalized row before it stores it.
+norm_dropout = te.ops.Sequential(te.ops.RMSNorm(HIDDEN), te.ops.Dropout(0.3), te.ops.Linear(HIDDEN, FFN))

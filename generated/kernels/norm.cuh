@@ -25,12 +25,28 @@ struct RowTiling {
   static __device__ __forceinline__ int col(int i) { return (threadIdx.x + i * THREADS) * VEC; }
 };
 
-template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED>
+// No elementwise ops before (or after) the norm.
+struct NoOps {
+  __host__ __device__ static constexpr bool active() { return false; }
+  template <int VEC>
+  __device__ __forceinline__ void operator()(float (&)[VEC], long long, int, int) const {}
+};
+
+// A norm forward, optionally with elementwise ops applied to x first (a Prologue: Bias, Dropout,
+// ... before the residual add) and a residual added: h = prologue(x) [+ r], rounded to T, is
+// written to residual_out whenever it differs from x (the residual stream, and what the backward
+// reads); and with elementwise ops applied to the normalized row before it is stored (an
+// Epilogue: Dropout, ...). Both are functors over one fp32 vector of a row, given its offset in
+// the row-major [rows, H] tensor, its column and its row.
+template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED,
+          class Prologue = NoOps, class Epilogue = NoOps>
 __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
                                          const T* __restrict__ gamma, const T* __restrict__ beta,
                                          T* __restrict__ y, T* __restrict__ residual_out,
                                          float* __restrict__ mean, float* __restrict__ rstd, int rows,
-                                         float eps) {
+                                         float eps, const Prologue prologue = Prologue(),
+                                         const Epilogue epilogue = Epilogue()) {
+  constexpr bool WRITE_H = RESIDUAL || Prologue::active();
   using Tile = RowTiling<H, VEC, THREADS>;
   static_assert((VEC & (VEC - 1)) == 0 && VEC * sizeof(T) <= 16, "VEC: power of two, at most 16 bytes");
   __shared__ float smem[THREADS / 32];
@@ -43,12 +59,13 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
   for (int i = 0; i < Tile::NV; ++i) {
     if (!Tile::valid(i)) continue;
     load<T, VEC>(x + base + Tile::col(i), h[i]);
-    if (RESIDUAL) {
-      // h = x + r, rounded to T: the stored residual stream and what the backward reads.
+    prologue(h[i], base + Tile::col(i), Tile::col(i), row);
+    if (WRITE_H) {
+      // h = prologue(x) [+ r], rounded to T: the stored residual stream and what the backward reads.
       float r[VEC];
-      load<T, VEC>(residual + base + Tile::col(i), r);
+      if (RESIDUAL) load<T, VEC>(residual + base + Tile::col(i), r);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) h[i][k] = to_float<T>(from_float<T>(h[i][k] + r[k]));
+      for (int k = 0; k < VEC; ++k) h[i][k] = to_float<T>(from_float<T>(RESIDUAL ? h[i][k] + r[k] : h[i][k]));
       store<T, VEC>(residual_out + base + Tile::col(i), h[i]);
     }
 #pragma unroll
@@ -84,6 +101,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
       const float gk = ZERO_CENTERED ? g[k] + 1.f : g[k];
       out[k] = (h[i][k] - mu) * inv * gk + (LAYERNORM ? b[k] : 0.f);
     }
+    epilogue(out, base + Tile::col(i), Tile::col(i), row);
     store<T, VEC>(y + base + Tile::col(i), out);
   }
 }

@@ -1,10 +1,13 @@
-"""Norm stages: LayerNorm / RMSNorm as a generated row kernel, with the residual stream fused in.
+"""Norm stages: LayerNorm / RMSNorm as a generated row kernel, with what comes before it fused in.
 
-Forward: [AddExtraInput] [MakeExtraOutput] Norm. With the add, the kernel writes h = x + r (the
-MakeExtraOutput's output, and the norm input saved for backward) and norm(h), saving fp32
-mean/rstd. Backward: [AddExtraInput] [MakeExtraOutput] Norm: the dx kernel adds the extra output's
-grad (the residual stream's), which is also AddExtraInput's grad, with deterministic dgamma/dbeta
-partials summed by one column-sum kernel.
+Forward: [prologue] [AddExtraInput] [MakeExtraOutput] Norm. The prologue is elementwise ops on the
+input (Bias, Dropout, ConstantScale: "bias, dropout, add" then the norm), applied as each vector
+is loaded, with the same functors as an elementwise kernel's. With a prologue or the add, the
+kernel writes h = prologue(x) [+ r] (the MakeExtraOutput's output, and the norm input saved for
+backward) and norm(h), saving fp32 mean/rstd. Backward: [AddExtraInput] [MakeExtraOutput] Norm:
+the dx kernel adds the extra output's grad (the residual stream's), which is also AddExtraInput's
+grad, with deterministic dgamma/dbeta partials summed by one column-sum kernel; a prologue's ops
+are an elementwise backward stage of their own.
 """
 
 from __future__ import annotations
@@ -13,30 +16,95 @@ from dataclasses import replace
 
 from .. import kernels as kn
 from ..kernels import KernelParam as P
+from ..ops import OPS
+from . import elementwise as ew
 from .base import Saves, StageImpl, extra_input_name, extra_output_name, param_name, value_name
 
 
-def _norm_chain(chain) -> bool:
-    """[add_extra_input] [make_extra_output] norm."""
-    rest = list(chain)
+def _kinds(fits) -> set[str]:
+    """The op kinds whose every op ``fits``."""
+    kinds: dict[str, bool] = {}
+    for op in OPS.values():
+        kinds[op.kind] = kinds.get(op.kind, True) and fits(op)
+    return {kind for kind, ok in kinds.items() if ok}
+
+
+def _elementwise_alone(op) -> bool:
+    """Elementwise on one value at a time, with an operand, if any, that is a parameter (a column
+    vector or a scalar) or a random draw: not a GLU, an extra input or output, or a per-row operand."""
+    operand = op.operand
+    return op.functor_form in ("unary", "binary") and not op.halves_width and (
+        operand is None or (operand.source in ("param", "random") and operand.broadcast != "row"))
+
+
+def prologue_kinds() -> set[str]:
+    """Op kinds a norm kernel applies to its input before the residual add (Bias, Dropout,
+    ConstantScale, activations)."""
+    return _kinds(_elementwise_alone)
+
+
+def epilogue_kinds() -> set[str]:
+    """Op kinds a norm kernel applies to its output before storing it: those whose backward does
+    not read their input too (Dropout, Bias, ConstantScale), since the norm's own output is then
+    never written."""
+    return _kinds(lambda op: _elementwise_alone(op) and not op.needs_input_in_backward)
+
+
+def _split_chain(chain) -> tuple[list[str], list[str], list[str]] | None:
+    """(prologue, middle, epilogue) of prologue* [add_extra_input] [make_extra_output] norm
+    epilogue*; None for any other chain."""
+    chain = list(chain)
+    if "norm" not in chain:
+        return None
+    at = chain.index("norm")
+    prologue = []
+    for kind in chain[:at]:
+        if kind not in prologue_kinds():
+            break
+        prologue.append(kind)
+    middle, epilogue = chain[len(prologue):at + 1], chain[at + 1:]
+    rest = middle[:-1]
     for optional in ("add_extra_input", "make_extra_output"):
         if rest[:1] == [optional]:
             rest.pop(0)
-    return rest == ["norm"]
+    if rest or not all(kind in epilogue_kinds() for kind in epilogue):
+        return None
+    return prologue, middle, epilogue
+
+
+def _sides(stage):
+    """The stage's ops before its AddExtraInput / MakeExtraOutput / norm, and after its norm."""
+    at = stage.first("norm").index
+    middle = ("add_extra_input", "make_extra_output", "norm")
+    return ([op for op in stage.ops if op.index < at and op.kind not in middle],
+            [op for op in stage.ops if op.index > at])
 
 
 def norm_forward(stage) -> kn.KernelSpec:
     norm = stage.first("norm")
     residual = stage.first("add_extra_input") is not None
+    before, after = _sides(stage)
+    prologue = tuple(ew._step(stage, op, None, write=False) for op in before)
+    epilogue = tuple(ew._step(stage, op, None, write=False) for op in after)
+    ctypes = ew._operand_ctypes(prologue + epilogue)
+    members = [[(ctypes[dict(s)["operand"]], dict(s)["operand"]) for s in steps if dict(s)["operand"]]
+               for steps in (prologue, epilogue)]
+    operands = [name for _, name in members[0] + members[1]]
+    writes_h = residual or bool(before)  # the norm's input differs from x: it is written
     layernorm = norm.opdef.name == "LayerNorm"
+    chain = "_".join([op.tag for op in before] + (["add"] if residual else []) + [norm.tag] + [op.tag for op in after])
+    summary = [op.describe(kernel=True) for op in before] + (["residual add"] if residual else [])
+    summary += [norm.describe(kernel=True)] + [op.describe(kernel=True) for op in after]
     return kn.make_spec(
-        kn.kernel_name(("add_" if residual else "") + norm.tag, f"fwd_h{norm.in_features}"), "norm_fwd",
-        ("residual add + " if residual else "") + norm.describe(kernel=True),
-        abi=(P("x", "const T*"), P("residual", "const T*", residual), P("gamma", "const T*"),
-             P("beta", "const T*", layernorm), P("y", "T*"), P("residual_out", "T*", residual),
-             P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
-        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm,
-        residual=residual, zero_centered_gamma=norm.args["zero_centered_gamma"], eps=norm.args["eps"],
+        kn.kernel_name(chain, f"fwd_h{norm.in_features}"), "norm_fwd", " + ".join(summary),
+        abi=(P("x", "const T*"), *(P(o, ctypes[o]) for o in operands), P("residual", "const T*", residual),
+             P("gamma", "const T*"), P("beta", "const T*", layernorm), P("y", "T*"),
+             P("residual_out", "T*", writes_h), P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
+        operands=operands, headers=ew._headers(stage) if before or after else (),
+        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, residual=residual, writes_h=writes_h,
+        prologue=prologue, epilogue=epilogue, steps=prologue + epilogue,
+        prologue_members=tuple(members[0]), epilogue_members=tuple(members[1]),
+        zero_centered_gamma=norm.args["zero_centered_gamma"], eps=norm.args["eps"],
         eps_literal=f"{norm.args['eps']!r}f", reference=norm.opdef.reference_names, geometry="row_threads",
     )
 
@@ -69,12 +137,16 @@ class NormStage(StageImpl):
     name = "norm"
 
     def check(self, pass_, chain):
-        if _norm_chain(chain) and not (pass_ == "forward" and "make_extra_output" in chain
-                                       and "add_extra_input" not in chain):
-            return None
-        what = "[AddExtraInput] [MakeExtraOutput] norm" if pass_ == "backward" else \
-            "a norm, or AddExtraInput [MakeExtraOutput] norm"
-        return f"a {pass_} norm stage runs only {what}"
+        split = _split_chain(chain)
+        if split is not None:
+            prologue, middle, epilogue = split
+            if pass_ == "forward" or (not prologue and not epilogue):
+                return None
+        if pass_ == "backward":
+            return "a backward norm stage runs only [AddExtraInput] [MakeExtraOutput] norm"
+        return ("a forward norm stage runs only [ops before] [AddExtraInput] [MakeExtraOutput] norm [ops after]; "
+                f"the ops before are of kinds {', '.join(sorted(prologue_kinds()))}, the ops after of kinds "
+                f"{', '.join(sorted(epilogue_kinds()))}")
 
     def materialises(self, stage):
         return {stage.start, stage.end, stage.first("norm").index}  # the (summed) norm input is written
@@ -93,17 +165,22 @@ class NormStage(StageImpl):
         x_in, out = em.values[stage.start], value_name(p, stage.end)
         norm, add, meo = stage.first("norm"), stage.first("add_extra_input"), stage.first("make_extra_output")
         layernorm = norm.opdef.name == "LayerNorm"
-        args = [x_in] + ([extra_input_name(add)] if add else []) + [param_name(norm, "weight")]
-        args += [param_name(norm, "bias")] if layernorm else []
+        for op in ew.random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
+            block.lines.append(f"{ew.seed_name(op)} = ref.new_seed({x_in}) if training else None")
+        names = ew._io_names(stage)
+        args = [x_in] + [names[o] for o in spec.operands] + ([extra_input_name(add)] if add else [])
+        args += [param_name(norm, "weight")] + ([param_name(norm, "bias")] if layernorm else [])
         results = [out]
-        if add:
+        if spec.ctx["writes_h"]:
             summed = extra_output_name(meo) if meo else value_name(p, norm.index)
             em.values[norm.index] = summed
             results.append(summed)
+        elif meo:  # nothing before it changes x: the extra output is x itself
+            block.lines.append(f"{extra_output_name(meo)} = {x_in}")
         if layernorm:
             results.append(f"{norm.hint}_mean")
         results.append(f"{norm.hint}_rstd")
-        em.stats[norm.index] = results[1 + bool(add):]
+        em.stats[norm.index] = results[1 + spec.ctx["writes_h"]:]
         block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
         return out
 

@@ -122,13 +122,24 @@ def test_gpt2_mlp():
     # a bias and a residual would need two C operands: the add stays elementwise
     ("BasicLinear(64, 32), Bias(32), AddExtraInput()", ["linear_bias", "elementwise"],
      ["linear_backward", "elementwise_backward"]),
+    # dropout beside a norm runs in the norm kernel (fusion_rules/dropout_norm.py); the GEMM then
+    # leaves its bias to the norm kernel too, and the backward is the norm's, then the run's
+    ("BasicLinear(64, 64), Bias(64), Dropout(0.1), AddExtraInput(), MakeExtraOutput(), LayerNorm(64)",
+     ["linear", "dropout_add_norm"], ["linear_backward", "elementwise_backward", "norm_residual_grad"]),
+    ("Dropout(0.1), RMSNorm(64)", ["dropout_add_norm"], ["elementwise_backward", "norm_backward"]),
+    ("Bias(64), Dropout(0.1), RMSNorm(64), Dropout(0.2)", ["dropout_add_norm"],
+     ["elementwise_backward", "norm_backward", "elementwise_backward"]),
+    ("AddExtraInput(), LayerNorm(64), Dropout(0.1)", ["norm_dropout"],
+     ["norm_residual_grad", "elementwise_backward"]),
+    # a GELU before a norm is not dropout: an elementwise run, then the norm
+    ("GELU(), RMSNorm(64)", ["elementwise", "norm"], ["elementwise_backward", "norm_backward"]),
 ])
 def test_rules_on_small_pipelines(source, forward, backward):
     from fusegen.frontend import parse_spec
 
     text = f"from fusegen.eager import *\np = Sequential({source})\n"
     text = text.replace("import *", "import Sequential, AddExtraInput, MakeExtraOutput, RMSNorm, LayerNorm, "
-                        "Bias, GELU, ConstantScale, SwiGLU, BasicLinear, ReLU")
+                        "Bias, GELU, ConstantScale, SwiGLU, BasicLinear, ReLU, Dropout")
     plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     assert [s.rule.name for s in plan.forward] == forward
     assert [s.rule.name for s in plan.backward] == backward

@@ -27,9 +27,14 @@ def test_te_linear_bias_activation_pattern_fails_at_definition_not_in_the_planne
 
 
 def test_every_chain_of_an_optional_pattern_is_checked():
-    # norm alone is fine; make_extra_output + norm without the add is not a forward norm stage.
-    with pytest.raises(RuleError, match="it may fuse make_extra_output \\+ norm, but a forward norm stage"):
-        Rule("tee_norm", FORWARD, NORM, "x", pattern=("make_extra_output?", "norm"))
+    # norm alone is fine; a ReLU after the norm is not (its backward reads the norm's output,
+    # which a norm kernel with ops after it never writes); nor is a dropout before a backward norm.
+    with pytest.raises(RuleError, match="it may fuse norm \\+ relu, but a forward norm stage runs only "
+                                        "\\[ops before\\] \\[AddExtraInput\\] \\[MakeExtraOutput\\] norm \\[ops after\\]"):
+        Rule("norm_relu", FORWARD, NORM, "x", pattern=("norm", "relu?"))
+    with pytest.raises(RuleError, match="it may fuse dropout \\+ norm, but a backward norm stage runs only"):
+        Rule("dropout_norm_backward", BACKWARD, NORM, "x", pattern=("dropout?", "norm"))
+    Rule("tee_norm", FORWARD, NORM, "x", pattern=("make_extra_output?", "norm"))  # the extra output is x
     with pytest.raises(RuleError, match="it may fuse glu \\+ glu, but an elementwise stage holds at most one GLU"):
         Rule("two_glus", FORWARD, ELEMENTWISE, "x", pattern=("glu", "glu"))
     with pytest.raises(RuleError, match="an elementwise stage runs only elementwise ops .* not norm"):

@@ -56,9 +56,39 @@ def dropout_any(training, device):
     return reference
 
 
+def post_attention(training, device):
+    """Linear, Dropout, AddExtraInput, MakeExtraOutput, LayerNorm: the bias and dropout run in the
+    norm kernel (fusion_rules/dropout_norm.py)."""
+    def reference(p, x, r):
+        shape = (-1, x.shape[-1])
+        o = F.linear(x.reshape(shape), p["0.weight"], p["0.bias"])
+        if training:
+            torch.manual_seed(SEED)
+            (k,) = next_keys(1, device)
+            o = o * keep_mask(k, o, 0.1) / 0.9
+        h = o + r.reshape(shape)
+        y = F.layer_norm(h, (h.shape[-1],), p["4.weight"], p["4.bias"], eps=1e-5)
+        return y.reshape(x.shape), h.reshape(x.shape)
+    return reference
+
+
+def norm_dropout(training, device):
+    """RMSNorm, Dropout, Linear: the dropout runs in the norm kernel."""
+    def reference(p, x):
+        flat = x.reshape(-1, x.shape[-1])
+        n = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + 1e-5) * p["0.weight"]
+        if training:
+            torch.manual_seed(SEED)
+            (k,) = next_keys(1, device)
+            n = n * keep_mask(k, n, 0.3) / 0.7
+        return (F.linear(n, p["2.weight"], p["2.bias"]).reshape(*x.shape[:-1], -1),)
+    return reference
+
+
 # class -> (reference factory, input width, whether a GEMM runs)
 CASES = {"DropoutMlp": (dropout_mlp, 256, True), "DropoutGlu": (dropout_glu, 256, True),
-         "DropoutAny": (dropout_any, 100, False)}
+         "DropoutAny": (dropout_any, 100, False), "PostAttention": (post_attention, 256, True),
+         "NormDropout": (norm_dropout, 256, True)}
 
 
 def check(cls, dtype, device, training, lead):
