@@ -1,7 +1,8 @@
 """The one ordered list of fusion rules for each pass.
 
 Rules are tried in this order; each slides greedily left to right over the ops that earlier rules
-left unfused (TE's op fuser works the same way). Patterns are written in forward op order for both
+left unfused (TE's op fuser works the same way). A forward rule marked ``inference_only`` applies
+only to the no-grad forward (plan.py). Patterns are written in forward op order for both
 passes. To add a rule: one file named after the op chain it matches, then one line here.
 """
 
@@ -11,8 +12,8 @@ from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
 from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
 from .linear import BACKWARD_LINEAR, FORWARD_LINEAR
 from .linear_bias import FORWARD_LINEAR_BIAS
-from .linear_epilogue import (BACKWARD_LINEAR_SCALE, FORWARD_LINEAR_BIAS_RELU, FORWARD_LINEAR_BIAS_SCALE,
-                              FORWARD_LINEAR_SCALE_ADD)
+from .linear_epilogue import (BACKWARD_LINEAR_SCALE, FORWARD_LINEAR_BIAS_GELU, FORWARD_LINEAR_BIAS_RELU,
+                              FORWARD_LINEAR_BIAS_SCALE, FORWARD_LINEAR_SCALE_ADD)
 from .norm import BACKWARD_NORM, FORWARD_NORM
 from .norm_residual_grad import BACKWARD_NORM_RESIDUAL_GRAD
 from .module import BACKWARD_MODULE, FORWARD_MODULE
@@ -25,6 +26,7 @@ FORWARD_RULES = (
     FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
     FORWARD_NORM,  # Norm
     FORWARD_LINEAR_BIAS_RELU,  # BasicLinear Bias ReLU: cuBLASLt's bias + ReLU epilogue
+    FORWARD_LINEAR_BIAS_GELU,  # BasicLinear Bias GELU, without grad only: cuBLASLt's bias + GELU epilogue
     FORWARD_LINEAR_SCALE_ADD,  # BasicLinear [ConstantScale] AddExtraInput: GEMM alpha, accumulating (beta=1)
     FORWARD_LINEAR_BIAS_SCALE,  # BasicLinear [Bias] ConstantScale: GEMM alpha (and beta)
     FORWARD_LINEAR_BIAS,  # BasicLinear Bias: one GEMM with the bias in its epilogue

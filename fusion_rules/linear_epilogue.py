@@ -5,7 +5,10 @@ epilogue; the ReLU's backward reads its output), a ConstantScale as alpha, after
 AddExtraInput as C with beta = 1, the GEMM accumulating into the residual (TE's
 ForwardLinearBiasAdd / ForwardLinearScaleAdd), after a ConstantScale too.
 Backward: BasicLinear, ConstantScale → the scale as the dgrad and wgrad GEMMs' alpha (TE's
-BackwardLinearScale)."""
+BackwardLinearScale).
+No-grad forward only: a Bias and a GELU in cuBLASLt's bias + GELU epilogue (TE's
+ForwardLinearBiasActivation names it but never forms it); with autograd on, the GELU's backward
+needs the pre-activation the epilogue does not keep, so the GELU stays in its own kernel."""
 
 from fusegen.plan import BACKWARD, FORWARD, Rule
 from fusegen.stages import GEMM
@@ -13,6 +16,10 @@ from fusegen.stages import GEMM
 FORWARD_LINEAR_BIAS_RELU = Rule(
     name="linear_bias_relu", pass_=FORWARD, stage=GEMM,
     doc="GEMM with the bias and the ReLU in its epilogue (cuBLASLt)", pattern=("linear", "bias", "relu"),
+)
+FORWARD_LINEAR_BIAS_GELU = Rule(
+    name="linear_bias_gelu", pass_=FORWARD, stage=GEMM, inference_only=True,
+    doc="GEMM with the bias and the GELU in its epilogue (cuBLASLt), without grad only", pattern=("linear", "bias", "gelu"),
 )
 FORWARD_LINEAR_SCALE_ADD = Rule(
     name="linear_scale_add", pass_=FORWARD, stage=GEMM,

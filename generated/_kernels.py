@@ -1310,6 +1310,25 @@ def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     return a.to(x.dtype)
 
 
+_DROPOUT0P1_FWD_N512 = Kernel("dropout0p1_fwd_n512")
+_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def dropout0p1_fwd_n512(x, seed0):
+    """Dropout(0.1): returns y."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_DROPOUT0P1_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, seed0, y, rows), x.device)
+        return y
+    a = ref.compute(x)
+    a = ref.dropout(a, ref.draws(seed0, a), 0.10000002384185791, 1.1111111111111112)
+    return a.to(x.dtype)
+
+
 _DROPOUT0P25_BWD_ANY = Kernel("dropout0p25_bwd_any")
 _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 

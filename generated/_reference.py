@@ -223,6 +223,15 @@ def l2_normalization_bwd(x, dy, eps):
 
 # --- generator/ops/activations.py ---------------------------------------------------------------
 
+def addmm_gelu(bias, x, weight):
+    """GELU(x W^T + b) with GELU's tanh approximation, as one GEMM on CUDA: cuBLASLt's bias + GELU
+    epilogue (torch._addmm_activation; cuBLASLt's GELU is the tanh approximation). On CPU that
+    function applies the erf GELU instead, so there the GEMM runs, then the reference GELU."""
+    if x.is_cuda:
+        return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+    return gelu(compute(torch.addmm(bias, x, weight.t()))).to(x.dtype)
+
+
 def gelu(x):
     # 0.79788456 = sqrt(2 / pi), 0.03567741 = sqrt(2 / pi) * 0.044715 (as in fg::Gelu)
     return x * (0.5 + 0.5 * torch.tanh(x * (0.79788456 + 0.03567741 * x * x)))

@@ -38,6 +38,15 @@ class DropoutAnyFunction(torch.autograd.Function):
         return d_x, None
 
 
+def no_grad_forward(x, training):
+    """The forward of `dropout_any` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · Dropout(0.25)
+    dropout0_seed = ref.new_seed(x) if training else None
+    dropout0_out = kernels.dropout0p25_fwd_any(x, dropout0_seed)
+    return dropout0_out
+
+
 class DropoutAny(torch.nn.Module):
     """`dropout_any` as one module: y = module(x).
 
@@ -62,8 +71,12 @@ class DropoutAny(torch.nn.Module):
         n = x.shape[-1]
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = DropoutAnyFunction.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
             self.training,  # Dropout draws its masks in training only
         )
+        if torch.is_grad_enabled():
+            outputs = DropoutAnyFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, n)

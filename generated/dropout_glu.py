@@ -44,6 +44,17 @@ class DropoutGluFunction(torch.autograd.Function):
         return d_x, d_linear0_weight, d_linear0_bias, None
 
 
+def no_grad_forward(x, linear0_weight, linear0_bias, training):
+    """The forward of `dropout_glu` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule elementwise · Dropout(0.2), SwiGLU()
+    dropout1_seed = ref.new_seed(linear0_out) if training else None
+    swiglu2_out = kernels.dropout0p2_swiglu_fwd_n512(linear0_out, dropout1_seed)
+    return swiglu2_out
+
+
 class DropoutGlu(torch.nn.Module):
     """`dropout_glu` as one module: y = module(x).
 
@@ -72,9 +83,13 @@ class DropoutGlu(torch.nn.Module):
         check_input("DropoutGlu", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = DropoutGluFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias,
             self.training,  # Dropout draws its masks in training only
         )
+        if torch.is_grad_enabled():
+            outputs = DropoutGluFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 512)

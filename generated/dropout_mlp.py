@@ -59,6 +59,23 @@ class DropoutMlpFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight, d_linear3_bias, None
 
 
+def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training):
+    """The forward of `dropout_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
+    nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
+    "Without grad")."""
+    # no-grad stage 0 · rule linear_bias_gelu · BasicLinear(256, 512), Bias(512), GELU()
+    gelu1_out = ref.addmm_gelu(linear0_bias, x, linear0_weight)
+    # no-grad stage 1 · rule elementwise · Dropout(0.1)
+    dropout2_seed = ref.new_seed(gelu1_out) if training else None
+    dropout2_out = kernels.dropout0p1_fwd_n512(gelu1_out, dropout2_seed)
+    # no-grad stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
+    linear3_out = torch.addmm(linear3_bias, dropout2_out, linear3_weight.t())
+    # no-grad stage 3 · rule elementwise · Dropout(0.1), AddExtraInput()
+    dropout4_seed = ref.new_seed(linear3_out) if training else None
+    addextrainput5_out = kernels.dropout0p1_add_fwd_n256(linear3_out, dropout4_seed, extra_input0)
+    return addextrainput5_out
+
+
 class DropoutMlp(torch.nn.Module):
     """`dropout_mlp` as one module: y = module(x, extra_input0).
 
@@ -95,10 +112,14 @@ class DropoutMlp(torch.nn.Module):
         check_input("DropoutMlp", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = DropoutMlpFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias, linear3_weight, linear3_bias,
             self.training,  # Dropout draws its masks in training only
         )
+        if torch.is_grad_enabled():
+            outputs = DropoutMlpFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 256)

@@ -73,6 +73,24 @@ class ElementwiseChainFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight, d_layernorm3_bias, d_bias4_bias, d_bias11_bias, d_basiclinear15_weight, d_rmsnorm16_weight
 
 
+def no_grad_forward(x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight):
+    """The forward of `elementwise_chain` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · ReLU()
+    relu0_out = kernels.relu_fwd_n768(x)
+    # no-grad stage 1 · rule add_norm · AddExtraInput(), MakeExtraOutput(), LayerNorm(768, eps=1e-06, zero_centered_gamma=True)
+    layernorm3_out, extra_output0, layernorm3_mean, layernorm3_rstd = kernels.add_layernorm_zc_eps1em06_fwd_h768(relu0_out, extra_input0, layernorm3_weight, layernorm3_bias)
+    # no-grad stage 2 · rule elementwise · Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
+    silu14_out, extra_output1 = kernels.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(layernorm3_out, bias4_bias, extra_input1, bias11_bias, extra_input2)
+    # no-grad stage 3 · rule linear · BasicLinear(384, 768)
+    basiclinear15_out = silu14_out.mm(basiclinear15_weight.t())
+    # no-grad stage 4 · rule norm · RMSNorm(768, zero_centered_gamma=True)
+    rmsnorm16_out, rmsnorm16_rstd = kernels.rmsnorm_zc_fwd_h768(basiclinear15_out, rmsnorm16_weight)
+    # no-grad stage 5 · rule elementwise · SwiGLU()
+    swiglu17_out = kernels.swiglu_fwd_n384(rmsnorm16_out)
+    return swiglu17_out, extra_output0, extra_output1
+
+
 class ElementwiseChain(torch.nn.Module):
     """`elementwise_chain` as one module: y, extra_output0, extra_output1 = module(x, extra_input0, extra_input1, extra_input2).
 
@@ -120,13 +138,17 @@ class ElementwiseChain(torch.nn.Module):
         check_input("ElementwiseChain", "extra_input2", extra_input2, 384, layernorm3_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = ElementwiseChainFunction.apply(
+        args = (
             x.reshape(-1, 768).contiguous(),
             extra_input0.reshape(-1, 768).contiguous(),
             extra_input1.reshape(-1, 768).contiguous(),
             extra_input2.reshape(-1, 384).contiguous(),
             layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight,
         )
+        if torch.is_grad_enabled():
+            outputs = ElementwiseChainFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return (
             outputs[0].reshape(*lead, 384),
             outputs[1].reshape(*lead, 768),

@@ -50,6 +50,20 @@ class Fc1Function(torch.autograd.Function):
         return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
 
 
+def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
+    """The forward of `fc1` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule norm · LayerNorm(4096)
+    layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
+    # no-grad stage 1 · rule elementwise · MakeExtraOutput() · no kernel
+    extra_output0 = layernorm0_out
+    # no-grad stage 2 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
+    linear2_out = torch.addmm(linear2_bias, layernorm0_out, linear2_weight.t())
+    # no-grad stage 3 · rule elementwise · SwiGLU()
+    swiglu3_out = kernels.swiglu_fwd_n14336(linear2_out)
+    return swiglu3_out, extra_output0
+
+
 class Fc1(torch.nn.Module):
     """`fc1` as one module: y, extra_output0 = module(x).
 
@@ -85,10 +99,14 @@ class Fc1(torch.nn.Module):
         check_input("Fc1", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = Fc1Function.apply(
+        args = (
             x.reshape(-1, 4096).contiguous(),
             layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = Fc1Function.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return (
             outputs[0].reshape(*lead, 14336),
             outputs[1].reshape(*lead, 4096),

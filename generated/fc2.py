@@ -43,6 +43,16 @@ class Fc2Function(torch.autograd.Function):
         return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 
 
+def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias):
+    """The forward of `fc2` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule elementwise · AddExtraInput()
+    addextrainput1_out = kernels.add_fwd_n4096(linear0_out, extra_input0)
+    return addextrainput1_out
+
+
 class Fc2(torch.nn.Module):
     """`fc2` as one module: y = module(x, extra_input0).
 
@@ -72,9 +82,13 @@ class Fc2(torch.nn.Module):
         check_input("Fc2", "extra_input0", extra_input0, 4096, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = Fc2Function.apply(
+        args = (
             x.reshape(-1, 14336).contiguous(),
             extra_input0.reshape(-1, 4096).contiguous(),
             linear0_weight, linear0_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = Fc2Function.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 4096)

@@ -37,6 +37,14 @@ class GeluAnyFunction(torch.autograd.Function):
         return d_x
 
 
+def no_grad_forward(x):
+    """The forward of `gelu_any` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · GELU()
+    gelu0_out = kernels.gelu_fwd_any(x)
+    return gelu0_out
+
+
 class GeluAny(torch.nn.Module):
     """`gelu_any` as one module: y = module(x).
 
@@ -61,7 +69,11 @@ class GeluAny(torch.nn.Module):
         n = x.shape[-1]
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = GeluAnyFunction.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
         )
+        if torch.is_grad_enabled():
+            outputs = GeluAnyFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, n)

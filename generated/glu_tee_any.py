@@ -39,6 +39,14 @@ class GluTeeAnyFunction(torch.autograd.Function):
         return d_x
 
 
+def no_grad_forward(x):
+    """The forward of `glu_tee_any` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · SwiGLU(), MakeExtraOutput(), ConstantScale(0.5)
+    constantscale2_out, extra_output0 = kernels.swiglu_tee_scale0p5_fwd_any(x)
+    return constantscale2_out, extra_output0
+
+
 class GluTeeAny(torch.nn.Module):
     """`glu_tee_any` as one module: y, extra_output0 = module(x).
 
@@ -63,9 +71,13 @@ class GluTeeAny(torch.nn.Module):
         n = x.shape[-1]
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = GluTeeAnyFunction.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
         )
+        if torch.is_grad_enabled():
+            outputs = GluTeeAnyFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return (
             outputs[0].reshape(*lead, n // 2),
             outputs[1].reshape(*lead, n // 2),

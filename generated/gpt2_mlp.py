@@ -56,6 +56,19 @@ class Gpt2MlpFunction(torch.autograd.Function):
         return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
 
 
+def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+    """The forward of `gpt2_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
+    nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
+    "Without grad")."""
+    # no-grad stage 0 · rule norm · LayerNorm(1024)
+    layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(x, layernorm0_weight, layernorm0_bias)
+    # no-grad stage 1 · rule linear_bias_gelu · BasicLinear(1024, 4096), Bias(4096), GELU()
+    gelu2_out = ref.addmm_gelu(linear1_bias, layernorm0_out, linear1_weight)
+    # no-grad stage 2 · rule linear_bias · BasicLinear(4096, 1024), Bias(1024)
+    linear3_out = torch.addmm(linear3_bias, gelu2_out, linear3_weight.t())
+    return linear3_out
+
+
 class Gpt2Mlp(torch.nn.Module):
     """`gpt2_mlp` as one module: y = module(x).
 
@@ -98,8 +111,12 @@ class Gpt2Mlp(torch.nn.Module):
         check_input("Gpt2Mlp", "x", x, 1024, layernorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = Gpt2MlpFunction.apply(
+        args = (
             x.reshape(-1, 1024).contiguous(),
             layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = Gpt2MlpFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 1024)

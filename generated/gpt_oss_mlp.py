@@ -56,6 +56,20 @@ class GptOssMlpFunction(torch.autograd.Function):
         return d_x, d_rmsnorm0_weight, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
 
 
+def no_grad_forward(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+    """The forward of `gpt_oss_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule norm · RMSNorm(1024)
+    rmsnorm0_out, rmsnorm0_rstd = kernels.rmsnorm_fwd_h1024(x, rmsnorm0_weight)
+    # no-grad stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
+    linear1_out = torch.addmm(linear1_bias, rmsnorm0_out, linear1_weight.t())
+    # no-grad stage 2 · rule elementwise · ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)
+    clampedswiglu2_out = kernels.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(linear1_out)
+    # no-grad stage 3 · rule linear_bias · BasicLinear(2048, 1024), Bias(1024)
+    linear3_out = torch.addmm(linear3_bias, clampedswiglu2_out, linear3_weight.t())
+    return linear3_out
+
+
 class GptOssMlp(torch.nn.Module):
     """`gpt_oss_mlp` as one module: y = module(x).
 
@@ -95,8 +109,12 @@ class GptOssMlp(torch.nn.Module):
         check_input("GptOssMlp", "x", x, 1024, rmsnorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = GptOssMlpFunction.apply(
+        args = (
             x.reshape(-1, 1024).contiguous(),
             rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = GptOssMlpFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 1024)

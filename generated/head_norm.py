@@ -59,6 +59,22 @@ class HeadNormFunction(torch.autograd.Function):
         return d_x, d_linear0_weight, d_linear0_bias, d_rmsnorm2_weight
 
 
+def no_grad_forward(x, linear0_weight, linear0_bias, rmsnorm2_weight):
+    """The forward of `head_norm` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule reshape · Reshape((-1, 4, 64))
+    reshape1_out = linear0_out.reshape(-1, 64)
+    # no-grad stage 2 · rule norm · RMSNorm(64)
+    rmsnorm2_out, rmsnorm2_rstd = kernels.rmsnorm_fwd_h64(reshape1_out, rmsnorm2_weight)
+    # no-grad stage 3 · rule reshape · Reshape((-1, 256))
+    reshape3_out = rmsnorm2_out.reshape(-1, 256)
+    # no-grad stage 4 · rule elementwise · GELU()
+    gelu4_out = kernels.gelu_fwd_n256(reshape3_out)
+    return gelu4_out
+
+
 class HeadNorm(torch.nn.Module):
     """`head_norm` as one module: y = module(x).
 
@@ -94,8 +110,12 @@ class HeadNorm(torch.nn.Module):
         lead1 = ref.reshaped_lead("HeadNorm", "Reshape((-1, 4, 64)) (specs/te_reshape.py:12:5)", (-1, 4, 64), lead.numel() * 256)
         lead2 = ref.reshaped_lead("HeadNorm", "Reshape((-1, 256)) (specs/te_reshape.py:14:5)", (-1, 256), lead1.numel() * 64)
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = HeadNormFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias, rmsnorm2_weight,
         )
+        if torch.is_grad_enabled():
+            outputs = HeadNormFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead2, 256)

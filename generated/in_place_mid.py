@@ -40,6 +40,14 @@ class InPlaceMidFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_bias0_bias
 
 
+def no_grad_forward(x, extra_input0, bias0_bias):
+    """The forward of `in_place_mid` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · Bias(256), AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
+    gelu2_out, new_extra_input0 = kernels.bias_add_tee_gelu_fwd_n256(x, bias0_bias, extra_input0)
+    return gelu2_out, new_extra_input0
+
+
 class InPlaceMid(torch.nn.Module):
     """`in_place_mid` as one module: y = module(x, extra_input0).
 
@@ -66,11 +74,15 @@ class InPlaceMid(torch.nn.Module):
         check_input("InPlaceMid", "extra_input0", extra_input0, 256, bias0_bias, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = InPlaceMidFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1, 256).clone(memory_format=torch.contiguous_format),
             bias0_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = InPlaceMidFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 14: the caller's extra_input0 becomes the sum
             extra_input0.copy_(outputs[1].reshape(extra_input0.shape))
         return outputs[0].reshape(*lead, 256)

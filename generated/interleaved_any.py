@@ -37,6 +37,14 @@ class InterleavedAnyFunction(torch.autograd.Function):
         return d_x
 
 
+def no_grad_forward(x):
+    """The forward of `interleaved_any` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · ClampedSwiGLU(glu_interleave_size=16, limit=3.0)
+    clampedswiglu0_out = kernels.clamped_swiglu_l3p0_i16_fwd_any(x)
+    return clampedswiglu0_out
+
+
 class InterleavedAny(torch.nn.Module):
     """`interleaved_any` as one module: y = module(x).
 
@@ -61,7 +69,11 @@ class InterleavedAny(torch.nn.Module):
         n = x.shape[-1]
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = InterleavedAnyFunction.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
         )
+        if torch.is_grad_enabled():
+            outputs = InterleavedAnyFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, n // 2)

@@ -51,6 +51,18 @@ class InterleavedMlpFunction(torch.autograd.Function):
         return d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
 
 
+def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
+    """The forward of `interleaved_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule elementwise · SwiGLU(glu_interleave_size=32)
+    swiglu1_out = kernels.swiglu_i32_fwd_n512(linear0_out)
+    # no-grad stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
+    linear2_out = torch.addmm(linear2_bias, swiglu1_out, linear2_weight.t())
+    return linear2_out
+
+
 class InterleavedMlp(torch.nn.Module):
     """`interleaved_mlp` as one module: y = module(x).
 
@@ -86,8 +98,12 @@ class InterleavedMlp(torch.nn.Module):
         check_input("InterleavedMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = InterleavedMlpFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = InterleavedMlpFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 256)

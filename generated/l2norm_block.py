@@ -54,6 +54,18 @@ class L2normBlockFunction(torch.autograd.Function):
         return d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
 
 
+def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
+    """The forward of `l2norm_block` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule opaque · L2Normalization(eps=1e-05)
+    l2normalization1_out = ref.l2_normalization(ref.compute(linear0_out), 1e-05).to(linear0_out.dtype)
+    # no-grad stage 2 · rule linear_bias · BasicLinear(256, 256), Bias(256)
+    linear2_out = torch.addmm(linear2_bias, l2normalization1_out, linear2_weight.t())
+    return linear2_out
+
+
 class L2normBlock(torch.nn.Module):
     """`l2norm_block` as one module: y = module(x).
 
@@ -89,8 +101,12 @@ class L2normBlock(torch.nn.Module):
         check_input("L2normBlock", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = L2normBlockFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = L2normBlockFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 256)

@@ -44,6 +44,16 @@ class LinearResidualFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_basiclinear0_weight
 
 
+def no_grad_forward(x, extra_input0, basiclinear0_weight):
+    """The forward of `linear_residual` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_scale_add · BasicLinear(256, 256), AddExtraInput(in_place=True)
+    addextrainput1_pre_make_extra_output = torch.addmm(extra_input0, x, basiclinear0_weight.t())
+    # no-grad stage 1 · rule elementwise · MakeExtraOutput() · no kernel
+    new_extra_input0 = addextrainput1_pre_make_extra_output
+    return addextrainput1_pre_make_extra_output, new_extra_input0
+
+
 class LinearResidual(torch.nn.Module):
     """`linear_residual` as one module: y = module(x, extra_input0).
 
@@ -70,11 +80,15 @@ class LinearResidual(torch.nn.Module):
         check_input("LinearResidual", "extra_input0", extra_input0, 256, basiclinear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = LinearResidualFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1, 256).contiguous(),
             basiclinear0_weight,
         )
+        if torch.is_grad_enabled():
+            outputs = LinearResidualFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 11: the caller's extra_input0 becomes the sum
             extra_input0.copy_(outputs[1].reshape(extra_input0.shape))
         return outputs[0].reshape(*lead, 256)

@@ -38,6 +38,14 @@ class MoeGegluFunction(torch.autograd.Function):
         return d_x, d_extra_input0
 
 
+def no_grad_forward(x, extra_input0):
+    """The forward of `moe_geglu` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · ClampedSwiGLU(limit=5.0), RowScale()
+    scaledclampedqgeglu0_out = kernels.clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_input0)
+    return scaledclampedqgeglu0_out
+
+
 class MoeGeglu(torch.nn.Module):
     """`moe_geglu` as one module: y = module(x, extra_input0).
 
@@ -63,8 +71,12 @@ class MoeGeglu(torch.nn.Module):
         check_row_input("MoeGeglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = MoeGegluFunction.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
             extra_input0.reshape(-1).contiguous(),
         )
+        if torch.is_grad_enabled():
+            outputs = MoeGegluFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, n // 2)

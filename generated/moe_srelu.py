@@ -52,6 +52,18 @@ class MoeSreluFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
 
 
+def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
+    """The forward of `moe_srelu` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias · BasicLinear(256, 512), Bias(512)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule elementwise · SReLU(), RowScale()
+    scaledsrelu1_out = kernels.srelu_rowscale_fwd_n512(linear0_out, extra_input0)
+    # no-grad stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
+    linear2_out = torch.addmm(linear2_bias, scaledsrelu1_out, linear2_weight.t())
+    return linear2_out
+
+
 class MoeSrelu(torch.nn.Module):
     """`moe_srelu` as one module: y = module(x, extra_input0).
 
@@ -88,9 +100,13 @@ class MoeSrelu(torch.nn.Module):
         check_row_input("MoeSrelu", "extra_input0", extra_input0, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = MoeSreluFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1).contiguous(),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = MoeSreluFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 256)

@@ -38,6 +38,14 @@ class MoeSwigluFunction(torch.autograd.Function):
         return d_x, d_extra_input0
 
 
+def no_grad_forward(x, extra_input0):
+    """The forward of `moe_swiglu` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · SwiGLU(), RowScale()
+    scaledswiglu0_out = kernels.swiglu_rowscale_fwd_any(x, extra_input0)
+    return scaledswiglu0_out
+
+
 class MoeSwiglu(torch.nn.Module):
     """`moe_swiglu` as one module: y = module(x, extra_input0).
 
@@ -63,8 +71,12 @@ class MoeSwiglu(torch.nn.Module):
         check_row_input("MoeSwiglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = MoeSwigluFunction.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
             extra_input0.reshape(-1).contiguous(),
         )
+        if torch.is_grad_enabled():
+            outputs = MoeSwigluFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, n // 2)

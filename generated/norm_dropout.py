@@ -48,6 +48,17 @@ class NormDropoutFunction(torch.autograd.Function):
         return d_x, d_rmsnorm0_weight, d_linear2_weight, d_linear2_bias, None
 
 
+def no_grad_forward(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
+    """The forward of `norm_dropout` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule norm_dropout · RMSNorm(256), Dropout(0.3)
+    dropout1_seed = ref.new_seed(x) if training else None
+    dropout1_out, rmsnorm0_rstd = kernels.rmsnorm_dropout0p3_fwd_h256(x, dropout1_seed, rmsnorm0_weight)
+    # no-grad stage 1 · rule linear_bias · BasicLinear(256, 512), Bias(512)
+    linear2_out = torch.addmm(linear2_bias, dropout1_out, linear2_weight.t())
+    return linear2_out
+
+
 class NormDropout(torch.nn.Module):
     """`norm_dropout` as one module: y = module(x).
 
@@ -80,9 +91,13 @@ class NormDropout(torch.nn.Module):
         check_input("NormDropout", "x", x, 256, rmsnorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = NormDropoutFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             rmsnorm0_weight, linear2_weight, linear2_bias,
             self.training,  # Dropout draws its masks in training only
         )
+        if torch.is_grad_enabled():
+            outputs = NormDropoutFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 512)

@@ -49,6 +49,17 @@ class PostAttentionFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_layernorm4_weight, d_layernorm4_bias, None
 
 
+def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias, training):
+    """The forward of `post_attention` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear · BasicLinear(256, 256)
+    linear0_pre_bias = x.mm(linear0_weight.t())
+    # no-grad stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(), MakeExtraOutput(), LayerNorm(256)
+    dropout1_seed = ref.new_seed(linear0_pre_bias) if training else None
+    layernorm4_out, extra_output0, layernorm4_mean, layernorm4_rstd = kernels.bias_dropout0p1_add_layernorm_fwd_h256(linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight, layernorm4_bias)
+    return layernorm4_out, extra_output0
+
+
 class PostAttention(torch.nn.Module):
     """`post_attention` as one module: y, extra_output0 = module(x, extra_input0).
 
@@ -85,12 +96,16 @@ class PostAttention(torch.nn.Module):
         check_input("PostAttention", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = PostAttentionFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
             self.training,  # Dropout draws its masks in training only
         )
+        if torch.is_grad_enabled():
+            outputs = PostAttentionFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return (
             outputs[0].reshape(*lead, 256),
             outputs[1].reshape(*lead, 256),

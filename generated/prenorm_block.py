@@ -51,6 +51,20 @@ class PrenormBlockFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
 
 
+def no_grad_forward(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
+    """The forward of `prenorm_block` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · MakeExtraOutput() · no kernel
+    extra_output0 = x
+    # no-grad stage 1 · rule norm · RMSNorm(4096)
+    rmsnorm1_out, rmsnorm1_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm1_weight)
+    # no-grad stage 2 · rule linear_bias · BasicLinear(4096, 4096), Bias(4096)
+    linear2_out = torch.addmm(linear2_bias, rmsnorm1_out, linear2_weight.t())
+    # no-grad stage 3 · rule elementwise · AddExtraInput()
+    addextrainput3_out = kernels.add_fwd_n4096(linear2_out, extra_input0)
+    return addextrainput3_out, extra_output0
+
+
 class PrenormBlock(torch.nn.Module):
     """`prenorm_block` as one module: y, extra_output0 = module(x, extra_input0).
 
@@ -84,11 +98,15 @@ class PrenormBlock(torch.nn.Module):
         check_input("PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = PrenormBlockFunction.apply(
+        args = (
             x.reshape(-1, 4096).contiguous(),
             extra_input0.reshape(-1, 4096).contiguous(),
             rmsnorm1_weight, linear2_weight, linear2_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = PrenormBlockFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return (
             outputs[0].reshape(*lead, 4096),
             outputs[1].reshape(*lead, 4096),

@@ -39,6 +39,14 @@ class PrenormInPlaceFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_rmsnorm1_weight
 
 
+def no_grad_forward(x, extra_input0, rmsnorm1_weight):
+    """The forward of `prenorm_in_place` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule add_norm · AddExtraInput(in_place=True), MakeExtraOutput(), RMSNorm(256)
+    rmsnorm1_out, new_extra_input0, rmsnorm1_rstd = kernels.add_rmsnorm_fwd_h256(x, extra_input0, rmsnorm1_weight)
+    return rmsnorm1_out, new_extra_input0
+
+
 class PrenormInPlace(torch.nn.Module):
     """`prenorm_in_place` as one module: y = module(x, extra_input0).
 
@@ -65,11 +73,15 @@ class PrenormInPlace(torch.nn.Module):
         check_input("PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = PrenormInPlaceFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1, 256).contiguous(),
             rmsnorm1_weight,
         )
+        if torch.is_grad_enabled():
+            outputs = PrenormInPlaceFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 12: the caller's extra_input0 becomes the sum
             extra_input0.copy_(outputs[1].reshape(extra_input0.shape))
         return outputs[0].reshape(*lead, 256)

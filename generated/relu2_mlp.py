@@ -56,6 +56,20 @@ class Relu2MlpFunction(torch.autograd.Function):
         return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
 
 
+def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+    """The forward of `relu2_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule norm · LayerNorm(1024)
+    layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(x, layernorm0_weight, layernorm0_bias)
+    # no-grad stage 1 · rule linear_bias · BasicLinear(1024, 2048), Bias(2048)
+    linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
+    # no-grad stage 2 · rule elementwise · SReLU()
+    srelu2_out = kernels.srelu_fwd_n2048(linear1_out)
+    # no-grad stage 3 · rule linear_bias · BasicLinear(2048, 1024), Bias(1024)
+    linear3_out = torch.addmm(linear3_bias, srelu2_out, linear3_weight.t())
+    return linear3_out
+
+
 class Relu2Mlp(torch.nn.Module):
     """`relu2_mlp` as one module: y = module(x).
 
@@ -98,8 +112,12 @@ class Relu2Mlp(torch.nn.Module):
         check_input("Relu2Mlp", "x", x, 1024, layernorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = Relu2MlpFunction.apply(
+        args = (
             x.reshape(-1, 1024).contiguous(),
             layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = Relu2MlpFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 1024)

@@ -49,6 +49,16 @@ class ReluMlpFunction(torch.autograd.Function):
         return d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
 
 
+def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
+    """The forward of `relu_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias_relu · BasicLinear(256, 512), Bias(512), ReLU()
+    relu1_out = torch._addmm_activation(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule linear_bias · BasicLinear(512, 256), Bias(256)
+    linear2_out = torch.addmm(linear2_bias, relu1_out, linear2_weight.t())
+    return linear2_out
+
+
 class ReluMlp(torch.nn.Module):
     """`relu_mlp` as one module: y = module(x).
 
@@ -84,8 +94,12 @@ class ReluMlp(torch.nn.Module):
         check_input("ReluMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = ReluMlpFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = ReluMlpFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 256)

@@ -41,6 +41,14 @@ class ResidualAnyFunction(torch.autograd.Function):
         return d_x, d_extra_input0
 
 
+def no_grad_forward(x, extra_input0):
+    """The forward of `residual_any` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU()
+    qgelu3_out, extra_output0 = kernels.add_scale0p5_tee_qgelu_fwd_any(x, extra_input0)
+    return qgelu3_out, extra_output0
+
+
 class ResidualAny(torch.nn.Module):
     """`residual_any` as one module: y, extra_output0 = module(x, extra_input0).
 
@@ -66,10 +74,14 @@ class ResidualAny(torch.nn.Module):
         check_input("ResidualAny", "extra_input0", extra_input0, n, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = ResidualAnyFunction.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
             extra_input0.reshape(-1, n).contiguous(),
         )
+        if torch.is_grad_enabled():
+            outputs = ResidualAnyFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return (
             outputs[0].reshape(*lead, n),
             outputs[1].reshape(*lead, n),

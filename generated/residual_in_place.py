@@ -46,6 +46,17 @@ class ResidualInPlaceFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 
 
+def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias):
+    """The forward of `residual_in_place` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # no-grad stage 1 · rule elementwise · AddExtraInput(in_place=True), MakeExtraOutput()
+    addextrainput1_out = kernels.add_tee_fwd_n256(linear0_out, extra_input0)
+    new_extra_input0 = addextrainput1_out
+    return addextrainput1_out, new_extra_input0
+
+
 class ResidualInPlace(torch.nn.Module):
     """`residual_in_place` as one module: y = module(x, extra_input0).
 
@@ -75,11 +86,15 @@ class ResidualInPlace(torch.nn.Module):
         check_input("ResidualInPlace", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = ResidualInPlaceFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = ResidualInPlaceFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 10: the caller's extra_input0 becomes the sum
             extra_input0.copy_(outputs[1].reshape(extra_input0.shape))
         return outputs[0].reshape(*lead, 256)

@@ -50,6 +50,19 @@ class RowsOf64Function(torch.autograd.Function):
         return d_x, d_bias3_bias
 
 
+def no_grad_forward(x, bias3_bias):
+    """The forward of `rows_of_64` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule elementwise · SiLU()
+    silu0_out = kernels.silu_fwd_any(x)
+    # no-grad stage 1 · rule reshape · Reshape((-1, 64))
+    reshape1_out = silu0_out.reshape(-1, 64)
+    # no-grad stage 2 · rule elementwise · MakeExtraOutput(), Bias(64)
+    bias3_out = kernels.tee_bias_fwd_n64(reshape1_out, bias3_bias)
+    extra_output0 = reshape1_out
+    return bias3_out, extra_output0
+
+
 class RowsOf64(torch.nn.Module):
     """`rows_of_64` as one module: y, extra_output0 = module(x).
 
@@ -79,10 +92,14 @@ class RowsOf64(torch.nn.Module):
         lead = x.shape[:-1]
         lead1 = ref.reshaped_lead("RowsOf64", "Reshape((-1, 64)) (specs/te_reshape.py:17:47)", (-1, 64), lead.numel() * n)
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = RowsOf64Function.apply(
+        args = (
             x.reshape(-1, n).contiguous(),
             bias3_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = RowsOf64Function.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return (
             outputs[0].reshape(*lead1, 64),
             outputs[1].reshape(*lead1, 64),

@@ -43,6 +43,16 @@ class ScaledLinearFunction(torch.autograd.Function):
         return d_x, d_linear0_weight, d_linear0_bias
 
 
+def no_grad_forward(x, linear0_weight, linear0_bias):
+    """The forward of `scaled_linear` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_bias_scale · BasicLinear(256, 256), Bias(256), ConstantScale(2.0)
+    constantscale1_out = torch.addmm(linear0_bias, x, linear0_weight.t(), beta=2.0, alpha=2.0)
+    # no-grad stage 1 · rule elementwise · GELU()
+    gelu2_out = kernels.gelu_fwd_n256(constantscale1_out)
+    return gelu2_out
+
+
 class ScaledLinear(torch.nn.Module):
     """`scaled_linear` as one module: y = module(x).
 
@@ -71,8 +81,12 @@ class ScaledLinear(torch.nn.Module):
         check_input("ScaledLinear", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = ScaledLinearFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             linear0_weight, linear0_bias,
         )
+        if torch.is_grad_enabled():
+            outputs = ScaledLinearFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 256)

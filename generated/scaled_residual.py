@@ -40,6 +40,14 @@ class ScaledResidualFunction(torch.autograd.Function):
         return d_x, d_extra_input0, d_basiclinear0_weight
 
 
+def no_grad_forward(x, extra_input0, basiclinear0_weight):
+    """The forward of `scaled_residual` when autograd is off (torch.no_grad, torch.inference_mode):
+    the same stages, keeping nothing for a backward."""
+    # no-grad stage 0 · rule linear_scale_add · BasicLinear(256, 256), ConstantScale(0.5), AddExtraInput()
+    addextrainput2_out = torch.addmm(extra_input0, x, basiclinear0_weight.t(), alpha=0.5)
+    return addextrainput2_out
+
+
 class ScaledResidual(torch.nn.Module):
     """`scaled_residual` as one module: y = module(x, extra_input0).
 
@@ -66,9 +74,13 @@ class ScaledResidual(torch.nn.Module):
         check_input("ScaledResidual", "extra_input0", extra_input0, 256, basiclinear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
-        outputs = ScaledResidualFunction.apply(
+        args = (
             x.reshape(-1, 256).contiguous(),
             extra_input0.reshape(-1, 256).contiguous(),
             basiclinear0_weight,
         )
+        if torch.is_grad_enabled():
+            outputs = ScaledResidualFunction.apply(*args)
+        else:  # autograd is off: the forward alone, keeping nothing for a backward
+            outputs = no_grad_forward(*args)
         return outputs.reshape(*lead, 256)

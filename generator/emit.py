@@ -46,10 +46,11 @@ def environment() -> jinja2.Environment:
 
 # --- forward and backward: each stage's implementation writes its own lines ----------------------
 
-def forward_blocks(em: Emitter) -> list[Block]:
+def forward_blocks(em: Emitter, stages=None, label: str = "forward") -> list[Block]:
+    """Blocks of the forward (``stages``: the plan's forward, or its no-grad forward)."""
     blocks = []
-    for n, stage in enumerate(em.plan.forward):
-        block = Block(f"forward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
+    for n, stage in enumerate(em.plan.forward if stages is None else stages):
+        block = Block(f"{label} stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
                       + (" · no kernel" if stage.kind == "passthrough" else ""))
         em.values[stage.end] = stage.rule.stage.forward(em, stage, block)
         blocks.append(block)
@@ -70,10 +71,18 @@ def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
     return blocks, grads[0]
 
 
+def no_grad_blocks(plan: Plan, stage_kernels: dict) -> list[Block]:
+    """Blocks of the no-grad forward: its stages, writing nothing for a backward."""
+    kernels = {("forward", start): specs for (pass_, start), specs in stage_kernels.items() if pass_ == "inference"}
+    return forward_blocks(Emitter(plan, kernels, saving=False), plan.inference, "no-grad")
+
+
 def runs_as(plan: Plan, stage_kernels: dict) -> dict[tuple[str, int], str]:
     """The plan's "runs as" cell per stage, keyed by (pass, stage start)."""
-    return {(pass_, stage.start): stage.rule.stage.runs_as(pass_, stage, stage_kernels.get((pass_, stage.start), []))
-            for pass_, stages in (("forward", plan.forward), ("backward", plan.backward)) for stage in stages}
+    return {(pass_, stage.start): stage.rule.stage.runs_as("backward" if pass_ == "backward" else "forward", stage,
+                                                           stage_kernels.get((pass_, stage.start), []))
+            for pass_, stages in (("forward", plan.forward), ("backward", plan.backward), ("inference", plan.inference))
+            for stage in stages}
 
 
 def placement(op) -> tuple[str, str]:
@@ -143,6 +152,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
+        no_grad=no_grad_blocks(plan, stage_kernels), no_grad_fuses_more=plan.inference != plan.forward,
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],
         # the extra inputs written back, and those the backward reads (the forward gets a copy of

@@ -5,6 +5,11 @@ from ``fusion_rules`` once, every rule sliding greedily left to right over the o
 took. Every stage records the rule that made it. Then the saved tensors are resolved: each backward
 stage names the forward values it needs; an elementwise backward stage that needs a value the
 forward pass never materialised recomputes it from the nearest earlier one inside its own run.
+
+A third list of stages is the no-grad forward: what the module runs when autograd is off
+(``torch.no_grad``, ``torch.inference_mode``). It is planned with every forward rule, including
+the ``inference_only`` ones, which may drop what a backward would need (a GELU in the GEMM's
+epilogue loses the pre-activation its backward reads).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from .pipeline import Op, Pipeline
 from .stages import Recompute, StageImpl
 
 FORWARD, BACKWARD = "forward", "backward"
+INFERENCE = "inference"  # what an inference_only rule's stage is checked for: a forward with no backward
 
 
 class RuleError(ValueError):
@@ -43,11 +49,15 @@ class Rule:
     match: Callable[[Sequence[Op]], int] | None = None
     covers: frozenset[str] = frozenset()
     min_ops: int = 1  # fewer matched ops is no match (a bare norm left to the plain norm rule)
+    # a forward rule for the no-grad forward only: its stage need not keep what a backward reads
+    inference_only: bool = False
 
     def __post_init__(self):
         where = f"fusion rule '{self.name}'"
         if self.pass_ not in (FORWARD, BACKWARD):
             raise RuleError(f"{where}: pass_ must be '{FORWARD}' or '{BACKWARD}', got {self.pass_!r}")
+        if self.inference_only and self.pass_ != FORWARD:
+            raise RuleError(f"{where}: inference_only is for forward rules (the no-grad forward has no backward)")
         if not isinstance(self.stage, StageImpl):
             raise RuleError(f"{where}: stage must be a stage implementation (fusegen.stages: GEMM, NORM, RESHAPE, MODULE, "
                             f"ELEMENTWISE, OPAQUE), got {self.stage!r}")
@@ -70,7 +80,7 @@ class Rule:
         for chain in chains:
             if len(chain) < self.min_ops and self.pattern:
                 continue
-            why = self.stage.check(self.pass_, chain)
+            why = self.stage.check(INFERENCE if self.inference_only else self.pass_, chain)
             if why is not None:
                 raise RuleError(f"{where} cannot be implemented: it may fuse {' + '.join(chain)}, but {why}")
 
@@ -126,6 +136,7 @@ class Plan:
     recompute: dict[int, Recompute] = field(default_factory=dict)  # backward stage start -> recompute
     saved_values: tuple[int, ...] = ()  # positions saved for backward
     saved_extra_inputs: tuple[int, ...] = ()  # extra-input indices saved for backward
+    inference: tuple[Stage, ...] = ()  # the no-grad forward: every forward rule, inference_only ones too
 
 
 def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[Stage, ...]:
@@ -163,7 +174,8 @@ def materialized_values(forward: Sequence[Stage]) -> frozenset[int]:
 
 
 def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_rules: Sequence[Rule]) -> Plan:
-    forward = apply_rules(pipeline.ops, forward_rules, FORWARD)
+    forward = apply_rules(pipeline.ops, [rule for rule in forward_rules if not rule.inference_only], FORWARD)
+    inference = apply_rules(pipeline.ops, forward_rules, FORWARD)
     backward = apply_rules(pipeline.ops, backward_rules, BACKWARD)
     have = materialized_values(forward)
     saved_values: set[int] = set()
@@ -175,4 +187,5 @@ def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_ru
         saved_extra |= saves.extra_inputs
         if saves.recompute is not None:
             recompute[stage.start] = saves.recompute
-    return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)))
+    return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)),
+                inference)

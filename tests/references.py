@@ -170,12 +170,14 @@ def randomize_(module, generator=None):
 
 
 def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=0, ref_device="cpu",
-                    reference=None, gemm=True):
+                    reference=None, gemm=True, no_grad=None):
     """Forward + backward of a generated module against the float64 reference (computed on
     ``ref_device``; ``reference(params, x, *extra_inputs)``, by default the shipped pipeline's in
     PIPELINES); asserts every output, extra output, input grad and parameter grad. A size-generic
     module's extra inputs are as wide as its ``extra_input_features`` say in terms of x's width n.
-    ``gemm=False``: the pipeline has no GEMM, so float32 is held to its own roundoff."""
+    ``gemm=False``: the pipeline has no GEMM, so float32 is held to its own roundoff.
+    ``no_grad``: a context (torch.no_grad, torch.inference_mode) the module runs under (its
+    no-grad forward); outputs only."""
     if reference is None:
         _, reference, _ = PIPELINES[name]
     module.zero_grad(set_to_none=True)
@@ -188,8 +190,18 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
     if make_input is not None:
         dev_inputs = [make_input(t) for t in dev_inputs]
     dev_inputs = [t.requires_grad_() for t in dev_inputs]
-    outputs = module(*dev_inputs)
+    with no_grad() if no_grad is not None else torch.enable_grad():
+        outputs = module(*dev_inputs)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    if no_grad is not None:
+        assert all(o.grad_fn is None for o in outputs)  # no graph (an extra output may be x itself)
+        as64 = lambda t: t.detach().to(device=ref_device, dtype=torch.float64)  # noqa: E731
+        ref_outputs = reference({k: as64(v) for k, v in module.state_dict().items()}, *[as64(t) for t in dev_inputs])
+        assert len(ref_outputs) == len(outputs)
+        for i, (o, r) in enumerate(zip(outputs, ref_outputs)):
+            assert o.dtype == dtype and o.device.type == torch.device(device).type
+            assert_close_to_reference(f"{name} no-grad output {i}", o, r, dtype, gemm)
+        return
     grads = [torch.randn(o.shape, generator=gen).to(device=device, dtype=dtype) for o in outputs]
     torch.autograd.backward(outputs, grads)
 

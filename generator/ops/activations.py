@@ -7,6 +7,7 @@ shipped by source into the output's ``_reference.py`` (ops/shipped.py): they may
 ``torch``, ``math`` and other shipped functions.
 """
 
+from .common import compute
 from .lazy import torch
 from .opdef import CACHE_QUANTIZED_INPUT, OpDef, register
 
@@ -20,6 +21,15 @@ def gelu_bwd(x, dy):
     k0 = 0.79788456  # sqrt(2 / pi)
     t = torch.tanh(k0 * x * (1 + 0.044715 * x * x))
     return dy * (0.5 * x * (1 - t * t) * (k0 + 0.1070322243 * x * x) + 0.5 * (1 + t))
+
+
+def addmm_gelu(bias, x, weight):
+    """GELU(x W^T + b) with GELU's tanh approximation, as one GEMM on CUDA: cuBLASLt's bias + GELU
+    epilogue (torch._addmm_activation; cuBLASLt's GELU is the tanh approximation). On CPU that
+    function applies the erf GELU instead, so there the GEMM runs, then the reference GELU."""
+    if x.is_cuda:
+        return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+    return gelu(compute(torch.addmm(bias, x, weight.t()))).to(x.dtype)
 
 
 def relu(x):
@@ -48,8 +58,10 @@ def srelu_bwd(x, dy):
 
 
 register(OpDef(
-    "GELU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "gelu", device_struct="fg::Gelu",
+    # its own kind: the no-grad forward's GEMM epilogue can take it (fusion_rules/linear_epilogue.py)
+    "GELU", "gelu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "gelu", device_struct="fg::Gelu",
     reference=(gelu, gelu_bwd), summary="tanh-approximated GELU", needs_input_in_backward=True,
+    reference_helpers=(addmm_gelu,),
 ))
 register(OpDef(
     # its own kind: a GEMM epilogue can take it (fusion_rules/linear_epilogue.py), other activations not

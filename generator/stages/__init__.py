@@ -17,11 +17,12 @@ __all__ = ["ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "RESHAPE", "Block"
 
 
 def stage_kernels(plan) -> dict:
-    """Kernels per stage that has any, keyed by (pass, stage start); the stage's main kernel first."""
+    """Kernels per stage that has any, keyed by (pass, stage start); the stage's main kernel first.
+    The no-grad forward's stages are keyed ("inference", start): forward stages to their kernels."""
     out = {}
-    for pass_, stages in (("forward", plan.forward), ("backward", plan.backward)):
+    for pass_, stages in (("forward", plan.forward), ("backward", plan.backward), ("inference", plan.inference)):
         for stage in stages:
-            specs = stage.rule.stage.kernels(plan, stage, pass_)
+            specs = stage.rule.stage.kernels(plan, stage, "backward" if pass_ == "backward" else "forward")
             if specs:
                 out[(pass_, stage.start)] = specs
     return out

@@ -133,6 +133,8 @@ class Emitter:
     stage_kernels: dict  # (pass, stage start) -> [KernelSpec]
     values: dict[int, str] = field(default_factory=lambda: {0: "x"})  # forward value position -> name
     stats: dict[int, list[str]] = field(default_factory=dict)  # norm op index -> its saved statistics
+    # False: the no-grad forward, which keeps nothing for a backward (no ctx)
+    saving: bool = True
 
     @property
     def pipeline(self) -> Pipeline:

@@ -6,7 +6,9 @@ Forward y = x W^T (``torch.addmm``: y = beta C + alpha x W^T), absorbing
 - a following Bias and ReLU: cuBLASLt's bias + ReLU epilogue (``torch._addmm_activation``; TE's
   ForwardLinearBiasActivation forms only the bias), the ReLU's backward then reading its output;
 - a following AddExtraInput r: C = r, beta = 1, the GEMM accumulating into the residual (TE's
-  ForwardLinearBiasAdd / ForwardLinearScaleAdd; a Bias as well would need two C operands).
+  ForwardLinearBiasAdd / ForwardLinearScaleAdd; a Bias as well would need two C operands);
+- in the no-grad forward only, a following Bias and GELU: cuBLASLt's bias + GELU epilogue (the
+  GELU's backward would read the pre-activation, which the epilogue does not keep).
 Backward dgrad dy W and wgrad dy^T x; a ConstantScale right after the linear becomes both GEMMs'
 alpha (TE's BackwardLinearScale); a MakeExtraOutput just before the linear has its output grad
 accumulated into dgrad (``beta=1``, TE's BackwardLinearAdd). Nothing else fits a GEMM call, so
@@ -26,6 +28,9 @@ FORMS = {
                 ("linear", "add_extra_input"): "GEMM accumulating into the extra input (beta=1)",
                 ("linear", "scale", "add_extra_input"): "GEMM with the scale as alpha, accumulating into the "
                                                         "extra input (beta=1)"},
+    # the no-grad forward (plan.INFERENCE): the forward forms, and what only a forward without a
+    # backward can use
+    "inference": {("linear", "bias", "gelu"): "GEMM with the bias and the GELU in its epilogue"},
     "backward": {("linear",): "dgrad and wgrad GEMMs",
                  ("linear", "scale"): "dgrad and wgrad GEMMs with the scale as alpha",
                  ("make_extra_output", "linear"): "dgrad accumulating the extra output's grad"},
@@ -36,10 +41,11 @@ class GemmStage(StageImpl):
     name = "gemm"
 
     def check(self, pass_, chain):
-        if tuple(chain) in FORMS[pass_]:
+        forms = {**FORMS["forward"], **FORMS["inference"]} if pass_ == "inference" else FORMS[pass_]
+        if tuple(chain) in forms:
             return None
-        can = "; ".join(" + ".join(form) for form in FORMS[pass_])
-        return f"a {pass_} GEMM stage runs only these op chains: {can}"
+        can = "; ".join(" + ".join(form) for form in forms)
+        return f"a {'no-grad forward' if pass_ == 'inference' else pass_} GEMM stage runs only these op chains: {can}"
 
     def saves(self, pipeline, stage, have):
         return Saves(values=frozenset({stage.first("linear").index}))  # wgrad reads the GEMM input
@@ -53,6 +59,9 @@ class GemmStage(StageImpl):
         w = param_name(linear, "weight")
         if stage.first("relu") is not None:
             block.lines.append(f"{out} = torch._addmm_activation({param_name(bias, 'bias')}, {x_in}, {w}.t())")
+            return out
+        if stage.first("gelu") is not None:  # cuBLASLt's bias + GELU epilogue on CUDA (ops/activations.py)
+            block.lines.append(f"{out} = ref.addmm_gelu({param_name(bias, 'bias')}, {x_in}, {w})")
             return out
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
         if add is not None:  # beta = 1: the GEMM accumulates into the residual

@@ -35,6 +35,14 @@ class ModuleStage(StageImpl):
         op = stage.ops[0]
         x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
         h = op.hint
+        if not em.saving:  # no grad: the module runs as it is
+            block.lines += [
+                f"{h}_in = {x_in}.reshape(*{lead_name(op)}, {x_in}.shape[1])",
+                f"{h}_out = {module_name(op)}({h}_in)",
+                f'ref.check_module_output("{em.pipeline.class_name}", "{op.args["call"]} ({op.location})", {h}_in, {h}_out)',
+                f"{out} = {h}_out.reshape({x_in}.shape)",
+            ]
+            return out
         block.lines += [
             "with torch.enable_grad():  # the module's own graph, for this stage's backward",
             f"    {h}_graph_in = {x_in}.detach().reshape(*{lead_name(op)}, {x_in}.shape[1]).requires_grad_()",

@@ -98,7 +98,7 @@ BAD_PLUGINS = [
     ("""\
         from fusegen.plugins import ELEMENTWISE, FORWARD, Rule, register_rule
         register_rule(Rule("r", FORWARD, ELEMENTWISE, "x", pattern=("scale",)), before="elementwize")
-     """, "plugin bad_ext: fusion rule 'r': no forward rule is named 'elementwize'; the forward rules are add_norm"),
+     """, "plugin bad_ext: fusion rule 'r': no forward rule is named 'elementwize'; the forward rules are dropout_add_norm, norm_dropout, add_norm"),
     ("""\
         from fusegen.plugins import OpDef, register_op
         register_op(OpDef("Twice", "twice", device_struct="ext::Twice", device_header="twice.cuh"), cuda="cuda")

@@ -47,7 +47,11 @@ def test_te_mlp():
         ("backward", 0): ["layernorm_bwd_h4096", "column_sum_n8192"],
         ("backward", 2): ["bias_swiglu_bwd_n14336", "column_sum_n28672"],
         ("backward", 5): ["bias_bwd_n4096", "column_sum_n4096"],
+        # without grad: the same stages, so the same kernels
+        ("inference", 0): ["layernorm_fwd_h4096"],
+        ("inference", 3): ["swiglu_fwd_n14336"],
     }
+    assert plan.inference == plan.forward
     # the SwiGLU backward recomputes from its input (the GEMM + bias output), nothing else
     assert plan.recompute[2].saved_position == 3
     assert plan.saved_values == (0, 1, 3, 4)
@@ -93,6 +97,8 @@ def test_prenorm_block():
 def test_gpt2_mlp():
     plan = plan_of("gpt2_mlp.py", "gpt2_mlp")
     assert [s.rule.name for s in plan.forward] == ["norm", "linear_bias", "elementwise", "linear_bias"]
+    # without grad the GELU runs in the GEMM's epilogue: nothing needs its input afterwards
+    assert [s.rule.name for s in plan.inference] == ["norm", "linear_bias_gelu", "linear_bias"]
     assert [s.rule.name for s in plan.backward] == [
         "norm_backward", "linear_backward", "elementwise_backward", "linear_backward", "elementwise_backward"]
     assert kernel_names(plan)[("backward", 2)] == ["bias_gelu_bwd_n4096", "column_sum_n4096"]

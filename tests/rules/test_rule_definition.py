@@ -26,6 +26,19 @@ def test_te_linear_bias_activation_pattern_fails_at_definition_not_in_the_planne
         Rule("forward_linear_bias_activation", FORWARD, GEMM, "TE's fused op", pattern=("linear", "bias", "activation"))
 
 
+def test_a_gelu_epilogue_is_for_the_no_grad_forward_only():
+    # with autograd on, the GELU's backward needs the pre-activation the epilogue does not keep
+    with pytest.raises(RuleError, match="it may fuse linear \\+ bias \\+ gelu, but a forward GEMM stage runs only"):
+        Rule("gelu_epilogue", FORWARD, GEMM, "x", pattern=("linear", "bias", "gelu"))
+    rule = Rule("gelu_epilogue", FORWARD, GEMM, "x", pattern=("linear", "bias", "gelu"), inference_only=True)
+    assert rule.fuses([]) == 0
+    with pytest.raises(RuleError, match="inference_only is for forward rules"):
+        Rule("gelu_epilogue", BACKWARD, GEMM, "x", pattern=("linear",), inference_only=True)
+    # and a no-grad rule is still checked: a GEMM takes no SiLU
+    with pytest.raises(RuleError, match="it may fuse linear \\+ bias \\+ activation, but a no-grad forward GEMM stage"):
+        Rule("silu_epilogue", FORWARD, GEMM, "x", pattern=("linear", "bias", "activation"), inference_only=True)
+
+
 def test_every_chain_of_an_optional_pattern_is_checked():
     # norm alone is fine; a ReLU after the norm is not (its backward reads the norm's output,
     # which a norm kernel with ops after it never writes); nor is a dropout before a backward norm.

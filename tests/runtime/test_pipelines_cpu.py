@@ -17,6 +17,18 @@ def test_pipeline_matches_float64_reference(name, dtype):
     run_and_compare(module, name, (2, 3, module.in_features), dtype, "cpu", seed=2)
 
 
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_no_grad_forward_matches_float64_reference(name, mode, monkeypatch):
+    """With autograd off the module runs its no-grad forward (the autograd.Function never), whose
+    plan may fuse more (a GELU in the GEMM's epilogue)."""
+    module = getattr(generated, PIPELINES[name][0])(dtype=torch.float32)
+    randomize_(module, torch.Generator().manual_seed(1))
+    function = getattr(generated, name).__dict__[PIPELINES[name][0] + "Function"]
+    monkeypatch.setattr(function, "apply", lambda *args: pytest.fail("the autograd.Function ran without grad"))
+    run_and_compare(module, name, (2, 3, module.in_features), torch.float32, "cpu", seed=2, no_grad=mode)
+
+
 def test_single_row_and_non_contiguous_input():
     module = generated.Gpt2Mlp(dtype=torch.float32)
     randomize_(module, torch.Generator().manual_seed(3))

@@ -97,6 +97,12 @@ def check(pkg, dtype, device):
     assert_close_to_reference("input grad", x.grad, x64.grad, dtype)
     for key, p in module.named_parameters():
         assert_close_to_reference(f"grad {key}", p.grad, params[key].grad, dtype)
+    with torch.no_grad():  # the no-grad forward runs the module as it is
+        y_no_grad = module(x)
+    assert y_no_grad.grad_fn is None
+    assert_close_to_reference("no-grad output", y_no_grad, y64, dtype)
+    with pytest.raises(ValueError, match="returned"), torch.no_grad():  # its output is checked there too
+        pkg.Pooled(device=device, dtype=dtype)(torch.randn(3, 256, device=device, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
