@@ -91,14 +91,14 @@ CASES = {"DropoutMlp": (dropout_mlp, 256, True), "DropoutGlu": (dropout_glu, 256
          "NormDropout": (norm_dropout, 256, True)}
 
 
-def check(cls, dtype, device, training, lead):
+def check(cls, dtype, device, training, lead, no_grad=None):
     factory, width, gemm = CASES[cls]
     module = getattr(generated, cls)(device=device, dtype=dtype)
     randomize_(module, torch.Generator().manual_seed(1))
     module.train(training)
     torch.manual_seed(SEED)  # the module's keys: the first draws after this
     run_and_compare(module, cls, (*lead, width), dtype, device, seed=5, ref_device=device,
-                    reference=factory(training, device), gemm=gemm)
+                    reference=factory(training, device), gemm=gemm, no_grad=no_grad)
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
@@ -106,6 +106,14 @@ def check(cls, dtype, device, training, lead):
 @pytest.mark.parametrize("cls", sorted(CASES))
 def test_cpu(cls, dtype, training):
     check(cls, dtype, "cpu", training, (2, 3))
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("cls", sorted(CASES))
+def test_cpu_no_grad(cls, training):
+    """Without grad, in training mode too (the masks still drawn): the no-grad forward, whose
+    plan differs for DropoutMlp (its GELU in the GEMM's epilogue, the dropout a kernel alone)."""
+    check(cls, torch.float32, "cpu", training, (2, 3), no_grad=torch.no_grad)
 
 
 def _keep_rate_and_mask_agreement(device):
@@ -184,6 +192,14 @@ def on_gpu(test):
 @pytest.mark.parametrize("cls", sorted(CASES))
 def test_gpu(cls, dtype, training, lead):
     check(cls, dtype, "cuda", training, lead)
+
+
+@on_gpu
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cls", sorted(CASES))
+def test_gpu_no_grad(cls, dtype, training):
+    check(cls, dtype, "cuda", training, (4, 37), no_grad=torch.no_grad)
 
 
 @on_gpu

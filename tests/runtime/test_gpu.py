@@ -181,7 +181,8 @@ def test_every_kernel_has_a_test():
                "dropout0p2_swiglu_fwd_n512", "gelu_dropout0p1_fwd_n512",
                "bias_bwd_n512", "bias_dropout0p1_add_layernorm_fwd_h256", "bias_dropout0p1_bwd_n256",
                "dropout0p3_bwd_n256", "layernorm_bwd_h256_add_dresidual", "rmsnorm_bwd_h256",
-               "rmsnorm_dropout0p3_fwd_h256"}
+               "rmsnorm_dropout0p3_fwd_h256",
+               "dropout0p1_fwd_n512"}  # DropoutMlp's no-grad forward (test_gpu_no_grad there)
     # specs/te_row_scaled.py's, checked through test_row_scaled.py
     tested |= {"bias_srelu_rowscale_bwd_n512", "clamped_swiglu_l5p0_rowscale_bwd_any", "clamped_swiglu_l5p0_rowscale_fwd_any",
                "situglu_b2p0_i32_rowscale_bwd_any", "situglu_b2p0_i32_rowscale_fwd_any", "srelu_rowscale_fwd_n512",

@@ -50,8 +50,8 @@ def check(name, device, dtype, mode, monkeypatch):
         assert got.shape == want.shape and got.dtype == want.dtype
         if same_stages:
             assert torch.equal(got, want)
-        else:
-            eps = torch.finfo(dtype).eps
+        else:  # the plans differ at a GEMM (its epilogue): fp32 with a GEMM is held to fp16's roundoff
+            eps = torch.finfo(torch.float16 if dtype == torch.float32 else dtype).eps
             assert (got.float() - want.float()).abs().max() <= 4 * eps * want.float().abs().max()
 
 
