@@ -14,6 +14,7 @@ from .fc2 import Fc2
 from .gelu_any import GeluAny
 from .swiglu_any import SwigluAny
 from .glu_tee_any import GluTeeAny
+from .glu_gelu_any import GluGeluAny
 from .residual_any import ResidualAny
 from .qgelu_mlp import QgeluMlp
 from .glu_mlp import GluMlp
@@ -45,4 +46,4 @@ from .moe_swiglu import MoeSwiglu
 from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
 
-__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+__all__ = ["GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

@@ -2426,6 +2426,59 @@ def swiglu_rowscale_fwd_any(x, extra_in1):
     return a.to(x.dtype)
 
 
+_SWIGLU_TEE_GELU_BWD_ANY = Kernel("swiglu_tee_gelu_bwd_any")
+_SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
+    """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        d_extra_out1 = d_extra_out1.contiguous()
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_TEE_GELU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _SWIGLU_TEE_GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, d_extra_out1, dx, rows, n), dy.device)
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    a = ref.swiglu(a)
+    in2 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in2, g)
+    g = g + ref.compute(d_extra_out1)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_SWIGLU_TEE_GELU_FWD_ANY = Kernel("swiglu_tee_gelu_fwd_any")
+_SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+
+
+def swiglu_tee_gelu_fwd_any(x):
+    """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        x = x.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        extra_out1 = torch.empty_like(y)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_TEE_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_TEE_GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_out1, y, rows, n), x.device)
+        return y, extra_out1
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    extra_out1 = a.to(x.dtype)
+    a = ref.gelu(a)
+    return a.to(x.dtype), extra_out1
+
+
 _SWIGLU_TEE_SCALE0P5_BWD_ANY = Kernel("swiglu_tee_scale0p5_bwd_any")
 _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 

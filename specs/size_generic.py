@@ -10,6 +10,8 @@ gelu_any = te.ops.Sequential(te.ops.GELU())
 swiglu_any = te.ops.Sequential(te.ops.SwiGLU())
 # An extra output after the GLU: the half-width value, handed out mid-run.
 glu_tee_any = te.ops.Sequential(te.ops.SwiGLU(), te.ops.MakeExtraOutput(), te.ops.ConstantScale(0.5))
+# ... and a GELU after it: its backward recomputes the SwiGLU in registers, then GELU's derivative.
+glu_gelu_any = te.ops.Sequential(te.ops.SwiGLU(), te.ops.MakeExtraOutput(), te.ops.GELU())
 # A residual branch: add, scale, hand out the sum, activate.
 residual_any = te.ops.Sequential(
     te.ops.AddExtraInput(),

@@ -139,6 +139,7 @@ GENERIC_PIPELINES = {
     "swiglu_any": ("SwigluAny", lambda p, x: (swiglu(x),), True),
     "residual_any": ("ResidualAny", residual_any, False),
     "glu_tee_any": ("GluTeeAny", lambda p, x: (swiglu(x) * 0.5, swiglu(x)), True),
+    "glu_gelu_any": ("GluGeluAny", lambda p, x: (F.gelu(swiglu(x), approximate="tanh"), swiglu(x)), True),
 }
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

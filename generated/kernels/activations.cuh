@@ -10,13 +10,25 @@ namespace fg {
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
-struct Gelu {  // tanh approximation
-  static __device__ __forceinline__ float fwd(float x) {
-    return x * (0.5f + 0.5f * tanhf(x * (0.79788456f + 0.03567741f * x * x)));
+// GELU, tanh approximation: f(x) = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3).
+// (1 + tanh u) / 2 and 1 - tanh^2 u are formed from e = exp(-2|u|) (tanh|u| = (1 - e) / (1 + e)),
+// not from a rounded tanh: near tanh u = -1 (x below about -2) and |tanh u| = 1, 1 + t and 1 - t^2
+// cancel and would leave tanhf's rounding error as the whole result.
+struct Gelu {
+  struct Parts {
+    float half_one_plus_tanh;  // (1 + tanh u) / 2
+    float sech2;               // 1 - tanh^2 u
+  };
+  static __device__ __forceinline__ float u(float x) { return x * (0.79788456f + 0.03567741f * x * x); }
+  static __device__ __forceinline__ Parts parts(float u) {
+    const float e = expf(-2.f * fabsf(u));
+    const float r = 1.f / (1.f + e);
+    return {u >= 0.f ? r : e * r, 4.f * e * r * r};
   }
+  static __device__ __forceinline__ float fwd(float x) { return x * parts(u(x)).half_one_plus_tanh; }
   static __device__ __forceinline__ float bwd(float x, float dy) {
-    const float t = tanhf(0.79788456f * x * (1.f + 0.044715f * x * x));
-    return dy * (0.5f * x * (1.f - t * t) * (0.79788456f + 0.1070322243f * x * x) + 0.5f * (1.f + t));
+    const Parts p = parts(u(x));
+    return dy * (0.5f * x * p.sech2 * (0.79788456f + 0.1070322243f * x * x) + p.half_one_plus_tanh);
   }
 };
 

@@ -161,6 +161,26 @@ def test_residual_and_bias_kernels(dtype, rows):
     assert_close("dbias 256", K().bias_bwd_n256(dy2), dy2.double().sum(0), dtype)
 
 
+def test_gelu_keeps_its_relative_accuracy_where_tanh_saturates():
+    """fg::Gelu forms (1 + tanh u) / 2 and 1 - tanh^2 u without cancellation, so down to x = -5
+    (GELU(-5) ~ -1.5e-6) each value and derivative is within what fp32 can do of its own size:
+    a few ulps times the conditioning of exp(-2|u|), 1 + 2|u|. (With 1 + tanhf(u), the error at
+    x = -5 is one ulp of 1, about 4% of the value.)"""
+    x = torch.linspace(-5, 5, 256 * 64, dtype=torch.float64).reshape(64, 256)
+    u = x * (0.79788456 + 0.03567741 * x * x)  # the kernel's constants (TE's)
+    e = torch.exp(-2 * u.abs())  # float64, from the same cancellation-free parts
+    half = torch.where(u >= 0, 1 / (1 + e), e / (1 + e))
+    want_y = x * half
+    want_dx = 0.5 * x * (4 * e / (1 + e) ** 2) * (0.79788456 + 0.1070322243 * x * x) + half
+    xf = x.float().cuda()
+    y = K().gelu_fwd_n256(xf).double().cpu()
+    dx = K().gelu_bwd_n256(torch.ones_like(xf), xf).double().cpu()
+    tolerance = 8 * 2.0**-24 * (1 + 2 * u.abs())  # relative to each value
+    assert ((y - want_y).abs() <= tolerance * want_y.abs()).all()
+    away = (x <= -2) | (x >= 0)  # GELU's derivative crosses zero near x = -0.75: no relative bound there
+    assert ((dx - want_dx).abs() <= tolerance * want_dx.abs())[away].all()
+
+
 def test_every_kernel_has_a_test():
     tested = {n for row in NORMS for n in row[:2]} | {n for row in ELEMENTWISE for n in row[:2]}
     tested |= {"add_fwd_n4096", "bias_add_bwd_n4096", "bias_bwd_n4096", "bias_bwd_n1024", "bias_bwd_n256"}
@@ -174,7 +194,8 @@ def test_every_kernel_has_a_test():
     # both paths, the fixed-size kernels its SwiGLU is specialised to)
     tested |= {"gelu_fwd_any", "gelu_bwd_any", "swiglu_fwd_any", "swiglu_bwd_any", "swiglu_fwd_n4096",
                "swiglu_bwd_n4096", "add_scale0p5_tee_qgelu_fwd_any", "add_scale0p5_tee_qgelu_bwd_any_from_add",
-               "swiglu_tee_scale0p5_fwd_any", "swiglu_tee_scale0p5_bwd_any"}
+               "swiglu_tee_scale0p5_fwd_any", "swiglu_tee_scale0p5_bwd_any", "swiglu_tee_gelu_fwd_any",
+               "swiglu_tee_gelu_bwd_any"}
     # specs/te_dropout.py's, checked through test_dropout.py
     tested |= {"bias_dropout0p1_add_bwd_n256", "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2",
                "bias_gelu_dropout0p1_bwd_n512", "dropout0p1_add_fwd_n256", "dropout0p25_bwd_any", "dropout0p25_fwd_any",
