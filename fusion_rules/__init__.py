@@ -10,6 +10,7 @@ from .add_norm import FORWARD_ADD_NORM
 from .dropout_norm import FORWARD_DROPOUT_ADD_NORM, FORWARD_NORM_DROPOUT
 from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
 from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
+from .l2_normalization import BACKWARD_L2_NORMALIZATION, FORWARD_L2_NORMALIZATION
 from .linear import BACKWARD_LINEAR, FORWARD_LINEAR
 from .linear_bias import FORWARD_LINEAR_BIAS
 from .linear_epilogue import (BACKWARD_LINEAR_SCALE, FORWARD_LINEAR_BIAS_GELU, FORWARD_LINEAR_BIAS_RELU,
@@ -25,6 +26,7 @@ FORWARD_RULES = (
     FORWARD_NORM_DROPOUT,  # [AddExtraInput] [MakeExtraOutput] Norm Dropout: one kernel
     FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
     FORWARD_NORM,  # Norm
+    FORWARD_L2_NORMALIZATION,  # L2Normalization at a fixed width: the norm kernel
     FORWARD_LINEAR_BIAS_RELU,  # BasicLinear Bias ReLU: cuBLASLt's bias + ReLU epilogue
     FORWARD_LINEAR_BIAS_GELU,  # BasicLinear Bias GELU, without grad only: cuBLASLt's bias + GELU epilogue
     FORWARD_LINEAR_SCALE_ADD,  # BasicLinear [ConstantScale] AddExtraInput: GEMM alpha, accumulating (beta=1)
@@ -40,6 +42,7 @@ FORWARD_RULES = (
 BACKWARD_RULES = (
     BACKWARD_NORM_RESIDUAL_GRAD,  # [AddExtraInput] [MakeExtraOutput] Norm: residual grad add in norm dx
     BACKWARD_NORM,  # Norm
+    BACKWARD_L2_NORMALIZATION,  # L2Normalization at a fixed width: the norm dx kernel
     BACKWARD_EXTRA_OUTPUT_LINEAR,  # MakeExtraOutput BasicLinear: dgrad GEMM accumulates (beta=1)
     BACKWARD_LINEAR_SCALE,  # BasicLinear ConstantScale: the scale as the GEMMs' alpha
     BACKWARD_LINEAR,  # BasicLinear: dgrad and wgrad GEMMs

@@ -1562,6 +1562,42 @@ def glu_fwd_n512(x):
     return a.to(x.dtype)
 
 
+_L2NORM_BWD_H256 = Kernel("l2norm_bwd_h256")
+_L2NORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def l2norm_bwd_h256(dy, x, rstd):
+    """L2Normalization() backward: returns dx."""
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        splits = max(1, min(rows, NORM_SPLITS))
+        if rows:
+            _L2NORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_L2NORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, None, None, dx, None, rows), dy.device)
+        return dx
+    dx = ref.l2_norm_rows_bwd(dy, x, rstd)
+    return dx.to(dy.dtype)
+
+
+_L2NORM_EPS1EM05_FWD_H256 = Kernel("l2norm_eps1em05_fwd_h256")
+_L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def l2norm_eps1em05_fwd_h256(x):
+    """L2Normalization(eps=1e-05): returns (y, rstd)."""
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _L2NORM_EPS1EM05_FWD_H256.launch(x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1), (x, None, None, None, y, None, None, rstd, rows), x.device)
+        return y, rstd
+    y, rstd = ref.l2_norm_rows(x, 1e-05)
+    return y, rstd
+
+
 _LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024")
 _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 

@@ -210,6 +210,21 @@ def rms_norm_bwd(dy, x, rstd, weight, zero_centered_gamma):
     return dx, (dyf * xhat).sum(0)
 
 
+def l2_norm_rows(x, eps):
+    """L2Normalization over the last dim of 2-D x in the norm kernels' form: (y, rstd), rstd =
+    rsqrt(sum(x^2) + eps)."""
+    xf = compute(x)
+    rstd = torch.rsqrt((xf * xf).sum(-1) + eps)
+    return (xf * rstd[:, None]).to(x.dtype), rstd
+
+
+def l2_norm_rows_bwd(dy, x, rstd):
+    """dx of l2_norm_rows from its saved rstd, in the math precision: rstd (dy - xhat sum(dy xhat))."""
+    xhat = compute(x) * rstd[:, None]
+    dyf = compute(dy)
+    return rstd[:, None] * (dyf - xhat * (dyf * xhat).sum(-1, keepdim=True))
+
+
 def l2_normalization(x, eps):
     """x / sqrt(sum(x^2) + eps) over the last dim (eps inside the root, no mean), as TE's."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)

@@ -27,25 +27,24 @@ class L2normBlockFunction(torch.autograd.Function):
     def forward(ctx, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
         # forward stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
         linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-        # forward stage 1 · rule opaque · L2Normalization(eps=1e-05)
-        l2normalization1_out = ref.l2_normalization(ref.compute(linear0_out), 1e-05).to(linear0_out.dtype)
+        # forward stage 1 · rule l2_normalization · L2Normalization(eps=1e-05)
+        l2normalization1_out, l2normalization1_rstd = kernels.l2norm_eps1em05_fwd_h256(linear0_out)
         # forward stage 2 · rule linear_bias · BasicLinear(256, 256), Bias(256)
         linear2_out = torch.addmm(linear2_bias, l2normalization1_out, linear2_weight.t())
-        ctx.save_for_backward(x, linear0_out, l2normalization1_out, linear0_weight, linear2_weight)
+        ctx.save_for_backward(x, linear0_out, l2normalization1_out, l2normalization1_rstd, linear0_weight, linear2_weight)
         return linear2_out
 
     @staticmethod
     @first_order_only("L2normBlock")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear2_out):
-        x, linear0_out, l2normalization1_out, linear0_weight, linear2_weight = ctx.saved_tensors
+        x, linear0_out, l2normalization1_out, l2normalization1_rstd, linear0_weight, linear2_weight = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(256)
         d_linear2_bias = kernels.bias_bwd_n256(d_linear2_out)
         # backward stage 3 · rule linear_backward · BasicLinear(256, 256)
         d_l2normalization1_out = d_linear2_out.mm(linear2_weight)
         d_linear2_weight = d_linear2_out.t().mm(l2normalization1_out)
-        # backward stage 2 · rule opaque_backward · L2Normalization(eps=1e-05)
-        d_linear0_out, = ref.l2_normalization_bwd(ref.compute(linear0_out), ref.compute(d_l2normalization1_out), 1e-05)
-        d_linear0_out = d_linear0_out.to(d_l2normalization1_out.dtype)
+        # backward stage 2 · rule l2_normalization_backward · L2Normalization(eps=1e-05)
+        d_linear0_out = kernels.l2norm_bwd_h256(d_l2normalization1_out, linear0_out, l2normalization1_rstd)
         # backward stage 1 · rule elementwise_backward · Bias(256)
         d_linear0_bias = kernels.bias_bwd_n256(d_linear0_out)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
@@ -59,8 +58,8 @@ def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bia
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-    # no-grad stage 1 · rule opaque · L2Normalization(eps=1e-05)
-    l2normalization1_out = ref.l2_normalization(ref.compute(linear0_out), 1e-05).to(linear0_out.dtype)
+    # no-grad stage 1 · rule l2_normalization · L2Normalization(eps=1e-05)
+    l2normalization1_out, l2normalization1_rstd = kernels.l2norm_eps1em05_fwd_h256(linear0_out)
     # no-grad stage 2 · rule linear_bias · BasicLinear(256, 256), Bias(256)
     linear2_out = torch.addmm(linear2_bias, l2normalization1_out, linear2_weight.t())
     return linear2_out

@@ -1,4 +1,5 @@
-// Row normalization (LayerNorm, RMSNorm) forward and backward, as in TE (catalog 2.7).
+// Row normalization (LayerNorm, RMSNorm; L2Normalization: x / sqrt(sum(x^2) + eps), no gamma)
+// forward and backward, as in TE (catalog 2.7, 2.8).
 //
 // Why: one block per row in the forward keeps the whole row in registers (16-byte vectors), so x
 // is read once and y written once; statistics are exact two-pass sums over the registers, in
@@ -38,14 +39,16 @@ struct NoOps {
 // reads); and with elementwise ops applied to the normalized row before it is stored (an
 // Epilogue: Dropout, ...). Both are functors over one fp32 vector of a row, given its offset in
 // the row-major [rows, H] tensor, its column and its row.
-template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED,
-          class Prologue = NoOps, class Epilogue = NoOps>
-__device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
-                                         const T* __restrict__ gamma, const T* __restrict__ beta,
-                                         T* __restrict__ y, T* __restrict__ residual_out,
-                                         float* __restrict__ mean, float* __restrict__ rstd, int rows,
-                                         float eps, const Prologue prologue = Prologue(),
-                                         const Epilogue epilogue = Epilogue()) {
+enum class Norm { RMS, LAYER, L2 };  // L2: rstd = rsqrt(sum(x^2) + eps) (no mean), no gamma
+
+template <typename T, int H, int VEC, int THREADS, Norm KIND, bool RESIDUAL, bool ZERO_CENTERED, class Prologue,
+          class Epilogue>
+__device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
+                                             const T* __restrict__ gamma, const T* __restrict__ beta,
+                                             T* __restrict__ y, T* __restrict__ residual_out,
+                                             float* __restrict__ mean, float* __restrict__ rstd, int rows,
+                                             float eps, const Prologue prologue, const Epilogue epilogue) {
+  constexpr bool LAYERNORM = KIND == Norm::LAYER;
   constexpr bool WRITE_H = RESIDUAL || Prologue::active();
   using Tile = RowTiling<H, VEC, THREADS>;
   static_assert((VEC & (VEC - 1)) == 0 && VEC * sizeof(T) <= 16, "VEC: power of two, at most 16 bytes");
@@ -84,7 +87,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
     }
     inv = rsqrtf(block_sum<THREADS>(m2, smem) / H + eps);
   } else {
-    inv = rsqrtf(sum / H + eps);
+    inv = rsqrtf((KIND == Norm::L2 ? sum : sum / H) + eps);
   }
   if (threadIdx.x == 0) {
     if (LAYERNORM) mean[row] = mu;
@@ -94,7 +97,8 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
   for (int i = 0; i < Tile::NV; ++i) {
     if (!Tile::valid(i)) continue;
     float g[VEC], b[VEC], out[VEC];
-    load<T, VEC>(gamma + Tile::col(i), g);
+    if (KIND == Norm::L2) fill<VEC>(1.f, g);
+    else load<T, VEC>(gamma + Tile::col(i), g);
     if (LAYERNORM) load<T, VEC>(beta + Tile::col(i), b);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
@@ -106,21 +110,49 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
   }
 }
 
-template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool ADD_DRESIDUAL, bool ZERO_CENTERED>
-__device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
-                                         const float* __restrict__ mean, const float* __restrict__ rstd,
-                                         const T* __restrict__ gamma, const T* __restrict__ dresidual,
-                                         T* __restrict__ dx, float* __restrict__ partials, int rows) {
+// LayerNorm / RMSNorm forward.
+template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED,
+          class Prologue = NoOps, class Epilogue = NoOps>
+__device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
+                                         const T* __restrict__ gamma, const T* __restrict__ beta,
+                                         T* __restrict__ y, T* __restrict__ residual_out,
+                                         float* __restrict__ mean, float* __restrict__ rstd, int rows,
+                                         float eps, const Prologue prologue = Prologue(),
+                                         const Epilogue epilogue = Epilogue()) {
+  row_norm_fwd<T, H, VEC, THREADS, LAYERNORM ? Norm::LAYER : Norm::RMS, RESIDUAL, ZERO_CENTERED>(
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue);
+}
+
+// L2Normalization forward (gamma and beta unused).
+template <typename T, int H, int VEC, int THREADS, bool RESIDUAL, class Prologue = NoOps, class Epilogue = NoOps>
+__device__ __forceinline__ void l2norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
+                                           const T* __restrict__ gamma, const T* __restrict__ beta,
+                                           T* __restrict__ y, T* __restrict__ residual_out,
+                                           float* __restrict__ mean, float* __restrict__ rstd, int rows,
+                                           float eps, const Prologue prologue = Prologue(),
+                                           const Epilogue epilogue = Epilogue()) {
+  row_norm_fwd<T, H, VEC, THREADS, Norm::L2, RESIDUAL, false>(x, residual, gamma, beta, y, residual_out, mean, rstd,
+                                                              rows, eps, prologue, epilogue);
+}
+
+template <typename T, int H, int VEC, int THREADS, Norm KIND, bool ADD_DRESIDUAL, bool ZERO_CENTERED>
+__device__ __forceinline__ void row_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
+                                             const float* __restrict__ mean, const float* __restrict__ rstd,
+                                             const T* __restrict__ gamma, const T* __restrict__ dresidual,
+                                             T* __restrict__ dx, float* __restrict__ partials, int rows) {
   using Tile = RowTiling<H, VEC, THREADS>;
   static_assert((VEC & (VEC - 1)) == 0 && VEC * sizeof(T) <= 16, "VEC: power of two, at most 16 bytes");
-  constexpr int M = LAYERNORM ? 2 : 1;  // partial rows per block: dgamma (and dbeta)
+  constexpr bool LAYERNORM = KIND == Norm::LAYER;
+  // partial rows per block: dgamma (and dbeta); none for L2 (no parameters)
+  constexpr int M = KIND == Norm::L2 ? 0 : LAYERNORM ? 2 : 1;
   __shared__ float smem[2 * (THREADS / 32)];
   float g[Tile::NV][VEC];
   float dgamma[Tile::NV][VEC] = {}, dbeta[Tile::NV][VEC] = {};
 #pragma unroll
   for (int i = 0; i < Tile::NV; ++i) {
     if (!Tile::valid(i)) continue;
-    load<T, VEC>(gamma + Tile::col(i), g[i]);
+    if (KIND == Norm::L2) fill<VEC>(1.f, g[i]);
+    else load<T, VEC>(gamma + Tile::col(i), g[i]);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) g[i][k] = ZERO_CENTERED ? g[i][k] + 1.f : g[i][k];
   }
@@ -148,7 +180,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     // Both row sums in one reduction (sum_dyg is simply unused for RMS).
     block_sum2<THREADS>(sum_dyg, sum_dyg_xhat, smem);
     const float mean_dyg = LAYERNORM ? sum_dyg / H : 0.f;
-    const float mean_dyg_xhat = sum_dyg_xhat / H;
+    const float mean_dyg_xhat = KIND == Norm::L2 ? sum_dyg_xhat : sum_dyg_xhat / H;  // L2: a sum, no mean
 #pragma unroll
     for (int i = 0; i < Tile::NV; ++i) {
       if (!Tile::valid(i)) continue;
@@ -162,6 +194,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
       store<T, VEC>(dx + base + Tile::col(i), out);
     }
   }
+  if (M == 0) return;
   float* part = partials + (long long)blockIdx.x * (M * H);
 #pragma unroll
   for (int i = 0; i < Tile::NV; ++i) {
@@ -172,6 +205,26 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
       if (LAYERNORM) part[H + Tile::col(i) + k] = dbeta[i][k];
     }
   }
+}
+
+// LayerNorm / RMSNorm backward.
+template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool ADD_DRESIDUAL, bool ZERO_CENTERED>
+__device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const float* __restrict__ mean, const float* __restrict__ rstd,
+                                         const T* __restrict__ gamma, const T* __restrict__ dresidual,
+                                         T* __restrict__ dx, float* __restrict__ partials, int rows) {
+  row_norm_bwd<T, H, VEC, THREADS, LAYERNORM ? Norm::LAYER : Norm::RMS, ADD_DRESIDUAL, ZERO_CENTERED>(
+      dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+}
+
+// L2Normalization backward: dx only (gamma and partials unused).
+template <typename T, int H, int VEC, int THREADS, bool ADD_DRESIDUAL>
+__device__ __forceinline__ void l2norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
+                                           const float* __restrict__ mean, const float* __restrict__ rstd,
+                                           const T* __restrict__ gamma, const T* __restrict__ dresidual,
+                                           T* __restrict__ dx, float* __restrict__ partials, int rows) {
+  row_norm_bwd<T, H, VEC, THREADS, Norm::L2, ADD_DRESIDUAL, false>(dy, x, mean, rstd, gamma, dresidual, dx, partials,
+                                                                   rows);
 }
 
 }  // namespace fg

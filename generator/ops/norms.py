@@ -1,5 +1,6 @@
 """Row normalisations over the last dim: LayerNorm and RMSNorm (generated row kernels, fp32
-statistics), and L2Normalization (its reference math in PyTorch, as TE runs it).
+statistics), and L2Normalization (the same kernels at a fixed width; at any width its reference
+math in PyTorch, as TE runs it).
 
 Their kernels are templates/cuda/norm.cuh (norm stages), not elementwise functors. The reference
 functions below are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they
@@ -55,7 +56,7 @@ def rms_norm_bwd(dy, x, rstd, weight, zero_centered_gamma):
 def _norm_tag(base: str, defaults_eps: float):
     def tag(a: dict) -> str:
         t = base
-        if a["zero_centered_gamma"]:
+        if a.get("zero_centered_gamma"):
             t += "_zc"
         if a["eps"] != defaults_eps:
             t += "_eps" + float_tag(a["eps"])
@@ -107,14 +108,32 @@ def l2_normalization_bwd(x, dy, eps):
     return (torch.rsqrt(s) * (dy - x * (x * dy).sum(-1, keepdim=True) / s),)
 
 
+def l2_norm_rows(x, eps):
+    """L2Normalization over the last dim of 2-D x in the norm kernels' form: (y, rstd), rstd =
+    rsqrt(sum(x^2) + eps)."""
+    xf = compute(x)
+    rstd = torch.rsqrt((xf * xf).sum(-1) + eps)
+    return (xf * rstd[:, None]).to(x.dtype), rstd
+
+
+def l2_norm_rows_bwd(dy, x, rstd):
+    """dx of l2_norm_rows from its saved rstd, in the math precision: rstd (dy - xhat sum(dy xhat))."""
+    xhat = compute(x) * rstd[:, None]
+    dyf = compute(dy)
+    return rstd[:, None] * (dyf - xhat * (dyf * xhat).sum(-1, keepdim=True))
+
+
 register(OpDef(
-    # TE runs it as torch.compile'd PyTorch, not a kernel: here it is an opaque op, its reference
-    # math in PyTorch (stages/opaque.py). seq_length and micro_batch_size only warm up TE's JIT.
+    # TE runs it as torch.compile'd PyTorch, not a kernel. At a fixed width it runs in the norm
+    # kernels (fusion_rules/l2_normalization.py, with l2_norm_rows* in their form); in a
+    # size-generic pipeline it is an opaque op, its reference math in PyTorch (stages/opaque.py).
+    # seq_length and micro_batch_size only warm up TE's JIT.
     "L2Normalization", "l2_normalization",
     args=(Arg("eps", "float", 1e-6, keyword_only=True, check=check_eps),
           Arg("seq_length", "int", None, keyword_only=True, in_kernel=False),
           Arg("micro_batch_size", "int", None, keyword_only=True, in_kernel=False)),
     reference=(l2_normalization, l2_normalization_bwd), reference_args=lambda a: (a["eps"],),
+    reference_helpers=(l2_norm_rows, l2_norm_rows_bwd), tag=_norm_tag("l2norm", 1e-6),
     opaque=True, needs_input_in_backward=True,
     summary="y = x / sqrt(sum(x^2) + eps) over the features (runs as its reference math, as in TE)",
 ))

@@ -21,6 +21,28 @@ from . import elementwise as ew
 from .base import Saves, StageImpl, extra_input_name, extra_output_name, param_name, value_name
 
 
+NORM_KINDS = ("norm", "l2_normalization")  # LayerNorm, RMSNorm; L2Normalization (no gamma, a sum)
+
+
+def norm_of(stage):
+    """The stage's norm op."""
+    return next(op for op in stage.ops if op.kind in NORM_KINDS)
+
+
+def _params(norm) -> list[str]:
+    """The norm's parameters: weight (gamma) and, for LayerNorm, bias (beta); none for L2."""
+    return [p.name for p in norm.opdef.params]
+
+
+def _kernel_reference(norm) -> tuple[str, str]:
+    """The reference functions the CPU launchers call, in the kernels' form (statistics out and
+    in): the op's own for LayerNorm and RMSNorm; L2Normalization's own are the opaque stage's (y
+    only), so its kernel form is a pair of its reference helpers (ops/norms.py)."""
+    if norm.kind == "l2_normalization":
+        return ("l2_norm_rows", "l2_norm_rows_bwd")
+    return norm.opdef.reference_names
+
+
 def _kinds(fits) -> set[str]:
     """The op kinds whose every op ``fits``."""
     kinds: dict[str, bool] = {}
@@ -54,9 +76,9 @@ def _split_chain(chain) -> tuple[list[str], list[str], list[str]] | None:
     """(prologue, middle, epilogue) of prologue* [add_extra_input] [make_extra_output] norm
     epilogue*; None for any other chain."""
     chain = list(chain)
-    if "norm" not in chain:
+    at = next((i for i, kind in enumerate(chain) if kind in NORM_KINDS), None)
+    if at is None:
         return None
-    at = chain.index("norm")
     prologue = []
     for kind in chain[:at]:
         if kind not in prologue_kinds():
@@ -74,14 +96,14 @@ def _split_chain(chain) -> tuple[list[str], list[str], list[str]] | None:
 
 def _sides(stage):
     """The stage's ops before its AddExtraInput / MakeExtraOutput / norm, and after its norm."""
-    at = stage.first("norm").index
-    middle = ("add_extra_input", "make_extra_output", "norm")
+    at = norm_of(stage).index
+    middle = ("add_extra_input", "make_extra_output", *NORM_KINDS)
     return ([op for op in stage.ops if op.index < at and op.kind not in middle],
             [op for op in stage.ops if op.index > at])
 
 
 def norm_forward(stage) -> kn.KernelSpec:
-    norm = stage.first("norm")
+    norm = norm_of(stage)
     residual = stage.first("add_extra_input") is not None
     before, after = _sides(stage)
     prologue = tuple(ew._step(stage, op, None, write=False) for op in before)
@@ -91,21 +113,21 @@ def norm_forward(stage) -> kn.KernelSpec:
                for steps in (prologue, epilogue)]
     operands = [name for _, name in members[0] + members[1]]
     writes_h = residual or bool(before)  # the norm's input differs from x: it is written
-    layernorm = norm.opdef.name == "LayerNorm"
+    layernorm, l2 = norm.opdef.name == "LayerNorm", norm.kind == "l2_normalization"
     chain = "_".join([op.tag for op in before] + (["add"] if residual else []) + [norm.tag] + [op.tag for op in after])
     summary = [op.describe(kernel=True) for op in before] + (["residual add"] if residual else [])
     summary += [norm.describe(kernel=True)] + [op.describe(kernel=True) for op in after]
     return kn.make_spec(
         kn.kernel_name(chain, f"fwd_h{norm.in_features}"), "norm_fwd", " + ".join(summary),
         abi=(P("x", "const T*"), *(P(o, ctypes[o]) for o in operands), P("residual", "const T*", residual),
-             P("gamma", "const T*"), P("beta", "const T*", layernorm), P("y", "T*"),
+             P("gamma", "const T*", not l2), P("beta", "const T*", layernorm), P("y", "T*"),
              P("residual_out", "T*", writes_h), P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
         operands=operands, headers=ew._headers(stage) if before or after else (),
-        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, residual=residual, writes_h=writes_h,
-        prologue=prologue, epilogue=epilogue, steps=prologue + epilogue,
+        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, l2=l2, residual=residual,
+        writes_h=writes_h, prologue=prologue, epilogue=epilogue, steps=prologue + epilogue,
         prologue_members=tuple(members[0]), epilogue_members=tuple(members[1]),
-        zero_centered_gamma=norm.args["zero_centered_gamma"], eps=norm.args["eps"],
-        eps_literal=f"{norm.args['eps']!r}f", reference=norm.opdef.reference_names, geometry="row_threads",
+        zero_centered_gamma=norm.args.get("zero_centered_gamma", False), eps=norm.args["eps"],
+        eps_literal=f"{norm.args['eps']!r}f", reference=_kernel_reference(norm), geometry="row_threads",
     )
 
 
@@ -117,19 +139,19 @@ def _without_eps(norm):
 
 
 def norm_backward(stage) -> kn.KernelSpec:
-    norm = _without_eps(stage.first("norm"))
+    norm = _without_eps(norm_of(stage))
     add_dresidual = stage.first("make_extra_output") is not None
-    layernorm = norm.opdef.name == "LayerNorm"
+    layernorm, l2 = norm.opdef.name == "LayerNorm", norm.kind == "l2_normalization"
     name = kn.kernel_name(norm.tag, f"bwd_h{norm.in_features}", "add_dresidual" if add_dresidual else "")
     return kn.make_spec(
         name, "norm_bwd", norm.describe(kernel=True) + (" backward, + residual grad" if add_dresidual else " backward"),
         abi=(P("dy", "const T*"), P("x", "const T*"), P("mean", "const float*", layernorm),
-             P("rstd", "const float*"), P("gamma", "const T*"), P("dresidual", "const T*", add_dresidual),
-             P("dx", "T*"), P("partials", "float*"), P("rows", "int")),
-        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm,
-        add_dresidual=add_dresidual, zero_centered_gamma=norm.args["zero_centered_gamma"],
-        grad_columns=norm.in_features * (2 if layernorm else 1),
-        reference=norm.opdef.reference_names, geometry="row_threads",
+             P("rstd", "const float*"), P("gamma", "const T*", not l2), P("dresidual", "const T*", add_dresidual),
+             P("dx", "T*"), P("partials", "float*", not l2), P("rows", "int")),
+        hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, l2=l2,
+        add_dresidual=add_dresidual, zero_centered_gamma=norm.args.get("zero_centered_gamma", False),
+        grad_columns=norm.in_features * len(_params(norm)),  # dgamma (and dbeta) partials
+        reference=_kernel_reference(norm), geometry="row_threads",
     )
 
 
@@ -149,27 +171,26 @@ class NormStage(StageImpl):
                 f"{', '.join(sorted(epilogue_kinds()))}")
 
     def materialises(self, stage):
-        return {stage.start, stage.end, stage.first("norm").index}  # the (summed) norm input is written
+        return {stage.start, stage.end, norm_of(stage).index}  # the (summed) norm input is written
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({stage.first("norm").index}))
+        return Saves(values=frozenset({norm_of(stage).index}))
 
     def kernels(self, plan, stage, pass_):
         if pass_ == "forward":
             return [norm_forward(stage)]
         spec = norm_backward(stage)
-        return [spec, kn.column_sum(spec.ctx["grad_columns"])]
+        return [spec, kn.column_sum(spec.ctx["grad_columns"])] if spec.ctx["grad_columns"] else [spec]
 
     def forward(self, em, stage, block):
         p, spec = em.pipeline, em.kernel("forward", stage)
         x_in, out = em.values[stage.start], value_name(p, stage.end)
-        norm, add, meo = stage.first("norm"), stage.first("add_extra_input"), stage.first("make_extra_output")
-        layernorm = norm.opdef.name == "LayerNorm"
+        norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         for op in ew.random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
             block.lines.append(f"{ew.seed_name(op)} = ref.new_seed({x_in}) if training else None")
         names = ew._io_names(stage)
         args = [x_in] + [names[o] for o in spec.operands] + ([extra_input_name(add)] if add else [])
-        args += [param_name(norm, "weight")] + ([param_name(norm, "bias")] if layernorm else [])
+        args += [param_name(norm, attr) for attr in _params(norm)]
         results = [out]
         if spec.ctx["writes_h"]:
             summed = extra_output_name(meo) if meo else value_name(p, norm.index)
@@ -177,7 +198,7 @@ class NormStage(StageImpl):
             results.append(summed)
         elif meo:  # nothing before it changes x: the extra output is x itself
             block.lines.append(f"{extra_output_name(meo)} = {x_in}")
-        if layernorm:
+        if spec.ctx["layernorm"]:
             results.append(f"{norm.hint}_mean")
         results.append(f"{norm.hint}_rstd")
         em.stats[norm.index] = results[1 + spec.ctx["writes_h"]:]
@@ -186,19 +207,18 @@ class NormStage(StageImpl):
 
     def backward(self, em, stage, block, dy, d_in):
         spec = em.kernel("backward", stage)
-        norm, add, meo = stage.first("norm"), stage.first("add_extra_input"), stage.first("make_extra_output")
-        layernorm = norm.opdef.name == "LayerNorm"
-        args = [dy, em.values[norm.index], *em.stats[norm.index], param_name(norm, "weight")]
+        norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
+        args = [dy, em.values[norm.index], *em.stats[norm.index]]
+        args += [param_name(norm, "weight")] if "weight" in _params(norm) else []  # gamma (L2 has none)
         args += [f"d_{extra_output_name(meo)}"] if meo else []
-        results = [d_in, f"d_{param_name(norm, 'weight')}"]
-        results += [f"d_{param_name(norm, 'bias')}"] if layernorm else []
+        results = [d_in] + [f"d_{param_name(norm, attr)}" for attr in _params(norm)]
         block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
         if add:
             block.lines.append(f"d_{extra_input_name(add)} = {d_in}  # the residual's grad is the sum's grad")
         return d_in
 
     def saved_names(self, em, stage):
-        return em.stats[stage.first("norm").index]  # the forward's fp32 statistics
+        return em.stats[norm_of(stage).index]  # the forward's fp32 statistics
 
 
 NORM = NormStage()

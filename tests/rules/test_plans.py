@@ -137,6 +137,10 @@ def test_gpt2_mlp():
      ["elementwise_backward", "norm_backward", "elementwise_backward"]),
     ("AddExtraInput(), LayerNorm(64), Dropout(0.1)", ["norm_dropout"],
      ["norm_residual_grad", "elementwise_backward"]),
+    # L2Normalization at a fixed width runs in the norm kernels; at any width, as PyTorch
+    ("BasicLinear(64, 64), L2Normalization()", ["linear", "l2_normalization"],
+     ["linear_backward", "l2_normalization_backward"]),
+    ("L2Normalization()", ["opaque"], ["opaque_backward"]),
     # a GELU before a norm is not dropout: an elementwise run, then the norm
     ("GELU(), RMSNorm(64)", ["elementwise", "norm"], ["elementwise_backward", "norm_backward"]),
 ])
@@ -145,7 +149,7 @@ def test_rules_on_small_pipelines(source, forward, backward):
 
     text = f"from fusegen.eager import *\np = Sequential({source})\n"
     text = text.replace("import *", "import Sequential, AddExtraInput, MakeExtraOutput, RMSNorm, LayerNorm, "
-                        "Bias, GELU, ConstantScale, SwiGLU, BasicLinear, ReLU, Dropout")
+                        "Bias, GELU, ConstantScale, SwiGLU, BasicLinear, ReLU, Dropout, L2Normalization")
     plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     assert [s.rule.name for s in plan.forward] == forward
     assert [s.rule.name for s in plan.backward] == backward

@@ -204,6 +204,8 @@ def test_every_kernel_has_a_test():
                "dropout0p3_bwd_n256", "layernorm_bwd_h256_add_dresidual", "rmsnorm_bwd_h256",
                "rmsnorm_dropout0p3_fwd_h256",
                "dropout0p1_fwd_n512"}  # DropoutMlp's no-grad forward (test_gpu_no_grad there)
+    # specs/te_norms.py's L2Normalization, checked through its pipeline test (l2norm_block)
+    tested |= {"l2norm_eps1em05_fwd_h256", "l2norm_bwd_h256"}
     # specs/te_row_scaled.py's, checked through test_row_scaled.py
     tested |= {"bias_srelu_rowscale_bwd_n512", "clamped_swiglu_l5p0_rowscale_bwd_any", "clamped_swiglu_l5p0_rowscale_fwd_any",
                "situglu_b2p0_i32_rowscale_bwd_any", "situglu_b2p0_i32_rowscale_fwd_any", "srelu_rowscale_fwd_n512",
