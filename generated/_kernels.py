@@ -9,7 +9,7 @@ float64 math (``compute``) through the whole fused stage, one rounding at the en
 import torch
 
 from . import _reference as ref
-from ._runtime import Kernel
+from ._runtime import Kernel, pointer
 
 NORM_SPLITS = 256  # row splits of a norm backward: fp32 dgamma/dbeta partials per split
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
@@ -23,7 +23,7 @@ def aligned(*tensors):
     return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
-_ADD_FWD_N4096 = Kernel("add_fwd_n4096")
+_ADD_FWD_N4096 = Kernel("add_fwd_n4096", "pppi")
 _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
@@ -36,14 +36,14 @@ def add_fwd_n4096(x, extra_in0):
         y = torch.empty((rows, 4096), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_ADD_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _ADD_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x, extra_in0, y, rows), x.device)
+            _ADD_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
     return a.to(x.dtype)
 
 
-_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel("add_layernorm_zc_eps1em06_fwd_h768")
+_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel("add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi")
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
@@ -58,7 +58,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1), (x, residual, gamma, beta, y, residual_out, mean, rstd, rows), x.device)
+            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
         return y, residual_out, mean, rstd
     residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
     x = residual_out
@@ -66,7 +66,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     return y, residual_out, mean, rstd
 
 
-_ADD_RMSNORM_FWD_H256 = Kernel("add_rmsnorm_fwd_h256")
+_ADD_RMSNORM_FWD_H256 = Kernel("add_rmsnorm_fwd_h256", "ppppppppi")
 _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -80,7 +80,7 @@ def add_rmsnorm_fwd_h256(x, residual, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _ADD_RMSNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x, residual, gamma, None, y, residual_out, None, rstd, rows), x.device)
+            _ADD_RMSNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(), residual_out.data_ptr(), 0, rstd.data_ptr(), rows), x.get_device())
         return y, residual_out, rstd
     residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
     x = residual_out
@@ -88,7 +88,7 @@ def add_rmsnorm_fwd_h256(x, residual, gamma):
     return y, residual_out, rstd
 
 
-_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel("add_scale0p5_tee_qgelu_bwd_any_from_add")
+_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel("add_scale0p5_tee_qgelu_bwd_any_from_add", "pppppii")
 _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -105,7 +105,7 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC[dy.dtype] * 128)), splits, 1)
-            _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in0, d_extra_out2, dx, rows, n), dy.device)
+            _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in0.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
@@ -119,7 +119,7 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     return dx
 
 
-_ADD_SCALE0P5_TEE_QGELU_FWD_ANY = Kernel("add_scale0p5_tee_qgelu_fwd_any")
+_ADD_SCALE0P5_TEE_QGELU_FWD_ANY = Kernel("add_scale0p5_tee_qgelu_fwd_any", "ppppii")
 _ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -134,7 +134,7 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
         extra_out2 = torch.empty_like(x)
         if rows and n:
             grid = (-(-n // (_ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _ADD_SCALE0P5_TEE_QGELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in0, extra_out2, y, rows, n), x.device)
+            _ADD_SCALE0P5_TEE_QGELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in0.data_ptr(), extra_out2.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y, extra_out2
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
@@ -144,7 +144,7 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     return a.to(x.dtype), extra_out2
 
 
-_ADD_TEE_BWD_N256 = Kernel("add_tee_bwd_n256")
+_ADD_TEE_BWD_N256 = Kernel("add_tee_bwd_n256", "pppi")
 _ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -157,7 +157,7 @@ def add_tee_bwd_n256(dy, d_extra_out1):
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _ADD_TEE_BWD_N256.launch(dy.dtype, (_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, d_extra_out1, dx, rows), dy.device)
+            _ADD_TEE_BWD_N256.launch(dy.dtype, (_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     g = ref.compute(dy)
     g = g + ref.compute(d_extra_out1)
@@ -165,7 +165,7 @@ def add_tee_bwd_n256(dy, d_extra_out1):
     return dx
 
 
-_ADD_TEE_FWD_N256 = Kernel("add_tee_fwd_n256")
+_ADD_TEE_FWD_N256 = Kernel("add_tee_fwd_n256", "pppi")
 _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -178,14 +178,14 @@ def add_tee_fwd_n256(x, extra_in0):
         y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_ADD_TEE_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _ADD_TEE_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, extra_in0, y, rows), x.device)
+            _ADD_TEE_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
     return a.to(x.dtype)
 
 
-_BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096")
+_BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096", "ppi")
 _BIAS_ADD_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
@@ -197,7 +197,7 @@ def bias_add_bwd_n4096(dy):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_BWD_N4096.launch(dy.dtype, (_BIAS_ADD_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
+            _BIAS_ADD_BWD_N4096.launch(dy.dtype, (_BIAS_ADD_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -209,7 +209,7 @@ def bias_add_bwd_n4096(dy):
     return dbias0
 
 
-_BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256")
+_BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256", "ppppi")
 _BIAS_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -223,7 +223,7 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_TEE_BWD_N256.launch(dy.dtype, (_BIAS_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, d_extra_out2, dx, partials, rows), dy.device)
+            _BIAS_ADD_TEE_BWD_N256.launch(dy.dtype, (_BIAS_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -237,7 +237,7 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
     return dx, dbias0
 
 
-_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel("bias_add_tee_gelu_bwd_n256_from_bias")
+_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel("bias_add_tee_gelu_bwd_n256_from_bias", "pppppppi")
 _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -254,7 +254,7 @@ def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(dy.dtype, (_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, bias0, extra_in1, d_extra_out2, dx, partials, rows), dy.device)
+            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(dy.dtype, (_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -273,7 +273,7 @@ def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     return dx, dbias0
 
 
-_BIAS_ADD_TEE_GELU_FWD_N256 = Kernel("bias_add_tee_gelu_fwd_n256")
+_BIAS_ADD_TEE_GELU_FWD_N256 = Kernel("bias_add_tee_gelu_fwd_n256", "pppppi")
 _BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -288,7 +288,7 @@ def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
         extra_out2 = torch.empty_like(x)
         if rows:
             grid = (_BIAS_ADD_TEE_GELU_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _BIAS_ADD_TEE_GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, bias0, extra_in1, extra_out2, y, rows), x.device)
+            _BIAS_ADD_TEE_GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), extra_out2.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y, extra_out2
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias0))
@@ -298,7 +298,7 @@ def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     return a.to(x.dtype), extra_out2
 
 
-_BIAS_BWD_N1024 = Kernel("bias_bwd_n1024")
+_BIAS_BWD_N1024 = Kernel("bias_bwd_n1024", "ppi")
 _BIAS_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 
@@ -310,7 +310,7 @@ def bias_bwd_n1024(dy):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N1024.launch(dy.dtype, (_BIAS_BWD_N1024_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
+            _BIAS_BWD_N1024.launch(dy.dtype, (_BIAS_BWD_N1024_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -322,7 +322,7 @@ def bias_bwd_n1024(dy):
     return dbias0
 
 
-_BIAS_BWD_N256 = Kernel("bias_bwd_n256")
+_BIAS_BWD_N256 = Kernel("bias_bwd_n256", "ppi")
 _BIAS_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -334,7 +334,7 @@ def bias_bwd_n256(dy):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N256.launch(dy.dtype, (_BIAS_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
+            _BIAS_BWD_N256.launch(dy.dtype, (_BIAS_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -346,7 +346,7 @@ def bias_bwd_n256(dy):
     return dbias0
 
 
-_BIAS_BWD_N4096 = Kernel("bias_bwd_n4096")
+_BIAS_BWD_N4096 = Kernel("bias_bwd_n4096", "ppi")
 _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
@@ -358,7 +358,7 @@ def bias_bwd_n4096(dy):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N4096.launch(dy.dtype, (_BIAS_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
+            _BIAS_BWD_N4096.launch(dy.dtype, (_BIAS_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -370,7 +370,7 @@ def bias_bwd_n4096(dy):
     return dbias0
 
 
-_BIAS_BWD_N512 = Kernel("bias_bwd_n512")
+_BIAS_BWD_N512 = Kernel("bias_bwd_n512", "ppi")
 _BIAS_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -382,7 +382,7 @@ def bias_bwd_n512(dy):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N512.launch(dy.dtype, (_BIAS_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, partials, rows), dy.device)
+            _BIAS_BWD_N512.launch(dy.dtype, (_BIAS_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -394,7 +394,7 @@ def bias_bwd_n512(dy):
     return dbias0
 
 
-_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048")
+_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "ppppi")
 _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
@@ -408,7 +408,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(dy.dtype, (_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(dy.dtype, (_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -424,7 +424,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     return dx, dbias0
 
 
-_BIAS_DROPOUT0P1_ADD_BWD_N256 = Kernel("bias_dropout0p1_add_bwd_n256")
+_BIAS_DROPOUT0P1_ADD_BWD_N256 = Kernel("bias_dropout0p1_add_bwd_n256", "ppppi")
 _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -437,7 +437,7 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, seed1, dx, partials, rows), dy.device)
+            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -451,7 +451,7 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
     return dx, dbias0
 
 
-_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256 = Kernel("bias_dropout0p1_add_layernorm_fwd_h256")
+_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256 = Kernel("bias_dropout0p1_add_layernorm_fwd_h256", "ppppppppppi")
 _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -467,7 +467,7 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x, bias0, seed1, residual, gamma, beta, y, residual_out, mean, rstd, rows), x.device)
+            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
         return y, residual_out, mean, rstd
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias0))
@@ -478,7 +478,7 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     return y, residual_out, mean, rstd
 
 
-_BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256")
+_BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256", "ppppi")
 _BIAS_DROPOUT0P1_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -491,7 +491,7 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, seed1, dx, partials, rows), dy.device)
+            _BIAS_DROPOUT0P1_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -505,7 +505,7 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
     return dx, dbias0
 
 
-_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2 = Kernel("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2")
+_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2 = Kernel("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "pppppi")
 _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -519,7 +519,7 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(dy.dtype, (_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, seed1, dx, partials, rows), dy.device)
+            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(dy.dtype, (_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -537,7 +537,7 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     return dx, dbias0
 
 
-_BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096")
+_BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096", "ppppi")
 _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
@@ -551,7 +551,7 @@ def bias_gelu_bwd_n4096(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GELU_BWD_N4096.launch(dy.dtype, (_BIAS_GELU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_GELU_BWD_N4096.launch(dy.dtype, (_BIAS_GELU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -567,7 +567,7 @@ def bias_gelu_bwd_n4096(dy, x):
     return dx, dbias0
 
 
-_BIAS_GELU_DROPOUT0P1_BWD_N512 = Kernel("bias_gelu_dropout0p1_bwd_n512")
+_BIAS_GELU_DROPOUT0P1_BWD_N512 = Kernel("bias_gelu_dropout0p1_bwd_n512", "pppppi")
 _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -581,7 +581,7 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(dy.dtype, (_BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, seed2, dx, partials, rows), dy.device)
+            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(dy.dtype, (_BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -598,7 +598,7 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     return dx, dbias0
 
 
-_BIAS_GLU_BWD_N512 = Kernel("bias_glu_bwd_n512")
+_BIAS_GLU_BWD_N512 = Kernel("bias_glu_bwd_n512", "ppppi")
 _BIAS_GLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -612,7 +612,7 @@ def bias_glu_bwd_n512(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GLU_BWD_N512.launch(dy.dtype, (_BIAS_GLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_GLU_BWD_N512.launch(dy.dtype, (_BIAS_GLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -628,7 +628,7 @@ def bias_glu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_QGEGLU_BWD_N512 = Kernel("bias_qgeglu_bwd_n512")
+_BIAS_QGEGLU_BWD_N512 = Kernel("bias_qgeglu_bwd_n512", "ppppi")
 _BIAS_QGEGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -642,7 +642,7 @@ def bias_qgeglu_bwd_n512(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_QGEGLU_BWD_N512.launch(dy.dtype, (_BIAS_QGEGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_QGEGLU_BWD_N512.launch(dy.dtype, (_BIAS_QGEGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -658,7 +658,7 @@ def bias_qgeglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_QGELU_BWD_N512 = Kernel("bias_qgelu_bwd_n512")
+_BIAS_QGELU_BWD_N512 = Kernel("bias_qgelu_bwd_n512", "ppppi")
 _BIAS_QGELU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -672,7 +672,7 @@ def bias_qgelu_bwd_n512(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_QGELU_BWD_N512.launch(dy.dtype, (_BIAS_QGELU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_QGELU_BWD_N512.launch(dy.dtype, (_BIAS_QGELU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -688,7 +688,7 @@ def bias_qgelu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_REGLU_BWD_N512 = Kernel("bias_reglu_bwd_n512")
+_BIAS_REGLU_BWD_N512 = Kernel("bias_reglu_bwd_n512", "ppppi")
 _BIAS_REGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -702,7 +702,7 @@ def bias_reglu_bwd_n512(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_REGLU_BWD_N512.launch(dy.dtype, (_BIAS_REGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_REGLU_BWD_N512.launch(dy.dtype, (_BIAS_REGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -718,7 +718,7 @@ def bias_reglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_RELU_BWD_N512_FROM_OUTPUT = Kernel("bias_relu_bwd_n512_from_output")
+_BIAS_RELU_BWD_N512_FROM_OUTPUT = Kernel("bias_relu_bwd_n512_from_output", "ppppi")
 _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -732,7 +732,7 @@ def bias_relu_bwd_n512_from_output(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(dy.dtype, (_BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(dy.dtype, (_BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -748,7 +748,7 @@ def bias_relu_bwd_n512_from_output(dy, x):
     return dx, dbias0
 
 
-_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384 = Kernel("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384")
+_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384 = Kernel("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384", "pppppppi")
 _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -765,7 +765,7 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
         extra_out3 = torch.empty_like(x)
         if rows:
             grid = (_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x, bias0, extra_in4, bias6, extra_in8, extra_out3, y, rows), x.device)
+            _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias0.data_ptr(), extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), extra_out3.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y, extra_out3
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias0))
@@ -781,7 +781,7 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
     return a.to(x.dtype), extra_out3
 
 
-_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS = Kernel("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias")
+_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS = Kernel("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "pppppppppppi")
 _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -802,7 +802,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(dy.dtype, (_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8, dx, d_extra_in4, d_extra_in8, partials, rows), dy.device)
+            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(dy.dtype, (_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(), extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(), d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1536(partials, dy.dtype)
@@ -841,7 +841,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
     return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
 
 
-_BIAS_SCALE2P0_GELU_BWD_N256 = Kernel("bias_scale2p0_gelu_bwd_n256")
+_BIAS_SCALE2P0_GELU_BWD_N256 = Kernel("bias_scale2p0_gelu_bwd_n256", "ppppi")
 _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -855,7 +855,7 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SCALE2P0_GELU_BWD_N256.launch(dy.dtype, (_BIAS_SCALE2P0_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_SCALE2P0_GELU_BWD_N256.launch(dy.dtype, (_BIAS_SCALE2P0_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -872,7 +872,7 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
     return dx, dbias0
 
 
-_BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512")
+_BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512", "ppppi")
 _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -886,7 +886,7 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(dy.dtype, (_BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(dy.dtype, (_BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -902,7 +902,7 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_SREGLU_BWD_N512 = Kernel("bias_sreglu_bwd_n512")
+_BIAS_SREGLU_BWD_N512 = Kernel("bias_sreglu_bwd_n512", "ppppi")
 _BIAS_SREGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -916,7 +916,7 @@ def bias_sreglu_bwd_n512(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SREGLU_BWD_N512.launch(dy.dtype, (_BIAS_SREGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_SREGLU_BWD_N512.launch(dy.dtype, (_BIAS_SREGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -932,7 +932,7 @@ def bias_sreglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048")
+_BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048", "ppppi")
 _BIAS_SRELU_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
@@ -946,7 +946,7 @@ def bias_srelu_bwd_n2048(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SRELU_BWD_N2048.launch(dy.dtype, (_BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_SRELU_BWD_N2048.launch(dy.dtype, (_BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n2048(partials, dy.dtype)
@@ -962,7 +962,7 @@ def bias_srelu_bwd_n2048(dy, x):
     return dx, dbias0
 
 
-_BIAS_SRELU_ROWSCALE_BWD_N512 = Kernel("bias_srelu_rowscale_bwd_n512")
+_BIAS_SRELU_ROWSCALE_BWD_N512 = Kernel("bias_srelu_rowscale_bwd_n512", "ppppppi")
 _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -979,7 +979,7 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials2 = torch.zeros((rows, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(dy.dtype, (_BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, extra_in2, dx, partials, row_partials2, rows), dy.device)
+            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(dy.dtype, (_BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(), partials.data_ptr(), row_partials2.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -1000,7 +1000,7 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     return dx, dbias0, d_extra_in2
 
 
-_BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336")
+_BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336", "ppppi")
 _BIAS_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
 
 
@@ -1014,7 +1014,7 @@ def bias_swiglu_bwd_n14336(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 28672), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SWIGLU_BWD_N14336.launch(dy.dtype, (_BIAS_SWIGLU_BWD_N14336_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_SWIGLU_BWD_N14336.launch(dy.dtype, (_BIAS_SWIGLU_BWD_N14336_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n28672(partials, dy.dtype)
@@ -1030,7 +1030,7 @@ def bias_swiglu_bwd_n14336(dy, x):
     return dx, dbias0
 
 
-_BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512")
+_BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512", "ppppi")
 _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1044,7 +1044,7 @@ def bias_swiglu_i32_bwd_n512(dy, x):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SWIGLU_I32_BWD_N512.launch(dy.dtype, (_BIAS_SWIGLU_I32_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, partials, rows), dy.device)
+            _BIAS_SWIGLU_I32_BWD_N512.launch(dy.dtype, (_BIAS_SWIGLU_I32_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -1060,7 +1060,7 @@ def bias_swiglu_i32_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY = Kernel("clamped_swiglu_l3p0_i16_bwd_any")
+_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY = Kernel("clamped_swiglu_l3p0_i16_bwd_any", "pppii")
 _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1075,7 +1075,7 @@ def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+            _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1085,7 +1085,7 @@ def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     return dx
 
 
-_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY = Kernel("clamped_swiglu_l3p0_i16_fwd_any")
+_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY = Kernel("clamped_swiglu_l3p0_i16_fwd_any", "ppii")
 _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1098,14 +1098,14 @@ def clamped_swiglu_l3p0_i16_fwd_any(x):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+            _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.clamped_swiglu(ref.deinterleave(a, 16), 3.0, 1.702, 1.0)
     return a.to(x.dtype)
 
 
-_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_bwd_any")
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_bwd_any", "pppppii")
 _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1123,7 +1123,7 @@ def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
         if rows and n:
             grid = (-(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in1, dx, row_partials1, rows, n), dy.device)
+            _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(), row_partials1.data_ptr(), rows, n), dy.get_device())
         d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
         return dx, d_extra_in1
     a = ref.compute(x)
@@ -1138,7 +1138,7 @@ def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     return dx, d_extra_in1
 
 
-_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_fwd_any")
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_fwd_any", "pppii")
 _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1152,7 +1152,7 @@ def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows, n), x.device)
+            _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.clamped_swiglu(a, 5.0, 1.702, 1.0)
@@ -1160,7 +1160,7 @@ def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     return a.to(x.dtype)
 
 
-_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048 = Kernel("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048")
+_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048 = Kernel("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048", "ppi")
 _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
@@ -1172,124 +1172,124 @@ def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
         y = torch.empty((rows, 2048), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.clamped_swiglu(a, 6.0, 1.5, 0.5)
     return a.to(x.dtype)
 
 
-_COLUMN_SUM_N1024 = Kernel("column_sum_n1024")
+_COLUMN_SUM_N1024 = Kernel("column_sum_n1024", "ppi")
 
 
 def column_sum_n1024(partials, dtype):
     """Sum fp32 partials [splits, 1024] over splits, in order, into a 1024-vector of dtype."""
     out = torch.empty(1024, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N1024.launch(dtype, (4, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N1024.launch(dtype, (4, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N1536 = Kernel("column_sum_n1536")
+_COLUMN_SUM_N1536 = Kernel("column_sum_n1536", "ppi")
 
 
 def column_sum_n1536(partials, dtype):
     """Sum fp32 partials [splits, 1536] over splits, in order, into a 1536-vector of dtype."""
     out = torch.empty(1536, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N1536.launch(dtype, (6, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N1536.launch(dtype, (6, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N2048 = Kernel("column_sum_n2048")
+_COLUMN_SUM_N2048 = Kernel("column_sum_n2048", "ppi")
 
 
 def column_sum_n2048(partials, dtype):
     """Sum fp32 partials [splits, 2048] over splits, in order, into a 2048-vector of dtype."""
     out = torch.empty(2048, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N2048.launch(dtype, (8, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N2048.launch(dtype, (8, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N256 = Kernel("column_sum_n256")
+_COLUMN_SUM_N256 = Kernel("column_sum_n256", "ppi")
 
 
 def column_sum_n256(partials, dtype):
     """Sum fp32 partials [splits, 256] over splits, in order, into a 256-vector of dtype."""
     out = torch.empty(256, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N256.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N256.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N28672 = Kernel("column_sum_n28672")
+_COLUMN_SUM_N28672 = Kernel("column_sum_n28672", "ppi")
 
 
 def column_sum_n28672(partials, dtype):
     """Sum fp32 partials [splits, 28672] over splits, in order, into a 28672-vector of dtype."""
     out = torch.empty(28672, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N28672.launch(dtype, (112, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N28672.launch(dtype, (112, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N4096 = Kernel("column_sum_n4096")
+_COLUMN_SUM_N4096 = Kernel("column_sum_n4096", "ppi")
 
 
 def column_sum_n4096(partials, dtype):
     """Sum fp32 partials [splits, 4096] over splits, in order, into a 4096-vector of dtype."""
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N512 = Kernel("column_sum_n512")
+_COLUMN_SUM_N512 = Kernel("column_sum_n512", "ppi")
 
 
 def column_sum_n512(partials, dtype):
     """Sum fp32 partials [splits, 512] over splits, in order, into a 512-vector of dtype."""
     out = torch.empty(512, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N512.launch(dtype, (2, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N512.launch(dtype, (2, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N64 = Kernel("column_sum_n64")
+_COLUMN_SUM_N64 = Kernel("column_sum_n64", "ppi")
 
 
 def column_sum_n64(partials, dtype):
     """Sum fp32 partials [splits, 64] over splits, in order, into a 64-vector of dtype."""
     out = torch.empty(64, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N64.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N64.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N768 = Kernel("column_sum_n768")
+_COLUMN_SUM_N768 = Kernel("column_sum_n768", "ppi")
 
 
 def column_sum_n768(partials, dtype):
     """Sum fp32 partials [splits, 768] over splits, in order, into a 768-vector of dtype."""
     out = torch.empty(768, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N768.launch(dtype, (3, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N768.launch(dtype, (3, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_COLUMN_SUM_N8192 = Kernel("column_sum_n8192")
+_COLUMN_SUM_N8192 = Kernel("column_sum_n8192", "ppi")
 
 
 def column_sum_n8192(partials, dtype):
     """Sum fp32 partials [splits, 8192] over splits, in order, into a 8192-vector of dtype."""
     out = torch.empty(8192, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N8192.launch(dtype, (32, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials, out, splits), partials.device)
+    _COLUMN_SUM_N8192.launch(dtype, (32, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
-_DROPOUT0P1_ADD_FWD_N256 = Kernel("dropout0p1_add_fwd_n256")
+_DROPOUT0P1_ADD_FWD_N256 = Kernel("dropout0p1_add_fwd_n256", "ppppi")
 _DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1302,7 +1302,7 @@ def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
         y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_DROPOUT0P1_ADD_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P1_ADD_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, seed0, extra_in1, y, rows), x.device)
+            _DROPOUT0P1_ADD_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), extra_in1.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.10000002384185791, 1.1111111111111112)
@@ -1310,7 +1310,7 @@ def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     return a.to(x.dtype)
 
 
-_DROPOUT0P1_FWD_N512 = Kernel("dropout0p1_fwd_n512")
+_DROPOUT0P1_FWD_N512 = Kernel("dropout0p1_fwd_n512", "pppi")
 _DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1322,14 +1322,14 @@ def dropout0p1_fwd_n512(x, seed0):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_DROPOUT0P1_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, seed0, y, rows), x.device)
+            _DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.10000002384185791, 1.1111111111111112)
     return a.to(x.dtype)
 
 
-_DROPOUT0P25_BWD_ANY = Kernel("dropout0p25_bwd_any")
+_DROPOUT0P25_BWD_ANY = Kernel("dropout0p25_bwd_any", "pppii")
 _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1343,7 +1343,7 @@ def dropout0p25_bwd_any(dy, seed0):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_DROPOUT0P25_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _DROPOUT0P25_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, seed0, dx, rows, n), dy.device)
+            _DROPOUT0P25_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), pointer(seed0), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     g = ref.compute(dy)
     g, dt = ref.dropout_bwd(None, ref.draws(seed0, g), g, 0.25, 1.3333333333333333)
@@ -1351,7 +1351,7 @@ def dropout0p25_bwd_any(dy, seed0):
     return dx
 
 
-_DROPOUT0P25_FWD_ANY = Kernel("dropout0p25_fwd_any")
+_DROPOUT0P25_FWD_ANY = Kernel("dropout0p25_fwd_any", "pppii")
 _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1364,14 +1364,14 @@ def dropout0p25_fwd_any(x, seed0):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_DROPOUT0P25_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P25_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, seed0, y, rows, n), x.device)
+            _DROPOUT0P25_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.25, 1.3333333333333333)
     return a.to(x.dtype)
 
 
-_DROPOUT0P2_SWIGLU_FWD_N512 = Kernel("dropout0p2_swiglu_fwd_n512")
+_DROPOUT0P2_SWIGLU_FWD_N512 = Kernel("dropout0p2_swiglu_fwd_n512", "pppi")
 _DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1383,7 +1383,7 @@ def dropout0p2_swiglu_fwd_n512(x, seed0):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_DROPOUT0P2_SWIGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P2_SWIGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, seed0, y, rows), x.device)
+            _DROPOUT0P2_SWIGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.20000004768371582, 1.25)
@@ -1391,7 +1391,7 @@ def dropout0p2_swiglu_fwd_n512(x, seed0):
     return a.to(x.dtype)
 
 
-_DROPOUT0P3_BWD_N256 = Kernel("dropout0p3_bwd_n256")
+_DROPOUT0P3_BWD_N256 = Kernel("dropout0p3_bwd_n256", "pppi")
 _DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1403,7 +1403,7 @@ def dropout0p3_bwd_n256(dy, seed0):
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _DROPOUT0P3_BWD_N256.launch(dy.dtype, (_DROPOUT0P3_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, seed0, dx, rows), dy.device)
+            _DROPOUT0P3_BWD_N256.launch(dy.dtype, (_DROPOUT0P3_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed0), dx.data_ptr(), rows), dy.get_device())
         return dx
     g = ref.compute(dy)
     g, dt = ref.dropout_bwd(None, ref.draws(seed0, g), g, 0.30000001192092896, 1.4285714285714286)
@@ -1411,7 +1411,7 @@ def dropout0p3_bwd_n256(dy, seed0):
     return dx
 
 
-_GELU_BWD_ANY = Kernel("gelu_bwd_any")
+_GELU_BWD_ANY = Kernel("gelu_bwd_any", "pppii")
 _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1429,7 +1429,7 @@ def gelu_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_GELU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+            _GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1439,7 +1439,7 @@ def gelu_bwd_any(dy, x):
     return dx
 
 
-_GELU_BWD_N256 = Kernel("gelu_bwd_n256")
+_GELU_BWD_N256 = Kernel("gelu_bwd_n256", "pppi")
 _GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1452,7 +1452,7 @@ def gelu_bwd_n256(dy, x):
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _GELU_BWD_N256.launch(dy.dtype, (_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, rows), dy.device)
+            _GELU_BWD_N256.launch(dy.dtype, (_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1462,7 +1462,7 @@ def gelu_bwd_n256(dy, x):
     return dx
 
 
-_GELU_DROPOUT0P1_FWD_N512 = Kernel("gelu_dropout0p1_fwd_n512")
+_GELU_DROPOUT0P1_FWD_N512 = Kernel("gelu_dropout0p1_fwd_n512", "pppi")
 _GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1474,7 +1474,7 @@ def gelu_dropout0p1_fwd_n512(x, seed1):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GELU_DROPOUT0P1_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, seed1, y, rows), x.device)
+            _GELU_DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed1), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
@@ -1482,7 +1482,7 @@ def gelu_dropout0p1_fwd_n512(x, seed1):
     return a.to(x.dtype)
 
 
-_GELU_FWD_ANY = Kernel("gelu_fwd_any")
+_GELU_FWD_ANY = Kernel("gelu_fwd_any", "ppii")
 _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -1498,14 +1498,14 @@ def gelu_fwd_any(x):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+            _GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
     return a.to(x.dtype)
 
 
-_GELU_FWD_N256 = Kernel("gelu_fwd_n256")
+_GELU_FWD_N256 = Kernel("gelu_fwd_n256", "ppi")
 _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1517,14 +1517,14 @@ def gelu_fwd_n256(x):
         y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GELU_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
     return a.to(x.dtype)
 
 
-_GELU_FWD_N4096 = Kernel("gelu_fwd_n4096")
+_GELU_FWD_N4096 = Kernel("gelu_fwd_n4096", "ppi")
 _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
@@ -1536,14 +1536,14 @@ def gelu_fwd_n4096(x):
         y = torch.empty((rows, 4096), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GELU_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _GELU_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
     return a.to(x.dtype)
 
 
-_GLU_FWD_N512 = Kernel("glu_fwd_n512")
+_GLU_FWD_N512 = Kernel("glu_fwd_n512", "ppi")
 _GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1555,14 +1555,14 @@ def glu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _GLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.glu(a)
     return a.to(x.dtype)
 
 
-_L2NORM_BWD_H256 = Kernel("l2norm_bwd_h256")
+_L2NORM_BWD_H256 = Kernel("l2norm_bwd_h256", "ppppppppi")
 _L2NORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -1574,13 +1574,13 @@ def l2norm_bwd_h256(dy, x, rstd):
         dx = torch.empty_like(dy)
         splits = max(1, min(rows, NORM_SPLITS))
         if rows:
-            _L2NORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_L2NORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, None, None, dx, None, rows), dy.device)
+            _L2NORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_L2NORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), 0, 0, dx.data_ptr(), 0, rows), dy.get_device())
         return dx
     dx = ref.l2_norm_rows_bwd(dy, x, rstd)
     return dx.to(dy.dtype)
 
 
-_L2NORM_EPS1EM05_FWD_H256 = Kernel("l2norm_eps1em05_fwd_h256")
+_L2NORM_EPS1EM05_FWD_H256 = Kernel("l2norm_eps1em05_fwd_h256", "ppppppppi")
 _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -1592,13 +1592,13 @@ def l2norm_eps1em05_fwd_h256(x):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _L2NORM_EPS1EM05_FWD_H256.launch(x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1), (x, None, None, None, y, None, None, rstd, rows), x.device)
+            _L2NORM_EPS1EM05_FWD_H256.launch(x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, 0, 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
         return y, rstd
     y, rstd = ref.l2_norm_rows(x, 1e-05)
     return y, rstd
 
 
-_LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024")
+_LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024", "ppppppppi")
 _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
@@ -1611,7 +1611,7 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, None, dx, partials, rows), dy.device)
+            _LAYERNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n2048(partials, gamma.dtype)
@@ -1620,7 +1620,7 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-_LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel("layernorm_bwd_h256_add_dresidual")
+_LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel("layernorm_bwd_h256_add_dresidual", "ppppppppi")
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -1634,7 +1634,7 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, dresidual, dx, partials, rows), dy.device)
+            _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n512(partials, gamma.dtype)
@@ -1644,7 +1644,7 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-_LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096")
+_LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096", "ppppppppi")
 _LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
@@ -1657,7 +1657,7 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 8192), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H4096.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, None, dx, partials, rows), dy.device)
+            _LAYERNORM_BWD_H4096.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n8192(partials, gamma.dtype)
@@ -1666,7 +1666,7 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-_LAYERNORM_FWD_H1024 = Kernel("layernorm_fwd_h1024")
+_LAYERNORM_FWD_H1024 = Kernel("layernorm_fwd_h1024", "ppppppppi")
 _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
@@ -1679,13 +1679,13 @@ def layernorm_fwd_h1024(x, gamma, beta):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x, None, gamma, beta, y, None, mean, rstd, rows), x.device)
+            _LAYERNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
         return y, mean, rstd
     y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, mean, rstd
 
 
-_LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096")
+_LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096", "ppppppppi")
 _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
@@ -1698,13 +1698,13 @@ def layernorm_fwd_h4096(x, gamma, beta):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x, None, gamma, beta, y, None, mean, rstd, rows), x.device)
+            _LAYERNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
         return y, mean, rstd
     y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, mean, rstd
 
 
-_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_bwd_h768_add_dresidual")
+_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_bwd_h768_add_dresidual", "ppppppppi")
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
@@ -1718,7 +1718,7 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, mean, rstd, gamma, dresidual, dx, partials, rows), dy.device)
+            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n1536(partials, gamma.dtype)
@@ -1728,7 +1728,7 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-_QGEGLU_FWD_N512 = Kernel("qgeglu_fwd_n512")
+_QGEGLU_FWD_N512 = Kernel("qgeglu_fwd_n512", "ppi")
 _QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1740,14 +1740,14 @@ def qgeglu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_QGEGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _QGEGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _QGEGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.qgeglu(a)
     return a.to(x.dtype)
 
 
-_QGELU_FWD_N512 = Kernel("qgelu_fwd_n512")
+_QGELU_FWD_N512 = Kernel("qgelu_fwd_n512", "ppi")
 _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1759,14 +1759,14 @@ def qgelu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_QGELU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _QGELU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _QGELU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.qgelu(a)
     return a.to(x.dtype)
 
 
-_REGLU_FWD_N512 = Kernel("reglu_fwd_n512")
+_REGLU_FWD_N512 = Kernel("reglu_fwd_n512", "ppi")
 _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -1778,14 +1778,14 @@ def reglu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_REGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _REGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _REGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.reglu(a)
     return a.to(x.dtype)
 
 
-_RELU_BWD_N768 = Kernel("relu_bwd_n768")
+_RELU_BWD_N768 = Kernel("relu_bwd_n768", "pppi")
 _RELU_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 
@@ -1798,7 +1798,7 @@ def relu_bwd_n768(dy, x):
         dx = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _RELU_BWD_N768.launch(dy.dtype, (_RELU_BWD_N768_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, rows), dy.device)
+            _RELU_BWD_N768.launch(dy.dtype, (_RELU_BWD_N768_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1808,7 +1808,7 @@ def relu_bwd_n768(dy, x):
     return dx
 
 
-_RELU_FWD_N768 = Kernel("relu_fwd_n768")
+_RELU_FWD_N768 = Kernel("relu_fwd_n768", "ppi")
 _RELU_FWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 
@@ -1820,14 +1820,14 @@ def relu_fwd_n768(x):
         y = torch.empty((rows, 768), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_RELU_FWD_N768_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _RELU_FWD_N768.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _RELU_FWD_N768.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.relu(a)
     return a.to(x.dtype)
 
 
-_RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024")
+_RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024", "ppppppppi")
 _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
@@ -1840,7 +1840,7 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
+            _RMSNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n1024(partials, gamma.dtype)
@@ -1849,7 +1849,7 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256")
+_RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256", "ppppppppi")
 _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -1862,7 +1862,7 @@ def rmsnorm_bwd_h256(dy, x, rstd, gamma):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
+            _RMSNORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n256(partials, gamma.dtype)
@@ -1871,7 +1871,7 @@ def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h256_add_dresidual")
+_RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h256_add_dresidual", "ppppppppi")
 _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -1885,7 +1885,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, dresidual, dx, partials, rows), dy.device)
+            _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n256(partials, gamma.dtype)
@@ -1895,7 +1895,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h4096_add_dresidual")
+_RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h4096_add_dresidual", "ppppppppi")
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
@@ -1909,7 +1909,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, dresidual, dx, partials, rows), dy.device)
+            _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n4096(partials, gamma.dtype)
@@ -1919,7 +1919,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64")
+_RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64", "ppppppppi")
 _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
@@ -1932,7 +1932,7 @@ def rmsnorm_bwd_h64(dy, x, rstd, gamma):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H64.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
+            _RMSNORM_BWD_H64.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n64(partials, gamma.dtype)
@@ -1941,7 +1941,7 @@ def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_DROPOUT0P3_FWD_H256 = Kernel("rmsnorm_dropout0p3_fwd_h256")
+_RMSNORM_DROPOUT0P3_FWD_H256 = Kernel("rmsnorm_dropout0p3_fwd_h256", "pppppppppi")
 _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
@@ -1953,7 +1953,7 @@ def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_DROPOUT0P3_FWD_H256.launch(x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1), (x, seed1, None, gamma, None, y, None, None, rstd, rows), x.device)
+            _RMSNORM_DROPOUT0P3_FWD_H256.launch(x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), pointer(seed1), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     a = ref.compute(y)
@@ -1962,7 +1962,7 @@ def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     return y, rstd
 
 
-_RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024")
+_RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024", "ppppppppi")
 _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
@@ -1974,13 +1974,13 @@ def rmsnorm_fwd_h1024(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
+            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
 
 
-_RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096")
+_RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096", "ppppppppi")
 _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
 
@@ -1992,13 +1992,13 @@ def rmsnorm_fwd_h4096(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
+            _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
 
 
-_RMSNORM_FWD_H64 = Kernel("rmsnorm_fwd_h64")
+_RMSNORM_FWD_H64 = Kernel("rmsnorm_fwd_h64", "ppppppppi")
 _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
@@ -2010,13 +2010,13 @@ def rmsnorm_fwd_h64(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H64.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
+            _RMSNORM_FWD_H64.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
 
 
-_RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768")
+_RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768", "ppppppppi")
 _RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
@@ -2029,7 +2029,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
         splits = max(1, min(rows, NORM_SPLITS))
         partials = torch.empty((splits, 768), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_ZC_BWD_H768.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1), (dy, x, None, rstd, gamma, None, dx, partials, rows), dy.device)
+            _RMSNORM_ZC_BWD_H768.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n768(partials, gamma.dtype)
@@ -2038,7 +2038,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_ZC_FWD_H768 = Kernel("rmsnorm_zc_fwd_h768")
+_RMSNORM_ZC_FWD_H768 = Kernel("rmsnorm_zc_fwd_h768", "ppppppppi")
 _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
@@ -2050,13 +2050,13 @@ def rmsnorm_zc_fwd_h768(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_ZC_FWD_H768.launch(x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1), (x, None, gamma, None, y, None, None, rstd, rows), x.device)
+            _RMSNORM_ZC_FWD_H768.launch(x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, True)
     return y, rstd
 
 
-_SILU_BWD_ANY = Kernel("silu_bwd_any")
+_SILU_BWD_ANY = Kernel("silu_bwd_any", "pppii")
 _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2071,7 +2071,7 @@ def silu_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SILU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SILU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+            _SILU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2081,7 +2081,7 @@ def silu_bwd_any(dy, x):
     return dx
 
 
-_SILU_FWD_ANY = Kernel("silu_fwd_any")
+_SILU_FWD_ANY = Kernel("silu_fwd_any", "ppii")
 _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2094,14 +2094,14 @@ def silu_fwd_any(x):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_SILU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SILU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+            _SILU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.silu(a)
     return a.to(x.dtype)
 
 
-_SITUGLU_B2P0_C8P0_FWD_N512 = Kernel("situglu_b2p0_c8p0_fwd_n512")
+_SITUGLU_B2P0_C8P0_FWD_N512 = Kernel("situglu_b2p0_c8p0_fwd_n512", "ppi")
 _SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2113,14 +2113,14 @@ def situglu_b2p0_c8p0_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SITUGLU_B2P0_C8P0_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SITUGLU_B2P0_C8P0_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _SITUGLU_B2P0_C8P0_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.situglu(a, 2.0, 8.0)
     return a.to(x.dtype)
 
 
-_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY = Kernel("situglu_b2p0_i32_rowscale_bwd_any")
+_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY = Kernel("situglu_b2p0_i32_rowscale_bwd_any", "pppppii")
 _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2138,7 +2138,7 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
         if rows and n:
             grid = (-(-n // (_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in1, dx, row_partials1, rows, n), dy.device)
+            _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(), row_partials1.data_ptr(), rows, n), dy.get_device())
         d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
         return dx, d_extra_in1
     a = ref.compute(x)
@@ -2153,7 +2153,7 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     return dx, d_extra_in1
 
 
-_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY = Kernel("situglu_b2p0_i32_rowscale_fwd_any")
+_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY = Kernel("situglu_b2p0_i32_rowscale_fwd_any", "pppii")
 _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2167,7 +2167,7 @@ def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows, n), x.device)
+            _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.situglu(ref.deinterleave(a, 32), 2.0, 25.0)
@@ -2175,7 +2175,7 @@ def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     return a.to(x.dtype)
 
 
-_SREGLU_FWD_N512 = Kernel("sreglu_fwd_n512")
+_SREGLU_FWD_N512 = Kernel("sreglu_fwd_n512", "ppi")
 _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2187,14 +2187,14 @@ def sreglu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SREGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SREGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _SREGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.sreglu(a)
     return a.to(x.dtype)
 
 
-_SRELU_FWD_N2048 = Kernel("srelu_fwd_n2048")
+_SRELU_FWD_N2048 = Kernel("srelu_fwd_n2048", "ppi")
 _SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
@@ -2206,14 +2206,14 @@ def srelu_fwd_n2048(x):
         y = torch.empty((rows, 2048), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SRELU_FWD_N2048_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SRELU_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _SRELU_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.srelu(a)
     return a.to(x.dtype)
 
 
-_SRELU_ROWSCALE_FWD_N512 = Kernel("srelu_rowscale_fwd_n512")
+_SRELU_ROWSCALE_FWD_N512 = Kernel("srelu_rowscale_fwd_n512", "pppi")
 _SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2226,7 +2226,7 @@ def srelu_rowscale_fwd_n512(x, extra_in1):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SRELU_ROWSCALE_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SRELU_ROWSCALE_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows), x.device)
+            _SRELU_ROWSCALE_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.srelu(a)
@@ -2234,7 +2234,7 @@ def srelu_rowscale_fwd_n512(x, extra_in1):
     return a.to(x.dtype)
 
 
-_SWIGLU_BWD_ANY = Kernel("swiglu_bwd_any")
+_SWIGLU_BWD_ANY = Kernel("swiglu_bwd_any", "pppii")
 _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2252,7 +2252,7 @@ def swiglu_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, dx, rows, n), dy.device)
+            _SWIGLU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2262,7 +2262,7 @@ def swiglu_bwd_any(dy, x):
     return dx
 
 
-_SWIGLU_BWD_N384 = Kernel("swiglu_bwd_n384")
+_SWIGLU_BWD_N384 = Kernel("swiglu_bwd_n384", "pppi")
 _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2275,7 +2275,7 @@ def swiglu_bwd_n384(dy, x):
         dx = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _SWIGLU_BWD_N384.launch(dy.dtype, (_SWIGLU_BWD_N384_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, rows), dy.device)
+            _SWIGLU_BWD_N384.launch(dy.dtype, (_SWIGLU_BWD_N384_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2285,7 +2285,7 @@ def swiglu_bwd_n384(dy, x):
     return dx
 
 
-_SWIGLU_BWD_N4096 = Kernel("swiglu_bwd_n4096")
+_SWIGLU_BWD_N4096 = Kernel("swiglu_bwd_n4096", "pppi")
 _SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
@@ -2298,7 +2298,7 @@ def swiglu_bwd_n4096(dy, x):
         dx = torch.empty((rows, 8192), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _SWIGLU_BWD_N4096.launch(dy.dtype, (_SWIGLU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, x, dx, rows), dy.device)
+            _SWIGLU_BWD_N4096.launch(dy.dtype, (_SWIGLU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2308,7 +2308,7 @@ def swiglu_bwd_n4096(dy, x):
     return dx
 
 
-_SWIGLU_FWD_ANY = Kernel("swiglu_fwd_any")
+_SWIGLU_FWD_ANY = Kernel("swiglu_fwd_any", "ppii")
 _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2324,14 +2324,14 @@ def swiglu_fwd_any(x):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_SWIGLU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, y, rows, n), x.device)
+            _SWIGLU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
     return a.to(x.dtype)
 
 
-_SWIGLU_FWD_N14336 = Kernel("swiglu_fwd_n14336")
+_SWIGLU_FWD_N14336 = Kernel("swiglu_fwd_n14336", "ppi")
 _SWIGLU_FWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
 
 
@@ -2343,14 +2343,14 @@ def swiglu_fwd_n14336(x):
         y = torch.empty((rows, 14336), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_FWD_N14336_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N14336.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _SWIGLU_FWD_N14336.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
     return a.to(x.dtype)
 
 
-_SWIGLU_FWD_N384 = Kernel("swiglu_fwd_n384")
+_SWIGLU_FWD_N384 = Kernel("swiglu_fwd_n384", "ppi")
 _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2362,14 +2362,14 @@ def swiglu_fwd_n384(x):
         y = torch.empty((rows, 384), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_FWD_N384_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _SWIGLU_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
     return a.to(x.dtype)
 
 
-_SWIGLU_FWD_N4096 = Kernel("swiglu_fwd_n4096")
+_SWIGLU_FWD_N4096 = Kernel("swiglu_fwd_n4096", "ppi")
 _SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
@@ -2381,14 +2381,14 @@ def swiglu_fwd_n4096(x):
         y = torch.empty((rows, 4096), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _SWIGLU_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
     return a.to(x.dtype)
 
 
-_SWIGLU_I32_FWD_N512 = Kernel("swiglu_i32_fwd_n512")
+_SWIGLU_I32_FWD_N512 = Kernel("swiglu_i32_fwd_n512", "ppi")
 _SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2400,14 +2400,14 @@ def swiglu_i32_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_I32_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_I32_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x, y, rows), x.device)
+            _SWIGLU_I32_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(ref.deinterleave(a, 32))
     return a.to(x.dtype)
 
 
-_SWIGLU_ROWSCALE_BWD_ANY = Kernel("swiglu_rowscale_bwd_any")
+_SWIGLU_ROWSCALE_BWD_ANY = Kernel("swiglu_rowscale_bwd_any", "pppppii")
 _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2425,7 +2425,7 @@ def swiglu_rowscale_bwd_any(dy, x, extra_in1):
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
         if rows and n:
             grid = (-(-n // (_SWIGLU_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, extra_in1, dx, row_partials1, rows, n), dy.device)
+            _SWIGLU_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(), row_partials1.data_ptr(), rows, n), dy.get_device())
         d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
         return dx, d_extra_in1
     a = ref.compute(x)
@@ -2440,7 +2440,7 @@ def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     return dx, d_extra_in1
 
 
-_SWIGLU_ROWSCALE_FWD_ANY = Kernel("swiglu_rowscale_fwd_any")
+_SWIGLU_ROWSCALE_FWD_ANY = Kernel("swiglu_rowscale_fwd_any", "pppii")
 _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2454,7 +2454,7 @@ def swiglu_rowscale_fwd_any(x, extra_in1):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_SWIGLU_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_in1, y, rows, n), x.device)
+            _SWIGLU_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2462,7 +2462,7 @@ def swiglu_rowscale_fwd_any(x, extra_in1):
     return a.to(x.dtype)
 
 
-_SWIGLU_TEE_GELU_BWD_ANY = Kernel("swiglu_tee_gelu_bwd_any")
+_SWIGLU_TEE_GELU_BWD_ANY = Kernel("swiglu_tee_gelu_bwd_any", "ppppii")
 _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2478,7 +2478,7 @@ def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_TEE_GELU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_TEE_GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, d_extra_out1, dx, rows, n), dy.device)
+            _SWIGLU_TEE_GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2492,7 +2492,7 @@ def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     return dx
 
 
-_SWIGLU_TEE_GELU_FWD_ANY = Kernel("swiglu_tee_gelu_fwd_any")
+_SWIGLU_TEE_GELU_FWD_ANY = Kernel("swiglu_tee_gelu_fwd_any", "pppii")
 _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2506,7 +2506,7 @@ def swiglu_tee_gelu_fwd_any(x):
         extra_out1 = torch.empty_like(y)
         if rows and n:
             grid = (-(-n // (_SWIGLU_TEE_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_TEE_GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_out1, y, rows, n), x.device)
+            _SWIGLU_TEE_GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_out1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y, extra_out1
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2515,7 +2515,7 @@ def swiglu_tee_gelu_fwd_any(x):
     return a.to(x.dtype), extra_out1
 
 
-_SWIGLU_TEE_SCALE0P5_BWD_ANY = Kernel("swiglu_tee_scale0p5_bwd_any")
+_SWIGLU_TEE_SCALE0P5_BWD_ANY = Kernel("swiglu_tee_scale0p5_bwd_any", "ppppii")
 _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2531,7 +2531,7 @@ def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_TEE_SCALE0P5_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy, x, d_extra_out1, dx, rows, n), dy.device)
+            _SWIGLU_TEE_SCALE0P5_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2543,7 +2543,7 @@ def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     return dx
 
 
-_SWIGLU_TEE_SCALE0P5_FWD_ANY = Kernel("swiglu_tee_scale0p5_fwd_any")
+_SWIGLU_TEE_SCALE0P5_FWD_ANY = Kernel("swiglu_tee_scale0p5_fwd_any", "pppii")
 _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
 
 
@@ -2557,7 +2557,7 @@ def swiglu_tee_scale0p5_fwd_any(x):
         extra_out1 = torch.empty_like(y)
         if rows and n:
             grid = (-(-n // (_SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_TEE_SCALE0P5_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x, extra_out1, y, rows, n), x.device)
+            _SWIGLU_TEE_SCALE0P5_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_out1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y, extra_out1
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2566,7 +2566,7 @@ def swiglu_tee_scale0p5_fwd_any(x):
     return a.to(x.dtype), extra_out1
 
 
-_TEE_BIAS_BWD_N64 = Kernel("tee_bias_bwd_n64")
+_TEE_BIAS_BWD_N64 = Kernel("tee_bias_bwd_n64", "ppppi")
 _TEE_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2580,7 +2580,7 @@ def tee_bias_bwd_n64(dy, d_extra_out0):
         splits = max(1, min(rows, GRAD_SPLITS))
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
         if rows:
-            _TEE_BIAS_BWD_N64.launch(dy.dtype, (_TEE_BIAS_BWD_N64_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy, d_extra_out0, dx, partials, rows), dy.device)
+            _TEE_BIAS_BWD_N64.launch(dy.dtype, (_TEE_BIAS_BWD_N64_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n64(partials, dy.dtype)
@@ -2594,7 +2594,7 @@ def tee_bias_bwd_n64(dy, d_extra_out0):
     return dx, dbias1
 
 
-_TEE_BIAS_FWD_N64 = Kernel("tee_bias_fwd_n64")
+_TEE_BIAS_FWD_N64 = Kernel("tee_bias_fwd_n64", "pppi")
 _TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
@@ -2607,7 +2607,7 @@ def tee_bias_fwd_n64(x, bias1):
         y = torch.empty((rows, 64), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_TEE_BIAS_FWD_N64_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _TEE_BIAS_FWD_N64.launch(x.dtype, grid, (128, 1, 1), (x, bias1, y, rows), x.device)
+            _TEE_BIAS_FWD_N64.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias1.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias1))

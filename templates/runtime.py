@@ -14,6 +14,7 @@ Needs torch, plus cuda-bindings for CUDA tensors only (imported on first launch)
 import ctypes
 import functools
 import re
+import struct
 import threading
 from pathlib import Path
 
@@ -22,7 +23,6 @@ import torch
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 DTYPE_SUFFIX = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 BINARY_FILE = re.compile(r"(?P<name>.+)\.(?:sm_(?P<sm>\d+)\.cubin|compute_(?P<compute>\d+)\.ptx)")
-INT_RANGE = range(-2**31, 2**31)
 
 
 class KernelNotAvailableError(RuntimeError):
@@ -208,11 +208,57 @@ def _load(full_name, index):
         return function
 
 
-class Kernel:
-    """One generated kernel, in every dtype it was built for; ``name`` has no dtype suffix."""
+def pointer(tensor):
+    """A kernel argument for a tensor that may be absent (a Dropout key in eval mode): its device
+    pointer, or 0 (a null pointer, which the kernel reads as "none")."""
+    return 0 if tensor is None else tensor.data_ptr()
 
-    def __init__(self, name):
+
+class _ThreadBuffers(threading.local):
+    """Each thread's argument buffers, by (kernel, dtype, device): launches from several threads
+    never share one."""
+
+    def __init__(self):
+        self.buffers = {}
+        self.contexts = set()  # devices whose context this thread has made sure of
+
+
+_THREAD = _ThreadBuffers()
+_LAUNCH = None  # cuda-bindings' cuLaunchKernel, imported on the first launch
+
+
+class _Ready:
+    """One kernel loaded on one device in one dtype: its function handle and the layout of its
+    packed arguments. A launch packs the values into the thread's buffer (one struct.pack_into)
+    and hands the driver the address of a prebuilt array of pointers into it."""
+
+    __slots__ = ("key", "full_name", "function", "index", "layout", "size")
+
+    def __init__(self, key, full_name, function, index, signature):
+        self.key, self.full_name, self.function, self.index = key, full_name, function, index
+        # every argument in its own 8-byte slot: a pointer ("p", 8 bytes) or a C int ("i", 4)
+        self.layout = struct.Struct("<" + "".join("Q" if kind == "p" else "i4x" for kind in signature))
+        self.size = len(signature)
+
+    def buffer(self):
+        """This thread's (argument bytes, address of the pointer array) for the kernel."""
+        held = _THREAD.buffers.get(self.key)
+        if held is None:
+            data = ctypes.create_string_buffer(max(8, self.layout.size))
+            base = ctypes.addressof(data)
+            slots = (ctypes.c_void_p * max(1, self.size))(*[base + 8 * k for k in range(self.size)])
+            held = _THREAD.buffers[self.key] = (data, ctypes.addressof(slots), slots)
+        return held
+
+
+class Kernel:
+    """One generated kernel, in every dtype it was built for; ``name`` has no dtype suffix,
+    ``signature`` its C parameters in order, one letter each: "p" a pointer, "i" a C int."""
+
+    def __init__(self, name, signature):
         self.name = name  # nothing is loaded before the first launch
+        self.signature = signature
+        self._ready = {}  # (dtype, device index) -> _Ready
 
     def _full_name(self, dtype):
         if dtype not in DTYPE_SUFFIX:
@@ -220,39 +266,53 @@ class Kernel:
             raise TypeError(f"kernel {self.name}: unsupported dtype {dtype}; supported: {supported}")
         return f"{self.name}_{DTYPE_SUFFIX[dtype]}"
 
-    def launch(self, dtype, grid, block, args, device):
-        """Launch on the current stream of ``device``: tensors pass as device pointers, None as a
-        null pointer, ints as C int, floats as C float."""
+    def _prepare(self, dtype, index):
+        global _LAUNCH
         full = self._full_name(dtype)
-        device = torch.device(device)
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        values, types = [], []
-        for position, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor):
-                if arg.get_device() != index:  # a wrong pointer would fault the whole context
-                    raise ValueError(f"kernel {full}: argument {position} is on {arg.device}, not cuda:{index}")
-                values.append(arg.data_ptr())
-                types.append(ctypes.c_void_p)
-            elif arg is None:
-                values.append(0)  # cuda-bindings rejects None (and c_void_p(None)) as a c_void_p value
-                types.append(ctypes.c_void_p)
-            elif isinstance(arg, int):
-                if arg not in INT_RANGE:  # ctypes would silently wrap it
-                    raise ValueError(f"kernel {full}: argument {position} = {arg} does not fit a C int")
-                values.append(arg)
-                types.append(ctypes.c_int)
-            elif isinstance(arg, float):
-                values.append(arg)
-                types.append(ctypes.c_float)
-            else:
-                raise TypeError(f"kernel {full}: argument {position} has unsupported type {type(arg).__name__}")
-        function = _FUNCTIONS.get((full, index))
-        if function is None:
-            function = _load(full, index)
-        driver = _driver()
-        with torch.cuda.device(index):
-            stream = torch.cuda.current_stream(index).cuda_stream
-            if stream == 0:  # the legacy default stream belongs to whatever context is current
-                _ensure_context(full, index)
-            (err,) = driver.cuLaunchKernel(function, *grid, *block, 0, stream, (tuple(values), tuple(types)), 0)
-        _check(err, full, "cuLaunchKernel")
+        function = _FUNCTIONS.get((full, index)) or _load(full, index)
+        _LAUNCH = _driver().cuLaunchKernel
+        ready = _Ready((self.name, dtype, index), full, function, index, self.signature)
+        self._ready[dtype, index] = ready
+        return ready
+
+    def launch(self, dtype, grid, block, args, index):
+        """Launch on the current stream of CUDA device ``index``. ``args``: the kernel's
+        arguments in order, pointers as ints (``tensor.data_ptr()``, ``pointer(t)``) and C ints.
+        The generated module checks its inputs' devices and dtypes once per call; here nothing is
+        checked but what the packing itself rejects (an int that does not fit)."""
+        ready = self._ready.get((dtype, index))
+        if ready is None:
+            ready = self._prepare(dtype, index)
+        data, params, _ = ready.buffer()
+        try:
+            ready.layout.pack_into(data, 0, *args)
+        except struct.error as error:
+            raise ValueError(f"kernel {ready.full_name}: arguments {args} do not fit its parameters "
+                             f"({self.signature}: p a pointer, i a C int): {error}") from None
+        if _current_device() != index:  # launch under the device's context, as torch's own ops do
+            with torch.cuda.device(index):
+                self._launch(ready, grid, block, params)
+        else:
+            self._launch(ready, grid, block, params)
+
+    @staticmethod
+    def _launch(ready, grid, block, params):
+        index = ready.index
+        stream = _raw_stream(index)
+        if stream == 0 and index not in _THREAD.contexts:
+            # the legacy default stream belongs to whatever context is current on this thread
+            _ensure_context(ready.full_name, index)
+            _THREAD.contexts.add(index)
+        (err,) = _LAUNCH(ready.function, *grid, *block, 0, stream, params, 0)
+        if err:
+            _check(err, ready.full_name, "cuLaunchKernel")
+
+
+def _current_device():
+    return torch._C._cuda_getDevice()
+
+
+def _raw_stream(index):
+    """PyTorch's current stream on device ``index`` as the driver's handle (an int)."""
+    return torch._C._cuda_getCurrentRawStream(index)
+

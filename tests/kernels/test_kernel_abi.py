@@ -31,8 +31,15 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
     declared = [re.sub(r"\s+", " ", p.strip()) for p in signature.split(",")]
     assert declared == [f"{p.ctype}{' __restrict__' if '*' in p.ctype else ''} {p.name}" for p in abi]
     launchers = (GENERATED / "_kernels.py").read_text()
-    launch = re.search(rf"(?<!\w)_{spec.name.upper()}\.launch\(.*?, (\([^()]*\)), \w+\.device\)", launchers).group(1)
-    assert launch == "(" + ", ".join(p.name if p.passed else "None" for p in abi) + ")"
+    # the Kernel's signature letters and every launch tuple: pointers as ints (0: not passed;
+    # pointer(t): a Dropout key, None in eval mode), C ints as they are
+    letters = "".join("p" if p.pointer else "i" for p in abi)
+    assert f'_{spec.name.upper()} = Kernel("{spec.name}", "{letters}")' in launchers
+    random = {dict(step)["operand"] for step in dict(spec.context).get("steps", ()) if dict(step)["broadcast"] == "random"}
+    values = [("0" if not p.passed else p.name if not p.pointer else f"pointer({p.name})" if p.name in random
+               else f"{p.name}.data_ptr()") for p in abi]
+    launches = re.findall(rf"(?<!\w)_{spec.name.upper()}\.launch\((.*)\)\n", launchers)
+    assert launches and all(f", ({', '.join(values)}), " in launch and launch.endswith(".get_device()") for launch in launches)
 
 
 def test_every_family_is_covered():

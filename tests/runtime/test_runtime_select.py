@@ -52,7 +52,7 @@ def test_cubin_of_a_newer_minor_or_other_major_is_not_used():
 def test_kernel_is_lazy_and_rejects_unknown_dtypes():
     import torch
 
-    kernel = runtime.Kernel("rmsnorm_fwd_h4096")  # constructing loads nothing (and needs no GPU)
+    kernel = runtime.Kernel("rmsnorm_fwd_h4096", "pppppppppi")  # constructing loads nothing (and needs no GPU)
     assert kernel._full_name(torch.bfloat16) == "rmsnorm_fwd_h4096_bf16"
     with pytest.raises(TypeError, match="kernel rmsnorm_fwd_h4096: unsupported dtype torch.float64"):
-        kernel.launch(torch.float64, (1, 1, 1), (1, 1, 1), (), torch.device("cuda", 0))
+        kernel.launch(torch.float64, (1, 1, 1), (1, 1, 1), (), 0)

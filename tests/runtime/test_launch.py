@@ -1,0 +1,169 @@
+"""The launch path on a GPU (templates/runtime.py): work goes on PyTorch's current stream, loading
+is lazy and thread-safe, launches from several threads at once get their own argument buffers,
+the forward + backward of every shipped pipeline can be captured in a CUDA graph and replayed on
+new inputs, and devices each get their own loaded functions. On CPU: what the launch path
+rejects without a GPU."""
+
+import threading
+
+import pytest
+import torch
+
+import generated
+import references as R
+from generated import _kernels, _runtime
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _module(name, dtype=torch.float32, device="cuda"):
+    module = getattr(generated, R.PIPELINES[name][0])(device=device, dtype=dtype)
+    R.randomize_(module, torch.Generator().manual_seed(7))
+    return module
+
+
+def _inputs(module, rows, gen, device="cuda", dtype=torch.float32):
+    shapes = [module.in_features, *module.extra_input_features]
+    return [torch.randn(rows, n, generator=gen).to(device=device, dtype=dtype) for n in shapes]
+
+
+def _forward_backward(module, inputs, grads):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    for p in module.parameters():
+        p.grad = None
+    outputs = module(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    torch.autograd.backward(outputs, grads)
+    return [o.detach() for o in outputs] + [t.grad for t in inputs] + [p.grad for p in module.parameters()]
+
+
+def test_an_int_that_does_not_fit_is_a_clear_error_before_anything_loads(monkeypatch):
+    kernel = _runtime.Kernel("probe", "pi")
+    ready = _runtime._Ready(("probe", torch.float32, 0), "probe_fp32", None, 0, "pi")
+    monkeypatch.setattr(kernel, "_ready", {(torch.float32, 0): ready})
+    with pytest.raises(ValueError, match=r"kernel probe_fp32: arguments \(0, 2147483648\) do not fit its parameters"):
+        kernel.launch(torch.float32, (1, 1, 1), (1, 1, 1), (0, 2**31), 0)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("name", ["prenorm_block", "gpt2_mlp"])
+def test_kernels_run_on_the_current_stream(name):
+    """On a side stream made to lag (a sleep), the module's kernels must wait for the op before
+    them on that stream: on another stream they would read their input before it is written."""
+    module = _module(name)
+    gen = torch.Generator().manual_seed(1)
+    inputs = _inputs(module, 64, gen)
+    want = module(*[t * 2 for t in inputs])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # tens of ms of device time before the inputs are doubled
+        doubled = [t * 2 for t in inputs]
+        got = module(*doubled)
+    side.synchronize()
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_threads_load_and_launch_at_once():
+    """Eight threads run the same module at once, on kernels no thread has loaded yet (the
+    caches are emptied first): each gets the single-threaded result, bit for bit."""
+    module = _module("gpt2_mlp")
+    gen = torch.Generator().manual_seed(2)
+    per_thread = [_inputs(module, 33, gen)[0] for _ in range(8)]
+    want = [module(x) for x in per_thread]
+    torch.cuda.synchronize()
+    with _runtime._LOCK:
+        _runtime._FUNCTIONS.clear()
+        _runtime._LIBRARIES.clear()
+    for value in vars(_kernels).values():
+        if isinstance(value, _runtime.Kernel):
+            value._ready.clear()
+    barrier, results, errors = threading.Barrier(8), [None] * 8, []
+
+    def run(i):
+        try:
+            barrier.wait()
+            for _ in range(5):
+                results[i] = module(per_thread[i])
+            torch.cuda.current_stream().synchronize()
+        except BaseException as error:  # reported below, with the thread's index
+            errors.append((i, error))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    torch.cuda.synchronize()
+    for got, expected in zip(results, want):
+        assert torch.equal(got, expected)
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("name", sorted(R.PIPELINES))
+def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
+    """Capture forward + backward once, copy new inputs into the static ones, replay: every
+    output and grad equals an eager run on those inputs (fp32, where cuBLAS under capture may
+    pick another GEMM algorithm: within the GEMM tolerance row) and two replays are identical."""
+    module = _module(name)
+    gen = torch.Generator().manual_seed(3)
+    static = [t.requires_grad_() for t in _inputs(module, 48, gen)]
+    probe = module(*static)
+    grads = [torch.randn(o.shape, generator=gen).cuda() for o in (probe if isinstance(probe, tuple) else (probe,))]
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: loads every kernel outside the capture
+        for _ in range(2):
+            outputs = module(*static)
+            torch.autograd.backward(outputs if isinstance(outputs, tuple) else (outputs,), grads)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for t in static:
+        t.grad = None
+    with torch.cuda.graph(graph):
+        outputs = module(*static)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        torch.autograd.backward(outputs, grads)
+
+    def replay():
+        for p in module.parameters():
+            p.grad.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        return ([o.detach().clone() for o in outputs] + [t.grad.clone() for t in static]
+                + [p.grad.clone() for p in module.parameters()])
+
+    fresh = _inputs(module, 48, gen)
+    with torch.no_grad():
+        for s, f in zip(static, fresh):
+            s.copy_(f)
+    first, second = replay(), replay()
+    eager = _forward_backward(module, fresh, grads)
+    for i, (a, b, e) in enumerate(zip(first, second, eager)):
+        assert torch.equal(a, b), f"{name}: two replays differ in tensor {i}"
+        R.assert_close_to_reference(f"{name} replayed tensor {i}", a, e.double(), torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_devices_each_get_their_own_functions():
+    """The same module on cuda:0 and cuda:1, called alternately from one thread (whichever device
+    is current): each device's kernels are loaded for it and give the same results."""
+    gen = torch.Generator().manual_seed(4)
+    x = _inputs(_module("prenorm_block", device="cpu"), 40, gen, device="cpu")
+    results = []
+    for index in (0, 1):
+        module = _module("prenorm_block", device=f"cuda:{index}")
+        with torch.cuda.device(1 - index):  # the other device current: the launch must not care
+            results.append([t.cpu() for t in module(*[t.to(f"cuda:{index}") for t in x])])
+    assert {index for (_, index) in _runtime._FUNCTIONS} >= {0, 1}
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
