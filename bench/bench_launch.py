@@ -3,15 +3,16 @@
 Host µs per call, each the mean over many calls made while the GPU is kept busy by a long sleep
 kernel queued first (so the host never waits for the device and only its own time is counted):
 
-- the floors: cuda-bindings' cuLaunchKernel with a prepacked argument array (the cheapest call a
-  package free of compilers can make), the same call with cuda-bindings packing a (values, types)
-  tuple, and `torch.add` on a small tensor (PyTorch's own dispatch + launch, with and without an
-  output allocation);
+- the floors: the driver's cuLaunchKernel through ctypes with a prepacked argument array (the
+  cheapest call a package free of compilers can make, and what fusegen calls), the same call
+  through cuda-bindings (prepacked, and packing a (values, types) tuple), and `torch.add` on a
+  small tensor (PyTorch's own dispatch + launch, with and without an output allocation);
 - fusegen: `Kernel.launch` (the lean path: cached handle, one struct.pack_into into a per-thread
   buffer, PyTorch's raw current stream), and a generated launcher (output allocation + launch);
 - the pieces a launch is made of, each timed alone;
 - whole modules: the TE docs MLP (`TeMlp`) at 16 tokens, no-grad forward and forward + backward,
-  generated vs eager PyTorch (fusegen's unfused reference Sequential).
+  generated vs eager PyTorch (the same math in plain torch ops: F.layer_norm, F.linear, silu * up)
+  and vs fusegen's unfused reference Sequential; then the generated no-grad forward's steps.
 
     python3 bench/bench_launch.py [--tokens 16] [--calls 400]
 """
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 importlib.import_module("conftest")  # maps this checkout as `fusegen` where it is not installed (GPU machine)
 import generated  # noqa: E402
 from generated import _kernels as K  # noqa: E402
+from generated import _runtime  # noqa: E402
 from references import randomize_  # noqa: E402
 
 SLEEP_CYCLES_PER_US = 2000  # torch.cuda._sleep spins this many cycles per µs, roughly (~2 GHz)
@@ -70,9 +72,11 @@ def launch_rows(calls):
     small_out = torch.empty_like(small_a)
     layout = struct.Struct("<QQi4x")
     data, _, _ = ready.buffer()
+    launch = _runtime._LAUNCH
     return [
-        ("floor: cuLaunchKernel, prepacked arguments", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, params, 0)),
-        ("cuLaunchKernel, cuda-bindings packs a tuple", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, packed, 0)),
+        ("floor: ctypes cuLaunchKernel, prepacked", lambda: launch(ready.handle, *grid, *block, 0, stream, params, None)),
+        ("cuda-bindings cuLaunchKernel, prepacked", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, params, 0)),
+        ("cuda-bindings cuLaunchKernel, packs a tuple", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, packed, 0)),
         ("torch.add(a, b, out=c), 16x256 fp32", lambda: torch.add(small_a, small_b, out=small_out)),
         ("torch.add(a, b) (allocates), 16x256 fp32", lambda: torch.add(small_a, small_b)),
         ("fusegen Kernel.launch (lean path)", lambda: kernel.launch(torch.bfloat16, grid, block, args, 0)),
@@ -87,6 +91,20 @@ def launch_rows(calls):
     ]
 
 
+class PlainTeMlp(torch.nn.Module):
+    """TeMlp's math in plain PyTorch ops, holding the generated module's parameters."""
+
+    def __init__(self, gen):
+        super().__init__()
+        self.p = dict(gen.named_parameters())
+
+    def forward(self, x):
+        p = self.p
+        h = torch.nn.functional.layer_norm(x, (4096,), p["0.weight"], p["0.bias"], 1e-5)
+        a, b = torch.nn.functional.linear(h, p["1.weight"], p["1.bias"]).chunk(2, dim=-1)
+        return torch.nn.functional.linear(torch.nn.functional.silu(a) * b, p["3.weight"], p["3.bias"])
+
+
 def module_rows(tokens, calls):
     from fusegen import eager
 
@@ -95,6 +113,7 @@ def module_rows(tokens, calls):
     ref = eager.Sequential(eager.LayerNorm(4096), eager.Linear(4096, 28672), eager.SwiGLU(), eager.Linear(14336, 4096))
     ref = ref.to(device="cuda", dtype=torch.bfloat16)
     ref.load_state_dict(gen.state_dict())
+    plain = PlainTeMlp(gen)
     x = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def no_grad(module):
@@ -109,8 +128,26 @@ def module_rows(tokens, calls):
         return run
 
     calls = max(1, calls // 20)  # ~20 launches each: keep the queue below its limit
-    return [(what, host_us(fn(gen), calls), host_us(fn(ref), calls))
+    rows = [(what, [host_us(fn(m), calls) for m in (gen, plain, ref)])
             for what, fn in (("no-grad forward", no_grad), ("forward + backward", train))]
+    # the generated no-grad forward, step by step
+    from generated import te_mlp
+    p = dict(gen.named_parameters())
+    flat = x.detach()
+    h = K.layernorm_fwd_h4096(flat, p["0.weight"], p["0.bias"])[0]
+    u = torch.addmm(p["1.bias"], h, p["1.weight"].t())
+    s = K.swiglu_fwd_n14336(u)
+    steps = [
+        ("module call, whole", no_grad(gen)),
+        ("check_input", lambda: te_mlp.check_input("TeMlp", "x", flat, 4096, p["0.weight"])),
+        ("torch.no_grad() enter + exit", no_grad(lambda _: None)),
+        ("x.reshape(-1, 4096).contiguous()", lambda: flat.reshape(-1, 4096).contiguous()),
+        ("layernorm_fwd_h4096 (3 allocations + launch)", lambda: K.layernorm_fwd_h4096(flat, p["0.weight"], p["0.bias"])),
+        ("torch.addmm 4096 -> 28672", lambda: torch.addmm(p["1.bias"], h, p["1.weight"].t())),
+        ("swiglu_fwd_n14336 (allocation + launch)", lambda: K.swiglu_fwd_n14336(u)),
+        ("torch.addmm 14336 -> 4096", lambda: torch.addmm(p["3.bias"], s, p["3.weight"].t())),
+    ]
+    return rows, [(what, host_us(fn, calls)) for what, fn in steps]
 
 
 def main():
@@ -124,9 +161,14 @@ def main():
     print(f"\n{'launch':52} {'host µs':>8}")
     for name, fn in launch_rows(args.calls):
         print(f"{name:52} {host_us(fn, args.calls):8.2f}")
-    print(f"\n{'TeMlp, %d tokens, bf16 (host µs)' % args.tokens:36} {'fusegen':>9} {'eager':>9} {'ratio':>7}")
-    for what, g, e in module_rows(args.tokens, args.calls):
-        print(f"{what:36} {g:9.1f} {e:9.1f} {g / e:7.2f}")
+    rows, steps = module_rows(args.tokens, args.calls)
+    print(f"\n{'TeMlp, %d tokens, bf16 (host µs)' % args.tokens:36} {'fusegen':>9} {'PyTorch':>9} {'ratio':>7} "
+          f"{'unfused':>9}")
+    for what, (g, plain, unfused) in rows:
+        print(f"{what:36} {g:9.1f} {plain:9.1f} {g / plain:7.2f} {unfused:9.1f}")
+    print(f"\n{'the generated no-grad forward, by step':46} {'host µs':>8}")
+    for what, us in steps:
+        print(f"{what:46} {us:8.2f}")
 
 
 if __name__ == "__main__":

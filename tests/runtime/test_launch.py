@@ -114,16 +114,22 @@ def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
     module = _module(name)
     gen = torch.Generator().manual_seed(3)
     static = [t.requires_grad_() for t in _inputs(module, 48, gen)]
-    probe = module(*static)
+    with torch.no_grad():  # the output shapes (no autograd graph may outlive a step: its
+        probe = module(*static)  # AccumulateGrad nodes would keep the stream they were made on)
     grads = [torch.randn(o.shape, generator=gen).cuda() for o in (probe if isinstance(probe, tuple) else (probe,))]
+    del probe
     for p in module.parameters():
         p.grad = torch.zeros_like(p)
+
+    def step():
+        outputs = module(*static)
+        torch.autograd.backward(outputs if isinstance(outputs, tuple) else (outputs,), grads)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: loads every kernel outside the capture
         for _ in range(2):
-            outputs = module(*static)
-            torch.autograd.backward(outputs if isinstance(outputs, tuple) else (outputs,), grads)
+            step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     for t in static:
