@@ -3,10 +3,11 @@
 Host µs per call, each the mean over many calls made while the GPU is kept busy by a long sleep
 kernel queued first (so the host never waits for the device and only its own time is counted):
 
-- the floors: the driver's cuLaunchKernel through ctypes with a prepacked argument array (the
-  cheapest call a package free of compilers can make, and what fusegen calls), the same call
-  through cuda-bindings (prepacked, and packing a (values, types) tuple), and `torch.add` on a
-  small tensor (PyTorch's own dispatch + launch, with and without an output allocation);
+- the floors: the driver's cuLaunchKernel through cuda-bindings with a prepacked argument array
+  (the cheapest call found for a package free of compilers, and what fusegen calls), the same
+  call packing a (values, types) tuple, the same driver function through ctypes (slower: ctypes
+  converts eleven arguments), and `torch.add` on a small tensor (PyTorch's own dispatch + launch,
+  with and without an output allocation);
 - fusegen: `Kernel.launch` (the lean path: cached handle, one struct.pack_into into a per-thread
   buffer, PyTorch's raw current stream), and a generated launcher (output allocation + launch);
 - the pieces a launch is made of, each timed alone;
@@ -34,7 +35,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 importlib.import_module("conftest")  # maps this checkout as `fusegen` where it is not installed (GPU machine)
 import generated  # noqa: E402
 from generated import _kernels as K  # noqa: E402
-from generated import _runtime  # noqa: E402
 from references import randomize_  # noqa: E402
 
 SLEEP_CYCLES_PER_US = 2000  # torch.cuda._sleep spins this many cycles per µs, roughly (~2 GHz)
@@ -72,11 +72,15 @@ def launch_rows(calls):
     small_out = torch.empty_like(small_a)
     layout = struct.Struct("<QQi4x")
     data, _, _ = ready.buffer()
-    launch = _runtime._LAUNCH
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    by_ctypes = libcuda.cuLaunchKernel
+    by_ctypes.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    by_ctypes.restype = ctypes.c_int
+    address = int(function)
     return [
-        ("floor: ctypes cuLaunchKernel, prepacked", lambda: launch(ready.handle, *grid, *block, 0, stream, params, None)),
-        ("cuda-bindings cuLaunchKernel, prepacked", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, params, 0)),
+        ("floor: cuda-bindings cuLaunchKernel, prepacked", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, params, 0)),
         ("cuda-bindings cuLaunchKernel, packs a tuple", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, packed, 0)),
+        ("ctypes libcuda cuLaunchKernel, prepacked", lambda: by_ctypes(address, *grid, *block, 0, stream, params, None)),
         ("torch.add(a, b, out=c), 16x256 fp32", lambda: torch.add(small_a, small_b, out=small_out)),
         ("torch.add(a, b) (allocates), 16x256 fp32", lambda: torch.add(small_a, small_b)),
         ("fusegen Kernel.launch (lean path)", lambda: kernel.launch(torch.bfloat16, grid, block, args, 0)),
