@@ -1,7 +1,8 @@
 """Where the host time of a generated kernel launch goes, on a GPU, side by side with its floors.
 
-Host µs per call, each the mean over many calls made while the GPU is kept busy by a long sleep
-kernel queued first (so the host never waits for the device and only its own time is counted):
+Host µs per call: the median of 7 runs, each the mean over many calls made while the GPU is kept
+busy by a long sleep kernel queued first (so the host never waits for the device and only its
+own time is counted):
 
 - the floors: the driver's cuLaunchKernel through cuda-bindings with a prepacked argument array
   (the cheapest call found for a package free of compilers, and what fusegen calls), the same
@@ -40,18 +41,21 @@ from references import randomize_  # noqa: E402
 SLEEP_CYCLES_PER_US = 2000  # torch.cuda._sleep spins this many cycles per µs, roughly (~2 GHz)
 
 
-def host_us(fn, calls):
-    """Mean host µs of one ``fn()`` while the device is busy (a sleep queued first)."""
+def host_us(fn, calls, repeats=7):
+    """Host µs of one ``fn()`` while the device is busy (a sleep queued first): the median over
+    ``repeats`` runs of the mean over ``calls`` calls (a shared host's timings are noisy)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(calls * 200 * SLEEP_CYCLES_PER_US))  # ~200 µs of device time per call
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    runs = []
+    for _ in range(repeats):
+        torch.cuda._sleep(int(calls * 200 * SLEEP_CYCLES_PER_US))  # ~200 µs of device time per call
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return sorted(runs)[len(runs) // 2]
 
 
 def launch_rows(calls):
@@ -160,8 +164,8 @@ def main():
     parser.add_argument("--calls", type=int, default=400)
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"GPU: {torch.cuda.get_device_name()} · torch {torch.__version__} · host µs per call, "
-          f"mean of {args.calls} calls with the device kept busy")
+    print(f"GPU: {torch.cuda.get_device_name()} · torch {torch.__version__} · host µs per call: median of 7 "
+          f"runs of {args.calls} calls (modules: {max(1, args.calls // 20)}) with the device kept busy")
     print(f"\n{'launch':52} {'host µs':>8}")
     for name, fn in launch_rows(args.calls):
         print(f"{name:52} {host_us(fn, args.calls):8.2f}")

@@ -99,6 +99,6 @@ def test_gpu_fixed_and_generic_kernels_agree_bit_for_bit():
     fixed = _kernels.swiglu_fwd_n4096(x)
     generic = _kernels._SWIGLU_FWD_ANY.launch  # the generic kernel on the vector path, directly
     y = torch.empty_like(fixed)
-    generic(x.dtype, (4, 33, 1), (128, 1, 1), (x, y, 33, 4096), x.device)
+    generic(x.dtype, (4, 33, 1), (128, 1, 1), (x.data_ptr(), y.data_ptr(), 33, 4096), x.get_device())
     assert torch.equal(fixed, y)
     assert torch.equal(fixed, _kernels.swiglu_fwd_any(_misaligned(x)))  # scalar path
