@@ -3,9 +3,9 @@ templates/runtime.py; do not edit.
 
 Prebuilt only: every kernel was compiled ahead of time into ``kernels/<name>.sm_XY.cubin`` files
 (plus, optionally, ``compute_XY.ptx`` for GPUs newer than every cubin); nothing is compiled here.
-A kernel is loaded on its first launch: the binary for the device's compute capability is loaded
-once per process with cuLibraryLoadData (context-independent) and bound to each device's primary
-context once. Launches go on PyTorch's current stream; this module never synchronises the host
+A kernel is loaded on its first launch: the binary for the device's compute capability, checked
+against the sha256 MANIFEST.json records for it, is loaded once per process with
+cuLibraryLoadData (context-independent) and bound to each device's primary context once. Launches go on PyTorch's current stream; this module never synchronises the host
 and never allocates, so whole forward and backward passes can be captured in a CUDA graph (after
 one eager warm-up step, as usual, so that the loading happens outside the capture).
 Needs torch, plus cuda-bindings for CUDA tensors only (imported on first launch).
@@ -13,6 +13,8 @@ Needs torch, plus cuda-bindings for CUDA tensors only (imported on first launch)
 
 import ctypes
 import functools
+import hashlib
+import json
 import re
 import struct
 import threading
@@ -27,6 +29,28 @@ BINARY_FILE = re.compile(r"(?P<name>.+)\.(?:sm_(?P<sm>\d+)\.cubin|compute_(?P<co
 
 class KernelNotAvailableError(RuntimeError):
     """No prebuilt binary of a kernel runs on this GPU."""
+
+
+class KernelIntegrityError(RuntimeError):
+    """A kernel binary's bytes are not the ones MANIFEST.json records for it."""
+
+
+def verified_binary(full_name, file):
+    """The bytes of ``kernels/<file>``, checked against the sha256 MANIFEST.json records for it
+    (the manifest is read once, on the first load): a binary changed or damaged after generation
+    is never handed to the driver."""
+    arch = BINARY_FILE.fullmatch(file)
+    arch = f"sm_{arch['sm']}" if arch["sm"] else f"compute_{arch['compute']}"
+    if "kernels" not in _MANIFEST:
+        _MANIFEST.update(json.loads((KERNELS_DIR.parent / "MANIFEST.json").read_text()))
+    entry = _MANIFEST["kernels"].get(full_name, {}).get("binaries", {}).get(arch)
+    image = (KERNELS_DIR / file).read_bytes()
+    if entry is None or hashlib.sha256(image).hexdigest() != entry["sha256"]:
+        why = ("MANIFEST.json records no such binary" if entry is None else
+               f"its sha256 is {hashlib.sha256(image).hexdigest()}, MANIFEST.json records {entry['sha256']}")
+        raise KernelIntegrityError(f"kernel {full_name}: {KERNELS_DIR / file} is not the binary fusegen generated "
+                                   f"({why}); regenerate the package with `fusegen generate`")
+    return image
 
 
 def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
@@ -160,6 +184,7 @@ _FILES = {}  # full name -> binary file names present in KERNELS_DIR
 _LIBRARIES = {}  # file name -> (CUlibrary, CUkernel, image kept alive alongside)
 _FUNCTIONS = {}  # (full name, device index) -> CUfunction bound to that device's primary context
 _PRIMARY = {}  # device index -> primary context retained here (only if none was current)
+_MANIFEST = {}  # MANIFEST.json, read on the first load
 
 
 def _ensure_context(full_name, index):
@@ -190,7 +215,7 @@ def _load(full_name, index):
             _FILES[full_name] = sorted(names)
         chosen = choose_binary(full_name, _FILES[full_name], torch.cuda.get_device_capability(index))
         if chosen not in _LIBRARIES:
-            image = (KERNELS_DIR / chosen).read_bytes()
+            image = verified_binary(full_name, chosen)
             if chosen.endswith(".ptx"):
                 image += b"\0"  # the driver takes PTX as a NUL-terminated string
             err, library = driver.cuLibraryLoadData(image, None, None, 0, None, None, 0)
