@@ -18,7 +18,10 @@ from .errors import UsageError
 from .kernels import DTYPES
 from .ops.opdef import MAX_FEATURES
 
-DEFAULT_ARCHS = ("sm_80", "sm_90", "compute_80")
+# Every GPU generation from Ampere on: a cubin per architecture family NVRTC 13.0 builds (a cubin
+# also runs on later minors of its major: sm_86's on sm_87/88, sm_100's on sm_103, sm_120's on
+# sm_121), and PTX for the rest (sm_110), which the driver compiles on first load.
+DEFAULT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "compute_80")
 DEFAULT_DTYPES = tuple(DTYPES)  # every dtype the kernels are written for
 DEFAULT_PACKAGE = "generated"
 ARCH = re.compile(r"(sm|compute)_(\d+)")
@@ -27,7 +30,7 @@ ARCH = re.compile(r"(sm|compute)_(\d+)")
 SCHEMA = {
     "specs": (list, "spec files or globs", '["specs/*.py"]'),
     "package": (str, "the output package folder", '"generated"'),
-    "archs": (list, "GPU targets", '["sm_80", "sm_90", "compute_80"]'),
+    "archs": (list, "GPU targets", '["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "compute_80"]'),
     "dtypes": (list, "dtypes to build kernels for", '["bfloat16", "float16", "float32"]'),
     "plugins": (list, "modules that register ops and fusion rules", '["mypkg.fusegen_ext"]'),
     "pipelines": (dict, "per-pipeline settings", "{ mlp = { features = [4096, 8192] } }"),
