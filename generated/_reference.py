@@ -62,6 +62,15 @@ def interleave(x, k):
     return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
 
 
+def to_autocast_dtype(device_type, *tensors):
+    """The module's inputs and parameters in torch.autocast's dtype for ``device_type``, as TE
+    computes under autocast (floating tensors only; anything else is passed on for the input
+    checks to report). The casts are differentiable: the grads reach the parameters in their
+    own dtype."""
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
+
+
 def construct_module(owner, target, where, positional, keywords, device, dtype):
     """A module of the user's code (ops/module.py), built with its spec arguments, then placed."""
     import importlib

@@ -67,6 +67,10 @@ class DropoutAny(torch.nn.Module):
         pass  # the pipeline has no parameters
 
     def forward(self, x):
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, = ref.to_autocast_dtype(x.device.type, x)
         check_input("DropoutAny", "x", x, None, x, like_is="x is")
         n = x.shape[-1]
         lead = x.shape[:-1]

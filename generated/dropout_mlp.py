@@ -108,6 +108,10 @@ class DropoutMlp(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias)
         check_input("DropoutMlp", "x", x, 256, linear0_weight)
         check_input("DropoutMlp", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

@@ -132,6 +132,10 @@ class ElementwiseChain(torch.nn.Module):
         bias11_bias = self._modules["11"].bias
         basiclinear15_weight = self._modules["15"].weight
         rmsnorm16_weight = self._modules["16"].weight
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight = ref.to_autocast_dtype(x.device.type, x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
         check_input("ElementwiseChain", "x", x, 768, layernorm3_weight)
         check_input("ElementwiseChain", "extra_input0", extra_input0, 768, layernorm3_weight, x.shape[:-1])
         check_input("ElementwiseChain", "extra_input1", extra_input1, 768, layernorm3_weight, x.shape[:-1])

@@ -78,6 +78,10 @@ class Fc2(torch.nn.Module):
     def forward(self, x, extra_input0):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias)
         check_input("Fc2", "x", x, 14336, linear0_weight)
         check_input("Fc2", "extra_input0", extra_input0, 4096, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

@@ -104,6 +104,10 @@ class HeadNorm(torch.nn.Module):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
         rmsnorm2_weight = self._modules["2"].weight
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, linear0_weight, linear0_bias, rmsnorm2_weight = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias, rmsnorm2_weight)
         check_input("HeadNorm", "x", x, 256, linear0_weight)
         # the leading dims of the running tensor, which each Reshape changes
         lead = x.shape[:-1]

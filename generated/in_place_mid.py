@@ -70,6 +70,11 @@ class InPlaceMid(torch.nn.Module):
 
     def forward(self, x, extra_input0):
         bias0_bias = self._modules["0"].bias
+        caller_extra_input0 = extra_input0  # AddExtraInput(in_place=True) writes the sum into this tensor
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, bias0_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, bias0_bias)
         check_input("InPlaceMid", "x", x, 256, bias0_bias)
         check_input("InPlaceMid", "extra_input0", extra_input0, 256, bias0_bias, x.shape[:-1])
         lead = x.shape[:-1]
@@ -84,5 +89,5 @@ class InPlaceMid(torch.nn.Module):
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 14: the caller's extra_input0 becomes the sum
-            extra_input0.copy_(outputs[1].reshape(extra_input0.shape))
+            caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
         return outputs[0].reshape(*lead, 256)

@@ -95,6 +95,10 @@ class InterleavedMlp(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
         check_input("InterleavedMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)

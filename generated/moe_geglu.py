@@ -66,6 +66,10 @@ class MoeGeglu(torch.nn.Module):
         pass  # the pipeline has no parameters
 
     def forward(self, x, extra_input0):
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0 = ref.to_autocast_dtype(x.device.type, x, extra_input0)
         check_input("MoeGeglu", "x", x, None, x, multiple_of=2, like_is="x is")
         n = x.shape[-1]
         check_row_input("MoeGeglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")

@@ -96,6 +96,10 @@ class MoeSrelu(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
         check_input("MoeSrelu", "x", x, 256, linear0_weight)
         check_row_input("MoeSrelu", "extra_input0", extra_input0, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

@@ -88,6 +88,10 @@ class NormDropout(torch.nn.Module):
         rmsnorm0_weight = self._modules["0"].weight
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, rmsnorm0_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, rmsnorm0_weight, linear2_weight, linear2_bias)
         check_input("NormDropout", "x", x, 256, rmsnorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)

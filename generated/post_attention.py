@@ -92,6 +92,10 @@ class PostAttention(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         layernorm4_weight = self._modules["4"].weight
         layernorm4_bias = self._modules["4"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias)
         check_input("PostAttention", "x", x, 256, linear0_weight)
         check_input("PostAttention", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

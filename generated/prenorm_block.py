@@ -94,6 +94,10 @@ class PrenormBlock(torch.nn.Module):
         rmsnorm1_weight = self._modules["1"].weight
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias)
         check_input("PrenormBlock", "x", x, 4096, rmsnorm1_weight)
         check_input("PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]

@@ -69,6 +69,11 @@ class PrenormInPlace(torch.nn.Module):
 
     def forward(self, x, extra_input0):
         rmsnorm1_weight = self._modules["1"].weight
+        caller_extra_input0 = extra_input0  # AddExtraInput(in_place=True) writes the sum into this tensor
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, rmsnorm1_weight = ref.to_autocast_dtype(x.device.type, x, extra_input0, rmsnorm1_weight)
         check_input("PrenormInPlace", "x", x, 256, rmsnorm1_weight)
         check_input("PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
@@ -83,5 +88,5 @@ class PrenormInPlace(torch.nn.Module):
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 12: the caller's extra_input0 becomes the sum
-            extra_input0.copy_(outputs[1].reshape(extra_input0.shape))
+            caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
         return outputs[0].reshape(*lead, 256)

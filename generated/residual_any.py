@@ -69,6 +69,10 @@ class ResidualAny(torch.nn.Module):
         pass  # the pipeline has no parameters
 
     def forward(self, x, extra_input0):
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0 = ref.to_autocast_dtype(x.device.type, x, extra_input0)
         check_input("ResidualAny", "x", x, None, x, like_is="x is")
         n = x.shape[-1]
         check_input("ResidualAny", "extra_input0", extra_input0, n, x, x.shape[:-1], like_is="x is")

@@ -86,6 +86,10 @@ class RowsOf64(torch.nn.Module):
 
     def forward(self, x):
         bias3_bias = self._modules["3"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, bias3_bias = ref.to_autocast_dtype(x.device.type, x, bias3_bias)
         check_input("RowsOf64", "x", x, None, bias3_bias)
         n = x.shape[-1]
         # the leading dims of the running tensor, which each Reshape changes

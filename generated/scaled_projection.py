@@ -67,6 +67,10 @@ class ScaledProjection(torch.nn.Module):
 
     def forward(self, x):
         basiclinear0_weight = self._modules["0"].weight
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, basiclinear0_weight = ref.to_autocast_dtype(x.device.type, x, basiclinear0_weight)
         check_input("ScaledProjection", "x", x, 256, basiclinear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)

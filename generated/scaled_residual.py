@@ -70,6 +70,10 @@ class ScaledResidual(torch.nn.Module):
 
     def forward(self, x, extra_input0):
         basiclinear0_weight = self._modules["0"].weight
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, extra_input0, basiclinear0_weight = ref.to_autocast_dtype(x.device.type, x, extra_input0, basiclinear0_weight)
         check_input("ScaledResidual", "x", x, 256, basiclinear0_weight)
         check_input("ScaledResidual", "extra_input0", extra_input0, 256, basiclinear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

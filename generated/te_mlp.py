@@ -109,6 +109,10 @@ class TeMlp(torch.nn.Module):
         linear1_bias = self._modules["1"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
+        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+            # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
+            # parameters through the casts)
+            x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
         check_input("TeMlp", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)

@@ -58,6 +58,15 @@ def interleave(x, k):
     return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
 
 
+def to_autocast_dtype(device_type, *tensors):
+    """The module's inputs and parameters in torch.autocast's dtype for ``device_type``, as TE
+    computes under autocast (floating tensors only; anything else is passed on for the input
+    checks to report). The casts are differentiable: the grads reach the parameters in their
+    own dtype."""
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
+
+
 def construct_module(owner, target, where, positional, keywords, device, dtype):
     """A module of the user's code (ops/module.py), built with its spec arguments, then placed."""
     import importlib
@@ -123,4 +132,4 @@ def new_seed(like):
 
 
 # In this order at the top of _reference.py, after its imports.
-COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, construct_module, check_module_output, _mul32, _mix32, uniform, draws, new_seed)
+COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, to_autocast_dtype, construct_module, check_module_output, _mul32, _mix32, uniform, draws, new_seed)

@@ -1,0 +1,117 @@
+"""Generated modules inside the usual training machinery, on CPU (CI): torch.autocast (the module
+computes in autocast's dtype, as TE does; grads reach the parameters in their own dtype),
+activation checkpointing, torch.save / torch.load of whole modules, and DistributedDataParallel
+over gloo with two processes (gradients equal to one process's on the whole batch)."""
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.utils.checkpoint
+
+import generated
+from references import randomize_
+
+
+def _module(cls="Gpt2Mlp", dtype=torch.float32):
+    module = getattr(generated, cls)(dtype=dtype)
+    randomize_(module, torch.Generator().manual_seed(1))
+    return module
+
+
+def _grads(module):
+    return {k: p.grad.clone() for k, p in module.named_parameters()}
+
+
+def test_autocast_computes_in_its_dtype_and_grads_reach_the_parameters():
+    module = _module()
+    half = copy.deepcopy(module).to(torch.bfloat16)  # what autocast must amount to
+    x = torch.randn(2, 5, 1024, generator=torch.Generator().manual_seed(2))
+    gy = torch.randn(2, 5, 1024, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = module(x.requires_grad_())
+    assert y.dtype == torch.bfloat16
+    y.backward(gy)
+    x_half = x.detach().bfloat16().requires_grad_()
+    y_half = half(x_half)
+    y_half.backward(gy)
+    assert torch.equal(y, y_half)
+    assert torch.equal(x.grad, x_half.grad.float())
+    for key, grad in _grads(module).items():
+        assert grad.dtype == torch.float32
+        assert torch.equal(grad, half.get_parameter(key).grad.float())
+
+
+def test_autocast_with_an_in_place_residual_writes_into_the_callers_tensor():
+    module = _module("ResidualInPlace")
+    x, r = torch.randn(3, 256), torch.randn(3, 256)
+    with torch.no_grad():
+        expected = copy.deepcopy(module).to(torch.bfloat16)(x.bfloat16(), r.bfloat16().clone())
+    residual = r.clone()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = module(x, residual)
+    assert residual.dtype == torch.float32 and not torch.equal(residual, r)  # written through
+    assert torch.equal(y, expected)
+
+
+def test_activation_checkpointing_gives_the_same_grads():
+    module = _module()
+    x = torch.randn(4, 1024, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    module(x).square().sum().backward()
+    plain, plain_x = _grads(module), x.grad.clone()
+    module.zero_grad()
+    x.grad = None
+    torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False).square().sum().backward()
+    assert torch.equal(x.grad, plain_x)
+    for key, grad in _grads(module).items():
+        assert torch.equal(grad, plain[key])
+
+
+def test_whole_modules_survive_torch_save_and_load(tmp_path):
+    module = _module("PostAttention")
+    path = tmp_path / "module.pt"
+    torch.save(module, path)
+    loaded = torch.load(path, weights_only=False)
+    assert type(loaded) is type(module)
+    x, r = torch.randn(3, 256), torch.randn(3, 256)
+    loaded.eval()
+    module.eval()
+    for a, b in zip(module(x, r), loaded(x, r)):
+        assert torch.equal(a, b)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, world, port, batch, result):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        module = _module()
+        ddp = torch.nn.parallel.DistributedDataParallel(module)
+        shard = batch.chunk(world)[rank]
+        ddp(shard).square().sum().backward()  # DDP averages the ranks' grads
+        if rank == 0:
+            result.update({k: p.grad.clone() for k, p in module.named_parameters()})
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_data_parallel_over_gloo_matches_one_process():
+    batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(5))
+    with mp.Manager() as manager:
+        result = manager.dict()
+        mp.spawn(_ddp_worker, args=(2, _free_port(), batch, result), nprocs=2, join=True)
+        ddp_grads = dict(result)
+    single = _module()
+    (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
+    assert set(ddp_grads) == {k for k, _ in single.named_parameters()}
+    for key, p in single.named_parameters():
+        torch.testing.assert_close(ddp_grads[key], p.grad, rtol=1e-5, atol=1e-6)
