@@ -6,6 +6,7 @@ included) against float64 references; clear errors for a module that changes the
 that cannot be imported, and arguments fusegen cannot read. On CPU and, marked cuda, on a GPU."""
 
 import importlib
+import json
 import re
 import shutil
 import sys
@@ -154,15 +155,22 @@ def test_arguments_fusegen_cannot_read_are_spec_errors(call, message):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu(pkg, dtype):
     """The package was built without binaries (no NVRTC here): its kernels are the shipped
-    package's, copied beside it."""
+    package's, copied beside it with their MANIFEST.json records (the runtime checks each
+    binary's sha256 against them)."""
     import generated
 
-    shipped, own = Path(generated.__path__[0]) / "kernels", Path(pkg.__path__[0]) / "kernels"
-    needed = re.findall(r'Kernel\("(\w+)", "[pi]*"\)', (Path(pkg.__path__[0]) / "_kernels.py").read_text())
+    shipped, own = Path(generated.__path__[0]), Path(pkg.__path__[0])
+    needed = re.findall(r'Kernel\("(\w+)", "[pi]*"\)', (own / "_kernels.py").read_text())
     assert needed
+    shipped_manifest = json.loads((shipped / "MANIFEST.json").read_text())
+    manifest = json.loads((own / "MANIFEST.json").read_text())
     for name in needed:
-        binaries = [f for f in shipped.glob(f"{name}_*") if f.suffix in (".cubin", ".ptx")]
+        binaries = [f for f in (shipped / "kernels").glob(f"{name}_*") if f.suffix in (".cubin", ".ptx")]
         assert binaries, f"the shipped package has no {name}: pick ops whose kernels it has"
         for file in binaries:
-            shutil.copy(file, own)
+            shutil.copy(file, own / "kernels")
+        for full_name, entry in manifest["kernels"].items():
+            if full_name.rsplit("_", 1)[0] == name:
+                entry["binaries"] = shipped_manifest["kernels"][full_name]["binaries"]
+    (own / "MANIFEST.json").write_text(json.dumps(manifest))
     check(pkg, dtype, "cuda")
