@@ -97,7 +97,7 @@ class ElementwiseStage(StageImpl):
         spec = em.kernel("forward", stage)
         for op in random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
             block.lines.append(f"{seed_name(op)} = ref.new_seed({x_in}) if training else None")
-        names = {"y": out, **_io_names(stage)}
+        names = {"y": out, **io_names(stage)}
         block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
                            f"kernels.{spec.name}({', '.join([x_in] + [names[o] for o in spec.operands])})")
         for index, alias in forward_aliases(stage).items():
@@ -115,7 +115,7 @@ class ElementwiseStage(StageImpl):
         spec = em.kernel("backward", stage)
         if not spec.ctx["writes_dx"]:
             d_in = dy
-        names = {"dx": d_in, **_io_names(stage)}
+        names = {"dx": d_in, **io_names(stage)}
         recompute = em.plan.recompute.get(stage.start)
         if recompute is not None:
             names["x"] = em.values[recompute.saved_position]
@@ -166,14 +166,14 @@ def random_ops(ops):
     return [op for op in ops if op.opdef.operand is not None and op.opdef.operand.source == "random"]
 
 
-def _operand_ctypes(steps) -> dict[str, str]:
+def operand_ctypes(steps) -> dict[str, str]:
     """{operand: its C type}: a random operand is its 64-bit key, any other a T tensor (a missing
     name: the saved run input or an extra output's grad, both T)."""
     return {dict(s)["operand"]: "const long long*" if dict(s)["broadcast"] == "random" else "const T*"
             for s in steps if dict(s)["operand"]}
 
 
-def _io_names(stage) -> dict[str, str]:
+def io_names(stage) -> dict[str, str]:
     """{launcher operand or result: the generated module's name for it} for a run's ops."""
     names = {}
     for op in stage.ops:
@@ -219,7 +219,7 @@ def backward_aliases(stage) -> dict[int, str]:
             for op in stage.ops if op.opdef.operand is not None and op.opdef.operand.grad == "element"}
 
 
-def _step(stage, op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]:
+def op_step(stage, op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]:
     """One op of a run as the templates see it: its index within the run, its form and functor,
     its operand (name, broadcast, grad), lanes 'a' (and 'b' before a GLU: the row's second half)."""
     rel = op.index - stage.start
@@ -238,7 +238,7 @@ def _step(stage, op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]
     return tuple(sorted(step.items()))
 
 
-def _headers(stage) -> tuple[str, ...]:
+def device_headers(stage) -> tuple[str, ...]:
     return tuple(sorted({op.opdef.device_header for op in stage.ops if op.opdef.device_struct}))
 
 
@@ -278,16 +278,16 @@ def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
     aliases = forward_aliases(stage)
     width = pipeline.width(stage.end, n)
     suffix, size = _size(width)
-    steps = tuple(_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
+    steps = tuple(op_step(stage, op, glu, write=aliases.get(op.index) == "write") for op in stage.ops)
     operands = [dict(s)["operand"] for s in steps if dict(s)["operand"]]
     written = [dict(s)["tee"] for s in steps if dict(s)["tee"] and dict(s)["write"]]
-    ctypes = _operand_ctypes(steps)
+    ctypes = operand_ctypes(steps)
     abi = (P("x", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
            P("y", "T*"), P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(
         kn.kernel_name(tags, f"fwd_{suffix}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
-        abi=abi, operands=operands, returned=["y", *written], headers=_headers(stage),
+        abi=abi, operands=operands, returned=["y", *written], headers=device_headers(stage),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None, steps=steps,
         threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd"), **{**size, **_interleave(stage, size)},
     )
@@ -306,7 +306,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     for op in stage.ops:
         replays = recompute is not None and recompute.saved_position <= op.index <= recompute.last
         replays = replays or op.index == output_for  # its input: its saved output
-        steps.append(dict(_step(
+        steps.append(dict(op_step(
             stage, op, glu, write=aliases.get(op.index) == "write", grad_offset=_relative(grad_columns, width),
             recompute=replays, apply=replays and op.index < recompute.last and op.index != output_for,
             needs_input=op.opdef.needs_input_in_backward,
@@ -329,7 +329,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     reduced = [s["operand_grad"] for s in steps if s["grad"] in ("column", "scalar", "row")]
     # a per-row operand's grad: each thread's sum over its columns, per row, summed by the launcher
     row_partials = [f"row_partials{s['index']}" for s in steps if s["grad"] == "row"]
-    ctypes = _operand_ctypes(steps)
+    ctypes = operand_ctypes(steps)
     abi = (P("dy", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
            *((P("partials", "float*"),) if grad_columns else ()), *(P(r, "float*") for r in row_partials),
            P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
@@ -343,7 +343,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     return kn.make_spec(
         kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
         ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
-        abi=abi, operands=operands, returned=written + reduced, headers=_headers(stage),
+        abi=abi, operands=operands, returned=written + reduced, headers=device_headers(stage),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps),
         threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier),

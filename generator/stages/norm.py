@@ -106,9 +106,9 @@ def norm_forward(stage) -> kn.KernelSpec:
     norm = norm_of(stage)
     residual = stage.first("add_extra_input") is not None
     before, after = _sides(stage)
-    prologue = tuple(ew._step(stage, op, None, write=False) for op in before)
-    epilogue = tuple(ew._step(stage, op, None, write=False) for op in after)
-    ctypes = ew._operand_ctypes(prologue + epilogue)
+    prologue = tuple(ew.op_step(stage, op, None, write=False) for op in before)
+    epilogue = tuple(ew.op_step(stage, op, None, write=False) for op in after)
+    ctypes = ew.operand_ctypes(prologue + epilogue)
     members = [[(ctypes[dict(s)["operand"]], dict(s)["operand"]) for s in steps if dict(s)["operand"]]
                for steps in (prologue, epilogue)]
     operands = [name for _, name in members[0] + members[1]]
@@ -122,7 +122,7 @@ def norm_forward(stage) -> kn.KernelSpec:
         abi=(P("x", "const T*"), *(P(o, ctypes[o]) for o in operands), P("residual", "const T*", residual),
              P("gamma", "const T*", not l2), P("beta", "const T*", layernorm), P("y", "T*"),
              P("residual_out", "T*", writes_h), P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
-        operands=operands, headers=ew._headers(stage) if before or after else (),
+        operands=operands, headers=ew.device_headers(stage) if before or after else (),
         hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, l2=l2, residual=residual,
         writes_h=writes_h, prologue=prologue, epilogue=epilogue, steps=prologue + epilogue,
         prologue_members=tuple(members[0]), epilogue_members=tuple(members[1]),
@@ -188,7 +188,7 @@ class NormStage(StageImpl):
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         for op in ew.random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
             block.lines.append(f"{ew.seed_name(op)} = ref.new_seed({x_in}) if training else None")
-        names = ew._io_names(stage)
+        names = ew.io_names(stage)
         args = [x_in] + [names[o] for o in spec.operands] + ([extra_input_name(add)] if add else [])
         args += [param_name(norm, attr) for attr in _params(norm)]
         results = [out]
