@@ -29,6 +29,8 @@ _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 def add_fwd_n4096(x, extra_in0):
     """AddExtraInput(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.add_fwd_n4096(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -49,6 +51,8 @@ _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16
 
 def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     """residual add + LayerNorm(768, eps=1e-06, zero_centered_gamma=True): returns (y, residual_out, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -72,6 +76,8 @@ _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.fl
 
 def add_rmsnorm_fwd_h256(x, residual, gamma):
     """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.add_rmsnorm_fwd_h256(x, residual, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -94,6 +100,8 @@ _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC = {torch.bfloat16: 8, torch.float16
 
 def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU() backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -125,6 +133,8 @@ _ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torc
 
 def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU(), any width: returns y, extra_out2."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.add_scale0p5_tee_qgelu_fwd_any(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -150,6 +160,8 @@ _ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 
 def add_tee_bwd_n256(dy, d_extra_out1):
     """AddExtraInput(), MakeExtraOutput() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.add_tee_bwd_n256(dy, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -171,6 +183,8 @@ _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 
 def add_tee_fwd_n256(x, extra_in0):
     """AddExtraInput(), MakeExtraOutput(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.add_tee_fwd_n256(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -191,6 +205,8 @@ _BIAS_ADD_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32
 
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_add_bwd_n4096(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -215,6 +231,8 @@ _BIAS_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.floa
 
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_add_tee_bwd_n256(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -243,6 +261,8 @@ _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16
 
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -279,6 +299,8 @@ _BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 
 def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU(): returns y, extra_out2."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -304,6 +326,8 @@ _BIAS_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n1024(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -328,6 +352,8 @@ _BIAS_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n256(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -352,6 +378,8 @@ _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n4096(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -376,6 +404,8 @@ _BIAS_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n512(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -400,6 +430,8 @@ _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch
 
 def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     """Bias(4096), ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5) backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -430,6 +462,8 @@ _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, tor
 
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p1_add_bwd_n256(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -457,6 +491,8 @@ _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.flo
 
 def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta):
     """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256): returns (y, residual_out, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -484,6 +520,8 @@ _BIAS_DROPOUT0P1_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p1_bwd_n256(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -511,6 +549,8 @@ _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {torch.bfloat16: 1, to
 
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -543,6 +583,8 @@ _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float3
 
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_gelu_bwd_n4096(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -573,6 +615,8 @@ _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, to
 
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_gelu_dropout0p1_bwd_n512(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -604,6 +648,8 @@ _BIAS_GLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32:
 
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_glu_bwd_n512(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -634,6 +680,8 @@ _BIAS_QGEGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float
 
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_qgeglu_bwd_n512(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -664,6 +712,8 @@ _BIAS_QGELU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_qgelu_bwd_n512(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -694,6 +744,8 @@ _BIAS_REGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_reglu_bwd_n512(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -724,6 +776,8 @@ _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X = {torch.bfloat16: 1, torch.float16: 1, t
 
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_relu_bwd_n512_from_output(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -754,6 +808,8 @@ _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X = {torch.bfloat16: 1, torc
 
 def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, extra_in8):
     """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, extra_in8)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -787,6 +843,8 @@ _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {torch.bfloat16: 1, to
 
 def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8):
     """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU() backward: returns dx, d_extra_in4, d_extra_in8, dbias0, dbias6."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -847,6 +905,8 @@ _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torc
 
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_scale2p0_gelu_bwd_n256(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -878,6 +938,8 @@ _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, 
 
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_situglu_b2p0_c8p0_bwd_n512(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -908,6 +970,8 @@ _BIAS_SREGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float
 
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_sreglu_bwd_n512(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -938,6 +1002,8 @@ _BIAS_SRELU_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float
 
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_srelu_bwd_n2048(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -968,6 +1034,8 @@ _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, tor
 
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_srelu_rowscale_bwd_n512(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1006,6 +1074,8 @@ _BIAS_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.f
 
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_swiglu_bwd_n14336(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1036,6 +1106,8 @@ _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.bias_swiglu_i32_bwd_n512(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1066,6 +1138,8 @@ _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l3p0_i16_bwd_any(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1091,6 +1165,8 @@ _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 
 def clamped_swiglu_l3p0_i16_fwd_any(x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l3p0_i16_fwd_any(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1111,6 +1187,8 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1144,6 +1222,8 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1166,6 +1246,8 @@ _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.floa
 
 def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
     """ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1184,6 +1266,8 @@ _COLUMN_SUM_N1024 = Kernel("column_sum_n1024", "ppi")
 
 def column_sum_n1024(partials, dtype):
     """Sum fp32 partials [splits, 1024] over splits, in order, into a 1024-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n1024(partials, dtype)
     out = torch.empty(1024, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1024.launch(dtype, (4, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1195,6 +1279,8 @@ _COLUMN_SUM_N1536 = Kernel("column_sum_n1536", "ppi")
 
 def column_sum_n1536(partials, dtype):
     """Sum fp32 partials [splits, 1536] over splits, in order, into a 1536-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n1536(partials, dtype)
     out = torch.empty(1536, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1536.launch(dtype, (6, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1206,6 +1292,8 @@ _COLUMN_SUM_N2048 = Kernel("column_sum_n2048", "ppi")
 
 def column_sum_n2048(partials, dtype):
     """Sum fp32 partials [splits, 2048] over splits, in order, into a 2048-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n2048(partials, dtype)
     out = torch.empty(2048, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N2048.launch(dtype, (8, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1217,6 +1305,8 @@ _COLUMN_SUM_N256 = Kernel("column_sum_n256", "ppi")
 
 def column_sum_n256(partials, dtype):
     """Sum fp32 partials [splits, 256] over splits, in order, into a 256-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n256(partials, dtype)
     out = torch.empty(256, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N256.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1228,6 +1318,8 @@ _COLUMN_SUM_N28672 = Kernel("column_sum_n28672", "ppi")
 
 def column_sum_n28672(partials, dtype):
     """Sum fp32 partials [splits, 28672] over splits, in order, into a 28672-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n28672(partials, dtype)
     out = torch.empty(28672, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N28672.launch(dtype, (112, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1239,6 +1331,8 @@ _COLUMN_SUM_N4096 = Kernel("column_sum_n4096", "ppi")
 
 def column_sum_n4096(partials, dtype):
     """Sum fp32 partials [splits, 4096] over splits, in order, into a 4096-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n4096(partials, dtype)
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1250,6 +1344,8 @@ _COLUMN_SUM_N512 = Kernel("column_sum_n512", "ppi")
 
 def column_sum_n512(partials, dtype):
     """Sum fp32 partials [splits, 512] over splits, in order, into a 512-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n512(partials, dtype)
     out = torch.empty(512, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N512.launch(dtype, (2, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1261,6 +1357,8 @@ _COLUMN_SUM_N64 = Kernel("column_sum_n64", "ppi")
 
 def column_sum_n64(partials, dtype):
     """Sum fp32 partials [splits, 64] over splits, in order, into a 64-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n64(partials, dtype)
     out = torch.empty(64, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N64.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1272,6 +1370,8 @@ _COLUMN_SUM_N768 = Kernel("column_sum_n768", "ppi")
 
 def column_sum_n768(partials, dtype):
     """Sum fp32 partials [splits, 768] over splits, in order, into a 768-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n768(partials, dtype)
     out = torch.empty(768, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N768.launch(dtype, (3, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1283,6 +1383,8 @@ _COLUMN_SUM_N8192 = Kernel("column_sum_n8192", "ppi")
 
 def column_sum_n8192(partials, dtype):
     """Sum fp32 partials [splits, 8192] over splits, in order, into a 8192-vector of dtype."""
+    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n8192(partials, dtype)
     out = torch.empty(8192, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N8192.launch(dtype, (32, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1295,6 +1397,8 @@ _DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 
 def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     """Dropout(0.1), AddExtraInput(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.dropout0p1_add_fwd_n256(x, seed0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1316,6 +1420,8 @@ _DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 
 def dropout0p1_fwd_n512(x, seed0):
     """Dropout(0.1): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.dropout0p1_fwd_n512(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1335,6 +1441,8 @@ _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 
 def dropout0p25_bwd_any(dy, seed0):
     """Dropout(0.25) backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.dropout0p25_bwd_any(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1357,6 +1465,8 @@ _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 
 def dropout0p25_fwd_any(x, seed0):
     """Dropout(0.25), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.dropout0p25_fwd_any(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -1377,6 +1487,8 @@ _DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 
 def dropout0p2_swiglu_fwd_n512(x, seed0):
     """Dropout(0.2), SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.dropout0p2_swiglu_fwd_n512(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1397,6 +1509,8 @@ _DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 
 def dropout0p3_bwd_n256(dy, seed0):
     """Dropout(0.3) backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.dropout0p3_bwd_n256(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1417,6 +1531,8 @@ _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 
 def gelu_bwd_any(dy, x):
     """GELU() backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.gelu_bwd_any(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1445,6 +1561,8 @@ _GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 def gelu_bwd_n256(dy, x):
     """GELU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.gelu_bwd_n256(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1468,6 +1586,8 @@ _GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 
 def gelu_dropout0p1_fwd_n512(x, seed1):
     """GELU(), Dropout(0.1): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.gelu_dropout0p1_fwd_n512(x, seed1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1488,6 +1608,8 @@ _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 
 def gelu_fwd_any(x):
     """GELU(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.gelu_fwd_any(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -1511,6 +1633,8 @@ _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 def gelu_fwd_n256(x):
     """GELU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.gelu_fwd_n256(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1530,6 +1654,8 @@ _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 def gelu_fwd_n4096(x):
     """GELU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.gelu_fwd_n4096(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1549,6 +1675,8 @@ _GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 def glu_fwd_n512(x):
     """GLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.glu_fwd_n512(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1568,6 +1696,8 @@ _L2NORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 
 def l2norm_bwd_h256(dy, x, rstd):
     """L2Normalization() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.l2norm_bwd_h256(dy, x, rstd)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1586,6 +1716,8 @@ _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torc
 
 def l2norm_eps1em05_fwd_h256(x):
     """L2Normalization(eps=1e-05): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.l2norm_eps1em05_fwd_h256(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1604,6 +1736,8 @@ _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 
 def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.layernorm_bwd_h1024(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1626,6 +1760,8 @@ _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 
 
 def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     """LayerNorm(256) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1650,6 +1786,8 @@ _LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.f
 
 def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.layernorm_bwd_h4096(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1672,6 +1810,8 @@ _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.layernorm_fwd_h1024(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1691,6 +1831,8 @@ _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.f
 
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.layernorm_fwd_h4096(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1710,6 +1852,8 @@ _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 96, torch.float1
 
 def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     """LayerNorm(768, zero_centered_gamma=True) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1734,6 +1878,8 @@ _QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 
 def qgeglu_fwd_n512(x):
     """QGEGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.qgeglu_fwd_n512(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1753,6 +1899,8 @@ _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 def qgelu_fwd_n512(x):
     """QGELU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.qgelu_fwd_n512(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1772,6 +1920,8 @@ _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 def reglu_fwd_n512(x):
     """ReGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.reglu_fwd_n512(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1791,6 +1941,8 @@ _RELU_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 def relu_bwd_n768(dy, x):
     """ReLU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.relu_bwd_n768(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1814,6 +1966,8 @@ _RELU_FWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 def relu_fwd_n768(x):
     """ReLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.relu_fwd_n768(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1833,6 +1987,8 @@ _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 
 def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h1024(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1855,6 +2011,8 @@ _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float3
 
 def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h256(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1877,6 +2035,8 @@ _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32
 
 def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     """RMSNorm(256) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1901,6 +2061,8 @@ _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 
 
 def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     """RMSNorm(4096) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1925,6 +2087,8 @@ _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 
 def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h64(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1947,6 +2111,8 @@ _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, t
 
 def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1968,6 +2134,8 @@ _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_fwd_h1024(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1986,6 +2154,8 @@ _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.flo
 
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_fwd_h4096(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2004,6 +2174,8 @@ _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 
 def rmsnorm_fwd_h64(x, gamma):
     """RMSNorm(64): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_fwd_h64(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2022,6 +2194,8 @@ _RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 
 def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     """RMSNorm(768, zero_centered_gamma=True) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_zc_bwd_h768(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2044,6 +2218,8 @@ _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_zc_fwd_h768(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2062,6 +2238,8 @@ _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 
 def silu_bwd_any(dy, x):
     """SiLU() backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.silu_bwd_any(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2087,6 +2265,8 @@ _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 
 def silu_fwd_any(x):
     """SiLU(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.silu_fwd_any(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2107,6 +2287,8 @@ _SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 
 def situglu_b2p0_c8p0_fwd_n512(x):
     """SiTUGLU(beta1=2.0, beta2=8.0): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.situglu_b2p0_c8p0_fwd_n512(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2126,6 +2308,8 @@ _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 
 def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale() backward, any width: returns dx, d_extra_in1."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2159,6 +2343,8 @@ _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2181,6 +2367,8 @@ _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 
 def sreglu_fwd_n512(x):
     """SReGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.sreglu_fwd_n512(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2200,6 +2388,8 @@ _SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4
 
 def srelu_fwd_n2048(x):
     """SReLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.srelu_fwd_n2048(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2219,6 +2409,8 @@ _SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 
 def srelu_rowscale_fwd_n512(x, extra_in1):
     """SReLU(), RowScale(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.srelu_rowscale_fwd_n512(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2240,6 +2432,8 @@ _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  #
 
 def swiglu_bwd_any(dy, x):
     """SwiGLU() backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_bwd_any(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2268,6 +2462,8 @@ _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 
 def swiglu_bwd_n384(dy, x):
     """SwiGLU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_bwd_n384(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2291,6 +2487,8 @@ _SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 
 def swiglu_bwd_n4096(dy, x):
     """SwiGLU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_bwd_n4096(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2314,6 +2512,8 @@ _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  #
 
 def swiglu_fwd_any(x):
     """SwiGLU(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_any(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2337,6 +2537,8 @@ _SWIGLU_FWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float3
 
 def swiglu_fwd_n14336(x):
     """SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_n14336(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2356,6 +2558,8 @@ _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 
 def swiglu_fwd_n384(x):
     """SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_n384(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2375,6 +2579,8 @@ _SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 
 def swiglu_fwd_n4096(x):
     """SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_n4096(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2394,6 +2600,8 @@ _SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 
 def swiglu_i32_fwd_n512(x):
     """SwiGLU(glu_interleave_size=32): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_i32_fwd_n512(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2413,6 +2621,8 @@ _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_rowscale_bwd_any(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2446,6 +2656,8 @@ _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 
 def swiglu_rowscale_fwd_any(x, extra_in1):
     """SwiGLU(), RowScale(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_rowscale_fwd_any(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2468,6 +2680,8 @@ _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2498,6 +2712,8 @@ _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 
 def swiglu_tee_gelu_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_gelu_fwd_any(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2521,6 +2737,8 @@ _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5) backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2549,6 +2767,8 @@ _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 
 def swiglu_tee_scale0p5_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5), any width: returns y, extra_out1."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_scale0p5_fwd_any(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2572,6 +2792,8 @@ _TEE_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.tee_bias_bwd_n64(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2600,6 +2822,8 @@ _TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 
 def tee_bias_fwd_n64(x, bias1):
     """MakeExtraOutput(), Bias(64): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen_86e42d1cd9d6.tee_bias_fwd_n64(x, bias1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2620,3 +2844,153 @@ _GELU_BWD_ANY_FIXED = {256: gelu_bwd_n256}
 _GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 4096: gelu_fwd_n4096}
 _SWIGLU_BWD_ANY_FIXED = {384: swiglu_bwd_n384, 4096: swiglu_bwd_n4096}
 _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: swiglu_fwd_n14336}
+
+
+# --- torch.compile: each launcher a custom op ---------------------------------------------------
+# Under torch.compile a launcher calls its op (torch.library), so the compiled graph holds one
+# opaque node per kernel. The op's implementation is the launcher itself; its fake (shapes and
+# dtypes, for tracing) is the launcher's reference path run on meta tensors. Outside compile the
+# launchers run directly and the ops cost nothing.
+_LIBRARY = torch.library.Library("fusegen_86e42d1cd9d6", "FRAGMENT")
+
+
+def _fake(launcher):
+    def fake(*args):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        meta = [torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
+        outputs = launcher(*meta)
+        if isinstance(outputs, tuple):
+            return tuple(torch.empty_like(o, device=device) for o in outputs)
+        return torch.empty_like(outputs, device=device)
+    return fake
+
+
+def _implementation(launcher):
+    def run(*args):  # an op's outputs may not be views: the norm backward's dgamma/dbeta are slices
+        outputs = launcher(*args)
+        if isinstance(outputs, tuple):
+            return tuple(o.clone() if o._is_view() else o for o in outputs)
+        return outputs.clone() if outputs._is_view() else outputs
+    return run
+
+
+def _register(name, schema, launcher):
+    try:
+        _LIBRARY.define(name + schema)
+    except RuntimeError:  # defined by another copy of this package in the process: same kernels
+        return
+    _LIBRARY.impl(name, _implementation(launcher), "CompositeExplicitAutograd")
+    torch.library.register_fake(f"fusegen_86e42d1cd9d6::{name}", _fake(launcher), lib=_LIBRARY)
+
+_register("add_fwd_n4096", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
+_register("add_layernorm_zc_eps1em06_fwd_h768", "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", add_layernorm_zc_eps1em06_fwd_h768)
+_register("add_rmsnorm_fwd_h256", "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
+_register("add_scale0p5_tee_qgelu_bwd_any_from_add", "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor", add_scale0p5_tee_qgelu_bwd_any_from_add)
+_register("add_scale0p5_tee_qgelu_fwd_any", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)", add_scale0p5_tee_qgelu_fwd_any)
+_register("add_tee_bwd_n256", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
+_register("add_tee_fwd_n256", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
+_register("bias_add_bwd_n4096", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
+_register("bias_add_tee_bwd_n256", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_bwd_n256)
+_register("bias_add_tee_gelu_bwd_n256_from_bias", "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_gelu_bwd_n256_from_bias)
+_register("bias_add_tee_gelu_fwd_n256", "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
+_register("bias_bwd_n1024", "(Tensor dy) -> Tensor", bias_bwd_n1024)
+_register("bias_bwd_n256", "(Tensor dy) -> Tensor", bias_bwd_n256)
+_register("bias_bwd_n4096", "(Tensor dy) -> Tensor", bias_bwd_n4096)
+_register("bias_bwd_n512", "(Tensor dy) -> Tensor", bias_bwd_n512)
+_register("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
+_register("bias_dropout0p1_add_bwd_n256", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_add_bwd_n256)
+_register("bias_dropout0p1_add_layernorm_fwd_h256", "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", bias_dropout0p1_add_layernorm_fwd_h256)
+_register("bias_dropout0p1_bwd_n256", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_bwd_n256)
+_register("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
+_register("bias_gelu_bwd_n4096", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_gelu_bwd_n4096)
+_register("bias_gelu_dropout0p1_bwd_n512", "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
+_register("bias_glu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
+_register("bias_qgeglu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgeglu_bwd_n512)
+_register("bias_qgelu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgelu_bwd_n512)
+_register("bias_reglu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_reglu_bwd_n512)
+_register("bias_relu_bwd_n512_from_output", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_relu_bwd_n512_from_output)
+_register("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384", "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor)", bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
+_register("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
+_register("bias_scale2p0_gelu_bwd_n256", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_scale2p0_gelu_bwd_n256)
+_register("bias_situglu_b2p0_c8p0_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_situglu_b2p0_c8p0_bwd_n512)
+_register("bias_sreglu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_sreglu_bwd_n512)
+_register("bias_srelu_bwd_n2048", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_srelu_bwd_n2048)
+_register("bias_srelu_rowscale_bwd_n512", "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)", bias_srelu_rowscale_bwd_n512)
+_register("bias_swiglu_bwd_n14336", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_bwd_n14336)
+_register("bias_swiglu_i32_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_i32_bwd_n512)
+_register("clamped_swiglu_l3p0_i16_bwd_any", "(Tensor dy, Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_bwd_any)
+_register("clamped_swiglu_l3p0_i16_fwd_any", "(Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_fwd_any)
+_register("clamped_swiglu_l5p0_rowscale_bwd_any", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", clamped_swiglu_l5p0_rowscale_bwd_any)
+_register("clamped_swiglu_l5p0_rowscale_fwd_any", "(Tensor x, Tensor extra_in1) -> Tensor", clamped_swiglu_l5p0_rowscale_fwd_any)
+_register("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048", "(Tensor x) -> Tensor", clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
+_register("column_sum_n1024", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
+_register("column_sum_n1536", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
+_register("column_sum_n2048", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
+_register("column_sum_n256", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
+_register("column_sum_n28672", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28672)
+_register("column_sum_n4096", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
+_register("column_sum_n512", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
+_register("column_sum_n64", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
+_register("column_sum_n768", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
+_register("column_sum_n8192", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
+_register("dropout0p1_add_fwd_n256", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor", dropout0p1_add_fwd_n256)
+_register("dropout0p1_fwd_n512", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
+_register("dropout0p25_bwd_any", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
+_register("dropout0p25_fwd_any", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
+_register("dropout0p2_swiglu_fwd_n512", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p2_swiglu_fwd_n512)
+_register("dropout0p3_bwd_n256", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
+_register("gelu_bwd_any", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any)
+_register("gelu_bwd_n256", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256)
+_register("gelu_dropout0p1_fwd_n512", "(Tensor x, Tensor? seed1) -> Tensor", gelu_dropout0p1_fwd_n512)
+_register("gelu_fwd_any", "(Tensor x) -> Tensor", gelu_fwd_any)
+_register("gelu_fwd_n256", "(Tensor x) -> Tensor", gelu_fwd_n256)
+_register("gelu_fwd_n4096", "(Tensor x) -> Tensor", gelu_fwd_n4096)
+_register("glu_fwd_n512", "(Tensor x) -> Tensor", glu_fwd_n512)
+_register("l2norm_bwd_h256", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
+_register("l2norm_eps1em05_fwd_h256", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
+_register("layernorm_bwd_h1024", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h1024)
+_register("layernorm_bwd_h256_add_dresidual", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h256_add_dresidual)
+_register("layernorm_bwd_h4096", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h4096)
+_register("layernorm_fwd_h1024", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
+_register("layernorm_fwd_h4096", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
+_register("layernorm_zc_bwd_h768_add_dresidual", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_zc_bwd_h768_add_dresidual)
+_register("qgeglu_fwd_n512", "(Tensor x) -> Tensor", qgeglu_fwd_n512)
+_register("qgelu_fwd_n512", "(Tensor x) -> Tensor", qgelu_fwd_n512)
+_register("reglu_fwd_n512", "(Tensor x) -> Tensor", reglu_fwd_n512)
+_register("relu_bwd_n768", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
+_register("relu_fwd_n768", "(Tensor x) -> Tensor", relu_fwd_n768)
+_register("rmsnorm_bwd_h1024", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
+_register("rmsnorm_bwd_h256", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
+_register("rmsnorm_bwd_h256_add_dresidual", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h256_add_dresidual)
+_register("rmsnorm_bwd_h4096_add_dresidual", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h4096_add_dresidual)
+_register("rmsnorm_bwd_h64", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
+_register("rmsnorm_dropout0p3_fwd_h256", "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
+_register("rmsnorm_fwd_h1024", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
+_register("rmsnorm_fwd_h4096", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
+_register("rmsnorm_fwd_h64", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
+_register("rmsnorm_zc_bwd_h768", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
+_register("rmsnorm_zc_fwd_h768", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_fwd_h768)
+_register("silu_bwd_any", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
+_register("silu_fwd_any", "(Tensor x) -> Tensor", silu_fwd_any)
+_register("situglu_b2p0_c8p0_fwd_n512", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512)
+_register("situglu_b2p0_i32_rowscale_bwd_any", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", situglu_b2p0_i32_rowscale_bwd_any)
+_register("situglu_b2p0_i32_rowscale_fwd_any", "(Tensor x, Tensor extra_in1) -> Tensor", situglu_b2p0_i32_rowscale_fwd_any)
+_register("sreglu_fwd_n512", "(Tensor x) -> Tensor", sreglu_fwd_n512)
+_register("srelu_fwd_n2048", "(Tensor x) -> Tensor", srelu_fwd_n2048)
+_register("srelu_rowscale_fwd_n512", "(Tensor x, Tensor extra_in1) -> Tensor", srelu_rowscale_fwd_n512)
+_register("swiglu_bwd_any", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any)
+_register("swiglu_bwd_n384", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384)
+_register("swiglu_bwd_n4096", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096)
+_register("swiglu_fwd_any", "(Tensor x) -> Tensor", swiglu_fwd_any)
+_register("swiglu_fwd_n14336", "(Tensor x) -> Tensor", swiglu_fwd_n14336)
+_register("swiglu_fwd_n384", "(Tensor x) -> Tensor", swiglu_fwd_n384)
+_register("swiglu_fwd_n4096", "(Tensor x) -> Tensor", swiglu_fwd_n4096)
+_register("swiglu_i32_fwd_n512", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512)
+_register("swiglu_rowscale_bwd_any", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any)
+_register("swiglu_rowscale_fwd_any", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_rowscale_fwd_any)
+_register("swiglu_tee_gelu_bwd_any", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_gelu_bwd_any)
+_register("swiglu_tee_gelu_fwd_any", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
+_register("swiglu_tee_scale0p5_bwd_any", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_scale0p5_bwd_any)
+_register("swiglu_tee_scale0p5_fwd_any", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_scale0p5_fwd_any)
+_register("tee_bias_bwd_n64", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)", tee_bias_bwd_n64)
+_register("tee_bias_fwd_n64", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)

@@ -29,7 +29,7 @@ class LinearResidualFunction(torch.autograd.Function):
         # forward stage 1 · rule elementwise · MakeExtraOutput() · no kernel
         new_extra_input0 = addextrainput1_pre_make_extra_output
         ctx.save_for_backward(x, basiclinear0_weight)
-        return addextrainput1_pre_make_extra_output, new_extra_input0
+        return addextrainput1_pre_make_extra_output, new_extra_input0.view_as(new_extra_input0)
 
     @staticmethod
     @first_order_only("LinearResidual")  # a double backward raises instead of being wrong

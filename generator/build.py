@@ -115,6 +115,15 @@ def collect_kernels(plans: list[Plan]) -> tuple[dict[str, kn.KernelSpec], dict[s
     return dict(sorted(unique.items())), per_plan
 
 
+def op_namespace(unique: dict[str, kn.KernelSpec]) -> str:
+    """The torch.library namespace of a package's custom ops (its launchers under torch.compile):
+    a digest of its kernels' names (a name fixes a kernel's source), so two packages never
+    register different kernels under one op name, and packages holding the same kernels (copies,
+    or the same specs generated into another folder) share their ops. Not the folder's name: the
+    output does not depend on where it is written."""
+    return "fusegen_" + sha256("\n".join(sorted(unique)).encode())[:12]
+
+
 def fixed_sizes(unique: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpec]]:
     """{size-generic kernel: the package's fixed-size kernels of the same run, by width}: a
     size-generic launcher dispatches to them (a fixed-size pipeline's kernel counts too: same ops,
@@ -316,7 +325,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     launchers = [dict(name=s.name, family=s.family, ctx=s.ctx, summary=s.summary,
                       geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), **kn.launcher_io(s))
                  for s in unique.values()]
-    files["_kernels.py"] = env.get_template("kernels.py.j2").render(kernels=launchers, fixed=fixed_sizes(unique))
+    files["_kernels.py"] = env.get_template("kernels.py.j2").render(
+        kernels=launchers, fixed=fixed_sizes(unique), op_namespace=op_namespace(unique))
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:

@@ -122,6 +122,18 @@ def row_inputs(pipeline) -> list:
     return [op for op in pipeline.ops if op.opdef.operand is not None and op.opdef.operand.broadcast == "row"]
 
 
+def distinct_returns(names: list[str], aliases: dict[str, str]) -> list[str]:
+    """The Function's outputs, a tensor returned twice (an extra output that is the output itself)
+    the second time as a view of it: torch.compile cannot trace one tensor as two outputs."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        tensor = aliases.get(name, name)
+        out.append(f"{name}.view_as({name})" if tensor in seen else name)
+        seen.add(tensor)
+    return out
+
+
 def _sizes_literal(sizes) -> str:
     """A tuple literal of feature sizes: ints, "rows" (one value per row), or (size-generic) their
     expressions in n, 'n // 2'."""
@@ -152,6 +164,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
+        function_returns=distinct_returns([values[len(p.ops)]] + extra_outputs, em.aliases),
         no_grad=no_grad_blocks(plan, stage_kernels), no_grad_fuses_more=plan.inference != plan.forward,
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],

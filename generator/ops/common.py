@@ -37,9 +37,9 @@ def init_parameter(p, init):
 def reshaped_lead(module, op, shape, numel):
     """The leading dims of ``numel`` elements reshaped to ``shape`` (TE's Reshape, torch.reshape's
     rules: one -1 inferred), or a clear error naming the module and the op."""
-    known = math.prod(d for d in shape if d != -1)
+    known = math.prod([d for d in shape if d != -1])  # lists, not generators: torch.compile traces this
     if -1 in shape and numel % known == 0:
-        shape = tuple(numel // known if d == -1 else d for d in shape)
+        shape = tuple([numel // known if d == -1 else d for d in shape])
     if math.prod(shape) != numel or -1 in shape:
         raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to {list(shape)}; "
                          "give an input whose size fits the shape")

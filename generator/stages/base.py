@@ -135,6 +135,13 @@ class Emitter:
     stats: dict[int, list[str]] = field(default_factory=dict)  # norm op index -> its saved statistics
     # False: the no-grad forward, which keeps nothing for a backward (no ctx)
     saving: bool = True
+    aliases: dict[str, str] = field(default_factory=dict)  # a forward name -> the tensor it names
+
+    def alias(self, block: Block, name: str, of: str) -> None:
+        """``name = of`` in the forward: one tensor under a second name (an extra output that is
+        the value itself)."""
+        block.lines.append(f"{name} = {of}")
+        self.aliases[name] = self.aliases.get(of, of)
 
     @property
     def pipeline(self) -> Pipeline:

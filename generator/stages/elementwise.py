@@ -92,7 +92,7 @@ class ElementwiseStage(StageImpl):
         if stage.kind == "passthrough":  # MakeExtraOutput hands out its input as is
             for op in stage.ops:
                 if op.extra_output is not None:
-                    block.lines.append(f"{extra_output_name(op)} = {x_in}")
+                    em.alias(block, extra_output_name(op), x_in)
             return x_in
         spec = em.kernel("forward", stage)
         for op in random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
@@ -102,7 +102,7 @@ class ElementwiseStage(StageImpl):
                            f"kernels.{spec.name}({', '.join([x_in] + [names[o] for o in spec.operands])})")
         for index, alias in forward_aliases(stage).items():
             if alias != "write":
-                block.lines.append(f"{extra_output_name(p.ops[index])} = {x_in if alias == 'input' else out}")
+                em.alias(block, extra_output_name(p.ops[index]), x_in if alias == "input" else out)
         return out
 
     def backward(self, em, stage, block, dy, d_in):

@@ -197,7 +197,7 @@ class NormStage(StageImpl):
             em.values[norm.index] = summed
             results.append(summed)
         elif meo:  # nothing before it changes x: the extra output is x itself
-            block.lines.append(f"{extra_output_name(meo)} = {x_in}")
+            em.alias(block, extra_output_name(meo), x_in)
         if spec.ctx["layernorm"]:
             results.append(f"{norm.hint}_mean")
         results.append(f"{norm.hint}_rstd")
