@@ -17,14 +17,22 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 
 def _module(name, dtype=torch.float32, device="cuda"):
-    module = getattr(generated, R.PIPELINES[name][0])(device=device, dtype=dtype)
+    """A shipped module by its pipeline name (references.PIPELINES) or its class name."""
+    module = getattr(generated, R.PIPELINES[name][0] if name in R.PIPELINES else name)(device=device, dtype=dtype)
     R.randomize_(module, torch.Generator().manual_seed(7))
     return module
 
 
 def _inputs(module, rows, gen, device="cuda", dtype=torch.float32):
-    shapes = [module.in_features, *module.extra_input_features]
-    return [torch.randn(rows, n, generator=gen).to(device=device, dtype=dtype) for n in shapes]
+    """x and the extra inputs: a size-generic module at width 64, per-row inputs one value a row."""
+    n = module.in_features or 64
+    tensors = [torch.randn(rows, n, generator=gen)]
+    for e in module.extra_input_features:
+        if e == "rows":
+            tensors.append(torch.rand(rows, generator=gen) + 0.5)
+        else:
+            tensors.append(torch.randn(rows, e if isinstance(e, int) else eval(e, {"n": n}), generator=gen))
+    return [t.to(device=device, dtype=dtype) for t in tensors]
 
 
 def _forward_backward(module, inputs, grads):
@@ -106,12 +114,13 @@ def test_threads_load_and_launch_at_once():
 
 @pytest.mark.cuda
 @needs_gpu
-@pytest.mark.parametrize("name", sorted(R.PIPELINES))
+@pytest.mark.parametrize("name", sorted(generated.__all__))
 def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
-    """Capture forward + backward once, copy new inputs into the static ones, replay: every
-    output and grad equals an eager run on those inputs (fp32, where cuBLAS under capture may
-    pick another GEMM algorithm: within the GEMM tolerance row) and two replays are identical."""
-    module = _module(name)
+    """Every shipped module: capture forward + backward once, copy new inputs into the static
+    ones, replay: every output and grad equals an eager run on those inputs (fp32, where cuBLAS
+    under capture may pick another GEMM algorithm: within the GEMM tolerance row) and two replays
+    are identical. In eval mode (a Dropout's keys advance with every replay, as they should)."""
+    module = _module(name).eval()
     gen = torch.Generator().manual_seed(3)
     static = [t.requires_grad_() for t in _inputs(module, 48, gen)]
     with torch.no_grad():  # the output shapes (no autograd graph may outlive a step: its
@@ -139,7 +148,12 @@ def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         torch.autograd.backward(outputs, grads)
 
+    fresh = _inputs(module, 48, gen)
+
     def replay():
+        with torch.no_grad():  # every replay from the same inputs (an in-place residual is overwritten)
+            for s, f in zip(static, fresh):
+                s.copy_(f)
         for p in module.parameters():
             p.grad.zero_()
         graph.replay()
@@ -147,10 +161,6 @@ def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
         return ([o.detach().clone() for o in outputs] + [t.grad.clone() for t in static]
                 + [p.grad.clone() for p in module.parameters()])
 
-    fresh = _inputs(module, 48, gen)
-    with torch.no_grad():
-        for s, f in zip(static, fresh):
-            s.copy_(f)
     first, second = replay(), replay()
     eager = _forward_backward(module, fresh, grads)
     for i, (a, b, e) in enumerate(zip(first, second, eager)):
