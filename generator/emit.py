@@ -184,6 +184,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         + ["None", "None"] * len(modules_run),  # a user module and its leading dims
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         takes_training=takes_training,
+        # the Function's forward and the no-grad forward take the same arguments
+        function_inputs=["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
+        + [name for op in modules_run for name in (module_name(op), lead_name(op))],
         leads=leads, lead_lines=lead_lines,
         kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),
     )

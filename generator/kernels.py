@@ -145,11 +145,29 @@ def kernel_abi(spec: KernelSpec) -> tuple[KernelParam, ...]:
     return spec.params
 
 
-def launcher_io(spec: KernelSpec) -> dict[str, list[str]]:
+def launcher_io(spec: KernelSpec) -> dict:
     """A launcher's tensor operands (after x or dy) and results; ``written``: the results besides
-    ``y`` that the kernel writes (an elementwise forward's extra outputs)."""
-    return dict(operands=list(spec.operands), returned=list(spec.returned),
-                written=[name for name in spec.returned if name != "y"] if spec.family == "elementwise_fwd" else [])
+    ``y`` that the kernel writes (an elementwise forward's extra outputs); ``args``: its whole
+    argument list and ``outputs``: how many tensors it returns (its def, and its custom op's
+    schema under torch.compile, both come from these)."""
+    ctx = spec.ctx
+    written = [name for name in spec.returned if name != "y"] if spec.family == "elementwise_fwd" else []
+    if spec.family == "norm_fwd":
+        args = ["x", *spec.operands] + (["residual"] if ctx["residual"] else []) + ([] if ctx["l2"] else ["gamma"])
+        args += ["beta"] if ctx["layernorm"] else []
+        outputs = 2 + ctx["writes_h"] + ctx["layernorm"]  # y, [h], [mean], rstd
+    elif spec.family == "norm_bwd":
+        args = ["dy", "x"] + (["mean"] if ctx["layernorm"] else []) + ["rstd"] + ([] if ctx["l2"] else ["gamma"])
+        args += ["dresidual"] if ctx["add_dresidual"] else []
+        outputs = 1 if ctx["l2"] else 2 + ctx["layernorm"]  # dx, [dgamma, [dbeta]]
+    elif spec.family == "column_sum":
+        args, outputs = ["partials", "dtype"], 1
+    elif spec.family == "elementwise_fwd":
+        args, outputs = ["x", *spec.operands], 1 + len(written)
+    else:
+        args, outputs = ["dy", *spec.operands], len(spec.returned)
+    return dict(operands=list(spec.operands), returned=list(spec.returned), written=written, args=args,
+                outputs=outputs)
 
 
 def make_spec(name: tuple[str, str], family: str, summary: str, abi: Sequence[KernelParam] = (),

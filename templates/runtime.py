@@ -5,7 +5,8 @@ Prebuilt only: every kernel was compiled ahead of time into ``kernels/<name>.sm_
 (plus, optionally, ``compute_XY.ptx`` for GPUs newer than every cubin); nothing is compiled here.
 A kernel is loaded on its first launch: the binary for the device's compute capability, checked
 against the sha256 MANIFEST.json records for it, is loaded once per process with
-cuLibraryLoadData (context-independent) and bound to each device's primary context once. Launches go on PyTorch's current stream; this module never synchronises the host
+cuLibraryLoadData (context-independent) and bound to each device's primary context once.
+Launches go on PyTorch's current stream; this module never synchronises the host
 and never allocates, so whole forward and backward passes can be captured in a CUDA graph (after
 one eager warm-up step, as usual, so that the loading happens outside the capture).
 Needs torch, plus cuda-bindings for CUDA tensors only (imported on first launch).
@@ -45,9 +46,10 @@ def verified_binary(full_name, file):
         _MANIFEST.update(json.loads((KERNELS_DIR.parent / "MANIFEST.json").read_text()))
     entry = _MANIFEST["kernels"].get(full_name, {}).get("binaries", {}).get(arch)
     image = (KERNELS_DIR / file).read_bytes()
-    if entry is None or hashlib.sha256(image).hexdigest() != entry["sha256"]:
+    digest = hashlib.sha256(image).hexdigest()
+    if entry is None or digest != entry["sha256"]:
         why = ("MANIFEST.json records no such binary" if entry is None else
-               f"its sha256 is {hashlib.sha256(image).hexdigest()}, MANIFEST.json records {entry['sha256']}")
+               f"its sha256 is {digest}, MANIFEST.json records {entry['sha256']}")
         raise KernelIntegrityError(f"kernel {full_name}: {KERNELS_DIR / file} is not the binary fusegen generated "
                                    f"({why}); regenerate the package with `fusegen generate`")
     return image
@@ -270,7 +272,8 @@ class _Ready:
         self.size = len(signature)
 
     def buffer(self):
-        """This thread's (argument bytes, address of the pointer array) for the kernel."""
+        """This thread's (argument bytes, address of the pointer array, the array: kept alive with
+        the bytes) for the kernel."""
         held = _THREAD.buffers.get(self.key)
         if held is None:
             data = ctypes.create_string_buffer(max(8, self.layout.size))
