@@ -2880,7 +2880,7 @@ def _register(name, schema, launcher):
     except RuntimeError:  # defined by another copy of this package in the process: same kernels
         return
     _LIBRARY.impl(name, _implementation(launcher), "CompositeExplicitAutograd")
-    torch.library.register_fake(f"fusegen_86e42d1cd9d6::{name}", _fake(launcher), lib=_LIBRARY)
+    _LIBRARY.impl(name, _fake(launcher), "Meta")  # what tracing runs (cheaper to register than register_fake)
 
 _register("add_fwd_n4096", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
 _register("add_layernorm_zc_eps1em06_fwd_h768", "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", add_layernorm_zc_eps1em06_fwd_h768)

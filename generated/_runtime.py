@@ -19,6 +19,7 @@ import json
 import re
 import struct
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -349,3 +350,148 @@ def _raw_stream(index):
     """PyTorch's current stream on device ``index`` as the driver's handle (an int)."""
     return torch._C._cuda_getCurrentRawStream(index)
 
+
+
+class CudaGraphs:
+    """A module's no-grad forward, replayed from a CUDA graph per input shape where that pays.
+
+    At a few rows a forward is bound by the host: every launch and GEMM call costs it several
+    µs of Python and dispatch, more than the device needs. So a no-grad call on CUDA with at most
+    ``max_rows`` rows runs as: the inputs copied into the graph's own buffers, one graph launch,
+    the outputs cloned out (three calls, whatever the pipeline's length). A shape is captured on
+    its second call (the first runs as usual, loading the kernels); a module keeps at most
+    ``max_graphs`` of them, and calls of other shapes run as usual. Every call returns new tensors
+    and sees the parameters' current values (the graph reads them where they are; a parameter
+    moved to new memory, by ``module.to`` or an assignment, drops the module's graphs).
+
+    Calls run as usual, not from a graph: under torch.compile, inside a caller's own graph
+    capture, with more rows, on CPU, and once a capture has failed (with a warning saying why).
+    Set ``module.cuda_graphs.max_rows = 0`` to turn graphs off; ``module.cuda_graphs.clear()``
+    frees their memory (each holds its stages' outputs for its shape). A module is pickled,
+    copied and saved without its graphs.
+    """
+
+    def __init__(self, module, inputs, max_rows=256, max_graphs=8):
+        self.module = module  # the class name, for messages
+        self.inputs = inputs  # the first ``inputs`` tensor arguments change per call; the rest are parameters
+        self.max_rows = max_rows
+        self.max_graphs = max_graphs
+        self._reset()
+
+    def _reset(self):
+        self.failed = None  # why a capture failed: graphs are off for this module from then on
+        self._graphs = {}  # key -> _Graph (or None: seen once, not captured yet)
+        self._lock = threading.Lock()  # one call at a time copies in, replays and clones out
+
+    @property
+    def captured(self):
+        """How many graphs the module holds now."""
+        return sum(graph is not None for graph in self._graphs.values())
+
+    def clear(self):
+        """Drop every captured graph and the memory it holds; shapes are captured again."""
+        with self._lock:
+            self._graphs.clear()
+
+    def __getstate__(self):
+        return {"module": self.module, "inputs": self.inputs, "max_rows": self.max_rows,
+                "max_graphs": self.max_graphs}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset()
+
+    def no_grad(self, forward, args):
+        """``forward(*args)`` (a generated no-grad forward), or its replay: the same values."""
+        if torch.compiler.is_compiling():
+            return forward(*args)
+        x = args[0]
+        if not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing():
+            return forward(*args)
+        index = x.get_device()
+        inputs, rest = args[:self.inputs], args[self.inputs:]
+        key = (_raw_stream(index), index, x.dtype, *[a.shape for a in inputs],
+               *[a for a in rest if not isinstance(a, torch.Tensor)])
+        graph = self._graphs.get(key)
+        if graph is None:
+            if key not in self._graphs and len(self._graphs) < self.max_graphs:
+                self._graphs[key] = None  # seen once: captured on the next call
+                return forward(*args)
+            if key not in self._graphs:  # as many shapes as allowed already
+                return forward(*args)
+            graph = self._capture(key, forward, args)
+            if graph is None:
+                return forward(*args)
+        elif graph.parameters != [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)]:
+            self.clear()  # a parameter moved: every graph reads the old memory
+            return forward(*args)
+        with self._lock:
+            for static, a in zip(graph.inputs, inputs):
+                static.copy_(a)
+            graph.graph.replay()
+            outputs = [out.clone() for out in graph.outputs]
+        return outputs[0] if graph.single else tuple(outputs)
+
+    def _capture(self, key, forward, args):
+        """Capture ``forward`` on this device's capture stream into a new graph, or None with
+        graphs turned off for the module (and a warning) where a capture fails."""
+        inputs, rest = args[:self.inputs], args[self.inputs:]
+        stream = torch.cuda.current_stream()
+        side = _capture_stream(args[0].get_device())
+        # ordinary tensors even under inference_mode (whose tensors could not be copied into
+        # outside it); autograd stays off
+        with self._lock, torch.inference_mode(False), torch.no_grad():
+            if self._graphs.get(key) is not None:  # another thread captured it meanwhile
+                return self._graphs[key]
+            # the graph's input buffers, allocated on the stream that will use them
+            static = [a.clone() for a in inputs]
+            side.wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.stream(side):
+                    forward(*static, *rest)  # warm-up on the capture stream (cuBLAS's workspace)
+                    graph.capture_begin(capture_error_mode="thread_local")
+                    try:
+                        outputs = forward(*static, *rest)
+                    finally:
+                        graph.capture_end()
+            except RuntimeError as error:
+                stream.wait_stream(side)
+                self.failed = f"{type(error).__name__}: {error}"
+                self._graphs.clear()
+                warnings.warn(f"{self.module}: capturing its no-grad forward in a CUDA graph failed, so "
+                              f"it runs without graphs from now on ({self.failed})", RuntimeWarning)
+                return None
+            stream.wait_stream(side)
+            single = isinstance(outputs, torch.Tensor)
+            entry = _Graph(graph, static, [outputs] if single else list(outputs), single,
+                           [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)])
+            self._graphs[key] = entry
+        return entry
+
+
+class _Graph:
+    """One captured no-grad forward: the graph, its input and output buffers, and the addresses
+    of the parameters it reads."""
+
+    __slots__ = ("graph", "inputs", "outputs", "single", "parameters")
+
+    def __init__(self, graph, inputs, outputs, single, parameters):
+        self.graph, self.inputs, self.outputs, self.single = graph, inputs, outputs, single
+        self.parameters = parameters
+
+
+_CAPTURE_STREAMS = {}  # device index -> the stream captures run on (never the legacy default)
+
+
+def _capture_stream(index):
+    with _LOCK:
+        if index not in _CAPTURE_STREAMS:
+            _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+        return _CAPTURE_STREAMS[index]
+
+
+def _capturing():
+    """Whether the current stream is being captured by a caller (its graph then holds our
+    launches; a graph cannot be captured inside another)."""
+    return torch._C._cuda_isCurrentStreamCapturing()

@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, first_order_only
+from ._runtime import CudaGraphs, check_input, first_order_only
 
 
 class ResidualInPlaceFunction(torch.autograd.Function):
@@ -74,6 +74,8 @@ class ResidualInPlace(torch.nn.Module):
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
         self._modules["0"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
+        # no-grad calls of at most 256 rows on CUDA replay a graph captured per input shape
+        self.cuda_graphs = CudaGraphs("ResidualInPlace", inputs=2)
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"].weight, "kaiming_uniform")
@@ -99,7 +101,7 @@ class ResidualInPlace(torch.nn.Module):
         if torch.is_grad_enabled():
             outputs = ResidualInPlaceFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
-            outputs = no_grad_forward(*args)
+            outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 10: the caller's extra_input0 becomes the sum
             caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
         return outputs[0].reshape(*lead, 256)

@@ -140,6 +140,13 @@ def _sizes_literal(sizes) -> str:
     return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") for size in sizes))
 
 
+def replays_graphs(plan: Plan) -> bool:
+    """Whether the module replays its no-grad forward from CUDA graphs at a few rows (the
+    runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage."""
+    launching = [s for s in plan.inference if s.rule.stage.launches and s.kind != "passthrough"]
+    return len(launching) >= 2 and all(s.rule.stage.replayable for s in plan.inference)
+
+
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     p = plan.pipeline
     em = Emitter(plan, stage_kernels)
@@ -183,7 +190,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         + (["None"] if takes_training else [])  # training is a flag, not a tensor
         + ["None", "None"] * len(modules_run),  # a user module and its leading dims
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
-        takes_training=takes_training,
+        takes_training=takes_training, cuda_graphs=replays_graphs(plan),
         # the Function's forward and the no-grad forward take the same arguments
         function_inputs=["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
         + [name for op in modules_run for name in (module_name(op), lead_name(op))],

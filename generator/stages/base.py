@@ -43,6 +43,8 @@ class StageImpl:
 
     name = ""
     takes_any_op = False  # True: the stage judges each op itself (no op kinds to declare in a rule)
+    launches = True  # the stage runs device work (kernels, GEMMs, PyTorch ops); False: views only
+    replayable = True  # a CUDA graph can capture it (False: a user's module, which may do anything)
 
     def check(self, pass_: str, chain: Sequence[str]) -> str | None:
         """Why this implementation cannot run ``chain`` (op kinds in forward order) in ``pass_``,

@@ -24,6 +24,7 @@ def lead_name(op) -> str:
 
 class ModuleStage(StageImpl):
     name = "module"
+    replayable = False
 
     def check(self, pass_, chain):
         return None if list(chain) == ["module"] else "a module stage runs one module of the user's code"

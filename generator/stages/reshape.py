@@ -14,6 +14,7 @@ from .base import StageImpl, value_name
 
 class ReshapeStage(StageImpl):
     name = "reshape"
+    launches = False
 
     def check(self, pass_, chain):
         return None if list(chain) == ["reshape"] else "a reshape stage runs one Reshape"

@@ -1,19 +1,21 @@
 """Generated modules inside the usual training machinery, on CPU (CI): torch.autocast (the module
 computes in autocast's dtype, as TE does; grads reach the parameters in their own dtype),
 activation checkpointing, torch.save / torch.load of whole modules, and DistributedDataParallel
-over gloo with two processes (gradients equal to one process's on the whole batch)."""
+and FSDP2's fully_shard over gloo with two processes (gradients equal to one process's on the
+whole batch)."""
 
 import copy
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.utils.checkpoint
 
 import generated
-from references import randomize_
+from references import assert_close_to_reference, randomize_
 
 
 def _module(cls="Gpt2Mlp", dtype=torch.float32):
@@ -114,3 +116,48 @@ def test_distributed_data_parallel_over_gloo_matches_one_process():
     assert set(ddp_grads) == {k for k, _ in single.named_parameters()}
     for key, p in single.named_parameters():
         torch.testing.assert_close(ddp_grads[key], p.grad, rtol=1e-5, atol=1e-6)
+
+
+def _fsdp_worker(rank, world, port, batch, result):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        module = _module()
+        fully_shard(module, mesh=init_device_mesh("cpu", (world,)))  # each rank keeps half of every parameter
+        shard = batch.chunk(world)[rank]
+        for step in range(2):  # the second step reshards, unshards and accumulates again
+            out = module(shard)
+            out.square().sum().backward()  # FSDP averages the ranks' grads
+            if rank == 0 and step == 0:
+                result["output"] = out.detach().clone()
+        grads = {k: p.grad.full_tensor() for k, p in module.named_parameters()}  # gathers the shards
+        if rank == 0:
+            result.update(grads)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_fully_shard_over_gloo_matches_one_process():
+    """Two steps of forward + backward under fully_shard (the grads accumulate): the output of
+    rank 0's half of the batch and the gathered grads equal one process's on the whole batch."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+    batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(6))
+    with mp.Manager() as manager:
+        result = manager.dict()
+        mp.spawn(_fsdp_worker, args=(2, _free_port(), batch, result), nprocs=2, join=True)
+        fsdp = dict(result)
+    single = _module()
+    for _ in range(2):
+        (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
+    torch.testing.assert_close(fsdp.pop("output"), single(batch[:4]).detach(), rtol=0, atol=0)
+    assert set(fsdp) == {k for k, _ in single.named_parameters()}
+    for key, p in single.named_parameters():
+        # the same fp32 sums, split across the ranks (each rank's grad divided by two, then
+        # reduce-scattered): equal up to the roundoff of a different summation order
+        assert_close_to_reference(f"FSDP grad {key}", fsdp[key], p.grad.double(), torch.float32, gemm=False)

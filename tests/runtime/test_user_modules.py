@@ -111,6 +111,11 @@ def test_cpu(pkg, dtype):
     check(pkg, dtype, "cpu")
 
 
+def test_a_pipeline_with_a_user_module_never_replays_cuda_graphs(pkg):
+    """A graph could not capture whatever the user's module does (host syncs, Python state)."""
+    assert not hasattr(pkg.MixerBlock(), "cuda_graphs")
+
+
 def test_a_torch_nn_module_without_a_te_ops_equivalent_runs_as_it_is(pkg):
     module = pkg.SoftmaxHead(dtype=torch.float64)
     x = torch.randn(3, 256, dtype=torch.float64, requires_grad=True)

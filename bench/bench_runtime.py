@@ -1,0 +1,195 @@
+"""Issue 13's table: the TE docs MLP (`TeMlp`: LayerNorm, Linear 4096 -> 28672, SwiGLU, Linear
+14336 -> 4096; bf16) as eager PyTorch, as torch.compile of that eager module, and as fusegen's
+generated module (plain and under torch.compile(fullgraph=True)), side by side in one run.
+
+- host µs: per call while a sleep kernel keeps the device busy (so only the host's own time
+  counts), the median of 7 runs, each the mean over its calls;
+- device µs: the device's time for a batch of calls queued behind a sleep (CUDA events around
+  the batch, so the host's pace does not count), per call;
+- graph breaks: torch._dynamo.explain of the module's forward + backward;
+- cold start: a fresh process from its start to its first forward + backward done (synchronised),
+  the median of 3.
+
+    python3 bench/bench_runtime.py [--out bench/results/runtime_h100.md]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import generated  # noqa: E402
+
+CYCLES_PER_US = 2000  # torch.cuda._sleep spins about this many cycles per µs (~2 GHz)
+HIDDEN, FFN = 4096, 14336
+
+
+class EagerTeMlp(torch.nn.Module):
+    """TeMlp's math in plain PyTorch ops (what a user writes without fusegen), sharing the
+    generated module's parameters."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.p = dict(fused.named_parameters())
+
+    def forward(self, x):
+        p = self.p
+        h = F.layer_norm(x, (HIDDEN,), p["0.weight"], p["0.bias"], 1e-5)
+        a, b = F.linear(h, p["1.weight"], p["1.bias"]).chunk(2, dim=-1)
+        return F.linear(F.silu(a) * b, p["3.weight"], p["3.bias"])
+
+
+def host_us(fn, calls, device_us_per_call, repeats=7):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeats):
+        torch.cuda._sleep(int(calls * device_us_per_call * CYCLES_PER_US))
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(runs)
+
+
+def device_us(fn, calls, host_us_per_call):
+    """Device µs per call: the calls are queued behind a sleep long enough to cover the host's
+    time to queue them, so the events see the device's own time."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(calls * host_us_per_call * 2 * CYCLES_PER_US))
+        begin.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        runs.append(begin.elapsed_time(end) * 1000 / calls)
+    return statistics.median(runs)
+
+
+def graph_breaks(module, x):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+    def step(x):
+        return module(x).sum()
+
+    explained = torch._dynamo.explain(step)(x)
+    torch._dynamo.reset()
+    return explained.graph_break_count
+
+
+COLD = textwrap.dedent("""\
+    import sys, time
+    sys.path.insert(0, {root!r})
+    import torch
+    {make}
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    module(x).sum().backward()
+    torch.cuda.synchronize()
+""")
+COLD_MAKE = {
+    "eager": "import torch.nn.functional as F\n"
+             "class M(torch.nn.Module):\n"
+             "    def __init__(self):\n"
+             "        super().__init__()\n"
+             "        self.norm = torch.nn.LayerNorm(4096, device='cuda', dtype=torch.bfloat16)\n"
+             "        self.fc1 = torch.nn.Linear(4096, 28672, device='cuda', dtype=torch.bfloat16)\n"
+             "        self.fc2 = torch.nn.Linear(14336, 4096, device='cuda', dtype=torch.bfloat16)\n"
+             "    def forward(self, x):\n"
+             "        a, b = self.fc1(self.norm(x)).chunk(2, dim=-1)\n"
+             "        return self.fc2(F.silu(a) * b)\n"
+             "module = M()",
+    "torch.compile": "@@eager@@\nmodule = torch.compile(module)",
+    "fusegen": "import generated\nmodule = generated.TeMlp(device='cuda', dtype=torch.bfloat16)",
+    "fusegen + torch.compile": "import generated\n"
+                               "module = torch.compile(generated.TeMlp(device='cuda', dtype=torch.bfloat16), fullgraph=True)",
+}
+
+
+def cold_start_s(what):
+    make = COLD_MAKE[what].replace("@@eager@@", COLD_MAKE["eager"])
+    script = COLD.format(root=str(ROOT), make=make)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, help="also write the table, as markdown, to this file")
+    parser.add_argument("--no-cold-start", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    fused = generated.TeMlp(device="cuda", dtype=torch.bfloat16)
+    eager = EagerTeMlp(fused)
+    modules = {"eager": eager, "torch.compile": torch.compile(eager),
+               "fusegen": fused, "fusegen + torch.compile": torch.compile(fused, fullgraph=True)}
+    columns = list(modules)
+    small = torch.randn(16, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    large = torch.randn(8192, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def no_grad(module, x):
+        def run():
+            with torch.no_grad():
+                module(x)
+        return run
+
+    def train(module, x):
+        def run():
+            module(x).sum().backward()
+        return run
+
+    rows = {}
+    rows["host µs, no-grad forward, 16 tokens"] = {c: host_us(no_grad(m, small), 100, 400) for c, m in modules.items()}
+    rows["host µs, forward + backward, 16 tokens"] = {c: host_us(train(m, small), 10, 4000) for c, m in modules.items()}
+    fused.cuda_graphs.max_rows = 0
+    rows["(fusegen without CUDA graphs) host µs, no-grad forward, 16 tokens"] = {
+        "fusegen": host_us(no_grad(fused, small), 100, 400)}
+    fused.cuda_graphs.max_rows = 256
+    host = rows["host µs, forward + backward, 16 tokens"]
+    rows["device µs, forward + backward, 16 tokens"] = {c: device_us(train(m, small), 10, host[c]) for c, m in modules.items()}
+    rows["device µs, forward + backward, 8192 tokens"] = {c: device_us(train(m, large), 5, 20000) for c, m in modules.items()}
+    rows["graph breaks (torch._dynamo.explain of forward + sum)"] = {
+        "torch.compile": graph_breaks(eager, small), "fusegen + torch.compile": graph_breaks(fused, small)}
+    if not args.no_cold_start:
+        rows["cold start s, fresh process to first forward + backward"] = {c: cold_start_s(c) for c in columns}
+
+    def cell(value):
+        return "" if value is None else (str(value) if isinstance(value, int) else f"{value:.1f}" if value >= 10 else f"{value:.2f}")
+
+    lines = [f"GPU: {torch.cuda.get_device_name()} · torch {torch.__version__} · bf16", "",
+             "| | " + " | ".join(columns) + " | fusegen / eager | fusegen + compile / torch.compile |",
+             "|---|" + "---|" * (len(columns) + 2)]
+    for name, values in rows.items():
+        ratio = (f"{values['fusegen'] / values['eager']:.2f}" if values.get("eager") and "fusegen" in values else "")
+        ratio_compiled = (f"{values['fusegen + torch.compile'] / values['torch.compile']:.2f}"
+                          if values.get("torch.compile") and "fusegen + torch.compile" in values else "")
+        lines.append(f"| {name} | " + " | ".join(cell(values.get(c)) for c in columns) + f" | {ratio} | {ratio_compiled} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
