@@ -456,6 +456,7 @@ class CudaGraphs:
                     finally:
                         graph.capture_end()
             except RuntimeError as error:
+                _end_failed_capture(side)
                 stream.wait_stream(side)
                 self.failed = f"{type(error).__name__}: {error}"
                 self._graphs.clear()
@@ -489,6 +490,20 @@ def _capture_stream(index):
         if index not in _CAPTURE_STREAMS:
             _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
         return _CAPTURE_STREAMS[index]
+
+
+def _end_failed_capture(side):
+    """Leave PyTorch as a successful capture would. When a capture fails, CUDAGraph.capture_end
+    raises before it takes the random-number generator out of capture mode, and every later
+    random op then fails ("Offset increment outside graph capture"); a small capture that
+    succeeds ends that mode."""
+    with torch.cuda.stream(side):
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            torch.empty(1, device=side.device).zero_()
+        finally:
+            graph.capture_end()
 
 
 def _capturing():

@@ -261,3 +261,11 @@ def test_a_failed_capture_warns_and_the_module_goes_on_without_graphs():
             assert torch.equal(graphs.no_grad(forward, (x, w)), x * w)
         assert graphs.failed and graphs.captured == 0
         assert torch.equal(graphs.no_grad(forward, (x, w)), x * w)
+    # PyTorch is left as it was: random ops (a module's initialisation) and captures work
+    assert torch.rand(8, device="cuda").unique().numel() == 8
+    _module("TeMlp", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2
+    graph.replay()
+    assert torch.equal(y, x * 2)
