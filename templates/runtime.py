@@ -351,7 +351,6 @@ def _raw_stream(index):
     return torch._C._cuda_getCurrentRawStream(index)
 
 
-
 class CudaGraphs:
     """A module's no-grad forward, replayed from a CUDA graph per input shape where that pays.
 
@@ -365,7 +364,8 @@ class CudaGraphs:
     moved to new memory, by ``module.to`` or an assignment, drops the module's graphs).
 
     Calls run as usual, not from a graph: under torch.compile, inside a caller's own graph
-    capture, with more rows, on CPU, and once a capture has failed (with a warning saying why).
+    capture, with more rows, on CPU, on a device other than the current one, and once a capture
+    has failed (with a warning saying why).
     Set ``module.cuda_graphs.max_rows = 0`` to turn graphs off; ``module.cuda_graphs.clear()``
     frees their memory (each holds its stages' outputs for its shape). A module is pickled,
     copied and saved without its graphs.
@@ -373,7 +373,7 @@ class CudaGraphs:
 
     def __init__(self, module, inputs, max_rows=256, max_graphs=8):
         self.module = module  # the class name, for messages
-        self.inputs = inputs  # the first ``inputs`` tensor arguments change per call; the rest are parameters
+        self.inputs = inputs  # the first ``inputs`` arguments are per-call tensors; then parameters and flags
         self.max_rows = max_rows
         self.max_graphs = max_graphs
         self._reset()
@@ -409,6 +409,8 @@ class CudaGraphs:
         if not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing():
             return forward(*args)
         index = x.get_device()
+        if index != _current_device():  # a graph captures and replays on the current device's streams
+            return forward(*args)
         inputs, rest = args[:self.inputs], args[self.inputs:]
         key = (_raw_stream(index), index, x.dtype, *[a.shape for a in inputs],
                *[a for a in rest if not isinstance(a, torch.Tensor)])

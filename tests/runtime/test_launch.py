@@ -183,3 +183,17 @@ def test_two_devices_each_get_their_own_functions():
     assert {index for (_, index) in _runtime._FUNCTIONS} >= {0, 1}
     for a, b in zip(*results):
         assert torch.equal(a, b)
+    # no-grad calls: with the module's own device current they replay graphs (one per device),
+    # with the other one current they run plain; every result is the same (within the GEMM row:
+    # cuBLAS under capture may pick another algorithm)
+    replays = []
+    for index in (0, 1):
+        module = _module("prenorm_block", device=f"cuda:{index}")
+        inputs = [t.to(f"cuda:{index}") for t in x]
+        for current in (index, 1 - index, index, index, 1 - index):
+            with torch.cuda.device(current), torch.no_grad():
+                replays.append([t.cpu() for t in module(*inputs)])
+        assert module.cuda_graphs.captured == 1
+    for k, got in enumerate(replays):
+        for a, b in zip(got, results[0]):
+            R.assert_close_to_reference(f"no-grad call {k}", a, b.double(), torch.float32)
