@@ -92,6 +92,21 @@ def check_row_input(module, name, tensor, like, lead, like_is="the module's para
     check_input(module, name, tensor.unsqueeze(-1), 1, like, None, like_is=like_is)
 
 
+def as_rows(tensor, features):
+    """``tensor`` as a dense [rows, features] tensor: the tensor itself when it is one already
+    (no new view object: at a few rows each op's dispatch is a measurable part of a call)."""
+    if tensor.dim() == 2 and tensor.is_contiguous():
+        return tensor
+    return tensor.reshape(-1, features).contiguous()
+
+
+def with_lead(tensor, lead, features):
+    """A module's [rows, features] result in the caller's leading dims ``lead``: as it is for a
+    2-D call (then not a view either, so hooks on views, FSDP's among them, have nothing to warn
+    of)."""
+    return tensor if len(lead) == 1 else tensor.reshape(*lead, features)
+
+
 class _SecondDerivative(torch.autograd.Function):
     """Hands first-order grads through unchanged; differentiating them again raises."""
 

@@ -20,7 +20,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class DropoutMlpFunction(torch.autograd.Function):
@@ -117,10 +117,10 @@ class DropoutMlp(torch.nn.Module):
         check_input("DropoutMlp", "x", x, 256, linear0_weight)
         check_input("DropoutMlp", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
-            extra_input0.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
+            as_rows(extra_input0, 256),
             linear0_weight, linear0_bias, linear3_weight, linear3_bias,
             self.training,  # Dropout draws its masks in training only
         )
@@ -128,4 +128,4 @@ class DropoutMlp(torch.nn.Module):
             outputs = DropoutMlpFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead, 256)
+        return with_lead(outputs, lead, 256)

@@ -29,7 +29,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class ElementwiseChainFunction(torch.autograd.Function):
@@ -143,12 +143,12 @@ class ElementwiseChain(torch.nn.Module):
         check_input("ElementwiseChain", "extra_input1", extra_input1, 768, layernorm3_weight, x.shape[:-1])
         check_input("ElementwiseChain", "extra_input2", extra_input2, 384, layernorm3_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 768).contiguous(),
-            extra_input0.reshape(-1, 768).contiguous(),
-            extra_input1.reshape(-1, 768).contiguous(),
-            extra_input2.reshape(-1, 384).contiguous(),
+            as_rows(x, 768),
+            as_rows(extra_input0, 768),
+            as_rows(extra_input1, 768),
+            as_rows(extra_input2, 384),
             layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight,
         )
         if torch.is_grad_enabled():
@@ -156,7 +156,7 @@ class ElementwiseChain(torch.nn.Module):
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (
-            outputs[0].reshape(*lead, 384),
-            outputs[1].reshape(*lead, 768),
-            outputs[2].reshape(*lead, 768),
+            with_lead(outputs[0], lead, 384),
+            with_lead(outputs[1], lead, 768),
+            with_lead(outputs[2], lead, 768),
         )

@@ -15,7 +15,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class Fc2Function(torch.autograd.Function):
@@ -87,14 +87,14 @@ class Fc2(torch.nn.Module):
         check_input("Fc2", "x", x, 14336, linear0_weight)
         check_input("Fc2", "extra_input0", extra_input0, 4096, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 14336).contiguous(),
-            extra_input0.reshape(-1, 4096).contiguous(),
+            as_rows(x, 14336),
+            as_rows(extra_input0, 4096),
             linear0_weight, linear0_bias,
         )
         if torch.is_grad_enabled():
             outputs = Fc2Function.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead, 4096)
+        return with_lead(outputs, lead, 4096)

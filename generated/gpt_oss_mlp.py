@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class GptOssMlpFunction(torch.autograd.Function):
@@ -114,13 +114,13 @@ class GptOssMlp(torch.nn.Module):
             x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
         check_input("GptOssMlp", "x", x, 1024, rmsnorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 1024).contiguous(),
+            as_rows(x, 1024),
             rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
         )
         if torch.is_grad_enabled():
             outputs = GptOssMlpFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead, 1024)
+        return with_lead(outputs, lead, 1024)

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class HeadNormFunction(torch.autograd.Function):
@@ -115,13 +115,13 @@ class HeadNorm(torch.nn.Module):
         lead = x.shape[:-1]
         lead1 = ref.reshaped_lead("HeadNorm", "Reshape((-1, 4, 64)) (specs/te_reshape.py:12:5)", (-1, 4, 64), lead.numel() * 256)
         lead2 = ref.reshaped_lead("HeadNorm", "Reshape((-1, 256)) (specs/te_reshape.py:14:5)", (-1, 256), lead1.numel() * 64)
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
             linear0_weight, linear0_bias, rmsnorm2_weight,
         )
         if torch.is_grad_enabled():
             outputs = HeadNormFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead2, 256)
+        return with_lead(outputs, lead2, 256)

@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, first_order_only
+from ._runtime import as_rows, check_input, first_order_only, with_lead
 
 
 class InPlaceMidFunction(torch.autograd.Function):
@@ -78,9 +78,9 @@ class InPlaceMid(torch.nn.Module):
         check_input("InPlaceMid", "x", x, 256, bias0_bias)
         check_input("InPlaceMid", "extra_input0", extra_input0, 256, bias0_bias, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
             extra_input0.reshape(-1, 256).clone(memory_format=torch.contiguous_format),
             bias0_bias,
         )
@@ -90,4 +90,4 @@ class InPlaceMid(torch.nn.Module):
             outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 14: the caller's extra_input0 becomes the sum
             caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
-        return outputs[0].reshape(*lead, 256)
+        return with_lead(outputs[0], lead, 256)

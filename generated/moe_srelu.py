@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, check_row_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, check_row_input, first_order_only, with_lead
 
 
 class MoeSreluFunction(torch.autograd.Function):
@@ -105,9 +105,9 @@ class MoeSrelu(torch.nn.Module):
         check_input("MoeSrelu", "x", x, 256, linear0_weight)
         check_row_input("MoeSrelu", "extra_input0", extra_input0, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
             extra_input0.reshape(-1).contiguous(),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
@@ -115,4 +115,4 @@ class MoeSrelu(torch.nn.Module):
             outputs = MoeSreluFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead, 256)
+        return with_lead(outputs, lead, 256)

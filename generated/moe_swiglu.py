@@ -16,7 +16,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, check_row_input, first_order_only
+from ._runtime import as_rows, check_input, check_row_input, first_order_only, with_lead
 
 
 class MoeSwigluFunction(torch.autograd.Function):
@@ -74,13 +74,13 @@ class MoeSwiglu(torch.nn.Module):
         n = x.shape[-1]
         check_row_input("MoeSwiglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, n).contiguous(),
+            as_rows(x, n),
             extra_input0.reshape(-1).contiguous(),
         )
         if torch.is_grad_enabled():
             outputs = MoeSwigluFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
-        return outputs.reshape(*lead, n // 2)
+        return with_lead(outputs, lead, n // 2)

@@ -16,7 +16,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class NormDropoutFunction(torch.autograd.Function):
@@ -96,9 +96,9 @@ class NormDropout(torch.nn.Module):
             x, rmsnorm0_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, rmsnorm0_weight, linear2_weight, linear2_bias)
         check_input("NormDropout", "x", x, 256, rmsnorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
             rmsnorm0_weight, linear2_weight, linear2_bias,
             self.training,  # Dropout draws its masks in training only
         )
@@ -106,4 +106,4 @@ class NormDropout(torch.nn.Module):
             outputs = NormDropoutFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead, 512)
+        return with_lead(outputs, lead, 512)

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class PostAttentionFunction(torch.autograd.Function):
@@ -101,10 +101,10 @@ class PostAttention(torch.nn.Module):
         check_input("PostAttention", "x", x, 256, linear0_weight)
         check_input("PostAttention", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
-            extra_input0.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
+            as_rows(extra_input0, 256),
             linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
             self.training,  # Dropout draws its masks in training only
         )
@@ -113,6 +113,6 @@ class PostAttention(torch.nn.Module):
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (
-            outputs[0].reshape(*lead, 256),
-            outputs[1].reshape(*lead, 256),
+            with_lead(outputs[0], lead, 256),
+            with_lead(outputs[1], lead, 256),
         )

@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class PrenormBlockFunction(torch.autograd.Function):
@@ -103,10 +103,10 @@ class PrenormBlock(torch.nn.Module):
         check_input("PrenormBlock", "x", x, 4096, rmsnorm1_weight)
         check_input("PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 4096).contiguous(),
-            extra_input0.reshape(-1, 4096).contiguous(),
+            as_rows(x, 4096),
+            as_rows(extra_input0, 4096),
             rmsnorm1_weight, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
@@ -114,6 +114,6 @@ class PrenormBlock(torch.nn.Module):
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (
-            outputs[0].reshape(*lead, 4096),
-            outputs[1].reshape(*lead, 4096),
+            with_lead(outputs[0], lead, 4096),
+            with_lead(outputs[1], lead, 4096),
         )

@@ -16,7 +16,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, first_order_only
+from ._runtime import as_rows, check_input, first_order_only, with_lead
 
 
 class PrenormInPlaceFunction(torch.autograd.Function):
@@ -77,10 +77,10 @@ class PrenormInPlace(torch.nn.Module):
         check_input("PrenormInPlace", "x", x, 256, rmsnorm1_weight)
         check_input("PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
-            extra_input0.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
+            as_rows(extra_input0, 256),
             rmsnorm1_weight,
         )
         if torch.is_grad_enabled():
@@ -89,4 +89,4 @@ class PrenormInPlace(torch.nn.Module):
             outputs = no_grad_forward(*args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 12: the caller's extra_input0 becomes the sum
             caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
-        return outputs[0].reshape(*lead, 256)
+        return with_lead(outputs[0], lead, 256)

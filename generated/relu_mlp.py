@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class ReluMlpFunction(torch.autograd.Function):
@@ -99,13 +99,13 @@ class ReluMlp(torch.nn.Module):
             x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
         check_input("ReluMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
             outputs = ReluMlpFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead, 256)
+        return with_lead(outputs, lead, 256)

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, first_order_only
+from ._runtime import as_rows, check_input, first_order_only, with_lead
 
 
 class ResidualAnyFunction(torch.autograd.Function):
@@ -77,16 +77,16 @@ class ResidualAny(torch.nn.Module):
         n = x.shape[-1]
         check_input("ResidualAny", "extra_input0", extra_input0, n, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, n).contiguous(),
-            extra_input0.reshape(-1, n).contiguous(),
+            as_rows(x, n),
+            as_rows(extra_input0, n),
         )
         if torch.is_grad_enabled():
             outputs = ResidualAnyFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return (
-            outputs[0].reshape(*lead, n),
-            outputs[1].reshape(*lead, n),
+            with_lead(outputs[0], lead, n),
+            with_lead(outputs[1], lead, n),
         )

@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class ResidualInPlaceFunction(torch.autograd.Function):
@@ -92,10 +92,10 @@ class ResidualInPlace(torch.nn.Module):
         check_input("ResidualInPlace", "x", x, 256, linear0_weight)
         check_input("ResidualInPlace", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
-            extra_input0.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
+            as_rows(extra_input0, 256),
             linear0_weight, linear0_bias,
         )
         if torch.is_grad_enabled():
@@ -104,4 +104,4 @@ class ResidualInPlace(torch.nn.Module):
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         with torch.no_grad():  # AddExtraInput(in_place=True), line 10: the caller's extra_input0 becomes the sum
             caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
-        return outputs[0].reshape(*lead, 256)
+        return with_lead(outputs[0], lead, 256)

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class RowsOf64Function(torch.autograd.Function):
@@ -97,9 +97,9 @@ class RowsOf64(torch.nn.Module):
         # the leading dims of the running tensor, which each Reshape changes
         lead = x.shape[:-1]
         lead1 = ref.reshaped_lead("RowsOf64", "Reshape((-1, 64)) (specs/te_reshape.py:17:47)", (-1, 64), lead.numel() * n)
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, n).contiguous(),
+            as_rows(x, n),
             bias3_bias,
         )
         if torch.is_grad_enabled():
@@ -107,6 +107,6 @@ class RowsOf64(torch.nn.Module):
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (
-            outputs[0].reshape(*lead1, 64),
-            outputs[1].reshape(*lead1, 64),
+            with_lead(outputs[0], lead1, 64),
+            with_lead(outputs[1], lead1, 64),
         )

@@ -14,7 +14,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, first_order_only
+from ._runtime import as_rows, check_input, first_order_only, with_lead
 
 
 class ScaledProjectionFunction(torch.autograd.Function):
@@ -73,13 +73,13 @@ class ScaledProjection(torch.nn.Module):
             x, basiclinear0_weight = ref.to_autocast_dtype(x.device.type, x, basiclinear0_weight)
         check_input("ScaledProjection", "x", x, 256, basiclinear0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
             basiclinear0_weight,
         )
         if torch.is_grad_enabled():
             outputs = ScaledProjectionFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
-        return outputs.reshape(*lead, 128)
+        return with_lead(outputs, lead, 128)

@@ -15,7 +15,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, first_order_only
+from ._runtime import as_rows, check_input, first_order_only, with_lead
 
 
 class ScaledResidualFunction(torch.autograd.Function):
@@ -77,14 +77,14 @@ class ScaledResidual(torch.nn.Module):
         check_input("ScaledResidual", "x", x, 256, basiclinear0_weight)
         check_input("ScaledResidual", "extra_input0", extra_input0, 256, basiclinear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 256).contiguous(),
-            extra_input0.reshape(-1, 256).contiguous(),
+            as_rows(x, 256),
+            as_rows(extra_input0, 256),
             basiclinear0_weight,
         )
         if torch.is_grad_enabled():
             outputs = ScaledResidualFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
-        return outputs.reshape(*lead, 256)
+        return with_lead(outputs, lead, 256)

@@ -15,7 +15,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import check_input, first_order_only
+from ._runtime import as_rows, check_input, first_order_only, with_lead
 
 
 class SwigluAnyFunction(torch.autograd.Function):
@@ -72,12 +72,12 @@ class SwigluAny(torch.nn.Module):
         check_input("SwigluAny", "x", x, None, x, multiple_of=2, like_is="x is")
         n = x.shape[-1]
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, n).contiguous(),
+            as_rows(x, n),
         )
         if torch.is_grad_enabled():
             outputs = SwigluAnyFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
-        return outputs.reshape(*lead, n // 2)
+        return with_lead(outputs, lead, n // 2)

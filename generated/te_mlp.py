@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, check_input, first_order_only
+from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
 
 
 class TeMlpFunction(torch.autograd.Function):
@@ -117,13 +117,13 @@ class TeMlp(torch.nn.Module):
             x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
         check_input("TeMlp", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (a no-op for dense inputs)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
         args = (
-            x.reshape(-1, 4096).contiguous(),
+            as_rows(x, 4096),
             layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
         )
         if torch.is_grad_enabled():
             outputs = TeMlpFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        return outputs.reshape(*lead, 4096)
+        return with_lead(outputs, lead, 4096)

@@ -143,9 +143,7 @@ def _fsdp_worker(rank, world, port, batch, result):
 def test_fsdp2_fully_shard_over_gloo_matches_one_process():
     """Two steps of forward + backward under fully_shard (the grads accumulate): the output of
     rank 0's half of the batch and the gathered grads equal one process's on the whole batch."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except ImportError:
+    if not hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard"):
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(6))
     with mp.Manager() as manager:
