@@ -162,10 +162,10 @@ def main():
     rows = {}
     rows["host µs, no-grad forward, 16 tokens"] = {c: host_us(no_grad(m, small), 100, 400) for c, m in modules.items()}
     rows["host µs, forward + backward, 16 tokens"] = {c: host_us(train(m, small), 10, 4000) for c, m in modules.items()}
-    fused.cuda_graphs.max_rows = 0
+    max_rows, fused.cuda_graphs.max_rows = fused.cuda_graphs.max_rows, 0
     rows["(fusegen without CUDA graphs) host µs, no-grad forward, 16 tokens"] = {
         "fusegen": host_us(no_grad(fused, small), 100, 400)}
-    fused.cuda_graphs.max_rows = 256
+    fused.cuda_graphs.max_rows = max_rows
     host = rows["host µs, forward + backward, 16 tokens"]
     rows["device µs, forward + backward, 16 tokens"] = {c: device_us(train(m, small), 10, host[c]) for c, m in modules.items()}
     rows["device µs, forward + backward, 8192 tokens"] = {c: device_us(train(m, large), 5, 20000) for c, m in modules.items()}

@@ -96,7 +96,7 @@ class DropoutMlp(torch.nn.Module):
         self._modules["3"].weight = torch.nn.Parameter(torch.empty((256, 512), device=device, dtype=dtype))
         self._modules["3"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of at most 256 rows on CUDA replay a graph captured per input shape
+        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("DropoutMlp", inputs=2)
 
     def reset_parameters(self):

@@ -116,7 +116,7 @@ class ElementwiseChain(torch.nn.Module):
         self.add_module("16", torch.nn.Module())
         self._modules["16"].weight = torch.nn.Parameter(torch.empty((768,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of at most 256 rows on CUDA replay a graph captured per input shape
+        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("ElementwiseChain", inputs=4)
 
     def reset_parameters(self):

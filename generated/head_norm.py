@@ -94,7 +94,7 @@ class HeadNorm(torch.nn.Module):
         self.add_module("2", torch.nn.Module())
         self._modules["2"].weight = torch.nn.Parameter(torch.empty((64,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of at most 256 rows on CUDA replay a graph captured per input shape
+        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("HeadNorm", inputs=1)
 
     def reset_parameters(self):

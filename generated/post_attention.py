@@ -80,7 +80,7 @@ class PostAttention(torch.nn.Module):
         self._modules["4"].weight = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
         self._modules["4"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of at most 256 rows on CUDA replay a graph captured per input shape
+        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("PostAttention", inputs=2)
 
     def reset_parameters(self):

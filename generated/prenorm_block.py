@@ -84,7 +84,7 @@ class PrenormBlock(torch.nn.Module):
         self._modules["2"].weight = torch.nn.Parameter(torch.empty((4096, 4096), device=device, dtype=dtype))
         self._modules["2"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of at most 256 rows on CUDA replay a graph captured per input shape
+        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("PrenormBlock", inputs=2)
 
     def reset_parameters(self):
