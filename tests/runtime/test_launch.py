@@ -169,6 +169,43 @@ def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
 
 
 @pytest.mark.cuda
+@needs_gpu
+def test_cuda_graph_in_training_mode_draws_new_dropout_masks_each_replay():
+    """Dropout(0.25) (dropout_any) in training mode, forward + backward captured once: each replay
+    draws a new mask (the key comes from PyTorch's generator, which a graph advances per replay),
+    and within a replay the backward applies the forward's mask: y = x m / 0.75, dx = dy m / 0.75."""
+    module = _module("DropoutAny").train()
+    gen = torch.Generator().manual_seed(21)
+    static = torch.randn(64, 256, generator=gen).cuda().requires_grad_()
+    dy = torch.randn(64, 256, generator=gen).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        for _ in range(2):
+            module(static).backward(dy)
+    torch.cuda.current_stream().wait_stream(side)
+    static.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = module(static)
+        y.backward(dy)
+    masks = []
+    for _ in range(3):
+        x = torch.randn(64, 256, generator=gen).cuda()
+        with torch.no_grad():
+            static.copy_(x)
+        static.grad.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        kept = y != 0
+        masks.append(kept.clone())
+        torch.testing.assert_close(y, torch.where(kept, x / 0.75, 0.0), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(static.grad, torch.where(kept, dy / 0.75, 0.0), rtol=1e-6, atol=1e-6)
+        assert 0.15 < 1 - kept.float().mean().item() < 0.35
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+
+
+@pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_two_devices_each_get_their_own_functions():
     """The same module on cuda:0 and cuda:1, called alternately from one thread (whichever device
