@@ -70,6 +70,24 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     return y, residual_out, mean, rstd
 
 
+def add_layernorm_zc_eps1em06_fwd_h768_no_grad(x, residual, gamma, beta, keep_sum):
+    """residual add + LayerNorm(768, eps=1e-06, zero_centered_gamma=True), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows), x.get_device())
+        return (y, residual_out) if keep_sum else y
+    y, residual_out = add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta)[:2]  # CPU and torch.compile: the whole launcher
+    return (y, residual_out) if keep_sum else y
+
+
 _ADD_RMSNORM_FWD_H256 = Kernel("add_rmsnorm_fwd_h256", "ppppppppi")
 _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
@@ -92,6 +110,24 @@ def add_rmsnorm_fwd_h256(x, residual, gamma):
     x = residual_out
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, residual_out, rstd
+
+
+def add_rmsnorm_fwd_h256_no_grad(x, residual, gamma, keep_sum):
+    """residual add + RMSNorm(256), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_RMSNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows), x.get_device())
+        return (y, residual_out) if keep_sum else y
+    y, residual_out = add_rmsnorm_fwd_h256(x, residual, gamma)[:2]  # CPU and torch.compile: the whole launcher
+    return (y, residual_out) if keep_sum else y
 
 
 _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel("add_scale0p5_tee_qgelu_bwd_any_from_add", "pppppii")
@@ -512,6 +548,25 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     x = residual_out
     y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, residual_out, mean, rstd
+
+
+def bias_dropout0p1_add_layernorm_fwd_h256_no_grad(x, bias0, seed1, residual, gamma, beta, keep_sum):
+    """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows), x.get_device())
+        return (y, residual_out) if keep_sum else y
+    y, residual_out = bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta)[:2]  # CPU and torch.compile: the whole launcher
+    return (y, residual_out) if keep_sum else y
 
 
 _BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256", "ppppi")
@@ -1730,6 +1785,20 @@ def l2norm_eps1em05_fwd_h256(x):
     return y, rstd
 
 
+def l2norm_eps1em05_fwd_h256_no_grad(x):
+    """L2Normalization(eps=1e-05), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _L2NORM_EPS1EM05_FWD_H256.launch(x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, 0, 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return l2norm_eps1em05_fwd_h256(x)[0]  # CPU and torch.compile: the whole launcher
+
+
 _LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024", "ppppppppi")
 _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
@@ -1825,6 +1894,20 @@ def layernorm_fwd_h1024(x, gamma, beta):
     return y, mean, rstd
 
 
+def layernorm_fwd_h1024_no_grad(x, gamma, beta):
+    """LayerNorm(1024), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _LAYERNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return layernorm_fwd_h1024(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
+
+
 _LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096", "ppppppppi")
 _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
 
@@ -1844,6 +1927,20 @@ def layernorm_fwd_h4096(x, gamma, beta):
         return y, mean, rstd
     y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, mean, rstd
+
+
+def layernorm_fwd_h4096_no_grad(x, gamma, beta):
+    """LayerNorm(4096), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _LAYERNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return layernorm_fwd_h4096(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_bwd_h768_add_dresidual", "ppppppppi")
@@ -2128,6 +2225,20 @@ def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     return y, rstd
 
 
+def rmsnorm_dropout0p3_fwd_h256_no_grad(x, seed1, gamma):
+    """RMSNorm(256) + Dropout(0.3), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_DROPOUT0P3_FWD_H256.launch(x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), pointer(seed1), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma)[0]  # CPU and torch.compile: the whole launcher
+
+
 _RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024", "ppppppppi")
 _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
@@ -2146,6 +2257,20 @@ def rmsnorm_fwd_h1024(x, gamma):
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
+
+
+def rmsnorm_fwd_h1024_no_grad(x, gamma):
+    """RMSNorm(1024), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_fwd_h1024(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
 _RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096", "ppppppppi")
@@ -2168,6 +2293,20 @@ def rmsnorm_fwd_h4096(x, gamma):
     return y, rstd
 
 
+def rmsnorm_fwd_h4096_no_grad(x, gamma):
+    """RMSNorm(4096), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_fwd_h4096(x, gamma)[0]  # CPU and torch.compile: the whole launcher
+
+
 _RMSNORM_FWD_H64 = Kernel("rmsnorm_fwd_h64", "ppppppppi")
 _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
@@ -2186,6 +2325,20 @@ def rmsnorm_fwd_h64(x, gamma):
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
+
+
+def rmsnorm_fwd_h64_no_grad(x, gamma):
+    """RMSNorm(64), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H64.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_fwd_h64(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
 _RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768", "ppppppppi")
@@ -2230,6 +2383,20 @@ def rmsnorm_zc_fwd_h768(x, gamma):
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, True)
     return y, rstd
+
+
+def rmsnorm_zc_fwd_h768_no_grad(x, gamma):
+    """RMSNorm(768, zero_centered_gamma=True), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_ZC_FWD_H768.launch(x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_zc_fwd_h768(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
 _SILU_BWD_ANY = Kernel("silu_bwd_any", "pppii")

@@ -61,7 +61,7 @@ def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear1_weight, linea
     nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
     "Without grad")."""
     # no-grad stage 0 · rule norm · LayerNorm(1024)
-    layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(x, layernorm0_weight, layernorm0_bias)
+    layernorm0_out = kernels.layernorm_fwd_h1024_no_grad(x, layernorm0_weight, layernorm0_bias)
     # no-grad stage 1 · rule linear_bias_gelu · BasicLinear(1024, 4096), Bias(4096), GELU()
     gelu2_out = ref.addmm_gelu(linear1_bias, layernorm0_out, linear1_weight)
     # no-grad stage 2 · rule linear_bias · BasicLinear(4096, 1024), Bias(1024)

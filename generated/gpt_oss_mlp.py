@@ -60,7 +60,7 @@ def no_grad_forward(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_we
     """The forward of `gpt_oss_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule norm · RMSNorm(1024)
-    rmsnorm0_out, rmsnorm0_rstd = kernels.rmsnorm_fwd_h1024(x, rmsnorm0_weight)
+    rmsnorm0_out = kernels.rmsnorm_fwd_h1024_no_grad(x, rmsnorm0_weight)
     # no-grad stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
     linear1_out = torch.addmm(linear1_bias, rmsnorm0_out, linear1_weight.t())
     # no-grad stage 2 · rule elementwise · ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)

@@ -67,7 +67,7 @@ def no_grad_forward(x, linear0_weight, linear0_bias, rmsnorm2_weight):
     # no-grad stage 1 · rule reshape · Reshape((-1, 4, 64))
     reshape1_out = linear0_out.reshape(-1, 64)
     # no-grad stage 2 · rule norm · RMSNorm(64)
-    rmsnorm2_out, rmsnorm2_rstd = kernels.rmsnorm_fwd_h64(reshape1_out, rmsnorm2_weight)
+    rmsnorm2_out = kernels.rmsnorm_fwd_h64_no_grad(reshape1_out, rmsnorm2_weight)
     # no-grad stage 3 · rule reshape · Reshape((-1, 256))
     reshape3_out = rmsnorm2_out.reshape(-1, 256)
     # no-grad stage 4 · rule elementwise · GELU()

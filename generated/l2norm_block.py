@@ -59,7 +59,7 @@ def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bia
     # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
     # no-grad stage 1 · rule l2_normalization · L2Normalization(eps=1e-05)
-    l2normalization1_out, l2normalization1_rstd = kernels.l2norm_eps1em05_fwd_h256(linear0_out)
+    l2normalization1_out = kernels.l2norm_eps1em05_fwd_h256_no_grad(linear0_out)
     # no-grad stage 2 · rule linear_bias · BasicLinear(256, 256), Bias(256)
     linear2_out = torch.addmm(linear2_bias, l2normalization1_out, linear2_weight.t())
     return linear2_out

@@ -53,7 +53,7 @@ def no_grad_forward(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule norm_dropout · RMSNorm(256), Dropout(0.3)
     dropout1_seed = ref.new_seed(x) if training else None
-    dropout1_out, rmsnorm0_rstd = kernels.rmsnorm_dropout0p3_fwd_h256(x, dropout1_seed, rmsnorm0_weight)
+    dropout1_out = kernels.rmsnorm_dropout0p3_fwd_h256_no_grad(x, dropout1_seed, rmsnorm0_weight)
     # no-grad stage 1 · rule linear_bias · BasicLinear(256, 512), Bias(512)
     linear2_out = torch.addmm(linear2_bias, dropout1_out, linear2_weight.t())
     return linear2_out

@@ -56,7 +56,7 @@ def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias, layernorm4_we
     linear0_pre_bias = x.mm(linear0_weight.t())
     # no-grad stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(), MakeExtraOutput(), LayerNorm(256)
     dropout1_seed = ref.new_seed(linear0_pre_bias) if training else None
-    layernorm4_out, extra_output0, layernorm4_mean, layernorm4_rstd = kernels.bias_dropout0p1_add_layernorm_fwd_h256(linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight, layernorm4_bias)
+    layernorm4_out, extra_output0 = kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight, layernorm4_bias, keep_sum=True)
     return layernorm4_out, extra_output0
 
 

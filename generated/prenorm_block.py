@@ -57,7 +57,7 @@ def no_grad_forward(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bi
     # no-grad stage 0 · rule elementwise · MakeExtraOutput() · no kernel
     extra_output0 = x
     # no-grad stage 1 · rule norm · RMSNorm(4096)
-    rmsnorm1_out, rmsnorm1_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm1_weight)
+    rmsnorm1_out = kernels.rmsnorm_fwd_h4096_no_grad(x, rmsnorm1_weight)
     # no-grad stage 2 · rule linear_bias · BasicLinear(4096, 4096), Bias(4096)
     linear2_out = torch.addmm(linear2_bias, rmsnorm1_out, linear2_weight.t())
     # no-grad stage 3 · rule elementwise · AddExtraInput()

@@ -43,7 +43,7 @@ def no_grad_forward(x, extra_input0, rmsnorm1_weight):
     """The forward of `prenorm_in_place` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule add_norm · AddExtraInput(in_place=True), MakeExtraOutput(), RMSNorm(256)
-    rmsnorm1_out, new_extra_input0, rmsnorm1_rstd = kernels.add_rmsnorm_fwd_h256(x, extra_input0, rmsnorm1_weight)
+    rmsnorm1_out, new_extra_input0 = kernels.add_rmsnorm_fwd_h256_no_grad(x, extra_input0, rmsnorm1_weight, keep_sum=True)
     return rmsnorm1_out, new_extra_input0
 
 

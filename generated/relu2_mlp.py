@@ -60,7 +60,7 @@ def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear1_weight, linea
     """The forward of `relu2_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule norm · LayerNorm(1024)
-    layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(x, layernorm0_weight, layernorm0_bias)
+    layernorm0_out = kernels.layernorm_fwd_h1024_no_grad(x, layernorm0_weight, layernorm0_bias)
     # no-grad stage 1 · rule linear_bias · BasicLinear(1024, 2048), Bias(2048)
     linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
     # no-grad stage 2 · rule elementwise · SReLU()

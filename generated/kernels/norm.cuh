@@ -36,7 +36,8 @@ struct NoOps {
 // A norm forward, optionally with elementwise ops applied to x first (a Prologue: Bias, Dropout,
 // ... before the residual add) and a residual added: h = prologue(x) [+ r], rounded to T, is
 // written to residual_out whenever it differs from x (the residual stream, and what the backward
-// reads); and with elementwise ops applied to the normalized row before it is stored (an
+// reads; a null residual_out: a forward without autograd whose caller does not want it; mean and
+// rstd likewise); and with elementwise ops applied to the normalized row before it is stored (an
 // Epilogue: Dropout, ...). Both are functors over one fp32 vector of a row, given its offset in
 // the row-major [rows, H] tensor, its column and its row.
 enum class Norm { RMS, LAYER, L2 };  // L2: rstd = rsqrt(sum(x^2) + eps) (no mean), no gamma
@@ -69,7 +70,7 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
       if (RESIDUAL) load<T, VEC>(residual + base + Tile::col(i), r);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) h[i][k] = to_float<T>(from_float<T>(RESIDUAL ? h[i][k] + r[k] : h[i][k]));
-      store<T, VEC>(residual_out + base + Tile::col(i), h[i]);
+      if (residual_out != nullptr) store<T, VEC>(residual_out + base + Tile::col(i), h[i]);
     }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) sum += LAYERNORM ? h[i][k] : h[i][k] * h[i][k];
@@ -89,7 +90,7 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
   } else {
     inv = rsqrtf((KIND == Norm::L2 ? sum : sum / H) + eps);
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && rstd != nullptr) {  // null: a forward without autograd, nothing reads them
     if (LAYERNORM) mean[row] = mu;
     rstd[row] = inv;
   }

@@ -192,12 +192,16 @@ class NormStage(StageImpl):
         args = [x_in] + [names[o] for o in spec.operands] + ([extra_input_name(add)] if add else [])
         args += [param_name(norm, attr) for attr in _params(norm)]
         results = [out]
-        if spec.ctx["writes_h"]:
+        if spec.ctx["writes_h"] and (meo or em.saving):  # the sum: an extra output, or read by the backward
             summed = extra_output_name(meo) if meo else value_name(p, norm.index)
             em.values[norm.index] = summed
             results.append(summed)
         elif meo:  # nothing before it changes x: the extra output is x itself
             em.alias(block, extra_output_name(meo), x_in)
+        if not em.saving:  # no backward: neither the statistics nor a sum no one returns are written
+            keep = [f"keep_sum={bool(meo)}"] if spec.ctx["writes_h"] else []
+            block.lines.append(f"{', '.join(results)} = kernels.{spec.name}_no_grad({', '.join(args + keep)})")
+            return out
         if spec.ctx["layernorm"]:
             results.append(f"{norm.hint}_mean")
         results.append(f"{norm.hint}_rstd")

@@ -85,6 +85,8 @@ def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, dtype, rows):
         stats = (rstd,)
     assert_close("rstd", rstd, torch.rsqrt(var + 1e-5), torch.float32)
     assert_close("y", y, ref, dtype)
+    # the launcher for a forward without autograd: the same y, no statistics written
+    assert torch.equal(getattr(K(), fwd + "_no_grad")(x, w, *((b,) if layernorm else ())), y)
     ref.backward(dy.double())
     grads = getattr(K(), bwd)(dy, x, *stats, w, *((d_res,) if dres else ()))
     assert_close("dx", grads[0], x64.grad + (d_res.double() if dres else 0), dtype)
@@ -334,3 +336,17 @@ def test_double_backward_on_cuda_raises(name):
     torch.testing.assert_close(grad, plain, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="second derivatives .* are not supported"):
         torch.autograd.grad(grad.sum(), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_add_norm_without_autograd_writes_the_sum_only_when_kept(dtype):
+    """add_rmsnorm_fwd_h256_no_grad: y equal to the whole launcher's; the sum h returned with
+    keep_sum, and never written without it (a null pointer the kernel must not store through)."""
+    gen = torch.Generator().manual_seed(5)
+    x, r = randn(77, 256, dtype=dtype, gen=gen), randn(77, 256, dtype=dtype, gen=gen)
+    w = randn(256, dtype=dtype, gen=gen)
+    y, h, rstd = K().add_rmsnorm_fwd_h256(x, r, w)
+    assert torch.equal(K().add_rmsnorm_fwd_h256_no_grad(x, r, w, keep_sum=False), y)
+    y_kept, h_kept = K().add_rmsnorm_fwd_h256_no_grad(x, r, w, keep_sum=True)
+    assert torch.equal(y_kept, y) and torch.equal(h_kept, h)
+    torch.cuda.synchronize()  # a store through the null pointer would fail here
