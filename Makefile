@@ -45,8 +45,9 @@ test: $(SETUP)  ## CPU tests (no GPU needed)
 test-gpu:  ## GPU tests; needs only torch and cuda-bindings (run on a CUDA machine)
 	$(PYTHON) -m pytest -q -m cuda tests
 
-bench:  ## GPU benchmarks
-	$(PYTHON) bench/bench_pipelines.py
+bench: $(SETUP)  ## GPU: fusegen's kernels against eager PyTorch, torch.compile and Liger-Kernel over a sweep of sizes (bench/results/<gpu>.md)
+	cd bench && $(CURDIR)/$(VENV)/bin/fusegen generate
+	$(PY) bench/bench_kernels.py
 
 clean:
 	rm -rf $(VENV) .venv-notorch *.egg-info .pytest_cache
