@@ -2,7 +2,7 @@
 
     fusegen generate            compile the specs named in [tool.fusegen] of the nearest pyproject.toml
     fusegen generate a.py b.py --out pkg/generated
-    fusegen generate --check    exit 1 and name the files if the output package is stale
+    fusegen generate --check    exit 1 and show a diff if the output package is stale
     fusegen plan specs/x.py     print the fusion plans of a spec file, compile nothing
     fusegen ops                 list every op a spec can use (the plugins' of [tool.fusegen] included)
 
@@ -29,6 +29,7 @@ from . import build, output, plugins
 from . import config as cfg
 from . import progress as prog
 from .errors import SpecError, ToolchainError, UsageError
+from .staleness import staleness
 
 EXIT_STALE, EXIT_USER, EXIT_TOOLCHAIN, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 70, 130
 
@@ -75,12 +76,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # Build against the checked-in package: binaries it already holds are reused only when
         # their source, options, NVRTC version and sha256 all match its MANIFEST.json.
         files = build.build_package(config, report)
-        stale = output.stale_files(files, out)
-        if stale:
-            print(f"fusegen: {where} is stale; run {regenerate_command(args, config)} and commit the result. "
-                  "Files:", file=sys.stderr)
-            for rel in stale:
-                print(f"  {where}/{rel}", file=sys.stderr)
+        found = staleness(files, out, where)
+        if found.stale:
+            for line in found.report(where):  # the diff on stdout, for a reviewer or `| less`
+                print(line)
+            print(f"fusegen: {where} is stale: {found.summary()}; run {regenerate_command(args, config)} "
+                  "and commit the result", file=sys.stderr)
             return EXIT_STALE
         print(f"fusegen: {where} is up to date ({len(files)} files)", file=sys.stderr)
         return 0

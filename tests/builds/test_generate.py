@@ -1,6 +1,7 @@
 """The generate command: determinism, totality, the stale-output gate, and the output package
 standing alone (imports without libcst and jinja2; state_dict compatible with the eager Sequential)."""
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -48,8 +49,16 @@ def test_generate_is_total_and_check_names_stale_files(tmp_path, capsys):
     (config.out / "block.py").write_text("# edited by hand\n")
     (config.out / "kernels" / "gelu_fwd_n128_fp32.cu").unlink()
     assert cli.main(args + ["--check"]) == 1
-    err = capsys.readouterr().err
-    assert "block.py" in err and "gelu_fwd_n128_fp32.cu" in err and "notes.txt" not in err
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
+    # a unified diff of each stale text file on stdout: the hand edit undone, the missing file whole
+    label = str(config.out).lstrip("/")
+    assert f"--- a/{label}/block.py\n+++ b/{label}/block.py\n" in out
+    assert "\n-# edited by hand\n" in out and '\n+"""Pipeline `block` from ' in out
+    assert f"--- /dev/null\n+++ b/{label}/kernels/gelu_fwd_n128_fp32.cu\n" in out
+    assert "notes.txt" not in out + err
+    # one summary line on stderr
+    assert "is stale: 2 text files differ (+" in err and "0 binaries, 0 to remove" in err
     assert f"run `fusegen generate {tmp_path / 'small.py'} --out {config.out}" in err
     assert cli.main(args) == 0
     assert cli.main(args + ["--check"]) == 0
@@ -57,7 +66,9 @@ def test_generate_is_total_and_check_names_stale_files(tmp_path, capsys):
     # Dropping GELU from the spec: its kernel files, which the manifest lists, go; the user's file stays.
     (tmp_path / "small.py").write_text(SMALL_SPEC.replace(", GELU())", ")"))
     assert cli.main(args + ["--check"]) == 1
-    assert "gelu_fwd_n128_fp32.sm_90.cubin" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert f"remove {config.out}/kernels/gelu_fwd_n128_fp32.sm_90.cubin (fusegen no longer makes it)" in captured.out
+    assert ", 4 to remove; run `fusegen generate" in captured.err  # GELU's forward and backward kernels: a .cu and a cubin each
     assert cli.main(args) == 0
     assert not list(config.out.glob("kernels/gelu_*"))
     assert (config.out / "notes.txt").read_text() == "the user's own file\n"
@@ -125,3 +136,21 @@ def test_state_dict_round_trip_with_eager_sequential():
         want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
         for w, g in zip(want, got):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
+
+
+def test_check_shows_binaries_by_hash_and_cuts_long_diffs(tmp_path, capsys):
+    config = small_config(tmp_path)
+    output.write_package(build.build_package(config), config.out)
+    args = ["generate", str(tmp_path / "small.py"), "--out", str(config.out), "--archs", "sm_90", "--dtypes", "float32"]
+    cubin = config.out / "kernels" / "gelu_fwd_n128_fp32.sm_90.cubin"
+    cubin.write_bytes(b"damaged")
+    lines = (config.out / "block.py").read_text().splitlines()
+    (config.out / "block.py").write_text("\n".join(f"# {i}" for i in range(200)) + "\n")  # a long diff
+    assert cli.main(args + ["--check"]) == 1
+    captured = capsys.readouterr()
+    sha = hashlib.sha256(b"damaged").hexdigest()[:12]
+    assert f"binary {config.out}/kernels/gelu_fwd_n128_fp32.sm_90.cubin: sha256 {sha} -> sha256 " in captured.out
+    assert f"more lines of {config.out}/block.py left out" in captured.out
+    assert len(captured.out.splitlines()) < 80
+    assert "1 text file differs (+" in captured.err
+    assert f"(+{len(lines)} -200 lines)" in captured.err and "1 binary, 0 to remove" in captured.err
