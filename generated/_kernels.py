@@ -30,7 +30,7 @@ _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def add_fwd_n4096(x, extra_in0):
     """AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.add_fwd_n4096(x, extra_in0)
+        return torch.ops.fusegen.add_fwd_n4096_4c3eac50(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -52,7 +52,7 @@ _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16
 def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     """residual add + LayerNorm(768, eps=1e-06, zero_centered_gamma=True): returns (y, residual_out, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta)
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_c0e71437(x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -95,7 +95,7 @@ _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.fl
 def add_rmsnorm_fwd_h256(x, residual, gamma):
     """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.add_rmsnorm_fwd_h256(x, residual, gamma)
+        return torch.ops.fusegen.add_rmsnorm_fwd_h256_6b0f34ed(x, residual, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -137,7 +137,7 @@ _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC = {torch.bfloat16: 8, torch.float16
 def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88(dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -170,7 +170,7 @@ _ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torc
 def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU(), any width: returns y, extra_out2."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.add_scale0p5_tee_qgelu_fwd_any(x, extra_in0)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_5c28ba93(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -197,7 +197,7 @@ _ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_bwd_n256(dy, d_extra_out1):
     """AddExtraInput(), MakeExtraOutput() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.add_tee_bwd_n256(dy, d_extra_out1)
+        return torch.ops.fusegen.add_tee_bwd_n256_50ad9185(dy, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -220,7 +220,7 @@ _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_fwd_n256(x, extra_in0):
     """AddExtraInput(), MakeExtraOutput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.add_tee_fwd_n256(x, extra_in0)
+        return torch.ops.fusegen.add_tee_fwd_n256_4a074098(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -242,7 +242,7 @@ _BIAS_ADD_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_add_bwd_n4096(dy)
+        return torch.ops.fusegen.bias_add_bwd_n4096_0ef6dc53(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -268,7 +268,7 @@ _BIAS_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.floa
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_add_tee_bwd_n256(dy, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_bwd_n256_af18874e(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -298,7 +298,7 @@ _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a(dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -336,7 +336,7 @@ _BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU(): returns y, extra_out2."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1)
+        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_f38cb7cc(x, bias0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -363,7 +363,7 @@ _BIAS_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n1024(dy)
+        return torch.ops.fusegen.bias_bwd_n1024_92d8b005(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -389,7 +389,7 @@ _BIAS_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n256(dy)
+        return torch.ops.fusegen.bias_bwd_n256_c0ced112(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -415,7 +415,7 @@ _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n4096(dy)
+        return torch.ops.fusegen.bias_bwd_n4096_f1f57d30(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -441,7 +441,7 @@ _BIAS_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_bwd_n512(dy)
+        return torch.ops.fusegen.bias_bwd_n512_56b9eb81(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -467,7 +467,7 @@ _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch
 def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     """Bias(4096), ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x)
+        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_76150a98(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -499,7 +499,7 @@ _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, tor
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p1_add_bwd_n256(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_b13e2d50(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -528,7 +528,7 @@ _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.flo
 def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta):
     """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256): returns (y, residual_out, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta)
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_242787d6(x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -576,7 +576,7 @@ _BIAS_DROPOUT0P1_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p1_bwd_n256(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_d59d5cf3(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -605,7 +605,7 @@ _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {torch.bfloat16: 1, to
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1)
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a(dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -639,7 +639,7 @@ _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float3
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_gelu_bwd_n4096(dy, x)
+        return torch.ops.fusegen.bias_gelu_bwd_n4096_84ea5a27(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -671,7 +671,7 @@ _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, to
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_gelu_dropout0p1_bwd_n512(dy, x, seed2)
+        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_16326998(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -704,7 +704,7 @@ _BIAS_GLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32:
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_glu_bwd_n512(dy, x)
+        return torch.ops.fusegen.bias_glu_bwd_n512_3bb090d0(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -736,7 +736,7 @@ _BIAS_QGEGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_qgeglu_bwd_n512(dy, x)
+        return torch.ops.fusegen.bias_qgeglu_bwd_n512_e9d14dd3(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -768,7 +768,7 @@ _BIAS_QGELU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_qgelu_bwd_n512(dy, x)
+        return torch.ops.fusegen.bias_qgelu_bwd_n512_ea286e2c(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -800,7 +800,7 @@ _BIAS_REGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_reglu_bwd_n512(dy, x)
+        return torch.ops.fusegen.bias_reglu_bwd_n512_105264a8(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -832,7 +832,7 @@ _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X = {torch.bfloat16: 1, torch.float16: 1, t
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_relu_bwd_n512_from_output(dy, x)
+        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_66f3b1bf(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -864,7 +864,7 @@ _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X = {torch.bfloat16: 1, torc
 def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, extra_in8):
     """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, extra_in8)
+        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb(x, bias0, extra_in4, bias6, extra_in8)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -899,7 +899,7 @@ _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {torch.bfloat16: 1, to
 def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8):
     """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU() backward: returns dx, d_extra_in4, d_extra_in8, dbias0, dbias6."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -961,7 +961,7 @@ _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torc
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_scale2p0_gelu_bwd_n256(dy, x)
+        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_028f2a2c(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -994,7 +994,7 @@ _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, 
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_situglu_b2p0_c8p0_bwd_n512(dy, x)
+        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_3d1a71f3(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1026,7 +1026,7 @@ _BIAS_SREGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_sreglu_bwd_n512(dy, x)
+        return torch.ops.fusegen.bias_sreglu_bwd_n512_db5b5308(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1058,7 +1058,7 @@ _BIAS_SRELU_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_srelu_bwd_n2048(dy, x)
+        return torch.ops.fusegen.bias_srelu_bwd_n2048_9bbf8996(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1090,7 +1090,7 @@ _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, tor
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_srelu_rowscale_bwd_n512(dy, x, extra_in2)
+        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_0ced5e77(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1130,7 +1130,7 @@ _BIAS_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.f
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_swiglu_bwd_n14336(dy, x)
+        return torch.ops.fusegen.bias_swiglu_bwd_n14336_f13bcaf0(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1162,7 +1162,7 @@ _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.bias_swiglu_i32_bwd_n512(dy, x)
+        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_c32ce6f8(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1194,7 +1194,7 @@ _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l3p0_i16_bwd_any(dy, x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_2aa1c436(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1221,7 +1221,7 @@ _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_fwd_any(x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l3p0_i16_fwd_any(x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_4a3e7f85(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1243,7 +1243,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_ed8945de(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1278,7 +1278,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_1d20d1a5(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1302,7 +1302,7 @@ _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.floa
 def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
     """ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x)
+        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_70e3acb8(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1322,7 +1322,7 @@ _COLUMN_SUM_N1024 = Kernel("column_sum_n1024", "ppi")
 def column_sum_n1024(partials, dtype):
     """Sum fp32 partials [splits, 1024] over splits, in order, into a 1024-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n1024(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1024_ab4f52cc(partials, dtype)
     out = torch.empty(1024, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1024.launch(dtype, (4, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1335,7 +1335,7 @@ _COLUMN_SUM_N1536 = Kernel("column_sum_n1536", "ppi")
 def column_sum_n1536(partials, dtype):
     """Sum fp32 partials [splits, 1536] over splits, in order, into a 1536-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n1536(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1536_e6f60e52(partials, dtype)
     out = torch.empty(1536, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1536.launch(dtype, (6, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1348,7 +1348,7 @@ _COLUMN_SUM_N2048 = Kernel("column_sum_n2048", "ppi")
 def column_sum_n2048(partials, dtype):
     """Sum fp32 partials [splits, 2048] over splits, in order, into a 2048-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n2048(partials, dtype)
+        return torch.ops.fusegen.column_sum_n2048_c89ece65(partials, dtype)
     out = torch.empty(2048, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N2048.launch(dtype, (8, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1361,7 +1361,7 @@ _COLUMN_SUM_N256 = Kernel("column_sum_n256", "ppi")
 def column_sum_n256(partials, dtype):
     """Sum fp32 partials [splits, 256] over splits, in order, into a 256-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n256(partials, dtype)
+        return torch.ops.fusegen.column_sum_n256_b883f4c1(partials, dtype)
     out = torch.empty(256, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N256.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1374,7 +1374,7 @@ _COLUMN_SUM_N28672 = Kernel("column_sum_n28672", "ppi")
 def column_sum_n28672(partials, dtype):
     """Sum fp32 partials [splits, 28672] over splits, in order, into a 28672-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n28672(partials, dtype)
+        return torch.ops.fusegen.column_sum_n28672_5a31208b(partials, dtype)
     out = torch.empty(28672, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N28672.launch(dtype, (112, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1387,7 +1387,7 @@ _COLUMN_SUM_N4096 = Kernel("column_sum_n4096", "ppi")
 def column_sum_n4096(partials, dtype):
     """Sum fp32 partials [splits, 4096] over splits, in order, into a 4096-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n4096(partials, dtype)
+        return torch.ops.fusegen.column_sum_n4096_7dd6a65d(partials, dtype)
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1400,7 +1400,7 @@ _COLUMN_SUM_N512 = Kernel("column_sum_n512", "ppi")
 def column_sum_n512(partials, dtype):
     """Sum fp32 partials [splits, 512] over splits, in order, into a 512-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n512(partials, dtype)
+        return torch.ops.fusegen.column_sum_n512_f4d898cb(partials, dtype)
     out = torch.empty(512, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N512.launch(dtype, (2, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1413,7 +1413,7 @@ _COLUMN_SUM_N64 = Kernel("column_sum_n64", "ppi")
 def column_sum_n64(partials, dtype):
     """Sum fp32 partials [splits, 64] over splits, in order, into a 64-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n64(partials, dtype)
+        return torch.ops.fusegen.column_sum_n64_23e1553a(partials, dtype)
     out = torch.empty(64, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N64.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1426,7 +1426,7 @@ _COLUMN_SUM_N768 = Kernel("column_sum_n768", "ppi")
 def column_sum_n768(partials, dtype):
     """Sum fp32 partials [splits, 768] over splits, in order, into a 768-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n768(partials, dtype)
+        return torch.ops.fusegen.column_sum_n768_b232dad6(partials, dtype)
     out = torch.empty(768, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N768.launch(dtype, (3, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1439,7 +1439,7 @@ _COLUMN_SUM_N8192 = Kernel("column_sum_n8192", "ppi")
 def column_sum_n8192(partials, dtype):
     """Sum fp32 partials [splits, 8192] over splits, in order, into a 8192-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.column_sum_n8192(partials, dtype)
+        return torch.ops.fusegen.column_sum_n8192_2f41a15c(partials, dtype)
     out = torch.empty(8192, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N8192.launch(dtype, (32, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
@@ -1453,7 +1453,7 @@ _DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     """Dropout(0.1), AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.dropout0p1_add_fwd_n256(x, seed0, extra_in1)
+        return torch.ops.fusegen.dropout0p1_add_fwd_n256_79339ca0(x, seed0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1476,7 +1476,7 @@ _DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p1_fwd_n512(x, seed0):
     """Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.dropout0p1_fwd_n512(x, seed0)
+        return torch.ops.fusegen.dropout0p1_fwd_n512_62c1f754(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1497,7 +1497,7 @@ _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_bwd_any(dy, seed0):
     """Dropout(0.25) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.dropout0p25_bwd_any(dy, seed0)
+        return torch.ops.fusegen.dropout0p25_bwd_any_863ea65d(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1521,7 +1521,7 @@ _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_fwd_any(x, seed0):
     """Dropout(0.25), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.dropout0p25_fwd_any(x, seed0)
+        return torch.ops.fusegen.dropout0p25_fwd_any_35afb75e(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -1543,7 +1543,7 @@ _DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def dropout0p2_swiglu_fwd_n512(x, seed0):
     """Dropout(0.2), SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.dropout0p2_swiglu_fwd_n512(x, seed0)
+        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_89801ef7(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1565,7 +1565,7 @@ _DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p3_bwd_n256(dy, seed0):
     """Dropout(0.3) backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.dropout0p3_bwd_n256(dy, seed0)
+        return torch.ops.fusegen.dropout0p3_bwd_n256_f77d697d(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1587,7 +1587,7 @@ _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 def gelu_bwd_any(dy, x):
     """GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.gelu_bwd_any(dy, x)
+        return torch.ops.fusegen.gelu_bwd_any_823d7a4c(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1617,7 +1617,7 @@ _GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_bwd_n256(dy, x):
     """GELU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.gelu_bwd_n256(dy, x)
+        return torch.ops.fusegen.gelu_bwd_n256_67c50714(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1642,7 +1642,7 @@ _GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def gelu_dropout0p1_fwd_n512(x, seed1):
     """GELU(), Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.gelu_dropout0p1_fwd_n512(x, seed1)
+        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_28a8c5b5(x, seed1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1664,7 +1664,7 @@ _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 def gelu_fwd_any(x):
     """GELU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.gelu_fwd_any(x)
+        return torch.ops.fusegen.gelu_fwd_any_8b459d9b(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -1689,7 +1689,7 @@ _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_fwd_n256(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.gelu_fwd_n256(x)
+        return torch.ops.fusegen.gelu_fwd_n256_f4d20d9c(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1710,7 +1710,7 @@ _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def gelu_fwd_n4096(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.gelu_fwd_n4096(x)
+        return torch.ops.fusegen.gelu_fwd_n4096_89924a50(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1731,7 +1731,7 @@ _GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def glu_fwd_n512(x):
     """GLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.glu_fwd_n512(x)
+        return torch.ops.fusegen.glu_fwd_n512_61cc70a1(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1752,7 +1752,7 @@ _L2NORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def l2norm_bwd_h256(dy, x, rstd):
     """L2Normalization() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.l2norm_bwd_h256(dy, x, rstd)
+        return torch.ops.fusegen.l2norm_bwd_h256_6972db87(dy, x, rstd)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1772,7 +1772,7 @@ _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torc
 def l2norm_eps1em05_fwd_h256(x):
     """L2Normalization(eps=1e-05): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.l2norm_eps1em05_fwd_h256(x)
+        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_16b37aca(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1806,7 +1806,7 @@ _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.layernorm_bwd_h1024(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h1024_d821dc7d(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1830,7 +1830,7 @@ _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 
 def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     """LayerNorm(256) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual)
+        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_b0b59a41(dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1856,7 +1856,7 @@ _LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.f
 def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.layernorm_bwd_h4096(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h4096_24bb23dc(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1880,7 +1880,7 @@ _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.layernorm_fwd_h1024(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h1024_07d73aa7(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1915,7 +1915,7 @@ _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.f
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.layernorm_fwd_h4096(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h4096_d59c091d(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1950,7 +1950,7 @@ _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 96, torch.float1
 def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     """LayerNorm(768, zero_centered_gamma=True) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual)
+        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_f0e1454a(dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -1976,7 +1976,7 @@ _QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def qgeglu_fwd_n512(x):
     """QGEGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.qgeglu_fwd_n512(x)
+        return torch.ops.fusegen.qgeglu_fwd_n512_a33e0c07(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1997,7 +1997,7 @@ _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def qgelu_fwd_n512(x):
     """QGELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.qgelu_fwd_n512(x)
+        return torch.ops.fusegen.qgelu_fwd_n512_1291ca9b(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2018,7 +2018,7 @@ _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def reglu_fwd_n512(x):
     """ReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.reglu_fwd_n512(x)
+        return torch.ops.fusegen.reglu_fwd_n512_10f4f53d(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2039,7 +2039,7 @@ _RELU_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_bwd_n768(dy, x):
     """ReLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.relu_bwd_n768(dy, x)
+        return torch.ops.fusegen.relu_bwd_n768_e7611688(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2064,7 +2064,7 @@ _RELU_FWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_fwd_n768(x):
     """ReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.relu_fwd_n768(x)
+        return torch.ops.fusegen.relu_fwd_n768_439e8aea(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2085,7 +2085,7 @@ _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h1024(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h1024_10213f7b(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2109,7 +2109,7 @@ _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float3
 def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h256(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_dabd3451(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2133,7 +2133,7 @@ _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32
 def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     """RMSNorm(256) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_263590d5(dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2159,7 +2159,7 @@ _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 
 def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     """RMSNorm(4096) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual)
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_44f9d205(dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2185,7 +2185,7 @@ _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_bwd_h64(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h64_5c2e64cc(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2209,7 +2209,7 @@ _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, t
 def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma)
+        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_6de9eddd(x, seed1, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2246,7 +2246,7 @@ _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_fwd_h1024(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h1024_33d99d81(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2280,7 +2280,7 @@ _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.flo
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_fwd_h4096(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_9633dee9(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2314,7 +2314,7 @@ _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_fwd_h64(x, gamma):
     """RMSNorm(64): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_fwd_h64(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h64_e6902890(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2348,7 +2348,7 @@ _RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     """RMSNorm(768, zero_centered_gamma=True) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_zc_bwd_h768(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_d7407874(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2372,7 +2372,7 @@ _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.rmsnorm_zc_fwd_h768(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_f171d42d(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2406,7 +2406,7 @@ _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 def silu_bwd_any(dy, x):
     """SiLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.silu_bwd_any(dy, x)
+        return torch.ops.fusegen.silu_bwd_any_68c5a0cc(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2433,7 +2433,7 @@ _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # e
 def silu_fwd_any(x):
     """SiLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.silu_fwd_any(x)
+        return torch.ops.fusegen.silu_fwd_any_80bd341e(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2455,7 +2455,7 @@ _SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def situglu_b2p0_c8p0_fwd_n512(x):
     """SiTUGLU(beta1=2.0, beta2=8.0): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.situglu_b2p0_c8p0_fwd_n512(x)
+        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_34776c91(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2476,7 +2476,7 @@ _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_934176d8(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2511,7 +2511,7 @@ _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_3b22d164(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2535,7 +2535,7 @@ _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def sreglu_fwd_n512(x):
     """SReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.sreglu_fwd_n512(x)
+        return torch.ops.fusegen.sreglu_fwd_n512_a2343fff(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2556,7 +2556,7 @@ _SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4
 def srelu_fwd_n2048(x):
     """SReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.srelu_fwd_n2048(x)
+        return torch.ops.fusegen.srelu_fwd_n2048_21a4950f(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2577,7 +2577,7 @@ _SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def srelu_rowscale_fwd_n512(x, extra_in1):
     """SReLU(), RowScale(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.srelu_rowscale_fwd_n512(x, extra_in1)
+        return torch.ops.fusegen.srelu_rowscale_fwd_n512_1d8704d8(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2600,7 +2600,7 @@ _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  #
 def swiglu_bwd_any(dy, x):
     """SwiGLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_bwd_any(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_any_a902d3d6(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2630,7 +2630,7 @@ _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_bwd_n384(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_bwd_n384(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n384_12e0273a(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2655,7 +2655,7 @@ _SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_bwd_n4096(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_bwd_n4096(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n4096_cac29f53(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2680,7 +2680,7 @@ _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  #
 def swiglu_fwd_any(x):
     """SwiGLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_any(x)
+        return torch.ops.fusegen.swiglu_fwd_any_b29ccf1b(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2705,7 +2705,7 @@ _SWIGLU_FWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float3
 def swiglu_fwd_n14336(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_n14336(x)
+        return torch.ops.fusegen.swiglu_fwd_n14336_d5dfe6a9(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2726,7 +2726,7 @@ _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_fwd_n384(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_n384(x)
+        return torch.ops.fusegen.swiglu_fwd_n384_1c5ffbfb(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2747,7 +2747,7 @@ _SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_fwd_n4096(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_fwd_n4096(x)
+        return torch.ops.fusegen.swiglu_fwd_n4096_13d568c6(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2768,7 +2768,7 @@ _SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def swiglu_i32_fwd_n512(x):
     """SwiGLU(glu_interleave_size=32): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_i32_fwd_n512(x)
+        return torch.ops.fusegen.swiglu_i32_fwd_n512_198fd372(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2789,7 +2789,7 @@ _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_rowscale_bwd_any(dy, x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_bwd_any_11daa9e5(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2824,7 +2824,7 @@ _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_fwd_any(x, extra_in1):
     """SwiGLU(), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_rowscale_fwd_any(x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_fwd_any_b041c9a5(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2848,7 +2848,7 @@ _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_a4e10868(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2880,7 +2880,7 @@ _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_gelu_fwd_any(x)
+        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_c97c9345(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2905,7 +2905,7 @@ _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_6f60d005(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2935,7 +2935,7 @@ _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.swiglu_tee_scale0p5_fwd_any(x)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_822caa36(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2960,7 +2960,7 @@ _TEE_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.tee_bias_bwd_n64(dy, d_extra_out0)
+        return torch.ops.fusegen.tee_bias_bwd_n64_d5867cda(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2990,7 +2990,7 @@ _TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def tee_bias_fwd_n64(x, bias1):
     """MakeExtraOutput(), Bias(64): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen_86e42d1cd9d6.tee_bias_fwd_n64(x, bias1)
+        return torch.ops.fusegen.tee_bias_fwd_n64_66eaf523(x, bias1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3018,7 +3018,7 @@ _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: sw
 # opaque node per kernel. The op's implementation is the launcher itself; its fake (shapes and
 # dtypes, for tracing) is the launcher's reference path run on meta tensors. Outside compile the
 # launchers run directly and the ops cost nothing.
-_LIBRARY = torch.library.Library("fusegen_86e42d1cd9d6", "FRAGMENT")
+_LIBRARY = torch.library.Library("fusegen", "FRAGMENT")
 
 
 def _fake(launcher):
@@ -3044,120 +3044,120 @@ def _implementation(launcher):
 def _register(name, schema, launcher):
     try:
         _LIBRARY.define(name + schema)
-    except RuntimeError:  # defined by another copy of this package in the process: same kernels
+    except RuntimeError:  # defined by another package in the process: the same kernel (its sources' digest)
         return
     _LIBRARY.impl(name, _implementation(launcher), "CompositeExplicitAutograd")
     _LIBRARY.impl(name, _fake(launcher), "Meta")  # what tracing runs (cheaper to register than register_fake)
 
-_register("add_fwd_n4096", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
-_register("add_layernorm_zc_eps1em06_fwd_h768", "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", add_layernorm_zc_eps1em06_fwd_h768)
-_register("add_rmsnorm_fwd_h256", "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
-_register("add_scale0p5_tee_qgelu_bwd_any_from_add", "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor", add_scale0p5_tee_qgelu_bwd_any_from_add)
-_register("add_scale0p5_tee_qgelu_fwd_any", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)", add_scale0p5_tee_qgelu_fwd_any)
-_register("add_tee_bwd_n256", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
-_register("add_tee_fwd_n256", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
-_register("bias_add_bwd_n4096", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
-_register("bias_add_tee_bwd_n256", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_bwd_n256)
-_register("bias_add_tee_gelu_bwd_n256_from_bias", "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_gelu_bwd_n256_from_bias)
-_register("bias_add_tee_gelu_fwd_n256", "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
-_register("bias_bwd_n1024", "(Tensor dy) -> Tensor", bias_bwd_n1024)
-_register("bias_bwd_n256", "(Tensor dy) -> Tensor", bias_bwd_n256)
-_register("bias_bwd_n4096", "(Tensor dy) -> Tensor", bias_bwd_n4096)
-_register("bias_bwd_n512", "(Tensor dy) -> Tensor", bias_bwd_n512)
-_register("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
-_register("bias_dropout0p1_add_bwd_n256", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_add_bwd_n256)
-_register("bias_dropout0p1_add_layernorm_fwd_h256", "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", bias_dropout0p1_add_layernorm_fwd_h256)
-_register("bias_dropout0p1_bwd_n256", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_bwd_n256)
-_register("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
-_register("bias_gelu_bwd_n4096", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_gelu_bwd_n4096)
-_register("bias_gelu_dropout0p1_bwd_n512", "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
-_register("bias_glu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
-_register("bias_qgeglu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgeglu_bwd_n512)
-_register("bias_qgelu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgelu_bwd_n512)
-_register("bias_reglu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_reglu_bwd_n512)
-_register("bias_relu_bwd_n512_from_output", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_relu_bwd_n512_from_output)
-_register("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384", "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor)", bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
-_register("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
-_register("bias_scale2p0_gelu_bwd_n256", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_scale2p0_gelu_bwd_n256)
-_register("bias_situglu_b2p0_c8p0_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_situglu_b2p0_c8p0_bwd_n512)
-_register("bias_sreglu_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_sreglu_bwd_n512)
-_register("bias_srelu_bwd_n2048", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_srelu_bwd_n2048)
-_register("bias_srelu_rowscale_bwd_n512", "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)", bias_srelu_rowscale_bwd_n512)
-_register("bias_swiglu_bwd_n14336", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_bwd_n14336)
-_register("bias_swiglu_i32_bwd_n512", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_i32_bwd_n512)
-_register("clamped_swiglu_l3p0_i16_bwd_any", "(Tensor dy, Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_bwd_any)
-_register("clamped_swiglu_l3p0_i16_fwd_any", "(Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_fwd_any)
-_register("clamped_swiglu_l5p0_rowscale_bwd_any", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", clamped_swiglu_l5p0_rowscale_bwd_any)
-_register("clamped_swiglu_l5p0_rowscale_fwd_any", "(Tensor x, Tensor extra_in1) -> Tensor", clamped_swiglu_l5p0_rowscale_fwd_any)
-_register("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048", "(Tensor x) -> Tensor", clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
-_register("column_sum_n1024", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
-_register("column_sum_n1536", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
-_register("column_sum_n2048", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
-_register("column_sum_n256", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
-_register("column_sum_n28672", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28672)
-_register("column_sum_n4096", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
-_register("column_sum_n512", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
-_register("column_sum_n64", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
-_register("column_sum_n768", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
-_register("column_sum_n8192", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
-_register("dropout0p1_add_fwd_n256", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor", dropout0p1_add_fwd_n256)
-_register("dropout0p1_fwd_n512", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
-_register("dropout0p25_bwd_any", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
-_register("dropout0p25_fwd_any", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
-_register("dropout0p2_swiglu_fwd_n512", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p2_swiglu_fwd_n512)
-_register("dropout0p3_bwd_n256", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
-_register("gelu_bwd_any", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any)
-_register("gelu_bwd_n256", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256)
-_register("gelu_dropout0p1_fwd_n512", "(Tensor x, Tensor? seed1) -> Tensor", gelu_dropout0p1_fwd_n512)
-_register("gelu_fwd_any", "(Tensor x) -> Tensor", gelu_fwd_any)
-_register("gelu_fwd_n256", "(Tensor x) -> Tensor", gelu_fwd_n256)
-_register("gelu_fwd_n4096", "(Tensor x) -> Tensor", gelu_fwd_n4096)
-_register("glu_fwd_n512", "(Tensor x) -> Tensor", glu_fwd_n512)
-_register("l2norm_bwd_h256", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
-_register("l2norm_eps1em05_fwd_h256", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
-_register("layernorm_bwd_h1024", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h1024)
-_register("layernorm_bwd_h256_add_dresidual", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h256_add_dresidual)
-_register("layernorm_bwd_h4096", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h4096)
-_register("layernorm_fwd_h1024", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
-_register("layernorm_fwd_h4096", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
-_register("layernorm_zc_bwd_h768_add_dresidual", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_zc_bwd_h768_add_dresidual)
-_register("qgeglu_fwd_n512", "(Tensor x) -> Tensor", qgeglu_fwd_n512)
-_register("qgelu_fwd_n512", "(Tensor x) -> Tensor", qgelu_fwd_n512)
-_register("reglu_fwd_n512", "(Tensor x) -> Tensor", reglu_fwd_n512)
-_register("relu_bwd_n768", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
-_register("relu_fwd_n768", "(Tensor x) -> Tensor", relu_fwd_n768)
-_register("rmsnorm_bwd_h1024", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
-_register("rmsnorm_bwd_h256", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
-_register("rmsnorm_bwd_h256_add_dresidual", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h256_add_dresidual)
-_register("rmsnorm_bwd_h4096_add_dresidual", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h4096_add_dresidual)
-_register("rmsnorm_bwd_h64", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
-_register("rmsnorm_dropout0p3_fwd_h256", "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
-_register("rmsnorm_fwd_h1024", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
-_register("rmsnorm_fwd_h4096", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
-_register("rmsnorm_fwd_h64", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
-_register("rmsnorm_zc_bwd_h768", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
-_register("rmsnorm_zc_fwd_h768", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_fwd_h768)
-_register("silu_bwd_any", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
-_register("silu_fwd_any", "(Tensor x) -> Tensor", silu_fwd_any)
-_register("situglu_b2p0_c8p0_fwd_n512", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512)
-_register("situglu_b2p0_i32_rowscale_bwd_any", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", situglu_b2p0_i32_rowscale_bwd_any)
-_register("situglu_b2p0_i32_rowscale_fwd_any", "(Tensor x, Tensor extra_in1) -> Tensor", situglu_b2p0_i32_rowscale_fwd_any)
-_register("sreglu_fwd_n512", "(Tensor x) -> Tensor", sreglu_fwd_n512)
-_register("srelu_fwd_n2048", "(Tensor x) -> Tensor", srelu_fwd_n2048)
-_register("srelu_rowscale_fwd_n512", "(Tensor x, Tensor extra_in1) -> Tensor", srelu_rowscale_fwd_n512)
-_register("swiglu_bwd_any", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any)
-_register("swiglu_bwd_n384", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384)
-_register("swiglu_bwd_n4096", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096)
-_register("swiglu_fwd_any", "(Tensor x) -> Tensor", swiglu_fwd_any)
-_register("swiglu_fwd_n14336", "(Tensor x) -> Tensor", swiglu_fwd_n14336)
-_register("swiglu_fwd_n384", "(Tensor x) -> Tensor", swiglu_fwd_n384)
-_register("swiglu_fwd_n4096", "(Tensor x) -> Tensor", swiglu_fwd_n4096)
-_register("swiglu_i32_fwd_n512", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512)
-_register("swiglu_rowscale_bwd_any", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any)
-_register("swiglu_rowscale_fwd_any", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_rowscale_fwd_any)
-_register("swiglu_tee_gelu_bwd_any", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_gelu_bwd_any)
-_register("swiglu_tee_gelu_fwd_any", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
-_register("swiglu_tee_scale0p5_bwd_any", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_scale0p5_bwd_any)
-_register("swiglu_tee_scale0p5_fwd_any", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_scale0p5_fwd_any)
-_register("tee_bias_bwd_n64", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)", tee_bias_bwd_n64)
-_register("tee_bias_fwd_n64", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)
+_register("add_fwd_n4096_4c3eac50", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
+_register("add_layernorm_zc_eps1em06_fwd_h768_c0e71437", "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", add_layernorm_zc_eps1em06_fwd_h768)
+_register("add_rmsnorm_fwd_h256_6b0f34ed", "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
+_register("add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88", "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor", add_scale0p5_tee_qgelu_bwd_any_from_add)
+_register("add_scale0p5_tee_qgelu_fwd_any_5c28ba93", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)", add_scale0p5_tee_qgelu_fwd_any)
+_register("add_tee_bwd_n256_50ad9185", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
+_register("add_tee_fwd_n256_4a074098", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
+_register("bias_add_bwd_n4096_0ef6dc53", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
+_register("bias_add_tee_bwd_n256_af18874e", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_bwd_n256)
+_register("bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a", "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_gelu_bwd_n256_from_bias)
+_register("bias_add_tee_gelu_fwd_n256_f38cb7cc", "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
+_register("bias_bwd_n1024_92d8b005", "(Tensor dy) -> Tensor", bias_bwd_n1024)
+_register("bias_bwd_n256_c0ced112", "(Tensor dy) -> Tensor", bias_bwd_n256)
+_register("bias_bwd_n4096_f1f57d30", "(Tensor dy) -> Tensor", bias_bwd_n4096)
+_register("bias_bwd_n512_56b9eb81", "(Tensor dy) -> Tensor", bias_bwd_n512)
+_register("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_76150a98", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
+_register("bias_dropout0p1_add_bwd_n256_b13e2d50", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_add_bwd_n256)
+_register("bias_dropout0p1_add_layernorm_fwd_h256_242787d6", "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", bias_dropout0p1_add_layernorm_fwd_h256)
+_register("bias_dropout0p1_bwd_n256_d59d5cf3", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_bwd_n256)
+_register("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a", "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
+_register("bias_gelu_bwd_n4096_84ea5a27", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_gelu_bwd_n4096)
+_register("bias_gelu_dropout0p1_bwd_n512_16326998", "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
+_register("bias_glu_bwd_n512_3bb090d0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
+_register("bias_qgeglu_bwd_n512_e9d14dd3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgeglu_bwd_n512)
+_register("bias_qgelu_bwd_n512_ea286e2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgelu_bwd_n512)
+_register("bias_reglu_bwd_n512_105264a8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_reglu_bwd_n512)
+_register("bias_relu_bwd_n512_from_output_66f3b1bf", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_relu_bwd_n512_from_output)
+_register("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb", "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor)", bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
+_register("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c", "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
+_register("bias_scale2p0_gelu_bwd_n256_028f2a2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_scale2p0_gelu_bwd_n256)
+_register("bias_situglu_b2p0_c8p0_bwd_n512_3d1a71f3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_situglu_b2p0_c8p0_bwd_n512)
+_register("bias_sreglu_bwd_n512_db5b5308", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_sreglu_bwd_n512)
+_register("bias_srelu_bwd_n2048_9bbf8996", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_srelu_bwd_n2048)
+_register("bias_srelu_rowscale_bwd_n512_0ced5e77", "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)", bias_srelu_rowscale_bwd_n512)
+_register("bias_swiglu_bwd_n14336_f13bcaf0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_bwd_n14336)
+_register("bias_swiglu_i32_bwd_n512_c32ce6f8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_i32_bwd_n512)
+_register("clamped_swiglu_l3p0_i16_bwd_any_2aa1c436", "(Tensor dy, Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_bwd_any)
+_register("clamped_swiglu_l3p0_i16_fwd_any_4a3e7f85", "(Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_fwd_any)
+_register("clamped_swiglu_l5p0_rowscale_bwd_any_ed8945de", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", clamped_swiglu_l5p0_rowscale_bwd_any)
+_register("clamped_swiglu_l5p0_rowscale_fwd_any_1d20d1a5", "(Tensor x, Tensor extra_in1) -> Tensor", clamped_swiglu_l5p0_rowscale_fwd_any)
+_register("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_70e3acb8", "(Tensor x) -> Tensor", clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
+_register("column_sum_n1024_ab4f52cc", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
+_register("column_sum_n1536_e6f60e52", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
+_register("column_sum_n2048_c89ece65", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
+_register("column_sum_n256_b883f4c1", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
+_register("column_sum_n28672_5a31208b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28672)
+_register("column_sum_n4096_7dd6a65d", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
+_register("column_sum_n512_f4d898cb", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
+_register("column_sum_n64_23e1553a", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
+_register("column_sum_n768_b232dad6", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
+_register("column_sum_n8192_2f41a15c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
+_register("dropout0p1_add_fwd_n256_79339ca0", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor", dropout0p1_add_fwd_n256)
+_register("dropout0p1_fwd_n512_62c1f754", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
+_register("dropout0p25_bwd_any_863ea65d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
+_register("dropout0p25_fwd_any_35afb75e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
+_register("dropout0p2_swiglu_fwd_n512_89801ef7", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p2_swiglu_fwd_n512)
+_register("dropout0p3_bwd_n256_f77d697d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
+_register("gelu_bwd_any_823d7a4c", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any)
+_register("gelu_bwd_n256_67c50714", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256)
+_register("gelu_dropout0p1_fwd_n512_28a8c5b5", "(Tensor x, Tensor? seed1) -> Tensor", gelu_dropout0p1_fwd_n512)
+_register("gelu_fwd_any_8b459d9b", "(Tensor x) -> Tensor", gelu_fwd_any)
+_register("gelu_fwd_n256_f4d20d9c", "(Tensor x) -> Tensor", gelu_fwd_n256)
+_register("gelu_fwd_n4096_89924a50", "(Tensor x) -> Tensor", gelu_fwd_n4096)
+_register("glu_fwd_n512_61cc70a1", "(Tensor x) -> Tensor", glu_fwd_n512)
+_register("l2norm_bwd_h256_6972db87", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
+_register("l2norm_eps1em05_fwd_h256_16b37aca", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
+_register("layernorm_bwd_h1024_d821dc7d", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h1024)
+_register("layernorm_bwd_h256_add_dresidual_b0b59a41", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h256_add_dresidual)
+_register("layernorm_bwd_h4096_24bb23dc", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h4096)
+_register("layernorm_fwd_h1024_07d73aa7", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
+_register("layernorm_fwd_h4096_d59c091d", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
+_register("layernorm_zc_bwd_h768_add_dresidual_f0e1454a", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_zc_bwd_h768_add_dresidual)
+_register("qgeglu_fwd_n512_a33e0c07", "(Tensor x) -> Tensor", qgeglu_fwd_n512)
+_register("qgelu_fwd_n512_1291ca9b", "(Tensor x) -> Tensor", qgelu_fwd_n512)
+_register("reglu_fwd_n512_10f4f53d", "(Tensor x) -> Tensor", reglu_fwd_n512)
+_register("relu_bwd_n768_e7611688", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
+_register("relu_fwd_n768_439e8aea", "(Tensor x) -> Tensor", relu_fwd_n768)
+_register("rmsnorm_bwd_h1024_10213f7b", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
+_register("rmsnorm_bwd_h256_dabd3451", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
+_register("rmsnorm_bwd_h256_add_dresidual_263590d5", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h256_add_dresidual)
+_register("rmsnorm_bwd_h4096_add_dresidual_44f9d205", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h4096_add_dresidual)
+_register("rmsnorm_bwd_h64_5c2e64cc", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
+_register("rmsnorm_dropout0p3_fwd_h256_6de9eddd", "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
+_register("rmsnorm_fwd_h1024_33d99d81", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
+_register("rmsnorm_fwd_h4096_9633dee9", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
+_register("rmsnorm_fwd_h64_e6902890", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
+_register("rmsnorm_zc_bwd_h768_d7407874", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
+_register("rmsnorm_zc_fwd_h768_f171d42d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_fwd_h768)
+_register("silu_bwd_any_68c5a0cc", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
+_register("silu_fwd_any_80bd341e", "(Tensor x) -> Tensor", silu_fwd_any)
+_register("situglu_b2p0_c8p0_fwd_n512_34776c91", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512)
+_register("situglu_b2p0_i32_rowscale_bwd_any_934176d8", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", situglu_b2p0_i32_rowscale_bwd_any)
+_register("situglu_b2p0_i32_rowscale_fwd_any_3b22d164", "(Tensor x, Tensor extra_in1) -> Tensor", situglu_b2p0_i32_rowscale_fwd_any)
+_register("sreglu_fwd_n512_a2343fff", "(Tensor x) -> Tensor", sreglu_fwd_n512)
+_register("srelu_fwd_n2048_21a4950f", "(Tensor x) -> Tensor", srelu_fwd_n2048)
+_register("srelu_rowscale_fwd_n512_1d8704d8", "(Tensor x, Tensor extra_in1) -> Tensor", srelu_rowscale_fwd_n512)
+_register("swiglu_bwd_any_a902d3d6", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any)
+_register("swiglu_bwd_n384_12e0273a", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384)
+_register("swiglu_bwd_n4096_cac29f53", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096)
+_register("swiglu_fwd_any_b29ccf1b", "(Tensor x) -> Tensor", swiglu_fwd_any)
+_register("swiglu_fwd_n14336_d5dfe6a9", "(Tensor x) -> Tensor", swiglu_fwd_n14336)
+_register("swiglu_fwd_n384_1c5ffbfb", "(Tensor x) -> Tensor", swiglu_fwd_n384)
+_register("swiglu_fwd_n4096_13d568c6", "(Tensor x) -> Tensor", swiglu_fwd_n4096)
+_register("swiglu_i32_fwd_n512_198fd372", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512)
+_register("swiglu_rowscale_bwd_any_11daa9e5", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any)
+_register("swiglu_rowscale_fwd_any_b041c9a5", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_rowscale_fwd_any)
+_register("swiglu_tee_gelu_bwd_any_a4e10868", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_gelu_bwd_any)
+_register("swiglu_tee_gelu_fwd_any_c97c9345", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
+_register("swiglu_tee_scale0p5_bwd_any_6f60d005", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_scale0p5_bwd_any)
+_register("swiglu_tee_scale0p5_fwd_any_822caa36", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_scale0p5_fwd_any)
+_register("tee_bias_bwd_n64_d5867cda", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)", tee_bias_bwd_n64)
+_register("tee_bias_fwd_n64_66eaf523", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)

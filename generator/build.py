@@ -115,13 +115,13 @@ def collect_kernels(plans: list[Plan]) -> tuple[dict[str, kn.KernelSpec], dict[s
     return dict(sorted(unique.items())), per_plan
 
 
-def op_namespace(unique: dict[str, kn.KernelSpec]) -> str:
-    """The torch.library namespace of a package's custom ops (its launchers under torch.compile):
-    a digest of its kernels' names (a name fixes a kernel's source), so two packages never
-    register different kernels under one op name, and packages holding the same kernels (copies,
-    or the same specs generated into another folder) share their ops. Not the folder's name: the
-    output does not depend on where it is written."""
-    return "fusegen_" + sha256("\n".join(sorted(unique)).encode())[:12]
+def op_name(spec: kn.KernelSpec, sources: dict[str, str]) -> str:
+    """The torch.library op of one kernel's launcher (in the "fusegen" namespace): its name and a
+    digest of its CUDA sources, so packages that hold the same kernel share its op, a kernel that
+    changes gets a new one (two packages never register different kernels under one name), and
+    a change to one kernel changes no other launcher's lines."""
+    own = [sources[f"{spec.name}_{suffix}"] for suffix, *_ in kn.DTYPES.values() if f"{spec.name}_{suffix}" in sources]
+    return f"{spec.name}_{sha256(chr(0).join(own).encode())[:8]}"
 
 
 def fixed_sizes(unique: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpec]]:
@@ -322,11 +322,10 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     for name, path in headers.items():  # shipped so the sources rebuild as they stand
         if name not in ext.headers or name in shipped:
             files[f"kernels/{name}"] = path.read_text()
-    launchers = [dict(name=s.name, family=s.family, ctx=s.ctx, summary=s.summary,
+    launchers = [dict(name=s.name, op=op_name(s, sources), family=s.family, ctx=s.ctx, summary=s.summary,
                       geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), **kn.launcher_io(s))
                  for s in unique.values()]
-    files["_kernels.py"] = env.get_template("kernels.py.j2").render(
-        kernels=launchers, fixed=fixed_sizes(unique), op_namespace=op_namespace(unique))
+    files["_kernels.py"] = env.get_template("kernels.py.j2").render(kernels=launchers, fixed=fixed_sizes(unique))
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:
