@@ -92,6 +92,21 @@ def check_row_input(module, name, tensor, like, lead, like_is="the module's para
     check_input(module, name, tensor.unsqueeze(-1), 1, like, None, like_is=like_is)
 
 
+class SpecOp(torch.nn.Module):
+    """One op of the spec's Sequential, holding its parameters under the Sequential's index (so
+    state_dict keys match the eager module's); its repr is the op as the spec writes it."""
+
+    def __init__(self, call):
+        super().__init__()
+        self.call = call  # "Linear(4096, 28672)"
+
+    def _get_name(self):
+        return self.call[:self.call.index("(")]
+
+    def extra_repr(self):
+        return self.call[self.call.index("(") + 1:-1]
+
+
 def as_rows(tensor, features):
     """``tensor`` as a dense [rows, features] tensor: the tensor itself when it is one already
     (no new view object: at a few rows each op's dispatch is a measurable part of a call)."""

@@ -20,7 +20,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class DropoutMlpFunction(torch.autograd.Function):
@@ -89,12 +89,17 @@ class DropoutMlp(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("Linear(256, 512)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((512, 256), device=device, dtype=dtype))
         self._modules["0"].bias = torch.nn.Parameter(torch.empty((512,), device=device, dtype=dtype))
-        self.add_module("3", torch.nn.Module())
+        self.add_module("1", SpecOp("GELU()"))
+        self.add_module("2", SpecOp("Dropout(0.1)"))
+        self.add_module("3", SpecOp("Linear(512, 256)"))
         self._modules["3"].weight = torch.nn.Parameter(torch.empty((256, 512), device=device, dtype=dtype))
         self._modules["3"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self.add_module("4", SpecOp("Dropout(0.1)"))
+        self.add_module("5", SpecOp("AddExtraInput()"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("DropoutMlp", inputs=2)

@@ -29,7 +29,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class ElementwiseChainFunction(torch.autograd.Function):
@@ -104,17 +104,31 @@ class ElementwiseChain(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("3", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("ReLU()"))
+        self.add_module("1", SpecOp("AddExtraInput()"))
+        self.add_module("2", SpecOp("MakeExtraOutput()"))
+        self.add_module("3", SpecOp("LayerNorm(768, eps=1e-06, zero_centered_gamma=True)"))
         self._modules["3"].weight = torch.nn.Parameter(torch.empty((768,), device=device, dtype=dtype))
         self._modules["3"].bias = torch.nn.Parameter(torch.empty((768,), device=device, dtype=dtype))
-        self.add_module("4", torch.nn.Module())
+        self.add_module("4", SpecOp("Bias(768)"))
         self._modules["4"].bias = torch.nn.Parameter(torch.empty((768,), device=device, dtype=dtype))
-        self.add_module("11", torch.nn.Module())
+        self.add_module("5", SpecOp("ConstantScale(0.5)"))
+        self.add_module("6", SpecOp("GELU()"))
+        self.add_module("7", SpecOp("MakeExtraOutput()"))
+        self.add_module("8", SpecOp("AddExtraInput()"))
+        self.add_module("9", SpecOp("SiLU()"))
+        self.add_module("10", SpecOp("Identity()"))
+        self.add_module("11", SpecOp("Bias(768)"))
         self._modules["11"].bias = torch.nn.Parameter(torch.empty((768,), device=device, dtype=dtype))
-        self.add_module("15", torch.nn.Module())
+        self.add_module("12", SpecOp("GEGLU()"))
+        self.add_module("13", SpecOp("AddExtraInput()"))
+        self.add_module("14", SpecOp("SiLU()"))
+        self.add_module("15", SpecOp("BasicLinear(384, 768)"))
         self._modules["15"].weight = torch.nn.Parameter(torch.empty((768, 384), device=device, dtype=dtype))
-        self.add_module("16", torch.nn.Module())
+        self.add_module("16", SpecOp("RMSNorm(768, zero_centered_gamma=True)"))
         self._modules["16"].weight = torch.nn.Parameter(torch.empty((768,), device=device, dtype=dtype))
+        self.add_module("17", SpecOp("SwiGLU()"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("ElementwiseChain", inputs=4)

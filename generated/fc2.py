@@ -15,7 +15,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class Fc2Function(torch.autograd.Function):
@@ -66,9 +66,11 @@ class Fc2(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("Linear(14336, 4096)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((4096, 14336), device=device, dtype=dtype))
         self._modules["0"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self.add_module("1", SpecOp("AddExtraInput()"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("Fc2", inputs=2)

@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class GluTeeAnyFunction(torch.autograd.Function):
@@ -61,6 +61,10 @@ class GluTeeAny(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("SwiGLU()"))
+        self.add_module("1", SpecOp("MakeExtraOutput()"))
+        self.add_module("2", SpecOp("ConstantScale(0.5)"))
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class Gpt2MlpFunction(torch.autograd.Function):
@@ -82,13 +82,15 @@ class Gpt2Mlp(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("LayerNorm(1024)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
         self._modules["0"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
-        self.add_module("1", torch.nn.Module())
+        self.add_module("1", SpecOp("Linear(1024, 4096)"))
         self._modules["1"].weight = torch.nn.Parameter(torch.empty((4096, 1024), device=device, dtype=dtype))
         self._modules["1"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
-        self.add_module("3", torch.nn.Module())
+        self.add_module("2", SpecOp("GELU()"))
+        self.add_module("3", SpecOp("Linear(4096, 1024)"))
         self._modules["3"].weight = torch.nn.Parameter(torch.empty((1024, 4096), device=device, dtype=dtype))
         self._modules["3"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
         self.reset_parameters()

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class GptOssMlpFunction(torch.autograd.Function):
@@ -83,12 +83,14 @@ class GptOssMlp(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("RMSNorm(1024)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
-        self.add_module("1", torch.nn.Module())
+        self.add_module("1", SpecOp("Linear(1024, 4096)"))
         self._modules["1"].weight = torch.nn.Parameter(torch.empty((4096, 1024), device=device, dtype=dtype))
         self._modules["1"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
-        self.add_module("3", torch.nn.Module())
+        self.add_module("2", SpecOp("ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)"))
+        self.add_module("3", SpecOp("Linear(2048, 1024)"))
         self._modules["3"].weight = torch.nn.Parameter(torch.empty((1024, 2048), device=device, dtype=dtype))
         self._modules["3"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
         self.reset_parameters()

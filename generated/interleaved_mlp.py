@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class InterleavedMlpFunction(torch.autograd.Function):
@@ -76,10 +76,12 @@ class InterleavedMlp(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("Linear(256, 1024)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((1024, 256), device=device, dtype=dtype))
         self._modules["0"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
-        self.add_module("2", torch.nn.Module())
+        self.add_module("1", SpecOp("SwiGLU(glu_interleave_size=32)"))
+        self.add_module("2", SpecOp("Linear(512, 256)"))
         self._modules["2"].weight = torch.nn.Parameter(torch.empty((256, 512), device=device, dtype=dtype))
         self._modules["2"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()

@@ -16,7 +16,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class LinearResidualFunction(torch.autograd.Function):
@@ -67,8 +67,10 @@ class LinearResidual(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("BasicLinear(256, 256)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
+        self.add_module("1", SpecOp("AddExtraInput(in_place=True)"))
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -16,7 +16,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import as_rows, check_input, check_row_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, check_row_input, first_order_only, with_lead
 
 
 class MoeGegluFunction(torch.autograd.Function):
@@ -60,6 +60,8 @@ class MoeGeglu(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("ScaledClampedQGeGLU(limit=5.0)"))
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -16,7 +16,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class PrenormInPlaceFunction(torch.autograd.Function):
@@ -60,7 +60,9 @@ class PrenormInPlace(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("1", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("AddExtraInput(in_place=True)"))
+        self.add_module("1", SpecOp("RMSNorm(256)"))
         self._modules["1"].weight = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
 

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class ResidualAnyFunction(torch.autograd.Function):
@@ -63,6 +63,11 @@ class ResidualAny(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("AddExtraInput()"))
+        self.add_module("1", SpecOp("ConstantScale(0.5)"))
+        self.add_module("2", SpecOp("MakeExtraOutput()"))
+        self.add_module("3", SpecOp("QGELU()"))
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class ResidualInPlaceFunction(torch.autograd.Function):
@@ -70,9 +70,11 @@ class ResidualInPlace(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("Linear(256, 256)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
         self._modules["0"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self.add_module("1", SpecOp("AddExtraInput(in_place=True)"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("ResidualInPlace", inputs=2)

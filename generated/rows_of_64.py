@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, as_rows, check_input, first_order_only, with_lead
+from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class RowsOf64Function(torch.autograd.Function):
@@ -77,7 +77,11 @@ class RowsOf64(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("3", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("SiLU()"))
+        self.add_module("1", SpecOp("Reshape((-1, 64))"))
+        self.add_module("2", SpecOp("MakeExtraOutput()"))
+        self.add_module("3", SpecOp("Bias(64)"))
         self._modules["3"].bias = torch.nn.Parameter(torch.empty((64,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape

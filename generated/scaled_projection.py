@@ -14,7 +14,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
 
 
 class ScaledProjectionFunction(torch.autograd.Function):
@@ -58,8 +58,10 @@ class ScaledProjection(torch.nn.Module):
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
-        self.add_module("0", torch.nn.Module())
+        # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
+        self.add_module("0", SpecOp("BasicLinear(256, 128)"))
         self._modules["0"].weight = torch.nn.Parameter(torch.empty((128, 256), device=device, dtype=dtype))
+        self.add_module("1", SpecOp("ConstantScale(0.25)"))
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -140,6 +140,16 @@ def _sizes_literal(sizes) -> str:
     return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") for size in sizes))
 
 
+def children(pipeline, params: dict, modules_run: list) -> list:
+    """The module's children, one per op of the spec's Sequential in order: (index, the op's call
+    as the spec writes it, its parameters, the Op when it is a module of the user's code)."""
+    calls: dict[int, str] = {}
+    for node in pipeline.graph.nodes:
+        calls.setdefault(node.module_index, node.module_call)
+    users = {op.module_index: op for op in modules_run}
+    return [(index, call, params.get(index, []), users.get(index)) for index, call in sorted(calls.items())]
+
+
 def replays_graphs(plan: Plan) -> bool:
     """Whether the module replays its no-grad forward from CUDA graphs at a few rows (the
     runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage."""
@@ -184,7 +194,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                                             for op in p.ops if op.extra_input is not None),
         row_inputs=per_row,
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
-        saved=list(dict.fromkeys(saved)), modules=sorted(modules.items()),
+        saved=list(dict.fromkeys(saved)), children=children(p, modules, modules_run),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
         + (["None"] if takes_training else [])  # training is a flag, not a tensor

@@ -102,6 +102,7 @@ class Node:
     module_index: int  # position in the spec's Sequential: the state_dict prefix
     module_name: str  # the spec-level op as spelled ("Linear" for its BasicLinear and Bias; nn.Linear's too)
     location: Location
+    module_call: str = ""  # the spec-level op's call, as the spec would write it: "Linear(4096, 28672)"
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,9 @@ def build_graph(spec: SequentialSpec) -> Graph:
         extra_outputs += [running] * op.extra_outputs  # an extra output hands out the value it reads
         if op.writes_back(args):
             written_back.append((out, reads[1]))
-        nodes.append(Node(len(nodes), op, args, tuple(reads), (out,), module_index, OPS[call.op].attribute,
-                          call.location))
+        spelled = OPS[call.op].attribute
+        nodes.append(Node(len(nodes), op, args, tuple(reads), (out,), module_index, spelled, call.location,
+                          OPS[call.op].describe(call.args, name=spelled)))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
                  (running, *extra_outputs), tuple(written_back))

@@ -18,7 +18,7 @@ from . import names
 from .errors import Location, SpecError
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
-from .ops import OPS, REQUIRED, OpDef
+from .ops import OPS, OpDef
 
 
 @dataclass(frozen=True)
@@ -61,22 +61,8 @@ class Op:
         ]
 
     def describe(self, kernel: bool = False) -> str:
-        """The op as a spec would write it: required arguments by position, others if not default.
-        ``kernel=True``: as a kernel sees it, without the arguments that are no part of what it
-        computes (device=, dtype=, TE's no-op hints: ``Arg.in_kernel``). A module of the user's
-        code: its call as written."""
-        if self.opdef.user_module:
-            return self.args["call"]
-        shown = []
-        for a in self.opdef.args:
-            if kernel and not a.in_kernel:
-                continue
-            value = self.args[a.name]
-            if a.default is REQUIRED:
-                shown.append(repr(value))
-            elif value != a.default:
-                shown.append(f"{a.name}={value!r}")
-        return f"{self.opdef.name}({', '.join(shown)})"
+        """The basic op as a spec would write it (OpDef.describe)."""
+        return self.opdef.describe(self.args, kernel)
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,25 @@ class OpDef:
     changes_value: bool = True  # forward output differs from input (identity-like ops don't)
     changes_grad: bool = True  # backward grad differs from incoming grad
 
+    def describe(self, args: dict, kernel: bool = False, name: str = "") -> str:
+        """A call of the op as a spec would write it (``name``: as spelled there, else the op's
+        name): required arguments by position, others if not default. ``kernel=True``: as a
+        kernel sees it, without the arguments that are no part of what it computes (device=,
+        dtype=, TE's no-op hints: ``Arg.in_kernel``). A module of the user's code: its call as
+        written."""
+        if self.user_module:
+            return args["call"]
+        shown = []
+        for a in self.args:
+            if kernel and not a.in_kernel:
+                continue
+            value = args[a.name]
+            if a.default is REQUIRED:
+                shown.append(repr(value))
+            elif value != a.default:
+                shown.append(f"{a.name}={value!r}")
+        return f"{name or self.name}({', '.join(shown)})"
+
     @property
     def functor_form(self) -> str | None:
         """How a fused elementwise kernel applies the op: 'unary' (fwd(x), bwd(x, dy)), 'gate' (a

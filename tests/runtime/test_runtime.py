@@ -25,3 +25,19 @@ def test_check_input_errors_say_what_to_do():
     with pytest.raises(ValueError, match="is on meta but the module's parameters are on cpu"):
         runtime.check_input("M", "x", torch.zeros(2, 4, device="meta"), 4, like)
 
+
+
+def test_a_generated_modules_repr_names_each_op_as_the_spec_does():
+    """Every op of the spec's Sequential, in order, as the spec writes it (the parameter-free ones
+    too; Linear as Linear, not as its BasicLinear and Bias); state_dict keys stay the Sequential's."""
+    import generated
+
+    assert repr(generated.TeMlp()) == (
+        "TeMlp(\n"
+        "  (0): LayerNorm(4096)\n"
+        "  (1): Linear(4096, 28672)\n"
+        "  (2): SwiGLU()\n"
+        "  (3): Linear(14336, 4096)\n"
+        ")")
+    assert "(1): Dropout(0.1)" in repr(generated.PostAttention())
+    assert sorted(generated.TeMlp().state_dict()) == ["0.bias", "0.weight", "1.bias", "1.weight", "3.bias", "3.weight"]
