@@ -184,3 +184,18 @@ def test_an_op_no_rule_covers_is_a_spec_error_at_the_op():
     with pytest.raises(SpecError) as info:
         plan_pipeline(pipeline, (), fusion_rules.BACKWARD_RULES)  # no rules at all
     assert info.value.message.startswith("no forward fusion rule covers BasicLinear(8, 8) (op kind 'linear')")
+
+
+def test_plan_tables_claim_nothing_a_stage_does_not_do():
+    """In every shipped plan: a stage that runs no kernel says it computes nothing (not its rule's
+    "one kernel ..."), and a norm's row names the statistics for what they are (an RMSNorm keeps
+    no mean)."""
+    plans = sorted((SPECS.parent / "generated").glob("*.plan.md"))
+    assert plans
+    for plan in plans:
+        for row in plan.read_text().splitlines():
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            if len(cells) == 4 and cells[3] == "no kernel":
+                assert "nothing to compute" in cells[2] and "one kernel" not in cells[2], (plan.name, row)
+            if "`norm`:" in row:
+                assert "mean/rstd" not in row and "RMSNorm: rstd" in row, (plan.name, row)
