@@ -18,6 +18,7 @@ from .ir import size_expr
 from .plan import Plan
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
+from .diagram import flowchart
 from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
@@ -206,4 +207,12 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         + [name for op in modules_run for name in (module_name(op), lead_name(op))],
         leads=leads, lead_lines=lead_lines,
         kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),
+        diagrams=diagrams(plan, runs_as(plan, stage_kernels), extra_inputs, extra_outputs),
     )
+
+
+def diagrams(plan: Plan, cells: dict, extra_inputs: list[str], extra_outputs: list[str]) -> dict[str, str]:
+    """The plan's Mermaid flowcharts: forward in the order it runs, backward likewise (last stage first)."""
+    return {"forward": flowchart("f", list(enumerate(plan.forward)), cells, "forward", extra_inputs, extra_outputs),
+            "backward": flowchart("b", list(reversed(list(enumerate(plan.backward)))), cells, "backward",
+                                  extra_inputs, extra_outputs)}

@@ -199,3 +199,30 @@ def test_plan_tables_claim_nothing_a_stage_does_not_do():
                 assert "nothing to compute" in cells[2] and "one kernel" not in cells[2], (plan.name, row)
             if "`norm`:" in row:
                 assert "mean/rstd" not in row and "RMSNorm: rstd" in row, (plan.name, row)
+
+
+def test_plans_draw_forward_and_backward_with_each_op_in_its_stage():
+    """Every shipped plan holds two Mermaid flowcharts: each stage of its table a subgraph (by
+    the table's number, labelled with what it runs as), each op inside the stage that runs it, the
+    subgraphs balanced, and the stages linked in the order they run."""
+    import re
+
+    for plan_file in sorted((SPECS.parent / "generated").glob("*.plan.md")):
+        text = plan_file.read_text()
+        charts = re.findall(r"```mermaid\n(.*?)```", text, re.S)
+        assert len(charts) == 2, plan_file.name
+        for chart, section in zip(charts, ("## Forward", "## Backward")):
+            table = text.split(section, 1)[1].split("```mermaid", 1)[0]
+            rows = [[c.strip() for c in r.strip("|").split("|")]
+                    for r in table.splitlines() if r[:3].strip("| ").isdigit()]
+            assert chart.startswith("flowchart LR\n") and chart.count("subgraph ") == chart.count("\n  end") == len(rows)
+            order = re.findall(r"subgraph [fb](\d+) \[\"stage (\d+) · ([a-z0-9_]+): (.*?)\"\]", chart)
+            assert len(order) == len(rows)
+            for number, shown, rule, runs_as in order:
+                row = rows[int(number)]
+                assert number == shown and row[2].startswith(f"`{rule}`") and runs_as == row[3].replace("`", "")
+                body = re.search(rf"subgraph [fb]{number} \[.*?\n(.*?)\n  end", chart, re.S).group(1)
+                ops = re.findall(r"^    [fb]\d+_(\d+)\[", body, re.M)  # the nodes inside the stage's subgraph
+                assert sorted(ops, key=int) == row[1].split(", "), (plan_file.name, number)
+            numbers = [int(n) for n, *_ in order]
+            assert numbers == (sorted(numbers) if section == "## Forward" else sorted(numbers, reverse=True))
