@@ -299,6 +299,16 @@ def cuda_headers(headers: dict[str, Path] | None = None) -> dict[str, str]:
     return {name: path.read_text() for name, path in (header_files() if headers is None else headers).items()}
 
 
+def plan_documents(config: Config) -> dict[str, str]:
+    """{pipeline: its plan.md text}, without compiling anything (`fusegen plan`)."""
+    with plugins.loaded(config.plugins, config.root) as ext:
+        plans = plans_with(config, ext)
+        _, per_plan = collect_kernels(plans)
+        env = emit.environment()
+        return {plan.pipeline.name: env.get_template("plan.md.j2").render(
+            **emit.pipeline_context(plan, per_plan[plan.pipeline.name])) for plan in plans}
+
+
 def build_package(config: Config, progress: Progress | None = None, reuse: bool = True) -> dict[str, bytes]:
     """The complete output set; ``reuse`` lets matching binaries of the existing package stand."""
     with plugins.loaded(config.plugins, config.root) as ext:

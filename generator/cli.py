@@ -19,6 +19,7 @@ in fusegen: please report it with the output of --debug). Errors print as one me
 from __future__ import annotations
 
 import argparse
+import re
 import importlib.metadata
 import shlex
 import sys
@@ -93,14 +94,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """Each pipeline's plan: the tables of its <pipeline>.plan.md (the diagrams are for GitHub)."""
     config = load_config(args, compiles=False)
-    for plan in build.load_plans(config):
-        print(f"{plan.pipeline.name} ({plan.pipeline.location})")
-        for title, stages in (("forward", plan.forward), ("backward", plan.backward)):
-            print(f"  {title}:")
-            for n, stage in enumerate(stages):
-                ops = ", ".join(op.describe() for op in stage.ops)
-                print(f"    {n}. [{stage.rule.name}] {stage.kind}: {ops}")
+    for text in build.plan_documents(config).values():
+        print(re.sub(r"```mermaid\n.*?```\n\n", "", text, flags=re.S))
     return 0
 
 

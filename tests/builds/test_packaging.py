@@ -29,4 +29,4 @@ def test_wheel_holds_only_fusegen_and_works_installed(tmp_path):
                             env=dict(os.environ, PYTHONPATH=str(target)))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == str(target / "fusegen" / "templates")
-    assert "[norm] norm: RMSNorm(64)" in result.stdout
+    assert "| `RMSNorm(64)` |" in result.stdout and "`norm`: row-norm kernel" in result.stdout

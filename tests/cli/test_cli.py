@@ -121,7 +121,7 @@ def test_an_internal_error_is_one_message_and_debug_shows_the_traceback(spec, ca
     def broken(*args, **kwargs):
         raise ValueError("bug")
 
-    monkeypatch.setattr(build, "load_plans", broken)
+    monkeypatch.setattr(build, "plan_documents", broken)
     code, err = run(capsys, "plan", "spec.py")
     assert code == 70 and "internal error: ValueError: bug" in err and "--debug" in err
     assert cli.main(["plan", "spec.py", "--debug"]) == 70

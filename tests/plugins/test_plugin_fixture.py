@@ -22,10 +22,12 @@ def test_plan_uses_the_plugins_op_and_rule(monkeypatch, capsys):
     monkeypatch.chdir(PROJECT)
     assert main(["plan"]) == 0
     out = capsys.readouterr().out
-    assert "2. [forward_axpy] elementwise: ConstantScale(0.5), AddExtraInput()" in out
-    assert "1. [elementwise] elementwise: LearnableScale(), GELU()" in out
-    assert "1. [elementwise_backward] elementwise: Bias(128), LearnableScale(), GELU()" in out
-    assert "1. [opaque] opaque: Softmax()" in out and "2. [opaque_backward] opaque: Softmax()" in out
+    # the tables of each pipeline's plan.md, without its diagrams
+    assert "# Fusion plan: `scaled_mlp`" in out and "```mermaid" not in out
+    assert "| `ConstantScale(0.5)` |" in out and "`forward_axpy`: " in out
+    assert "| 1 | 2, 3 | `elementwise`: one kernel for a run of elementwise ops | `lscale_gelu_fwd_n128` |" in out
+    assert "| 1 | 1, 2, 3 | `elementwise_backward`: " in out and "`bias_lscale_gelu_bwd_n128` + `column_sum_n256` |" in out
+    assert "| `Softmax()` |" in out and "`opaque`: " in out and "`opaque_backward`: " in out
 
 
 def test_checked_in_package_of_the_plugin_project_is_current(monkeypatch, capsys):
@@ -235,4 +237,5 @@ def test_a_plugin_op_may_use_a_shipped_functor(tmp_path, monkeypatch, capsys):
             "m = Sequential(Bias(8), Halve())\n")
     monkeypatch.chdir(_project_with(tmp_path, source, spec=spec))
     assert main(["plan"]) == 0
-    assert "0. [elementwise] elementwise: Bias(8), Halve()" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| `Halve()` |" in out and "| 0 | 0, 1 | `elementwise`: one kernel for a run of elementwise ops | `bias_halve_fwd_n8` |" in out
