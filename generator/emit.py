@@ -14,11 +14,11 @@ from pathlib import Path
 
 import jinja2
 
+from .diagram import flowchart
 from .ir import size_expr
 from .plan import Plan
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
-from .diagram import flowchart
 from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
@@ -180,6 +180,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     leads, lead_lines = leading_dims(p)
     modules_run, per_row = user_modules(p), row_inputs(p)
     takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
+    cells = runs_as(plan, stage_kernels)
     return dict(
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         function_returns=distinct_returns([values[len(p.ops)]] + extra_outputs, em.aliases),
@@ -206,8 +207,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         function_inputs=["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
         + [name for op in modules_run for name in (module_name(op), lead_name(op))],
         leads=leads, lead_lines=lead_lines,
-        kernels=stage_kernels, runs_as=runs_as(plan, stage_kernels),
-        diagrams=diagrams(plan, runs_as(plan, stage_kernels), extra_inputs, extra_outputs),
+        kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )
 
 
