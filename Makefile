@@ -27,7 +27,7 @@ rebuild: $(SETUP)  ## regenerate generated/, recompiling every kernel from scrat
 	$(VENV)/bin/fusegen generate --rebuild
 	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate --rebuild
 
-check: $(SETUP)  ## fail and name the files if generated/ (or the plugin fixture's package) is stale
+check: $(SETUP)  ## fail and show a diff if generated/ (or the plugin fixture's package) is stale
 	$(VENV)/bin/fusegen generate --check
 	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate --check
 
