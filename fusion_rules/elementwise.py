@@ -30,5 +30,7 @@ FORWARD_ELEMENTWISE = Rule(
 )
 BACKWARD_ELEMENTWISE = Rule(
     name="elementwise_backward", pass_=BACKWARD, stage=ELEMENTWISE,
-    doc="one kernel: run input grad with fused deterministic dbias", match=_run, covers=elementwise_kinds(),
+    doc="one kernel for the run's input grad; a Bias's grad, if any, as per-block partials that a "
+        "column-sum kernel adds in order",
+    match=_run, covers=elementwise_kinds(),
 )

@@ -151,6 +151,24 @@ def children(pipeline, params: dict, modules_run: list) -> list:
     return [(index, call, params.get(index, []), users.get(index)) for index, call in sorted(calls.items())]
 
 
+def saved_table(plan: Plan, em: Emitter, saved: list[str], params: list) -> list[tuple[str, str, str]]:
+    """(name, shape, dtype) of each tensor the backward reads, for the plan: values and extra
+    inputs are [rows, features] in x's dtype; the stages say what their own results are."""
+    p = plan.pipeline
+    shapes: dict[str, tuple[str, str]] = {}
+    for pos in plan.saved_values:
+        features = p.ops[pos].in_features if pos < len(p.ops) else p.out_features
+        shapes[em.values[pos]] = (f"[rows, {features}]", "x's dtype")
+    for op in p.ops:
+        if op.extra_input is not None:
+            shapes[extra_input_name(op)] = (f"[rows, {op.in_features}]", "x's dtype")
+    for stage in plan.backward:
+        shapes.update(stage.rule.stage.saved_shapes(em, stage))
+    for *_, shape, init, name in params:
+        shapes[name] = (str(list(shape)), "the parameter's dtype (its values, not a copy)")
+    return [(name, *shapes.get(name, ("", ""))) for name in saved]
+
+
 def replays_graphs(plan: Plan) -> bool:
     """Whether the module replays its no-grad forward from CUDA graphs at a few rows (the
     runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage."""
@@ -197,6 +215,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         row_inputs=per_row,
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
         saved=list(dict.fromkeys(saved)), children=children(p, modules, modules_run),
+        saved_table=saved_table(plan, em, list(dict.fromkeys(saved)), params),
         grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
         grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
         + (["None"] if takes_training else [])  # training is a flag, not a tensor

@@ -68,6 +68,10 @@ class StageImpl:
         """Names of forward results (beyond values and parameters) this backward stage reads."""
         return []
 
+    def saved_shapes(self, em: Emitter, stage: Stage) -> dict[str, tuple[str, str]]:
+        """{name: (shape, dtype)} of what ``saved_names`` lists, as the plan shows them."""
+        return {}
+
     def kernels(self, plan: Plan, stage: Stage, pass_: str) -> list[KernelSpec]:
         """The generated kernels the stage launches, its main kernel first."""
         return []

@@ -73,6 +73,9 @@ class ElementwiseStage(StageImpl):
         """The keys of the random ops this backward stage replays (their masks are regenerated)."""
         return [seed_name(op) for op in random_ops(stage.ops)]
 
+    def saved_shapes(self, em, stage):
+        return {seed_name(op): ("[1]", "int64") for op in random_ops(stage.ops)}  # one key per call
+
     def kernels(self, plan, stage, pass_):
         """The run's kernel (size-generic in a size-generic pipeline), its column sum, and the
         fixed-size kernels the pipeline is specialised for (its launcher dispatches to them)."""

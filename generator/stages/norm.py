@@ -224,5 +224,8 @@ class NormStage(StageImpl):
     def saved_names(self, em, stage):
         return em.stats[norm_of(stage).index]  # the forward's fp32 statistics
 
+    def saved_shapes(self, em, stage):
+        return {name: ("[rows]", "float32") for name in em.stats[norm_of(stage).index]}
+
 
 NORM = NormStage()

@@ -199,6 +199,15 @@ def test_plan_tables_claim_nothing_a_stage_does_not_do():
                 assert "nothing to compute" in cells[2] and "one kernel" not in cells[2], (plan.name, row)
             if "`norm`:" in row:
                 assert "mean/rstd" not in row and "RMSNorm: rstd" in row, (plan.name, row)
+        # every saved tensor with its shape and dtype; statistics are fp32 per row, an RMSNorm keeps no mean
+        saved = plan.read_text().split("## Saved for backward", 1)[1]
+        for row in saved.splitlines():
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            if row.startswith("| `"):
+                assert len(cells) == 3 and cells[1] and cells[2], (plan.name, row)
+                if cells[0].endswith(("_mean`", "_rstd`")):
+                    assert cells[1:] == ["[rows]", "float32"], (plan.name, row)
+                assert not (cells[0].startswith("`rmsnorm") and cells[0].endswith("_mean`")), (plan.name, row)
 
 
 def test_plans_draw_forward_and_backward_with_each_op_in_its_stage():
