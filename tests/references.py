@@ -255,3 +255,16 @@ def next_keys(count, device):
     """The keys the next ``count`` Dropout calls of a module draw from PyTorch's generator on
     ``device``, in forward order (call under the same torch.manual_seed as the module)."""
     return [torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64, device=device).item() for _ in range(count)]
+
+
+def module_inputs(module, rows, gen, device="cuda", dtype=torch.float32):
+    """x and the extra inputs of a generated module: a size-generic module at width 64, a per-row
+    input (a row-scaled activation's scales) one positive value a row."""
+    n = module.in_features or 64
+    tensors = [torch.randn(rows, n, generator=gen)]
+    for e in module.extra_input_features:
+        if e == "rows":
+            tensors.append(torch.rand(rows, generator=gen) + 0.5)
+        else:
+            tensors.append(torch.randn(rows, e if isinstance(e, int) else eval(e, {"n": n}), generator=gen))
+    return [t.to(device=device, dtype=dtype) for t in tensors]

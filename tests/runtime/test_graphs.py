@@ -28,15 +28,7 @@ def _module(name, dtype=torch.float32, device="cuda"):
     return module
 
 
-def _inputs(module, rows, gen, device="cuda", dtype=torch.float32):
-    n = module.in_features or 64
-    tensors = [torch.randn(rows, n, generator=gen)]
-    for e in module.extra_input_features:
-        if e == "rows":
-            tensors.append(torch.rand(rows, generator=gen) + 0.5)
-        else:
-            tensors.append(torch.randn(rows, e if isinstance(e, int) else eval(e, {"n": n}), generator=gen))
-    return [t.to(device=device, dtype=dtype) for t in tensors]
+_inputs = R.module_inputs
 
 
 def _plain(module, inputs):
