@@ -4,6 +4,7 @@
     fusegen generate a.py b.py --out pkg/generated
     fusegen generate --check    exit 1 and show a diff if the output package is stale
     fusegen plan specs/x.py     print the fusion plans of a spec file, compile nothing
+    fusegen explain KERNEL      one kernel: specialisation, options, binaries' registers, source
     fusegen ops                 list every op a spec can use (the plugins' of [tool.fusegen] included)
 
 [tool.fusegen] keys: specs (list of paths or globs), package (output folder),
@@ -30,6 +31,7 @@ from . import build, output, plugins
 from . import config as cfg
 from . import progress as prog
 from .errors import SpecError, ToolchainError, UsageError
+from .explain import explain
 from .staleness import staleness
 
 EXIT_STALE, EXIT_USER, EXIT_TOOLCHAIN, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 70, 130
@@ -101,6 +103,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    """One kernel of the output package (explain.py)."""
+    args.specs, args.archs, args.dtypes = [], None, None
+    config = load_config(args, compiles=False)
+    print(explain(config.out, shown(config.out), args.kernel))
+    return 0
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     """Every registered op: its signature, what it computes, where a spec imports it from."""
     from .ops import OPS
@@ -133,6 +143,13 @@ def parser() -> argparse.ArgumentParser:
         if name == "generate":
             p.add_argument("--check", action="store_true", help="exit 1 if the output package is stale")
             p.add_argument("--rebuild", action="store_true", help="recompile every kernel, reuse nothing")
+    p = sub.add_parser("explain", help="show one kernel of the output package: specialisation, NVRTC options, "
+                                       "per-arch binary size, registers and stack frame, source")
+    p.add_argument("kernel", help="a kernel's name, e.g. rmsnorm_fwd_h4096 (a dtype suffix is optional)")
+    p.add_argument("--config", help="pyproject.toml holding [tool.fusegen] "
+                                    "(default: the nearest one at or above the working directory)")
+    p.add_argument("--out", help="output package folder (default: [tool.fusegen] package)")
+    p.add_argument("--debug", action="store_true", help="show a traceback with every error")
     p = sub.add_parser("ops", help="list every op a spec can use, with its signature")
     p.add_argument("--config", help="pyproject.toml whose [tool.fusegen] plugins to load")
     p.add_argument("--debug", action="store_true", help="show a traceback with every error")
@@ -143,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     """The one top-level handler: every error leaves as one message and its exit code."""
     args = parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "plan": cmd_plan, "ops": cmd_ops}[args.command](args)
+        return {"generate": cmd_generate, "plan": cmd_plan, "explain": cmd_explain, "ops": cmd_ops}[args.command](args)
     except KeyboardInterrupt:
         print("fusegen: interrupted (every file is written whole or not at all)", file=sys.stderr)
         return EXIT_INTERRUPTED

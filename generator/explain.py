@@ -1,0 +1,95 @@
+"""`fusegen explain KERNEL`: one kernel of an output package as a reviewer wants to see it: what
+it was specialised for, its NVRTC options, and for each dtype and arch its binary's size and the
+registers and stack frame the compiler gave it (read from the cubin's .nv.info section: a stack
+frame above 0 bytes means local memory, i.e. spills), then its CUDA source."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import struct
+from pathlib import Path
+
+from .errors import UsageError
+from .kernels import DTYPES
+from .output import MANIFEST
+
+EIATTR_FRAME_SIZE = 0x11  # bytes of local memory (stack) per thread
+EIATTR_REGCOUNT = 0x2F  # registers per thread
+EIFMT_SIZES = {1: 0, 2: 2, 3: 2}  # attribute formats with a fixed-size value; 4: a 2-byte size, then that many bytes
+
+
+def elf_sections(image: bytes) -> dict[str, bytes]:
+    """{section name: contents} of a 64-bit little-endian ELF file (a cubin)."""
+    if image[:4] != b"\x7fELF" or image[4] != 2 or image[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    (shoff,) = struct.unpack_from("<Q", image, 0x28)
+    entry, count, names_index = struct.unpack_from("<HHH", image, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * entry) for i in range(count)]
+    names = headers[names_index]
+
+    def name(offset: int) -> str:
+        start = names[4] + offset
+        return image[start:image.index(b"\0", start)].decode()
+
+    return {name(h[0]): image[h[4]:h[4] + h[5]] for h in headers}
+
+
+def resources(image: bytes) -> dict[str, int]:
+    """The registers and stack frame bytes per thread a single-kernel cubin records."""
+    info = elf_sections(image).get(".nv.info", b"")
+    found, i = {}, 0
+    while i + 2 <= len(info):
+        fmt, attr = info[i], info[i + 1]
+        i += 2
+        if fmt == 4:
+            (size,) = struct.unpack_from("<H", info, i)
+            value, i = info[i + 2:i + 2 + size], i + 2 + size
+        else:
+            value, i = info[i:i + EIFMT_SIZES[fmt]], i + EIFMT_SIZES[fmt]
+        if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE) and len(value) == 8:  # (function index, value)
+            found["registers" if attr == EIATTR_REGCOUNT else "stack_frame"] = struct.unpack("<II", value)[1]
+    return found
+
+
+def explain(package: Path, where: str, kernel: str) -> str:
+    """The report for ``kernel`` (with or without its dtype suffix) of the package in ``package``."""
+    manifest_file = package / MANIFEST
+    if not manifest_file.is_file():
+        raise UsageError(f"{where} holds no {MANIFEST}: generate the package first (`fusegen generate`)")
+    kernels = json.loads(manifest_file.read_text())["kernels"]
+    suffixes = [suffix for suffix, *_ in DTYPES.values()]
+    base = next((kernel[:-len(s) - 1] for s in suffixes if kernel.endswith("_" + s)), kernel)
+    symbols = [f"{base}_{s}" for s in suffixes if f"{base}_{s}" in kernels]
+    if not symbols:
+        names = sorted({name.rsplit("_", 1)[0] for name in kernels})
+        close = difflib.get_close_matches(base, names, n=3)
+        hint = (f"; did you mean {', '.join(close)}?" if close
+                else f"; it has {len(names)} kernels (see {where}/kernels/)")
+        raise UsageError(f"{where} has no kernel named {kernel!r}{hint}")
+    first = kernels[symbols[0]]
+    lines = [f"kernel {base}: {first.get('specialisation', '')}"]
+    if first.get("full_name", symbols[0]) != symbols[0]:
+        lines.append(f"full name: {first['full_name'].rsplit('_', 1)[0]} (cut to {base})")
+    options = {tuple(o for o in b["options"] if not o.startswith("--gpu-architecture"))
+               for s in symbols for b in kernels[s]["binaries"].values()}
+    nvrtc = sorted({b["nvrtc"] for s in symbols for b in kernels[s]["binaries"].values()})
+    for opts in sorted(options):
+        lines.append(f"NVRTC {', '.join(nvrtc)}: --gpu-architecture=<arch> {' '.join(opts)}")
+    lines += ["", f"{'binary':44} {'bytes':>9} {'registers':>9} {'stack frame':>11}"]
+    for symbol in symbols:
+        by_arch = sorted(kernels[symbol]["binaries"].items(),  # cubins by number, then PTX
+                         key=lambda item: (item[0].startswith("compute"), int(item[0].split("_")[1])))
+        for arch, binary in by_arch:
+            path = package / binary["file"]
+            size = path.stat().st_size if path.is_file() else 0
+            found = resources(path.read_bytes()) if path.is_file() and arch.startswith("sm_") else {}
+            registers = found.get("registers", "-")
+            frame = f"{found['stack_frame']} B" if "stack_frame" in found else "-"
+            lines.append(f"{binary['file'].split('/')[-1]:44} {size:>9} {registers:>9} {frame:>11}")
+    lines.append("(registers and stack frame per thread, as the cubin records them; a stack frame above 0 B "
+                 "is local memory: spills or local arrays; PTX is compiled by the driver, so it has neither)")
+    source = package / "kernels" / f"{symbols[0]}.cu"
+    lines += ["", f"--- {where}/kernels/{symbols[0]}.cu ---", source.read_text().rstrip() if source.is_file()
+              else "(missing: regenerate the package)"]
+    return "\n".join(lines)
