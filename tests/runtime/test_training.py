@@ -4,6 +4,7 @@ activation checkpointing, torch.save / torch.load of whole modules, and Distribu
 and FSDP2's fully_shard over gloo with two processes (gradients equal to one process's on the
 whole batch)."""
 
+import contextlib
 import copy
 import os
 import socket
@@ -91,26 +92,38 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _ddp_worker(rank, world, port, batch, result):
+@contextlib.contextmanager
+def _process_group(rank, world, port):
+    """This process as rank ``rank`` of a gloo group on this host, for the block."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _on_two_ranks(worker, batch):
+    """What rank 0 of ``worker(rank, world, port, batch, result)`` put in ``result``, run as two processes."""
+    with mp.Manager() as manager:
+        result = manager.dict()
+        mp.spawn(worker, args=(2, _free_port(), batch, result), nprocs=2, join=True)
+        return dict(result)
+
+
+def _ddp_worker(rank, world, port, batch, result):
+    with _process_group(rank, world, port):
         module = _module()
         ddp = torch.nn.parallel.DistributedDataParallel(module)
         shard = batch.chunk(world)[rank]
         ddp(shard).square().sum().backward()  # DDP averages the ranks' grads
         if rank == 0:
             result.update({k: p.grad.clone() for k, p in module.named_parameters()})
-    finally:
-        dist.destroy_process_group()
 
 
 def test_distributed_data_parallel_over_gloo_matches_one_process():
     batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(5))
-    with mp.Manager() as manager:
-        result = manager.dict()
-        mp.spawn(_ddp_worker, args=(2, _free_port(), batch, result), nprocs=2, join=True)
-        ddp_grads = dict(result)
+    ddp_grads = _on_two_ranks(_ddp_worker, batch)
     single = _module()
     (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
     assert set(ddp_grads) == {k for k, _ in single.named_parameters()}
@@ -122,9 +135,7 @@ def _fsdp_worker(rank, world, port, batch, result):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with _process_group(rank, world, port):
         module = _module()
         fully_shard(module, mesh=init_device_mesh("cpu", (world,)))  # each rank keeps half of every parameter
         shard = batch.chunk(world)[rank]
@@ -136,8 +147,6 @@ def _fsdp_worker(rank, world, port, batch, result):
         grads = {k: p.grad.full_tensor() for k, p in module.named_parameters()}  # gathers the shards
         if rank == 0:
             result.update(grads)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp2_fully_shard_over_gloo_matches_one_process():
@@ -146,10 +155,7 @@ def test_fsdp2_fully_shard_over_gloo_matches_one_process():
     if not hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard"):
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(6))
-    with mp.Manager() as manager:
-        result = manager.dict()
-        mp.spawn(_fsdp_worker, args=(2, _free_port(), batch, result), nprocs=2, join=True)
-        fsdp = dict(result)
+    fsdp = _on_two_ranks(_fsdp_worker, batch)
     single = _module()
     for _ in range(2):
         (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
