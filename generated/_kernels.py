@@ -11,10 +11,8 @@ import torch
 from . import _reference as ref
 from ._runtime import Kernel, pointer
 
-NORM_SPLITS = 256  # row splits of a norm backward: fp32 dgamma/dbeta partials per split
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
-GRAD_SPLITS = 128  # row splits of an elementwise backward that sums parameter gradients
-COLUMN_SUM_THREADS = 256
+COLUMN_SUM_BLOCK = (32, 32, 1)  # columns per block, threads per column (templates/cuda/column_sum.cuh)
 
 
 def aligned(*tensors):
@@ -246,10 +244,13 @@ def bias_add_bwd_n4096(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_ADD_BWD_N4096_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_ADD_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_BWD_N4096.launch(dy.dtype, (_BIAS_ADD_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_ADD_BWD_N4096.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -274,10 +275,13 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
         dy = dy.contiguous()
         d_extra_out2 = d_extra_out2.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_ADD_TEE_BWD_N256_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_ADD_TEE_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_TEE_BWD_N256.launch(dy.dtype, (_BIAS_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_ADD_TEE_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -307,10 +311,13 @@ def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
         extra_in1 = extra_in1.contiguous()
         d_extra_out2 = d_extra_out2.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(dy.dtype, (_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -367,10 +374,13 @@ def bias_bwd_n1024(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_BWD_N1024_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_BWD_N1024.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N1024.launch(dy.dtype, (_BIAS_BWD_N1024_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N1024.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -393,10 +403,13 @@ def bias_bwd_n256(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_BWD_N256_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N256.launch(dy.dtype, (_BIAS_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -419,10 +432,13 @@ def bias_bwd_n4096(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_BWD_N4096_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N4096.launch(dy.dtype, (_BIAS_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N4096.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -445,10 +461,13 @@ def bias_bwd_n512(dy):
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N512.launch(dy.dtype, (_BIAS_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -473,10 +492,13 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(dy.dtype, (_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -504,10 +526,13 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
     if dy.is_cuda:
         dy = dy.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_DROPOUT0P1_ADD_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -581,10 +606,13 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
     if dy.is_cuda:
         dy = dy.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_DROPOUT0P1_BWD_N256_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_DROPOUT0P1_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_BWD_N256.launch(dy.dtype, (_BIAS_DROPOUT0P1_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_DROPOUT0P1_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -611,10 +639,13 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(dy.dtype, (_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -645,10 +676,13 @@ def bias_gelu_bwd_n4096(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_GELU_BWD_N4096_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_GELU_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GELU_BWD_N4096.launch(dy.dtype, (_BIAS_GELU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_GELU_BWD_N4096.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -677,10 +711,13 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_GELU_DROPOUT0P1_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(dy.dtype, (_BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -710,10 +747,13 @@ def bias_glu_bwd_n512(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_GLU_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_GLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GLU_BWD_N512.launch(dy.dtype, (_BIAS_GLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_GLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -742,10 +782,13 @@ def bias_qgeglu_bwd_n512(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_QGEGLU_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_QGEGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_QGEGLU_BWD_N512.launch(dy.dtype, (_BIAS_QGEGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_QGEGLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -774,10 +817,13 @@ def bias_qgelu_bwd_n512(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_QGELU_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_QGELU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_QGELU_BWD_N512.launch(dy.dtype, (_BIAS_QGELU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_QGELU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -806,10 +852,13 @@ def bias_reglu_bwd_n512(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_REGLU_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_REGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_REGLU_BWD_N512.launch(dy.dtype, (_BIAS_REGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_REGLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -838,10 +887,13 @@ def bias_relu_bwd_n512_from_output(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_RELU_BWD_N512_FROM_OUTPUT.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(dy.dtype, (_BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -912,10 +964,13 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
         dx = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         d_extra_in4 = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         d_extra_in8 = torch.empty((rows, 384), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(dy.dtype, (_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(), extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(), d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(), extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(), d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1536(partials, dy.dtype)
@@ -967,10 +1022,13 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SCALE2P0_GELU_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SCALE2P0_GELU_BWD_N256.launch(dy.dtype, (_BIAS_SCALE2P0_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SCALE2P0_GELU_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -1000,10 +1058,13 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(dy.dtype, (_BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -1032,10 +1093,13 @@ def bias_sreglu_bwd_n512(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SREGLU_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SREGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SREGLU_BWD_N512.launch(dy.dtype, (_BIAS_SREGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SREGLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -1064,10 +1128,13 @@ def bias_srelu_bwd_n2048(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 2048), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SRELU_BWD_N2048.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SRELU_BWD_N2048.launch(dy.dtype, (_BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SRELU_BWD_N2048.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n2048(partials, dy.dtype)
@@ -1097,12 +1164,15 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
         x = x.contiguous()
         extra_in2 = extra_in2.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SRELU_ROWSCALE_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials2 = torch.zeros((rows, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(dy.dtype, (_BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(), partials.data_ptr(), row_partials2.data_ptr(), rows), dy.get_device())
+            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(), partials.data_ptr(), row_partials2.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -1136,10 +1206,13 @@ def bias_swiglu_bwd_n14336(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 28672), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SWIGLU_BWD_N14336_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SWIGLU_BWD_N14336.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 28672), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SWIGLU_BWD_N14336.launch(dy.dtype, (_BIAS_SWIGLU_BWD_N14336_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SWIGLU_BWD_N14336.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n28672(partials, dy.dtype)
@@ -1168,10 +1241,13 @@ def bias_swiglu_i32_bwd_n512(dy, x):
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _BIAS_SWIGLU_I32_BWD_N512_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _BIAS_SWIGLU_I32_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SWIGLU_I32_BWD_N512.launch(dy.dtype, (_BIAS_SWIGLU_I32_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SWIGLU_I32_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -1320,12 +1396,12 @@ _COLUMN_SUM_N1024 = Kernel("column_sum_n1024", "ppi")
 
 
 def column_sum_n1024(partials, dtype):
-    """Sum fp32 partials [splits, 1024] over splits, in order, into a 1024-vector of dtype."""
+    """Sum fp32 partials [splits, 1024] over splits, in a fixed order, into a 1024-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n1024_ab4f52cc(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1024_2f259b24(partials, dtype)
     out = torch.empty(1024, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N1024.launch(dtype, (4, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N1024.launch(dtype, (32, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1333,12 +1409,12 @@ _COLUMN_SUM_N1536 = Kernel("column_sum_n1536", "ppi")
 
 
 def column_sum_n1536(partials, dtype):
-    """Sum fp32 partials [splits, 1536] over splits, in order, into a 1536-vector of dtype."""
+    """Sum fp32 partials [splits, 1536] over splits, in a fixed order, into a 1536-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n1536_e6f60e52(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1536_5f1cf395(partials, dtype)
     out = torch.empty(1536, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N1536.launch(dtype, (6, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N1536.launch(dtype, (48, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1346,12 +1422,12 @@ _COLUMN_SUM_N2048 = Kernel("column_sum_n2048", "ppi")
 
 
 def column_sum_n2048(partials, dtype):
-    """Sum fp32 partials [splits, 2048] over splits, in order, into a 2048-vector of dtype."""
+    """Sum fp32 partials [splits, 2048] over splits, in a fixed order, into a 2048-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n2048_c89ece65(partials, dtype)
+        return torch.ops.fusegen.column_sum_n2048_f2548681(partials, dtype)
     out = torch.empty(2048, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N2048.launch(dtype, (8, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N2048.launch(dtype, (64, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1359,12 +1435,12 @@ _COLUMN_SUM_N256 = Kernel("column_sum_n256", "ppi")
 
 
 def column_sum_n256(partials, dtype):
-    """Sum fp32 partials [splits, 256] over splits, in order, into a 256-vector of dtype."""
+    """Sum fp32 partials [splits, 256] over splits, in a fixed order, into a 256-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n256_b883f4c1(partials, dtype)
+        return torch.ops.fusegen.column_sum_n256_7d20f507(partials, dtype)
     out = torch.empty(256, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N256.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N256.launch(dtype, (8, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1372,12 +1448,12 @@ _COLUMN_SUM_N28672 = Kernel("column_sum_n28672", "ppi")
 
 
 def column_sum_n28672(partials, dtype):
-    """Sum fp32 partials [splits, 28672] over splits, in order, into a 28672-vector of dtype."""
+    """Sum fp32 partials [splits, 28672] over splits, in a fixed order, into a 28672-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n28672_5a31208b(partials, dtype)
+        return torch.ops.fusegen.column_sum_n28672_595acf41(partials, dtype)
     out = torch.empty(28672, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N28672.launch(dtype, (112, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N28672.launch(dtype, (896, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1385,12 +1461,12 @@ _COLUMN_SUM_N4096 = Kernel("column_sum_n4096", "ppi")
 
 
 def column_sum_n4096(partials, dtype):
-    """Sum fp32 partials [splits, 4096] over splits, in order, into a 4096-vector of dtype."""
+    """Sum fp32 partials [splits, 4096] over splits, in a fixed order, into a 4096-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n4096_7dd6a65d(partials, dtype)
+        return torch.ops.fusegen.column_sum_n4096_d7d6209c(partials, dtype)
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N4096.launch(dtype, (16, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N4096.launch(dtype, (128, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1398,12 +1474,12 @@ _COLUMN_SUM_N512 = Kernel("column_sum_n512", "ppi")
 
 
 def column_sum_n512(partials, dtype):
-    """Sum fp32 partials [splits, 512] over splits, in order, into a 512-vector of dtype."""
+    """Sum fp32 partials [splits, 512] over splits, in a fixed order, into a 512-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n512_f4d898cb(partials, dtype)
+        return torch.ops.fusegen.column_sum_n512_7c62fb69(partials, dtype)
     out = torch.empty(512, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N512.launch(dtype, (2, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N512.launch(dtype, (16, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1411,12 +1487,12 @@ _COLUMN_SUM_N64 = Kernel("column_sum_n64", "ppi")
 
 
 def column_sum_n64(partials, dtype):
-    """Sum fp32 partials [splits, 64] over splits, in order, into a 64-vector of dtype."""
+    """Sum fp32 partials [splits, 64] over splits, in a fixed order, into a 64-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n64_23e1553a(partials, dtype)
+        return torch.ops.fusegen.column_sum_n64_fbd74e4b(partials, dtype)
     out = torch.empty(64, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N64.launch(dtype, (1, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N64.launch(dtype, (2, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1424,12 +1500,12 @@ _COLUMN_SUM_N768 = Kernel("column_sum_n768", "ppi")
 
 
 def column_sum_n768(partials, dtype):
-    """Sum fp32 partials [splits, 768] over splits, in order, into a 768-vector of dtype."""
+    """Sum fp32 partials [splits, 768] over splits, in a fixed order, into a 768-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n768_b232dad6(partials, dtype)
+        return torch.ops.fusegen.column_sum_n768_9b62357b(partials, dtype)
     out = torch.empty(768, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N768.launch(dtype, (3, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N768.launch(dtype, (24, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1437,12 +1513,12 @@ _COLUMN_SUM_N8192 = Kernel("column_sum_n8192", "ppi")
 
 
 def column_sum_n8192(partials, dtype):
-    """Sum fp32 partials [splits, 8192] over splits, in order, into a 8192-vector of dtype."""
+    """Sum fp32 partials [splits, 8192] over splits, in a fixed order, into a 8192-vector of dtype."""
     if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.column_sum_n8192_2f41a15c(partials, dtype)
+        return torch.ops.fusegen.column_sum_n8192_2a073277(partials, dtype)
     out = torch.empty(8192, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N8192.launch(dtype, (32, 1, 1), (COLUMN_SUM_THREADS, 1, 1), (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N8192.launch(dtype, (256, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
     return out
 
 
@@ -1757,7 +1833,8 @@ def l2norm_bwd_h256(dy, x, rstd):
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _L2NORM_BWD_H256.resident_blocks(dy.dtype, dy.get_device(), _L2NORM_BWD_H256_THREADS[dy.dtype])))
         if rows:
             _L2NORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_L2NORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), 0, 0, dx.data_ptr(), 0, rows), dy.get_device())
         return dx
@@ -1811,7 +1888,8 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _LAYERNORM_BWD_H1024.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_BWD_H1024_THREADS[dy.dtype])))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
             _LAYERNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -1836,7 +1914,8 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _LAYERNORM_BWD_H256_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype])))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
             _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -1850,18 +1929,19 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
 
 
 _LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096", "ppppppppi")
-_LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
+_LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
 
 
 def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h4096_24bb23dc(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h4096_5bba1b81(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _LAYERNORM_BWD_H4096.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_BWD_H4096_THREADS[dy.dtype])))
         partials = torch.empty((splits, 8192), device=dy.device, dtype=torch.float32)
         if rows:
             _LAYERNORM_BWD_H4096.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -1956,7 +2036,8 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype])))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
             _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -2090,7 +2171,8 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _RMSNORM_BWD_H1024.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H1024_THREADS[dy.dtype])))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
             _RMSNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -2114,7 +2196,8 @@ def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _RMSNORM_BWD_H256.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H256_THREADS[dy.dtype])))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
             _RMSNORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -2139,7 +2222,8 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _RMSNORM_BWD_H256_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype])))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
             _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -2153,19 +2237,20 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
 
 
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h4096_add_dresidual", "ppppppppi")
-_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
+_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
 
 
 def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     """RMSNorm(4096) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_44f9d205(dy, x, rstd, gamma, dresidual)
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_3c803609(dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _RMSNORM_BWD_H4096_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype])))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
             _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -2190,7 +2275,8 @@ def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _RMSNORM_BWD_H64.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H64_THREADS[dy.dtype])))
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
         if rows:
             _RMSNORM_BWD_H64.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -2353,7 +2439,8 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
-        splits = max(1, min(rows, NORM_SPLITS))
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(1, min(rows, _RMSNORM_ZC_BWD_H768.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_ZC_BWD_H768_THREADS[dy.dtype])))
         partials = torch.empty((splits, 768), device=dy.device, dtype=torch.float32)
         if rows:
             _RMSNORM_ZC_BWD_H768.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
@@ -2966,10 +3053,13 @@ def tee_bias_bwd_n64(dy, d_extra_out0):
         dy = dy.contiguous()
         d_extra_out0 = d_extra_out0.contiguous()
         dx = torch.empty((rows, 64), device=dy.device, dtype=dy.dtype)
-        splits = max(1, min(rows, GRAD_SPLITS))
+        grid_x = _TEE_BIAS_BWD_N64_GRID_X[dy.dtype]
+        # one wave of resident blocks, each looping over its rows and summing its columns' grads
+        resident = _TEE_BIAS_BWD_N64.resident_blocks(dy.dtype, dy.get_device(), 128)
+        splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
         if rows:
-            _TEE_BIAS_BWD_N64.launch(dy.dtype, (_TEE_BIAS_BWD_N64_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _TEE_BIAS_BWD_N64.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n64(partials, dy.dtype)
@@ -3090,16 +3180,16 @@ _register("clamped_swiglu_l3p0_i16_fwd_any_4a3e7f85", "(Tensor x) -> Tensor", cl
 _register("clamped_swiglu_l5p0_rowscale_bwd_any_ed8945de", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", clamped_swiglu_l5p0_rowscale_bwd_any)
 _register("clamped_swiglu_l5p0_rowscale_fwd_any_1d20d1a5", "(Tensor x, Tensor extra_in1) -> Tensor", clamped_swiglu_l5p0_rowscale_fwd_any)
 _register("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_70e3acb8", "(Tensor x) -> Tensor", clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
-_register("column_sum_n1024_ab4f52cc", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
-_register("column_sum_n1536_e6f60e52", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
-_register("column_sum_n2048_c89ece65", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
-_register("column_sum_n256_b883f4c1", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
-_register("column_sum_n28672_5a31208b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28672)
-_register("column_sum_n4096_7dd6a65d", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
-_register("column_sum_n512_f4d898cb", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
-_register("column_sum_n64_23e1553a", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
-_register("column_sum_n768_b232dad6", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
-_register("column_sum_n8192_2f41a15c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
+_register("column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
+_register("column_sum_n1536_5f1cf395", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
+_register("column_sum_n2048_f2548681", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
+_register("column_sum_n256_7d20f507", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
+_register("column_sum_n28672_595acf41", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28672)
+_register("column_sum_n4096_d7d6209c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
+_register("column_sum_n512_7c62fb69", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
+_register("column_sum_n64_fbd74e4b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
+_register("column_sum_n768_9b62357b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
+_register("column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
 _register("dropout0p1_add_fwd_n256_79339ca0", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor", dropout0p1_add_fwd_n256)
 _register("dropout0p1_fwd_n512_62c1f754", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
 _register("dropout0p25_bwd_any_863ea65d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
@@ -3117,7 +3207,7 @@ _register("l2norm_bwd_h256_6972db87", "(Tensor dy, Tensor x, Tensor rstd) -> Ten
 _register("l2norm_eps1em05_fwd_h256_16b37aca", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
 _register("layernorm_bwd_h1024_d821dc7d", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h1024)
 _register("layernorm_bwd_h256_add_dresidual_b0b59a41", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h256_add_dresidual)
-_register("layernorm_bwd_h4096_24bb23dc", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h4096)
+_register("layernorm_bwd_h4096_5bba1b81", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h4096)
 _register("layernorm_fwd_h1024_07d73aa7", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
 _register("layernorm_fwd_h4096_d59c091d", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
 _register("layernorm_zc_bwd_h768_add_dresidual_f0e1454a", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_zc_bwd_h768_add_dresidual)
@@ -3129,7 +3219,7 @@ _register("relu_fwd_n768_439e8aea", "(Tensor x) -> Tensor", relu_fwd_n768)
 _register("rmsnorm_bwd_h1024_10213f7b", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
 _register("rmsnorm_bwd_h256_dabd3451", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
 _register("rmsnorm_bwd_h256_add_dresidual_263590d5", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h256_add_dresidual)
-_register("rmsnorm_bwd_h4096_add_dresidual_44f9d205", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h4096_add_dresidual)
+_register("rmsnorm_bwd_h4096_add_dresidual_3c803609", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h4096_add_dresidual)
 _register("rmsnorm_bwd_h64_5c2e64cc", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
 _register("rmsnorm_dropout0p3_fwd_h256_6de9eddd", "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
 _register("rmsnorm_fwd_h1024_33d99d81", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)

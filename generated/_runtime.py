@@ -294,10 +294,11 @@ class _Ready:
     packed arguments. A launch packs the values into the thread's buffer (one struct.pack_into)
     and hands the driver the address of a prebuilt array of pointers into it."""
 
-    __slots__ = ("key", "full_name", "function", "index", "layout", "size")
+    __slots__ = ("key", "full_name", "function", "index", "layout", "size", "resident")
 
     def __init__(self, key, full_name, function, index, signature):
         self.key, self.full_name, self.function, self.index = key, full_name, function, index
+        self.resident = {}  # threads per block -> blocks the device runs at once
         # every argument in its own 8-byte slot: a pointer ("p", 8 bytes) or a C int ("i", 4)
         self.layout = struct.Struct("<" + "".join("Q" if kind == "p" else "i4x" for kind in signature))
         self.size = len(signature)
@@ -338,6 +339,23 @@ class Kernel:
         ready = _Ready((self.name, dtype, index), full, function, index, self.signature)
         self._ready[dtype, index] = ready
         return ready
+
+    def resident_blocks(self, dtype, index, threads):
+        """How many blocks of ``threads`` threads device ``index`` runs at once: its SMs times the
+        blocks an SM holds with this kernel's registers and shared memory (the driver's occupancy
+        query, asked once). A grid of this many is one full wave: a kernel whose blocks loop over
+        rows gets every SM busy, none idle behind a partial second wave."""
+        ready = self._ready.get((dtype, index))
+        if ready is None:
+            ready = self._prepare(dtype, index)
+        blocks = ready.resident.get(threads)
+        if blocks is None:
+            with torch.cuda.device(index):  # the function belongs to that device's context
+                err, per_sm = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ready.function, threads, 0)
+            _check(err, ready.full_name, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            sms = torch.cuda.get_device_properties(index).multi_processor_count
+            blocks = ready.resident[threads] = max(1, per_sm) * sms
+        return blocks
 
     def launch(self, dtype, grid, block, args, index):
         """Launch on the current stream of CUDA device ``index``. ``args``: the kernel's

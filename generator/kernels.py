@@ -19,16 +19,24 @@ from dataclasses import dataclass
 from typing import Sequence
 
 DTYPES = {"bfloat16": ("bf16", "__nv_bfloat16", 2), "float16": ("fp16", "__half", 2), "float32": ("fp32", "float", 4)}
-NORM_MAX_THREADS = 512  # threads per row of a norm kernel
+NORM_MAX_THREADS = 512  # threads per row of a norm forward (and a backward of rows over 1024 vectors)
+NORM_BWD_MAX_THREADS = 1024  # threads per row of a norm backward: one vector each up to 1024 a row
 # Longest kernel name, without the dtype suffix. Every name of the shipped specs but the long
 # elementwise_chain run fits; with "_bf16.compute_80.ptx" a file name stays under 70 bytes.
 MAX_KERNEL_NAME = 48
 NAME_HASH_CHARS = 8  # hex digits of sha256(full name) in a cut name: "x" + 8 hex
 
 
-def norm_threads(hidden: int, vec: int) -> int:
-    """Threads per block of a norm kernel: a multiple of 32 covering the row's vectors, capped."""
-    return min(NORM_MAX_THREADS, -(-hidden // vec // 32) * 32)
+def norm_threads(hidden: int, vec: int, backward: bool = False) -> int:
+    """Threads per block of a norm kernel: a multiple of 32 covering the row's vectors, capped.
+
+    A backward of at most 1024 vectors a row gives each thread one (H=8192 in bf16): with two, a
+    thread of a 512-thread block took 94-118 registers on sm_90, and one such block filled an SM;
+    with one it takes 58-64, and the H100 ran the backward 13% faster (bench/NOTES.md)."""
+    covering = -(-hidden // vec // 32) * 32
+    if backward and covering <= NORM_BWD_MAX_THREADS:
+        return covering
+    return min(NORM_MAX_THREADS, covering)
 
 
 def kernel_name(chain: str, suffix: str, qualifier: str = "") -> tuple[str, str]:
@@ -116,7 +124,7 @@ class KernelSpec:
         does not depend on the dtype."""
         ctx, vec = self.ctx, self.vec(itemsize)
         if self.geometry == "row_threads":
-            return norm_threads(ctx["hidden"], vec)
+            return norm_threads(ctx["hidden"], vec, backward=self.family == "norm_bwd")
         if self.geometry == "row_vectors":
             return -(-ctx["width"] // vec // ctx["threads"])
         if self.geometry == "any_row_vectors":

@@ -5,8 +5,8 @@
 using T = __nv_bfloat16;
 constexpr int N = 768;
 
-// grid = ceil(N / 256), block = 256: one thread per column.
-extern "C" __global__ void __launch_bounds__(256) column_sum_n768_bf16(
+// grid = ceil(N / COLS), block = (COLS, LANES): LANES threads per column (column_sum.cuh).
+extern "C" __global__ void __launch_bounds__(fg::COLUMN_SUM_COLS * fg::COLUMN_SUM_LANES) column_sum_n768_bf16(
     const float* __restrict__ partials,
     T* __restrict__ out,
     int splits) {

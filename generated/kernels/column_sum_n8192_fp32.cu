@@ -5,8 +5,8 @@
 using T = float;
 constexpr int N = 8192;
 
-// grid = ceil(N / 256), block = 256: one thread per column.
-extern "C" __global__ void __launch_bounds__(256) column_sum_n8192_fp32(
+// grid = ceil(N / COLS), block = (COLS, LANES): LANES threads per column (column_sum.cuh).
+extern "C" __global__ void __launch_bounds__(fg::COLUMN_SUM_COLS * fg::COLUMN_SUM_LANES) column_sum_n8192_fp32(
     const float* __restrict__ partials,
     T* __restrict__ out,
     int splits) {

@@ -5,7 +5,7 @@
 using T = float;
 constexpr int H = 4096;
 constexpr int VEC = 4;
-constexpr int THREADS = 512;
+constexpr int THREADS = 1024;
 
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and
 // fp32 partials [S, H: dgamma].

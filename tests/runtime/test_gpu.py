@@ -60,7 +60,9 @@ NORMS = [  # fwd kernel, bwd kernel, LayerNorm?, H, residual-grad add in bwd
 ]
 
 
-@pytest.mark.parametrize("rows", [1, 3, 1000])
+# The backward's grid is one wave of resident blocks (1320 at H=1024 on an H100): 1000 rows give
+# each block one row or none, 5003 several, unevenly.
+@pytest.mark.parametrize("rows", [1, 3, 1000, 5003])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("fwd,bwd,layernorm,hidden,dres", NORMS, ids=[n[0] for n in NORMS])
 def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, dtype, rows):
@@ -98,6 +100,38 @@ def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, dtype, rows):
         assert torch.equal(g, h), "parameter grads must be deterministic run to run"
 
 
+def test_resident_blocks_is_one_wave_of_the_device():
+    """The grid a looping backward launches: the device's SMs times the blocks one SM holds with
+    that kernel (the driver's occupancy query), asked once per kernel, device and block size."""
+    kernel = K()._RMSNORM_BWD_H1024
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    threads = K()._RMSNORM_BWD_H1024_THREADS[torch.bfloat16]
+    blocks = kernel.resident_blocks(torch.bfloat16, 0, threads)
+    assert blocks % sms == 0 and 1 <= blocks // sms <= 2048 // threads
+    ready = kernel._ready[torch.bfloat16, 0]
+    assert ready.resident == {threads: blocks}
+    assert kernel.resident_blocks(torch.bfloat16, 0, threads) == blocks
+    # a bigger block: no more resident blocks per SM than the SM has threads for
+    assert kernel.resident_blocks(torch.bfloat16, 0, 2 * threads) // sms <= 2048 // (2 * threads)
+
+
+@pytest.mark.parametrize("splits", [1, 31, 32, 33, 2500])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_column_sum_over_many_splits(splits, dtype):
+    """The finaliser of every parameter grad: 32 lanes a column, compensated, fixed order. Values
+    of mixed sign and size, so a plain fp32 sum of 2500 would be off by many roundings."""
+    gen = torch.Generator().manual_seed(splits)
+    partials = (torch.randn(splits, 4096, generator=gen, dtype=torch.float64)
+                * torch.logspace(-3, 3, splits, dtype=torch.float64)[torch.randperm(splits, generator=gen), None])
+    got = K().column_sum_n4096(partials.float().cuda(), dtype)
+    ref = partials.float().double().sum(0)
+    assert got.dtype == dtype and got.shape == (4096,)
+    # at most a rounding to dtype plus a few fp32 roundings of the columns' magnitude
+    bound = partials.abs().sum(0) * 4 * 2.0 ** -24 + ref.abs() * torch.finfo(dtype).eps / 2
+    assert ((got.double().cpu() - ref).abs() <= bound).all()
+    assert torch.equal(got, K().column_sum_n4096(partials.float().cuda(), dtype)), "deterministic"
+
+
 def _swiglu(t):
     a, b = t.chunk(2, -1)
     return F.silu(a) * b
@@ -118,7 +152,7 @@ ELEMENTWISE = [  # fwd kernel, bwd kernel, activation (float64), output width, g
 ]
 
 
-@pytest.mark.parametrize("rows", [1, 3, 513])
+@pytest.mark.parametrize("rows", [1, 3, 513, 5003])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("fwd,bwd,act,width,gated", ELEMENTWISE, ids=[e[0] for e in ELEMENTWISE])
 def test_activation_kernels(fwd, bwd, act, width, gated, dtype, rows):
