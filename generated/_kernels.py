@@ -12,7 +12,8 @@ from . import _reference as ref
 from ._runtime import Kernel, pointer
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
-COLUMN_SUM_BLOCK = (32, 32, 1)  # columns per block, threads per column (templates/cuda/column_sum.cuh)
+# columns per block, threads per column (templates/cuda/column_sum.cuh)
+COLUMN_SUM_BLOCK = (32, 32, 1)
 
 
 def aligned(*tensors):
@@ -36,7 +37,9 @@ def add_fwd_n4096(x, extra_in0):
         y = torch.empty((rows, 4096), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_ADD_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _ADD_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _ADD_FWD_N4096.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
@@ -44,13 +47,17 @@ def add_fwd_n4096(x, extra_in0):
 
 
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel("add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi")
-_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {
+    torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
 def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
-    """residual add + LayerNorm(768, eps=1e-06, zero_centered_gamma=True): returns (y, residual_out, mean, rstd)."""
+    """residual add + LayerNorm(768, eps=1e-06, zero_centered_gamma=True): returns (y, residual_out,
+    mean, rstd).
+    """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_c0e71437(x, residual, gamma, beta)
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_c0e71437(
+            x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -60,7 +67,12 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
+            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
         return y, residual_out, mean, rstd
     residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
     x = residual_out
@@ -80,9 +92,15 @@ def add_layernorm_zc_eps1em06_fwd_h768_no_grad(x, residual, gamma, beta, keep_su
         residual_out = torch.empty_like(x) if keep_sum else None
         y = torch.empty_like(x)
         if rows:
-            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows), x.get_device())
+            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
         return (y, residual_out) if keep_sum else y
-    y, residual_out = add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta)[:2]  # CPU and torch.compile: the whole launcher
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta)[:2]
     return (y, residual_out) if keep_sum else y
 
 
@@ -102,7 +120,12 @@ def add_rmsnorm_fwd_h256(x, residual, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _ADD_RMSNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(), residual_out.data_ptr(), 0, rstd.data_ptr(), rows), x.get_device())
+            _ADD_RMSNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    residual_out.data_ptr(), 0, rstd.data_ptr(), rows),
+                x.get_device())
         return y, residual_out, rstd
     residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
     x = residual_out
@@ -122,20 +145,32 @@ def add_rmsnorm_fwd_h256_no_grad(x, residual, gamma, keep_sum):
         residual_out = torch.empty_like(x) if keep_sum else None
         y = torch.empty_like(x)
         if rows:
-            _ADD_RMSNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows), x.get_device())
+            _ADD_RMSNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
         return (y, residual_out) if keep_sum else y
-    y, residual_out = add_rmsnorm_fwd_h256(x, residual, gamma)[:2]  # CPU and torch.compile: the whole launcher
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_rmsnorm_fwd_h256(x, residual, gamma)[:2]
     return (y, residual_out) if keep_sum else y
 
 
-_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel("add_scale0p5_tee_qgelu_bwd_any_from_add", "pppppii")
-_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel(
+    "add_scale0p5_tee_qgelu_bwd_any_from_add", "pppppii")
+# elements per 16-byte vector, by dtype
+_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC = {
+    torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
-    """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU() backward, any width: returns dx."""
+    """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU() backward, any width: returns
+    dx.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88(dy, x, extra_in0, d_extra_out2)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88(
+            dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -146,8 +181,14 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
         dx = torch.empty((rows, n), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
-            grid = (-(-n // (_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC[dy.dtype] * 128)), splits, 1)
-            _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in0.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
+            grid = (
+                -(-n // (_ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD_VEC[dy.dtype] * 128)), splits, 1)
+            _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD.launch(
+                dy.dtype, grid, (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in0.data_ptr(), d_extra_out2.data_ptr(),
+                    dx.data_ptr(), rows, n),
+                dy.get_device())
         return dx
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
@@ -162,11 +203,14 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
 
 
 _ADD_SCALE0P5_TEE_QGELU_FWD_ANY = Kernel("add_scale0p5_tee_qgelu_fwd_any", "ppppii")
-_ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
-    """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU(), any width: returns y, extra_out2."""
+    """AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU(), any width: returns y,
+    extra_out2.
+    """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_5c28ba93(x, extra_in0)
     rows = x.shape[0]
@@ -177,8 +221,13 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         extra_out2 = torch.empty_like(x)
         if rows and n:
-            grid = (-(-n // (_ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _ADD_SCALE0P5_TEE_QGELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in0.data_ptr(), extra_out2.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_ADD_SCALE0P5_TEE_QGELU_FWD_ANY_VEC[x.dtype] * 128)),
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _ADD_SCALE0P5_TEE_QGELU_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in0.data_ptr(), extra_out2.data_ptr(), y.data_ptr(), rows, n),
+                x.get_device())
         return y, extra_out2
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
@@ -203,7 +252,9 @@ def add_tee_bwd_n256(dy, d_extra_out1):
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _ADD_TEE_BWD_N256.launch(dy.dtype, (_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+            _ADD_TEE_BWD_N256.launch(
+                dy.dtype, (_ADD_TEE_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     g = ref.compute(dy)
     g = g + ref.compute(d_extra_out1)
@@ -226,7 +277,9 @@ def add_tee_fwd_n256(x, extra_in0):
         y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_ADD_TEE_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _ADD_TEE_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _ADD_TEE_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
@@ -250,7 +303,9 @@ def bias_add_bwd_n4096(dy):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_BWD_N4096.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_ADD_BWD_N4096.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -281,7 +336,10 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_TEE_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_ADD_TEE_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -296,13 +354,15 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
 
 
 _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel("bias_add_tee_gelu_bwd_n256_from_bias", "pppppppi")
-_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {
+    torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a(dy, x, bias0, extra_in1, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a(
+            dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -313,11 +373,17 @@ def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
         grid_x = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype]
         # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.resident_blocks(dy.dtype, dy.get_device(), 128)
+        resident = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.resident_blocks(
+            dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(),
+                    d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -353,7 +419,12 @@ def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
         extra_out2 = torch.empty_like(x)
         if rows:
             grid = (_BIAS_ADD_TEE_GELU_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _BIAS_ADD_TEE_GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), extra_out2.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _BIAS_ADD_TEE_GELU_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1),
+                (
+                    x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), extra_out2.data_ptr(),
+                    y.data_ptr(), rows),
+                x.get_device())
         return y, extra_out2
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias0))
@@ -380,7 +451,9 @@ def bias_bwd_n1024(dy):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N1024.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N1024.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -409,7 +482,9 @@ def bias_bwd_n256(dy):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -438,7 +513,9 @@ def bias_bwd_n4096(dy):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N4096.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N4096.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -467,7 +544,9 @@ def bias_bwd_n512(dy):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -479,12 +558,16 @@ def bias_bwd_n512(dy):
     return dbias0
 
 
-_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "ppppi")
-_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel(
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "ppppi")
+_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {
+    torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
 def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
-    """Bias(4096), ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5) backward: returns dx, dbias0."""
+    """Bias(4096), ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5) backward: returns dx,
+    dbias0.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_76150a98(dy, x)
     rows = dy.shape[0]
@@ -494,11 +577,15 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
         dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
         grid_x = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype]
         # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.resident_blocks(dy.dtype, dy.get_device(), 128)
+        resident = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.resident_blocks(
+            dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -532,7 +619,10 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -546,14 +636,19 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
     return dx, dbias0
 
 
-_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256 = Kernel("bias_dropout0p1_add_layernorm_fwd_h256", "ppppppppppi")
-_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256 = Kernel(
+    "bias_dropout0p1_add_layernorm_fwd_h256", "ppppppppppi")
+_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta):
-    """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256): returns (y, residual_out, mean, rstd)."""
+    """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256): returns (y, residual_out, mean,
+    rstd).
+    """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_242787d6(x, bias0, seed1, residual, gamma, beta)
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_242787d6(
+            x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -564,7 +659,14 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
+            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1),
+                (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(),
+                    gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), residual_out.data_ptr(),
+                    mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
         return y, residual_out, mean, rstd
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias0))
@@ -575,7 +677,8 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     return y, residual_out, mean, rstd
 
 
-def bias_dropout0p1_add_layernorm_fwd_h256_no_grad(x, bias0, seed1, residual, gamma, beta, keep_sum):
+def bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
+        x, bias0, seed1, residual, gamma, beta, keep_sum):
     """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256), without autograd.
 
     Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
@@ -588,9 +691,18 @@ def bias_dropout0p1_add_layernorm_fwd_h256_no_grad(x, bias0, seed1, residual, ga
         residual_out = torch.empty_like(x) if keep_sum else None
         y = torch.empty_like(x)
         if rows:
-            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(x.dtype, (rows, 1, 1), (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows), x.get_device())
+            _BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1),
+                (_BIAS_DROPOUT0P1_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(),
+                    gamma.data_ptr(), beta.data_ptr(), y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
         return (y, residual_out) if keep_sum else y
-    y, residual_out = bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, beta)[:2]  # CPU and torch.compile: the whole launcher
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = bias_dropout0p1_add_layernorm_fwd_h256(
+        x, bias0, seed1, residual, gamma, beta)[:2]
     return (y, residual_out) if keep_sum else y
 
 
@@ -612,7 +724,10 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P1_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_DROPOUT0P1_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -626,14 +741,17 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
     return dx, dbias0
 
 
-_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2 = Kernel("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "pppppi")
-_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2 = Kernel(
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "pppppi")
+_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {
+    torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a(dy, x, seed1)
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a(
+            dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -641,11 +759,17 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
         grid_x = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype]
         # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.resident_blocks(dy.dtype, dy.get_device(), 128)
+        resident = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.resident_blocks(
+            dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
+                    rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -682,7 +806,10 @@ def bias_gelu_bwd_n4096(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GELU_BWD_N4096.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_GELU_BWD_N4096.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n4096(partials, dy.dtype)
@@ -717,7 +844,12 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(),
+                    rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -753,7 +885,10 @@ def bias_glu_bwd_n512(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_GLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_GLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -788,7 +923,10 @@ def bias_qgeglu_bwd_n512(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_QGEGLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_QGEGLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -823,7 +961,10 @@ def bias_qgelu_bwd_n512(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_QGELU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_QGELU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -858,7 +999,10 @@ def bias_reglu_bwd_n512(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_REGLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_REGLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -893,7 +1037,10 @@ def bias_relu_bwd_n512_from_output(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -909,14 +1056,19 @@ def bias_relu_bwd_n512_from_output(dy, x):
     return dx, dbias0
 
 
-_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384 = Kernel("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384", "pppppppi")
-_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384 = Kernel(
+    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384", "pppppppi")
+_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X = {
+    torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, extra_in8):
-    """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3."""
+    """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768),
+    GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3.
+    """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb(x, bias0, extra_in4, bias6, extra_in8)
+        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb(
+            x, bias0, extra_in4, bias6, extra_in8)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -927,8 +1079,15 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
         y = torch.empty((rows, 384), device=x.device, dtype=x.dtype)
         extra_out3 = torch.empty_like(x)
         if rows:
-            grid = (_BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias0.data_ptr(), extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), extra_out3.data_ptr(), y.data_ptr(), rows), x.get_device())
+            grid = (
+                _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384_GRID_X[x.dtype],
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _BIAS_SCALE0P5_GELU_TEE_ADD_X27EF9C64_FWD_N384.launch(
+                x.dtype, grid, (128, 1, 1),
+                (
+                    x.data_ptr(), bias0.data_ptr(), extra_in4.data_ptr(), bias6.data_ptr(),
+                    extra_in8.data_ptr(), extra_out3.data_ptr(), y.data_ptr(), rows),
+                x.get_device())
         return y, extra_out3
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias0))
@@ -944,14 +1103,21 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
     return a.to(x.dtype), extra_out3
 
 
-_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS = Kernel("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "pppppppppppi")
-_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS = Kernel(
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "pppppppppppi")
+_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {
+    torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
-def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8):
-    """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU() backward: returns dx, d_extra_in4, d_extra_in8, dbias0, dbias6."""
+def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
+        dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8):
+    """Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768),
+    GEGLU(), AddExtraInput(), SiLU() backward: returns dx, d_extra_in4, d_extra_in8, dbias0,
+    dbias6.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c(dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c(
+            dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -966,11 +1132,18 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(dy, x, bias0, d_extra_out3, 
         d_extra_in8 = torch.empty((rows, 384), device=dy.device, dtype=dy.dtype)
         grid_x = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype]
         # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.resident_blocks(dy.dtype, dy.get_device(), 128)
+        resident = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.resident_blocks(
+            dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(), extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(), d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(),
+                    extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(),
+                    d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1536(partials, dy.dtype)
@@ -1028,7 +1201,10 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SCALE2P0_GELU_BWD_N256.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SCALE2P0_GELU_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n256(partials, dy.dtype)
@@ -1064,7 +1240,10 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -1099,7 +1278,10 @@ def bias_sreglu_bwd_n512(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SREGLU_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SREGLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -1134,7 +1316,10 @@ def bias_srelu_bwd_n2048(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SRELU_BWD_N2048.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SRELU_BWD_N2048.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n2048(partials, dy.dtype)
@@ -1172,7 +1357,12 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials2 = torch.zeros((rows, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(), partials.data_ptr(), row_partials2.data_ptr(), rows), dy.get_device())
+            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(),
+                    partials.data_ptr(), row_partials2.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n512(partials, dy.dtype)
@@ -1212,7 +1402,10 @@ def bias_swiglu_bwd_n14336(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 28672), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SWIGLU_BWD_N14336.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SWIGLU_BWD_N14336.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n28672(partials, dy.dtype)
@@ -1247,7 +1440,10 @@ def bias_swiglu_i32_bwd_n512(dy, x):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _BIAS_SWIGLU_I32_BWD_N512.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _BIAS_SWIGLU_I32_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n1024(partials, dy.dtype)
@@ -1264,7 +1460,8 @@ def bias_swiglu_i32_bwd_n512(dy, x):
 
 
 _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY = Kernel("clamped_swiglu_l3p0_i16_bwd_any", "pppii")
-_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
@@ -1280,7 +1477,9 @@ def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
+            _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1291,7 +1490,8 @@ def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
 
 
 _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY = Kernel("clamped_swiglu_l3p0_i16_fwd_any", "ppii")
-_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def clamped_swiglu_l3p0_i16_fwd_any(x):
@@ -1304,8 +1504,11 @@ def clamped_swiglu_l3p0_i16_fwd_any(x):
         x = x.contiguous()
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
-            grid = (-(-n // (_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC[x.dtype] * 128)),
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.clamped_swiglu(ref.deinterleave(a, 16), 3.0, 1.702, 1.0)
@@ -1313,7 +1516,8 @@ def clamped_swiglu_l3p0_i16_fwd_any(x):
 
 
 _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_bwd_any", "pppppii")
-_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
@@ -1332,7 +1536,12 @@ def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
         if rows and n:
             grid = (-(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(), row_partials1.data_ptr(), rows, n), dy.get_device())
+            _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(),
+                    row_partials1.data_ptr(), rows, n),
+                dy.get_device())
         d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
         return dx, d_extra_in1
     a = ref.compute(x)
@@ -1348,7 +1557,8 @@ def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
 
 
 _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY = Kernel("clamped_swiglu_l5p0_rowscale_fwd_any", "pppii")
-_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
@@ -1362,8 +1572,12 @@ def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
         extra_in1 = extra_in1.contiguous()
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
-            grid = (-(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)),
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.clamped_swiglu(a, 5.0, 1.702, 1.0)
@@ -1372,7 +1586,8 @@ def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
 
 
 _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048 = Kernel("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048", "ppi")
-_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {
+    torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
 def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
@@ -1384,8 +1599,11 @@ def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
         x = x.contiguous()
         y = torch.empty((rows, 2048), device=x.device, dtype=x.dtype)
         if rows:
-            grid = (_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            grid = (
+                _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X[x.dtype],
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.clamped_swiglu(a, 6.0, 1.5, 0.5)
@@ -1396,12 +1614,16 @@ _COLUMN_SUM_N1024 = Kernel("column_sum_n1024", "ppi")
 
 
 def column_sum_n1024(partials, dtype):
-    """Sum fp32 partials [splits, 1024] over splits, in a fixed order, into a 1024-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    """Sum fp32 partials [splits, 1024] over splits, in a fixed order, into a 1024-vector of dtype.
+    """
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n1024_2f259b24(partials, dtype)
     out = torch.empty(1024, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N1024.launch(dtype, (32, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N1024.launch(
+        dtype, (32, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1409,12 +1631,16 @@ _COLUMN_SUM_N1536 = Kernel("column_sum_n1536", "ppi")
 
 
 def column_sum_n1536(partials, dtype):
-    """Sum fp32 partials [splits, 1536] over splits, in a fixed order, into a 1536-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    """Sum fp32 partials [splits, 1536] over splits, in a fixed order, into a 1536-vector of dtype.
+    """
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n1536_5f1cf395(partials, dtype)
     out = torch.empty(1536, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N1536.launch(dtype, (48, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N1536.launch(
+        dtype, (48, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1422,12 +1648,16 @@ _COLUMN_SUM_N2048 = Kernel("column_sum_n2048", "ppi")
 
 
 def column_sum_n2048(partials, dtype):
-    """Sum fp32 partials [splits, 2048] over splits, in a fixed order, into a 2048-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    """Sum fp32 partials [splits, 2048] over splits, in a fixed order, into a 2048-vector of dtype.
+    """
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n2048_f2548681(partials, dtype)
     out = torch.empty(2048, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N2048.launch(dtype, (64, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N2048.launch(
+        dtype, (64, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1436,11 +1666,14 @@ _COLUMN_SUM_N256 = Kernel("column_sum_n256", "ppi")
 
 def column_sum_n256(partials, dtype):
     """Sum fp32 partials [splits, 256] over splits, in a fixed order, into a 256-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n256_7d20f507(partials, dtype)
     out = torch.empty(256, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N256.launch(dtype, (8, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N256.launch(
+        dtype, (8, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1448,12 +1681,17 @@ _COLUMN_SUM_N28672 = Kernel("column_sum_n28672", "ppi")
 
 
 def column_sum_n28672(partials, dtype):
-    """Sum fp32 partials [splits, 28672] over splits, in a fixed order, into a 28672-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    """Sum fp32 partials [splits, 28672] over splits, in a fixed order, into a 28672-vector of
+    dtype.
+    """
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n28672_595acf41(partials, dtype)
     out = torch.empty(28672, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N28672.launch(dtype, (896, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N28672.launch(
+        dtype, (896, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1461,12 +1699,16 @@ _COLUMN_SUM_N4096 = Kernel("column_sum_n4096", "ppi")
 
 
 def column_sum_n4096(partials, dtype):
-    """Sum fp32 partials [splits, 4096] over splits, in a fixed order, into a 4096-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    """Sum fp32 partials [splits, 4096] over splits, in a fixed order, into a 4096-vector of dtype.
+    """
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n4096_d7d6209c(partials, dtype)
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N4096.launch(dtype, (128, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N4096.launch(
+        dtype, (128, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1475,11 +1717,14 @@ _COLUMN_SUM_N512 = Kernel("column_sum_n512", "ppi")
 
 def column_sum_n512(partials, dtype):
     """Sum fp32 partials [splits, 512] over splits, in a fixed order, into a 512-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n512_7c62fb69(partials, dtype)
     out = torch.empty(512, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N512.launch(dtype, (16, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N512.launch(
+        dtype, (16, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1488,11 +1733,14 @@ _COLUMN_SUM_N64 = Kernel("column_sum_n64", "ppi")
 
 def column_sum_n64(partials, dtype):
     """Sum fp32 partials [splits, 64] over splits, in a fixed order, into a 64-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n64_fbd74e4b(partials, dtype)
     out = torch.empty(64, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N64.launch(dtype, (2, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N64.launch(
+        dtype, (2, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1501,11 +1749,14 @@ _COLUMN_SUM_N768 = Kernel("column_sum_n768", "ppi")
 
 def column_sum_n768(partials, dtype):
     """Sum fp32 partials [splits, 768] over splits, in a fixed order, into a 768-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n768_9b62357b(partials, dtype)
     out = torch.empty(768, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N768.launch(dtype, (24, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N768.launch(
+        dtype, (24, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1513,12 +1764,16 @@ _COLUMN_SUM_N8192 = Kernel("column_sum_n8192", "ppi")
 
 
 def column_sum_n8192(partials, dtype):
-    """Sum fp32 partials [splits, 8192] over splits, in a fixed order, into a 8192-vector of dtype."""
-    if torch.compiler.is_compiling() and partials.device.type != "meta":  # torch.compile: the custom op
+    """Sum fp32 partials [splits, 8192] over splits, in a fixed order, into a 8192-vector of dtype.
+    """
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
         return torch.ops.fusegen.column_sum_n8192_2a073277(partials, dtype)
     out = torch.empty(8192, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
-    _COLUMN_SUM_N8192.launch(dtype, (256, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits), partials.get_device())
+    _COLUMN_SUM_N8192.launch(
+        dtype, (256, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
     return out
 
 
@@ -1537,7 +1792,10 @@ def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
         y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_DROPOUT0P1_ADD_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P1_ADD_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), extra_in1.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _DROPOUT0P1_ADD_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), pointer(seed0), extra_in1.data_ptr(), y.data_ptr(), rows),
+                x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.10000002384185791, 1.1111111111111112)
@@ -1559,7 +1817,9 @@ def dropout0p1_fwd_n512(x, seed0):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_DROPOUT0P1_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows), x.get_device())
+            _DROPOUT0P1_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows),
+                x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.10000002384185791, 1.1111111111111112)
@@ -1567,7 +1827,8 @@ def dropout0p1_fwd_n512(x, seed0):
 
 
 _DROPOUT0P25_BWD_ANY = Kernel("dropout0p25_bwd_any", "pppii")
-_DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def dropout0p25_bwd_any(dy, seed0):
@@ -1582,7 +1843,9 @@ def dropout0p25_bwd_any(dy, seed0):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_DROPOUT0P25_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _DROPOUT0P25_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), pointer(seed0), dx.data_ptr(), rows, n), dy.get_device())
+            _DROPOUT0P25_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1),
+                (dy.data_ptr(), pointer(seed0), dx.data_ptr(), rows, n), dy.get_device())
         return dx
     g = ref.compute(dy)
     g, dt = ref.dropout_bwd(None, ref.draws(seed0, g), g, 0.25, 1.3333333333333333)
@@ -1591,7 +1854,8 @@ def dropout0p25_bwd_any(dy, seed0):
 
 
 _DROPOUT0P25_FWD_ANY = Kernel("dropout0p25_fwd_any", "pppii")
-_DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def dropout0p25_fwd_any(x, seed0):
@@ -1604,8 +1868,12 @@ def dropout0p25_fwd_any(x, seed0):
         x = x.contiguous()
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
-            grid = (-(-n // (_DROPOUT0P25_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P25_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_DROPOUT0P25_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS),
+                1)
+            _DROPOUT0P25_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows, n),
+                x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.25, 1.3333333333333333)
@@ -1626,7 +1894,9 @@ def dropout0p2_swiglu_fwd_n512(x, seed0):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_DROPOUT0P2_SWIGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _DROPOUT0P2_SWIGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows), x.get_device())
+            _DROPOUT0P2_SWIGLU_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed0), y.data_ptr(), rows),
+                x.get_device())
         return y
     a = ref.compute(x)
     a = ref.dropout(a, ref.draws(seed0, a), 0.20000004768371582, 1.25)
@@ -1648,7 +1918,9 @@ def dropout0p3_bwd_n256(dy, seed0):
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _DROPOUT0P3_BWD_N256.launch(dy.dtype, (_DROPOUT0P3_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), pointer(seed0), dx.data_ptr(), rows), dy.get_device())
+            _DROPOUT0P3_BWD_N256.launch(
+                dy.dtype, (_DROPOUT0P3_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), pointer(seed0), dx.data_ptr(), rows), dy.get_device())
         return dx
     g = ref.compute(dy)
     g, dt = ref.dropout_bwd(None, ref.draws(seed0, g), g, 0.30000001192092896, 1.4285714285714286)
@@ -1657,7 +1929,8 @@ def dropout0p3_bwd_n256(dy, seed0):
 
 
 _GELU_BWD_ANY = Kernel("gelu_bwd_any", "pppii")
-_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def gelu_bwd_any(dy, x):
@@ -1667,7 +1940,8 @@ def gelu_bwd_any(dy, x):
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
-        fixed = _GELU_BWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        # a kernel built for this width, which needs aligned rows
+        fixed = _GELU_BWD_ANY_FIXED.get(n)
         if fixed is not None and aligned(dy, x):
             return fixed(dy, x)
         dy = dy.contiguous()
@@ -1676,7 +1950,9 @@ def gelu_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_GELU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
+            _GELU_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1701,7 +1977,9 @@ def gelu_bwd_n256(dy, x):
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _GELU_BWD_N256.launch(dy.dtype, (_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+            _GELU_BWD_N256.launch(
+                dy.dtype, (_GELU_BWD_N256_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -1725,7 +2003,9 @@ def gelu_dropout0p1_fwd_n512(x, seed1):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GELU_DROPOUT0P1_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_DROPOUT0P1_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed1), y.data_ptr(), rows), x.get_device())
+            _GELU_DROPOUT0P1_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), pointer(seed1), y.data_ptr(), rows),
+                x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
@@ -1734,7 +2014,8 @@ def gelu_dropout0p1_fwd_n512(x, seed1):
 
 
 _GELU_FWD_ANY = Kernel("gelu_fwd_any", "ppii")
-_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def gelu_fwd_any(x):
@@ -1744,14 +2025,16 @@ def gelu_fwd_any(x):
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
-        fixed = _GELU_FWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        # a kernel built for this width, which needs aligned rows
+        fixed = _GELU_FWD_ANY_FIXED.get(n)
         if fixed is not None and aligned(x):
             return fixed(x)
         x = x.contiguous()
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            _GELU_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
@@ -1772,7 +2055,8 @@ def gelu_fwd_n256(x):
         y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GELU_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_FWD_N256.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _GELU_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
@@ -1793,7 +2077,8 @@ def gelu_fwd_n4096(x):
         y = torch.empty((rows, 4096), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GELU_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GELU_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _GELU_FWD_N4096.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
@@ -1814,7 +2099,8 @@ def glu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_GLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _GLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _GLU_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.glu(a)
@@ -1834,9 +2120,19 @@ def l2norm_bwd_h256(dy, x, rstd):
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _L2NORM_BWD_H256.resident_blocks(dy.dtype, dy.get_device(), _L2NORM_BWD_H256_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _L2NORM_BWD_H256.resident_blocks(
+                    dy.dtype, dy.get_device(), _L2NORM_BWD_H256_THREADS[dy.dtype])
+            )
+        )
         if rows:
-            _L2NORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_L2NORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), 0, 0, dx.data_ptr(), 0, rows), dy.get_device())
+            _L2NORM_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_L2NORM_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), 0, 0, dx.data_ptr(), 0, rows),
+                dy.get_device())
         return dx
     dx = ref.l2_norm_rows_bwd(dy, x, rstd)
     return dx.to(dy.dtype)
@@ -1856,7 +2152,9 @@ def l2norm_eps1em05_fwd_h256(x):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _L2NORM_EPS1EM05_FWD_H256.launch(x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, 0, 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
+            _L2NORM_EPS1EM05_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, 0, 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
         return y, rstd
     y, rstd = ref.l2_norm_rows(x, 1e-05)
     return y, rstd
@@ -1871,7 +2169,9 @@ def l2norm_eps1em05_fwd_h256_no_grad(x):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _L2NORM_EPS1EM05_FWD_H256.launch(x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, 0, 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _L2NORM_EPS1EM05_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_L2NORM_EPS1EM05_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, 0, 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
         return y
     return l2norm_eps1em05_fwd_h256(x)[0]  # CPU and torch.compile: the whole launcher
 
@@ -1881,7 +2181,8 @@ _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 
 
 def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
-    """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.layernorm_bwd_h1024_d821dc7d(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
@@ -1889,10 +2190,22 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _LAYERNORM_BWD_H1024.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_BWD_H1024_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_BWD_H1024.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_BWD_H1024_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _LAYERNORM_BWD_H1024.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n2048(partials, gamma.dtype)
@@ -1902,23 +2215,40 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
 
 
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel("layernorm_bwd_h256_add_dresidual", "ppppppppi")
-_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
-    """LayerNorm(256) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    """LayerNorm(256) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads
+    are deterministic.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_b0b59a41(dy, x, mean, rstd, gamma, dresidual)
+        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_b0b59a41(
+            dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _LAYERNORM_BWD_H256_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_BWD_H256_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n512(partials, gamma.dtype)
@@ -1933,7 +2263,8 @@ _LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.f
 
 
 def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
-    """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.layernorm_bwd_h4096_5bba1b81(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
@@ -1941,10 +2272,22 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _LAYERNORM_BWD_H4096.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_BWD_H4096_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_BWD_H4096.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_BWD_H4096_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 8192), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_BWD_H4096.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _LAYERNORM_BWD_H4096.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n8192(partials, gamma.dtype)
@@ -1968,7 +2311,12 @@ def layernorm_fwd_h1024(x, gamma, beta):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
+            _LAYERNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0,
+                    mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
         return y, mean, rstd
     y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, mean, rstd
@@ -1983,7 +2331,10 @@ def layernorm_fwd_h1024_no_grad(x, gamma, beta):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _LAYERNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _LAYERNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows),
+                x.get_device())
         return y
     return layernorm_fwd_h1024(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
@@ -2003,7 +2354,12 @@ def layernorm_fwd_h4096(x, gamma, beta):
         mean = torch.empty(rows, device=x.device, dtype=torch.float32)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, mean.data_ptr(), rstd.data_ptr(), rows), x.get_device())
+            _LAYERNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0,
+                    mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
         return y, mean, rstd
     y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
     return y, mean, rstd
@@ -2018,29 +2374,50 @@ def layernorm_fwd_h4096_no_grad(x, gamma, beta):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _LAYERNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _LAYERNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows),
+                x.get_device())
         return y
     return layernorm_fwd_h4096(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_bwd_h768_add_dresidual", "ppppppppi")
-_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {
+    torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
 
 
 def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
-    """LayerNorm(768, zero_centered_gamma=True) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads are deterministic."""
+    """LayerNorm(768, zero_centered_gamma=True) backward, + residual grad: returns (dx, dgamma,
+    dbeta); the parameter grads are deterministic.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_f0e1454a(dy, x, mean, rstd, gamma, dresidual)
+        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_f0e1454a(
+            dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(),
+                    _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
         if rows:
-            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n1536(partials, gamma.dtype)
@@ -2064,7 +2441,8 @@ def qgeglu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_QGEGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _QGEGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _QGEGLU_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.qgeglu(a)
@@ -2085,7 +2463,8 @@ def qgelu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_QGELU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _QGELU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _QGELU_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.qgelu(a)
@@ -2106,7 +2485,8 @@ def reglu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_REGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _REGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _REGLU_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.reglu(a)
@@ -2128,7 +2508,9 @@ def relu_bwd_n768(dy, x):
         dx = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _RELU_BWD_N768.launch(dy.dtype, (_RELU_BWD_N768_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+            _RELU_BWD_N768.launch(
+                dy.dtype, (_RELU_BWD_N768_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2152,7 +2534,8 @@ def relu_fwd_n768(x):
         y = torch.empty((rows, 768), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_RELU_FWD_N768_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _RELU_FWD_N768.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _RELU_FWD_N768.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.relu(a)
@@ -2172,10 +2555,22 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _RMSNORM_BWD_H1024.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H1024_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H1024.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H1024_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H1024.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _RMSNORM_BWD_H1024.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n1024(partials, gamma.dtype)
@@ -2197,10 +2592,22 @@ def rmsnorm_bwd_h256(dy, x, rstd, gamma):
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _RMSNORM_BWD_H256.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H256_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H256.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H256_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H256.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _RMSNORM_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n256(partials, gamma.dtype)
@@ -2214,19 +2621,34 @@ _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32
 
 
 def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
-    """RMSNorm(256) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
+    """RMSNorm(256) backward, + residual grad: returns (dx, dgamma); the parameter grads are
+    deterministic.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_263590d5(dy, x, rstd, gamma, dresidual)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_263590d5(
+            dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _RMSNORM_BWD_H256_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H256_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n256(partials, gamma.dtype)
@@ -2237,23 +2659,40 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
 
 
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h4096_add_dresidual", "ppppppppi")
-_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
+_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {
+    torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
 
 
 def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
-    """RMSNorm(4096) backward, + residual grad: returns (dx, dgamma); the parameter grads are deterministic."""
+    """RMSNorm(4096) backward, + residual grad: returns (dx, dgamma); the parameter grads are
+    deterministic.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_3c803609(dy, x, rstd, gamma, dresidual)
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_3c803609(
+            dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
         dresidual = dresidual.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _RMSNORM_BWD_H4096_ADD_DRESIDUAL.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H4096_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n4096(partials, gamma.dtype)
@@ -2276,10 +2715,22 @@ def rmsnorm_bwd_h64(dy, x, rstd, gamma):
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _RMSNORM_BWD_H64.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_BWD_H64_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H64.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H64_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_BWD_H64.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _RMSNORM_BWD_H64.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n64(partials, gamma.dtype)
@@ -2302,7 +2753,12 @@ def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_DROPOUT0P3_FWD_H256.launch(x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), pointer(seed1), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
+            _RMSNORM_DROPOUT0P3_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), pointer(seed1), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0,
+                    rstd.data_ptr(), rows),
+                x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     a = ref.compute(y)
@@ -2320,9 +2776,13 @@ def rmsnorm_dropout0p3_fwd_h256_no_grad(x, seed1, gamma):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _RMSNORM_DROPOUT0P3_FWD_H256.launch(x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1), (x.data_ptr(), pointer(seed1), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _RMSNORM_DROPOUT0P3_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_DROPOUT0P3_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), pointer(seed1), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows),
+                x.get_device())
         return y
-    return rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma)[0]  # CPU and torch.compile: the whole launcher
+    # CPU and torch.compile: the whole launcher
+    return rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma)[0]
 
 
 _RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024", "ppppppppi")
@@ -2339,7 +2799,10 @@ def rmsnorm_fwd_h1024(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
+            _RMSNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
@@ -2354,7 +2817,9 @@ def rmsnorm_fwd_h1024_no_grad(x, gamma):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _RMSNORM_FWD_H1024.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _RMSNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
         return y
     return rmsnorm_fwd_h1024(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
@@ -2373,7 +2838,10 @@ def rmsnorm_fwd_h4096(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
+            _RMSNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
@@ -2388,7 +2856,9 @@ def rmsnorm_fwd_h4096_no_grad(x, gamma):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _RMSNORM_FWD_H4096.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _RMSNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
         return y
     return rmsnorm_fwd_h4096(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
@@ -2407,7 +2877,10 @@ def rmsnorm_fwd_h64(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_FWD_H64.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
+            _RMSNORM_FWD_H64.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
     return y, rstd
@@ -2422,7 +2895,9 @@ def rmsnorm_fwd_h64_no_grad(x, gamma):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _RMSNORM_FWD_H64.launch(x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _RMSNORM_FWD_H64.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H64_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
         return y
     return rmsnorm_fwd_h64(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
@@ -2432,7 +2907,9 @@ _RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 
 
 def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
-    """RMSNorm(768, zero_centered_gamma=True) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    """RMSNorm(768, zero_centered_gamma=True) backward: returns (dx, dgamma); the parameter grads
+    are deterministic.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.rmsnorm_zc_bwd_h768_d7407874(dy, x, rstd, gamma)
     rows = dy.shape[0]
@@ -2440,10 +2917,22 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
         dy, x = dy.contiguous(), x.contiguous()
         dx = torch.empty_like(dy)
         # one wave of resident blocks, each looping over its rows (at most one block a row)
-        splits = max(1, min(rows, _RMSNORM_ZC_BWD_H768.resident_blocks(dy.dtype, dy.get_device(), _RMSNORM_ZC_BWD_H768_THREADS[dy.dtype])))
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_ZC_BWD_H768.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_ZC_BWD_H768_THREADS[dy.dtype])
+            )
+        )
         partials = torch.empty((splits, 768), device=dy.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_ZC_BWD_H768.launch(dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1), (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0, dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _RMSNORM_ZC_BWD_H768.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()
         grads = column_sum_n768(partials, gamma.dtype)
@@ -2466,7 +2955,10 @@ def rmsnorm_zc_fwd_h768(x, gamma):
         y = torch.empty_like(x)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         if rows:
-            _RMSNORM_ZC_FWD_H768.launch(x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows), x.get_device())
+            _RMSNORM_ZC_FWD_H768.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
         return y, rstd
     y, rstd = ref.rms_norm(x, gamma, 1e-05, True)
     return y, rstd
@@ -2481,13 +2973,16 @@ def rmsnorm_zc_fwd_h768_no_grad(x, gamma):
         x = x.contiguous()
         y = torch.empty_like(x)
         if rows:
-            _RMSNORM_ZC_FWD_H768.launch(x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1), (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+            _RMSNORM_ZC_FWD_H768.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H768_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
         return y
     return rmsnorm_zc_fwd_h768(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
 _SILU_BWD_ANY = Kernel("silu_bwd_any", "pppii")
-_SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def silu_bwd_any(dy, x):
@@ -2503,7 +2998,9 @@ def silu_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SILU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SILU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
+            _SILU_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2514,7 +3011,8 @@ def silu_bwd_any(dy, x):
 
 
 _SILU_FWD_ANY = Kernel("silu_fwd_any", "ppii")
-_SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def silu_fwd_any(x):
@@ -2528,7 +3026,8 @@ def silu_fwd_any(x):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_SILU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SILU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            _SILU_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.silu(a)
@@ -2549,7 +3048,8 @@ def situglu_b2p0_c8p0_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SITUGLU_B2P0_C8P0_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SITUGLU_B2P0_C8P0_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SITUGLU_B2P0_C8P0_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.situglu(a, 2.0, 8.0)
@@ -2557,11 +3057,14 @@ def situglu_b2p0_c8p0_fwd_n512(x):
 
 
 _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY = Kernel("situglu_b2p0_i32_rowscale_bwd_any", "pppppii")
-_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
-    """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale() backward, any width: returns dx, d_extra_in1."""
+    """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale() backward, any width: returns dx,
+    d_extra_in1.
+    """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_934176d8(dy, x, extra_in1)
     rows = dy.shape[0]
@@ -2576,7 +3079,12 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
         if rows and n:
             grid = (-(-n // (_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(), row_partials1.data_ptr(), rows, n), dy.get_device())
+            _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(),
+                    row_partials1.data_ptr(), rows, n),
+                dy.get_device())
         d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
         return dx, d_extra_in1
     a = ref.compute(x)
@@ -2592,7 +3100,8 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
 
 
 _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY = Kernel("situglu_b2p0_i32_rowscale_fwd_any", "pppii")
-_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
@@ -2606,8 +3115,12 @@ def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
         extra_in1 = extra_in1.contiguous()
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
-            grid = (-(-n // (_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)),
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.situglu(ref.deinterleave(a, 32), 2.0, 25.0)
@@ -2629,7 +3142,8 @@ def sreglu_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SREGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SREGLU_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SREGLU_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.sreglu(a)
@@ -2650,7 +3164,8 @@ def srelu_fwd_n2048(x):
         y = torch.empty((rows, 2048), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SRELU_FWD_N2048_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SRELU_FWD_N2048.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SRELU_FWD_N2048.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.srelu(a)
@@ -2672,7 +3187,9 @@ def srelu_rowscale_fwd_n512(x, extra_in1):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SRELU_ROWSCALE_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SRELU_ROWSCALE_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SRELU_ROWSCALE_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.srelu(a)
@@ -2681,7 +3198,8 @@ def srelu_rowscale_fwd_n512(x, extra_in1):
 
 
 _SWIGLU_BWD_ANY = Kernel("swiglu_bwd_any", "pppii")
-_SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_bwd_any(dy, x):
@@ -2691,7 +3209,8 @@ def swiglu_bwd_any(dy, x):
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
-        fixed = _SWIGLU_BWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        # a kernel built for this width, which needs aligned rows
+        fixed = _SWIGLU_BWD_ANY_FIXED.get(n)
         if fixed is not None and aligned(dy, x):
             return fixed(dy, x)
         dy = dy.contiguous()
@@ -2700,7 +3219,9 @@ def swiglu_bwd_any(dy, x):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
+            _SWIGLU_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2725,7 +3246,9 @@ def swiglu_bwd_n384(dy, x):
         dx = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _SWIGLU_BWD_N384.launch(dy.dtype, (_SWIGLU_BWD_N384_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+            _SWIGLU_BWD_N384.launch(
+                dy.dtype, (_SWIGLU_BWD_N384_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2750,7 +3273,9 @@ def swiglu_bwd_n4096(dy, x):
         dx = torch.empty((rows, 8192), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _SWIGLU_BWD_N4096.launch(dy.dtype, (_SWIGLU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+            _SWIGLU_BWD_N4096.launch(
+                dy.dtype, (_SWIGLU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2761,7 +3286,8 @@ def swiglu_bwd_n4096(dy, x):
 
 
 _SWIGLU_FWD_ANY = Kernel("swiglu_fwd_any", "ppii")
-_SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_fwd_any(x):
@@ -2771,14 +3297,16 @@ def swiglu_fwd_any(x):
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
-        fixed = _SWIGLU_FWD_ANY_FIXED.get(n)  # a kernel built for this width, which needs aligned rows
+        # a kernel built for this width, which needs aligned rows
+        fixed = _SWIGLU_FWD_ANY_FIXED.get(n)
         if fixed is not None and aligned(x):
             return fixed(x)
         x = x.contiguous()
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
             grid = (-(-n // (_SWIGLU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            _SWIGLU_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2799,7 +3327,8 @@ def swiglu_fwd_n14336(x):
         y = torch.empty((rows, 14336), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_FWD_N14336_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N14336.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SWIGLU_FWD_N14336.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2820,7 +3349,8 @@ def swiglu_fwd_n384(x):
         y = torch.empty((rows, 384), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_FWD_N384_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N384.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SWIGLU_FWD_N384.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2841,7 +3371,8 @@ def swiglu_fwd_n4096(x):
         y = torch.empty((rows, 4096), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N4096.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SWIGLU_FWD_N4096.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2862,7 +3393,8 @@ def swiglu_i32_fwd_n512(x):
         y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_SWIGLU_I32_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_I32_FWD_N512.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _SWIGLU_I32_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(ref.deinterleave(a, 32))
@@ -2870,7 +3402,8 @@ def swiglu_i32_fwd_n512(x):
 
 
 _SWIGLU_ROWSCALE_BWD_ANY = Kernel("swiglu_rowscale_bwd_any", "pppppii")
-_SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
@@ -2889,7 +3422,12 @@ def swiglu_rowscale_bwd_any(dy, x, extra_in1):
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
         if rows and n:
             grid = (-(-n // (_SWIGLU_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_ROWSCALE_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(), row_partials1.data_ptr(), rows, n), dy.get_device())
+            _SWIGLU_ROWSCALE_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(),
+                    row_partials1.data_ptr(), rows, n),
+                dy.get_device())
         d_extra_in1 = row_partials1.sum(1).to(dy.dtype)  # fixed-order reduction per row
         return dx, d_extra_in1
     a = ref.compute(x)
@@ -2905,7 +3443,8 @@ def swiglu_rowscale_bwd_any(dy, x, extra_in1):
 
 
 _SWIGLU_ROWSCALE_FWD_ANY = Kernel("swiglu_rowscale_fwd_any", "pppii")
-_SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_rowscale_fwd_any(x, extra_in1):
@@ -2919,8 +3458,12 @@ def swiglu_rowscale_fwd_any(x, extra_in1):
         extra_in1 = extra_in1.contiguous()
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         if rows and n:
-            grid = (-(-n // (_SWIGLU_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_ROWSCALE_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_SWIGLU_ROWSCALE_FWD_ANY_VEC[x.dtype] * 128)),
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_ROWSCALE_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2929,7 +3472,8 @@ def swiglu_rowscale_fwd_any(x, extra_in1):
 
 
 _SWIGLU_TEE_GELU_BWD_ANY = Kernel("swiglu_tee_gelu_bwd_any", "ppppii")
-_SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
@@ -2946,7 +3490,10 @@ def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_TEE_GELU_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_TEE_GELU_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
+            _SWIGLU_TEE_GELU_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -2961,7 +3508,8 @@ def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
 
 
 _SWIGLU_TEE_GELU_FWD_ANY = Kernel("swiglu_tee_gelu_fwd_any", "pppii")
-_SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_tee_gelu_fwd_any(x):
@@ -2975,8 +3523,12 @@ def swiglu_tee_gelu_fwd_any(x):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         extra_out1 = torch.empty_like(y)
         if rows and n:
-            grid = (-(-n // (_SWIGLU_TEE_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_TEE_GELU_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_out1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_SWIGLU_TEE_GELU_FWD_ANY_VEC[x.dtype] * 128)),
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_TEE_GELU_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_out1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y, extra_out1
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -2986,7 +3538,8 @@ def swiglu_tee_gelu_fwd_any(x):
 
 
 _SWIGLU_TEE_SCALE0P5_BWD_ANY = Kernel("swiglu_tee_scale0p5_bwd_any", "ppppii")
-_SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
@@ -3003,7 +3556,10 @@ def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
-            _SWIGLU_TEE_SCALE0P5_BWD_ANY.launch(dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows, n), dy.get_device())
+            _SWIGLU_TEE_SCALE0P5_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), d_extra_out1.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
         return dx
     a = ref.compute(x)
     in0 = a
@@ -3016,7 +3572,8 @@ def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
 
 
 _SWIGLU_TEE_SCALE0P5_FWD_ANY = Kernel("swiglu_tee_scale0p5_fwd_any", "pppii")
-_SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}  # elements per 16-byte vector, by dtype
+# elements per 16-byte vector, by dtype
+_SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 
 
 def swiglu_tee_scale0p5_fwd_any(x):
@@ -3030,8 +3587,12 @@ def swiglu_tee_scale0p5_fwd_any(x):
         y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
         extra_out1 = torch.empty_like(y)
         if rows and n:
-            grid = (-(-n // (_SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_TEE_SCALE0P5_FWD_ANY.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), extra_out1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+            grid = (
+                -(-n // (_SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC[x.dtype] * 128)),
+                min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_TEE_SCALE0P5_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_out1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
         return y, extra_out1
     a = ref.compute(x)
     a = ref.swiglu(a)
@@ -3059,7 +3620,10 @@ def tee_bias_bwd_n64(dy, d_extra_out0):
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
         if rows:
-            _TEE_BIAS_BWD_N64.launch(dy.dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+            _TEE_BIAS_BWD_N64.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
+                dy.get_device())
         else:
             partials.zero_()  # no rows: the parameter grads are zero
         column_grads = column_sum_n64(partials, dy.dtype)
@@ -3088,7 +3652,9 @@ def tee_bias_fwd_n64(x, bias1):
         y = torch.empty((rows, 64), device=x.device, dtype=x.dtype)
         if rows:
             grid = (_TEE_BIAS_FWD_N64_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _TEE_BIAS_FWD_N64.launch(x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias1.data_ptr(), y.data_ptr(), rows), x.get_device())
+            _TEE_BIAS_FWD_N64.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias1.data_ptr(), y.data_ptr(), rows),
+                x.get_device())
         return y
     a = ref.compute(x)
     a = ref.bias(a, ref.compute(bias1))
@@ -3114,7 +3680,8 @@ _LIBRARY = torch.library.Library("fusegen", "FRAGMENT")
 def _fake(launcher):
     def fake(*args):
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        meta = [torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
+        meta = [
+            torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
         outputs = launcher(*meta)
         if isinstance(outputs, tuple):
             return tuple(torch.empty_like(o, device=device) for o in outputs)
@@ -3134,107 +3701,257 @@ def _implementation(launcher):
 def _register(name, schema, launcher):
     try:
         _LIBRARY.define(name + schema)
-    except RuntimeError:  # defined by another package in the process: the same kernel (its sources' digest)
+    # defined by another package in the process: the same kernel (its sources' digest)
+    except RuntimeError:
         return
     _LIBRARY.impl(name, _implementation(launcher), "CompositeExplicitAutograd")
-    _LIBRARY.impl(name, _fake(launcher), "Meta")  # what tracing runs (cheaper to register than register_fake)
+    # what tracing runs (cheaper to register than register_fake)
+    _LIBRARY.impl(name, _fake(launcher), "Meta")
 
 _register("add_fwd_n4096_4c3eac50", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
-_register("add_layernorm_zc_eps1em06_fwd_h768_c0e71437", "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", add_layernorm_zc_eps1em06_fwd_h768)
-_register("add_rmsnorm_fwd_h256_6b0f34ed", "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
-_register("add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88", "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor", add_scale0p5_tee_qgelu_bwd_any_from_add)
-_register("add_scale0p5_tee_qgelu_fwd_any_5c28ba93", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)", add_scale0p5_tee_qgelu_fwd_any)
-_register("add_tee_bwd_n256_50ad9185", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
+_register(
+    "add_layernorm_zc_eps1em06_fwd_h768_c0e71437",
+    "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
+    add_layernorm_zc_eps1em06_fwd_h768)
+_register(
+    "add_rmsnorm_fwd_h256_6b0f34ed",
+    "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
+_register(
+    "add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88",
+    "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
+    add_scale0p5_tee_qgelu_bwd_any_from_add)
+_register(
+    "add_scale0p5_tee_qgelu_fwd_any_5c28ba93", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
+    add_scale0p5_tee_qgelu_fwd_any)
+_register(
+    "add_tee_bwd_n256_50ad9185", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
 _register("add_tee_fwd_n256_4a074098", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
 _register("bias_add_bwd_n4096_0ef6dc53", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
-_register("bias_add_tee_bwd_n256_af18874e", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_bwd_n256)
-_register("bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a", "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, Tensor)", bias_add_tee_gelu_bwd_n256_from_bias)
-_register("bias_add_tee_gelu_fwd_n256_f38cb7cc", "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
+_register(
+    "bias_add_tee_bwd_n256_af18874e", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
+    bias_add_tee_bwd_n256)
+_register(
+    "bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a",
+    "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
+    "Tensor)",
+    bias_add_tee_gelu_bwd_n256_from_bias)
+_register(
+    "bias_add_tee_gelu_fwd_n256_f38cb7cc",
+    "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
 _register("bias_bwd_n1024_92d8b005", "(Tensor dy) -> Tensor", bias_bwd_n1024)
 _register("bias_bwd_n256_c0ced112", "(Tensor dy) -> Tensor", bias_bwd_n256)
 _register("bias_bwd_n4096_f1f57d30", "(Tensor dy) -> Tensor", bias_bwd_n4096)
 _register("bias_bwd_n512_56b9eb81", "(Tensor dy) -> Tensor", bias_bwd_n512)
-_register("bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_76150a98", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
-_register("bias_dropout0p1_add_bwd_n256_b13e2d50", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_add_bwd_n256)
-_register("bias_dropout0p1_add_layernorm_fwd_h256_242787d6", "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)", bias_dropout0p1_add_layernorm_fwd_h256)
-_register("bias_dropout0p1_bwd_n256_d59d5cf3", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p1_bwd_n256)
-_register("bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a", "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)", bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
-_register("bias_gelu_bwd_n4096_84ea5a27", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_gelu_bwd_n4096)
-_register("bias_gelu_dropout0p1_bwd_n512_16326998", "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
-_register("bias_glu_bwd_n512_3bb090d0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
-_register("bias_qgeglu_bwd_n512_e9d14dd3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgeglu_bwd_n512)
-_register("bias_qgelu_bwd_n512_ea286e2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_qgelu_bwd_n512)
-_register("bias_reglu_bwd_n512_105264a8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_reglu_bwd_n512)
-_register("bias_relu_bwd_n512_from_output_66f3b1bf", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_relu_bwd_n512_from_output)
-_register("bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb", "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor)", bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
-_register("bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c", "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)", bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
-_register("bias_scale2p0_gelu_bwd_n256_028f2a2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_scale2p0_gelu_bwd_n256)
-_register("bias_situglu_b2p0_c8p0_bwd_n512_3d1a71f3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_situglu_b2p0_c8p0_bwd_n512)
-_register("bias_sreglu_bwd_n512_db5b5308", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_sreglu_bwd_n512)
-_register("bias_srelu_bwd_n2048_9bbf8996", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_srelu_bwd_n2048)
-_register("bias_srelu_rowscale_bwd_n512_0ced5e77", "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)", bias_srelu_rowscale_bwd_n512)
-_register("bias_swiglu_bwd_n14336_f13bcaf0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_bwd_n14336)
-_register("bias_swiglu_i32_bwd_n512_c32ce6f8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_swiglu_i32_bwd_n512)
-_register("clamped_swiglu_l3p0_i16_bwd_any_2aa1c436", "(Tensor dy, Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_bwd_any)
-_register("clamped_swiglu_l3p0_i16_fwd_any_4a3e7f85", "(Tensor x) -> Tensor", clamped_swiglu_l3p0_i16_fwd_any)
-_register("clamped_swiglu_l5p0_rowscale_bwd_any_ed8945de", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", clamped_swiglu_l5p0_rowscale_bwd_any)
-_register("clamped_swiglu_l5p0_rowscale_fwd_any_1d20d1a5", "(Tensor x, Tensor extra_in1) -> Tensor", clamped_swiglu_l5p0_rowscale_fwd_any)
-_register("clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_70e3acb8", "(Tensor x) -> Tensor", clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
-_register("column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
-_register("column_sum_n1536_5f1cf395", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
-_register("column_sum_n2048_f2548681", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
-_register("column_sum_n256_7d20f507", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
-_register("column_sum_n28672_595acf41", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28672)
-_register("column_sum_n4096_d7d6209c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
-_register("column_sum_n512_7c62fb69", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
-_register("column_sum_n64_fbd74e4b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
-_register("column_sum_n768_9b62357b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
-_register("column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
-_register("dropout0p1_add_fwd_n256_79339ca0", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor", dropout0p1_add_fwd_n256)
-_register("dropout0p1_fwd_n512_62c1f754", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
-_register("dropout0p25_bwd_any_863ea65d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
-_register("dropout0p25_fwd_any_35afb75e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
-_register("dropout0p2_swiglu_fwd_n512_89801ef7", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p2_swiglu_fwd_n512)
-_register("dropout0p3_bwd_n256_f77d697d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
+_register(
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_76150a98",
+    "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
+_register(
+    "bias_dropout0p1_add_bwd_n256_b13e2d50", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    bias_dropout0p1_add_bwd_n256)
+_register(
+    "bias_dropout0p1_add_layernorm_fwd_h256_242787d6",
+    "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
+    "(Tensor, Tensor, Tensor, Tensor)",
+    bias_dropout0p1_add_layernorm_fwd_h256)
+_register(
+    "bias_dropout0p1_bwd_n256_d59d5cf3", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    bias_dropout0p1_bwd_n256)
+_register(
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a",
+    "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
+    bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
+_register(
+    "bias_gelu_bwd_n4096_84ea5a27", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_gelu_bwd_n4096)
+_register(
+    "bias_gelu_dropout0p1_bwd_n512_16326998",
+    "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
+_register(
+    "bias_glu_bwd_n512_3bb090d0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
+_register(
+    "bias_qgeglu_bwd_n512_e9d14dd3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_qgeglu_bwd_n512)
+_register(
+    "bias_qgelu_bwd_n512_ea286e2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_qgelu_bwd_n512)
+_register(
+    "bias_reglu_bwd_n512_105264a8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_reglu_bwd_n512)
+_register(
+    "bias_relu_bwd_n512_from_output_66f3b1bf", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_relu_bwd_n512_from_output)
+_register(
+    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb",
+    "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, "
+    "Tensor)",
+    bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
+_register(
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c",
+    "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
+    "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
+_register(
+    "bias_scale2p0_gelu_bwd_n256_028f2a2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_scale2p0_gelu_bwd_n256)
+_register(
+    "bias_situglu_b2p0_c8p0_bwd_n512_3d1a71f3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_situglu_b2p0_c8p0_bwd_n512)
+_register(
+    "bias_sreglu_bwd_n512_db5b5308", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_sreglu_bwd_n512)
+_register(
+    "bias_srelu_bwd_n2048_9bbf8996", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_srelu_bwd_n2048)
+_register(
+    "bias_srelu_rowscale_bwd_n512_0ced5e77",
+    "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
+    bias_srelu_rowscale_bwd_n512)
+_register(
+    "bias_swiglu_bwd_n14336_f13bcaf0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_swiglu_bwd_n14336)
+_register(
+    "bias_swiglu_i32_bwd_n512_c32ce6f8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_swiglu_i32_bwd_n512)
+_register(
+    "clamped_swiglu_l3p0_i16_bwd_any_2aa1c436", "(Tensor dy, Tensor x) -> Tensor",
+    clamped_swiglu_l3p0_i16_bwd_any)
+_register(
+    "clamped_swiglu_l3p0_i16_fwd_any_4a3e7f85", "(Tensor x) -> Tensor",
+    clamped_swiglu_l3p0_i16_fwd_any)
+_register(
+    "clamped_swiglu_l5p0_rowscale_bwd_any_ed8945de",
+    "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
+    clamped_swiglu_l5p0_rowscale_bwd_any)
+_register(
+    "clamped_swiglu_l5p0_rowscale_fwd_any_1d20d1a5", "(Tensor x, Tensor extra_in1) -> Tensor",
+    clamped_swiglu_l5p0_rowscale_fwd_any)
+_register(
+    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_70e3acb8", "(Tensor x) -> Tensor",
+    clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
+_register(
+    "column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
+_register(
+    "column_sum_n1536_5f1cf395", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
+_register(
+    "column_sum_n2048_f2548681", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
+_register(
+    "column_sum_n256_7d20f507", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
+_register(
+    "column_sum_n28672_595acf41", "(Tensor partials, ScalarType dtype) -> Tensor",
+    column_sum_n28672)
+_register(
+    "column_sum_n4096_d7d6209c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
+_register(
+    "column_sum_n512_7c62fb69", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
+_register(
+    "column_sum_n64_fbd74e4b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
+_register(
+    "column_sum_n768_9b62357b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
+_register(
+    "column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
+_register(
+    "dropout0p1_add_fwd_n256_79339ca0", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
+    dropout0p1_add_fwd_n256)
+_register(
+    "dropout0p1_fwd_n512_62c1f754", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
+_register(
+    "dropout0p25_bwd_any_863ea65d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
+_register(
+    "dropout0p25_fwd_any_35afb75e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
+_register(
+    "dropout0p2_swiglu_fwd_n512_89801ef7", "(Tensor x, Tensor? seed0) -> Tensor",
+    dropout0p2_swiglu_fwd_n512)
+_register(
+    "dropout0p3_bwd_n256_f77d697d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
 _register("gelu_bwd_any_823d7a4c", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any)
 _register("gelu_bwd_n256_67c50714", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256)
-_register("gelu_dropout0p1_fwd_n512_28a8c5b5", "(Tensor x, Tensor? seed1) -> Tensor", gelu_dropout0p1_fwd_n512)
+_register(
+    "gelu_dropout0p1_fwd_n512_28a8c5b5", "(Tensor x, Tensor? seed1) -> Tensor",
+    gelu_dropout0p1_fwd_n512)
 _register("gelu_fwd_any_8b459d9b", "(Tensor x) -> Tensor", gelu_fwd_any)
 _register("gelu_fwd_n256_f4d20d9c", "(Tensor x) -> Tensor", gelu_fwd_n256)
 _register("gelu_fwd_n4096_89924a50", "(Tensor x) -> Tensor", gelu_fwd_n4096)
 _register("glu_fwd_n512_61cc70a1", "(Tensor x) -> Tensor", glu_fwd_n512)
-_register("l2norm_bwd_h256_6972db87", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
-_register("l2norm_eps1em05_fwd_h256_16b37aca", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
-_register("layernorm_bwd_h1024_d821dc7d", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h1024)
-_register("layernorm_bwd_h256_add_dresidual_b0b59a41", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h256_add_dresidual)
-_register("layernorm_bwd_h4096_5bba1b81", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)", layernorm_bwd_h4096)
-_register("layernorm_fwd_h1024_07d73aa7", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
-_register("layernorm_fwd_h4096_d59c091d", "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
-_register("layernorm_zc_bwd_h768_add_dresidual_f0e1454a", "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor, Tensor)", layernorm_zc_bwd_h768_add_dresidual)
+_register(
+    "l2norm_bwd_h256_6972db87", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
+_register(
+    "l2norm_eps1em05_fwd_h256_16b37aca", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
+_register(
+    "layernorm_bwd_h1024_d821dc7d",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
+    layernorm_bwd_h1024)
+_register(
+    "layernorm_bwd_h256_add_dresidual_b0b59a41",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
+    "Tensor, Tensor)",
+    layernorm_bwd_h256_add_dresidual)
+_register(
+    "layernorm_bwd_h4096_5bba1b81",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
+    layernorm_bwd_h4096)
+_register(
+    "layernorm_fwd_h1024_07d73aa7",
+    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
+_register(
+    "layernorm_fwd_h4096_d59c091d",
+    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
+_register(
+    "layernorm_zc_bwd_h768_add_dresidual_f0e1454a",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
+    "Tensor, Tensor)",
+    layernorm_zc_bwd_h768_add_dresidual)
 _register("qgeglu_fwd_n512_a33e0c07", "(Tensor x) -> Tensor", qgeglu_fwd_n512)
 _register("qgelu_fwd_n512_1291ca9b", "(Tensor x) -> Tensor", qgelu_fwd_n512)
 _register("reglu_fwd_n512_10f4f53d", "(Tensor x) -> Tensor", reglu_fwd_n512)
 _register("relu_bwd_n768_e7611688", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
 _register("relu_fwd_n768_439e8aea", "(Tensor x) -> Tensor", relu_fwd_n768)
-_register("rmsnorm_bwd_h1024_10213f7b", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
-_register("rmsnorm_bwd_h256_dabd3451", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
-_register("rmsnorm_bwd_h256_add_dresidual_263590d5", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h256_add_dresidual)
-_register("rmsnorm_bwd_h4096_add_dresidual_3c803609", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)", rmsnorm_bwd_h4096_add_dresidual)
-_register("rmsnorm_bwd_h64_5c2e64cc", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
-_register("rmsnorm_dropout0p3_fwd_h256_6de9eddd", "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
-_register("rmsnorm_fwd_h1024_33d99d81", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
-_register("rmsnorm_fwd_h4096_9633dee9", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
-_register("rmsnorm_fwd_h64_e6902890", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
-_register("rmsnorm_zc_bwd_h768_d7407874", "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
-_register("rmsnorm_zc_fwd_h768_f171d42d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_fwd_h768)
+_register(
+    "rmsnorm_bwd_h1024_10213f7b",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
+_register(
+    "rmsnorm_bwd_h256_dabd3451",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
+_register(
+    "rmsnorm_bwd_h256_add_dresidual_263590d5",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
+    rmsnorm_bwd_h256_add_dresidual)
+_register(
+    "rmsnorm_bwd_h4096_add_dresidual_3c803609",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
+    rmsnorm_bwd_h4096_add_dresidual)
+_register(
+    "rmsnorm_bwd_h64_5c2e64cc",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
+_register(
+    "rmsnorm_dropout0p3_fwd_h256_6de9eddd",
+    "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
+_register(
+    "rmsnorm_fwd_h1024_33d99d81", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
+_register(
+    "rmsnorm_fwd_h4096_9633dee9", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
+_register(
+    "rmsnorm_fwd_h64_e6902890", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
+_register(
+    "rmsnorm_zc_bwd_h768_d7407874",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
+_register(
+    "rmsnorm_zc_fwd_h768_f171d42d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    rmsnorm_zc_fwd_h768)
 _register("silu_bwd_any_68c5a0cc", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
 _register("silu_fwd_any_80bd341e", "(Tensor x) -> Tensor", silu_fwd_any)
 _register("situglu_b2p0_c8p0_fwd_n512_34776c91", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512)
-_register("situglu_b2p0_i32_rowscale_bwd_any_934176d8", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", situglu_b2p0_i32_rowscale_bwd_any)
-_register("situglu_b2p0_i32_rowscale_fwd_any_3b22d164", "(Tensor x, Tensor extra_in1) -> Tensor", situglu_b2p0_i32_rowscale_fwd_any)
+_register(
+    "situglu_b2p0_i32_rowscale_bwd_any_934176d8",
+    "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
+    situglu_b2p0_i32_rowscale_bwd_any)
+_register(
+    "situglu_b2p0_i32_rowscale_fwd_any_3b22d164", "(Tensor x, Tensor extra_in1) -> Tensor",
+    situglu_b2p0_i32_rowscale_fwd_any)
 _register("sreglu_fwd_n512_a2343fff", "(Tensor x) -> Tensor", sreglu_fwd_n512)
 _register("srelu_fwd_n2048_21a4950f", "(Tensor x) -> Tensor", srelu_fwd_n2048)
-_register("srelu_rowscale_fwd_n512_1d8704d8", "(Tensor x, Tensor extra_in1) -> Tensor", srelu_rowscale_fwd_n512)
+_register(
+    "srelu_rowscale_fwd_n512_1d8704d8", "(Tensor x, Tensor extra_in1) -> Tensor",
+    srelu_rowscale_fwd_n512)
 _register("swiglu_bwd_any_a902d3d6", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any)
 _register("swiglu_bwd_n384_12e0273a", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384)
 _register("swiglu_bwd_n4096_cac29f53", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096)
@@ -3243,11 +3960,24 @@ _register("swiglu_fwd_n14336_d5dfe6a9", "(Tensor x) -> Tensor", swiglu_fwd_n1433
 _register("swiglu_fwd_n384_1c5ffbfb", "(Tensor x) -> Tensor", swiglu_fwd_n384)
 _register("swiglu_fwd_n4096_13d568c6", "(Tensor x) -> Tensor", swiglu_fwd_n4096)
 _register("swiglu_i32_fwd_n512_198fd372", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512)
-_register("swiglu_rowscale_bwd_any_11daa9e5", "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any)
-_register("swiglu_rowscale_fwd_any_b041c9a5", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_rowscale_fwd_any)
-_register("swiglu_tee_gelu_bwd_any_a4e10868", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_gelu_bwd_any)
-_register("swiglu_tee_gelu_fwd_any_c97c9345", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
-_register("swiglu_tee_scale0p5_bwd_any_6f60d005", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor", swiglu_tee_scale0p5_bwd_any)
-_register("swiglu_tee_scale0p5_fwd_any_822caa36", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_scale0p5_fwd_any)
-_register("tee_bias_bwd_n64_d5867cda", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)", tee_bias_bwd_n64)
+_register(
+    "swiglu_rowscale_bwd_any_11daa9e5",
+    "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any)
+_register(
+    "swiglu_rowscale_fwd_any_b041c9a5", "(Tensor x, Tensor extra_in1) -> Tensor",
+    swiglu_rowscale_fwd_any)
+_register(
+    "swiglu_tee_gelu_bwd_any_a4e10868", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    swiglu_tee_gelu_bwd_any)
+_register(
+    "swiglu_tee_gelu_fwd_any_c97c9345", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
+_register(
+    "swiglu_tee_scale0p5_bwd_any_6f60d005", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    swiglu_tee_scale0p5_bwd_any)
+_register(
+    "swiglu_tee_scale0p5_fwd_any_822caa36", "(Tensor x) -> (Tensor, Tensor)",
+    swiglu_tee_scale0p5_fwd_any)
+_register(
+    "tee_bias_bwd_n64_d5867cda", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
+    tee_bias_bwd_n64)
 _register("tee_bias_fwd_n64_66eaf523", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)

@@ -51,8 +51,9 @@ def verified_binary(full_name, file):
     if entry is None or digest != entry["sha256"]:
         why = ("MANIFEST.json records no such binary" if entry is None else
                f"its sha256 is {digest}, MANIFEST.json records {entry['sha256']}")
-        raise KernelIntegrityError(f"kernel {full_name}: {KERNELS_DIR / file} is not the binary fusegen generated "
-                                   f"({why}); regenerate the package with `fusegen generate`")
+        raise KernelIntegrityError(f"kernel {full_name}: {KERNELS_DIR / file} is not the binary "
+                                   f"fusegen generated ({why}); regenerate the package with "
+                                   "`fusegen generate`")
     return image
 
 
@@ -66,16 +67,18 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
         raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if features is None:
         if tensor.dim() < 1 or tensor.shape[-1] % multiple_of:
-            raise ValueError(f"{module}: {name} must have shape [..., n] with n a multiple of {multiple_of} "
-                             f"(the pipeline's GLUs split each row), got {list(tensor.shape)}")
+            raise ValueError(f"{module}: {name} must have shape [..., n] with n a multiple of "
+                             f"{multiple_of} (the pipeline's GLUs split each row), got "
+                             f"{list(tensor.shape)}")
     elif tensor.dim() < 1 or tensor.shape[-1] != features:
-        raise ValueError(f"{module}: {name} must have shape [..., {features}], got {list(tensor.shape)}")
+        raise ValueError(
+            f"{module}: {name} must have shape [..., {features}], got {list(tensor.shape)}")
     if tensor.dtype != like.dtype:
-        raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but {like_is} {like.dtype}; convert "
-                        "the input or the module (module.to(dtype))")
+        raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but {like_is} {like.dtype}; "
+                        "convert the input or the module (module.to(dtype))")
     if tensor.device != like.device:
-        raise ValueError(f"{module}: {name} is on {tensor.device} but {like_is} on {like.device}; move one "
-                         "of them")
+        raise ValueError(f"{module}: {name} is on {tensor.device} but {like_is} on {like.device}; "
+                         "move one of them")
     if lead is not None and tensor.shape[:-1] != lead:
         raise ValueError(f"{module}: {name} must have the same leading shape as x, {list(lead)}, "
                          f"got {list(tensor.shape[:-1])}")
@@ -87,8 +90,8 @@ def check_row_input(module, name, tensor, like, lead, like_is="the module's para
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.shape != lead:
-        raise ValueError(f"{module}: {name} holds one scale per row: it must have shape {list(lead)}, "
-                         f"got {list(tensor.shape)}")
+        raise ValueError(f"{module}: {name} holds one scale per row: it must have shape "
+                         f"{list(lead)}, got {list(tensor.shape)}")
     check_input(module, name, tensor.unsqueeze(-1), 1, like, None, like_is=like_is)
 
 
@@ -132,8 +135,8 @@ class _SecondDerivative(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(f"{ctx.module}: second derivatives (double backward, gradgradcheck) are not "
-                           "supported: its backward is fused and not itself differentiable")
+        raise RuntimeError(f"{ctx.module}: second derivatives (double backward, gradgradcheck) are "
+                           "not supported: its backward is fused and not itself differentiable")
 
 
 def first_order_only(module):
@@ -150,8 +153,10 @@ def first_order_only(module):
                 return backward(ctx, *grad_outputs)
             with torch.no_grad():
                 grads = backward(ctx, *grad_outputs)
-            anchors = [t for t in (*grad_outputs, *ctx.saved_tensors) if t is not None and t.requires_grad]
-            if not anchors:  # nothing the grads depend on is differentiable: their derivative is zero
+            anchors = [
+                t for t in (*grad_outputs, *ctx.saved_tensors) if t is not None and t.requires_grad]
+            # nothing the grads depend on is differentiable: their derivative is zero
+            if not anchors:
                 return grads
             grads = grads if isinstance(grads, tuple) else (grads,)
             present = [g for g in grads if g is not None]
@@ -191,9 +196,10 @@ def choose_binary(full_name, available, capability):
     if chosen is None:
         arch = f"sm_{capability[0]}{capability[1]}"
         raise KernelNotAvailableError(
-            f"kernel {full_name} has no binary for this GPU ({arch}); found: {', '.join(own) or 'none'} "
-            f"in {KERNELS_DIR}. Add \"{arch}\" to the archs of [tool.fusegen] in the pyproject.toml that "
-            "generated this package (or pass --archs) and run `fusegen generate`.")
+            f"kernel {full_name} has no binary for this GPU ({arch}); found: "
+            f"{', '.join(own) or 'none'} in {KERNELS_DIR}. Add \"{arch}\" to the archs of "
+            "[tool.fusegen] in the pyproject.toml that generated this package (or pass --archs) "
+            "and run `fusegen generate`.")
     return chosen
 
 
@@ -244,9 +250,11 @@ def _load(full_name, index):
             _check(driver.cuInit(0)[0], full_name, "cuInit")
             _STATE["initialized"] = True
         if full_name not in _FILES:
-            names = [p.name for p in KERNELS_DIR.glob(f"{full_name}.*")] if KERNELS_DIR.is_dir() else []
+            names = [
+                p.name for p in KERNELS_DIR.glob(f"{full_name}.*")] if KERNELS_DIR.is_dir() else []
             _FILES[full_name] = sorted(names)
-        chosen = choose_binary(full_name, _FILES[full_name], torch.cuda.get_device_capability(index))
+        chosen = choose_binary(
+            full_name, _FILES[full_name], torch.cuda.get_device_capability(index))
         if chosen not in _LIBRARIES:
             image = verified_binary(full_name, chosen)
             if chosen.endswith(".ptx"):
@@ -300,7 +308,8 @@ class _Ready:
         self.key, self.full_name, self.function, self.index = key, full_name, function, index
         self.resident = {}  # threads per block -> blocks the device runs at once
         # every argument in its own 8-byte slot: a pointer ("p", 8 bytes) or a C int ("i", 4)
-        self.layout = struct.Struct("<" + "".join("Q" if kind == "p" else "i4x" for kind in signature))
+        self.layout = struct.Struct(
+            "<" + "".join("Q" if kind == "p" else "i4x" for kind in signature))
         self.size = len(signature)
 
     def buffer(self):
@@ -327,7 +336,8 @@ class Kernel:
     def _full_name(self, dtype):
         if dtype not in DTYPE_SUFFIX:
             supported = ", ".join(str(d) for d in DTYPE_SUFFIX)
-            raise TypeError(f"kernel {self.name}: unsupported dtype {dtype}; supported: {supported}")
+            raise TypeError(
+                f"kernel {self.name}: unsupported dtype {dtype}; supported: {supported}")
         return f"{self.name}_{DTYPE_SUFFIX[dtype]}"
 
     def _prepare(self, dtype, index):
@@ -351,7 +361,8 @@ class Kernel:
         blocks = ready.resident.get(threads)
         if blocks is None:
             with torch.cuda.device(index):  # the function belongs to that device's context
-                err, per_sm = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ready.function, threads, 0)
+                err, per_sm = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    ready.function, threads, 0)
             _check(err, ready.full_name, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
             sms = torch.cuda.get_device_properties(index).multi_processor_count
             blocks = ready.resident[threads] = max(1, per_sm) * sms
@@ -369,8 +380,9 @@ class Kernel:
         try:
             ready.layout.pack_into(data, 0, *args)
         except struct.error as error:
-            raise ValueError(f"kernel {ready.full_name}: arguments {args} do not fit its parameters "
-                             f"({self.signature}: p a pointer, i a C int): {error}") from None
+            raise ValueError(f"kernel {ready.full_name}: arguments {args} do not fit its "
+                             f"parameters ({self.signature}: p a pointer, i a C int): "
+                             f"{error}") from None
         if _current_device() != index:  # launch under the device's context, as torch's own ops do
             with torch.cuda.device(index):
                 self._launch(ready, grid, block, params)
@@ -423,7 +435,8 @@ class CudaGraphs:
 
     def __init__(self, module, inputs, max_rows=128, max_graphs=8):
         self.module = module  # the class name, for messages
-        self.inputs = inputs  # the first ``inputs`` arguments are per-call tensors; then parameters and flags
+        # the first ``inputs`` arguments are per-call tensors; then parameters and flags
+        self.inputs = inputs
         self.max_rows = max_rows
         self.max_graphs = max_graphs
         self._reset()
@@ -459,7 +472,8 @@ class CudaGraphs:
         if not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing():
             return forward(*args)
         index = x.get_device()
-        if index != _current_device():  # a graph captures and replays on the current device's streams
+        # a graph captures and replays on the current device's streams
+        if index != _current_device():
             return forward(*args)
         inputs, rest = args[:self.inputs], args[self.inputs:]
         key = (_raw_stream(index), index, x.dtype, *[a.shape for a in inputs],
@@ -512,8 +526,9 @@ class CudaGraphs:
                 stream.wait_stream(side)
                 self.failed = f"{type(error).__name__}: {error}"
                 self._graphs.clear()
-                warnings.warn(f"{self.module}: capturing its no-grad forward in a CUDA graph failed, so "
-                              f"it runs without graphs from now on ({self.failed})", RuntimeWarning)
+                warnings.warn(f"{self.module}: capturing its no-grad forward in a CUDA graph "
+                              f"failed, so it runs without graphs from now on ({self.failed})",
+                              RuntimeWarning)
                 return None
             stream.wait_stream(side)
             single = isinstance(outputs, torch.Tensor)

@@ -76,7 +76,8 @@ class DropoutAny(torch.nn.Module):
         check_input("DropoutAny", "x", x, None, x, like_is="x is")
         n = x.shape[-1]
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
             self.training,  # Dropout draws its masks in training only

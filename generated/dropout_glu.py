@@ -37,7 +37,11 @@ class DropoutGluFunction(torch.autograd.Function):
     def backward(ctx, d_swiglu2_out):
         x, linear0_out, dropout1_seed, linear0_weight = ctx.saved_tensors
         # backward stage 1 · rule elementwise_backward · Bias(1024), Dropout(0.2), SwiGLU()
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(d_swiglu2_out, linear0_out, dropout1_seed)
+        (
+            d_linear0_pre_bias,
+            d_linear0_bias
+        ) = kernels.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(
+            d_swiglu2_out, linear0_out, dropout1_seed)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 1024)
         d_x = d_linear0_pre_bias.mm(linear0_weight)
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
@@ -70,8 +74,10 @@ class DropoutGlu(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 1024)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((1024, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((1024, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((1024,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Dropout(0.2)"))
         self.add_module("2", SpecOp("SwiGLU()"))
         self.reset_parameters()
@@ -88,10 +94,12 @@ class DropoutGlu(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, linear0_weight, linear0_bias = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias)
+            x, linear0_weight, linear0_bias = ref.to_autocast_dtype(
+                x.device.type, x, linear0_weight, linear0_bias)
         check_input("DropoutGlu", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             linear0_weight, linear0_bias,

@@ -27,7 +27,9 @@ class DropoutMlpFunction(torch.autograd.Function):
     """Straight-line forward and backward of `dropout_mlp` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training):
+    def forward(
+            ctx, x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias,
+            training):
         # forward stage 0 · rule linear_bias · BasicLinear(256, 512), Bias(512)
         linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
         # forward stage 1 · rule elementwise · GELU(), Dropout(0.1)
@@ -37,29 +39,39 @@ class DropoutMlpFunction(torch.autograd.Function):
         linear3_out = torch.addmm(linear3_bias, dropout2_out, linear3_weight.t())
         # forward stage 3 · rule elementwise · Dropout(0.1), AddExtraInput()
         dropout4_seed = ref.new_seed(linear3_out) if training else None
-        addextrainput5_out = kernels.dropout0p1_add_fwd_n256(linear3_out, dropout4_seed, extra_input0)
-        ctx.save_for_backward(x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight, linear3_weight)
+        addextrainput5_out = kernels.dropout0p1_add_fwd_n256(
+            linear3_out, dropout4_seed, extra_input0)
+        ctx.save_for_backward(
+            x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
+            linear3_weight)
         return addextrainput5_out
 
     @staticmethod
     @first_order_only("DropoutMlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput5_out):
-        x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight, linear3_weight = ctx.saved_tensors
+        (
+            x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
+            linear3_weight) = ctx.saved_tensors
         # backward stage 3 · rule elementwise_backward · Bias(256), Dropout(0.1), AddExtraInput()
-        d_linear3_pre_bias, d_linear3_bias = kernels.bias_dropout0p1_add_bwd_n256(d_addextrainput5_out, dropout4_seed)
+        d_linear3_pre_bias, d_linear3_bias = kernels.bias_dropout0p1_add_bwd_n256(
+            d_addextrainput5_out, dropout4_seed)
         d_extra_input0 = d_addextrainput5_out
         # backward stage 2 · rule linear_backward · BasicLinear(512, 256)
         d_dropout2_out = d_linear3_pre_bias.mm(linear3_weight)
         d_linear3_weight = d_linear3_pre_bias.t().mm(dropout2_out)
         # backward stage 1 · rule elementwise_backward · Bias(512), GELU(), Dropout(0.1)
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_gelu_dropout0p1_bwd_n512(d_dropout2_out, linear0_out, dropout2_seed)
+        d_linear0_pre_bias, d_linear0_bias = kernels.bias_gelu_dropout0p1_bwd_n512(
+            d_dropout2_out, linear0_out, dropout2_seed)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 512)
         d_x = d_linear0_pre_bias.mm(linear0_weight)
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
-        return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight, d_linear3_bias, None
+        return (
+            d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight, d_linear3_bias,
+            None)
 
 
-def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training):
+def no_grad_forward(
+        x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training):
     """The forward of `dropout_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
     "Without grad")."""
@@ -91,13 +103,17 @@ class DropoutMlp(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 512)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((512, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((512,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((512, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((512,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("GELU()"))
         self.add_module("2", SpecOp("Dropout(0.1)"))
         self.add_module("3", SpecOp("Linear(512, 256)"))
-        self._modules["3"].weight = torch.nn.Parameter(torch.empty((256, 512), device=device, dtype=dtype))
-        self._modules["3"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["3"].weight = torch.nn.Parameter(
+            torch.empty((256, 512), device=device, dtype=dtype))
+        self._modules["3"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.add_module("4", SpecOp("Dropout(0.1)"))
         self.add_module("5", SpecOp("AddExtraInput()"))
         self.reset_parameters()
@@ -118,11 +134,17 @@ class DropoutMlp(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias)
+            (
+                x, extra_input0, linear0_weight, linear0_bias, linear3_weight,
+                linear3_bias
+            ) = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear3_weight,
+                linear3_bias)
         check_input("DropoutMlp", "x", x, 256, linear0_weight)
         check_input("DropoutMlp", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             as_rows(extra_input0, 256),

@@ -26,27 +26,35 @@ class Fc1Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
         # forward stage 0 · rule norm · LayerNorm(4096)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
+        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(
+            x, layernorm0_weight, layernorm0_bias)
         # forward stage 1 · rule elementwise · MakeExtraOutput() · no kernel
         extra_output0 = layernorm0_out
         # forward stage 2 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
         linear2_out = torch.addmm(linear2_bias, layernorm0_out, linear2_weight.t())
         # forward stage 3 · rule elementwise · SwiGLU()
         swiglu3_out = kernels.swiglu_fwd_n14336(linear2_out)
-        ctx.save_for_backward(x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear2_weight)
+        ctx.save_for_backward(
+            x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
+            linear2_weight)
         return swiglu3_out, extra_output0
 
     @staticmethod
     @first_order_only("Fc1")  # a double backward raises instead of being wrong
     def backward(ctx, d_swiglu3_out, d_extra_output0):
-        x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear2_weight = ctx.saved_tensors
+        (
+            x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
+            linear2_weight) = ctx.saved_tensors
         # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()
-        d_linear2_pre_bias, d_linear2_bias = kernels.bias_swiglu_bwd_n14336(d_swiglu3_out, linear2_out)
-        # backward stage 1 · rule extra_output_linear_backward · MakeExtraOutput(), BasicLinear(4096, 28672)
+        d_linear2_pre_bias, d_linear2_bias = kernels.bias_swiglu_bwd_n14336(
+            d_swiglu3_out, linear2_out)
+        # backward stage 1 · rule extra_output_linear_backward · MakeExtraOutput(),
+        # BasicLinear(4096, 28672)
         d_layernorm0_out = torch.addmm(d_extra_output0, d_linear2_pre_bias, linear2_weight)
         d_linear2_weight = d_linear2_pre_bias.t().mm(layernorm0_out)
         # backward stage 0 · rule norm_backward · LayerNorm(4096)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(
+            d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
         return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
 
 
@@ -79,12 +87,16 @@ class Fc1(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("LayerNorm(4096)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("MakeExtraOutput()"))
         self.add_module("2", SpecOp("Linear(4096, 28672)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((28672, 4096), device=device, dtype=dtype))
-        self._modules["2"].bias = torch.nn.Parameter(torch.empty((28672,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((28672, 4096), device=device, dtype=dtype))
+        self._modules["2"].bias = torch.nn.Parameter(
+            torch.empty((28672,), device=device, dtype=dtype))
         self.add_module("3", SpecOp("SwiGLU()"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
@@ -104,10 +116,15 @@ class Fc1(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias)
+            (
+                x, layernorm0_weight, layernorm0_bias, linear2_weight,
+                linear2_bias
+            ) = ref.to_autocast_dtype(
+                x.device.type, x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias)
         check_input("Fc1", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 4096),
             layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias,

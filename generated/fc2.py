@@ -68,8 +68,10 @@ class Fc2(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(14336, 4096)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((4096, 14336), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((4096, 14336), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("AddExtraInput()"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
@@ -85,11 +87,13 @@ class Fc2(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias)
+            x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, linear0_weight, linear0_bias)
         check_input("Fc2", "x", x, 14336, linear0_weight)
         check_input("Fc2", "extra_input0", extra_input0, 4096, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 14336),
             as_rows(extra_input0, 4096),

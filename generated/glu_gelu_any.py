@@ -78,7 +78,8 @@ class GluGeluAny(torch.nn.Module):
         check_input("GluGeluAny", "x", x, None, x, multiple_of=2, like_is="x is")
         n = x.shape[-1]
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
         )

@@ -34,7 +34,8 @@ class GluTeeAnyFunction(torch.autograd.Function):
     @first_order_only("GluTeeAny")  # a double backward raises instead of being wrong
     def backward(ctx, d_constantscale2_out, d_extra_output0):
         x, = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · SwiGLU(), MakeExtraOutput(), ConstantScale(0.5)
+        # backward stage 0 · rule elementwise_backward · SwiGLU(), MakeExtraOutput(),
+        # ConstantScale(0.5)
         d_x = kernels.swiglu_tee_scale0p5_bwd_any(d_constantscale2_out, x, d_extra_output0)
         return d_x
 
@@ -78,7 +79,8 @@ class GluTeeAny(torch.nn.Module):
         check_input("GluTeeAny", "x", x, None, x, multiple_of=2, like_is="x is")
         n = x.shape[-1]
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
         )

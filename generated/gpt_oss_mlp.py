@@ -25,35 +25,46 @@ class GptOssMlpFunction(torch.autograd.Function):
     """Straight-line forward and backward of `gpt_oss_mlp` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+    def forward(
+            ctx, x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
         # forward stage 0 · rule norm · RMSNorm(1024)
         rmsnorm0_out, rmsnorm0_rstd = kernels.rmsnorm_fwd_h1024(x, rmsnorm0_weight)
         # forward stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
         linear1_out = torch.addmm(linear1_bias, rmsnorm0_out, linear1_weight.t())
-        # forward stage 2 · rule elementwise · ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)
+        # forward stage 2 · rule elementwise · ClampedSwiGLU(limit=6.0, alpha=1.5,
+        # glu_linear_offset=0.5)
         clampedswiglu2_out = kernels.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(linear1_out)
         # forward stage 3 · rule linear_bias · BasicLinear(2048, 1024), Bias(1024)
         linear3_out = torch.addmm(linear3_bias, clampedswiglu2_out, linear3_weight.t())
-        ctx.save_for_backward(x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight, linear1_weight, linear3_weight)
+        ctx.save_for_backward(
+            x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight,
+            linear1_weight, linear3_weight)
         return linear3_out
 
     @staticmethod
     @first_order_only("GptOssMlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear3_out):
-        x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight, linear1_weight, linear3_weight = ctx.saved_tensors
+        (
+            x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight,
+            linear1_weight, linear3_weight) = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(1024)
         d_linear3_bias = kernels.bias_bwd_n1024(d_linear3_out)
         # backward stage 3 · rule linear_backward · BasicLinear(2048, 1024)
         d_clampedswiglu2_out = d_linear3_out.mm(linear3_weight)
         d_linear3_weight = d_linear3_out.t().mm(clampedswiglu2_out)
-        # backward stage 2 · rule elementwise_backward · Bias(4096), ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)
-        d_linear1_pre_bias, d_linear1_bias = kernels.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(d_clampedswiglu2_out, linear1_out)
+        # backward stage 2 · rule elementwise_backward · Bias(4096), ClampedSwiGLU(limit=6.0,
+        # alpha=1.5, glu_linear_offset=0.5)
+        d_linear1_pre_bias, d_linear1_bias = kernels.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(
+            d_clampedswiglu2_out, linear1_out)
         # backward stage 1 · rule linear_backward · BasicLinear(1024, 4096)
         d_rmsnorm0_out = d_linear1_pre_bias.mm(linear1_weight)
         d_linear1_weight = d_linear1_pre_bias.t().mm(rmsnorm0_out)
         # backward stage 0 · rule norm_backward · RMSNorm(1024)
-        d_x, d_rmsnorm0_weight = kernels.rmsnorm_bwd_h1024(d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight)
-        return d_x, d_rmsnorm0_weight, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
+        d_x, d_rmsnorm0_weight = kernels.rmsnorm_bwd_h1024(
+            d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight)
+        return (
+            d_x, d_rmsnorm0_weight, d_linear1_weight, d_linear1_bias, d_linear3_weight,
+            d_linear3_bias)
 
 
 def no_grad_forward(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
@@ -63,7 +74,8 @@ def no_grad_forward(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_we
     rmsnorm0_out = kernels.rmsnorm_fwd_h1024_no_grad(x, rmsnorm0_weight)
     # no-grad stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
     linear1_out = torch.addmm(linear1_bias, rmsnorm0_out, linear1_weight.t())
-    # no-grad stage 2 · rule elementwise · ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)
+    # no-grad stage 2 · rule elementwise · ClampedSwiGLU(limit=6.0, alpha=1.5,
+    # glu_linear_offset=0.5)
     clampedswiglu2_out = kernels.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(linear1_out)
     # no-grad stage 3 · rule linear_bias · BasicLinear(2048, 1024), Bias(1024)
     linear3_out = torch.addmm(linear3_bias, clampedswiglu2_out, linear3_weight.t())
@@ -85,14 +97,19 @@ class GptOssMlp(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("RMSNorm(1024)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((1024,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Linear(1024, 4096)"))
-        self._modules["1"].weight = torch.nn.Parameter(torch.empty((4096, 1024), device=device, dtype=dtype))
-        self._modules["1"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["1"].weight = torch.nn.Parameter(
+            torch.empty((4096, 1024), device=device, dtype=dtype))
+        self._modules["1"].bias = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("2", SpecOp("ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)"))
         self.add_module("3", SpecOp("Linear(2048, 1024)"))
-        self._modules["3"].weight = torch.nn.Parameter(torch.empty((1024, 2048), device=device, dtype=dtype))
-        self._modules["3"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
+        self._modules["3"].weight = torch.nn.Parameter(
+            torch.empty((1024, 2048), device=device, dtype=dtype))
+        self._modules["3"].bias = torch.nn.Parameter(
+            torch.empty((1024,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("GptOssMlp", inputs=1)
@@ -113,10 +130,16 @@ class GptOssMlp(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
+            (
+                x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight,
+                linear3_bias
+            ) = ref.to_autocast_dtype(
+                x.device.type, x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight,
+                linear3_bias)
         check_input("GptOssMlp", "x", x, 1024, rmsnorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 1024),
             rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias,

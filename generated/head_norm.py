@@ -36,19 +36,23 @@ class HeadNormFunction(torch.autograd.Function):
         reshape3_out = rmsnorm2_out.reshape(-1, 256)
         # forward stage 4 · rule elementwise · GELU()
         gelu4_out = kernels.gelu_fwd_n256(reshape3_out)
-        ctx.save_for_backward(x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight)
+        ctx.save_for_backward(
+            x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight)
         return gelu4_out
 
     @staticmethod
     @first_order_only("HeadNorm")  # a double backward raises instead of being wrong
     def backward(ctx, d_gelu4_out):
-        x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight = ctx.saved_tensors
+        (
+            x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight,
+            rmsnorm2_weight) = ctx.saved_tensors
         # backward stage 5 · rule elementwise_backward · GELU()
         d_reshape3_out = kernels.gelu_bwd_n256(d_gelu4_out, reshape3_out)
         # backward stage 4 · rule reshape_backward · Reshape((-1, 256))
         d_rmsnorm2_out = d_reshape3_out.reshape(-1, 64)
         # backward stage 3 · rule norm_backward · RMSNorm(64)
-        d_reshape1_out, d_rmsnorm2_weight = kernels.rmsnorm_bwd_h64(d_rmsnorm2_out, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight)
+        d_reshape1_out, d_rmsnorm2_weight = kernels.rmsnorm_bwd_h64(
+            d_rmsnorm2_out, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight)
         # backward stage 2 · rule reshape_backward · Reshape((-1, 4, 64))
         d_linear0_out = d_reshape1_out.reshape(-1, 256)
         # backward stage 1 · rule elementwise_backward · Bias(256)
@@ -90,11 +94,14 @@ class HeadNorm(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 256)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((256, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Reshape((-1, 4, 64))"))
         self.add_module("2", SpecOp("RMSNorm(64)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((64,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((64,), device=device, dtype=dtype))
         self.add_module("3", SpecOp("Reshape((-1, 256))"))
         self.add_module("4", SpecOp("GELU()"))
         self.reset_parameters()
@@ -113,13 +120,19 @@ class HeadNorm(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, linear0_weight, linear0_bias, rmsnorm2_weight = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias, rmsnorm2_weight)
+            x, linear0_weight, linear0_bias, rmsnorm2_weight = ref.to_autocast_dtype(
+                x.device.type, x, linear0_weight, linear0_bias, rmsnorm2_weight)
         check_input("HeadNorm", "x", x, 256, linear0_weight)
         # the leading dims of the running tensor, which each Reshape changes
         lead = x.shape[:-1]
-        lead1 = ref.reshaped_lead("HeadNorm", "Reshape((-1, 4, 64)) (specs/te_reshape.py:12:5)", (-1, 4, 64), lead.numel() * 256)
-        lead2 = ref.reshaped_lead("HeadNorm", "Reshape((-1, 256)) (specs/te_reshape.py:14:5)", (-1, 256), lead1.numel() * 64)
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        lead1 = ref.reshaped_lead(
+            "HeadNorm", "Reshape((-1, 4, 64)) (specs/te_reshape.py:12:5)", (-1, 4, 64),
+            lead.numel() * 256)
+        lead2 = ref.reshaped_lead(
+            "HeadNorm", "Reshape((-1, 256)) (specs/te_reshape.py:14:5)", (-1, 256),
+            lead1.numel() * 64)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             linear0_weight, linear0_bias, rmsnorm2_weight,

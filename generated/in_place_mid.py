@@ -6,7 +6,8 @@
         GELU(),
     )
 
-AddExtraInput(in_place=True) at line 14 also writes its sum into the caller's extra_input0, as TE's does.
+AddExtraInput(in_place=True) at line 14 also writes its sum into the caller's extra_input0, as TE's
+does.
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in in_place_mid.plan.md.
@@ -25,8 +26,10 @@ class InPlaceMidFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, extra_input0, bias0_bias):
-        # forward stage 0 · rule elementwise · Bias(256), AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
-        gelu2_out, new_extra_input0 = kernels.bias_add_tee_gelu_fwd_n256(x, bias0_bias, extra_input0)
+        # forward stage 0 · rule elementwise · Bias(256), AddExtraInput(in_place=True),
+        # MakeExtraOutput(), GELU()
+        gelu2_out, new_extra_input0 = kernels.bias_add_tee_gelu_fwd_n256(
+            x, bias0_bias, extra_input0)
         ctx.save_for_backward(x, extra_input0, bias0_bias)
         return gelu2_out, new_extra_input0
 
@@ -34,8 +37,10 @@ class InPlaceMidFunction(torch.autograd.Function):
     @first_order_only("InPlaceMid")  # a double backward raises instead of being wrong
     def backward(ctx, d_gelu2_out, d_new_extra_input0):
         x, extra_input0, bias0_bias = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · Bias(256), AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
-        d_x, d_bias0_bias = kernels.bias_add_tee_gelu_bwd_n256_from_bias(d_gelu2_out, x, bias0_bias, extra_input0, d_new_extra_input0)
+        # backward stage 0 · rule elementwise_backward · Bias(256), AddExtraInput(in_place=True),
+        # MakeExtraOutput(), GELU()
+        d_x, d_bias0_bias = kernels.bias_add_tee_gelu_bwd_n256_from_bias(
+            d_gelu2_out, x, bias0_bias, extra_input0, d_new_extra_input0)
         d_extra_input0 = d_x
         return d_x, d_extra_input0, d_bias0_bias
 
@@ -43,7 +48,8 @@ class InPlaceMidFunction(torch.autograd.Function):
 def no_grad_forward(x, extra_input0, bias0_bias):
     """The forward of `in_place_mid` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
-    # no-grad stage 0 · rule elementwise · Bias(256), AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
+    # no-grad stage 0 · rule elementwise · Bias(256), AddExtraInput(in_place=True),
+    # MakeExtraOutput(), GELU()
     gelu2_out, new_extra_input0 = kernels.bias_add_tee_gelu_fwd_n256(x, bias0_bias, extra_input0)
     return gelu2_out, new_extra_input0
 
@@ -63,7 +69,8 @@ class InPlaceMid(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Bias(256)"))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("AddExtraInput(in_place=True)"))
         self.add_module("2", SpecOp("GELU()"))
         self.reset_parameters()
@@ -73,15 +80,18 @@ class InPlaceMid(torch.nn.Module):
 
     def forward(self, x, extra_input0):
         bias0_bias = self._modules["0"].bias
-        caller_extra_input0 = extra_input0  # AddExtraInput(in_place=True) writes the sum into this tensor
+        # AddExtraInput(in_place=True) writes the sum into this tensor
+        caller_extra_input0 = extra_input0
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, bias0_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, bias0_bias)
+            x, extra_input0, bias0_bias = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, bias0_bias)
         check_input("InPlaceMid", "x", x, 256, bias0_bias)
         check_input("InPlaceMid", "extra_input0", extra_input0, 256, bias0_bias, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             extra_input0.reshape(-1, 256).clone(memory_format=torch.contiguous_format),
@@ -91,6 +101,7 @@ class InPlaceMid(torch.nn.Module):
             outputs = InPlaceMidFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
-        with torch.no_grad():  # AddExtraInput(in_place=True), line 14: the caller's extra_input0 becomes the sum
+        # AddExtraInput(in_place=True), line 14: the caller's extra_input0 becomes the sum
+        with torch.no_grad():
             caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
         return with_lead(outputs[0], lead, 256)

@@ -31,20 +31,25 @@ class L2normBlockFunction(torch.autograd.Function):
         l2normalization1_out, l2normalization1_rstd = kernels.l2norm_eps1em05_fwd_h256(linear0_out)
         # forward stage 2 · rule linear_bias · BasicLinear(256, 256), Bias(256)
         linear2_out = torch.addmm(linear2_bias, l2normalization1_out, linear2_weight.t())
-        ctx.save_for_backward(x, linear0_out, l2normalization1_out, l2normalization1_rstd, linear0_weight, linear2_weight)
+        ctx.save_for_backward(
+            x, linear0_out, l2normalization1_out, l2normalization1_rstd, linear0_weight,
+            linear2_weight)
         return linear2_out
 
     @staticmethod
     @first_order_only("L2normBlock")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear2_out):
-        x, linear0_out, l2normalization1_out, l2normalization1_rstd, linear0_weight, linear2_weight = ctx.saved_tensors
+        (
+            x, linear0_out, l2normalization1_out, l2normalization1_rstd, linear0_weight,
+            linear2_weight) = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(256)
         d_linear2_bias = kernels.bias_bwd_n256(d_linear2_out)
         # backward stage 3 · rule linear_backward · BasicLinear(256, 256)
         d_l2normalization1_out = d_linear2_out.mm(linear2_weight)
         d_linear2_weight = d_linear2_out.t().mm(l2normalization1_out)
         # backward stage 2 · rule l2_normalization_backward · L2Normalization(eps=1e-05)
-        d_linear0_out = kernels.l2norm_bwd_h256(d_l2normalization1_out, linear0_out, l2normalization1_rstd)
+        d_linear0_out = kernels.l2norm_bwd_h256(
+            d_l2normalization1_out, linear0_out, l2normalization1_rstd)
         # backward stage 1 · rule elementwise_backward · Bias(256)
         d_linear0_bias = kernels.bias_bwd_n256(d_linear0_out)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
@@ -80,12 +85,16 @@ class L2normBlock(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 256)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((256, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("L2Normalization(eps=1e-05)"))
         self.add_module("2", SpecOp("Linear(256, 256)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
-        self._modules["2"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((256, 256), device=device, dtype=dtype))
+        self._modules["2"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("L2normBlock", inputs=1)
@@ -104,10 +113,12 @@ class L2normBlock(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
+            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(
+                x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
         check_input("L2normBlock", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,

@@ -34,7 +34,8 @@ class MoeGegluFunction(torch.autograd.Function):
     def backward(ctx, d_scaledclampedqgeglu0_out):
         x, extra_input0 = ctx.saved_tensors
         # backward stage 0 · rule elementwise_backward · ClampedSwiGLU(limit=5.0), RowScale()
-        d_x, d_extra_input0 = kernels.clamped_swiglu_l5p0_rowscale_bwd_any(d_scaledclampedqgeglu0_out, x, extra_input0)
+        d_x, d_extra_input0 = kernels.clamped_swiglu_l5p0_rowscale_bwd_any(
+            d_scaledclampedqgeglu0_out, x, extra_input0)
         return d_x, d_extra_input0
 
 
@@ -76,7 +77,8 @@ class MoeGeglu(torch.nn.Module):
         n = x.shape[-1]
         check_row_input("MoeGeglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
             extra_input0.reshape(-1).contiguous(),

@@ -24,7 +24,8 @@ class MoeSitugluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, extra_input0):
-        # forward stage 0 · rule elementwise · SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale()
+        # forward stage 0 · rule elementwise · SiTUGLU(glu_interleave_size=32, beta1=2.0),
+        # RowScale()
         scaledsituglu0_out = kernels.situglu_b2p0_i32_rowscale_fwd_any(x, extra_input0)
         ctx.save_for_backward(x, extra_input0)
         return scaledsituglu0_out
@@ -33,8 +34,10 @@ class MoeSitugluFunction(torch.autograd.Function):
     @first_order_only("MoeSituglu")  # a double backward raises instead of being wrong
     def backward(ctx, d_scaledsituglu0_out):
         x, extra_input0 = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale()
-        d_x, d_extra_input0 = kernels.situglu_b2p0_i32_rowscale_bwd_any(d_scaledsituglu0_out, x, extra_input0)
+        # backward stage 0 · rule elementwise_backward · SiTUGLU(glu_interleave_size=32, beta1=2.0),
+        # RowScale()
+        d_x, d_extra_input0 = kernels.situglu_b2p0_i32_rowscale_bwd_any(
+            d_scaledsituglu0_out, x, extra_input0)
         return d_x, d_extra_input0
 
 
@@ -76,7 +79,8 @@ class MoeSituglu(torch.nn.Module):
         n = x.shape[-1]
         check_row_input("MoeSituglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
             extra_input0.reshape(-1).contiguous(),

@@ -18,7 +18,8 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, check_row_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, check_input, check_row_input, first_order_only, with_lead)
 
 
 class MoeSreluFunction(torch.autograd.Function):
@@ -32,24 +33,29 @@ class MoeSreluFunction(torch.autograd.Function):
         scaledsrelu1_out = kernels.srelu_rowscale_fwd_n512(linear0_out, extra_input0)
         # forward stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
         linear2_out = torch.addmm(linear2_bias, scaledsrelu1_out, linear2_weight.t())
-        ctx.save_for_backward(x, linear0_out, scaledsrelu1_out, extra_input0, linear0_weight, linear2_weight)
+        ctx.save_for_backward(
+            x, linear0_out, scaledsrelu1_out, extra_input0, linear0_weight, linear2_weight)
         return linear2_out
 
     @staticmethod
     @first_order_only("MoeSrelu")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear2_out):
-        x, linear0_out, scaledsrelu1_out, extra_input0, linear0_weight, linear2_weight = ctx.saved_tensors
+        (
+            x, linear0_out, scaledsrelu1_out, extra_input0, linear0_weight,
+            linear2_weight) = ctx.saved_tensors
         # backward stage 3 · rule elementwise_backward · Bias(256)
         d_linear2_bias = kernels.bias_bwd_n256(d_linear2_out)
         # backward stage 2 · rule linear_backward · BasicLinear(512, 256)
         d_scaledsrelu1_out = d_linear2_out.mm(linear2_weight)
         d_linear2_weight = d_linear2_out.t().mm(scaledsrelu1_out)
         # backward stage 1 · rule elementwise_backward · Bias(512), SReLU(), RowScale()
-        d_linear0_pre_bias, d_linear0_bias, d_extra_input0 = kernels.bias_srelu_rowscale_bwd_n512(d_scaledsrelu1_out, linear0_out, extra_input0)
+        d_linear0_pre_bias, d_linear0_bias, d_extra_input0 = kernels.bias_srelu_rowscale_bwd_n512(
+            d_scaledsrelu1_out, linear0_out, extra_input0)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 512)
         d_x = d_linear0_pre_bias.mm(linear0_weight)
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
-        return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
+        return (
+            d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias)
 
 
 def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -79,12 +85,16 @@ class MoeSrelu(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 512)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((512, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((512,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((512, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((512,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("ScaledSReLU()"))
         self.add_module("2", SpecOp("Linear(512, 256)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((256, 512), device=device, dtype=dtype))
-        self._modules["2"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((256, 512), device=device, dtype=dtype))
+        self._modules["2"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("MoeSrelu", inputs=2)
@@ -103,11 +113,17 @@ class MoeSrelu(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
+            (
+                x, extra_input0, linear0_weight, linear0_bias, linear2_weight,
+                linear2_bias
+            ) = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear2_weight,
+                linear2_bias)
         check_input("MoeSrelu", "x", x, 256, linear0_weight)
         check_row_input("MoeSrelu", "extra_input0", extra_input0, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             extra_input0.reshape(-1).contiguous(),

@@ -76,7 +76,8 @@ class MoeSwiglu(torch.nn.Module):
         n = x.shape[-1]
         check_row_input("MoeSwiglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
             extra_input0.reshape(-1).contiguous(),

@@ -26,16 +26,20 @@ class NormDropoutFunction(torch.autograd.Function):
     def forward(ctx, x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
         # forward stage 0 · rule norm_dropout · RMSNorm(256), Dropout(0.3)
         dropout1_seed = ref.new_seed(x) if training else None
-        dropout1_out, rmsnorm0_rstd = kernels.rmsnorm_dropout0p3_fwd_h256(x, dropout1_seed, rmsnorm0_weight)
+        dropout1_out, rmsnorm0_rstd = kernels.rmsnorm_dropout0p3_fwd_h256(
+            x, dropout1_seed, rmsnorm0_weight)
         # forward stage 1 · rule linear_bias · BasicLinear(256, 512), Bias(512)
         linear2_out = torch.addmm(linear2_bias, dropout1_out, linear2_weight.t())
-        ctx.save_for_backward(x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight)
+        ctx.save_for_backward(
+            x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight)
         return linear2_out
 
     @staticmethod
     @first_order_only("NormDropout")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear2_out):
-        x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight = ctx.saved_tensors
+        (
+            x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight,
+            linear2_weight) = ctx.saved_tensors
         # backward stage 3 · rule elementwise_backward · Bias(512)
         d_linear2_bias = kernels.bias_bwd_n512(d_linear2_out)
         # backward stage 2 · rule linear_backward · BasicLinear(256, 512)
@@ -44,7 +48,8 @@ class NormDropoutFunction(torch.autograd.Function):
         # backward stage 1 · rule elementwise_backward · Dropout(0.3)
         d_rmsnorm0_out = kernels.dropout0p3_bwd_n256(d_dropout1_out, dropout1_seed)
         # backward stage 0 · rule norm_backward · RMSNorm(256)
-        d_x, d_rmsnorm0_weight = kernels.rmsnorm_bwd_h256(d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight)
+        d_x, d_rmsnorm0_weight = kernels.rmsnorm_bwd_h256(
+            d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight)
         return d_x, d_rmsnorm0_weight, d_linear2_weight, d_linear2_bias, None
 
 
@@ -74,11 +79,14 @@ class NormDropout(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("RMSNorm(256)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Dropout(0.3)"))
         self.add_module("2", SpecOp("Linear(256, 512)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((512, 256), device=device, dtype=dtype))
-        self._modules["2"].bias = torch.nn.Parameter(torch.empty((512,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((512, 256), device=device, dtype=dtype))
+        self._modules["2"].bias = torch.nn.Parameter(
+            torch.empty((512,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("NormDropout", inputs=1)
@@ -95,10 +103,12 @@ class NormDropout(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, rmsnorm0_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, rmsnorm0_weight, linear2_weight, linear2_bias)
+            x, rmsnorm0_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(
+                x.device.type, x, rmsnorm0_weight, linear2_weight, linear2_bias)
         check_input("NormDropout", "x", x, 256, rmsnorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             rmsnorm0_weight, linear2_weight, linear2_bias,

@@ -25,38 +25,64 @@ class PostAttentionFunction(torch.autograd.Function):
     """Straight-line forward and backward of `post_attention` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias, training):
+    def forward(
+            ctx, x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
+            training):
         # forward stage 0 · rule linear · BasicLinear(256, 256)
         linear0_pre_bias = x.mm(linear0_weight.t())
-        # forward stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(), MakeExtraOutput(), LayerNorm(256)
+        # forward stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(),
+        # MakeExtraOutput(), LayerNorm(256)
         dropout1_seed = ref.new_seed(linear0_pre_bias) if training else None
-        layernorm4_out, extra_output0, layernorm4_mean, layernorm4_rstd = kernels.bias_dropout0p1_add_layernorm_fwd_h256(linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight, layernorm4_bias)
-        ctx.save_for_backward(x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight, layernorm4_weight)
+        (
+            layernorm4_out, extra_output0, layernorm4_mean,
+            layernorm4_rstd
+        ) = kernels.bias_dropout0p1_add_layernorm_fwd_h256(
+            linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight,
+            layernorm4_bias)
+        ctx.save_for_backward(
+            x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
+            layernorm4_weight)
         return layernorm4_out, extra_output0
 
     @staticmethod
     @first_order_only("PostAttention")  # a double backward raises instead of being wrong
     def backward(ctx, d_layernorm4_out, d_extra_output0):
-        x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight, layernorm4_weight = ctx.saved_tensors
-        # backward stage 2 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(), LayerNorm(256)
-        d_dropout1_out, d_layernorm4_weight, d_layernorm4_bias = kernels.layernorm_bwd_h256_add_dresidual(d_layernorm4_out, extra_output0, layernorm4_mean, layernorm4_rstd, layernorm4_weight, d_extra_output0)
+        (
+            x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
+            layernorm4_weight) = ctx.saved_tensors
+        # backward stage 2 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(),
+        # LayerNorm(256)
+        (
+            d_dropout1_out, d_layernorm4_weight,
+            d_layernorm4_bias
+        ) = kernels.layernorm_bwd_h256_add_dresidual(
+            d_layernorm4_out, extra_output0, layernorm4_mean, layernorm4_rstd, layernorm4_weight,
+            d_extra_output0)
         d_extra_input0 = d_dropout1_out  # the residual's grad is the sum's grad
         # backward stage 1 · rule elementwise_backward · Bias(256), Dropout(0.1)
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_dropout0p1_bwd_n256(d_dropout1_out, dropout1_seed)
+        d_linear0_pre_bias, d_linear0_bias = kernels.bias_dropout0p1_bwd_n256(
+            d_dropout1_out, dropout1_seed)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
         d_x = d_linear0_pre_bias.mm(linear0_weight)
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
-        return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_layernorm4_weight, d_layernorm4_bias, None
+        return (
+            d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_layernorm4_weight,
+            d_layernorm4_bias, None)
 
 
-def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias, training):
+def no_grad_forward(
+        x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
+        training):
     """The forward of `post_attention` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule linear · BasicLinear(256, 256)
     linear0_pre_bias = x.mm(linear0_weight.t())
-    # no-grad stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(), MakeExtraOutput(), LayerNorm(256)
+    # no-grad stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(),
+    # MakeExtraOutput(), LayerNorm(256)
     dropout1_seed = ref.new_seed(linear0_pre_bias) if training else None
-    layernorm4_out, extra_output0 = kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight, layernorm4_bias, keep_sum=True)
+    layernorm4_out, extra_output0 = kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
+        linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight,
+        layernorm4_bias, keep_sum=True)
     return layernorm4_out, extra_output0
 
 
@@ -75,14 +101,18 @@ class PostAttention(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 256)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((256, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Dropout(0.1)"))
         self.add_module("2", SpecOp("AddExtraInput()"))
         self.add_module("3", SpecOp("MakeExtraOutput()"))
         self.add_module("4", SpecOp("LayerNorm(256)"))
-        self._modules["4"].weight = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
-        self._modules["4"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["4"].weight = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
+        self._modules["4"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("PostAttention", inputs=2)
@@ -101,11 +131,18 @@ class PostAttention(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias)
+            (
+                x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight,
+                layernorm4_bias
+            ) = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight,
+                layernorm4_bias)
         check_input("PostAttention", "x", x, 256, linear0_weight)
-        check_input("PostAttention", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
+        check_input(
+            "PostAttention", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             as_rows(extra_input0, 256),

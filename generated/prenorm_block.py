@@ -47,7 +47,8 @@ class PrenormBlockFunction(torch.autograd.Function):
         d_rmsnorm1_out = d_addextrainput3_out.mm(linear2_weight)
         d_linear2_weight = d_addextrainput3_out.t().mm(rmsnorm1_out)
         # backward stage 0 · rule norm_residual_grad · MakeExtraOutput(), RMSNorm(4096)
-        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_extra_output0)
+        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(
+            d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_extra_output0)
         return d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
 
 
@@ -81,10 +82,13 @@ class PrenormBlock(torch.nn.Module):
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("MakeExtraOutput()"))
         self.add_module("1", SpecOp("RMSNorm(4096)"))
-        self._modules["1"].weight = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["1"].weight = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("2", SpecOp("Linear(4096, 4096)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((4096, 4096), device=device, dtype=dtype))
-        self._modules["2"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((4096, 4096), device=device, dtype=dtype))
+        self._modules["2"].bias = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("3", SpecOp("AddExtraInput()"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
@@ -102,11 +106,14 @@ class PrenormBlock(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias)
+            x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias)
         check_input("PrenormBlock", "x", x, 4096, rmsnorm1_weight)
-        check_input("PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])
+        check_input(
+            "PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 4096),
             as_rows(extra_input0, 4096),

@@ -5,7 +5,8 @@
         RMSNorm(256),
     )
 
-AddExtraInput(in_place=True) at line 12 also writes its sum into the caller's extra_input0, as TE's does.
+AddExtraInput(in_place=True) at line 12 also writes its sum into the caller's extra_input0, as TE's
+does.
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in prenorm_in_place.plan.md.
@@ -24,8 +25,10 @@ class PrenormInPlaceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, extra_input0, rmsnorm1_weight):
-        # forward stage 0 · rule add_norm · AddExtraInput(in_place=True), MakeExtraOutput(), RMSNorm(256)
-        rmsnorm1_out, new_extra_input0, rmsnorm1_rstd = kernels.add_rmsnorm_fwd_h256(x, extra_input0, rmsnorm1_weight)
+        # forward stage 0 · rule add_norm · AddExtraInput(in_place=True), MakeExtraOutput(),
+        # RMSNorm(256)
+        rmsnorm1_out, new_extra_input0, rmsnorm1_rstd = kernels.add_rmsnorm_fwd_h256(
+            x, extra_input0, rmsnorm1_weight)
         ctx.save_for_backward(new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight)
         return rmsnorm1_out, new_extra_input0
 
@@ -33,8 +36,10 @@ class PrenormInPlaceFunction(torch.autograd.Function):
     @first_order_only("PrenormInPlace")  # a double backward raises instead of being wrong
     def backward(ctx, d_rmsnorm1_out, d_new_extra_input0):
         new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight = ctx.saved_tensors
-        # backward stage 0 · rule norm_residual_grad · AddExtraInput(in_place=True), MakeExtraOutput(), RMSNorm(256)
-        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h256_add_dresidual(d_rmsnorm1_out, new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight, d_new_extra_input0)
+        # backward stage 0 · rule norm_residual_grad · AddExtraInput(in_place=True),
+        # MakeExtraOutput(), RMSNorm(256)
+        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h256_add_dresidual(
+            d_rmsnorm1_out, new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight, d_new_extra_input0)
         d_extra_input0 = d_x  # the residual's grad is the sum's grad
         return d_x, d_extra_input0, d_rmsnorm1_weight
 
@@ -42,8 +47,10 @@ class PrenormInPlaceFunction(torch.autograd.Function):
 def no_grad_forward(x, extra_input0, rmsnorm1_weight):
     """The forward of `prenorm_in_place` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
-    # no-grad stage 0 · rule add_norm · AddExtraInput(in_place=True), MakeExtraOutput(), RMSNorm(256)
-    rmsnorm1_out, new_extra_input0 = kernels.add_rmsnorm_fwd_h256_no_grad(x, extra_input0, rmsnorm1_weight, keep_sum=True)
+    # no-grad stage 0 · rule add_norm · AddExtraInput(in_place=True), MakeExtraOutput(),
+    # RMSNorm(256)
+    rmsnorm1_out, new_extra_input0 = kernels.add_rmsnorm_fwd_h256_no_grad(
+        x, extra_input0, rmsnorm1_weight, keep_sum=True)
     return rmsnorm1_out, new_extra_input0
 
 
@@ -63,7 +70,8 @@ class PrenormInPlace(torch.nn.Module):
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("AddExtraInput(in_place=True)"))
         self.add_module("1", SpecOp("RMSNorm(256)"))
-        self._modules["1"].weight = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["1"].weight = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -71,15 +79,19 @@ class PrenormInPlace(torch.nn.Module):
 
     def forward(self, x, extra_input0):
         rmsnorm1_weight = self._modules["1"].weight
-        caller_extra_input0 = extra_input0  # AddExtraInput(in_place=True) writes the sum into this tensor
+        # AddExtraInput(in_place=True) writes the sum into this tensor
+        caller_extra_input0 = extra_input0
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, rmsnorm1_weight = ref.to_autocast_dtype(x.device.type, x, extra_input0, rmsnorm1_weight)
+            x, extra_input0, rmsnorm1_weight = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, rmsnorm1_weight)
         check_input("PrenormInPlace", "x", x, 256, rmsnorm1_weight)
-        check_input("PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])
+        check_input(
+            "PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             as_rows(extra_input0, 256),
@@ -89,6 +101,7 @@ class PrenormInPlace(torch.nn.Module):
             outputs = PrenormInPlaceFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
-        with torch.no_grad():  # AddExtraInput(in_place=True), line 12: the caller's extra_input0 becomes the sum
+        # AddExtraInput(in_place=True), line 12: the caller's extra_input0 becomes the sum
+        with torch.no_grad():
             caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
         return with_lead(outputs[0], lead, 256)

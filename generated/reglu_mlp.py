@@ -78,12 +78,16 @@ class RegluMlp(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 1024)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((1024, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((1024, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((1024,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("ReGLU()"))
         self.add_module("2", SpecOp("Linear(512, 256)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((256, 512), device=device, dtype=dtype))
-        self._modules["2"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((256, 512), device=device, dtype=dtype))
+        self._modules["2"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("RegluMlp", inputs=1)
@@ -102,10 +106,12 @@ class RegluMlp(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
+            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(
+                x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
         check_input("RegluMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,

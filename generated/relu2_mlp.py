@@ -25,22 +25,29 @@ class Relu2MlpFunction(torch.autograd.Function):
     """Straight-line forward and backward of `relu2_mlp` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+    def forward(
+            ctx, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias,
+            linear3_weight, linear3_bias):
         # forward stage 0 · rule norm · LayerNorm(1024)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(x, layernorm0_weight, layernorm0_bias)
+        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(
+            x, layernorm0_weight, layernorm0_bias)
         # forward stage 1 · rule linear_bias · BasicLinear(1024, 2048), Bias(2048)
         linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
         # forward stage 2 · rule elementwise · SReLU()
         srelu2_out = kernels.srelu_fwd_n2048(linear1_out)
         # forward stage 3 · rule linear_bias · BasicLinear(2048, 1024), Bias(1024)
         linear3_out = torch.addmm(linear3_bias, srelu2_out, linear3_weight.t())
-        ctx.save_for_backward(x, layernorm0_out, linear1_out, srelu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight)
+        ctx.save_for_backward(
+            x, layernorm0_out, linear1_out, srelu2_out, layernorm0_mean, layernorm0_rstd,
+            layernorm0_weight, linear1_weight, linear3_weight)
         return linear3_out
 
     @staticmethod
     @first_order_only("Relu2Mlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear3_out):
-        x, layernorm0_out, linear1_out, srelu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight = ctx.saved_tensors
+        (
+            x, layernorm0_out, linear1_out, srelu2_out, layernorm0_mean, layernorm0_rstd,
+            layernorm0_weight, linear1_weight, linear3_weight) = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(1024)
         d_linear3_bias = kernels.bias_bwd_n1024(d_linear3_out)
         # backward stage 3 · rule linear_backward · BasicLinear(2048, 1024)
@@ -52,11 +59,16 @@ class Relu2MlpFunction(torch.autograd.Function):
         d_layernorm0_out = d_linear1_pre_bias.mm(linear1_weight)
         d_linear1_weight = d_linear1_pre_bias.t().mm(layernorm0_out)
         # backward stage 0 · rule norm_backward · LayerNorm(1024)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h1024(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
-        return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
+        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h1024(
+            d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+        return (
+            d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias,
+            d_linear3_weight, d_linear3_bias)
 
 
-def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+def no_grad_forward(
+        x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+        linear3_bias):
     """The forward of `relu2_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule norm · LayerNorm(1024)
@@ -85,15 +97,21 @@ class Relu2Mlp(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("LayerNorm(1024)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((1024,), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((1024,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Linear(1024, 2048)"))
-        self._modules["1"].weight = torch.nn.Parameter(torch.empty((2048, 1024), device=device, dtype=dtype))
-        self._modules["1"].bias = torch.nn.Parameter(torch.empty((2048,), device=device, dtype=dtype))
+        self._modules["1"].weight = torch.nn.Parameter(
+            torch.empty((2048, 1024), device=device, dtype=dtype))
+        self._modules["1"].bias = torch.nn.Parameter(
+            torch.empty((2048,), device=device, dtype=dtype))
         self.add_module("2", SpecOp("SReLU()"))
         self.add_module("3", SpecOp("Linear(2048, 1024)"))
-        self._modules["3"].weight = torch.nn.Parameter(torch.empty((1024, 2048), device=device, dtype=dtype))
-        self._modules["3"].bias = torch.nn.Parameter(torch.empty((1024,), device=device, dtype=dtype))
+        self._modules["3"].weight = torch.nn.Parameter(
+            torch.empty((1024, 2048), device=device, dtype=dtype))
+        self._modules["3"].bias = torch.nn.Parameter(
+            torch.empty((1024,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("Relu2Mlp", inputs=1)
@@ -116,13 +134,20 @@ class Relu2Mlp(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
+            (
+                x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+                linear3_bias
+            ) = ref.to_autocast_dtype(
+                x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias,
+                linear3_weight, linear3_bias)
         check_input("Relu2Mlp", "x", x, 1024, layernorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 1024),
-            layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
+            layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+            linear3_bias,
         )
         if torch.is_grad_enabled():
             outputs = Relu2MlpFunction.apply(*args)

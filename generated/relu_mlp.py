@@ -42,7 +42,8 @@ class ReluMlpFunction(torch.autograd.Function):
         d_relu1_out = d_linear2_out.mm(linear2_weight)
         d_linear2_weight = d_linear2_out.t().mm(relu1_out)
         # backward stage 1 · rule elementwise_backward · Bias(512), ReLU()
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_relu_bwd_n512_from_output(d_relu1_out, relu1_out)
+        d_linear0_pre_bias, d_linear0_bias = kernels.bias_relu_bwd_n512_from_output(
+            d_relu1_out, relu1_out)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 512)
         d_x = d_linear0_pre_bias.mm(linear0_weight)
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
@@ -74,12 +75,16 @@ class ReluMlp(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 512)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((512, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((512,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((512, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((512,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("ReLU()"))
         self.add_module("2", SpecOp("Linear(512, 256)"))
-        self._modules["2"].weight = torch.nn.Parameter(torch.empty((256, 512), device=device, dtype=dtype))
-        self._modules["2"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["2"].weight = torch.nn.Parameter(
+            torch.empty((256, 512), device=device, dtype=dtype))
+        self._modules["2"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("ReluMlp", inputs=1)
@@ -98,10 +103,12 @@ class ReluMlp(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
+            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(
+                x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
         check_input("ReluMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,

@@ -26,7 +26,8 @@ class ResidualAnyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, extra_input0):
-        # forward stage 0 · rule elementwise · AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU()
+        # forward stage 0 · rule elementwise · AddExtraInput(), ConstantScale(0.5),
+        # MakeExtraOutput(), QGELU()
         qgelu3_out, extra_output0 = kernels.add_scale0p5_tee_qgelu_fwd_any(x, extra_input0)
         ctx.save_for_backward(x, extra_input0)
         return qgelu3_out, extra_output0
@@ -35,8 +36,10 @@ class ResidualAnyFunction(torch.autograd.Function):
     @first_order_only("ResidualAny")  # a double backward raises instead of being wrong
     def backward(ctx, d_qgelu3_out, d_extra_output0):
         x, extra_input0 = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU()
-        d_x = kernels.add_scale0p5_tee_qgelu_bwd_any_from_add(d_qgelu3_out, x, extra_input0, d_extra_output0)
+        # backward stage 0 · rule elementwise_backward · AddExtraInput(), ConstantScale(0.5),
+        # MakeExtraOutput(), QGELU()
+        d_x = kernels.add_scale0p5_tee_qgelu_bwd_any_from_add(
+            d_qgelu3_out, x, extra_input0, d_extra_output0)
         d_extra_input0 = d_x
         return d_x, d_extra_input0
 
@@ -44,7 +47,8 @@ class ResidualAnyFunction(torch.autograd.Function):
 def no_grad_forward(x, extra_input0):
     """The forward of `residual_any` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
-    # no-grad stage 0 · rule elementwise · AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(), QGELU()
+    # no-grad stage 0 · rule elementwise · AddExtraInput(), ConstantScale(0.5), MakeExtraOutput(),
+    # QGELU()
     qgelu3_out, extra_output0 = kernels.add_scale0p5_tee_qgelu_fwd_any(x, extra_input0)
     return qgelu3_out, extra_output0
 
@@ -82,7 +86,8 @@ class ResidualAny(torch.nn.Module):
         n = x.shape[-1]
         check_input("ResidualAny", "extra_input0", extra_input0, n, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
             as_rows(extra_input0, n),

@@ -6,7 +6,8 @@
         AddExtraInput(in_place=True),  # extra input 0
     )
 
-AddExtraInput(in_place=True) at line 10 also writes its sum into the caller's extra_input0, as TE's does.
+AddExtraInput(in_place=True) at line 10 also writes its sum into the caller's extra_input0, as TE's
+does.
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in residual_in_place.plan.md.
@@ -37,8 +38,10 @@ class ResidualInPlaceFunction(torch.autograd.Function):
     @first_order_only("ResidualInPlace")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput1_out, d_new_extra_input0):
         x, linear0_weight = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · Bias(256), AddExtraInput(in_place=True), MakeExtraOutput()
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_add_tee_bwd_n256(d_addextrainput1_out, d_new_extra_input0)
+        # backward stage 1 · rule elementwise_backward · Bias(256), AddExtraInput(in_place=True),
+        # MakeExtraOutput()
+        d_linear0_pre_bias, d_linear0_bias = kernels.bias_add_tee_bwd_n256(
+            d_addextrainput1_out, d_new_extra_input0)
         d_extra_input0 = d_linear0_pre_bias
         # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
         d_x = d_linear0_pre_bias.mm(linear0_weight)
@@ -47,7 +50,8 @@ class ResidualInPlaceFunction(torch.autograd.Function):
 
 
 def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias):
-    """The forward of `residual_in_place` when autograd is off (torch.no_grad, torch.inference_mode):
+    """The forward of `residual_in_place` when autograd is off (torch.no_grad,
+    torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
@@ -72,8 +76,10 @@ class ResidualInPlace(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("Linear(256, 256)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((256, 256), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((256,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((256, 256), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((256,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("AddExtraInput(in_place=True)"))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
@@ -86,15 +92,19 @@ class ResidualInPlace(torch.nn.Module):
     def forward(self, x, extra_input0):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
-        caller_extra_input0 = extra_input0  # AddExtraInput(in_place=True) writes the sum into this tensor
+        # AddExtraInput(in_place=True) writes the sum into this tensor
+        caller_extra_input0 = extra_input0
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(x.device.type, x, extra_input0, linear0_weight, linear0_bias)
+            x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(
+                x.device.type, x, extra_input0, linear0_weight, linear0_bias)
         check_input("ResidualInPlace", "x", x, 256, linear0_weight)
-        check_input("ResidualInPlace", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
+        check_input(
+            "ResidualInPlace", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 256),
             as_rows(extra_input0, 256),
@@ -104,6 +114,7 @@ class ResidualInPlace(torch.nn.Module):
             outputs = ResidualInPlaceFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
-        with torch.no_grad():  # AddExtraInput(in_place=True), line 10: the caller's extra_input0 becomes the sum
+        # AddExtraInput(in_place=True), line 10: the caller's extra_input0 becomes the sum
+        with torch.no_grad():
             caller_extra_input0.copy_(outputs[1].reshape(caller_extra_input0.shape))
         return with_lead(outputs[0], lead, 256)

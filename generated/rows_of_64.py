@@ -100,8 +100,10 @@ class RowsOf64(torch.nn.Module):
         n = x.shape[-1]
         # the leading dims of the running tensor, which each Reshape changes
         lead = x.shape[:-1]
-        lead1 = ref.reshaped_lead("RowsOf64", "Reshape((-1, 64)) (specs/te_reshape.py:17:47)", (-1, 64), lead.numel() * n)
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        lead1 = ref.reshaped_lead(
+            "RowsOf64", "Reshape((-1, 64)) (specs/te_reshape.py:17:47)", (-1, 64), lead.numel() * n)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, n),
             bias3_bias,

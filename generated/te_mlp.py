@@ -25,38 +25,51 @@ class TeMlpFunction(torch.autograd.Function):
     """Straight-line forward and backward of `te_mlp` on 2-D [rows, features] tensors."""
 
     @staticmethod
-    def forward(ctx, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+    def forward(
+            ctx, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias,
+            linear3_weight, linear3_bias):
         # forward stage 0 · rule norm · LayerNorm(4096)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(x, layernorm0_weight, layernorm0_bias)
+        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(
+            x, layernorm0_weight, layernorm0_bias)
         # forward stage 1 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
         linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
         # forward stage 2 · rule elementwise · SwiGLU()
         swiglu2_out = kernels.swiglu_fwd_n14336(linear1_out)
         # forward stage 3 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
         linear3_out = torch.addmm(linear3_bias, swiglu2_out, linear3_weight.t())
-        ctx.save_for_backward(x, layernorm0_out, linear1_out, swiglu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight)
+        ctx.save_for_backward(
+            x, layernorm0_out, linear1_out, swiglu2_out, layernorm0_mean, layernorm0_rstd,
+            layernorm0_weight, linear1_weight, linear3_weight)
         return linear3_out
 
     @staticmethod
     @first_order_only("TeMlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear3_out):
-        x, layernorm0_out, linear1_out, swiglu2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight, linear1_weight, linear3_weight = ctx.saved_tensors
+        (
+            x, layernorm0_out, linear1_out, swiglu2_out, layernorm0_mean, layernorm0_rstd,
+            layernorm0_weight, linear1_weight, linear3_weight) = ctx.saved_tensors
         # backward stage 4 · rule elementwise_backward · Bias(4096)
         d_linear3_bias = kernels.bias_bwd_n4096(d_linear3_out)
         # backward stage 3 · rule linear_backward · BasicLinear(14336, 4096)
         d_swiglu2_out = d_linear3_out.mm(linear3_weight)
         d_linear3_weight = d_linear3_out.t().mm(swiglu2_out)
         # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()
-        d_linear1_pre_bias, d_linear1_bias = kernels.bias_swiglu_bwd_n14336(d_swiglu2_out, linear1_out)
+        d_linear1_pre_bias, d_linear1_bias = kernels.bias_swiglu_bwd_n14336(
+            d_swiglu2_out, linear1_out)
         # backward stage 1 · rule linear_backward · BasicLinear(4096, 28672)
         d_layernorm0_out = d_linear1_pre_bias.mm(linear1_weight)
         d_linear1_weight = d_linear1_pre_bias.t().mm(layernorm0_out)
         # backward stage 0 · rule norm_backward · LayerNorm(4096)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
-        return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias
+        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(
+            d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+        return (
+            d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias,
+            d_linear3_weight, d_linear3_bias)
 
 
-def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+def no_grad_forward(
+        x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+        linear3_bias):
     """The forward of `te_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule norm · LayerNorm(4096)
@@ -85,15 +98,21 @@ class TeMlp(torch.nn.Module):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module("0", SpecOp("LayerNorm(4096)"))
-        self._modules["0"].weight = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
-        self._modules["0"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["0"].weight = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["0"].bias = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Linear(4096, 28672)"))
-        self._modules["1"].weight = torch.nn.Parameter(torch.empty((28672, 4096), device=device, dtype=dtype))
-        self._modules["1"].bias = torch.nn.Parameter(torch.empty((28672,), device=device, dtype=dtype))
+        self._modules["1"].weight = torch.nn.Parameter(
+            torch.empty((28672, 4096), device=device, dtype=dtype))
+        self._modules["1"].bias = torch.nn.Parameter(
+            torch.empty((28672,), device=device, dtype=dtype))
         self.add_module("2", SpecOp("SwiGLU()"))
         self.add_module("3", SpecOp("Linear(14336, 4096)"))
-        self._modules["3"].weight = torch.nn.Parameter(torch.empty((4096, 14336), device=device, dtype=dtype))
-        self._modules["3"].bias = torch.nn.Parameter(torch.empty((4096,), device=device, dtype=dtype))
+        self._modules["3"].weight = torch.nn.Parameter(
+            torch.empty((4096, 14336), device=device, dtype=dtype))
+        self._modules["3"].bias = torch.nn.Parameter(
+            torch.empty((4096,), device=device, dtype=dtype))
         self.reset_parameters()
         # no-grad calls of a few rows on CUDA replay a graph captured per input shape
         self.cuda_graphs = CudaGraphs("TeMlp", inputs=1)
@@ -116,13 +135,20 @@ class TeMlp(torch.nn.Module):
         if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
-            x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias = ref.to_autocast_dtype(x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
+            (
+                x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+                linear3_bias
+            ) = ref.to_autocast_dtype(
+                x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias,
+                linear3_weight, linear3_bias)
         check_input("TeMlp", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
-        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they are)
+        # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
+        # are)
         args = (
             as_rows(x, 4096),
-            layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
+            layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+            linear3_bias,
         )
         if torch.is_grad_enabled():
             outputs = TeMlpFunction.apply(*args)

@@ -30,6 +30,7 @@ from .output import MANIFEST, manifest_bytes, read_manifest
 from .pipeline import build_pipeline
 from .plan import Plan, Rule, plan_pipeline
 from .progress import Progress
+from .wrap import wrap_python
 
 CUDA_HEADERS = emit.TEMPLATES / "cuda"
 # `#include "name"` or `#include <name>` at the start of a line (the templates write no other form).
@@ -353,4 +354,7 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
         "generator": "fusegen", "archs": list(config.archs), "dtypes": list(config.dtypes),
         "kernels": manifest, "files": sorted(files),
     })
+    for name, text in files.items():  # every Python file at most 100 columns wide
+        if name.endswith(".py"):
+            files[name] = wrap_python(text)
     return {k: v.encode() if isinstance(v, str) else v for k, v in sorted(files.items())}

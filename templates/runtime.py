@@ -51,8 +51,9 @@ def verified_binary(full_name, file):
     if entry is None or digest != entry["sha256"]:
         why = ("MANIFEST.json records no such binary" if entry is None else
                f"its sha256 is {digest}, MANIFEST.json records {entry['sha256']}")
-        raise KernelIntegrityError(f"kernel {full_name}: {KERNELS_DIR / file} is not the binary fusegen generated "
-                                   f"({why}); regenerate the package with `fusegen generate`")
+        raise KernelIntegrityError(f"kernel {full_name}: {KERNELS_DIR / file} is not the binary "
+                                   f"fusegen generated ({why}); regenerate the package with "
+                                   "`fusegen generate`")
     return image
 
 
@@ -66,16 +67,17 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
         raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if features is None:
         if tensor.dim() < 1 or tensor.shape[-1] % multiple_of:
-            raise ValueError(f"{module}: {name} must have shape [..., n] with n a multiple of {multiple_of} "
-                             f"(the pipeline's GLUs split each row), got {list(tensor.shape)}")
+            raise ValueError(f"{module}: {name} must have shape [..., n] with n a multiple of "
+                             f"{multiple_of} (the pipeline's GLUs split each row), got "
+                             f"{list(tensor.shape)}")
     elif tensor.dim() < 1 or tensor.shape[-1] != features:
         raise ValueError(f"{module}: {name} must have shape [..., {features}], got {list(tensor.shape)}")
     if tensor.dtype != like.dtype:
-        raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but {like_is} {like.dtype}; convert "
-                        "the input or the module (module.to(dtype))")
+        raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but {like_is} {like.dtype}; "
+                        "convert the input or the module (module.to(dtype))")
     if tensor.device != like.device:
-        raise ValueError(f"{module}: {name} is on {tensor.device} but {like_is} on {like.device}; move one "
-                         "of them")
+        raise ValueError(f"{module}: {name} is on {tensor.device} but {like_is} on {like.device}; "
+                         "move one of them")
     if lead is not None and tensor.shape[:-1] != lead:
         raise ValueError(f"{module}: {name} must have the same leading shape as x, {list(lead)}, "
                          f"got {list(tensor.shape[:-1])}")
@@ -87,8 +89,8 @@ def check_row_input(module, name, tensor, like, lead, like_is="the module's para
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.shape != lead:
-        raise ValueError(f"{module}: {name} holds one scale per row: it must have shape {list(lead)}, "
-                         f"got {list(tensor.shape)}")
+        raise ValueError(f"{module}: {name} holds one scale per row: it must have shape "
+                         f"{list(lead)}, got {list(tensor.shape)}")
     check_input(module, name, tensor.unsqueeze(-1), 1, like, None, like_is=like_is)
 
 
@@ -132,8 +134,8 @@ class _SecondDerivative(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(f"{ctx.module}: second derivatives (double backward, gradgradcheck) are not "
-                           "supported: its backward is fused and not itself differentiable")
+        raise RuntimeError(f"{ctx.module}: second derivatives (double backward, gradgradcheck) are "
+                           "not supported: its backward is fused and not itself differentiable")
 
 
 def first_order_only(module):
@@ -191,9 +193,10 @@ def choose_binary(full_name, available, capability):
     if chosen is None:
         arch = f"sm_{capability[0]}{capability[1]}"
         raise KernelNotAvailableError(
-            f"kernel {full_name} has no binary for this GPU ({arch}); found: {', '.join(own) or 'none'} "
-            f"in {KERNELS_DIR}. Add \"{arch}\" to the archs of [tool.fusegen] in the pyproject.toml that "
-            "generated this package (or pass --archs) and run `fusegen generate`.")
+            f"kernel {full_name} has no binary for this GPU ({arch}); found: "
+            f"{', '.join(own) or 'none'} in {KERNELS_DIR}. Add \"{arch}\" to the archs of "
+            "[tool.fusegen] in the pyproject.toml that generated this package (or pass --archs) "
+            "and run `fusegen generate`.")
     return chosen
 
 
@@ -369,8 +372,9 @@ class Kernel:
         try:
             ready.layout.pack_into(data, 0, *args)
         except struct.error as error:
-            raise ValueError(f"kernel {ready.full_name}: arguments {args} do not fit its parameters "
-                             f"({self.signature}: p a pointer, i a C int): {error}") from None
+            raise ValueError(f"kernel {ready.full_name}: arguments {args} do not fit its "
+                             f"parameters ({self.signature}: p a pointer, i a C int): "
+                             f"{error}") from None
         if _current_device() != index:  # launch under the device's context, as torch's own ops do
             with torch.cuda.device(index):
                 self._launch(ready, grid, block, params)
@@ -512,8 +516,9 @@ class CudaGraphs:
                 stream.wait_stream(side)
                 self.failed = f"{type(error).__name__}: {error}"
                 self._graphs.clear()
-                warnings.warn(f"{self.module}: capturing its no-grad forward in a CUDA graph failed, so "
-                              f"it runs without graphs from now on ({self.failed})", RuntimeWarning)
+                warnings.warn(f"{self.module}: capturing its no-grad forward in a CUDA graph "
+                              f"failed, so it runs without graphs from now on ({self.failed})",
+                              RuntimeWarning)
                 return None
             stream.wait_stream(side)
             single = isinstance(outputs, torch.Tensor)

@@ -41,8 +41,8 @@ def reshaped_lead(module, op, shape, numel):
     if -1 in shape and numel % known == 0:
         shape = tuple([numel // known if d == -1 else d for d in shape])
     if math.prod(shape) != numel or -1 in shape:
-        raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to {list(shape)}; "
-                         "give an input whose size fits the shape")
+        raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to "
+                         f"{list(shape)}; give an input whose size fits the shape")
     return torch.Size(shape[:-1])
 
 
@@ -75,8 +75,8 @@ def construct_module(owner, target, where, positional, keywords, device, dtype):
     try:
         cls = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
-        raise ImportError(f"{owner}: cannot import {target} for {where}: {err}; make it importable where the "
-                          "generated package runs") from None
+        raise ImportError(f"{owner}: cannot import {target} for {where}: {err}; make it importable "
+                          "where the generated package runs") from None
     module = cls(*positional, **dict(keywords))
     if device is not None or dtype is not None:
         module.to(device=device, dtype=dtype)
@@ -88,8 +88,9 @@ def check_module_output(owner, where, x, y):
     planned for it)."""
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        raise ValueError(f"{owner}: {where} returned {got} for an input of shape {list(x.shape)}; fusegen runs a "
-                         "module between fused ops only when it keeps the tensor's shape")
+        raise ValueError(f"{owner}: {where} returned {got} for an input of shape {list(x.shape)}; "
+                         "fusegen runs a module between fused ops only when it keeps the tensor's "
+                         "shape")
 
 
 # --- random operands (Operand "random", Dropout): counter-based draws, as fg::uniform ------------

@@ -4,13 +4,28 @@ launchers in _kernels.py and their MANIFEST.json entries. No other pipeline, ker
 line changes (the custom ops are named per kernel, not per package)."""
 
 import difflib
+import io
 import json
 import shutil
+import tokenize
 from pathlib import Path
 
 from fusegen import build
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def logical_lines(source):
+    """Each statement of ``source`` on one line (generated code wraps long ones at 100 columns,
+    so a changed name can reflow lines that do not contain it)."""
+    rows, lines, start = source.split("\n"), [], None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if start is None and token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            start = token.start[0]
+        if token.type == tokenize.NEWLINE:
+            lines.append(" ".join(row.strip() for row in rows[start - 1:token.end[0]]))
+            start = None
+    return lines
 
 
 def test_changing_one_eps_touches_only_its_pipeline_and_kernel(tmp_path):
@@ -31,8 +46,8 @@ def test_changing_one_eps_touches_only_its_pipeline_and_kernel(tmp_path):
                        f"kernels/{old}.cu", f"kernels/{old}.sm_90.cubin", f"kernels/{new}.cu", f"kernels/{new}.sm_90.cubin"}
 
     # _kernels.py: only the renamed kernel's launchers and op registration change
-    lines = [line for line in difflib.unified_diff(before["_kernels.py"].decode().splitlines(),
-                                                   after["_kernels.py"].decode().splitlines(), n=0, lineterm="")
+    lines = [line for line in difflib.unified_diff(logical_lines(before["_kernels.py"].decode()),
+                                                   logical_lines(after["_kernels.py"].decode()), n=0, lineterm="")
              if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     unrelated = [line for line in lines if line[1:].strip() and not any(
         word in line for word in ("add_layernorm_zc", "ADD_LAYERNORM_ZC", "1e-06", "1e-05", "residual add + LayerNorm",

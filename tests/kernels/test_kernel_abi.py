@@ -1,6 +1,7 @@
 """One ABI per kernel (kernels.kernel_abi): the .cu signature and the Python launch tuple of every
 shipped kernel are both rendered from it, so they agree parameter for parameter."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -34,18 +35,26 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
     # the Kernel's signature letters and every launch tuple: pointers as ints (0: not passed;
     # pointer(t): a Dropout key, None in eval mode), C ints as they are
     letters = "".join("p" if p.pointer else "i" for p in abi)
-    assert f'_{spec.name.upper()} = Kernel("{spec.name}", "{letters}")' in launchers
+    tree = ast.parse(launchers)
+    kernels = {node.targets[0].id: [ast.literal_eval(a) for a in node.value.args] for node in tree.body
+               if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+               and getattr(node.value.func, "id", None) == "Kernel"}
+    assert kernels[f"_{spec.name.upper()}"] == [spec.name, letters]
     random = {dict(step)["operand"] for step in dict(spec.context).get("steps", ()) if dict(step)["broadcast"] == "random"}
     values = [("0" if not p.passed else p.name if not p.pointer else f"pointer({p.name})" if p.name in random
                else f"{p.name}.data_ptr()") for p in abi]
-    launches = re.findall(rf"(?<!\w)_{spec.name.upper()}\.launch\((.*)\)\n", launchers)
-    assert all(launch.endswith(".get_device()") for launch in launches)
+    # every K.launch(dtype, grid, block, (arguments), device) call of this kernel, as parsed
+    launches = [call.args for call in ast.walk(tree) if isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute) and call.func.attr == "launch"
+                and isinstance(call.func.value, ast.Name) and call.func.value.id == f"_{spec.name.upper()}"]
+    assert all(ast.unparse(args[-1]).endswith(".get_device()") for args in launches)
+    arguments = [[ast.unparse(value) for value in args[3].elts] for args in launches]
     if spec.family == "norm_fwd":  # and its launcher for a forward without autograd: no statistics, a sum if kept
-        no_grad = ["0" if p.name in ("mean", "rstd") else "(residual_out.data_ptr() if keep_sum else 0)"
+        no_grad = ["0" if p.name in ("mean", "rstd") else "residual_out.data_ptr() if keep_sum else 0"
                    if p.name == "residual_out" and p.passed else v for p, v in zip(abi, values)]
-        assert len(launches) == 2 and f", ({', '.join(no_grad)}), " in launches[1]
-        launches = launches[:1]
-    assert launches and all(f", ({', '.join(values)}), " in launch for launch in launches)
+        assert len(arguments) == 2 and arguments[1] == no_grad
+        arguments = arguments[:1]
+    assert arguments and all(args == values for args in arguments)
 
 
 def test_every_family_is_covered():
