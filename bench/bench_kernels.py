@@ -14,6 +14,7 @@ device-to-device copy measured in the same run, and fusegen's time over the fast
 """
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -205,9 +206,10 @@ def run_case(family, width, tokens, compiled, copy):
 
 
 def versions():
+    commit = os.environ.get("FUSEGEN_COMMIT")  # a copy of the tree without its .git says which it is
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                                text=True, check=True).stdout.strip()
+        commit = commit or subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                                          capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     driver = torch.cuda.get_device_properties(0)
