@@ -203,13 +203,20 @@ def test_two_devices_each_get_their_own_functions():
     is current): each device's kernels are loaded for it and give the same results."""
     gen = torch.Generator().manual_seed(4)
     x = _inputs(_module("prenorm_block", device="cpu"), 40, gen, device="cpu")
-    results = []
+    results, grads = [], []
     for index in (0, 1):
         module = _module("prenorm_block", device=f"cuda:{index}")
+        inputs = [t.to(f"cuda:{index}").requires_grad_() for t in x]
         with torch.cuda.device(1 - index):  # the other device current: the launch must not care
-            results.append([t.cpu() for t in module(*[t.to(f"cuda:{index}") for t in x])])
+            outputs = module(*inputs)
+            results.append([t.detach().cpu() for t in outputs])
+            # the backward too: its grids are sized from each device's own occupancy
+            got = torch.autograd.grad(sum(t.sum() for t in outputs), [*inputs, *module.parameters()])
+            grads.append([g.cpu() for g in got])
     assert {index for (_, index) in _runtime._FUNCTIONS} >= {0, 1}
     for a, b in zip(*results):
+        assert torch.equal(a, b)
+    for a, b in zip(*grads):  # the same GPU model twice: the same grids, the same sums
         assert torch.equal(a, b)
     # no-grad calls: with the module's own device current they replay graphs (one per device),
     # with the other one current they run plain; every result is the same (within the GEMM row:
