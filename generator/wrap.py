@@ -7,9 +7,12 @@ breaks a line that is too wide inside its last bracket pair, one level at a time
     outputs = PipelineFunction.apply(
         x, norm_weight, linear_weight, linear_bias, ...)                # items filled to the width
 
-A trailing comment moves to its own line above the statement. Lines inside triple-quoted strings
-are left as they are (they are text, and wrapping would change the string). Deterministic and
-idempotent: the same text always wraps the same way, and wrapped text is left alone.
+A trailing comment moves to its own line above the statement; a bare tuple ("a, b = ...",
+"return a, b") gets parentheses to break inside; a long string inside brackets becomes adjacent
+literals. A docstring's text is refilled at its own indent; other multi-line strings are values
+and stay as they are. Deterministic on every Python (3.12's tokenizer splits f-strings and
+refuses unbalanced brackets: both are treated alike here) and idempotent: wrapped text is left
+alone.
 """
 
 from __future__ import annotations
@@ -112,7 +115,8 @@ def _wrap_line(line: str, width: int, inside_brackets: bool = False) -> list[str
         text = tokens[0].string.lstrip("#").strip()
         return [indent + "# " + row for row in textwrap.wrap(text, width - len(indent) - 2, break_long_words=False)]
     if len(tokens) <= 2 and tokens[0].type == tokenize.STRING and (len(tokens) == 1 or tokens[1].string == ","):
-        return _wrap_string(indent, tokens[0].string, "," if len(tokens) == 2 else "", width) or [line]
+        after = "," if len(tokens) == 2 else ""
+        return _wrap_string(indent, tokens[0].string, after, width, inside_brackets) or [line]
     code_end = len(line.strip())
     comment = ""
     if tokens[-1].type == tokenize.COMMENT:
@@ -242,10 +246,11 @@ def _split_items(inner: str) -> list[str]:
     return [p for p in pieces if p]
 
 
-def _wrap_string(indent: str, literal: str, after: str, width: int) -> list[str] | None:
+def _wrap_string(indent: str, literal: str, after: str, width: int, inside_brackets: bool) -> list[str] | None:
     """A line that is one string literal: a docstring becomes a multi-line docstring, a plain
-    string (an item inside brackets) adjacent literals, each split at a space. None: left as is
-    (a prefixed or escaped string, whose pieces could mean something else)."""
+    string inside brackets adjacent literals, each split at a space. None: left as is (a prefixed
+    or escaped string, whose pieces could mean something else, or one outside brackets, where
+    adjacent literals on separate lines would not be one expression)."""
     room = width - len(indent)
     if literal.startswith('"""') and literal.endswith('"""') and not after and "\\" not in literal:
         text = literal[3:-3]
@@ -254,7 +259,7 @@ def _wrap_string(indent: str, literal: str, after: str, width: int) -> list[str]
             return None
         return [indent + '"""' + lines[0]] + [indent + row for row in lines[1:]] + [indent + '"""']
     quote = literal[:1]
-    if quote not in "\"'" or literal.count(quote) != 2 or "\\" in literal:
+    if not inside_brackets or quote not in "\"'" or literal.count(quote) != 2 or "\\" in literal:
         return None
     pieces, current = [], ""
     for word in re.findall(r"\S+\s*|\s+", literal[1:-1]):  # each word with the spaces after it

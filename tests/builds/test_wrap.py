@@ -106,3 +106,10 @@ def test_a_summary_line_that_is_too_wide_becomes_a_multi_line_docstring():
     assert all(len(line) <= MAX_COLUMNS for line in wrapped.split("\n"))
     assert wrapped.split("\n")[-2:] == ['    """', ""]
     assert " ".join(ast.get_docstring(ast.parse(wrapped).body[0]).split()) == ("word " * 25 + "end.").strip()
+
+
+def test_a_string_outside_brackets_stays_whole():
+    """Adjacent literals on separate lines are one expression only inside brackets."""
+    source = "def f():\n    '" + "word " * 25 + "'\n    return 1\n"
+    assert wrap_python(source) == source
+    ast.parse(wrap_python(source))
