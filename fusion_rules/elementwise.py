@@ -31,6 +31,6 @@ FORWARD_ELEMENTWISE = Rule(
 BACKWARD_ELEMENTWISE = Rule(
     name="elementwise_backward", pass_=BACKWARD, stage=ELEMENTWISE,
     doc="one kernel for the run's input grad; a Bias's grad, if any, as per-block partials that a "
-        "column-sum kernel adds in order",
+        "column-sum kernel adds in a fixed order",
     match=_run, covers=elementwise_kinds(),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import jinja2
@@ -169,6 +170,28 @@ def saved_table(plan: Plan, em: Emitter, saved: list[str], params: list) -> list
     return [(name, *shapes.get(name, ("", ""))) for name in saved]
 
 
+def traffic_cells(plan: Plan) -> dict[tuple[str, int], str]:
+    """The plan's "bytes/token" cell per stage, keyed like ``runs_as``: what the stage's kernel
+    calls and GEMMs read and write per token of the module's input (StageImpl.row_traffic) at 2
+    bytes a value (bf16, fp16; fp32 activations double it), fp32 statistics 4; "—" where the plan
+    cannot know. A Reshape before a stage changes its rows per token (``rows_factor``)."""
+    factors, factor = {}, Fraction(1)  # rows per token at each value position (None: unknown)
+    for stage in plan.forward:
+        factors.update(dict.fromkeys(range(stage.start, stage.end), factor))
+        change = stage.rule.stage.rows_factor(stage)
+        factor = None if factor is None or change is None else factor * change
+    cells = {}
+    for pass_, stages in (("forward", plan.forward), ("backward", plan.backward), ("inference", plan.inference)):
+        for stage in stages:
+            traffic = stage.rule.stage.row_traffic(plan, pass_, stage)
+            if traffic is None or factors[stage.start] is None:
+                cells[(pass_, stage.start)] = "—"
+                continue
+            per_token = traffic.bytes() * factors[stage.start]
+            cells[(pass_, stage.start)] = f"{int(per_token):,}" if per_token.denominator == 1 else f"{float(per_token):,.1f}"
+    return cells
+
+
 def replays_graphs(plan: Plan) -> bool:
     """Whether the module replays its no-grad forward from CUDA graphs at a few rows (the
     runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage."""
@@ -200,6 +223,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
     cells = runs_as(plan, stage_kernels)
     return dict(
+        traffic=traffic_cells(plan),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         function_returns=distinct_returns([values[len(p.ops)]] + extra_outputs, em.aliases),
         no_grad=no_grad_blocks(plan, stage_kernels), no_grad_fuses_more=plan.inference != plan.forward,

@@ -10,6 +10,7 @@ module outside ``stages/`` (and ``ops/``) branches on what kind of stage or op i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:  # the planner imports this module; these are for annotations only
@@ -36,6 +37,28 @@ class Saves:
     values: frozenset[int] = frozenset()  # forward value positions
     extra_inputs: frozenset[int] = frozenset()  # extra-input indices
     recompute: Recompute | None = None  # an elementwise run that recomputes forward values
+
+
+@dataclass(frozen=True)
+class RowTraffic:
+    """What a stage's kernel calls and GEMMs read and write per token (per row of x), as the plan
+    reports it: values in the activations' dtype, and fp32 values (a norm's statistics).
+    Parameters, parameter grads and per-call scratch (fp32 partials) are per call, not per token,
+    and left out; so are views and aliases, which move nothing."""
+
+    values: int
+    fp32: int = 0
+
+    def bytes(self, itemsize: int = 2) -> int:
+        return self.values * itemsize + self.fp32 * 4
+
+
+NO_TRAFFIC = RowTraffic(0)
+
+
+def fixed(*sizes) -> bool:
+    """Whether every size is a number (a size-generic pipeline's are Syms until it runs)."""
+    return all(isinstance(size, int) for size in sizes)
 
 
 class StageImpl:
@@ -71,6 +94,17 @@ class StageImpl:
     def saved_shapes(self, em: Emitter, stage: Stage) -> dict[str, tuple[str, str]]:
         """{name: (shape, dtype)} of what ``saved_names`` lists, as the plan shows them."""
         return {}
+
+    def row_traffic(self, plan: Plan, pass_: str, stage: Stage) -> RowTraffic | None:
+        """What the stage moves per token in ``pass_`` ("forward", "inference", "backward");
+        None where the plan cannot know (PyTorch's own ops, a user's module, a size-generic
+        pipeline's widths)."""
+        return None
+
+    def rows_factor(self, stage: Stage) -> Fraction | None:
+        """Rows of the stage's output per row of its input (a Reshape's changes them); None when
+        a size-generic width leaves it unknown."""
+        return Fraction(1)
 
     def kernels(self, plan: Plan, stage: Stage, pass_: str) -> list[KernelSpec]:
         """The generated kernels the stage launches, its main kernel first."""

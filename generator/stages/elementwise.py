@@ -22,8 +22,8 @@ from .. import kernels as kn
 from ..ir import Sym
 from ..kernels import KernelParam as P
 from ..ops import OPS, elementwise_kinds
-from .base import (Recompute, Saves, StageImpl, extra_input_name, extra_output_name, param_name,
-                   value_name)
+from .base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name,
+                   fixed, param_name, value_name)
 
 ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
 
@@ -88,6 +88,22 @@ class ElementwiseStage(StageImpl):
         column_grads = any(step["grad"] == "column" for step in spec.ctx["steps"])
         return [spec, *([kn.column_sum(spec.ctx["grad_columns"])] if column_grads else []),
                 *(backward_kernel(plan, stage, n) for n in specialise)]
+
+    def row_traffic(self, plan, pass_, stage):
+        if stage.kind == "passthrough":  # aliases: nothing moves
+            return NO_TRAFFIC
+        p = plan.pipeline
+        if pass_ == "backward":
+            spec, recompute = backward_kernel(plan, stage), plan.recompute.get(stage.start)
+            widths = {"dy": p.width(stage.end), "dx": p.width(stage.start),
+                      "x": p.width(recompute.saved_position) if recompute is not None else None}
+            names = ["dy", *spec.operands, *spec.returned]
+        else:
+            spec = forward_kernel(p, stage)
+            widths = {"x": p.width(stage.start), "y": p.width(stage.end)}
+            names = ["x", *spec.operands, *spec.returned]
+        sizes = [widths[name] if name in widths else operand_width(p, stage, name) for name in names]
+        return RowTraffic(sum(sizes)) if fixed(*sizes) else None
 
     def forward(self, em, stage, block):
         p = em.pipeline
@@ -157,6 +173,21 @@ def _operand_names(op, rel: int) -> tuple[str, str]:
     if op.opdef.operand.source == "random":
         return f"seed{rel}", ""
     return f"extra_in{rel}", f"d_extra_in{rel}"
+
+
+def operand_width(pipeline, stage, name: str):
+    """Values per row of a kernel's operand or result, by its name (``_operand_names``,
+    ``io_names``): an extra input or output (or its grad) is as wide as its op's input, a per-row
+    operand (RowScale's scales) one value; a parameter, its grad (a column sum) and a Dropout key
+    are per call: 0."""
+    kind, rel = name.rstrip("0123456789"), name[len(name.rstrip("0123456789")):]
+    op = stage.ops[int(rel)]
+    if kind in ("extra_out", "d_extra_out"):
+        return pipeline.width(op.index)
+    if kind in ("extra_in", "d_extra_in"):
+        broadcast = op.opdef.operand.broadcast if kind == "extra_in" else op.opdef.operand.grad
+        return {"element": pipeline.width(op.index), "row": 1}.get(broadcast, 0)
+    return 0  # bias3 / dbias3 / seed3
 
 
 def seed_name(op) -> str:

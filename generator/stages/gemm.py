@@ -18,7 +18,7 @@ defined.
 
 from __future__ import annotations
 
-from .base import Saves, StageImpl, extra_input_name, extra_output_name, param_name, value_name
+from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
 
 FORMS = {
     "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue",
@@ -52,6 +52,14 @@ class GemmStage(StageImpl):
 
     def runs_as(self, pass_, stage, kernels):
         return "cuBLAS GEMM (torch)" if pass_ == "forward" else "cuBLAS dgrad + wgrad GEMMs (torch)"
+
+    def row_traffic(self, plan, pass_, stage):
+        x, y = plan.pipeline.width(stage.start), plan.pipeline.width(stage.end)
+        if not fixed(x, y):
+            return None
+        if pass_ == "backward":  # dgrad reads dy, writes dx (+ reads the extra output's grad); wgrad reads dy, x
+            return RowTraffic(2 * y + 2 * x + (x if stage.first("make_extra_output") else 0))
+        return RowTraffic(x + y + (y if stage.first("add_extra_input") else 0))  # x, y (+ the residual as C)
 
     def forward(self, em, stage, block):
         linear, bias, scale, add = (stage.first(kind) for kind in ("linear", "bias", "scale", "add_extra_input"))

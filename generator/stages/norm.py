@@ -18,7 +18,7 @@ from .. import kernels as kn
 from ..kernels import KernelParam as P
 from ..ops import OPS
 from . import elementwise as ew
-from .base import Saves, StageImpl, extra_input_name, extra_output_name, param_name, value_name
+from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
 
 
 NORM_KINDS = ("norm", "l2_normalization")  # LayerNorm, RMSNorm; L2Normalization (no gamma, a sum)
@@ -181,6 +181,21 @@ class NormStage(StageImpl):
             return [norm_forward(stage)]
         spec = norm_backward(stage)
         return [spec, kn.column_sum(spec.ctx["grad_columns"])] if spec.ctx["grad_columns"] else [spec]
+
+    def row_traffic(self, plan, pass_, stage):
+        norm, meo = norm_of(stage), stage.first("make_extra_output")
+        h = norm.in_features
+        if not fixed(h):
+            return None
+        spec = norm_backward(stage) if pass_ == "backward" else norm_forward(stage)
+        stats = 2 if spec.ctx["layernorm"] else 1  # mean and rstd, or rstd
+        if pass_ == "backward":  # dy, the saved sum, the statistics (+ the extra output's grad) -> dx
+            return RowTraffic(3 * h + (h if meo else 0), stats)
+        operands = sum(ew.operand_width(plan.pipeline, stage, name) for name in spec.operands)
+        sum_written = spec.ctx["writes_h"] and (meo is not None or pass_ == "forward")
+        # x (+ the residual, + per-row operands) -> y (+ the sum; + the statistics, for a backward)
+        return RowTraffic(2 * h + (h if spec.ctx["residual"] else 0) + operands + (h if sum_written else 0),
+                          stats if pass_ == "forward" else 0)
 
     def forward(self, em, stage, block):
         p, spec = em.pipeline, em.kernel("forward", stage)

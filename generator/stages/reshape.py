@@ -8,8 +8,10 @@ An input size no op fixes is ``ctx.n``, the width the forward saw (a size-generi
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from ..ir import size_expr
-from .base import StageImpl, value_name
+from .base import NO_TRAFFIC, StageImpl, fixed, value_name
 
 
 class ReshapeStage(StageImpl):
@@ -21,6 +23,13 @@ class ReshapeStage(StageImpl):
 
     def runs_as(self, pass_, stage, kernels):
         return "a view (`torch.reshape`), no kernel"
+
+    def row_traffic(self, plan, pass_, stage):
+        return NO_TRAFFIC  # a view of a dense tensor
+
+    def rows_factor(self, stage):
+        op = stage.ops[0]  # [rows, in] viewed as [rows * in / out, out]
+        return Fraction(op.in_features, op.out_features) if fixed(op.in_features, op.out_features) else None
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
