@@ -48,7 +48,7 @@ def add_fwd_n4096(x, extra_in0):
 
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel("add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi")
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {
-    torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+    torch.bfloat16: 96, torch.float16: 96, torch.float32: 128}
 
 
 def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
@@ -56,7 +56,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     mean, rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_c0e71437(
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_35696a7d(
             x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -2297,13 +2297,13 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
 
 
 _LAYERNORM_FWD_H1024 = Kernel("layernorm_fwd_h1024", "ppppppppi")
-_LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+_LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 128}
 
 
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h1024_07d73aa7(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h1024_be6b64e1(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2340,13 +2340,13 @@ def layernorm_fwd_h1024_no_grad(x, gamma, beta):
 
 
 _LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096", "ppppppppi")
-_LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
+_LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h4096_d59c091d(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h4096_73131254(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2786,13 +2786,13 @@ def rmsnorm_dropout0p3_fwd_h256_no_grad(x, seed1, gamma):
 
 
 _RMSNORM_FWD_H1024 = Kernel("rmsnorm_fwd_h1024", "ppppppppi")
-_RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+_RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 128}
 
 
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h1024_33d99d81(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h1024_85cafb27(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2825,13 +2825,13 @@ def rmsnorm_fwd_h1024_no_grad(x, gamma):
 
 
 _RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096", "ppppppppi")
-_RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 512}
+_RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h4096_9633dee9(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_e5a3c02d(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2942,13 +2942,13 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
 
 
 _RMSNORM_ZC_FWD_H768 = Kernel("rmsnorm_zc_fwd_h768", "ppppppppi")
-_RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+_RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 128}
 
 
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_f171d42d(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_9415f261(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3710,7 +3710,7 @@ def _register(name, schema, launcher):
 
 _register("add_fwd_n4096_4c3eac50", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
 _register(
-    "add_layernorm_zc_eps1em06_fwd_h768_c0e71437",
+    "add_layernorm_zc_eps1em06_fwd_h768_35696a7d",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768)
 _register(
@@ -3890,10 +3890,10 @@ _register(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096)
 _register(
-    "layernorm_fwd_h1024_07d73aa7",
+    "layernorm_fwd_h1024_be6b64e1",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
 _register(
-    "layernorm_fwd_h4096_d59c091d",
+    "layernorm_fwd_h4096_73131254",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
 _register(
     "layernorm_zc_bwd_h768_add_dresidual_f0e1454a",
@@ -3926,16 +3926,16 @@ _register(
     "rmsnorm_dropout0p3_fwd_h256_6de9eddd",
     "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
 _register(
-    "rmsnorm_fwd_h1024_33d99d81", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
+    "rmsnorm_fwd_h1024_85cafb27", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
 _register(
-    "rmsnorm_fwd_h4096_9633dee9", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
+    "rmsnorm_fwd_h4096_e5a3c02d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
 _register(
     "rmsnorm_fwd_h64_e6902890", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
 _register(
     "rmsnorm_zc_bwd_h768_d7407874",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
 _register(
-    "rmsnorm_zc_fwd_h768_f171d42d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    "rmsnorm_zc_fwd_h768_9415f261", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768)
 _register("silu_bwd_any_68c5a0cc", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
 _register("silu_fwd_any_80bd341e", "(Tensor x) -> Tensor", silu_fwd_any)

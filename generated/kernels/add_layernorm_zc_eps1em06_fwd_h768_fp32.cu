@@ -5,7 +5,7 @@
 using T = float;
 constexpr int H = 768;
 constexpr int VEC = 4;
-constexpr int THREADS = 192;
+constexpr int THREADS = 128;
 constexpr float EPS = 1e-06f;
 
 // One block per row: grid = rows, block = THREADS.

@@ -5,7 +5,7 @@
 using T = float;
 constexpr int H = 4096;
 constexpr int VEC = 4;
-constexpr int THREADS = 512;
+constexpr int THREADS = 256;
 constexpr float EPS = 1e-05f;
 
 // One block per row: grid = rows, block = THREADS.

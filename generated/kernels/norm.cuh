@@ -6,13 +6,15 @@
 // fp32. The backward gives each block a fixed, strided set of rows and sums dgamma/dbeta for its
 // columns in registers, then writes one fp32 partial row per block; a column-sum kernel adds the
 // partials in block order. No atomics, so the parameter grads are identical run to run.
-// Threads per block (generator/kernels.py: norm_threads) cover the row's H / VEC vectors, at most
-// 512 in the forward and 1024 in the backward (one vector a thread up to H = 8192 in bf16: two
-// took ~94-118 registers, so one 512-thread block filled an SM). Each thread holds
-// NV = ceil(H / VEC / THREADS) vectors, the last ones guarded when THREADS does not divide.
+// Threads per block (generator/kernels.py: norm_threads): the forward's give each thread about 4
+// of the row's H / VEC vectors (128 to 512 threads: the row's loads in flight together, cheaper
+// barriers); the backward's one vector each, up to 1024 threads (two took ~94-118 registers, so
+// one 512-thread block filled an SM). Each thread holds NV = ceil(H / VEC / THREADS) vectors,
+// the last ones guarded when THREADS does not divide.
 // Launch: forward grid = rows; backward grid = S >= 1 row splits, partials sized [S, M * H]: the
 // launcher's S is one wave, as many blocks as the device holds at once (at most rows), so every
-// SM works through its rows to the end together (bench/NOTES.md: 13-38% faster than 256 splits).
+// SM works through its rows to the end together (bench/NOTES.md: up to 38% faster than a fixed
+// 256 splits).
 // Every T pointer must be VEC * sizeof(T)-byte aligned (16 bytes from torch allocations); gamma
 // and beta are T too. Shared memory is static and tiny (2 * THREADS / 32 floats at most).
 #pragma once

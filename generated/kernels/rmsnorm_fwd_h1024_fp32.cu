@@ -5,7 +5,7 @@
 using T = float;
 constexpr int H = 1024;
 constexpr int VEC = 4;
-constexpr int THREADS = 256;
+constexpr int THREADS = 128;
 constexpr float EPS = 1e-05f;
 
 // One block per row: grid = rows, block = THREADS.
