@@ -99,6 +99,10 @@ def _process_group(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         yield
+        # Both ranks done with every collective before either tears gloo down: a rank destroying
+        # the group while the other's last work is still in flight aborted once in CI ("terminate
+        # called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
