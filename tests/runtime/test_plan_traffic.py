@@ -6,6 +6,7 @@ forward must each add up to the plan's column, byte for byte."""
 
 import functools
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from generated import _kernels, _reference
 from fusegen import build, emit
 from fusegen.config import load_config
 
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = 13  # no feature size of a shipped spec is a multiple of 13: a tensor whose numel is, is per token
-PLANS = {plan.pipeline.class_name: plan for plan in build.load_plans(load_config([], None, None, None, None, supported_archs=None))}
+CONFIG = load_config([], None, None, None, None, supported_archs=None, cwd=ROOT)
+PLANS = {plan.pipeline.class_name: plan for plan in build.load_plans(CONFIG)}
 
 
 def per_token_bytes(value) -> int:
@@ -110,9 +113,7 @@ def test_bytes_per_token_add_up_to_what_the_calls_move(name, recorder):
 
 def test_most_pipelines_are_measured_and_the_plan_shows_the_column():
     assert len(MEASURABLE) >= 25, MEASURABLE
-    text = (generated.__path__[0] + "/te_mlp.plan.md")
-    with open(text) as f:
-        plan_md = f.read()
+    plan_md = (ROOT / "generated" / "te_mlp.plan.md").read_text()
     # TE's MLP by hand, bf16: LayerNorm reads x and writes y (2 x 4096 x 2 B) and mean, rstd (8 B);
     # the GEMMs x and y; SwiGLU 28672 in, 14336 out; backward: the norm dy, x, dx + the statistics,
     # each GEMM dy twice (dgrad, wgrad), x (wgrad) and dx, Bias+SwiGLU dy, x, dx, Bias dy only.
