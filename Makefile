@@ -16,20 +16,21 @@ $(SETUP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(SETUP)
 
-# The plugin fixture (tests/fixtures/plugin_project) is a second project with its own package.
-PLUGIN_PROJECT := tests/fixtures/plugin_project
+# The test fixtures are projects with their own packages, checked in like generated/: a user's
+# project with a plugin, and norms wider than the shipped specs' (for the GPU tests).
+FIXTURE_PROJECTS := tests/fixtures/plugin_project tests/fixtures/wide_norms
 
 generate: $(SETUP)  ## regenerate generated/ from specs/ (reuses binaries whose sources did not change)
 	$(VENV)/bin/fusegen generate
-	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate
+	for project in $(FIXTURE_PROJECTS); do (cd $$project && $(CURDIR)/$(VENV)/bin/fusegen generate) || exit 1; done
 
 rebuild: $(SETUP)  ## regenerate generated/, recompiling every kernel from scratch
 	$(VENV)/bin/fusegen generate --rebuild
-	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate --rebuild
+	for project in $(FIXTURE_PROJECTS); do (cd $$project && $(CURDIR)/$(VENV)/bin/fusegen generate --rebuild) || exit 1; done
 
-check: $(SETUP)  ## fail and show a diff if generated/ (or the plugin fixture's package) is stale
+check: $(SETUP)  ## fail and show a diff if generated/ (or a test fixture's package) is stale
 	$(VENV)/bin/fusegen generate --check
-	cd $(PLUGIN_PROJECT) && $(CURDIR)/$(VENV)/bin/fusegen generate --check
+	for project in $(FIXTURE_PROJECTS); do (cd $$project && $(CURDIR)/$(VENV)/bin/fusegen generate --check) || exit 1; done
 
 # The compiler needs no torch: --check from a virtual environment that has none.
 check-without-torch:
@@ -37,7 +38,7 @@ check-without-torch:
 	.venv-notorch/bin/python -m pip install -q -e .
 	.venv-notorch/bin/python -c "import importlib.util, sys; sys.exit('torch is installed' if importlib.util.find_spec('torch') else 0)"
 	.venv-notorch/bin/fusegen generate --check
-	cd $(PLUGIN_PROJECT) && $(CURDIR)/.venv-notorch/bin/fusegen generate --check
+	for project in $(FIXTURE_PROJECTS); do (cd $$project && $(CURDIR)/.venv-notorch/bin/fusegen generate --check) || exit 1; done
 
 test: $(SETUP)  ## CPU tests (no GPU needed)
 	$(PY) -m pytest -q

@@ -2176,15 +2176,15 @@ def l2norm_eps1em05_fwd_h256_no_grad(x):
     return l2norm_eps1em05_fwd_h256(x)[0]  # CPU and torch.compile: the whole launcher
 
 
-_LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024", "ppppppppi")
-_LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+_LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024", "ppppppppi", shared=8192)
+_LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h1024_d821dc7d(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h1024_0befee88(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2214,9 +2214,10 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-_LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel("layernorm_bwd_h256_add_dresidual", "ppppppppi")
+_LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel(
+    "layernorm_bwd_h256_add_dresidual", "ppppppppi", shared=2048)
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {
-    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
 def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
@@ -2224,7 +2225,7 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_b0b59a41(
+        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_56d2c5a1(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2258,15 +2259,15 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-_LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096", "ppppppppi")
-_LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
+_LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096", "ppppppppi", shared=32768)
+_LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 512}
 
 
 def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h4096_5bba1b81(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h4096_565427f9(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2382,9 +2383,10 @@ def layernorm_fwd_h4096_no_grad(x, gamma, beta):
     return layernorm_fwd_h4096(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
-_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel("layernorm_zc_bwd_h768_add_dresidual", "ppppppppi")
+_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel(
+    "layernorm_zc_bwd_h768_add_dresidual", "ppppppppi", shared=6144)
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {
-    torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 96}
 
 
 def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
@@ -2392,7 +2394,7 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_f0e1454a(
+        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_135d1455(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2542,14 +2544,14 @@ def relu_fwd_n768(x):
     return a.to(x.dtype)
 
 
-_RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024", "ppppppppi")
-_RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+_RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024", "ppppppppi", shared=4096)
+_RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h1024_10213f7b(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h1024_c5bd18e9(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2579,14 +2581,14 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256", "ppppppppi")
-_RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+_RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256", "ppppppppi", shared=1024)
+_RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
 def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_dabd3451(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_458ae9bf(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2616,8 +2618,8 @@ def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h256_add_dresidual", "ppppppppi")
-_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+_RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h256_add_dresidual", "ppppppppi", shared=1024)
+_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
 def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
@@ -2625,7 +2627,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_263590d5(
+        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_d68ff73b(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2658,9 +2660,10 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h4096_add_dresidual", "ppppppppi")
+_RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel(
+    "rmsnorm_bwd_h4096_add_dresidual", "ppppppppi", shared=16384)
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {
-    torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 512}
 
 
 def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
@@ -2668,7 +2671,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_3c803609(
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_ce97bcee(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2702,14 +2705,14 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64", "ppppppppi")
+_RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64", "ppppppppi", shared=256)
 _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
 def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h64_5c2e64cc(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h64_c0871285(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2902,8 +2905,8 @@ def rmsnorm_fwd_h64_no_grad(x, gamma):
     return rmsnorm_fwd_h64(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
-_RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768", "ppppppppi")
-_RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+_RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768", "ppppppppi", shared=3072)
+_RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 96}
 
 
 def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
@@ -2911,7 +2914,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_d7407874(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_c74a15f1(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3877,16 +3880,16 @@ _register(
 _register(
     "l2norm_eps1em05_fwd_h256_16b37aca", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
 _register(
-    "layernorm_bwd_h1024_d821dc7d",
+    "layernorm_bwd_h1024_0befee88",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h1024)
 _register(
-    "layernorm_bwd_h256_add_dresidual_b0b59a41",
+    "layernorm_bwd_h256_add_dresidual_56d2c5a1",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_bwd_h256_add_dresidual)
 _register(
-    "layernorm_bwd_h4096_5bba1b81",
+    "layernorm_bwd_h4096_565427f9",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096)
 _register(
@@ -3896,7 +3899,7 @@ _register(
     "layernorm_fwd_h4096_73131254",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
 _register(
-    "layernorm_zc_bwd_h768_add_dresidual_f0e1454a",
+    "layernorm_zc_bwd_h768_add_dresidual_135d1455",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual)
@@ -3906,21 +3909,21 @@ _register("reglu_fwd_n512_10f4f53d", "(Tensor x) -> Tensor", reglu_fwd_n512)
 _register("relu_bwd_n768_e7611688", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
 _register("relu_fwd_n768_439e8aea", "(Tensor x) -> Tensor", relu_fwd_n768)
 _register(
-    "rmsnorm_bwd_h1024_10213f7b",
+    "rmsnorm_bwd_h1024_c5bd18e9",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
 _register(
-    "rmsnorm_bwd_h256_dabd3451",
+    "rmsnorm_bwd_h256_458ae9bf",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
 _register(
-    "rmsnorm_bwd_h256_add_dresidual_263590d5",
+    "rmsnorm_bwd_h256_add_dresidual_d68ff73b",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h256_add_dresidual)
 _register(
-    "rmsnorm_bwd_h4096_add_dresidual_3c803609",
+    "rmsnorm_bwd_h4096_add_dresidual_ce97bcee",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h4096_add_dresidual)
 _register(
-    "rmsnorm_bwd_h64_5c2e64cc",
+    "rmsnorm_bwd_h64_c0871285",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
 _register(
     "rmsnorm_dropout0p3_fwd_h256_6de9eddd",
@@ -3932,7 +3935,7 @@ _register(
 _register(
     "rmsnorm_fwd_h64_e6902890", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
 _register(
-    "rmsnorm_zc_bwd_h768_d7407874",
+    "rmsnorm_zc_bwd_h768_c74a15f1",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
 _register(
     "rmsnorm_zc_fwd_h768_9415f261", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",

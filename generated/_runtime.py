@@ -240,7 +240,11 @@ def _ensure_context(full_name, index):
         _check(driver.cuCtxSetCurrent(_PRIMARY[index])[0], full_name, "cuCtxSetCurrent")
 
 
-def _load(full_name, index):
+# Dynamic shared memory a block gets without opting in; more needs the function's attribute raised.
+DEFAULT_SHARED_LIMIT = 48 * 1024
+
+
+def _load(full_name, index, shared=0):
     driver = _driver()
     torch.cuda.init()  # PyTorch creates the primary contexts; the driver calls below use them
     with _LOCK:
@@ -270,6 +274,10 @@ def _load(full_name, index):
             # CUDA_ERROR_UNSUPPORTED_PTX_VERSION (then add the GPU's sm_XY to archs instead).
             err, function = driver.cuKernelGetFunction(_LIBRARIES[chosen][1])
             _check(err, full_name, f"cuKernelGetFunction({chosen}) on device {index}")
+            if shared > DEFAULT_SHARED_LIMIT:
+                limit = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                _check(driver.cuFuncSetAttribute(function, limit, shared)[0], full_name,
+                       f"raising its dynamic shared memory to {shared} bytes on device {index}")
         _FUNCTIONS[full_name, index] = function
         return function
 
@@ -302,10 +310,11 @@ class _Ready:
     packed arguments. A launch packs the values into the thread's buffer (one struct.pack_into)
     and hands the driver the address of a prebuilt array of pointers into it."""
 
-    __slots__ = ("key", "full_name", "function", "index", "layout", "size", "resident")
+    __slots__ = ("key", "full_name", "function", "index", "layout", "size", "resident", "shared")
 
-    def __init__(self, key, full_name, function, index, signature):
+    def __init__(self, key, full_name, function, index, signature, shared):
         self.key, self.full_name, self.function, self.index = key, full_name, function, index
+        self.shared = shared  # bytes of dynamic shared memory a block gets
         self.resident = {}  # threads per block -> blocks the device runs at once
         # every argument in its own 8-byte slot: a pointer ("p", 8 bytes) or a C int ("i", 4)
         self.layout = struct.Struct(
@@ -326,11 +335,13 @@ class _Ready:
 
 class Kernel:
     """One generated kernel, in every dtype it was built for; ``name`` has no dtype suffix,
-    ``signature`` its C parameters in order, one letter each: "p" a pointer, "i" a C int."""
+    ``signature`` its C parameters in order, one letter each: "p" a pointer, "i" a C int;
+    ``shared`` the bytes of dynamic shared memory each block gets (a norm backward's partials)."""
 
-    def __init__(self, name, signature):
+    def __init__(self, name, signature, shared=0):
         self.name = name  # nothing is loaded before the first launch
         self.signature = signature
+        self.shared = shared
         self._ready = {}  # (dtype, device index) -> _Ready
 
     def _full_name(self, dtype):
@@ -343,10 +354,11 @@ class Kernel:
     def _prepare(self, dtype, index):
         global _LAUNCH, _SUCCESS
         full = self._full_name(dtype)
-        function = _FUNCTIONS.get((full, index)) or _load(full, index)
+        function = _FUNCTIONS.get((full, index)) or _load(full, index, self.shared)
         if _LAUNCH is None:
             _LAUNCH, _SUCCESS = _driver().cuLaunchKernel, _driver().CUresult.CUDA_SUCCESS
-        ready = _Ready((self.name, dtype, index), full, function, index, self.signature)
+        ready = _Ready(
+            (self.name, dtype, index), full, function, index, self.signature, self.shared)
         self._ready[dtype, index] = ready
         return ready
 
@@ -362,7 +374,7 @@ class Kernel:
         if blocks is None:
             with torch.cuda.device(index):  # the function belongs to that device's context
                 err, per_sm = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    ready.function, threads, 0)
+                    ready.function, threads, ready.shared)
             _check(err, ready.full_name, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
             sms = torch.cuda.get_device_properties(index).multi_processor_count
             blocks = ready.resident[threads] = max(1, per_sm) * sms
@@ -397,7 +409,7 @@ class Kernel:
             # the legacy default stream belongs to whatever context is current on this thread
             _ensure_context(ready.full_name, index)
             _THREAD.contexts.add(index)
-        (err,) = _LAUNCH(ready.function, *grid, *block, 0, stream, params, 0)
+        (err,) = _LAUNCH(ready.function, *grid, *block, ready.shared, stream, params, 0)
         if err != _SUCCESS:
             _check(err, ready.full_name, "cuLaunchKernel")
 

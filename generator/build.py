@@ -334,7 +334,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
         if name not in ext.headers or name in shipped:
             files[f"kernels/{name}"] = path.read_text()
     launchers = [dict(name=s.name, op=op_name(s, sources), family=s.family, ctx=s.ctx, summary=s.summary,
-                      geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), **kn.launcher_io(s))
+                      geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), shared=s.shared_bytes,
+                      **kn.launcher_io(s))
                  for s in unique.values()]
     files["_kernels.py"] = env.get_template("kernels.py.j2").render(kernels=launchers, fixed=fixed_sizes(unique))
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()

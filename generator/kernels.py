@@ -23,24 +23,46 @@ NORM_MAX_THREADS = 512  # threads per row of a norm forward (and a backward of r
 NORM_BWD_MAX_THREADS = 1024  # threads per row of a norm backward: one vector each up to 1024 a row
 NORM_FWD_VECTORS = 4  # vectors per thread a norm forward aims for: loads in flight across its barriers
 NORM_FWD_MIN_THREADS = 128
+# A norm backward sums its fp32 dgamma (and dbeta) partials in shared memory when they fit in this
+# many bytes a block: within the per-block limit of every GPU from sm_80 on (99 KB on sm_86, sm_89
+# and sm_120; more than 48 KB needs the opt-in the runtime makes, Kernel(shared=...)). Such a
+# backward gives each thread about NORM_BWD_VECTORS vectors, and a block of at most 512 threads
+# asks for NORM_BWD_MIN_BLOCKS blocks an SM (registers capped at 64 a thread to fit them).
+NORM_BWD_SHARED_BYTES = 96 * 1024
+NORM_BWD_VECTORS = 2
+NORM_BWD_MIN_BLOCKS = 2
 # Longest kernel name, without the dtype suffix. Every name of the shipped specs but the long
 # elementwise_chain run fits; with "_bf16.compute_80.ptx" a file name stays under 70 bytes.
 MAX_KERNEL_NAME = 48
 NAME_HASH_CHARS = 8  # hex digits of sha256(full name) in a cut name: "x" + 8 hex
 
 
-def norm_threads(hidden: int, vec: int, backward: bool = False) -> int:
+def norm_bwd_shared_partials(grad_columns: int) -> bool:
+    """Whether a norm backward with ``grad_columns`` fp32 parameter-grad columns (H, or 2H for
+    LayerNorm; 0 for L2Normalization, which has none) sums them in shared memory: it then holds
+    only the row it is summing in registers, two blocks share an SM, and one block's reduction
+    overlaps the other's loads (templates/cuda/norm.cuh: row_norm_bwd_shared)."""
+    return 0 < 4 * grad_columns <= NORM_BWD_SHARED_BYTES
+
+
+def norm_threads(hidden: int, vec: int, backward: bool = False, shared_partials: bool = False) -> int:
     """Threads per block of a norm kernel: a multiple of 32 covering the row's vectors, capped.
 
-    A backward of at most 1024 vectors a row gives each thread one (H=8192 in bf16): with two, a
-    thread of a 512-thread block took 94-118 registers on sm_90, and one such block filled an SM;
-    with one it takes 58-64, and the H100 ran the backward 13% faster (bench/NOTES.md).
+    A backward with its partials in shared memory gives each thread about 2 vectors: at up to 512
+    threads, with 64 registers a thread, two blocks fit an SM. On the H100 (bf16, 16384 rows) that
+    beat or matched every other split tried, at every H from 1024 to 8192 (bench/NOTES.md).
+
+    Otherwise a backward of at most 1024 vectors a row gives each thread one (H=8192 in bf16): with
+    two, a thread of a 512-thread block took 94-118 registers on sm_90, and one such block filled an
+    SM; with one it takes 58-64, and the H100 ran the backward 13% faster (bench/NOTES.md).
 
     A forward gives each thread about 4 vectors (at least 128 threads a block): a row's loads are
     all in flight before its reductions' barriers, and fewer warps make those barriers cheaper.
     LayerNorm in bf16 on the H100 went from 89-90% of copy to 95% (H=4096) and 97% (H=8192)."""
     nvec = -(-hidden // vec)
     covering = -(-nvec // 32) * 32
+    if backward and shared_partials:
+        return min(NORM_BWD_MAX_THREADS, -(-nvec // NORM_BWD_VECTORS // 32) * 32)
     if backward:
         return covering if covering <= NORM_BWD_MAX_THREADS else min(NORM_MAX_THREADS, covering)
     aimed = -(-nvec // NORM_FWD_VECTORS // 32) * 32
@@ -132,12 +154,19 @@ class KernelSpec:
         does not depend on the dtype."""
         ctx, vec = self.ctx, self.vec(itemsize)
         if self.geometry == "row_threads":
-            return norm_threads(ctx["hidden"], vec, backward=self.family == "norm_bwd")
+            return norm_threads(ctx["hidden"], vec, backward=self.family == "norm_bwd",
+                                shared_partials=ctx.get("shared_partials", False))
         if self.geometry == "row_vectors":
             return -(-ctx["width"] // vec // ctx["threads"])
         if self.geometry == "any_row_vectors":
             return vec
         return None
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory a block of this kernel needs (a norm backward's fp32 partials)."""
+        ctx = self.ctx
+        return 4 * ctx["grad_columns"] if ctx.get("shared_partials") else 0
 
     def template_context(self, dtype: str) -> dict:
         """Everything the ``.cu`` template of one dtype reads: the spec's context, its ABI, and
@@ -153,6 +182,8 @@ class KernelSpec:
                    params=self.params, operands=self.operands, headers=self.headers)
         if self.geometry == "row_threads":
             ctx["threads"] = self.launch_size(itemsize)
+        if ctx.get("shared_partials"):  # two blocks an SM where 64 registers a thread hold the row
+            ctx["min_blocks"] = NORM_BWD_MIN_BLOCKS if ctx["threads"] * NORM_BWD_MIN_BLOCKS <= 1024 else 1
         return ctx
 
 

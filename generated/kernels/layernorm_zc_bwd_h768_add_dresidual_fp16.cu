@@ -5,11 +5,13 @@
 using T = __half;
 constexpr int H = 768;
 constexpr int VEC = 8;
-constexpr int THREADS = 96;
+constexpr int THREADS = 64;
+
+constexpr int MIN_BLOCKS = 2;  // blocks an SM must hold: caps the registers a thread
 
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and
-// fp32 partials [S, 2 * H: dgamma, dbeta].
-extern "C" __global__ void __launch_bounds__(THREADS) layernorm_zc_bwd_h768_add_dresidual_fp16(
+// fp32 partials [S, 2 * H: dgamma, dbeta], summed in shared memory (6144 bytes, dynamic).
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) layernorm_zc_bwd_h768_add_dresidual_fp16(
     const T* __restrict__ dy,
     const T* __restrict__ x,
     const float* __restrict__ mean,
@@ -20,5 +22,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) layernorm_zc_bwd_h768_add_
     float* __restrict__ partials,
     int rows) {
   fg::norm_bwd<T, H, VEC, THREADS, /*LAYERNORM=*/true, /*ADD_DRESIDUAL=*/true,
-               /*ZERO_CENTERED=*/true>(dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+               /*ZERO_CENTERED=*/true, /*SHARED_PARTIALS=*/true>(
+      dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
 }

@@ -4,19 +4,24 @@
 // Why: one block per row in the forward keeps the whole row in registers (16-byte vectors), so x
 // is read once and y written once; statistics are exact two-pass sums over the registers, in
 // fp32. The backward gives each block a fixed, strided set of rows and sums dgamma/dbeta for its
-// columns in registers, then writes one fp32 partial row per block; a column-sum kernel adds the
-// partials in block order. No atomics, so the parameter grads are identical run to run.
+// columns, then writes one fp32 partial row per block; a column-sum kernel adds the partials in
+// block order. No atomics, so the parameter grads are identical run to run.
+// Where the backward sums its partials (generator/kernels.py: norm_bwd_shared_partials): in
+// shared memory when they fit in 96 KB (row_norm_bwd_shared: about 2 vectors a thread, x and dy
+// read again after the row's reduction, two blocks an SM), else in registers
+// (row_norm_bwd_registers: wider rows, and L2Normalization, which has none).
 // Threads per block (generator/kernels.py: norm_threads): the forward's give each thread about 4
 // of the row's H / VEC vectors (128 to 512 threads: the row's loads in flight together, cheaper
-// barriers); the backward's one vector each, up to 1024 threads (two took ~94-118 registers, so
-// one 512-thread block filled an SM). Each thread holds NV = ceil(H / VEC / THREADS) vectors,
-// the last ones guarded when THREADS does not divide.
+// barriers); the shared-memory backward's about 2, the register backward's one, up to 1024
+// threads. Each thread holds NV = ceil(H / VEC / THREADS) vectors, the last ones guarded when
+// THREADS does not divide.
 // Launch: forward grid = rows; backward grid = S >= 1 row splits, partials sized [S, M * H]: the
 // launcher's S is one wave, as many blocks as the device holds at once (at most rows), so every
 // SM works through its rows to the end together (bench/NOTES.md: up to 38% faster than a fixed
 // 256 splits).
 // Every T pointer must be VEC * sizeof(T)-byte aligned (16 bytes from torch allocations); gamma
-// and beta are T too. Shared memory is static and tiny (2 * THREADS / 32 floats at most).
+// and beta are T too. Static shared memory is tiny (2 * THREADS / 32 floats at most); the
+// shared-memory backward also takes M * H * 4 bytes of dynamic shared memory.
 #pragma once
 #include "common.cuh"
 
@@ -142,8 +147,9 @@ __device__ __forceinline__ void l2norm_fwd(const T* __restrict__ x, const T* __r
                                                               rows, eps, prologue, epilogue);
 }
 
+// Backward, parameter-grad partials in registers: rows too wide for shared memory, and L2 (none).
 template <typename T, int H, int VEC, int THREADS, Norm KIND, bool ADD_DRESIDUAL, bool ZERO_CENTERED>
-__device__ __forceinline__ void row_norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
+__device__ __forceinline__ void row_norm_bwd_registers(const T* __restrict__ dy, const T* __restrict__ x,
                                              const float* __restrict__ mean, const float* __restrict__ rstd,
                                              const T* __restrict__ gamma, const T* __restrict__ dresidual,
                                              T* __restrict__ dx, float* __restrict__ partials, int rows) {
@@ -214,14 +220,129 @@ __device__ __forceinline__ void row_norm_bwd(const T* __restrict__ dy, const T* 
   }
 }
 
-// LayerNorm / RMSNorm backward.
+// Backward, parameter-grad partials in shared memory (SHARED_PARTIALS: rows whose fp32 dgamma and
+// dbeta fit, generator/kernels.py: norm_bwd_shared_partials). A thread holds its ~2 vectors of x
+// and dy only while it sums the row; after the row's reduction it loads them again (L1 hits: the
+// block just read them) rather than keeping them in registers across the barriers, and it adds its
+// columns' dgamma/dbeta into shared memory, not registers. About 64 registers a thread at 512
+// threads, so two blocks share an SM and one's reduction overlaps the other's loads: H=8192 bf16 on
+// an H100, LayerNorm 349 -> 320 µs, RMSNorm 321 -> 291 µs (bench/NOTES.md).
+// Dynamic shared memory: M * H floats, as planes of C-float chunks (C = 4, or VEC when it is
+// smaller) so that a warp's chunks are consecutive (no bank conflicts): chunk j of vector v of
+// parameter m is at [(m * P + j) * NVEC + v]. Each thread only touches its own vectors' chunks, so
+// no barrier guards them.
 template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool ADD_DRESIDUAL, bool ZERO_CENTERED>
+__device__ __forceinline__ void row_norm_bwd_shared(const T* __restrict__ dy, const T* __restrict__ x,
+                                                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                    const T* __restrict__ gamma, const T* __restrict__ dresidual,
+                                                    T* __restrict__ dx, float* __restrict__ partials, int rows) {
+  using Tile = RowTiling<H, VEC, THREADS>;
+  static_assert((VEC & (VEC - 1)) == 0 && VEC * sizeof(T) <= 16, "VEC: power of two, at most 16 bytes");
+  constexpr int M = LAYERNORM ? 2 : 1;  // partial rows: dgamma (and dbeta)
+  constexpr int C = VEC < 4 ? VEC : 4, P = VEC / C, NVEC = Tile::NVEC;
+  using Chunk = Vec<float, C>;
+  __shared__ float smem[2 * (THREADS / 32)];
+  extern __shared__ Chunk shared_partials[];  // [M][P][NVEC]
+#pragma unroll
+  for (int i = 0; i < Tile::NV; ++i) {
+    if (!Tile::valid(i)) continue;
+#pragma unroll
+    for (int j = 0; j < M * P; ++j) {
+      Chunk zero;
+      fill<C>(0.f, zero.v);
+      shared_partials[j * NVEC + threadIdx.x + i * THREADS] = zero;
+    }
+  }
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const long long base = (long long)row * H;
+    const float mu = LAYERNORM ? mean[row] : 0.f, inv = rstd[row];
+    // All the row's loads in flight together, held as loaded (16-byte vectors of T: half the
+    // registers of floats at 16 bits) and converted where used: LayerNorm H=8192 bf16 319 -> 294 µs.
+    Vec<T, VEC> x_raw[Tile::NV], dy_raw[Tile::NV];
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+      x_raw[i] = load_raw<T, VEC>(x + base + Tile::col(i));
+      dy_raw[i] = load_raw<T, VEC>(dy + base + Tile::col(i));
+    }
+    float sum_dyg = 0.f, sum_dyg_xhat = 0.f;
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+      const int v = threadIdx.x + i * THREADS;
+      float g[VEC], xv[VEC], dyv[VEC];
+      load<T, VEC>(gamma + Tile::col(i), g);
+      to_floats<T, VEC>(x_raw[i], xv);
+      to_floats<T, VEC>(dy_raw[i], dyv);
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        Chunk dgamma = shared_partials[j * NVEC + v], dbeta;
+        if (LAYERNORM) dbeta = shared_partials[(P + j) * NVEC + v];
+#pragma unroll
+        for (int q = 0; q < C; ++q) {
+          const int k = j * C + q;
+          const float gk = ZERO_CENTERED ? g[k] + 1.f : g[k];
+          const float xhat = (xv[k] - mu) * inv, dyg = dyv[k] * gk;
+          sum_dyg += dyg;
+          sum_dyg_xhat += dyg * xhat;
+          dgamma.v[q] += dyv[k] * xhat;
+          if (LAYERNORM) dbeta.v[q] += dyv[k];
+        }
+        shared_partials[j * NVEC + v] = dgamma;
+        if (LAYERNORM) shared_partials[(P + j) * NVEC + v] = dbeta;
+      }
+    }
+    // Both row sums in one reduction (sum_dyg is simply unused for RMS).
+    block_sum2<THREADS>(sum_dyg, sum_dyg_xhat, smem);
+    const float mean_dyg = LAYERNORM ? sum_dyg / H : 0.f, mean_dyg_xhat = sum_dyg_xhat / H;
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+      float xr[VEC], dyr[VEC], g[VEC], out[VEC], dres[VEC];
+      load<T, VEC>(x + base + Tile::col(i), xr);  // again: an L1 hit, cheaper than registers held
+      load<T, VEC>(dy + base + Tile::col(i), dyr);
+      load<T, VEC>(gamma + Tile::col(i), g);
+      if (ADD_DRESIDUAL) load<T, VEC>(dresidual + base + Tile::col(i), dres);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float gk = ZERO_CENTERED ? g[k] + 1.f : g[k];
+        const float xhat = (xr[k] - mu) * inv, dyg = dyr[k] * gk;
+        out[k] = inv * (dyg - mean_dyg - xhat * mean_dyg_xhat);
+        if (ADD_DRESIDUAL) out[k] += dres[k];
+      }
+      store<T, VEC>(dx + base + Tile::col(i), out);
+    }
+  }
+  float* part = partials + (long long)blockIdx.x * (M * H);
+#pragma unroll
+  for (int i = 0; i < Tile::NV; ++i) {
+    if (!Tile::valid(i)) continue;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        *reinterpret_cast<Chunk*>(part + m * H + Tile::col(i) + j * C) =
+            shared_partials[(m * P + j) * NVEC + threadIdx.x + i * THREADS];
+      }
+    }
+  }
+}
+
+// LayerNorm / RMSNorm backward; SHARED_PARTIALS: dgamma/dbeta summed in shared memory (launch with
+// M * H * 4 bytes of dynamic shared memory), else in registers.
+template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool ADD_DRESIDUAL, bool ZERO_CENTERED,
+          bool SHARED_PARTIALS>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
                                          const T* __restrict__ gamma, const T* __restrict__ dresidual,
                                          T* __restrict__ dx, float* __restrict__ partials, int rows) {
-  row_norm_bwd<T, H, VEC, THREADS, LAYERNORM ? Norm::LAYER : Norm::RMS, ADD_DRESIDUAL, ZERO_CENTERED>(
-      dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+  if (SHARED_PARTIALS) {
+    row_norm_bwd_shared<T, H, VEC, THREADS, LAYERNORM, ADD_DRESIDUAL, ZERO_CENTERED>(
+        dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+  } else {
+    row_norm_bwd_registers<T, H, VEC, THREADS, LAYERNORM ? Norm::LAYER : Norm::RMS, ADD_DRESIDUAL, ZERO_CENTERED>(
+        dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+  }
 }
 
 // L2Normalization backward: dx only (gamma and partials unused).
@@ -230,8 +351,8 @@ __device__ __forceinline__ void l2norm_bwd(const T* __restrict__ dy, const T* __
                                            const float* __restrict__ mean, const float* __restrict__ rstd,
                                            const T* __restrict__ gamma, const T* __restrict__ dresidual,
                                            T* __restrict__ dx, float* __restrict__ partials, int rows) {
-  row_norm_bwd<T, H, VEC, THREADS, Norm::L2, ADD_DRESIDUAL, false>(dy, x, mean, rstd, gamma, dresidual, dx, partials,
-                                                                   rows);
+  row_norm_bwd_registers<T, H, VEC, THREADS, Norm::L2, ADD_DRESIDUAL, false>(dy, x, mean, rstd, gamma, dresidual, dx,
+                                                                             partials, rows);
 }
 
 }  // namespace fg

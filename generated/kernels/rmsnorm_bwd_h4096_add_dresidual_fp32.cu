@@ -5,11 +5,13 @@
 using T = float;
 constexpr int H = 4096;
 constexpr int VEC = 4;
-constexpr int THREADS = 1024;
+constexpr int THREADS = 512;
+
+constexpr int MIN_BLOCKS = 2;  // blocks an SM must hold: caps the registers a thread
 
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and
-// fp32 partials [S, H: dgamma].
-extern "C" __global__ void __launch_bounds__(THREADS) rmsnorm_bwd_h4096_add_dresidual_fp32(
+// fp32 partials [S, H: dgamma], summed in shared memory (16384 bytes, dynamic).
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_bwd_h4096_add_dresidual_fp32(
     const T* __restrict__ dy,
     const T* __restrict__ x,
     const float* __restrict__ mean,
@@ -20,5 +22,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) rmsnorm_bwd_h4096_add_dres
     float* __restrict__ partials,
     int rows) {
   fg::norm_bwd<T, H, VEC, THREADS, /*LAYERNORM=*/false, /*ADD_DRESIDUAL=*/true,
-               /*ZERO_CENTERED=*/false>(dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+               /*ZERO_CENTERED=*/false, /*SHARED_PARTIALS=*/true>(
+      dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
 }

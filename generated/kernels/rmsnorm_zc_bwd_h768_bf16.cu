@@ -5,11 +5,13 @@
 using T = __nv_bfloat16;
 constexpr int H = 768;
 constexpr int VEC = 8;
-constexpr int THREADS = 96;
+constexpr int THREADS = 64;
+
+constexpr int MIN_BLOCKS = 2;  // blocks an SM must hold: caps the registers a thread
 
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and
-// fp32 partials [S, H: dgamma].
-extern "C" __global__ void __launch_bounds__(THREADS) rmsnorm_zc_bwd_h768_bf16(
+// fp32 partials [S, H: dgamma], summed in shared memory (3072 bytes, dynamic).
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_zc_bwd_h768_bf16(
     const T* __restrict__ dy,
     const T* __restrict__ x,
     const float* __restrict__ mean,
@@ -20,5 +22,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) rmsnorm_zc_bwd_h768_bf16(
     float* __restrict__ partials,
     int rows) {
   fg::norm_bwd<T, H, VEC, THREADS, /*LAYERNORM=*/false, /*ADD_DRESIDUAL=*/false,
-               /*ZERO_CENTERED=*/true>(dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+               /*ZERO_CENTERED=*/true, /*SHARED_PARTIALS=*/true>(
+      dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
 }

@@ -143,6 +143,7 @@ def norm_backward(stage) -> kn.KernelSpec:
     add_dresidual = stage.first("make_extra_output") is not None
     layernorm, l2 = norm.opdef.name == "LayerNorm", norm.kind == "l2_normalization"
     name = kn.kernel_name(norm.tag, f"bwd_h{norm.in_features}", "add_dresidual" if add_dresidual else "")
+    grad_columns = norm.in_features * len(_params(norm))
     return kn.make_spec(
         name, "norm_bwd", norm.describe(kernel=True) + (" backward, + residual grad" if add_dresidual else " backward"),
         abi=(P("dy", "const T*"), P("x", "const T*"), P("mean", "const float*", layernorm),
@@ -150,7 +151,8 @@ def norm_backward(stage) -> kn.KernelSpec:
              P("dx", "T*"), P("partials", "float*", not l2), P("rows", "int")),
         hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, l2=l2,
         add_dresidual=add_dresidual, zero_centered_gamma=norm.args.get("zero_centered_gamma", False),
-        grad_columns=norm.in_features * len(_params(norm)),  # dgamma (and dbeta) partials
+        grad_columns=grad_columns,  # dgamma (and dbeta) partials
+        shared_partials=kn.norm_bwd_shared_partials(grad_columns),
         reference=_kernel_reference(norm), geometry="row_threads",
     )
 

@@ -19,11 +19,21 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // N elements of T moved as one aligned access (16 bytes when N * sizeof(T) == 16).
 template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 
+// One aligned access as loaded (no conversion yet: a 16-bit vector takes half the registers).
 template <typename T, int N>
-__device__ __forceinline__ void load(const T* __restrict__ p, float (&out)[N]) {
-  const Vec<T, N> vec = *reinterpret_cast<const Vec<T, N>*>(p);
+__device__ __forceinline__ Vec<T, N> load_raw(const T* __restrict__ p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void to_floats(const Vec<T, N>& vec, float (&out)[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = to_float<T>(vec.v[k]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void load(const T* __restrict__ p, float (&out)[N]) {
+  to_floats<T, N>(load_raw<T, N>(p), out);
 }
 
 template <typename T, int N>

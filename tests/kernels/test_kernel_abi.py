@@ -36,10 +36,14 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
     # pointer(t): a Dropout key, None in eval mode), C ints as they are
     letters = "".join("p" if p.pointer else "i" for p in abi)
     tree = ast.parse(launchers)
-    kernels = {node.targets[0].id: [ast.literal_eval(a) for a in node.value.args] for node in tree.body
+    kernels = {node.targets[0].id: node.value for node in tree.body
                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                and getattr(node.value.func, "id", None) == "Kernel"}
-    assert kernels[f"_{spec.name.upper()}"] == [spec.name, letters]
+    kernel = kernels[f"_{spec.name.upper()}"]
+    assert [ast.literal_eval(a) for a in kernel.args] == [spec.name, letters]
+    # dynamic shared memory (a norm backward's partials), given only where the kernel takes some
+    keywords = {k.arg: ast.literal_eval(k.value) for k in kernel.keywords}
+    assert keywords == ({"shared": spec.shared_bytes} if spec.shared_bytes else {})
     random = {dict(step)["operand"] for step in dict(spec.context).get("steps", ()) if dict(step)["broadcast"] == "random"}
     values = [("0" if not p.passed else p.name if not p.pointer else f"pointer({p.name})" if p.name in random
                else f"{p.name}.data_ptr()") for p in abi]

@@ -52,19 +52,42 @@ def assert_close(name, got, ref, dtype):
 
 # --- single kernels ---------------------------------------------------------------------------
 
-NORMS = [  # fwd kernel, bwd kernel, LayerNorm?, H, residual-grad add in bwd
-    ("layernorm_fwd_h4096", "layernorm_bwd_h4096", True, 4096, False),
-    ("layernorm_fwd_h1024", "layernorm_bwd_h1024", True, 1024, False),
-    ("rmsnorm_fwd_h4096", "rmsnorm_bwd_h4096_add_dresidual", False, 4096, True),
-    ("rmsnorm_fwd_h1024", "rmsnorm_bwd_h1024", False, 1024, False),
+WIDE_NORMS = Path(__file__).resolve().parents[1] / "fixtures" / "wide_norms"
+
+
+def wide_kernels():
+    """The launchers of tests/fixtures/wide_norms' package (norms wider than the shipped specs')."""
+    import importlib
+    import sys
+
+    if "generated_wide" not in sys.modules:
+        sys.path.insert(0, str(WIDE_NORMS))
+        try:
+            importlib.import_module("generated_wide")
+        finally:
+            sys.path.remove(str(WIDE_NORMS))
+    return sys.modules["generated_wide._kernels"]
+
+
+# The backward's partials: shared memory (H=1024, 4096; 12288: 96 KB, past the 48 KB a block gets
+# without the runtime's opt-in; RMS 16384: 64 KB; 98: 2-float chunks) or registers (L 16384).
+NORMS = [  # fwd kernel, bwd kernel, LayerNorm?, H, residual-grad add in bwd, package's launchers
+    ("layernorm_fwd_h4096", "layernorm_bwd_h4096", True, 4096, False, K),
+    ("layernorm_fwd_h1024", "layernorm_bwd_h1024", True, 1024, False, K),
+    ("rmsnorm_fwd_h4096", "rmsnorm_bwd_h4096_add_dresidual", False, 4096, True, K),
+    ("rmsnorm_fwd_h1024", "rmsnorm_bwd_h1024", False, 1024, False, K),
+    ("layernorm_fwd_h12288", "layernorm_bwd_h12288", True, 12288, False, wide_kernels),
+    ("layernorm_fwd_h16384", "layernorm_bwd_h16384", True, 16384, False, wide_kernels),
+    ("rmsnorm_fwd_h16384", "rmsnorm_bwd_h16384", False, 16384, False, wide_kernels),
+    ("rmsnorm_fwd_h98", "rmsnorm_bwd_h98", False, 98, False, wide_kernels),
 ]
 
 
-def one_wave_and(extra, kernel, dtype):
+def one_wave_and(extra, kernel, dtype, kernels=K):
     """Rows for a looping backward: the kernel's one-wave grid's blocks plus ``extra`` (so the
     first ``extra`` blocks take two rows, the rest one)."""
-    launcher = getattr(K(), "_" + kernel.upper())
-    threads = getattr(K(), "_" + kernel.upper() + "_THREADS")[dtype]
+    launcher = getattr(kernels(), "_" + kernel.upper())
+    threads = getattr(kernels(), "_" + kernel.upper() + "_THREADS")[dtype]
     return launcher.resident_blocks(dtype, torch.cuda.current_device(), threads) + extra
 
 
@@ -74,10 +97,10 @@ def one_wave_and(extra, kernel, dtype):
 # fp32 accumulation; the 256-split kernel before this one did too, by 1.7e-5 at 5003 rows.)
 @pytest.mark.parametrize("rows", [1, 3, 1000, "wave+7"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("fwd,bwd,layernorm,hidden,dres", NORMS, ids=[n[0] for n in NORMS])
-def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, dtype, rows):
+@pytest.mark.parametrize("fwd,bwd,layernorm,hidden,dres,kernels", NORMS, ids=[n[0] for n in NORMS])
+def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, kernels, dtype, rows):
     if rows == "wave+7":
-        rows = one_wave_and(7, bwd, dtype)
+        rows = one_wave_and(7, bwd, dtype, kernels)
     gen = torch.Generator().manual_seed(rows)
     x = randn(rows, hidden, dtype=dtype, gen=gen, scale=2.0) + 0.5
     w = randn(hidden, dtype=dtype, gen=gen)
@@ -86,28 +109,28 @@ def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, dtype, rows):
     d_res = randn(rows, hidden, dtype=dtype, gen=gen)
     x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
     if layernorm:
-        y, mean, rstd = getattr(K(), fwd)(x, w, b)
+        y, mean, rstd = getattr(kernels(), fwd)(x, w, b)
         ref = F.layer_norm(x64, (hidden,), w64, b64, 1e-5)
         mu = x64.mean(-1)
         assert_close("mean", mean, mu, torch.float32)
         var = ((x64 - mu[:, None]) ** 2).mean(-1)
         stats = (mean, rstd)
     else:
-        y, rstd = getattr(K(), fwd)(x, w)
+        y, rstd = getattr(kernels(), fwd)(x, w)
         ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64
         var = x64.pow(2).mean(-1)
         stats = (rstd,)
     assert_close("rstd", rstd, torch.rsqrt(var + 1e-5), torch.float32)
     assert_close("y", y, ref, dtype)
     # the launcher for a forward without autograd: the same y, no statistics written
-    assert torch.equal(getattr(K(), fwd + "_no_grad")(x, w, *((b,) if layernorm else ())), y)
+    assert torch.equal(getattr(kernels(), fwd + "_no_grad")(x, w, *((b,) if layernorm else ())), y)
     ref.backward(dy.double())
-    grads = getattr(K(), bwd)(dy, x, *stats, w, *((d_res,) if dres else ()))
+    grads = getattr(kernels(), bwd)(dy, x, *stats, w, *((d_res,) if dres else ()))
     assert_close("dx", grads[0], x64.grad + (d_res.double() if dres else 0), dtype)
     assert_close("dgamma", grads[1], w64.grad, dtype)
     if layernorm:
         assert_close("dbeta", grads[2], b64.grad, dtype)
-    again = getattr(K(), bwd)(dy, x, *stats, w, *((d_res,) if dres else ()))
+    again = getattr(kernels(), bwd)(dy, x, *stats, w, *((d_res,) if dres else ()))
     for g, h in zip(grads[1:], again[1:]):
         assert torch.equal(g, h), "parameter grads must be deterministic run to run"
 
@@ -245,7 +268,7 @@ def test_gelu_keeps_its_relative_accuracy_where_tanh_saturates():
 
 
 def test_every_kernel_has_a_test():
-    tested = {n for row in NORMS for n in row[:2]} | {n for row in ELEMENTWISE for n in row[:2]}
+    tested = {n for row in NORMS if row[-1] is K for n in row[:2]} | {n for row in ELEMENTWISE for n in row[:2]}
     tested |= {"add_fwd_n4096", "bias_add_bwd_n4096", "bias_bwd_n4096", "bias_bwd_n1024", "bias_bwd_n256"}
     # the elementwise_chain spec's kernels, checked through its pipeline test (every dtype, shape)
     tested |= {"relu_fwd_n768", "relu_bwd_n768", "add_layernorm_zc_eps1em06_fwd_h768",

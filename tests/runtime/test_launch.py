@@ -38,7 +38,7 @@ def _forward_backward(module, inputs, grads):
 
 def test_an_int_that_does_not_fit_is_a_clear_error_before_anything_loads(monkeypatch):
     kernel = _runtime.Kernel("probe", "pi")
-    ready = _runtime._Ready(("probe", torch.float32, 0), "probe_fp32", None, 0, "pi")
+    ready = _runtime._Ready(("probe", torch.float32, 0), "probe_fp32", None, 0, "pi", 0)
     monkeypatch.setattr(kernel, "_ready", {(torch.float32, 0): ready})
     with pytest.raises(ValueError, match=r"kernel probe_fp32: arguments \(0, 2147483648\) do not fit its parameters"):
         kernel.launch(torch.float32, (1, 1, 1), (1, 1, 1), (0, 2**31), 0)
