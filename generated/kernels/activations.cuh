@@ -8,7 +8,11 @@
 
 namespace fg {
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+// __expf and __fdividef (ex2.approx, rcp.approx), as in Gelu below: a few ulp, and no exactness
+// lost where it counts (for x below about -88, 1 + e overflows the fast division and the result
+// is 0 where the exact one is under 1e-38). SwiGLU's forward at [4096 x 2048] bf16 on an H100 ran
+// at 7.2 µs with expf and an IEEE division where GeGLU, the same kernel with fast math, took 5.7.
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
 
 // GELU, tanh approximation: f(x) = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3).
 // (1 + tanh u) / 2 and 1 - tanh^2 u are formed from e = exp(-2|u|) (tanh|u| = (1 - e) / (1 + e)),
