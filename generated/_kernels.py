@@ -29,7 +29,7 @@ _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def add_fwd_n4096(x, extra_in0):
     """AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_fwd_n4096_4c3eac50(x, extra_in0)
+        return torch.ops.fusegen.add_fwd_n4096_156045b4(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -56,7 +56,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     mean, rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_35696a7d(
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_4e21931f(
             x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -111,7 +111,7 @@ _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.fl
 def add_rmsnorm_fwd_h256(x, residual, gamma):
     """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_rmsnorm_fwd_h256_6b0f34ed(x, residual, gamma)
+        return torch.ops.fusegen.add_rmsnorm_fwd_h256_3d7f079d(x, residual, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -169,7 +169,7 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     dx.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88(
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_34db7a4d(
             dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -212,7 +212,7 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     extra_out2.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_5c28ba93(x, extra_in0)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_d355c0e6(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -244,7 +244,7 @@ _ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_bwd_n256(dy, d_extra_out1):
     """AddExtraInput(), MakeExtraOutput() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_bwd_n256_50ad9185(dy, d_extra_out1)
+        return torch.ops.fusegen.add_tee_bwd_n256_cd53187d(dy, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -269,7 +269,7 @@ _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_fwd_n256(x, extra_in0):
     """AddExtraInput(), MakeExtraOutput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_fwd_n256_4a074098(x, extra_in0)
+        return torch.ops.fusegen.add_tee_fwd_n256_2693822c(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -293,7 +293,7 @@ _BIAS_ADD_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_bwd_n4096_0ef6dc53(dy)
+        return torch.ops.fusegen.bias_add_bwd_n4096_09503d43(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -324,7 +324,7 @@ _BIAS_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.floa
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_bwd_n256_af18874e(dy, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_bwd_n256_bd6633c1(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -361,7 +361,7 @@ _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a(
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_3943672e(
             dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -409,7 +409,7 @@ _BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU(): returns y, extra_out2."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_f38cb7cc(x, bias0, extra_in1)
+        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_545e99b4(x, bias0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -441,7 +441,7 @@ _BIAS_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n1024_92d8b005(dy)
+        return torch.ops.fusegen.bias_bwd_n1024_59eb150e(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -472,7 +472,7 @@ _BIAS_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n256_c0ced112(dy)
+        return torch.ops.fusegen.bias_bwd_n256_b0dd4d3d(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -503,7 +503,7 @@ _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n4096_f1f57d30(dy)
+        return torch.ops.fusegen.bias_bwd_n4096_cae393c7(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -534,7 +534,7 @@ _BIAS_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n512_56b9eb81(dy)
+        return torch.ops.fusegen.bias_bwd_n512_06be6403(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -569,7 +569,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     dbias0.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_76150a98(dy, x)
+        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_65dd24d8(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -608,7 +608,7 @@ _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, tor
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_b13e2d50(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_493122b9(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -647,7 +647,7 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_242787d6(
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_cf0ead5a(
             x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -713,7 +713,7 @@ _BIAS_DROPOUT0P1_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_d59d5cf3(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_f20ba6fe(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -750,7 +750,7 @@ _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a(
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_cd8fb62d(
             dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -794,7 +794,7 @@ _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float3
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_bwd_n4096_84ea5a27(dy, x)
+        return torch.ops.fusegen.bias_gelu_bwd_n4096_02e3fda9(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -832,7 +832,7 @@ _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, to
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_16326998(dy, x, seed2)
+        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_6ce59bb8(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -873,7 +873,7 @@ _BIAS_GLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32:
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_glu_bwd_n512_3bb090d0(dy, x)
+        return torch.ops.fusegen.bias_glu_bwd_n512_0c044373(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -911,7 +911,7 @@ _BIAS_QGEGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgeglu_bwd_n512_e9d14dd3(dy, x)
+        return torch.ops.fusegen.bias_qgeglu_bwd_n512_e923f5db(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -949,7 +949,7 @@ _BIAS_QGELU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgelu_bwd_n512_ea286e2c(dy, x)
+        return torch.ops.fusegen.bias_qgelu_bwd_n512_877f3dbe(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -987,7 +987,7 @@ _BIAS_REGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_reglu_bwd_n512_105264a8(dy, x)
+        return torch.ops.fusegen.bias_reglu_bwd_n512_5277b63d(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1025,7 +1025,7 @@ _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X = {torch.bfloat16: 1, torch.float16: 1, t
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_66f3b1bf(dy, x)
+        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_e220469f(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1067,7 +1067,7 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
     GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb(
+        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5284d295(
             x, bias0, extra_in4, bias6, extra_in8)
     rows = x.shape[0]
     if x.is_cuda:
@@ -1116,7 +1116,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     dbias6.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c(
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_8d6336fc(
             dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -1189,7 +1189,7 @@ _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torc
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_028f2a2c(dy, x)
+        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_dba548fb(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1228,7 +1228,7 @@ _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, 
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_3d1a71f3(dy, x)
+        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_b4abf15b(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1266,7 +1266,7 @@ _BIAS_SREGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_sreglu_bwd_n512_db5b5308(dy, x)
+        return torch.ops.fusegen.bias_sreglu_bwd_n512_f1a008d5(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1304,7 +1304,7 @@ _BIAS_SRELU_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_bwd_n2048_9bbf8996(dy, x)
+        return torch.ops.fusegen.bias_srelu_bwd_n2048_42489081(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1342,7 +1342,7 @@ _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, tor
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_0ced5e77(dy, x, extra_in2)
+        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_64dc7b79(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1390,7 +1390,7 @@ _BIAS_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.f
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_bwd_n14336_f13bcaf0(dy, x)
+        return torch.ops.fusegen.bias_swiglu_bwd_n14336_37444b2d(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1428,7 +1428,7 @@ _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_c32ce6f8(dy, x)
+        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_6038aed6(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1467,7 +1467,7 @@ _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_2aa1c436(dy, x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1497,7 +1497,7 @@ _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_fwd_any(x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_4a3e7f85(x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_37e784ad(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1523,7 +1523,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_ed8945de(dy, x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_1b2df1b1(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1564,7 +1564,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_1d20d1a5(x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_c82a8e7d(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1593,7 +1593,7 @@ _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {
 def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
     """ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_70e3acb8(x)
+        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_2e3753ae(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1784,7 +1784,7 @@ _DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     """Dropout(0.1), AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_add_fwd_n256_79339ca0(x, seed0, extra_in1)
+        return torch.ops.fusegen.dropout0p1_add_fwd_n256_397054da(x, seed0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1810,7 +1810,7 @@ _DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p1_fwd_n512(x, seed0):
     """Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_fwd_n512_62c1f754(x, seed0)
+        return torch.ops.fusegen.dropout0p1_fwd_n512_37e9b20e(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1834,7 +1834,7 @@ _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_bwd_any(dy, seed0):
     """Dropout(0.25) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_bwd_any_863ea65d(dy, seed0)
+        return torch.ops.fusegen.dropout0p25_bwd_any_188ea53f(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1861,7 +1861,7 @@ _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_fwd_any(x, seed0):
     """Dropout(0.25), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_fwd_any_35afb75e(x, seed0)
+        return torch.ops.fusegen.dropout0p25_fwd_any_ee8979e8(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -1887,7 +1887,7 @@ _DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def dropout0p2_swiglu_fwd_n512(x, seed0):
     """Dropout(0.2), SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_89801ef7(x, seed0)
+        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_c4298a88(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1911,7 +1911,7 @@ _DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p3_bwd_n256(dy, seed0):
     """Dropout(0.3) backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p3_bwd_n256_f77d697d(dy, seed0)
+        return torch.ops.fusegen.dropout0p3_bwd_n256_6c79d780(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1936,7 +1936,7 @@ _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_bwd_any(dy, x):
     """GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_any_823d7a4c(dy, x)
+        return torch.ops.fusegen.gelu_bwd_any_0508494d(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1969,7 +1969,7 @@ _GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_bwd_n256(dy, x):
     """GELU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_n256_67c50714(dy, x)
+        return torch.ops.fusegen.gelu_bwd_n256_16d7194f(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1996,7 +1996,7 @@ _GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def gelu_dropout0p1_fwd_n512(x, seed1):
     """GELU(), Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_28a8c5b5(x, seed1)
+        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_f4f36dc4(x, seed1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2021,7 +2021,7 @@ _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_fwd_any(x):
     """GELU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_any_8b459d9b(x)
+        return torch.ops.fusegen.gelu_fwd_any_0b7d2bfb(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2048,7 +2048,7 @@ _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_fwd_n256(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n256_f4d20d9c(x)
+        return torch.ops.fusegen.gelu_fwd_n256_a10ca29c(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2070,7 +2070,7 @@ _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def gelu_fwd_n4096(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n4096_89924a50(x)
+        return torch.ops.fusegen.gelu_fwd_n4096_d2a0428c(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2092,7 +2092,7 @@ _GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def glu_fwd_n512(x):
     """GLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.glu_fwd_n512_61cc70a1(x)
+        return torch.ops.fusegen.glu_fwd_n512_3dcd36fb(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2145,7 +2145,7 @@ _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torc
 def l2norm_eps1em05_fwd_h256(x):
     """L2Normalization(eps=1e-05): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_16b37aca(x)
+        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_01741dfc(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2304,7 +2304,7 @@ _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h1024_be6b64e1(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h1024_dc5fa566(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2347,7 +2347,7 @@ _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h4096_73131254(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h4096_3707f610(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2436,7 +2436,7 @@ _QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def qgeglu_fwd_n512(x):
     """QGEGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgeglu_fwd_n512_a33e0c07(x)
+        return torch.ops.fusegen.qgeglu_fwd_n512_fe9052e9(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2458,7 +2458,7 @@ _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def qgelu_fwd_n512(x):
     """QGELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgelu_fwd_n512_1291ca9b(x)
+        return torch.ops.fusegen.qgelu_fwd_n512_faa4cccc(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2480,7 +2480,7 @@ _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def reglu_fwd_n512(x):
     """ReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.reglu_fwd_n512_10f4f53d(x)
+        return torch.ops.fusegen.reglu_fwd_n512_ee7cd925(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2502,7 +2502,7 @@ _RELU_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_bwd_n768(dy, x):
     """ReLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_bwd_n768_e7611688(dy, x)
+        return torch.ops.fusegen.relu_bwd_n768_f13bf0dd(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2529,7 +2529,7 @@ _RELU_FWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_fwd_n768(x):
     """ReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_fwd_n768_439e8aea(x)
+        return torch.ops.fusegen.relu_fwd_n768_00523a35(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2749,7 +2749,7 @@ _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, t
 def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_6de9eddd(x, seed1, gamma)
+        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_249d94c9(x, seed1, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2795,7 +2795,7 @@ _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h1024_85cafb27(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h1024_c9899ed0(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2834,7 +2834,7 @@ _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h4096_e5a3c02d(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_cdabd959(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2873,7 +2873,7 @@ _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_fwd_h64(x, gamma):
     """RMSNorm(64): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h64_e6902890(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h64_25b2ae9d(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2951,7 +2951,7 @@ _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_9415f261(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_bfa88aa4(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2991,7 +2991,7 @@ _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_bwd_any(dy, x):
     """SiLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_bwd_any_68c5a0cc(dy, x)
+        return torch.ops.fusegen.silu_bwd_any_4e754a84(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3021,7 +3021,7 @@ _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_fwd_any(x):
     """SiLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_fwd_any_80bd341e(x)
+        return torch.ops.fusegen.silu_fwd_any_55327e98(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -3044,7 +3044,7 @@ _SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def situglu_b2p0_c8p0_fwd_n512(x):
     """SiTUGLU(beta1=2.0, beta2=8.0): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_34776c91(x)
+        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_513e4a57(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3069,7 +3069,7 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     d_extra_in1.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_934176d8(dy, x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_4dec9e72(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3110,7 +3110,7 @@ _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_3b22d164(x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_c4354144(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3138,7 +3138,7 @@ _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def sreglu_fwd_n512(x):
     """SReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.sreglu_fwd_n512_a2343fff(x)
+        return torch.ops.fusegen.sreglu_fwd_n512_96376548(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3160,7 +3160,7 @@ _SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4
 def srelu_fwd_n2048(x):
     """SReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_fwd_n2048_21a4950f(x)
+        return torch.ops.fusegen.srelu_fwd_n2048_cd6d9966(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3182,7 +3182,7 @@ _SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def srelu_rowscale_fwd_n512(x, extra_in1):
     """SReLU(), RowScale(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_rowscale_fwd_n512_1d8704d8(x, extra_in1)
+        return torch.ops.fusegen.srelu_rowscale_fwd_n512_70c40e94(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3208,7 +3208,7 @@ _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_bwd_any(dy, x):
     """SwiGLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_any_a902d3d6(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_any_116e69bc(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3241,7 +3241,7 @@ _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_bwd_n384(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n384_12e0273a(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n384_2a77b860(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3268,7 +3268,7 @@ _SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_bwd_n4096(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n4096_cac29f53(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n4096_6ec35844(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3296,7 +3296,7 @@ _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_fwd_any(x):
     """SwiGLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_any_b29ccf1b(x)
+        return torch.ops.fusegen.swiglu_fwd_any_bca53617(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3323,7 +3323,7 @@ _SWIGLU_FWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float3
 def swiglu_fwd_n14336(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n14336_d5dfe6a9(x)
+        return torch.ops.fusegen.swiglu_fwd_n14336_bc40fe12(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3345,7 +3345,7 @@ _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_fwd_n384(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n384_1c5ffbfb(x)
+        return torch.ops.fusegen.swiglu_fwd_n384_bc7329a3(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3367,7 +3367,7 @@ _SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_fwd_n4096(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n4096_13d568c6(x)
+        return torch.ops.fusegen.swiglu_fwd_n4096_380010ae(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3389,7 +3389,7 @@ _SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def swiglu_i32_fwd_n512(x):
     """SwiGLU(glu_interleave_size=32): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_i32_fwd_n512_198fd372(x)
+        return torch.ops.fusegen.swiglu_i32_fwd_n512_4fba47e3(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3412,7 +3412,7 @@ _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_bwd_any_11daa9e5(dy, x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_bwd_any_b470a95f(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3453,7 +3453,7 @@ _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_fwd_any(x, extra_in1):
     """SwiGLU(), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_fwd_any_b041c9a5(x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_fwd_any_2510c629(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3482,7 +3482,7 @@ _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_a4e10868(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_a04963e9(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3518,7 +3518,7 @@ _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_c97c9345(x)
+        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_4f4d16e1(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3548,7 +3548,7 @@ _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_6f60d005(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_74f666c1(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3582,7 +3582,7 @@ _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_822caa36(x)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_f6b4dd8d(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3611,7 +3611,7 @@ _TEE_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_bwd_n64_d5867cda(dy, d_extra_out0)
+        return torch.ops.fusegen.tee_bias_bwd_n64_20887fcc(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3647,7 +3647,7 @@ _TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def tee_bias_fwd_n64(x, bias1):
     """MakeExtraOutput(), Bias(64): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_fwd_n64_66eaf523(x, bias1)
+        return torch.ops.fusegen.tee_bias_fwd_n64_97e78d26(x, bias1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3711,125 +3711,125 @@ def _register(name, schema, launcher):
     # what tracing runs (cheaper to register than register_fake)
     _LIBRARY.impl(name, _fake(launcher), "Meta")
 
-_register("add_fwd_n4096_4c3eac50", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
+_register("add_fwd_n4096_156045b4", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
 _register(
-    "add_layernorm_zc_eps1em06_fwd_h768_35696a7d",
+    "add_layernorm_zc_eps1em06_fwd_h768_4e21931f",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768)
 _register(
-    "add_rmsnorm_fwd_h256_6b0f34ed",
+    "add_rmsnorm_fwd_h256_3d7f079d",
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
 _register(
-    "add_scale0p5_tee_qgelu_bwd_any_from_add_5863cd88",
+    "add_scale0p5_tee_qgelu_bwd_any_from_add_34db7a4d",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add)
 _register(
-    "add_scale0p5_tee_qgelu_fwd_any_5c28ba93", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
+    "add_scale0p5_tee_qgelu_fwd_any_d355c0e6", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
     add_scale0p5_tee_qgelu_fwd_any)
 _register(
-    "add_tee_bwd_n256_50ad9185", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
-_register("add_tee_fwd_n256_4a074098", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
-_register("bias_add_bwd_n4096_0ef6dc53", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
+    "add_tee_bwd_n256_cd53187d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
+_register("add_tee_fwd_n256_2693822c", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
+_register("bias_add_bwd_n4096_09503d43", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
 _register(
-    "bias_add_tee_bwd_n256_af18874e", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
+    "bias_add_tee_bwd_n256_bd6633c1", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
     bias_add_tee_bwd_n256)
 _register(
-    "bias_add_tee_gelu_bwd_n256_from_bias_2f0ae90a",
+    "bias_add_tee_gelu_bwd_n256_from_bias_3943672e",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
     "Tensor)",
     bias_add_tee_gelu_bwd_n256_from_bias)
 _register(
-    "bias_add_tee_gelu_fwd_n256_f38cb7cc",
+    "bias_add_tee_gelu_fwd_n256_545e99b4",
     "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
-_register("bias_bwd_n1024_92d8b005", "(Tensor dy) -> Tensor", bias_bwd_n1024)
-_register("bias_bwd_n256_c0ced112", "(Tensor dy) -> Tensor", bias_bwd_n256)
-_register("bias_bwd_n4096_f1f57d30", "(Tensor dy) -> Tensor", bias_bwd_n4096)
-_register("bias_bwd_n512_56b9eb81", "(Tensor dy) -> Tensor", bias_bwd_n512)
+_register("bias_bwd_n1024_59eb150e", "(Tensor dy) -> Tensor", bias_bwd_n1024)
+_register("bias_bwd_n256_b0dd4d3d", "(Tensor dy) -> Tensor", bias_bwd_n256)
+_register("bias_bwd_n4096_cae393c7", "(Tensor dy) -> Tensor", bias_bwd_n4096)
+_register("bias_bwd_n512_06be6403", "(Tensor dy) -> Tensor", bias_bwd_n512)
 _register(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_76150a98",
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_65dd24d8",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
 _register(
-    "bias_dropout0p1_add_bwd_n256_b13e2d50", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_add_bwd_n256_493122b9", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_add_bwd_n256)
 _register(
-    "bias_dropout0p1_add_layernorm_fwd_h256_242787d6",
+    "bias_dropout0p1_add_layernorm_fwd_h256_cf0ead5a",
     "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256)
 _register(
-    "bias_dropout0p1_bwd_n256_d59d5cf3", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_bwd_n256_f20ba6fe", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_bwd_n256)
 _register(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_85bb6e4a",
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_cd8fb62d",
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
 _register(
-    "bias_gelu_bwd_n4096_84ea5a27", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_gelu_bwd_n4096_02e3fda9", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096)
 _register(
-    "bias_gelu_dropout0p1_bwd_n512_16326998",
+    "bias_gelu_dropout0p1_bwd_n512_6ce59bb8",
     "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
 _register(
-    "bias_glu_bwd_n512_3bb090d0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
+    "bias_glu_bwd_n512_0c044373", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
 _register(
-    "bias_qgeglu_bwd_n512_e9d14dd3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgeglu_bwd_n512_e923f5db", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgeglu_bwd_n512)
 _register(
-    "bias_qgelu_bwd_n512_ea286e2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgelu_bwd_n512_877f3dbe", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgelu_bwd_n512)
 _register(
-    "bias_reglu_bwd_n512_105264a8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_reglu_bwd_n512_5277b63d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_reglu_bwd_n512)
 _register(
-    "bias_relu_bwd_n512_from_output_66f3b1bf", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_relu_bwd_n512_from_output_e220469f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_relu_bwd_n512_from_output)
 _register(
-    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_d3c780fb",
+    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5284d295",
     "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, "
     "Tensor)",
     bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
 _register(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_9dd9b52c",
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_8d6336fc",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
     "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
 _register(
-    "bias_scale2p0_gelu_bwd_n256_028f2a2c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_scale2p0_gelu_bwd_n256_dba548fb", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_scale2p0_gelu_bwd_n256)
 _register(
-    "bias_situglu_b2p0_c8p0_bwd_n512_3d1a71f3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_situglu_b2p0_c8p0_bwd_n512_b4abf15b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_situglu_b2p0_c8p0_bwd_n512)
 _register(
-    "bias_sreglu_bwd_n512_db5b5308", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_sreglu_bwd_n512_f1a008d5", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_sreglu_bwd_n512)
 _register(
-    "bias_srelu_bwd_n2048_9bbf8996", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_srelu_bwd_n2048_42489081", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_srelu_bwd_n2048)
 _register(
-    "bias_srelu_rowscale_bwd_n512_0ced5e77",
+    "bias_srelu_rowscale_bwd_n512_64dc7b79",
     "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
     bias_srelu_rowscale_bwd_n512)
 _register(
-    "bias_swiglu_bwd_n14336_f13bcaf0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_bwd_n14336_37444b2d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n14336)
 _register(
-    "bias_swiglu_i32_bwd_n512_c32ce6f8", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_i32_bwd_n512_6038aed6", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512)
 _register(
-    "clamped_swiglu_l3p0_i16_bwd_any_2aa1c436", "(Tensor dy, Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4", "(Tensor dy, Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_bwd_any)
 _register(
-    "clamped_swiglu_l3p0_i16_fwd_any_4a3e7f85", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_fwd_any_37e784ad", "(Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_fwd_any)
 _register(
-    "clamped_swiglu_l5p0_rowscale_bwd_any_ed8945de",
+    "clamped_swiglu_l5p0_rowscale_bwd_any_1b2df1b1",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     clamped_swiglu_l5p0_rowscale_bwd_any)
 _register(
-    "clamped_swiglu_l5p0_rowscale_fwd_any_1d20d1a5", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "clamped_swiglu_l5p0_rowscale_fwd_any_c82a8e7d", "(Tensor x, Tensor extra_in1) -> Tensor",
     clamped_swiglu_l5p0_rowscale_fwd_any)
 _register(
-    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_70e3acb8", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_2e3753ae", "(Tensor x) -> Tensor",
     clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
 _register(
     "column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
@@ -3853,32 +3853,32 @@ _register(
 _register(
     "column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
 _register(
-    "dropout0p1_add_fwd_n256_79339ca0", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
+    "dropout0p1_add_fwd_n256_397054da", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
     dropout0p1_add_fwd_n256)
 _register(
-    "dropout0p1_fwd_n512_62c1f754", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
+    "dropout0p1_fwd_n512_37e9b20e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
 _register(
-    "dropout0p25_bwd_any_863ea65d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
+    "dropout0p25_bwd_any_188ea53f", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
 _register(
-    "dropout0p25_fwd_any_35afb75e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
+    "dropout0p25_fwd_any_ee8979e8", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
 _register(
-    "dropout0p2_swiglu_fwd_n512_89801ef7", "(Tensor x, Tensor? seed0) -> Tensor",
+    "dropout0p2_swiglu_fwd_n512_c4298a88", "(Tensor x, Tensor? seed0) -> Tensor",
     dropout0p2_swiglu_fwd_n512)
 _register(
-    "dropout0p3_bwd_n256_f77d697d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
-_register("gelu_bwd_any_823d7a4c", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any)
-_register("gelu_bwd_n256_67c50714", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256)
+    "dropout0p3_bwd_n256_6c79d780", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
+_register("gelu_bwd_any_0508494d", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any)
+_register("gelu_bwd_n256_16d7194f", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256)
 _register(
-    "gelu_dropout0p1_fwd_n512_28a8c5b5", "(Tensor x, Tensor? seed1) -> Tensor",
+    "gelu_dropout0p1_fwd_n512_f4f36dc4", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512)
-_register("gelu_fwd_any_8b459d9b", "(Tensor x) -> Tensor", gelu_fwd_any)
-_register("gelu_fwd_n256_f4d20d9c", "(Tensor x) -> Tensor", gelu_fwd_n256)
-_register("gelu_fwd_n4096_89924a50", "(Tensor x) -> Tensor", gelu_fwd_n4096)
-_register("glu_fwd_n512_61cc70a1", "(Tensor x) -> Tensor", glu_fwd_n512)
+_register("gelu_fwd_any_0b7d2bfb", "(Tensor x) -> Tensor", gelu_fwd_any)
+_register("gelu_fwd_n256_a10ca29c", "(Tensor x) -> Tensor", gelu_fwd_n256)
+_register("gelu_fwd_n4096_d2a0428c", "(Tensor x) -> Tensor", gelu_fwd_n4096)
+_register("glu_fwd_n512_3dcd36fb", "(Tensor x) -> Tensor", glu_fwd_n512)
 _register(
     "l2norm_bwd_h256_6972db87", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
 _register(
-    "l2norm_eps1em05_fwd_h256_16b37aca", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
+    "l2norm_eps1em05_fwd_h256_01741dfc", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
 _register(
     "layernorm_bwd_h1024_0befee88",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
@@ -3893,21 +3893,21 @@ _register(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096)
 _register(
-    "layernorm_fwd_h1024_be6b64e1",
+    "layernorm_fwd_h1024_dc5fa566",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
 _register(
-    "layernorm_fwd_h4096_73131254",
+    "layernorm_fwd_h4096_3707f610",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
 _register(
     "layernorm_zc_bwd_h768_add_dresidual_135d1455",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual)
-_register("qgeglu_fwd_n512_a33e0c07", "(Tensor x) -> Tensor", qgeglu_fwd_n512)
-_register("qgelu_fwd_n512_1291ca9b", "(Tensor x) -> Tensor", qgelu_fwd_n512)
-_register("reglu_fwd_n512_10f4f53d", "(Tensor x) -> Tensor", reglu_fwd_n512)
-_register("relu_bwd_n768_e7611688", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
-_register("relu_fwd_n768_439e8aea", "(Tensor x) -> Tensor", relu_fwd_n768)
+_register("qgeglu_fwd_n512_fe9052e9", "(Tensor x) -> Tensor", qgeglu_fwd_n512)
+_register("qgelu_fwd_n512_faa4cccc", "(Tensor x) -> Tensor", qgelu_fwd_n512)
+_register("reglu_fwd_n512_ee7cd925", "(Tensor x) -> Tensor", reglu_fwd_n512)
+_register("relu_bwd_n768_f13bf0dd", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
+_register("relu_fwd_n768_00523a35", "(Tensor x) -> Tensor", relu_fwd_n768)
 _register(
     "rmsnorm_bwd_h1024_c5bd18e9",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
@@ -3926,61 +3926,61 @@ _register(
     "rmsnorm_bwd_h64_c0871285",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
 _register(
-    "rmsnorm_dropout0p3_fwd_h256_6de9eddd",
+    "rmsnorm_dropout0p3_fwd_h256_249d94c9",
     "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
 _register(
-    "rmsnorm_fwd_h1024_85cafb27", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
+    "rmsnorm_fwd_h1024_c9899ed0", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
 _register(
-    "rmsnorm_fwd_h4096_e5a3c02d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
+    "rmsnorm_fwd_h4096_cdabd959", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
 _register(
-    "rmsnorm_fwd_h64_e6902890", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
+    "rmsnorm_fwd_h64_25b2ae9d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
 _register(
     "rmsnorm_zc_bwd_h768_c74a15f1",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
 _register(
-    "rmsnorm_zc_fwd_h768_9415f261", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    "rmsnorm_zc_fwd_h768_bfa88aa4", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768)
-_register("silu_bwd_any_68c5a0cc", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
-_register("silu_fwd_any_80bd341e", "(Tensor x) -> Tensor", silu_fwd_any)
-_register("situglu_b2p0_c8p0_fwd_n512_34776c91", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512)
+_register("silu_bwd_any_4e754a84", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
+_register("silu_fwd_any_55327e98", "(Tensor x) -> Tensor", silu_fwd_any)
+_register("situglu_b2p0_c8p0_fwd_n512_513e4a57", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512)
 _register(
-    "situglu_b2p0_i32_rowscale_bwd_any_934176d8",
+    "situglu_b2p0_i32_rowscale_bwd_any_4dec9e72",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     situglu_b2p0_i32_rowscale_bwd_any)
 _register(
-    "situglu_b2p0_i32_rowscale_fwd_any_3b22d164", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "situglu_b2p0_i32_rowscale_fwd_any_c4354144", "(Tensor x, Tensor extra_in1) -> Tensor",
     situglu_b2p0_i32_rowscale_fwd_any)
-_register("sreglu_fwd_n512_a2343fff", "(Tensor x) -> Tensor", sreglu_fwd_n512)
-_register("srelu_fwd_n2048_21a4950f", "(Tensor x) -> Tensor", srelu_fwd_n2048)
+_register("sreglu_fwd_n512_96376548", "(Tensor x) -> Tensor", sreglu_fwd_n512)
+_register("srelu_fwd_n2048_cd6d9966", "(Tensor x) -> Tensor", srelu_fwd_n2048)
 _register(
-    "srelu_rowscale_fwd_n512_1d8704d8", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "srelu_rowscale_fwd_n512_70c40e94", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512)
-_register("swiglu_bwd_any_a902d3d6", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any)
-_register("swiglu_bwd_n384_12e0273a", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384)
-_register("swiglu_bwd_n4096_cac29f53", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096)
-_register("swiglu_fwd_any_b29ccf1b", "(Tensor x) -> Tensor", swiglu_fwd_any)
-_register("swiglu_fwd_n14336_d5dfe6a9", "(Tensor x) -> Tensor", swiglu_fwd_n14336)
-_register("swiglu_fwd_n384_1c5ffbfb", "(Tensor x) -> Tensor", swiglu_fwd_n384)
-_register("swiglu_fwd_n4096_13d568c6", "(Tensor x) -> Tensor", swiglu_fwd_n4096)
-_register("swiglu_i32_fwd_n512_198fd372", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512)
+_register("swiglu_bwd_any_116e69bc", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any)
+_register("swiglu_bwd_n384_2a77b860", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384)
+_register("swiglu_bwd_n4096_6ec35844", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096)
+_register("swiglu_fwd_any_bca53617", "(Tensor x) -> Tensor", swiglu_fwd_any)
+_register("swiglu_fwd_n14336_bc40fe12", "(Tensor x) -> Tensor", swiglu_fwd_n14336)
+_register("swiglu_fwd_n384_bc7329a3", "(Tensor x) -> Tensor", swiglu_fwd_n384)
+_register("swiglu_fwd_n4096_380010ae", "(Tensor x) -> Tensor", swiglu_fwd_n4096)
+_register("swiglu_i32_fwd_n512_4fba47e3", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512)
 _register(
-    "swiglu_rowscale_bwd_any_11daa9e5",
+    "swiglu_rowscale_bwd_any_b470a95f",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any)
 _register(
-    "swiglu_rowscale_fwd_any_b041c9a5", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "swiglu_rowscale_fwd_any_2510c629", "(Tensor x, Tensor extra_in1) -> Tensor",
     swiglu_rowscale_fwd_any)
 _register(
-    "swiglu_tee_gelu_bwd_any_a4e10868", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_gelu_bwd_any_a04963e9", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_gelu_bwd_any)
 _register(
-    "swiglu_tee_gelu_fwd_any_c97c9345", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
+    "swiglu_tee_gelu_fwd_any_4f4d16e1", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
 _register(
-    "swiglu_tee_scale0p5_bwd_any_6f60d005", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_scale0p5_bwd_any_74f666c1", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_scale0p5_bwd_any)
 _register(
-    "swiglu_tee_scale0p5_fwd_any_822caa36", "(Tensor x) -> (Tensor, Tensor)",
+    "swiglu_tee_scale0p5_fwd_any_f6b4dd8d", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any)
 _register(
-    "tee_bias_bwd_n64_d5867cda", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
+    "tee_bias_bwd_n64_20887fcc", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
     tee_bias_bwd_n64)
-_register("tee_bias_fwd_n64_66eaf523", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)
+_register("tee_bias_fwd_n64_97e78d26", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)

@@ -8,20 +8,29 @@
 
 namespace fg {
 
-// __expf and __fdividef (ex2.approx, rcp.approx), as in Gelu below: a few ulp, and no exactness
-// lost where it counts (for x below about -88, 1 + e overflows the fast division and the result
-// is 0 where the exact one is under 1e-38). SwiGLU's forward at [4096 x 2048] bf16 on an H100 ran
-// at 7.2 µs with expf and an IEEE division where GeGLU, the same kernel with fast math, took 5.7.
-__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+// Precision of exp and division. A kernel whose tensors are 16-bit defines FG_FAST_MATH 1 before
+// its includes (the .cu templates do, from the dtype): exp and division then use the hardware's
+// approximations (__expf, __fdividef: ex2.approx, rcp.approx), a few fp32 ulp, far below a 16-bit
+// output's rounding, and cheap enough that the activation stops limiting a forward: Bias + GELU
+// at [16384 x 8192] bf16 on an H100 198 -> 180 µs (91 -> 100% of copy), SwiGLU at [4096 x 2048]
+// 7.2 -> 5.7 µs (bench/NOTES.md). fp32 kernels keep expf and IEEE division: their results are
+// held to fp32's own roundoff (a row-scaled GLU's scale grad, a sum over 8192 columns, exceeded 4
+// units of it with the approximations), and at 4 bytes an element the math is off the critical
+// path anyway (fp32 Bias + GELU ran at 101% of copy with expf).
+#ifndef FG_FAST_MATH
+#define FG_FAST_MATH 0
+#endif
+__device__ __forceinline__ float exp_(float x) { return FG_FAST_MATH ? __expf(x) : expf(x); }
+__device__ __forceinline__ float div_(float a, float b) { return FG_FAST_MATH ? __fdividef(a, b) : a / b; }
+
+// With FG_FAST_MATH, for x below about -88 the fast division returns 0 (1 + e beyond 2^126)
+// where the exact result is under 1e-38.
+__device__ __forceinline__ float sigmoid(float x) { return div_(1.f, 1.f + exp_(-x)); }
 
 // GELU, tanh approximation: f(x) = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3).
 // (1 + tanh u) / 2 and 1 - tanh^2 u are formed from e = exp(-2|u|) (tanh|u| = (1 - e) / (1 + e)),
 // not from a rounded tanh: near tanh u = -1 (x below about -2) and |tanh u| = 1, 1 + t and 1 - t^2
 // cancel and would leave tanhf's rounding error as the whole result.
-// __expf and __fdividef (ex2.approx, rcp.approx): e <= 1 and 1 + e in [1, 2], so both stay within
-// a few ulp, as exact as expf and an IEEE division against fp32's tolerance, and GELU stops being
-// the forward's bottleneck: Bias + GELU at [16384 x 8192] bf16 on an H100 198 -> 180 µs, 91 -> 100%
-// of copy (bench/NOTES.md).
 struct Gelu {
   struct Parts {
     float half_one_plus_tanh;  // (1 + tanh u) / 2
@@ -29,8 +38,8 @@ struct Gelu {
   };
   static __device__ __forceinline__ float u(float x) { return x * (0.79788456f + 0.03567741f * x * x); }
   static __device__ __forceinline__ Parts parts(float u) {
-    const float e = __expf(-2.f * fabsf(u));
-    const float r = __fdividef(1.f, 1.f + e);
+    const float e = exp_(-2.f * fabsf(u));
+    const float r = div_(1.f, 1.f + e);
     return {u >= 0.f ? r : e * r, 4.f * e * r * r};
   }
   static __device__ __forceinline__ float fwd(float x) { return x * parts(u(x)).half_one_plus_tanh; }
