@@ -2,6 +2,7 @@
 shipped kernel are both rendered from it, so they agree parameter for parameter."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -24,6 +25,12 @@ def shipped_specs():
 SPECS = shipped_specs()
 
 
+@functools.cache
+def launchers_tree():
+    """generated/_kernels.py, parsed once for every spec's test."""
+    return ast.parse((GENERATED / "_kernels.py").read_text())
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_signature_and_launch_tuple_come_from_one_abi(spec):
     abi = kn.kernel_abi(spec)
@@ -31,11 +38,10 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
     signature = re.search(rf"{spec.name}_fp32\((.*?)\) {{", source, re.S).group(1)
     declared = [re.sub(r"\s+", " ", p.strip()) for p in signature.split(",")]
     assert declared == [f"{p.ctype}{' __restrict__' if '*' in p.ctype else ''} {p.name}" for p in abi]
-    launchers = (GENERATED / "_kernels.py").read_text()
     # the Kernel's signature letters and every launch tuple: pointers as ints (0: not passed;
     # pointer(t): a Dropout key, None in eval mode), C ints as they are
     letters = "".join("p" if p.pointer else "i" for p in abi)
-    tree = ast.parse(launchers)
+    tree = launchers_tree()
     kernels = {node.targets[0].id: node.value for node in tree.body
                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                and getattr(node.value.func, "id", None) == "Kernel"}

@@ -4,6 +4,7 @@ gives that much), registers otherwise; the block size and register cap that go w
 shipped package and the wide-norms fixture (tests/fixtures/wide_norms) were generated."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -43,9 +44,14 @@ def _norm_backward_sources():
 SOURCES = list(_norm_backward_sources())
 
 
+@functools.cache
+def _parsed(launchers):
+    return ast.parse(launchers.read_text())
+
+
 def _declared_shared_bytes(launchers, name):
     """The ``shared=`` a package's ``Kernel("name", ...)`` declaration gives, or None."""
-    for node in ast.parse(launchers.read_text()).body:
+    for node in _parsed(launchers).body:
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                 and getattr(node.value.func, "id", None) == "Kernel" and ast.literal_eval(node.value.args[0]) == name):
             return next((ast.literal_eval(k.value) for k in node.value.keywords if k.arg == "shared"), None)
