@@ -13,7 +13,7 @@ namespace fg {
 // approximations (__expf, __fdividef: ex2.approx, rcp.approx), a few fp32 ulp, far below a 16-bit
 // output's rounding, and cheap enough that the activation stops limiting a forward: Bias + GELU
 // at [16384 x 8192] bf16 on an H100 198 -> 180 µs (91 -> 100% of copy), SwiGLU at [4096 x 2048]
-// 7.2 -> 5.7 µs (bench/NOTES.md). fp32 kernels keep expf and IEEE division: their results are
+// 7.2 -> 5.1 µs (bench/NOTES.md). fp32 kernels keep expf and IEEE division: their results are
 // held to fp32's own roundoff (a row-scaled GLU's scale grad, a sum over 8192 columns, exceeded 4
 // units of it with the approximations), and at 4 bytes an element the math is off the critical
 // path anyway (fp32 Bias + GELU ran at 101% of copy with expf).
