@@ -2184,7 +2184,7 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h1024_0befee88(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h1024_8e84d010(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2225,7 +2225,7 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_56d2c5a1(
+        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_f23be940(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2267,7 +2267,7 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h4096_565427f9(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h4096_a9e4416b(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2394,7 +2394,7 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_135d1455(
+        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_25a9abc4(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2551,7 +2551,7 @@ _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float
 def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h1024_c5bd18e9(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h1024_969f6e6d(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2588,7 +2588,7 @@ _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float3
 def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_458ae9bf(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_54068f1a(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2627,7 +2627,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_d68ff73b(
+        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_0118e40f(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2671,7 +2671,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_ce97bcee(
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_10d4e777(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2712,7 +2712,7 @@ _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h64_c0871285(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h64_6eb95adf(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2914,7 +2914,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_c74a15f1(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_97791e38(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3880,16 +3880,16 @@ _register(
 _register(
     "l2norm_eps1em05_fwd_h256_01741dfc", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
 _register(
-    "layernorm_bwd_h1024_0befee88",
+    "layernorm_bwd_h1024_8e84d010",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h1024)
 _register(
-    "layernorm_bwd_h256_add_dresidual_56d2c5a1",
+    "layernorm_bwd_h256_add_dresidual_f23be940",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_bwd_h256_add_dresidual)
 _register(
-    "layernorm_bwd_h4096_565427f9",
+    "layernorm_bwd_h4096_a9e4416b",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096)
 _register(
@@ -3899,7 +3899,7 @@ _register(
     "layernorm_fwd_h4096_3707f610",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
 _register(
-    "layernorm_zc_bwd_h768_add_dresidual_135d1455",
+    "layernorm_zc_bwd_h768_add_dresidual_25a9abc4",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual)
@@ -3909,21 +3909,21 @@ _register("reglu_fwd_n512_ee7cd925", "(Tensor x) -> Tensor", reglu_fwd_n512)
 _register("relu_bwd_n768_f13bf0dd", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
 _register("relu_fwd_n768_00523a35", "(Tensor x) -> Tensor", relu_fwd_n768)
 _register(
-    "rmsnorm_bwd_h1024_c5bd18e9",
+    "rmsnorm_bwd_h1024_969f6e6d",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
 _register(
-    "rmsnorm_bwd_h256_458ae9bf",
+    "rmsnorm_bwd_h256_54068f1a",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
 _register(
-    "rmsnorm_bwd_h256_add_dresidual_d68ff73b",
+    "rmsnorm_bwd_h256_add_dresidual_0118e40f",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h256_add_dresidual)
 _register(
-    "rmsnorm_bwd_h4096_add_dresidual_ce97bcee",
+    "rmsnorm_bwd_h4096_add_dresidual_10d4e777",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h4096_add_dresidual)
 _register(
-    "rmsnorm_bwd_h64_c0871285",
+    "rmsnorm_bwd_h64_6eb95adf",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
 _register(
     "rmsnorm_dropout0p3_fwd_h256_249d94c9",
@@ -3935,7 +3935,7 @@ _register(
 _register(
     "rmsnorm_fwd_h64_25b2ae9d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
 _register(
-    "rmsnorm_zc_bwd_h768_c74a15f1",
+    "rmsnorm_zc_bwd_h768_97791e38",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
 _register(
     "rmsnorm_zc_fwd_h768_bfa88aa4", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",

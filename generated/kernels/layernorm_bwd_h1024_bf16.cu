@@ -6,7 +6,6 @@ using T = __nv_bfloat16;
 constexpr int H = 1024;
 constexpr int VEC = 8;
 constexpr int THREADS = 64;
-
 constexpr int MIN_BLOCKS = 2;  // blocks an SM must hold: caps the registers a thread
 
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and

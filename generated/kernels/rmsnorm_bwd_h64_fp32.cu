@@ -6,7 +6,6 @@ using T = float;
 constexpr int H = 64;
 constexpr int VEC = 4;
 constexpr int THREADS = 32;
-
 constexpr int MIN_BLOCKS = 2;  // blocks an SM must hold: caps the registers a thread
 
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and
