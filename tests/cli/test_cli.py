@@ -195,7 +195,10 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path):
         a = Sequential(RMSNorm(4096), GELU(), Bias(4096), SiLU())
         b = Sequential(LayerNorm(2048), ReLU(), SwiGLU(), Bias(1024))
     """))
-    command = [sys.executable, "-m", "fusegen", "generate", "spec.py", "--out", "fused"]
+    # fusegen's main with Python's own Ctrl-C handler: a shell's background job (`make test &`)
+    # inherits SIGINT ignored, and Python then installs none.
+    command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from fusegen.cli import main; sys.exit(main(sys.argv[1:]))", "generate", "spec.py", "--out", "fused"]
     # A new session, signalled as a group: like a terminal's Ctrl-C, it reaches the workers too.
     proc = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
