@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import generated
-from references import PIPELINES, randomize_, run_and_compare
+from references import CHUNK, PIPELINES, assert_close_to_reference, randomize_, run_and_compare
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -49,3 +49,20 @@ def test_wrong_inputs_get_clear_errors():
         module(x, r[:2])
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'extra_input0'"):
         module(x)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_the_reference_check_fails_on_non_finite_values(bad):
+    """assert_close_to_reference, which every numerics test relies on: a NaN or inf anywhere in the
+    result fails it, in any chunk; a result within 4 units of roundoff passes, one beyond fails."""
+    ref = torch.linspace(-1, 1, 3 * CHUNK + 5, dtype=torch.float64)
+    assert_close_to_reference("same", ref.float(), ref, torch.float32, gemm=False)
+    for where in (0, CHUNK + 1, 3 * CHUNK + 4):
+        got = ref.float()
+        got[where] = bad
+        with pytest.raises(AssertionError, match="non-finite values"):
+            assert_close_to_reference("bad", got, ref, torch.float32, gemm=False)
+    off = ref.clone()
+    off[CHUNK + 1] += 5 * 2.0**-24
+    with pytest.raises(AssertionError, match="max \\|err\\|"):
+        assert_close_to_reference("off", off, ref, torch.float32, gemm=False)
