@@ -165,6 +165,8 @@ def main():
     max_rows, fused.cuda_graphs.max_rows = fused.cuda_graphs.max_rows, 0
     rows["(fusegen without CUDA graphs) host µs, no-grad forward, 16 tokens"] = {
         "fusegen": host_us(no_grad(fused, small), 100, 400)}
+    rows["(fusegen without CUDA graphs) host µs, forward + backward, 16 tokens"] = {
+        "fusegen": host_us(train(fused, small), 10, 4000)}
     fused.cuda_graphs.max_rows = max_rows
     host = rows["host µs, forward + backward, 16 tokens"]
     rows["device µs, forward + backward, 16 tokens"] = {c: device_us(train(m, small), 10, host[c]) for c, m in modules.items()}

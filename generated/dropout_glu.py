@@ -16,36 +16,60 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, linear0_weight, linear0_bias, training):
+    """The forward of `dropout_glu` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # forward stage 1 · rule elementwise · Dropout(0.2), SwiGLU()
+    dropout1_seed = ref.new_seed(linear0_out) if training else None
+    swiglu2_out = kernels.dropout0p2_swiglu_fwd_n512(linear0_out, dropout1_seed)
+    return swiglu2_out, (x, linear0_out, dropout1_seed, linear0_weight)
+
+
+def backward_stages(d_swiglu2_out, x, linear0_out, dropout1_seed, linear0_weight):
+    """The backward of `dropout_glu` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 1 · rule elementwise_backward · Bias(1024), Dropout(0.2), SwiGLU()
+    d_linear0_pre_bias, d_linear0_bias = kernels.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(
+        d_swiglu2_out, linear0_out, dropout1_seed)
+    # backward stage 0 · rule linear_backward · BasicLinear(256, 1024)
+    d_x = d_linear0_pre_bias.mm(linear0_weight)
+    return (d_x, d_linear0_bias), (d_linear0_pre_bias,)
 
 
 class DropoutGluFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `dropout_glu` on 2-D [rows, features] tensors."""
+    """Forward and backward of `dropout_glu` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, linear0_weight, linear0_bias, training):
-        # forward stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
-        linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-        # forward stage 1 · rule elementwise · Dropout(0.2), SwiGLU()
-        dropout1_seed = ref.new_seed(linear0_out) if training else None
-        swiglu2_out = kernels.dropout0p2_swiglu_fwd_n512(linear0_out, dropout1_seed)
-        ctx.save_for_backward(x, linear0_out, dropout1_seed, linear0_weight)
-        return swiglu2_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("DropoutGlu")  # a double backward raises instead of being wrong
     def backward(ctx, d_swiglu2_out):
-        x, linear0_out, dropout1_seed, linear0_weight = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · Bias(1024), Dropout(0.2), SwiGLU()
-        (
-            d_linear0_pre_bias,
-            d_linear0_bias
-        ) = kernels.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(
-            d_swiglu2_out, linear0_out, dropout1_seed)
-        # backward stage 0 · rule linear_backward · BasicLinear(256, 1024)
-        d_x = d_linear0_pre_bias.mm(linear0_weight)
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(ctx, backward_stages, (d_swiglu2_out, *saved))
+        d_x, d_linear0_bias = stage_grads
+        d_linear0_pre_bias, = operands
+        x, linear0_out, dropout1_seed, linear0_weight = saved
+        # backward stage 0 · rule linear_backward · BasicLinear(256, 1024): weight grad
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
-        return d_x, d_linear0_weight, d_linear0_bias, None
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_linear0_weight, d_linear0_bias, None
 
 
 def no_grad_forward(x, linear0_weight, linear0_bias, training):
@@ -81,7 +105,7 @@ class DropoutGlu(torch.nn.Module):
         self.add_module("1", SpecOp("Dropout(0.2)"))
         self.add_module("2", SpecOp("SwiGLU()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("DropoutGlu", inputs=1)
 
     def reset_parameters(self):
@@ -106,7 +130,9 @@ class DropoutGlu(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            outputs = DropoutGluFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = DropoutGluFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 512)

@@ -20,54 +20,83 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(
+        x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training):
+    """The forward of `dropout_mlp` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias · BasicLinear(256, 512), Bias(512)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # forward stage 1 · rule elementwise · GELU(), Dropout(0.1)
+    dropout2_seed = ref.new_seed(linear0_out) if training else None
+    dropout2_out = kernels.gelu_dropout0p1_fwd_n512(linear0_out, dropout2_seed)
+    # forward stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
+    linear3_out = torch.addmm(linear3_bias, dropout2_out, linear3_weight.t())
+    # forward stage 3 · rule elementwise · Dropout(0.1), AddExtraInput()
+    dropout4_seed = ref.new_seed(linear3_out) if training else None
+    addextrainput5_out = kernels.dropout0p1_add_fwd_n256(linear3_out, dropout4_seed, extra_input0)
+    return addextrainput5_out, (
+        x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight, linear3_weight)
+
+
+def backward_stages(
+        d_addextrainput5_out, x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed,
+        linear0_weight, linear3_weight):
+    """The backward of `dropout_mlp` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 3 · rule elementwise_backward · Bias(256), Dropout(0.1), AddExtraInput()
+    d_linear3_pre_bias, d_linear3_bias = kernels.bias_dropout0p1_add_bwd_n256(
+        d_addextrainput5_out, dropout4_seed)
+    d_extra_input0 = d_addextrainput5_out
+    # backward stage 2 · rule linear_backward · BasicLinear(512, 256)
+    d_dropout2_out = d_linear3_pre_bias.mm(linear3_weight)
+    # backward stage 1 · rule elementwise_backward · Bias(512), GELU(), Dropout(0.1)
+    d_linear0_pre_bias, d_linear0_bias = kernels.bias_gelu_dropout0p1_bwd_n512(
+        d_dropout2_out, linear0_out, dropout2_seed)
+    # backward stage 0 · rule linear_backward · BasicLinear(256, 512)
+    d_x = d_linear0_pre_bias.mm(linear0_weight)
+    return (d_x, d_extra_input0, d_linear0_bias, d_linear3_bias), (
+        d_linear3_pre_bias, d_linear0_pre_bias)
 
 
 class DropoutMlpFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `dropout_mlp` on 2-D [rows, features] tensors."""
+    """Forward and backward of `dropout_mlp` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(
-            ctx, x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias,
-            training):
-        # forward stage 0 · rule linear_bias · BasicLinear(256, 512), Bias(512)
-        linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-        # forward stage 1 · rule elementwise · GELU(), Dropout(0.1)
-        dropout2_seed = ref.new_seed(linear0_out) if training else None
-        dropout2_out = kernels.gelu_dropout0p1_fwd_n512(linear0_out, dropout2_seed)
-        # forward stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
-        linear3_out = torch.addmm(linear3_bias, dropout2_out, linear3_weight.t())
-        # forward stage 3 · rule elementwise · Dropout(0.1), AddExtraInput()
-        dropout4_seed = ref.new_seed(linear3_out) if training else None
-        addextrainput5_out = kernels.dropout0p1_add_fwd_n256(
-            linear3_out, dropout4_seed, extra_input0)
-        ctx.save_for_backward(
-            x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
-            linear3_weight)
-        return addextrainput5_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("DropoutMlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput5_out):
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(
+            ctx, backward_stages, (d_addextrainput5_out, *saved))
+        d_x, d_extra_input0, d_linear0_bias, d_linear3_bias = stage_grads
+        d_linear3_pre_bias, d_linear0_pre_bias = operands
         (
             x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
-            linear3_weight) = ctx.saved_tensors
-        # backward stage 3 · rule elementwise_backward · Bias(256), Dropout(0.1), AddExtraInput()
-        d_linear3_pre_bias, d_linear3_bias = kernels.bias_dropout0p1_add_bwd_n256(
-            d_addextrainput5_out, dropout4_seed)
-        d_extra_input0 = d_addextrainput5_out
-        # backward stage 2 · rule linear_backward · BasicLinear(512, 256)
-        d_dropout2_out = d_linear3_pre_bias.mm(linear3_weight)
+            linear3_weight) = saved
+        # backward stage 2 · rule linear_backward · BasicLinear(512, 256): weight grad
         d_linear3_weight = d_linear3_pre_bias.t().mm(dropout2_out)
-        # backward stage 1 · rule elementwise_backward · Bias(512), GELU(), Dropout(0.1)
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_gelu_dropout0p1_bwd_n512(
-            d_dropout2_out, linear0_out, dropout2_seed)
-        # backward stage 0 · rule linear_backward · BasicLinear(256, 512)
-        d_x = d_linear0_pre_bias.mm(linear0_weight)
+        # backward stage 0 · rule linear_backward · BasicLinear(256, 512): weight grad
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
-            d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight, d_linear3_bias,
-            None)
+            None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight,
+            d_linear3_bias, None)
 
 
 def no_grad_forward(
@@ -117,7 +146,7 @@ class DropoutMlp(torch.nn.Module):
         self.add_module("4", SpecOp("Dropout(0.1)"))
         self.add_module("5", SpecOp("AddExtraInput()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("DropoutMlp", inputs=2)
 
     def reset_parameters(self):
@@ -152,7 +181,9 @@ class DropoutMlp(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            outputs = DropoutMlpFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = DropoutMlpFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

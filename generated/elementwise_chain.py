@@ -30,79 +30,114 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(
+        x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias,
+        bias11_bias, basiclinear15_weight, rmsnorm16_weight):
+    """The forward of `elementwise_chain` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · ReLU()
+    relu0_out = kernels.relu_fwd_n768(x)
+    # forward stage 1 · rule add_norm · AddExtraInput(), MakeExtraOutput(), LayerNorm(768,
+    # eps=1e-06, zero_centered_gamma=True)
+    (
+        layernorm3_out, extra_output0, layernorm3_mean,
+        layernorm3_rstd
+    ) = kernels.add_layernorm_zc_eps1em06_fwd_h768(
+        relu0_out, extra_input0, layernorm3_weight, layernorm3_bias)
+    # forward stage 2 · rule elementwise · Bias(768), ConstantScale(0.5), GELU(), MakeExtraOutput(),
+    # AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
+    silu14_out, extra_output1 = kernels.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(
+        layernorm3_out, bias4_bias, extra_input1, bias11_bias, extra_input2)
+    # forward stage 3 · rule linear · BasicLinear(384, 768)
+    basiclinear15_out = silu14_out.mm(basiclinear15_weight.t())
+    # forward stage 4 · rule norm · RMSNorm(768, zero_centered_gamma=True)
+    rmsnorm16_out, rmsnorm16_rstd = kernels.rmsnorm_zc_fwd_h768(basiclinear15_out, rmsnorm16_weight)
+    # forward stage 5 · rule elementwise · SwiGLU()
+    swiglu17_out = kernels.swiglu_fwd_n384(rmsnorm16_out)
+    return (swiglu17_out, extra_output0, extra_output1), (
+        x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out,
+        layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2,
+        layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
+
+
+def backward_stages(
+        d_swiglu17_out, d_extra_output0, d_extra_output1, x, extra_output0, layernorm3_out,
+        silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd,
+        rmsnorm16_rstd, extra_input1, extra_input2, layernorm3_weight, bias4_bias, bias11_bias,
+        basiclinear15_weight, rmsnorm16_weight):
+    """The backward of `elementwise_chain` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 5 · rule elementwise_backward · SwiGLU()
+    d_rmsnorm16_out = kernels.swiglu_bwd_n384(d_swiglu17_out, rmsnorm16_out)
+    # backward stage 4 · rule norm_backward · RMSNorm(768, zero_centered_gamma=True)
+    d_basiclinear15_out, d_rmsnorm16_weight = kernels.rmsnorm_zc_bwd_h768(
+        d_rmsnorm16_out, basiclinear15_out, rmsnorm16_rstd, rmsnorm16_weight)
+    # backward stage 3 · rule linear_backward · BasicLinear(384, 768)
+    d_silu14_out = d_basiclinear15_out.mm(basiclinear15_weight)
+    # backward stage 2 · rule elementwise_backward · Bias(768), ConstantScale(0.5), GELU(),
+    # MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
+    (
+        d_layernorm3_out, d_extra_input1, d_extra_input2, d_bias4_bias,
+        d_bias11_bias
+    ) = kernels.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
+        d_silu14_out, layernorm3_out, bias4_bias, d_extra_output1, extra_input1, bias11_bias,
+        extra_input2)
+    # backward stage 1 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(),
+    # LayerNorm(768, eps=1e-06, zero_centered_gamma=True)
+    (
+        d_relu0_out, d_layernorm3_weight,
+        d_layernorm3_bias
+    ) = kernels.layernorm_zc_bwd_h768_add_dresidual(
+        d_layernorm3_out, extra_output0, layernorm3_mean, layernorm3_rstd, layernorm3_weight,
+        d_extra_output0)
+    d_extra_input0 = d_relu0_out  # the residual's grad is the sum's grad
+    # backward stage 0 · rule elementwise_backward · ReLU()
+    d_x = kernels.relu_bwd_n768(d_relu0_out, x)
+    return (
+        d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight, d_layernorm3_bias,
+        d_bias4_bias, d_bias11_bias, d_rmsnorm16_weight), (d_basiclinear15_out,)
 
 
 class ElementwiseChainFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `elementwise_chain` on 2-D [rows, features] tensors."""
+    """Forward and backward of `elementwise_chain` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(
-            ctx, x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias,
-            bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight):
-        # forward stage 0 · rule elementwise · ReLU()
-        relu0_out = kernels.relu_fwd_n768(x)
-        # forward stage 1 · rule add_norm · AddExtraInput(), MakeExtraOutput(), LayerNorm(768,
-        # eps=1e-06, zero_centered_gamma=True)
-        (
-            layernorm3_out, extra_output0, layernorm3_mean,
-            layernorm3_rstd
-        ) = kernels.add_layernorm_zc_eps1em06_fwd_h768(
-            relu0_out, extra_input0, layernorm3_weight, layernorm3_bias)
-        # forward stage 2 · rule elementwise · Bias(768), ConstantScale(0.5), GELU(),
-        # MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
-        silu14_out, extra_output1 = kernels.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(
-            layernorm3_out, bias4_bias, extra_input1, bias11_bias, extra_input2)
-        # forward stage 3 · rule linear · BasicLinear(384, 768)
-        basiclinear15_out = silu14_out.mm(basiclinear15_weight.t())
-        # forward stage 4 · rule norm · RMSNorm(768, zero_centered_gamma=True)
-        rmsnorm16_out, rmsnorm16_rstd = kernels.rmsnorm_zc_fwd_h768(
-            basiclinear15_out, rmsnorm16_weight)
-        # forward stage 5 · rule elementwise · SwiGLU()
-        swiglu17_out = kernels.swiglu_fwd_n384(rmsnorm16_out)
-        ctx.save_for_backward(
-            x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out,
-            layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2,
-            layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
-        return swiglu17_out, extra_output0, extra_output1
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("ElementwiseChain")  # a double backward raises instead of being wrong
     def backward(ctx, d_swiglu17_out, d_extra_output0, d_extra_output1):
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(
+            ctx, backward_stages, (d_swiglu17_out, d_extra_output0, d_extra_output1, *saved))
+        (
+            d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight,
+            d_layernorm3_bias, d_bias4_bias, d_bias11_bias, d_rmsnorm16_weight) = stage_grads
+        d_basiclinear15_out, = operands
         (
             x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out,
             layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2,
             layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight,
-            rmsnorm16_weight) = ctx.saved_tensors
-        # backward stage 5 · rule elementwise_backward · SwiGLU()
-        d_rmsnorm16_out = kernels.swiglu_bwd_n384(d_swiglu17_out, rmsnorm16_out)
-        # backward stage 4 · rule norm_backward · RMSNorm(768, zero_centered_gamma=True)
-        d_basiclinear15_out, d_rmsnorm16_weight = kernels.rmsnorm_zc_bwd_h768(
-            d_rmsnorm16_out, basiclinear15_out, rmsnorm16_rstd, rmsnorm16_weight)
-        # backward stage 3 · rule linear_backward · BasicLinear(384, 768)
-        d_silu14_out = d_basiclinear15_out.mm(basiclinear15_weight)
+            rmsnorm16_weight) = saved
+        # backward stage 3 · rule linear_backward · BasicLinear(384, 768): weight grad
         d_basiclinear15_weight = d_basiclinear15_out.t().mm(silu14_out)
-        # backward stage 2 · rule elementwise_backward · Bias(768), ConstantScale(0.5), GELU(),
-        # MakeExtraOutput(), AddExtraInput(), SiLU(), Bias(768), GEGLU(), AddExtraInput(), SiLU()
-        (
-            d_layernorm3_out, d_extra_input1, d_extra_input2, d_bias4_bias,
-            d_bias11_bias
-        ) = kernels.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
-            d_silu14_out, layernorm3_out, bias4_bias, d_extra_output1, extra_input1, bias11_bias,
-            extra_input2)
-        # backward stage 1 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(),
-        # LayerNorm(768, eps=1e-06, zero_centered_gamma=True)
-        (
-            d_relu0_out, d_layernorm3_weight,
-            d_layernorm3_bias
-        ) = kernels.layernorm_zc_bwd_h768_add_dresidual(
-            d_layernorm3_out, extra_output0, layernorm3_mean, layernorm3_rstd, layernorm3_weight,
-            d_extra_output0)
-        d_extra_input0 = d_relu0_out  # the residual's grad is the sum's grad
-        # backward stage 0 · rule elementwise_backward · ReLU()
-        d_x = kernels.relu_bwd_n768(d_relu0_out, x)
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
-            d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight,
+            None, d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight,
             d_layernorm3_bias, d_bias4_bias, d_bias11_bias, d_basiclinear15_weight,
             d_rmsnorm16_weight)
 
@@ -178,7 +213,7 @@ class ElementwiseChain(torch.nn.Module):
             torch.empty((768,), device=device, dtype=dtype))
         self.add_module("17", SpecOp("SwiGLU()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("ElementwiseChain", inputs=4)
 
     def reset_parameters(self):
@@ -225,7 +260,9 @@ class ElementwiseChain(torch.nn.Module):
             rmsnorm16_weight,
         )
         if torch.is_grad_enabled():
-            outputs = ElementwiseChainFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = ElementwiseChainFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

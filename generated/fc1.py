@@ -17,45 +17,75 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
+    """The forward of `fc1` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule norm · LayerNorm(4096)
+    layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(
+        x, layernorm0_weight, layernorm0_bias)
+    # forward stage 1 · rule elementwise · MakeExtraOutput() · no kernel
+    extra_output0 = layernorm0_out
+    # forward stage 2 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
+    linear2_out = torch.addmm(linear2_bias, layernorm0_out, linear2_weight.t())
+    # forward stage 3 · rule elementwise · SwiGLU()
+    swiglu3_out = kernels.swiglu_fwd_n14336(linear2_out)
+    return (swiglu3_out, extra_output0), (
+        x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
+        linear2_weight)
+
+
+def backward_stages(
+        d_swiglu3_out, d_extra_output0, x, layernorm0_out, linear2_out, layernorm0_mean,
+        layernorm0_rstd, layernorm0_weight, linear2_weight):
+    """The backward of `fc1` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()
+    d_linear2_pre_bias, d_linear2_bias = kernels.bias_swiglu_bwd_n14336(d_swiglu3_out, linear2_out)
+    # backward stage 1 · rule extra_output_linear_backward · MakeExtraOutput(), BasicLinear(4096,
+    # 28672)
+    d_layernorm0_out = torch.addmm(d_extra_output0, d_linear2_pre_bias, linear2_weight)
+    # backward stage 0 · rule norm_backward · LayerNorm(4096)
+    d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(
+        d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+    return (d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_bias), (d_linear2_pre_bias,)
 
 
 class Fc1Function(torch.autograd.Function):
-    """Straight-line forward and backward of `fc1` on 2-D [rows, features] tensors."""
+    """Forward and backward of `fc1` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
-        # forward stage 0 · rule norm · LayerNorm(4096)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h4096(
-            x, layernorm0_weight, layernorm0_bias)
-        # forward stage 1 · rule elementwise · MakeExtraOutput() · no kernel
-        extra_output0 = layernorm0_out
-        # forward stage 2 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
-        linear2_out = torch.addmm(linear2_bias, layernorm0_out, linear2_weight.t())
-        # forward stage 3 · rule elementwise · SwiGLU()
-        swiglu3_out = kernels.swiglu_fwd_n14336(linear2_out)
-        ctx.save_for_backward(
-            x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
-            linear2_weight)
-        return swiglu3_out, extra_output0
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("Fc1")  # a double backward raises instead of being wrong
     def backward(ctx, d_swiglu3_out, d_extra_output0):
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(
+            ctx, backward_stages, (d_swiglu3_out, d_extra_output0, *saved))
+        d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_bias = stage_grads
+        d_linear2_pre_bias, = operands
         (
             x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
-            linear2_weight) = ctx.saved_tensors
-        # backward stage 2 · rule elementwise_backward · Bias(28672), SwiGLU()
-        d_linear2_pre_bias, d_linear2_bias = kernels.bias_swiglu_bwd_n14336(
-            d_swiglu3_out, linear2_out)
+            linear2_weight) = saved
         # backward stage 1 · rule extra_output_linear_backward · MakeExtraOutput(),
-        # BasicLinear(4096, 28672)
-        d_layernorm0_out = torch.addmm(d_extra_output0, d_linear2_pre_bias, linear2_weight)
+        # BasicLinear(4096, 28672): weight grad
         d_linear2_weight = d_linear2_pre_bias.t().mm(layernorm0_out)
-        # backward stage 0 · rule norm_backward · LayerNorm(4096)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h4096(
-            d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
-        return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
 
 
 def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
@@ -99,7 +129,7 @@ class Fc1(torch.nn.Module):
             torch.empty((28672,), device=device, dtype=dtype))
         self.add_module("3", SpecOp("SwiGLU()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("Fc1", inputs=1)
 
     def reset_parameters(self):
@@ -130,7 +160,8 @@ class Fc1(torch.nn.Module):
             layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
-            outputs = Fc1Function.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = Fc1Function.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

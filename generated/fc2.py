@@ -15,32 +15,58 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
+    """The forward of `fc2` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # forward stage 1 · rule elementwise · AddExtraInput()
+    addextrainput1_out = kernels.add_fwd_n4096(linear0_out, extra_input0)
+    return addextrainput1_out, (x, linear0_weight)
+
+
+def backward_stages(d_addextrainput1_out, x, linear0_weight):
+    """The backward of `fc2` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 1 · rule elementwise_backward · Bias(4096), AddExtraInput()
+    d_linear0_bias = kernels.bias_add_bwd_n4096(d_addextrainput1_out)
+    d_extra_input0 = d_addextrainput1_out
+    # backward stage 0 · rule linear_backward · BasicLinear(14336, 4096)
+    d_x = d_addextrainput1_out.mm(linear0_weight)
+    return (d_x, d_extra_input0, d_linear0_bias), ()
 
 
 class Fc2Function(torch.autograd.Function):
-    """Straight-line forward and backward of `fc2` on 2-D [rows, features] tensors."""
+    """Forward and backward of `fc2` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, linear0_weight, linear0_bias):
-        # forward stage 0 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
-        linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-        # forward stage 1 · rule elementwise · AddExtraInput()
-        addextrainput1_out = kernels.add_fwd_n4096(linear0_out, extra_input0)
-        ctx.save_for_backward(x, linear0_weight)
-        return addextrainput1_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("Fc2")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput1_out):
-        x, linear0_weight = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · Bias(4096), AddExtraInput()
-        d_linear0_bias = kernels.bias_add_bwd_n4096(d_addextrainput1_out)
-        d_extra_input0 = d_addextrainput1_out
-        # backward stage 0 · rule linear_backward · BasicLinear(14336, 4096)
-        d_x = d_addextrainput1_out.mm(linear0_weight)
+        saved = ctx.saved_tensors
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_addextrainput1_out, *saved))
+        d_x, d_extra_input0, d_linear0_bias = stage_grads
+        x, linear0_weight = saved
+        # backward stage 0 · rule linear_backward · BasicLinear(14336, 4096): weight grad
         d_linear0_weight = d_addextrainput1_out.t().mm(x)
-        return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 
 
 def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias):
@@ -74,7 +100,7 @@ class Fc2(torch.nn.Module):
             torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("AddExtraInput()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("Fc2", inputs=2)
 
     def reset_parameters(self):
@@ -100,7 +126,8 @@ class Fc2(torch.nn.Module):
             linear0_weight, linear0_bias,
         )
         if torch.is_grad_enabled():
-            outputs = Fc2Function.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = Fc2Function.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 4096)

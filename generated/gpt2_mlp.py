@@ -18,51 +18,82 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(
+        x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+        linear3_bias):
+    """The forward of `gpt2_mlp` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule norm · LayerNorm(1024)
+    layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(
+        x, layernorm0_weight, layernorm0_bias)
+    # forward stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
+    linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
+    # forward stage 2 · rule elementwise · GELU()
+    gelu2_out = kernels.gelu_fwd_n4096(linear1_out)
+    # forward stage 3 · rule linear_bias · BasicLinear(4096, 1024), Bias(1024)
+    linear3_out = torch.addmm(linear3_bias, gelu2_out, linear3_weight.t())
+    return linear3_out, (
+        x, layernorm0_out, linear1_out, gelu2_out, layernorm0_mean, layernorm0_rstd,
+        layernorm0_weight, linear1_weight, linear3_weight)
+
+
+def backward_stages(
+        d_linear3_out, x, layernorm0_out, linear1_out, gelu2_out, layernorm0_mean, layernorm0_rstd,
+        layernorm0_weight, linear1_weight, linear3_weight):
+    """The backward of `gpt2_mlp` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 4 · rule elementwise_backward · Bias(1024)
+    d_linear3_bias = kernels.bias_bwd_n1024(d_linear3_out)
+    # backward stage 3 · rule linear_backward · BasicLinear(4096, 1024)
+    d_gelu2_out = d_linear3_out.mm(linear3_weight)
+    # backward stage 2 · rule elementwise_backward · Bias(4096), GELU()
+    d_linear1_pre_bias, d_linear1_bias = kernels.bias_gelu_bwd_n4096(d_gelu2_out, linear1_out)
+    # backward stage 1 · rule linear_backward · BasicLinear(1024, 4096)
+    d_layernorm0_out = d_linear1_pre_bias.mm(linear1_weight)
+    # backward stage 0 · rule norm_backward · LayerNorm(1024)
+    d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h1024(
+        d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+    return (d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_bias, d_linear3_bias), (
+        d_linear1_pre_bias,)
 
 
 class Gpt2MlpFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `gpt2_mlp` on 2-D [rows, features] tensors."""
+    """Forward and backward of `gpt2_mlp` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(
-            ctx, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias,
-            linear3_weight, linear3_bias):
-        # forward stage 0 · rule norm · LayerNorm(1024)
-        layernorm0_out, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h1024(
-            x, layernorm0_weight, layernorm0_bias)
-        # forward stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
-        linear1_out = torch.addmm(linear1_bias, layernorm0_out, linear1_weight.t())
-        # forward stage 2 · rule elementwise · GELU()
-        gelu2_out = kernels.gelu_fwd_n4096(linear1_out)
-        # forward stage 3 · rule linear_bias · BasicLinear(4096, 1024), Bias(1024)
-        linear3_out = torch.addmm(linear3_bias, gelu2_out, linear3_weight.t())
-        ctx.save_for_backward(
-            x, layernorm0_out, linear1_out, gelu2_out, layernorm0_mean, layernorm0_rstd,
-            layernorm0_weight, linear1_weight, linear3_weight)
-        return linear3_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("Gpt2Mlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear3_out):
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(ctx, backward_stages, (d_linear3_out, *saved))
+        d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_bias, d_linear3_bias = stage_grads
+        d_linear1_pre_bias, = operands
         (
             x, layernorm0_out, linear1_out, gelu2_out, layernorm0_mean, layernorm0_rstd,
-            layernorm0_weight, linear1_weight, linear3_weight) = ctx.saved_tensors
-        # backward stage 4 · rule elementwise_backward · Bias(1024)
-        d_linear3_bias = kernels.bias_bwd_n1024(d_linear3_out)
-        # backward stage 3 · rule linear_backward · BasicLinear(4096, 1024)
-        d_gelu2_out = d_linear3_out.mm(linear3_weight)
+            layernorm0_weight, linear1_weight, linear3_weight) = saved
+        # backward stage 3 · rule linear_backward · BasicLinear(4096, 1024): weight grad
         d_linear3_weight = d_linear3_out.t().mm(gelu2_out)
-        # backward stage 2 · rule elementwise_backward · Bias(4096), GELU()
-        d_linear1_pre_bias, d_linear1_bias = kernels.bias_gelu_bwd_n4096(d_gelu2_out, linear1_out)
-        # backward stage 1 · rule linear_backward · BasicLinear(1024, 4096)
-        d_layernorm0_out = d_linear1_pre_bias.mm(linear1_weight)
+        # backward stage 1 · rule linear_backward · BasicLinear(1024, 4096): weight grad
         d_linear1_weight = d_linear1_pre_bias.t().mm(layernorm0_out)
-        # backward stage 0 · rule norm_backward · LayerNorm(1024)
-        d_x, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h1024(
-            d_layernorm0_out, x, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
-            d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias,
+            None, d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias,
             d_linear3_weight, d_linear3_bias)
 
 
@@ -112,7 +143,7 @@ class Gpt2Mlp(torch.nn.Module):
         self._modules["3"].bias = torch.nn.Parameter(
             torch.empty((1024,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("Gpt2Mlp", inputs=1)
 
     def reset_parameters(self):
@@ -149,7 +180,8 @@ class Gpt2Mlp(torch.nn.Module):
             linear3_bias,
         )
         if torch.is_grad_enabled():
-            outputs = Gpt2MlpFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = Gpt2MlpFunction.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 1024)

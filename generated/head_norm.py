@@ -18,49 +18,75 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight):
+    """The forward of `head_norm` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # forward stage 1 · rule reshape · Reshape((-1, 4, 64))
+    reshape1_out = linear0_out.reshape(-1, 64)
+    # forward stage 2 · rule norm · RMSNorm(64)
+    rmsnorm2_out, rmsnorm2_rstd = kernels.rmsnorm_fwd_h64(reshape1_out, rmsnorm2_weight)
+    # forward stage 3 · rule reshape · Reshape((-1, 256))
+    reshape3_out = rmsnorm2_out.reshape(-1, 256)
+    # forward stage 4 · rule elementwise · GELU()
+    gelu4_out = kernels.gelu_fwd_n256(reshape3_out)
+    return gelu4_out, (
+        x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight)
+
+
+def backward_stages(
+        d_gelu4_out, x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight):
+    """The backward of `head_norm` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 5 · rule elementwise_backward · GELU()
+    d_reshape3_out = kernels.gelu_bwd_n256(d_gelu4_out, reshape3_out)
+    # backward stage 4 · rule reshape_backward · Reshape((-1, 256))
+    d_rmsnorm2_out = d_reshape3_out.reshape(-1, 64)
+    # backward stage 3 · rule norm_backward · RMSNorm(64)
+    d_reshape1_out, d_rmsnorm2_weight = kernels.rmsnorm_bwd_h64(
+        d_rmsnorm2_out, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight)
+    # backward stage 2 · rule reshape_backward · Reshape((-1, 4, 64))
+    d_linear0_out = d_reshape1_out.reshape(-1, 256)
+    # backward stage 1 · rule elementwise_backward · Bias(256)
+    d_linear0_bias = kernels.bias_bwd_n256(d_linear0_out)
+    # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
+    d_x = d_linear0_out.mm(linear0_weight)
+    return (d_x, d_linear0_bias, d_rmsnorm2_weight), (d_linear0_out,)
 
 
 class HeadNormFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `head_norm` on 2-D [rows, features] tensors."""
+    """Forward and backward of `head_norm` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, linear0_weight, linear0_bias, rmsnorm2_weight):
-        # forward stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
-        linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-        # forward stage 1 · rule reshape · Reshape((-1, 4, 64))
-        reshape1_out = linear0_out.reshape(-1, 64)
-        # forward stage 2 · rule norm · RMSNorm(64)
-        rmsnorm2_out, rmsnorm2_rstd = kernels.rmsnorm_fwd_h64(reshape1_out, rmsnorm2_weight)
-        # forward stage 3 · rule reshape · Reshape((-1, 256))
-        reshape3_out = rmsnorm2_out.reshape(-1, 256)
-        # forward stage 4 · rule elementwise · GELU()
-        gelu4_out = kernels.gelu_fwd_n256(reshape3_out)
-        ctx.save_for_backward(
-            x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight)
-        return gelu4_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("HeadNorm")  # a double backward raises instead of being wrong
     def backward(ctx, d_gelu4_out):
-        (
-            x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight,
-            rmsnorm2_weight) = ctx.saved_tensors
-        # backward stage 5 · rule elementwise_backward · GELU()
-        d_reshape3_out = kernels.gelu_bwd_n256(d_gelu4_out, reshape3_out)
-        # backward stage 4 · rule reshape_backward · Reshape((-1, 256))
-        d_rmsnorm2_out = d_reshape3_out.reshape(-1, 64)
-        # backward stage 3 · rule norm_backward · RMSNorm(64)
-        d_reshape1_out, d_rmsnorm2_weight = kernels.rmsnorm_bwd_h64(
-            d_rmsnorm2_out, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight)
-        # backward stage 2 · rule reshape_backward · Reshape((-1, 4, 64))
-        d_linear0_out = d_reshape1_out.reshape(-1, 256)
-        # backward stage 1 · rule elementwise_backward · Bias(256)
-        d_linear0_bias = kernels.bias_bwd_n256(d_linear0_out)
-        # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
-        d_x = d_linear0_out.mm(linear0_weight)
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(ctx, backward_stages, (d_gelu4_out, *saved))
+        d_x, d_linear0_bias, d_rmsnorm2_weight = stage_grads
+        d_linear0_out, = operands
+        x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight = saved
+        # backward stage 0 · rule linear_backward · BasicLinear(256, 256): weight grad
         d_linear0_weight = d_linear0_out.t().mm(x)
-        return d_x, d_linear0_weight, d_linear0_bias, d_rmsnorm2_weight
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_linear0_weight, d_linear0_bias, d_rmsnorm2_weight
 
 
 def no_grad_forward(x, linear0_weight, linear0_bias, rmsnorm2_weight):
@@ -105,7 +131,7 @@ class HeadNorm(torch.nn.Module):
         self.add_module("3", SpecOp("Reshape((-1, 256))"))
         self.add_module("4", SpecOp("GELU()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("HeadNorm", inputs=1)
 
     def reset_parameters(self):
@@ -138,7 +164,8 @@ class HeadNorm(torch.nn.Module):
             linear0_weight, linear0_bias, rmsnorm2_weight,
         )
         if torch.is_grad_enabled():
-            outputs = HeadNormFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = HeadNormFunction.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead2, 256)

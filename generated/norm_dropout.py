@@ -16,41 +16,67 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
+    """The forward of `norm_dropout` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule norm_dropout · RMSNorm(256), Dropout(0.3)
+    dropout1_seed = ref.new_seed(x) if training else None
+    dropout1_out, rmsnorm0_rstd = kernels.rmsnorm_dropout0p3_fwd_h256(
+        x, dropout1_seed, rmsnorm0_weight)
+    # forward stage 1 · rule linear_bias · BasicLinear(256, 512), Bias(512)
+    linear2_out = torch.addmm(linear2_bias, dropout1_out, linear2_weight.t())
+    return linear2_out, (
+        x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight)
+
+
+def backward_stages(
+        d_linear2_out, x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight,
+        linear2_weight):
+    """The backward of `norm_dropout` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 3 · rule elementwise_backward · Bias(512)
+    d_linear2_bias = kernels.bias_bwd_n512(d_linear2_out)
+    # backward stage 2 · rule linear_backward · BasicLinear(256, 512)
+    d_dropout1_out = d_linear2_out.mm(linear2_weight)
+    # backward stage 1 · rule elementwise_backward · Dropout(0.3)
+    d_rmsnorm0_out = kernels.dropout0p3_bwd_n256(d_dropout1_out, dropout1_seed)
+    # backward stage 0 · rule norm_backward · RMSNorm(256)
+    d_x, d_rmsnorm0_weight = kernels.rmsnorm_bwd_h256(
+        d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight)
+    return (d_x, d_rmsnorm0_weight, d_linear2_bias), ()
 
 
 class NormDropoutFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `norm_dropout` on 2-D [rows, features] tensors."""
+    """Forward and backward of `norm_dropout` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
-        # forward stage 0 · rule norm_dropout · RMSNorm(256), Dropout(0.3)
-        dropout1_seed = ref.new_seed(x) if training else None
-        dropout1_out, rmsnorm0_rstd = kernels.rmsnorm_dropout0p3_fwd_h256(
-            x, dropout1_seed, rmsnorm0_weight)
-        # forward stage 1 · rule linear_bias · BasicLinear(256, 512), Bias(512)
-        linear2_out = torch.addmm(linear2_bias, dropout1_out, linear2_weight.t())
-        ctx.save_for_backward(
-            x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight)
-        return linear2_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("NormDropout")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear2_out):
-        (
-            x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight,
-            linear2_weight) = ctx.saved_tensors
-        # backward stage 3 · rule elementwise_backward · Bias(512)
-        d_linear2_bias = kernels.bias_bwd_n512(d_linear2_out)
-        # backward stage 2 · rule linear_backward · BasicLinear(256, 512)
-        d_dropout1_out = d_linear2_out.mm(linear2_weight)
+        saved = ctx.saved_tensors
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_linear2_out, *saved))
+        d_x, d_rmsnorm0_weight, d_linear2_bias = stage_grads
+        x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight = saved
+        # backward stage 2 · rule linear_backward · BasicLinear(256, 512): weight grad
         d_linear2_weight = d_linear2_out.t().mm(dropout1_out)
-        # backward stage 1 · rule elementwise_backward · Dropout(0.3)
-        d_rmsnorm0_out = kernels.dropout0p3_bwd_n256(d_dropout1_out, dropout1_seed)
-        # backward stage 0 · rule norm_backward · RMSNorm(256)
-        d_x, d_rmsnorm0_weight = kernels.rmsnorm_bwd_h256(
-            d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight)
-        return d_x, d_rmsnorm0_weight, d_linear2_weight, d_linear2_bias, None
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_rmsnorm0_weight, d_linear2_weight, d_linear2_bias, None
 
 
 def no_grad_forward(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
@@ -88,7 +114,7 @@ class NormDropout(torch.nn.Module):
         self._modules["2"].bias = torch.nn.Parameter(
             torch.empty((512,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("NormDropout", inputs=1)
 
     def reset_parameters(self):
@@ -115,7 +141,9 @@ class NormDropout(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            outputs = NormDropoutFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = NormDropoutFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 512)

@@ -18,55 +18,86 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(
+        x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
+        training):
+    """The forward of `post_attention` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule linear · BasicLinear(256, 256)
+    linear0_pre_bias = x.mm(linear0_weight.t())
+    # forward stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(),
+    # MakeExtraOutput(), LayerNorm(256)
+    dropout1_seed = ref.new_seed(linear0_pre_bias) if training else None
+    (
+        layernorm4_out, extra_output0, layernorm4_mean,
+        layernorm4_rstd
+    ) = kernels.bias_dropout0p1_add_layernorm_fwd_h256(
+        linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight,
+        layernorm4_bias)
+    return (layernorm4_out, extra_output0), (
+        x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
+        layernorm4_weight)
+
+
+def backward_stages(
+        d_layernorm4_out, d_extra_output0, x, extra_output0, dropout1_seed, layernorm4_mean,
+        layernorm4_rstd, linear0_weight, layernorm4_weight):
+    """The backward of `post_attention` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 2 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(),
+    # LayerNorm(256)
+    (
+        d_dropout1_out, d_layernorm4_weight,
+        d_layernorm4_bias
+    ) = kernels.layernorm_bwd_h256_add_dresidual(
+        d_layernorm4_out, extra_output0, layernorm4_mean, layernorm4_rstd, layernorm4_weight,
+        d_extra_output0)
+    d_extra_input0 = d_dropout1_out  # the residual's grad is the sum's grad
+    # backward stage 1 · rule elementwise_backward · Bias(256), Dropout(0.1)
+    d_linear0_pre_bias, d_linear0_bias = kernels.bias_dropout0p1_bwd_n256(
+        d_dropout1_out, dropout1_seed)
+    # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
+    d_x = d_linear0_pre_bias.mm(linear0_weight)
+    return (d_x, d_extra_input0, d_linear0_bias, d_layernorm4_weight, d_layernorm4_bias), (
+        d_linear0_pre_bias,)
 
 
 class PostAttentionFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `post_attention` on 2-D [rows, features] tensors."""
+    """Forward and backward of `post_attention` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(
-            ctx, x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
-            training):
-        # forward stage 0 · rule linear · BasicLinear(256, 256)
-        linear0_pre_bias = x.mm(linear0_weight.t())
-        # forward stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(),
-        # MakeExtraOutput(), LayerNorm(256)
-        dropout1_seed = ref.new_seed(linear0_pre_bias) if training else None
-        (
-            layernorm4_out, extra_output0, layernorm4_mean,
-            layernorm4_rstd
-        ) = kernels.bias_dropout0p1_add_layernorm_fwd_h256(
-            linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight,
-            layernorm4_bias)
-        ctx.save_for_backward(
-            x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
-            layernorm4_weight)
-        return layernorm4_out, extra_output0
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("PostAttention")  # a double backward raises instead of being wrong
     def backward(ctx, d_layernorm4_out, d_extra_output0):
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(
+            ctx, backward_stages, (d_layernorm4_out, d_extra_output0, *saved))
+        d_x, d_extra_input0, d_linear0_bias, d_layernorm4_weight, d_layernorm4_bias = stage_grads
+        d_linear0_pre_bias, = operands
         (
             x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
-            layernorm4_weight) = ctx.saved_tensors
-        # backward stage 2 · rule norm_residual_grad · AddExtraInput(), MakeExtraOutput(),
-        # LayerNorm(256)
-        (
-            d_dropout1_out, d_layernorm4_weight,
-            d_layernorm4_bias
-        ) = kernels.layernorm_bwd_h256_add_dresidual(
-            d_layernorm4_out, extra_output0, layernorm4_mean, layernorm4_rstd, layernorm4_weight,
-            d_extra_output0)
-        d_extra_input0 = d_dropout1_out  # the residual's grad is the sum's grad
-        # backward stage 1 · rule elementwise_backward · Bias(256), Dropout(0.1)
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_dropout0p1_bwd_n256(
-            d_dropout1_out, dropout1_seed)
-        # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
-        d_x = d_linear0_pre_bias.mm(linear0_weight)
+            layernorm4_weight) = saved
+        # backward stage 0 · rule linear_backward · BasicLinear(256, 256): weight grad
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
-            d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_layernorm4_weight,
+            None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_layernorm4_weight,
             d_layernorm4_bias, None)
 
 
@@ -114,7 +145,7 @@ class PostAttention(torch.nn.Module):
         self._modules["4"].bias = torch.nn.Parameter(
             torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("PostAttention", inputs=2)
 
     def reset_parameters(self):
@@ -150,7 +181,9 @@ class PostAttention(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            outputs = PostAttentionFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = PostAttentionFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

@@ -17,39 +17,69 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
+    """The forward of `prenorm_block` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · MakeExtraOutput() · no kernel
+    extra_output0 = x
+    # forward stage 1 · rule norm · RMSNorm(4096)
+    rmsnorm1_out, rmsnorm1_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm1_weight)
+    # forward stage 2 · rule linear_bias · BasicLinear(4096, 4096), Bias(4096)
+    linear2_out = torch.addmm(linear2_bias, rmsnorm1_out, linear2_weight.t())
+    # forward stage 3 · rule elementwise · AddExtraInput()
+    addextrainput3_out = kernels.add_fwd_n4096(linear2_out, extra_input0)
+    return (addextrainput3_out, extra_output0), (
+        x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight)
+
+
+def backward_stages(
+        d_addextrainput3_out, d_extra_output0, x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight,
+        linear2_weight):
+    """The backward of `prenorm_block` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 2 · rule elementwise_backward · Bias(4096), AddExtraInput()
+    d_linear2_bias = kernels.bias_add_bwd_n4096(d_addextrainput3_out)
+    d_extra_input0 = d_addextrainput3_out
+    # backward stage 1 · rule linear_backward · BasicLinear(4096, 4096)
+    d_rmsnorm1_out = d_addextrainput3_out.mm(linear2_weight)
+    # backward stage 0 · rule norm_residual_grad · MakeExtraOutput(), RMSNorm(4096)
+    d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(
+        d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_extra_output0)
+    return (d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_bias), ()
 
 
 class PrenormBlockFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `prenorm_block` on 2-D [rows, features] tensors."""
+    """Forward and backward of `prenorm_block` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
-        # forward stage 0 · rule elementwise · MakeExtraOutput() · no kernel
-        extra_output0 = x
-        # forward stage 1 · rule norm · RMSNorm(4096)
-        rmsnorm1_out, rmsnorm1_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm1_weight)
-        # forward stage 2 · rule linear_bias · BasicLinear(4096, 4096), Bias(4096)
-        linear2_out = torch.addmm(linear2_bias, rmsnorm1_out, linear2_weight.t())
-        # forward stage 3 · rule elementwise · AddExtraInput()
-        addextrainput3_out = kernels.add_fwd_n4096(linear2_out, extra_input0)
-        ctx.save_for_backward(x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight)
-        return addextrainput3_out, extra_output0
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("PrenormBlock")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput3_out, d_extra_output0):
-        x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = ctx.saved_tensors
-        # backward stage 2 · rule elementwise_backward · Bias(4096), AddExtraInput()
-        d_linear2_bias = kernels.bias_add_bwd_n4096(d_addextrainput3_out)
-        d_extra_input0 = d_addextrainput3_out
-        # backward stage 1 · rule linear_backward · BasicLinear(4096, 4096)
-        d_rmsnorm1_out = d_addextrainput3_out.mm(linear2_weight)
+        saved = ctx.saved_tensors
+        stage_grads, _ = replay_backward(
+            ctx, backward_stages, (d_addextrainput3_out, d_extra_output0, *saved))
+        d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_bias = stage_grads
+        x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = saved
+        # backward stage 1 · rule linear_backward · BasicLinear(4096, 4096): weight grad
         d_linear2_weight = d_addextrainput3_out.t().mm(rmsnorm1_out)
-        # backward stage 0 · rule norm_residual_grad · MakeExtraOutput(), RMSNorm(4096)
-        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(
-            d_rmsnorm1_out, x, rmsnorm1_rstd, rmsnorm1_weight, d_extra_output0)
-        return d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
 
 
 def no_grad_forward(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
@@ -91,7 +121,7 @@ class PrenormBlock(torch.nn.Module):
             torch.empty((4096,), device=device, dtype=dtype))
         self.add_module("3", SpecOp("AddExtraInput()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("PrenormBlock", inputs=2)
 
     def reset_parameters(self):
@@ -120,7 +150,9 @@ class PrenormBlock(torch.nn.Module):
             rmsnorm1_weight, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
-            outputs = PrenormBlockFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = PrenormBlockFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

@@ -17,38 +17,66 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
+    """The forward of `reglu_mlp` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # forward stage 1 · rule elementwise · ReGLU()
+    reglu1_out = kernels.reglu_fwd_n512(linear0_out)
+    # forward stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
+    linear2_out = torch.addmm(linear2_bias, reglu1_out, linear2_weight.t())
+    return linear2_out, (x, linear0_out, reglu1_out, linear0_weight, linear2_weight)
+
+
+def backward_stages(d_linear2_out, x, linear0_out, reglu1_out, linear0_weight, linear2_weight):
+    """The backward of `reglu_mlp` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 3 · rule elementwise_backward · Bias(256)
+    d_linear2_bias = kernels.bias_bwd_n256(d_linear2_out)
+    # backward stage 2 · rule linear_backward · BasicLinear(512, 256)
+    d_reglu1_out = d_linear2_out.mm(linear2_weight)
+    # backward stage 1 · rule elementwise_backward · Bias(1024), ReGLU()
+    d_linear0_pre_bias, d_linear0_bias = kernels.bias_reglu_bwd_n512(d_reglu1_out, linear0_out)
+    # backward stage 0 · rule linear_backward · BasicLinear(256, 1024)
+    d_x = d_linear0_pre_bias.mm(linear0_weight)
+    return (d_x, d_linear0_bias, d_linear2_bias), (d_linear0_pre_bias,)
 
 
 class RegluMlpFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `reglu_mlp` on 2-D [rows, features] tensors."""
+    """Forward and backward of `reglu_mlp` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
-        # forward stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
-        linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-        # forward stage 1 · rule elementwise · ReGLU()
-        reglu1_out = kernels.reglu_fwd_n512(linear0_out)
-        # forward stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
-        linear2_out = torch.addmm(linear2_bias, reglu1_out, linear2_weight.t())
-        ctx.save_for_backward(x, linear0_out, reglu1_out, linear0_weight, linear2_weight)
-        return linear2_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("RegluMlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear2_out):
-        x, linear0_out, reglu1_out, linear0_weight, linear2_weight = ctx.saved_tensors
-        # backward stage 3 · rule elementwise_backward · Bias(256)
-        d_linear2_bias = kernels.bias_bwd_n256(d_linear2_out)
-        # backward stage 2 · rule linear_backward · BasicLinear(512, 256)
-        d_reglu1_out = d_linear2_out.mm(linear2_weight)
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(ctx, backward_stages, (d_linear2_out, *saved))
+        d_x, d_linear0_bias, d_linear2_bias = stage_grads
+        d_linear0_pre_bias, = operands
+        x, linear0_out, reglu1_out, linear0_weight, linear2_weight = saved
+        # backward stage 2 · rule linear_backward · BasicLinear(512, 256): weight grad
         d_linear2_weight = d_linear2_out.t().mm(reglu1_out)
-        # backward stage 1 · rule elementwise_backward · Bias(1024), ReGLU()
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_reglu_bwd_n512(d_reglu1_out, linear0_out)
-        # backward stage 0 · rule linear_backward · BasicLinear(256, 1024)
-        d_x = d_linear0_pre_bias.mm(linear0_weight)
+        # backward stage 0 · rule linear_backward · BasicLinear(256, 1024): weight grad
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
-        return d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
 
 
 def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -89,7 +117,7 @@ class RegluMlp(torch.nn.Module):
         self._modules["2"].bias = torch.nn.Parameter(
             torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("RegluMlp", inputs=1)
 
     def reset_parameters(self):
@@ -117,7 +145,8 @@ class RegluMlp(torch.nn.Module):
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
-            outputs = RegluMlpFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = RegluMlpFunction.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

@@ -18,35 +18,63 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
+    """The forward of `residual_in_place` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
+    linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
+    # forward stage 1 · rule elementwise · AddExtraInput(in_place=True), MakeExtraOutput()
+    addextrainput1_out = kernels.add_tee_fwd_n256(linear0_out, extra_input0)
+    new_extra_input0 = addextrainput1_out
+    return (addextrainput1_out, new_extra_input0.view_as(new_extra_input0)), (x, linear0_weight)
+
+
+def backward_stages(d_addextrainput1_out, d_new_extra_input0, x, linear0_weight):
+    """The backward of `residual_in_place` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 1 · rule elementwise_backward · Bias(256), AddExtraInput(in_place=True),
+    # MakeExtraOutput()
+    d_linear0_pre_bias, d_linear0_bias = kernels.bias_add_tee_bwd_n256(
+        d_addextrainput1_out, d_new_extra_input0)
+    d_extra_input0 = d_linear0_pre_bias
+    # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
+    d_x = d_linear0_pre_bias.mm(linear0_weight)
+    return (d_x, d_extra_input0, d_linear0_bias), (d_linear0_pre_bias,)
 
 
 class ResidualInPlaceFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `residual_in_place` on 2-D [rows, features] tensors."""
+    """Forward and backward of `residual_in_place` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, linear0_weight, linear0_bias):
-        # forward stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
-        linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
-        # forward stage 1 · rule elementwise · AddExtraInput(in_place=True), MakeExtraOutput()
-        addextrainput1_out = kernels.add_tee_fwd_n256(linear0_out, extra_input0)
-        new_extra_input0 = addextrainput1_out
-        ctx.save_for_backward(x, linear0_weight)
-        return addextrainput1_out, new_extra_input0.view_as(new_extra_input0)
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("ResidualInPlace")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput1_out, d_new_extra_input0):
-        x, linear0_weight = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · Bias(256), AddExtraInput(in_place=True),
-        # MakeExtraOutput()
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_add_tee_bwd_n256(
-            d_addextrainput1_out, d_new_extra_input0)
-        d_extra_input0 = d_linear0_pre_bias
-        # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
-        d_x = d_linear0_pre_bias.mm(linear0_weight)
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(
+            ctx, backward_stages, (d_addextrainput1_out, d_new_extra_input0, *saved))
+        d_x, d_extra_input0, d_linear0_bias = stage_grads
+        d_linear0_pre_bias, = operands
+        x, linear0_weight = saved
+        # backward stage 0 · rule linear_backward · BasicLinear(256, 256): weight grad
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
-        return d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 
 
 def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias):
@@ -82,7 +110,7 @@ class ResidualInPlace(torch.nn.Module):
             torch.empty((256,), device=device, dtype=dtype))
         self.add_module("1", SpecOp("AddExtraInput(in_place=True)"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("ResidualInPlace", inputs=2)
 
     def reset_parameters(self):
@@ -111,7 +139,9 @@ class ResidualInPlace(torch.nn.Module):
             linear0_weight, linear0_bias,
         )
         if torch.is_grad_enabled():
-            outputs = ResidualInPlaceFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = ResidualInPlaceFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         # AddExtraInput(in_place=True), line 10: the caller's extra_input0 becomes the sum

@@ -18,36 +18,61 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, bias3_bias):
+    """The forward of `rows_of_64` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · SiLU()
+    silu0_out = kernels.silu_fwd_any(x)
+    # forward stage 1 · rule reshape · Reshape((-1, 64))
+    reshape1_out = silu0_out.reshape(-1, 64)
+    # forward stage 2 · rule elementwise · MakeExtraOutput(), Bias(64)
+    bias3_out = kernels.tee_bias_fwd_n64(reshape1_out, bias3_bias)
+    extra_output0 = reshape1_out
+    return (bias3_out, extra_output0), (x,)
+
+
+def backward_stages(d_bias3_out, d_extra_output0, x, n):
+    """The backward of `rows_of_64` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 2 · rule elementwise_backward · MakeExtraOutput(), Bias(64)
+    d_reshape1_out, d_bias3_bias = kernels.tee_bias_bwd_n64(d_bias3_out, d_extra_output0)
+    # backward stage 1 · rule reshape_backward · Reshape((-1, 64))
+    d_silu0_out = d_reshape1_out.reshape(-1, n)
+    # backward stage 0 · rule elementwise_backward · SiLU()
+    d_x = kernels.silu_bwd_any(d_silu0_out, x)
+    return (d_x, d_bias3_bias), ()
 
 
 class RowsOf64Function(torch.autograd.Function):
-    """Straight-line forward and backward of `rows_of_64` on 2-D [rows, features] tensors."""
+    """Forward and backward of `rows_of_64` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, bias3_bias):
-        ctx.n = x.shape[1]  # the input width, for the backward's reshapes
-        # forward stage 0 · rule elementwise · SiLU()
-        silu0_out = kernels.silu_fwd_any(x)
-        # forward stage 1 · rule reshape · Reshape((-1, 64))
-        reshape1_out = silu0_out.reshape(-1, 64)
-        # forward stage 2 · rule elementwise · MakeExtraOutput(), Bias(64)
-        bias3_out = kernels.tee_bias_fwd_n64(reshape1_out, bias3_bias)
-        extra_output0 = reshape1_out
-        ctx.save_for_backward(x)
-        return bias3_out, extra_output0
+    def forward(ctx, graph, *args):
+        ctx.n = args[0].shape[1]  # the input width, for the backward's reshapes
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("RowsOf64")  # a double backward raises instead of being wrong
     def backward(ctx, d_bias3_out, d_extra_output0):
-        x, = ctx.saved_tensors
-        # backward stage 2 · rule elementwise_backward · MakeExtraOutput(), Bias(64)
-        d_reshape1_out, d_bias3_bias = kernels.tee_bias_bwd_n64(d_bias3_out, d_extra_output0)
-        # backward stage 1 · rule reshape_backward · Reshape((-1, 64))
-        d_silu0_out = d_reshape1_out.reshape(-1, ctx.n)
-        # backward stage 0 · rule elementwise_backward · SiLU()
-        d_x = kernels.silu_bwd_any(d_silu0_out, x)
-        return d_x, d_bias3_bias
+        saved = ctx.saved_tensors
+        stage_grads, _ = replay_backward(
+            ctx, backward_stages, (d_bias3_out, d_extra_output0, *saved, ctx.n))
+        d_x, d_bias3_bias = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, d_bias3_bias
 
 
 def no_grad_forward(x, bias3_bias):
@@ -84,7 +109,7 @@ class RowsOf64(torch.nn.Module):
         self.add_module("3", SpecOp("Bias(64)"))
         self._modules["3"].bias = torch.nn.Parameter(torch.empty((64,), device=device, dtype=dtype))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("RowsOf64", inputs=1)
 
     def reset_parameters(self):
@@ -109,7 +134,8 @@ class RowsOf64(torch.nn.Module):
             bias3_bias,
         )
         if torch.is_grad_enabled():
-            outputs = RowsOf64Function.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = RowsOf64Function.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

@@ -17,33 +17,60 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import CudaGraphs, SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
+    replay_forward, with_lead)
+
+
+def forward_stages(x, linear0_weight, linear0_bias):
+    """The forward of `scaled_linear` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias_scale · BasicLinear(256, 256), Bias(256),
+    # ConstantScale(2.0)
+    constantscale1_out = torch.addmm(linear0_bias, x, linear0_weight.t(), beta=2.0, alpha=2.0)
+    # forward stage 1 · rule elementwise · GELU()
+    gelu2_out = kernels.gelu_fwd_n256(constantscale1_out)
+    return gelu2_out, (x, constantscale1_out, linear0_weight)
+
+
+def backward_stages(d_gelu2_out, x, constantscale1_out, linear0_weight):
+    """The backward of `scaled_linear` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 1 · rule elementwise_backward · Bias(256), ConstantScale(2.0), GELU()
+    d_linear0_pre_bias, d_linear0_bias = kernels.bias_scale2p0_gelu_bwd_n256(
+        d_gelu2_out, constantscale1_out)
+    # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
+    d_x = d_linear0_pre_bias.mm(linear0_weight)
+    return (d_x, d_linear0_bias), (d_linear0_pre_bias,)
 
 
 class ScaledLinearFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `scaled_linear` on 2-D [rows, features] tensors."""
+    """Forward and backward of `scaled_linear` on 2-D [rows, features] tensors.
+
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
-    def forward(ctx, x, linear0_weight, linear0_bias):
-        # forward stage 0 · rule linear_bias_scale · BasicLinear(256, 256), Bias(256),
-        # ConstantScale(2.0)
-        constantscale1_out = torch.addmm(linear0_bias, x, linear0_weight.t(), beta=2.0, alpha=2.0)
-        # forward stage 1 · rule elementwise · GELU()
-        gelu2_out = kernels.gelu_fwd_n256(constantscale1_out)
-        ctx.save_for_backward(x, constantscale1_out, linear0_weight)
-        return gelu2_out
+    def forward(ctx, graph, *args):
+        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
+        ctx.save_for_backward(*saved)
+        return outputs
 
     @staticmethod
     @first_order_only("ScaledLinear")  # a double backward raises instead of being wrong
     def backward(ctx, d_gelu2_out):
-        x, constantscale1_out, linear0_weight = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · Bias(256), ConstantScale(2.0), GELU()
-        d_linear0_pre_bias, d_linear0_bias = kernels.bias_scale2p0_gelu_bwd_n256(
-            d_gelu2_out, constantscale1_out)
-        # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
-        d_x = d_linear0_pre_bias.mm(linear0_weight)
+        saved = ctx.saved_tensors
+        stage_grads, operands = replay_backward(ctx, backward_stages, (d_gelu2_out, *saved))
+        d_x, d_linear0_bias = stage_grads
+        d_linear0_pre_bias, = operands
+        x, constantscale1_out, linear0_weight = saved
+        # backward stage 0 · rule linear_backward · BasicLinear(256, 256): weight grad
         d_linear0_weight = d_linear0_pre_bias.t().mm(x)
-        return d_x, d_linear0_weight, d_linear0_bias
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_linear0_weight, d_linear0_bias
 
 
 def no_grad_forward(x, linear0_weight, linear0_bias):
@@ -79,7 +106,7 @@ class ScaledLinear(torch.nn.Module):
         self.add_module("1", SpecOp("ConstantScale(2.0)"))
         self.add_module("2", SpecOp("GELU()"))
         self.reset_parameters()
-        # no-grad calls of a few rows on CUDA replay a graph captured per input shape
+        # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs("ScaledLinear", inputs=1)
 
     def reset_parameters(self):
@@ -103,7 +130,9 @@ class ScaledLinear(torch.nn.Module):
             linear0_weight, linear0_bias,
         )
         if torch.is_grad_enabled():
-            outputs = ScaledLinearFunction.apply(*args)
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = ScaledLinearFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

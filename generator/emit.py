@@ -193,15 +193,18 @@ def traffic_cells(plan: Plan) -> dict[tuple[str, int], str]:
 
 
 def replays_graphs(plan: Plan) -> bool:
-    """Whether the module replays its no-grad forward from CUDA graphs at a few rows (the
+    """Whether the module replays its forward and backward from CUDA graphs at a few rows (the
     runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage."""
     launching = [s for s in plan.inference if s.rule.stage.launches and s.kind != "passthrough"]
-    return len(launching) >= 2 and all(s.rule.stage.replayable for s in plan.inference)
+    every = [*plan.inference, *plan.forward, *plan.backward]
+    return len(launching) >= 2 and all(s.rule.stage.replayable for s in every)
 
 
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     p = plan.pipeline
-    em = Emitter(plan, stage_kernels)
+    graphs = replays_graphs(plan)
+    # with graphs, the stages are functions of their own (forward_stages, backward_stages)
+    em = Emitter(plan, stage_kernels, width="n" if graphs else "ctx.n")
     fwd = forward_blocks(em)
     bwd, d_x = backward_blocks(em)
     values = em.values
@@ -213,7 +216,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     saved = [values[pos] for pos in plan.saved_values]
     saved += [name for stage in plan.backward for name in stage.rule.stage.saved_names(em, stage)]
     saved += [extra_input_name(op) for op in p.ops if op.extra_input in plan.saved_extra_inputs]
-    backward_code = "\n".join(line for block in bwd for line in block.lines)
+    backward_code = "\n".join(line for block in bwd for line in block.lines + [e for _, e in block.weight_grads])
     saved += [name for *_, name in params if re.search(rf"\b{name}\b", backward_code)]
     modules = {}
     for op, attr, key, shape, init, name in params:
@@ -222,6 +225,12 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     modules_run, per_row = user_modules(p), row_inputs(p)
     takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
     cells = runs_as(plan, stage_kernels)
+    grad_outputs = ["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs]
+    grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
+                   + (["None"] if takes_training else [])  # training is a flag, not a tensor
+                   + ["None", "None"] * len(modules_run))  # a user module and its leading dims
+    weight_grads = {name for block in bwd for name, _ in block.weight_grads}
+    saved = list(dict.fromkeys(saved))
     return dict(
         traffic=traffic_cells(plan),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
@@ -238,14 +247,18 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                                             for op in p.ops if op.extra_input is not None),
         row_inputs=per_row,
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
-        saved=list(dict.fromkeys(saved)), children=children(p, modules, modules_run),
-        saved_table=saved_table(plan, em, list(dict.fromkeys(saved)), params),
-        grad_outputs=["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs],
-        grad_inputs=[d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
-        + (["None"] if takes_training else [])  # training is a flag, not a tensor
-        + ["None", "None"] * len(modules_run),  # a user module and its leading dims
+        saved=saved, children=children(p, modules, modules_run),
+        saved_table=saved_table(plan, em, saved, params),
+        grad_outputs=grad_outputs, grad_inputs=grad_inputs,
+        # with graphs: what backward_stages returns (the grads but the weight grads, then what the
+        # weight-grad GEMMs after it read) and takes (the input width last, in a size-generic
+        # pipeline that reshapes)
+        stage_grads=[g for g in grad_inputs if g != "None" and g not in weight_grads],
+        weight_grad_operands=list(dict.fromkeys(r for block in bwd for r in block.weight_grad_reads
+                                                if r not in grad_outputs)),
+        backward_stages_inputs=grad_outputs + saved + (["n"] if p.generic and lead_lines else []),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
-        takes_training=takes_training, cuda_graphs=replays_graphs(plan),
+        takes_training=takes_training, cuda_graphs=graphs,
         # the Function's forward and the no-grad forward take the same arguments
         function_inputs=["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
         + [name for op in modules_run for name in (module_name(op), lead_name(op))],

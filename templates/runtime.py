@@ -416,23 +416,31 @@ def _raw_stream(index):
 
 
 class CudaGraphs:
-    """A module's no-grad forward, replayed from a CUDA graph per input shape where that pays.
+    """A module's forward, and under autograd its backward, replayed from CUDA graphs per input
+    shape where that pays.
 
-    At a few rows a forward is bound by the host: every launch and GEMM call costs it several
-    µs of Python and dispatch, more than the device needs. So a no-grad call on CUDA with at most
-    ``max_rows`` rows runs as: the inputs copied into the graph's own buffers, one graph launch,
-    the outputs cloned out (three calls, whatever the pipeline's length). A shape is captured on
-    its second call (the first runs as usual, loading the kernels); a module keeps at most
-    ``max_graphs`` of them, and calls of other shapes run as usual. Every call returns new tensors
-    and sees the parameters' current values (the graph reads them where they are; a parameter
-    moved to new memory, by ``module.to`` or an assignment, drops the module's graphs).
+    At a few rows a pipeline is bound by the host: every launch and GEMM call costs it several
+    µs of Python and dispatch, more than the device needs. So a call on CUDA with at most
+    ``max_rows`` rows runs from graphs captured for its shape (on its second call: the first runs
+    as usual, loading the kernels):
+    - without autograd (``no_grad``): the inputs copied into the graph's own buffers, one graph
+      launch, the outputs cloned out (three calls, whatever the pipeline's length);
+    - under autograd (``training``, ``replay_forward``, ``replay_backward``): the forward likewise,
+      keeping what its backward reads in the graph's buffers (no copies), and the backward as the
+      output grads copied in, one graph launch, the grads cloned out, then the weight-grad GEMMs
+      run as usual (a graph would write them into fixed memory, and handing that to autograd
+      would cost a parameter-sized copy). One forward's tensors live in the buffers at a time:
+      while its backward has not run (and its autograd graph lives), another forward of that
+      shape runs as usual.
+    Every call returns new tensors and sees the parameters' current values (the graph reads them
+    where they are; a parameter moved to new memory, by ``module.to`` or an assignment, drops the
+    module's graphs). A module keeps at most ``max_graphs`` graphs; calls of other shapes run as
+    usual.
 
     Calls run as usual, not from a graph: under torch.compile, inside a caller's own graph
-    capture, with more rows, on CPU, on a device other than the current one, and once a capture
-    has failed (with a warning saying why).
-    Each graph holds its stages' outputs for its shape, so a module holds at most ``max_graphs``
-    times its stages' outputs at ``max_rows`` rows (the TE docs MLP: about 14 MB a graph at 128
-    rows).
+    capture, with more rows, on CPU, on a device other than the current one, under autocast
+    (training), and once a capture has failed (with a warning saying why). Each graph holds its
+    stages' tensors for its shape (the TE docs MLP: about 14 MB a no-grad graph at 128 rows).
     Set ``module.cuda_graphs.max_rows = 0`` to turn graphs off; ``module.cuda_graphs.clear()``
     frees their memory. A module is pickled, copied and saved without its graphs.
     """
@@ -446,7 +454,7 @@ class CudaGraphs:
 
     def _reset(self):
         self.failed = None  # why a capture failed: graphs are off for this module from then on
-        self._graphs = {}  # key -> _Graph (or None: seen once, not captured yet)
+        self._graphs = {}  # key -> _Graph or _TrainingGraph (or None: seen once, not captured yet)
         self._lock = threading.Lock()  # one call at a time copies in, replays and clones out
 
     @property
@@ -455,7 +463,8 @@ class CudaGraphs:
         return sum(graph is not None for graph in self._graphs.values())
 
     def clear(self):
-        """Drop every captured graph and the memory it holds; shapes are captured again."""
+        """Drop every captured graph and the memory it holds; shapes are captured again (a
+        backward still to come of a replayed forward keeps its own graph until it has run)."""
         with self._lock:
             self._graphs.clear()
 
@@ -471,28 +480,10 @@ class CudaGraphs:
         """``forward(*args)`` (a generated no-grad forward), or its replay: the same values."""
         if torch.compiler.is_compiling():
             return forward(*args)
-        x = args[0]
-        if not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing():
-            return forward(*args)
-        index = x.get_device()
-        if index != _current_device():  # a graph captures and replays on the current device's streams
-            return forward(*args)
-        inputs, rest = args[:self.inputs], args[self.inputs:]
-        key = (_raw_stream(index), index, x.dtype, *[a.shape for a in inputs],
-               *[a for a in rest if not isinstance(a, torch.Tensor)])
-        graph = self._graphs.get(key)
+        graph = self._find("no-grad", forward, args)
         if graph is None:
-            if key not in self._graphs and len(self._graphs) < self.max_graphs:
-                self._graphs[key] = None  # seen once: captured on the next call
-                return forward(*args)
-            if key not in self._graphs:  # as many shapes as allowed already
-                return forward(*args)
-            graph = self._capture(key, forward, args)
-            if graph is None:
-                return forward(*args)
-        elif graph.parameters != [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)]:
-            self.clear()  # a parameter moved: every graph reads the old memory
             return forward(*args)
+        inputs = args[:self.inputs]
         with self._lock:
             for static, a in zip(graph.inputs, inputs):
                 static.copy_(a)
@@ -500,12 +491,42 @@ class CudaGraphs:
             outputs = [out.clone() for out in graph.outputs]
         return outputs[0] if graph.single else tuple(outputs)
 
-    def _capture(self, key, forward, args):
-        """Capture ``forward`` on this device's capture stream into a new graph, or None with
+    def training(self, stages, args):
+        """The graphs that ``replay_forward`` replays ``stages(*args)`` from (a generated
+        forward_stages under autograd), or None where the call runs as usual."""
+        if torch.compiler.is_compiling() or torch.is_autocast_enabled("cuda"):
+            return None
+        return self._find("training", stages, args)
+
+    def _find(self, mode, stages, args):
+        """This call's graph for ``mode``: found, captured now (the key's second call), or None
+        where the call runs as usual."""
+        x = args[0]
+        if not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing():
+            return None
+        index = x.get_device()
+        if index != _current_device():  # a graph captures and replays on the current device's streams
+            return None
+        inputs, rest = args[:self.inputs], args[self.inputs:]
+        key = (mode, _raw_stream(index), index, x.dtype, *[a.shape for a in inputs],
+               *[a for a in rest if not isinstance(a, torch.Tensor)])
+        graph = self._graphs.get(key)
+        if graph is None:
+            if key not in self._graphs and len(self._graphs) < self.max_graphs:
+                self._graphs[key] = None  # seen once: captured on the next call
+                return None
+            if key not in self._graphs:  # as many shapes as allowed already
+                return None
+            return self._capture(key, mode, stages, args)
+        if graph.parameters != [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)]:
+            self.clear()  # a parameter moved: every graph reads the old memory
+            return None
+        return graph
+
+    def _capture(self, key, mode, stages, args):
+        """Capture ``stages`` on this device's capture stream into a new graph, or None with
         graphs turned off for the module (and a warning) where a capture fails."""
         inputs, rest = args[:self.inputs], args[self.inputs:]
-        stream = torch.cuda.current_stream()
-        side = _capture_stream(args[0].get_device())
         # ordinary tensors even under inference_mode (whose tensors could not be copied into
         # outside it); autograd stays off
         with self._lock, torch.inference_mode(False), torch.no_grad():
@@ -513,31 +534,52 @@ class CudaGraphs:
                 return self._graphs[key]
             # the graph's input buffers, allocated on the stream that will use them
             static = [a.clone() for a in inputs]
-            side.wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.stream(side):
-                    forward(*static, *rest)  # warm-up on the capture stream (cuBLAS's workspace)
-                    graph.capture_begin(capture_error_mode="thread_local")
-                    try:
-                        outputs = forward(*static, *rest)
-                    finally:
-                        graph.capture_end()
-            except RuntimeError as error:
-                _end_failed_capture(side)
-                stream.wait_stream(side)
-                self.failed = f"{type(error).__name__}: {error}"
-                self._graphs.clear()
-                warnings.warn(f"{self.module}: capturing its no-grad forward in a CUDA graph "
-                              f"failed, so it runs without graphs from now on ({self.failed})",
-                              RuntimeWarning)
+            captured = _capture(self, f"its {mode} forward", lambda: stages(*static, *rest))
+            if captured is None:
                 return None
-            stream.wait_stream(side)
-            single = isinstance(outputs, torch.Tensor)
-            entry = _Graph(graph, static, [outputs] if single else list(outputs), single,
-                           [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)])
+            graph, outputs = captured
+            parameters = [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)]
+            if mode == "training":
+                outputs, saved = outputs
+                # a parameter as its position in ``args`` (the entry keeps none alive)
+                position = {id(a): i for i, a in enumerate(args) if i >= self.inputs}
+                saved = [position.get(id(s), s) for s in saved]
+                entry = _TrainingGraph(self, graph, static, outputs, saved, parameters)
+            else:
+                entry = _Graph(graph, static, outputs, parameters)
             self._graphs[key] = entry
         return entry
+
+    def _failed(self, what, error):
+        self.failed = f"{type(error).__name__}: {error}"
+        self._graphs.clear()
+        warnings.warn(f"{self.module}: capturing {what} in a CUDA graph failed, so it runs "
+                      f"without graphs from now on ({self.failed})", RuntimeWarning)
+
+
+def _capture(owner, what, run):
+    """``run()`` captured into a new CUDA graph on the current device's capture stream, after a
+    warm-up run there (cuBLAS's workspace): (graph, what the captured run returned), or None
+    where the capture fails (``owner``'s graphs then off, with a warning)."""
+    stream = torch.cuda.current_stream()
+    side = _capture_stream(stream.device.index)
+    side.wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            run()
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                returned = run()
+            finally:
+                graph.capture_end()
+    except RuntimeError as error:
+        _end_failed_capture(side)
+        stream.wait_stream(side)
+        owner._failed(what, error)
+        return None
+    stream.wait_stream(side)
+    return graph, returned
 
 
 class _Graph:
@@ -546,9 +588,106 @@ class _Graph:
 
     __slots__ = ("graph", "inputs", "outputs", "single", "parameters")
 
-    def __init__(self, graph, inputs, outputs, single, parameters):
-        self.graph, self.inputs, self.outputs, self.single = graph, inputs, outputs, single
-        self.parameters = parameters
+    def __init__(self, graph, inputs, outputs, parameters):
+        self.graph, self.inputs, self.parameters = graph, inputs, parameters
+        self.single = isinstance(outputs, torch.Tensor)
+        self.outputs = [outputs] if self.single else list(outputs)
+
+
+class _TrainingGraph:
+    """One captured forward under autograd (its outputs, and the tensors its backward reads, in
+    the graph's buffers), and its backward's graph, captured on the first backward. ``lease``:
+    the replay whose tensors the buffers hold while its backward is still to come."""
+
+    def __init__(self, graphs, graph, inputs, outputs, saved, parameters):
+        self.graphs, self.graph, self.inputs, self.parameters = graphs, graph, inputs, parameters
+        self.single = isinstance(outputs, torch.Tensor)
+        self.outputs = [outputs] if self.single else list(outputs)
+        self.saved = saved
+        self.lease = None
+        self.replays = 0  # forward replays so far: a backward checks its forward's are still there
+        self.backward = None  # (graph, grad-output buffers, returned grads, weight-GEMM operands)
+
+
+class _Replay:
+    """A replayed forward's hold on its graph's buffers, kept by its autograd ctx: released at the
+    end of its backward (backward_done), or when autograd drops the ctx without one."""
+
+    __slots__ = ("entry", "replay")
+
+    def __init__(self, entry):
+        self.entry, self.replay = entry, entry.replays
+
+    def release(self):
+        if self.entry.lease is self:  # (an assignment: safe from __del__ on any thread)
+            self.entry.lease = None
+
+    def __del__(self):
+        self.release()
+
+
+def replay_forward(graph, ctx, stages, args):
+    """``stages(*args)`` (a generated forward_stages: the outputs, then what the backward reads),
+    or its replay from ``graph`` (CudaGraphs.training; None: as usual), which also records in
+    ``ctx`` how replay_backward runs the backward."""
+    ctx.replayed = None
+    if graph is None:
+        return stages(*args)
+    graphs = graph.graphs
+    with graphs._lock:
+        free = graph.lease is None  # else its buffers hold a pending backward's tensors
+        if free:
+            for static, a in zip(graph.inputs, args[:graphs.inputs]):
+                static.copy_(a)
+            graph.graph.replay()
+            graph.replays += 1
+            ctx.replayed = graph.lease = _Replay(graph)
+            outputs = [out.clone() for out in graph.outputs]
+    if not free:
+        return stages(*args)
+    # the buffers, and this call's own parameters where the capture's were
+    saved = tuple(args[s] if isinstance(s, int) else s for s in graph.saved)
+    return outputs[0] if graph.single else tuple(outputs), saved
+
+
+def replay_backward(ctx, stages, args):
+    """``stages(*args)`` (a generated backward_stages on the output grads, then the saved tensors:
+    the grads, then the operands of the weight-grad GEMMs run after it), or, after a replayed
+    forward, its replay from a graph: the grads cloned out, the operands in the graph's buffers
+    (which no other forward replaces until backward_done)."""
+    replayed = ctx.replayed
+    if replayed is None:
+        return stages(*args)
+    graph, graphs = replayed.entry, replayed.entry.graphs
+    if graph.replays != replayed.replay:
+        raise RuntimeError(
+            f"{graphs.module}: a second backward (retain_graph=True) through a forward replayed "
+            f"from a CUDA graph, after a later forward of the same shape reused the graph's "
+            f"buffers; set module.cuda_graphs.max_rows = 0 to keep each forward's tensors apart")
+    grad_outputs = len(graph.outputs)
+    with graphs._lock:
+        if graph.backward is None:
+            static = [d.clone(memory_format=torch.contiguous_format) for d in args[:grad_outputs]]
+            rest = args[grad_outputs:]
+            with torch.inference_mode(False), torch.no_grad():
+                captured = _capture(graphs, "its backward", lambda: stages(*static, *rest))
+            if captured is None:  # graphs are off now; this backward runs as usual
+                return stages(*args)
+            backward, (grads, operands) = captured
+            graph.backward = (backward, static, grads, operands)
+        backward, static, grads, operands = graph.backward
+        for buffer, d in zip(static, args[:grad_outputs]):
+            buffer.copy_(d)
+        backward.replay()
+        grads = tuple(None if g is None else g.clone() for g in grads)
+    return grads, operands
+
+
+def backward_done(ctx):
+    """The end of a backward (after replay_backward and the weight-grad GEMMs that read its
+    operands): a replayed forward's graph buffers may take the next forward's tensors."""
+    if ctx.replayed is not None:
+        ctx.replayed.release()
 
 
 _CAPTURE_STREAMS = {}  # device index -> the stream captures run on (never the legacy default)

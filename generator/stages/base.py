@@ -163,6 +163,11 @@ class Block:
 
     title: str
     lines: list[str] = field(default_factory=list)
+    # backward only: the GEMM weight grads, as (name, expression), which may run after every
+    # stage (a backward replayed from a CUDA graph runs them after its replay), and the grads
+    # they read that the stages compute
+    weight_grads: list[tuple[str, str]] = field(default_factory=list)
+    weight_grad_reads: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +180,8 @@ class Emitter:
     stats: dict[int, list[str]] = field(default_factory=dict)  # norm op index -> its saved statistics
     # False: the no-grad forward, which keeps nothing for a backward (no ctx)
     saving: bool = True
+    # a size-generic pipeline's input width in the backward: the ctx's, or backward_stages' argument
+    width: str = "ctx.n"
     aliases: dict[str, str] = field(default_factory=dict)  # a forward name -> the tensor it names
 
     def alias(self, block: Block, name: str, of: str) -> None:

@@ -91,19 +91,25 @@ class GemmStage(StageImpl):
             block.lines.append(f"{d_in} = torch.addmm({dy}.new_zeros(()), {dy}, {w}, beta=0, alpha={s!r})")
             x = em.values[linear.index]
             if linear.args["accumulate_into_main_grad"]:
-                block.lines.append(f"d_{w} = ref.accumulate_into_main_grad({w}, {dy}, {x}, alpha={s!r})")
+                self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {x}, alpha={s!r})")
             else:
-                block.lines.append(f"d_{w} = torch.addmm({dy}.new_zeros(()), {dy}.t(), {x}, beta=0, alpha={s!r})")
+                self.weight_grad(block, dy, w, f"torch.addmm({dy}.new_zeros(()), {dy}.t(), {x}, beta=0, alpha={s!r})")
             return d_in
         if meo is not None:
             block.lines.append(f"{d_in} = torch.addmm(d_{extra_output_name(meo)}, {dy}, {w})")
         else:
             block.lines.append(f"{d_in} = {dy}.mm({w})")
         if linear.args["accumulate_into_main_grad"]:  # TE's option: dW goes into weight.main_grad
-            block.lines.append(f"d_{w} = ref.accumulate_into_main_grad({w}, {dy}, {em.values[linear.index]})")
+            self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {em.values[linear.index]})")
         else:
-            block.lines.append(f"d_{w} = {dy}.t().mm({em.values[linear.index]})")
+            self.weight_grad(block, dy, w, f"{dy}.t().mm({em.values[linear.index]})")
         return d_in
+
+    @staticmethod
+    def weight_grad(block, dy, w, expression):
+        """The wgrad GEMM, kept apart from the stage's other lines: it may run after every stage."""
+        block.weight_grads.append((f"d_{w}", expression))
+        block.weight_grad_reads.append(dy)
 
 
 GEMM = GemmStage()

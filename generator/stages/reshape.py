@@ -3,7 +3,8 @@
 Forward: the running tensor viewed as [-1, shape[-1]] (torch.reshape: a view when the memory
 allows, as TE's); backward: the grad viewed back as [-1, input features]. No kernel. The leading
 dims the reshape makes are the generated module's business (its outputs take them: emit.py).
-An input size no op fixes is ``ctx.n``, the width the forward saw (a size-generic pipeline).
+An input size no op fixes is ``em.width`` (``ctx.n``), the width the forward saw (a size-generic
+pipeline).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class ReshapeStage(StageImpl):
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
-        block.lines.append(f"{d_in} = {dy}.reshape(-1, {size_expr(op.in_features, 'ctx.n', '//')})")
+        block.lines.append(f"{d_in} = {dy}.reshape(-1, {size_expr(op.in_features, em.width, '//')})")
         return d_in
 
 
