@@ -20,6 +20,7 @@ import re
 import struct
 import threading
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -544,8 +545,9 @@ class CudaGraphs:
                 return self._graphs[key]
             # the graph's input buffers, allocated on the stream that will use them
             static = [a.clone() for a in inputs]
-            captured = _capture(self, f"its {mode} forward", lambda: stages(*static, *rest))
-            if captured is None:
+            captured = _capture(lambda: stages(*static, *rest))
+            if isinstance(captured, Exception):
+                self._failed(f"its {mode} forward", captured)
                 return None
             graph, outputs = captured
             parameters = [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)]
@@ -567,10 +569,10 @@ class CudaGraphs:
                       f"without graphs from now on ({self.failed})", RuntimeWarning)
 
 
-def _capture(owner, what, run):
+def _capture(run):
     """``run()`` captured into a new CUDA graph on the current device's capture stream, after a
-    warm-up run there (cuBLAS's workspace): (graph, what the captured run returned), or None
-    where the capture fails (``owner``'s graphs then off, with a warning)."""
+    warm-up run there (cuBLAS's workspace): (graph, what the captured run returned), or the
+    RuntimeError that failed the capture."""
     stream = torch.cuda.current_stream()
     side = _capture_stream(stream.device.index)
     side.wait_stream(stream)
@@ -586,8 +588,7 @@ def _capture(owner, what, run):
     except RuntimeError as error:
         _end_failed_capture(side)
         stream.wait_stream(side)
-        owner._failed(what, error)
-        return None
+        return error
     stream.wait_stream(side)
     return graph, returned
 
@@ -606,11 +607,17 @@ class _Graph:
 
 class _TrainingGraph:
     """One captured forward under autograd (its outputs, and the tensors its backward reads, in
-    the graph's buffers), and its backward's graph, captured on the first backward. ``lease``:
-    the replay whose tensors the buffers hold while its backward is still to come."""
+    the graph's buffers), and its backward's graph, captured on the first backward.
+
+    ``lease``: a weak reference to the replay whose tensors the buffers hold while its backward
+    is still to come (dead once autograd drops that replay's ctx). Nothing here refers back to
+    the CudaGraphs but weakly: a module's graphs are freed with it, never by the cycle collector
+    (which could run during some other capture, where freeing a graph is not allowed)."""
 
     def __init__(self, graphs, graph, inputs, outputs, saved, parameters):
-        self.graphs, self.graph, self.inputs, self.parameters = graphs, graph, inputs, parameters
+        self.owner = weakref.ref(graphs)
+        self.module, self.lock, self.inputs_count = graphs.module, graphs._lock, graphs.inputs
+        self.graph, self.inputs, self.parameters = graph, inputs, parameters
         self.single = isinstance(outputs, torch.Tensor)
         self.outputs = [outputs] if self.single else list(outputs)
         self.saved = saved
@@ -618,22 +625,22 @@ class _TrainingGraph:
         self.replays = 0  # forward replays so far: a backward checks its forward's are still there
         self.backward = None  # (graph, grad-output buffers, returned grads, weight-GEMM operands)
 
+    def leased(self):
+        return self.lease is not None and self.lease() is not None
+
 
 class _Replay:
     """A replayed forward's hold on its graph's buffers, kept by its autograd ctx: released at the
     end of its backward (backward_done), or when autograd drops the ctx without one."""
 
-    __slots__ = ("entry", "replay")
+    __slots__ = ("entry", "replay", "__weakref__")
 
     def __init__(self, entry):
         self.entry, self.replay = entry, entry.replays
 
     def release(self):
-        if self.entry.lease is self:  # (an assignment: safe from __del__ on any thread)
+        if self.entry.lease is not None and self.entry.lease() is self:
             self.entry.lease = None
-
-    def __del__(self):
-        self.release()
 
 
 def replay_forward(graph, ctx, stages, args):
@@ -643,15 +650,15 @@ def replay_forward(graph, ctx, stages, args):
     ctx.replayed = None
     if graph is None:
         return stages(*args)
-    graphs = graph.graphs
-    with graphs._lock:
-        free = graph.lease is None  # else its buffers hold a pending backward's tensors
+    with graph.lock:
+        free = not graph.leased()  # else its buffers hold a pending backward's tensors
         if free:
-            for static, a in zip(graph.inputs, args[:graphs.inputs]):
+            for static, a in zip(graph.inputs, args[:graph.inputs_count]):
                 static.copy_(a)
             graph.graph.replay()
             graph.replays += 1
-            ctx.replayed = graph.lease = _Replay(graph)
+            ctx.replayed = _Replay(graph)
+            graph.lease = weakref.ref(ctx.replayed)
             outputs = [out.clone() for out in graph.outputs]
     if not free:
         return stages(*args)
@@ -668,20 +675,23 @@ def replay_backward(ctx, stages, args):
     replayed = ctx.replayed
     if replayed is None:
         return stages(*args)
-    graph, graphs = replayed.entry, replayed.entry.graphs
+    graph = replayed.entry
     if graph.replays != replayed.replay:
         raise RuntimeError(
-            f"{graphs.module}: a second backward (retain_graph=True) through a forward replayed "
+            f"{graph.module}: a second backward (retain_graph=True) through a forward replayed "
             f"from a CUDA graph, after a later forward of the same shape reused the graph's "
             f"buffers; set module.cuda_graphs.max_rows = 0 to keep each forward's tensors apart")
     grad_outputs = len(graph.outputs)
-    with graphs._lock:
+    with graph.lock:
         if graph.backward is None:
             static = [d.clone(memory_format=torch.contiguous_format) for d in args[:grad_outputs]]
             rest = args[grad_outputs:]
             with torch.inference_mode(False), torch.no_grad():
-                captured = _capture(graphs, "its backward", lambda: stages(*static, *rest))
-            if captured is None:  # graphs are off now; this backward runs as usual
+                captured = _capture(lambda: stages(*static, *rest))
+            if isinstance(captured, Exception):  # graphs off from now on; this backward as usual
+                owner = graph.owner()
+                if owner is not None:
+                    owner._failed("its backward", captured)
                 return stages(*args)
             backward, (grads, operands) = captured
             graph.backward = (backward, static, grads, operands)
