@@ -34,8 +34,10 @@ def _module(name, dtype=torch.float32):
 def _inputs(module, rows, gen, dtype=torch.float32):
     """The module's inputs and, after one plain call for the shapes, its output grads."""
     inputs = R.module_inputs(module, rows, gen, dtype=dtype)
+    rows, module.cuda_graphs.max_rows = module.cuda_graphs.max_rows, 0  # (no no-grad graph)
     with torch.no_grad():
         out = module(*[t.clone() for t in inputs])
+    module.cuda_graphs.max_rows = rows
     outs = out if isinstance(out, tuple) else (out,)
     grads = [torch.randn(o.shape, generator=gen).to(device="cuda", dtype=dtype) for o in outs]
     return inputs, grads
@@ -102,7 +104,7 @@ def test_replayed_steps_in_half_precision_match_the_plain_path(dtype):
     for step in range(4):
         call = _inputs(module, 16, gen, dtype=dtype)
         _assert_same(f"TeMlp step {step}", _step(module, *call), _plain(module, *call), dtype)
-    assert _training_graph(module).replays == 2
+    assert _training_graph(module).replays == 3  # step 1 runs plain, step 2 captures and replays
 
 
 @pytest.mark.cuda
@@ -124,7 +126,7 @@ def test_parameter_grads_accumulate_over_micro_batches_and_are_never_graph_buffe
 
     replayed = accumulate()
     kept = [g.clone() for g in replayed]
-    assert _training_graph(module).replays == 5
+    assert _training_graph(module).replays == 4
     rows = module.cuda_graphs.max_rows
     module.cuda_graphs.max_rows = 0
     plain = accumulate()
@@ -148,7 +150,7 @@ def test_a_second_forward_before_the_first_backward_runs_plain():
     replays = graph.replays
     xs = [[t.clone().requires_grad_() for t in inputs] for inputs, _ in calls]
     first = module(*xs[0])
-    assert graph.replays == replays + 1 and graph.lease is not None
+    assert graph.replays == replays + 1 and graph.leased()
     second = module(*xs[1])  # the buffers hold the first forward's tensors: plain
     assert graph.replays == replays + 1
     for out, (_, grads) in ((second, calls[1]), (first, calls[0])):  # the later one first
@@ -176,10 +178,10 @@ def test_a_forward_whose_graph_is_dropped_frees_the_buffers():
         _step(module, inputs, grads)
     graph = _training_graph(module)
     out = module(inputs[0])
-    assert graph.lease is not None
+    assert graph.leased()
     del out
     gc.collect()
-    assert graph.lease is None
+    assert not graph.leased()
     _assert_same("after a dropped forward", _step(module, inputs, grads), _plain(module, inputs, grads), torch.bfloat16)
     assert graph.replays == 3
 
@@ -199,7 +201,9 @@ def test_retain_graph_backwards_twice_and_raises_once_the_buffers_were_reused():
     out.backward(grads[0], retain_graph=True)  # nothing replayed since: the buffers still hold its tensors
     torch.testing.assert_close(x.grad, 2 * once, rtol=0, atol=0)
     module(inputs[0].clone().requires_grad_())  # a later forward replays into the same buffers
-    with pytest.raises(RuntimeError, match="TeMlp: a second backward .* max_rows = 0"):
+    # autograd sees the saved input's buffer written (its version counter), or, where no input is
+    # saved, the runtime sees the replay count moved
+    with pytest.raises(RuntimeError, match="modified by an inplace operation|TeMlp: a second backward .* max_rows = 0"):
         out.backward(grads[0])
 
 
@@ -221,7 +225,7 @@ def test_dropout_draws_new_masks_each_replay_and_its_backward_uses_the_forwards(
         got = torch.autograd.grad(outs, xs + list(module.parameters()), grads)
         keys.append(key)
         steps.append([o.detach() for o in outs] + list(got))
-    assert _training_graph(module).replays == 2
+    assert _training_graph(module).replays == 3
     assert len({k.item() for k in keys}) == 4
     for i, (call, key) in enumerate(zip(calls, keys)):
         monkeypatch.setattr(generated._reference, "new_seed", lambda like, key=key: key.clone())
