@@ -17,7 +17,7 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, with_lead)
+    replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -52,14 +52,12 @@ class Fc2Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
-        ctx.save_for_backward(*saved)
-        return outputs
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("Fc2")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput1_out):
-        saved = ctx.saved_tensors
+        saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(ctx, backward_stages, (d_addextrainput1_out, *saved))
         d_x, d_extra_input0, d_linear0_bias = stage_grads
         x, linear0_weight = saved

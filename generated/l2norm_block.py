@@ -19,7 +19,7 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, with_lead)
+    replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -65,14 +65,12 @@ class L2normBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
-        ctx.save_for_backward(*saved)
-        return outputs
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("L2normBlock")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear2_out):
-        saved = ctx.saved_tensors
+        saved = saved_tensors(ctx)
         stage_grads, operands = replay_backward(ctx, backward_stages, (d_linear2_out, *saved))
         d_x, d_linear0_bias, d_linear2_bias = stage_grads
         d_linear0_out, = operands

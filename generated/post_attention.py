@@ -20,7 +20,7 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, with_lead)
+    replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -78,14 +78,12 @@ class PostAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
-        ctx.save_for_backward(*saved)
-        return outputs
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("PostAttention")  # a double backward raises instead of being wrong
     def backward(ctx, d_layernorm4_out, d_extra_output0):
-        saved = ctx.saved_tensors
+        saved = saved_tensors(ctx)
         stage_grads, operands = replay_backward(
             ctx, backward_stages, (d_layernorm4_out, d_extra_output0, *saved))
         d_x, d_extra_input0, d_linear0_bias, d_layernorm4_weight, d_layernorm4_bias = stage_grads

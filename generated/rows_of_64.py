@@ -20,7 +20,7 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, with_lead)
+    replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, bias3_bias):
@@ -60,14 +60,12 @@ class RowsOf64Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph, *args):
         ctx.n = args[0].shape[1]  # the input width, for the backward's reshapes
-        outputs, saved = replay_forward(graph, ctx, forward_stages, args)
-        ctx.save_for_backward(*saved)
-        return outputs
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("RowsOf64")  # a double backward raises instead of being wrong
     def backward(ctx, d_bias3_out, d_extra_output0):
-        saved = ctx.saved_tensors
+        saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(
             ctx, backward_stages, (d_bias3_out, d_extra_output0, *saved, ctx.n))
         d_x, d_bias3_bias = stage_grads

@@ -457,6 +457,7 @@ class CudaGraphs:
         self.failed = None  # why a capture failed: graphs are off for this module from then on
         self._graphs = {}  # key -> _Graph or _TrainingGraph (or None: seen once, not captured yet)
         self._lock = threading.Lock()  # one call at a time copies in, replays and clones out
+        self._layout = None  # positions of the parameters and of the flags in a call's arguments
 
     @property
     def captured(self):
@@ -508,9 +509,13 @@ class CudaGraphs:
         index = x.get_device()
         if index != _current_device():  # a graph captures and replays on the current device's streams
             return None
-        inputs, rest = args[:self.inputs], args[self.inputs:]
-        key = (mode, _raw_stream(index), index, x.dtype, *[a.shape for a in inputs],
-               *[a for a in rest if not isinstance(a, torch.Tensor)])
+        if self._layout is None:  # the same for every call of a module: found once
+            rest = range(self.inputs, len(args))
+            self._layout = ([i for i in rest if isinstance(args[i], torch.Tensor)],
+                            [i for i in rest if not isinstance(args[i], torch.Tensor)])
+        parameters, flags = self._layout
+        key = (mode, _raw_stream(index), index, x.dtype, *[args[i].shape for i in range(self.inputs)],
+               *[args[i] for i in flags])
         graph = self._graphs.get(key)
         if graph is None:
             if key not in self._graphs and len(self._graphs) < self.max_graphs:
@@ -519,7 +524,7 @@ class CudaGraphs:
             if key not in self._graphs:  # as many shapes as allowed already
                 return None
             return self._capture(key, mode, stages, args)
-        if graph.parameters != [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)]:
+        if graph.parameters != [args[i].data_ptr() for i in parameters]:
             self.clear()  # a parameter moved: every graph reads the old memory
             return None
         return graph
@@ -623,10 +628,12 @@ class _Replay:
     """A replayed forward's hold on its graph's buffers, kept by its autograd ctx: released at the
     end of its backward (backward_done), or when autograd drops the ctx without one."""
 
-    __slots__ = ("entry", "replay", "__weakref__")
+    __slots__ = ("entry", "replay", "saved", "__weakref__")
 
-    def __init__(self, entry):
+    def __init__(self, entry, args):
         self.entry, self.replay = entry, entry.replays
+        # the buffers, and this call's own parameters where the capture's were
+        self.saved = tuple(args[s] if isinstance(s, int) else s for s in entry.saved)
 
     def release(self):
         if self.entry.lease is not None and self.entry.lease() is self:
@@ -634,27 +641,31 @@ class _Replay:
 
 
 def replay_forward(graph, ctx, stages, args):
-    """``stages(*args)`` (a generated forward_stages: the outputs, then what the backward reads),
-    or its replay from ``graph`` (CudaGraphs.training; None: as usual), which also records in
-    ``ctx`` how replay_backward runs the backward."""
+    """The outputs of ``stages(*args)`` (a generated forward_stages: the outputs, then what the
+    backward reads, which go to ``ctx.save_for_backward``), or of its replay from ``graph``
+    (CudaGraphs.training; None: as usual), whose buffers the backward reads instead (no autograd
+    bookkeeping for them); ``ctx`` records which for replay_backward."""
     ctx.replayed = None
-    if graph is None:
-        return stages(*args)
-    with graph.lock:
-        free = not graph.leased()  # else its buffers hold a pending backward's tensors
-        if free:
-            for static, a in zip(graph.inputs, args[:graph.inputs_count]):
-                static.copy_(a)
-            graph.graph.replay()
-            graph.replays += 1
-            ctx.replayed = _Replay(graph)
-            graph.lease = weakref.ref(ctx.replayed)
-            outputs = [out.clone() for out in graph.outputs]
-    if not free:
-        return stages(*args)
-    # the buffers, and this call's own parameters where the capture's were
-    saved = tuple(args[s] if isinstance(s, int) else s for s in graph.saved)
-    return outputs[0] if graph.single else tuple(outputs), saved
+    if graph is not None:
+        with graph.lock:
+            if not graph.leased():  # else its buffers hold a pending backward's tensors
+                for static, a in zip(graph.inputs, args[:graph.inputs_count]):
+                    static.copy_(a)
+                graph.graph.replay()
+                graph.replays += 1
+                ctx.replayed = _Replay(graph, args)
+                graph.lease = weakref.ref(ctx.replayed)
+                outputs = [out.clone() for out in graph.outputs]
+                return outputs[0] if graph.single else tuple(outputs)
+    outputs, saved = stages(*args)
+    ctx.save_for_backward(*saved)
+    return outputs
+
+
+def saved_tensors(ctx):
+    """What the forward saved for the backward: ``ctx.saved_tensors``, or after a replayed forward
+    the graph's buffers (and the call's parameters)."""
+    return ctx.saved_tensors if ctx.replayed is None else ctx.replayed.saved
 
 
 def replay_backward(ctx, stages, args):
