@@ -48,19 +48,24 @@ class EagerTeMlp(torch.nn.Module):
         return F.linear(F.silu(a) * b, p["3.weight"], p["3.bias"])
 
 
-def host_us(fn, calls, device_us_per_call, repeats=7):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(repeats):
-        torch.cuda._sleep(int(calls * device_us_per_call * CYCLES_PER_US))
-        start = time.perf_counter()
-        for _ in range(calls):
+def host_us(fns, calls, device_us_per_call, repeats=11):
+    """Host µs per call of each of ``fns`` (name -> function): the median of ``repeats`` runs,
+    each the mean over ``calls`` calls queued behind a sleep. The functions take turns run by
+    run, so a drift in the host's speed (it moves by tens of percent here) reaches each alike."""
+    for fn in fns.values():
+        for _ in range(5):
             fn()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(runs)
+    torch.cuda.synchronize()
+    runs = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            torch.cuda._sleep(int(calls * device_us_per_call * CYCLES_PER_US))
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            runs[name].append((time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {name: statistics.median(values) for name, values in runs.items()}
 
 
 def device_us(fn, calls, host_us_per_call):
@@ -160,14 +165,19 @@ def main():
         return run
 
     rows = {}
-    rows["host µs, no-grad forward, 16 tokens"] = {c: host_us(no_grad(m, small), 100, 400) for c, m in modules.items()}
-    rows["host µs, forward + backward, 16 tokens"] = {c: host_us(train(m, small), 10, 4000) for c, m in modules.items()}
-    max_rows, fused.cuda_graphs.max_rows = fused.cuda_graphs.max_rows, 0
-    rows["(fusegen without CUDA graphs) host µs, no-grad forward, 16 tokens"] = {
-        "fusegen": host_us(no_grad(fused, small), 100, 400)}
-    rows["(fusegen without CUDA graphs) host µs, forward + backward, 16 tokens"] = {
-        "fusegen": host_us(train(fused, small), 10, 4000)}
-    fused.cuda_graphs.max_rows = max_rows
+    # fusegen with its CUDA graphs turned off: a second module with the same parameters
+    plain = generated.TeMlp(device="cuda", dtype=torch.bfloat16)
+    plain.load_state_dict(fused.state_dict())
+    plain.cuda_graphs.max_rows = 0
+    host = {"no-grad": host_us({**{c: no_grad(m, small) for c, m in modules.items()},
+                                "plain": no_grad(plain, small)}, 100, 400),
+            "train": host_us({**{c: train(m, small) for c, m in modules.items()},
+                              "plain": train(plain, small)}, 10, 4000)}
+    rows["host µs, no-grad forward, 16 tokens"] = {c: host["no-grad"][c] for c in columns}
+    rows["host µs, forward + backward, 16 tokens"] = {c: host["train"][c] for c in columns}
+    rows["(fusegen without CUDA graphs) host µs, no-grad forward, 16 tokens"] = {"fusegen": host["no-grad"]["plain"]}
+    rows["(fusegen without CUDA graphs) host µs, forward + backward, 16 tokens"] = {"fusegen": host["train"]["plain"]}
+    del plain
     host = rows["host µs, forward + backward, 16 tokens"]
     rows["device µs, forward + backward, 16 tokens"] = {c: device_us(train(m, small), 10, host[c]) for c, m in modules.items()}
     rows["device µs, forward + backward, 8192 tokens"] = {c: device_us(train(m, large), 5, 20000) for c, m in modules.items()}
