@@ -3,12 +3,13 @@
 generated module (plain and under torch.compile(fullgraph=True)), side by side in one run.
 
 - host µs: per call while a sleep kernel keeps the device busy (so only the host's own time
-  counts), the median of 7 runs, each the mean over its calls;
+  counts), the median of 11 runs, each the mean over its calls, the modules taking turns run by
+  run;
 - device µs: the device's time for a batch of calls queued behind a sleep (CUDA events around
   the batch, so the host's pace does not count), per call;
 - graph breaks: torch._dynamo.explain of the module's forward + backward;
 - cold start: a fresh process from its start to its first forward + backward done (synchronised),
-  the median of 3.
+  the median of 5, the modules taking turns.
 
     python3 bench/bench_runtime.py [--out bench/results/runtime_h100.md]
 """
@@ -128,15 +129,19 @@ COLD_MAKE = {
 }
 
 
-def cold_start_s(what):
-    make = COLD_MAKE[what].replace("@@eager@@", COLD_MAKE["eager"])
-    script = COLD.format(root=str(ROOT), make=make)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def cold_start_s(columns, repeats=5):
+    """Seconds from a fresh process's start to its first forward + backward done, per column:
+    the median of ``repeats``, the columns taking turns (importing torch alone varies by a
+    second between processes here)."""
+    scripts = {what: COLD.format(root=str(ROOT), make=COLD_MAKE[what].replace("@@eager@@", COLD_MAKE["eager"]))
+               for what in columns}
+    times = {what: [] for what in columns}
+    for _ in range(repeats):
+        for what, script in scripts.items():
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ))
+            times[what].append(time.perf_counter() - start)
+    return {what: statistics.median(values) for what, values in times.items()}
 
 
 def main():
@@ -184,7 +189,7 @@ def main():
     rows["graph breaks (torch._dynamo.explain of forward + sum)"] = {
         "torch.compile": graph_breaks(eager, small), "fusegen + torch.compile": graph_breaks(fused, small)}
     if not args.no_cold_start:
-        rows["cold start s, fresh process to first forward + backward"] = {c: cold_start_s(c) for c in columns}
+        rows["cold start s, fresh process to first forward + backward"] = cold_start_s(columns)
 
     def cell(value):
         return "" if value is None else (str(value) if isinstance(value, int) else f"{value:.1f}" if value >= 10 else f"{value:.2f}")
