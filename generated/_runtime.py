@@ -524,8 +524,8 @@ class CudaGraphs:
             self._layout = ([i for i in rest if isinstance(args[i], torch.Tensor)],
                             [i for i in rest if not isinstance(args[i], torch.Tensor)])
         parameters, flags = self._layout
-        key = (mode, _raw_stream(index), index, x.dtype, *[args[i].shape for i in range(self.inputs)],
-               *[args[i] for i in flags])
+        key = (mode, _raw_stream(index), index, x.dtype,
+               *[args[i].shape for i in range(self.inputs)], *[args[i] for i in flags])
         graph = self._graphs.get(key)
         if graph is None:
             if key not in self._graphs and len(self._graphs) < self.max_graphs:

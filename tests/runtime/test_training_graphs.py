@@ -275,9 +275,9 @@ def test_a_module_with_graphs_runs_its_stages_as_functions_and_weight_grads_last
 
 
 def test_training_on_cpu_runs_the_stages_as_usual():
-    module = generated.TeMlp(dtype=torch.float64)
+    module = generated.Gpt2Mlp(dtype=torch.float64)  # a module with graphs; a small one
     R.randomize_(module, torch.Generator().manual_seed(14))
-    x = torch.randn(3, 4096, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(3, module.in_features, dtype=torch.float64, requires_grad=True)
     out = module(x)
     assert out.grad_fn.replayed is None
     out.sum().backward()
