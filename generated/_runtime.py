@@ -447,8 +447,9 @@ class CudaGraphs:
     usual.
 
     Calls run as usual, not from a graph: under torch.compile, inside a caller's own graph
-    capture, with more rows, on CPU, on a device other than the current one, under autocast
-    (training), and once a capture has failed (with a warning saying why). Each graph holds its
+    capture, with more rows, on CPU, on a device other than the current one, under autocast or
+    saved-tensor hooks (training: activation checkpointing, offloading), and once a capture has
+    failed (with a warning saying why). Each graph holds its
     stages' tensors for its shape (the TE docs MLP: about 14 MB a no-grad graph at 128 rows).
     Set ``module.cuda_graphs.max_rows = 0`` to turn graphs off; ``module.cuda_graphs.clear()``
     frees their memory. A module is pickled, copied and saved without its graphs.
@@ -505,7 +506,10 @@ class CudaGraphs:
     def training(self, stages, args):
         """The graphs that ``replay_forward`` replays ``stages(*args)`` from (a generated
         forward_stages under autograd), or None where the call runs as usual."""
-        if torch.compiler.is_compiling() or torch.is_autocast_enabled("cuda"):
+        if (torch.compiler.is_compiling() or torch.is_autocast_enabled("cuda")
+                # saved-tensor hooks (activation checkpointing, offloading) must see every tensor
+                # a forward keeps, where a replayed one keeps them in its graph
+                or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
             return None
         return self._find("training", stages, args)
 

@@ -16,6 +16,7 @@ import threading
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import generated
 import references as R
@@ -258,6 +259,27 @@ def test_threads_training_one_module_each_get_their_own_grads():
     for k in range(6):
         _assert_same(f"thread {k}", results[k], want[k], torch.bfloat16)
     assert _training_graph(module).replays > 0
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_runs_plain_and_gives_the_plain_grads(reentrant):
+    """Under torch.utils.checkpoint every forward runs as usual (its saved-tensor hooks, or the
+    recomputation under grad, must see what a forward keeps): three checkpointed steps, the
+    grads of the plain path, no training graph captured."""
+    module = _module("Gpt2Mlp")
+    gen = torch.Generator().manual_seed(15)
+    for step in range(3):
+        inputs, grads = _inputs(module, 8, gen)
+        x = inputs[0].clone().requires_grad_()
+        module.zero_grad(set_to_none=True)
+        # (.backward: the reentrant checkpoint does not support torch.autograd.grad)
+        torch.utils.checkpoint.checkpoint(module, x, use_reentrant=reentrant).backward(grads[0])
+        got = [x.grad, *(p.grad for p in module.parameters())]
+        want = _plain(module, inputs, grads)[1:]
+        _assert_same(f"checkpointed step {step}", list(got), want)
+    assert not [key for key in module.cuda_graphs._graphs if key[0] == "training"] or reentrant
 
 
 def test_a_module_with_graphs_runs_its_stages_as_functions_and_weight_grads_last():
