@@ -424,6 +424,9 @@ def _raw_stream(index):
     return torch._C._cuda_getCurrentRawStream(index)
 
 
+MAX_PARAMETER_MOVES = 3  # a module whose parameters move this often replays no graphs
+
+
 class CudaGraphs:
     """A module's forward, and under autograd its backward, replayed from CUDA graphs per input
     shape where that pays.
@@ -464,7 +467,8 @@ class CudaGraphs:
         self._reset()
 
     def _reset(self):
-        self.failed = None  # why a capture failed: graphs are off for this module from then on
+        self.failed = None  # why graphs are off for this module from then on
+        self.moves = 0  # how often a call found the parameters moved since its graph's capture
         self._graphs = {}  # key -> _Graph or _TrainingGraph (or None: seen once, not captured yet)
         self._lock = threading.Lock()  # one call at a time copies in, replays and clones out
         self._layout = None  # positions of the parameters and of the flags in a call's arguments
@@ -540,6 +544,10 @@ class CudaGraphs:
             return self._capture(key, mode, stages, args)
         if graph.parameters != [args[i].data_ptr() for i in parameters]:
             self.clear()  # a parameter moved: every graph reads the old memory
+            self.moves += 1
+            if self.moves >= MAX_PARAMETER_MOVES:  # they move every call (FSDP's resharding)
+                self.failed = (f"its parameters moved to new memory {self.moves} times, as a "
+                               f"wrapper that regathers them every call does")
             return None
         return graph
 
@@ -632,7 +640,9 @@ class _TrainingGraph:
         self.saved = saved
         self.lease = None
         self.replays = 0  # forward replays so far: a backward checks its forward's are still there
-        self.backward = None  # (graph, grad-output buffers, returned grads, weight-GEMM operands)
+        # (graph, grad-output buffers, returned grads, weight-GEMM operands, the parameters it
+        # reads: (position in saved, address))
+        self.backward = None
 
     def leased(self):
         return self.lease is not None and self.lease() is not None
@@ -709,8 +719,15 @@ def replay_backward(ctx, stages, args):
                     owner._failed("its backward", captured)
                 return stages(*args)
             backward, (grads, operands) = captured
-            graph.backward = (backward, static, grads, operands)
-        backward, static, grads, operands = graph.backward
+            # the parameters it reads, where it reads them
+            parameters = [(i, s.data_ptr()) for i, s in enumerate(replayed.saved)
+                          if isinstance(graph.saved[i], int)]
+            graph.backward = (backward, static, grads, operands, parameters)
+        backward, static, grads, operands, parameters = graph.backward
+        if any(replayed.saved[i].data_ptr() != at for i, at in parameters):
+            # a parameter moved since the forward (regathered by a wrapper): the stages as usual,
+            # on the forward's tensors in the graph's buffers
+            return stages(*args)
         for buffer, d in zip(static, args[:grad_outputs]):
             buffer.copy_(d)
         backward.replay()

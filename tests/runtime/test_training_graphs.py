@@ -263,6 +263,44 @@ def test_threads_training_one_module_each_get_their_own_grads():
 
 @pytest.mark.cuda
 @needs_gpu
+def test_a_parameter_moved_between_forward_and_backward_is_read_where_it_is_now():
+    """As a wrapper that frees parameters after the forward and gathers them again for the
+    backward does (FSDP): the backward finds the weight elsewhere and runs its stages as usual on
+    the forward's tensors, giving the plain path's grads (the old memory is overwritten first)."""
+    module = _module("TeMlp")
+    gen = torch.Generator().manual_seed(16)
+    inputs, grads = _inputs(module, 8, gen)
+    for _ in range(2):
+        _step(module, inputs, grads)
+    want = _plain(module, inputs, grads)
+    replays = _training_graph(module).replays
+    x = inputs[0].clone().requires_grad_()
+    out = module(x)
+    assert _training_graph(module).replays == replays + 1
+    weight = module._modules["3"].weight
+    old = weight.data
+    weight.data = old.clone()  # the same values in new memory
+    old.fill_(1e4)  # what the graph would read, were it replayed
+    got = torch.autograd.grad(out, [x, *module.parameters()], grads[0])
+    _assert_same("moved between forward and backward", list(got), want[1:])
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_parameters_moving_every_call_turn_the_graphs_off():
+    module = _module("Gpt2Mlp")
+    gen = torch.Generator().manual_seed(17)
+    for step in range(12):
+        inputs, grads = _inputs(module, 8, gen)
+        _assert_same(f"step {step}", _step(module, inputs, grads), _plain(module, inputs, grads))
+        weight = module._modules["0"].weight
+        weight.data = weight.data.clone()  # regathered into new memory, as FSDP does every call
+    assert "moved to new memory 3 times" in module.cuda_graphs.failed
+    assert module.cuda_graphs.captured == 0
+
+
+@pytest.mark.cuda
+@needs_gpu
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_activation_checkpointing_runs_plain_and_gives_the_plain_grads(reentrant):
     """Under torch.utils.checkpoint every forward runs as usual (its saved-tensor hooks, or the
