@@ -444,8 +444,9 @@ class CudaGraphs:
     Calls run as usual, not from a graph: under torch.compile, inside a caller's own graph
     capture, with more rows, on CPU, on a device other than the current one, under autocast or
     saved-tensor hooks (training: activation checkpointing, offloading), and once a capture has
-    failed (with a warning saying why). Each graph holds its
-    stages' tensors for its shape (the TE docs MLP: about 14 MB a no-grad graph at 128 rows).
+    failed or the parameters have moved ``MAX_PARAMETER_MOVES`` times (with a warning saying
+    why). Each graph holds its stages' tensors for its shape (the TE docs MLP: about 14 MB a
+    no-grad graph at 128 rows, 30 MB a training pair).
     Set ``module.cuda_graphs.max_rows = 0`` to turn graphs off; ``module.cuda_graphs.clear()``
     frees their memory. A module is pickled, copied and saved without its graphs.
     """
@@ -538,6 +539,8 @@ class CudaGraphs:
             if self.moves >= MAX_PARAMETER_MOVES:  # they move every call (FSDP's resharding)
                 self.failed = (f"its parameters moved to new memory {self.moves} times, as a "
                                f"wrapper that regathers them every call does")
+                warnings.warn(f"{self.module}: {self.failed}, so it runs without CUDA graphs "
+                              f"from now on", RuntimeWarning)
             return None
         return graph
 
