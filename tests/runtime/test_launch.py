@@ -232,3 +232,15 @@ def test_two_devices_each_get_their_own_functions():
     for k, got in enumerate(replays):
         for a, b in zip(got, results[0]):
             R.assert_close_to_reference(f"no-grad call {k}", a, b.double(), torch.float32)
+    # training steps likewise: each device replays its own forward and backward graphs
+    for index in (0, 1):
+        module = _module("prenorm_block", device=f"cuda:{index}")
+        inputs = [t.to(f"cuda:{index}").requires_grad_() for t in x]
+        for current in (index, 1 - index, index, index, 1 - index):
+            with torch.cuda.device(current):
+                outputs = module(*inputs)
+                got = torch.autograd.grad(sum(t.sum() for t in outputs), [*inputs, *module.parameters()])
+            for k, (a, b) in enumerate(zip([t.detach().cpu() for t in outputs] + [g.cpu() for g in got],
+                                           results[0] + grads[0])):
+                R.assert_close_to_reference(f"training step on cuda:{index}, tensor {k}", a, b.double(), torch.float32)
+        assert module.cuda_graphs.captured == 1 and module.cuda_graphs.failed is None
