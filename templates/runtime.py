@@ -691,7 +691,7 @@ def replay_backward(ctx, stages, args):
     forward, its replay from a graph: the grads cloned out, the operands in the graph's buffers
     (which no other forward replaces until backward_done)."""
     replayed = ctx.replayed
-    if replayed is None:
+    if replayed is None or _capturing():  # (a caller capturing the backward: its launches)
         return stages(*args)
     graph = replayed.entry
     if graph.replays != replayed.replay:

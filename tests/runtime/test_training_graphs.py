@@ -235,6 +235,29 @@ def test_dropout_draws_new_masks_each_replay_and_its_backward_uses_the_forwards(
 
 @pytest.mark.cuda
 @needs_gpu
+def test_a_backward_inside_a_callers_capture_runs_its_stages_there():
+    """A caller capturing the backward of a replayed forward in its own graph gets the stages'
+    launches in it (no graph is captured or replayed inside another); replaying the caller's
+    graph gives the plain path's grads."""
+    module = _module("TeMlp")
+    gen = torch.Generator().manual_seed(18)
+    inputs, grads = _inputs(module, 8, gen)
+    for _ in range(2):
+        _step(module, inputs, grads)  # the forward and backward graphs are captured
+    want = _plain(module, inputs, grads)
+    x = inputs[0].clone().requires_grad_()
+    out = module(x)  # replayed
+    module.zero_grad(set_to_none=True)
+    caller = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(caller):
+        out.backward(grads[0])
+    caller.replay()
+    torch.cuda.synchronize()
+    _assert_same("caller's graph of the backward", [x.grad, *(p.grad for p in module.parameters())], want[1:])
+
+
+@pytest.mark.cuda
+@needs_gpu
 def test_threads_training_one_module_each_get_their_own_grads():
     module = _module("TeMlp", dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(13)
