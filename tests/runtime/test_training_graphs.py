@@ -242,14 +242,18 @@ def test_a_backward_inside_a_callers_capture_runs_its_stages_there():
     module = _module("TeMlp")
     gen = torch.Generator().manual_seed(18)
     inputs, grads = _inputs(module, 8, gen)
-    for _ in range(2):
-        _step(module, inputs, grads)  # the forward and backward graphs are captured
     want = _plain(module, inputs, grads)
-    x = inputs[0].clone().requires_grad_()
-    out = module(x)  # replayed
+    side = torch.cuda.Stream()  # the caller's stream: the forward's, so also the backward's
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            _step(module, inputs, grads)  # the forward and backward graphs are captured
+        x = inputs[0].clone().requires_grad_()
+        out = module(x)  # replayed
+        assert _training_graph(module).replays == 2
     module.zero_grad(set_to_none=True)
     caller = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(caller):
+    with torch.cuda.graph(caller, stream=side):
         out.backward(grads[0])
     caller.replay()
     torch.cuda.synchronize()
