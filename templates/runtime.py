@@ -153,7 +153,7 @@ def first_order_only(module):
                 return backward(ctx, *grad_outputs)
             with torch.no_grad():
                 grads = backward(ctx, *grad_outputs)
-            anchors = [t for t in (*grad_outputs, *ctx.saved_tensors) if t is not None and t.requires_grad]
+            anchors = [t for t in (*grad_outputs, *saved_tensors(ctx)) if t is not None and t.requires_grad]
             if not anchors:  # nothing the grads depend on is differentiable: their derivative is zero
                 return grads
             grads = grads if isinstance(grads, tuple) else (grads,)
@@ -681,8 +681,10 @@ def replay_forward(graph, ctx, stages, args):
 
 def saved_tensors(ctx):
     """What the forward saved for the backward: ``ctx.saved_tensors``, or after a replayed forward
-    the graph's buffers (and the call's parameters)."""
-    return ctx.saved_tensors if ctx.replayed is None else ctx.replayed.saved
+    the graph's buffers (and the call's parameters). (A Function of a module without graphs
+    records no ``replayed``.)"""
+    replayed = getattr(ctx, "replayed", None)
+    return ctx.saved_tensors if replayed is None else replayed.saved
 
 
 def replay_backward(ctx, stages, args):

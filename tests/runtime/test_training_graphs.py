@@ -262,6 +262,28 @@ def test_a_backward_inside_a_callers_capture_runs_its_stages_there():
 
 @pytest.mark.cuda
 @needs_gpu
+def test_a_second_derivative_through_a_replayed_step_raises():
+    """The first-order guard holds on replayed steps too: a first derivative with create_graph
+    equals the plain one, and differentiating it again (with respect to the input, or to a weight
+    whose only path is through what the forward kept) raises."""
+    module = _module("TeMlp")
+    gen = torch.Generator().manual_seed(19)
+    inputs, grads = _inputs(module, 8, gen)
+    for _ in range(2):
+        _step(module, inputs, grads)
+    weight = module._modules["3"].weight
+    want = _plain(module, inputs, grads)
+    x = inputs[0].clone().requires_grad_()
+    out = module(x)
+    assert _training_graph(module).replays == 2
+    (grad,) = torch.autograd.grad(out, x, grads[0], create_graph=True)
+    R.assert_close_to_reference("create_graph grad", grad, want[1].double(), torch.float32)
+    with pytest.raises(RuntimeError, match="TeMlp: second derivatives .* are not supported"):
+        torch.autograd.grad(grad.sum(), weight)
+
+
+@pytest.mark.cuda
+@needs_gpu
 def test_threads_training_one_module_each_get_their_own_grads():
     module = _module("TeMlp", dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(13)
