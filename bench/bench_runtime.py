@@ -174,17 +174,16 @@ def main():
     plain = generated.TeMlp(device="cuda", dtype=torch.bfloat16)
     plain.load_state_dict(fused.state_dict())
     plain.cuda_graphs.max_rows = 0
-    host = {"no-grad": host_us({**{c: no_grad(m, small) for c, m in modules.items()},
-                                "plain": no_grad(plain, small)}, 100, 400),
-            "train": host_us({**{c: train(m, small) for c, m in modules.items()},
-                              "plain": train(plain, small)}, 10, 4000)}
-    rows["host µs, no-grad forward, 16 tokens"] = {c: host["no-grad"][c] for c in columns}
-    rows["host µs, forward + backward, 16 tokens"] = {c: host["train"][c] for c in columns}
-    rows["(fusegen without CUDA graphs) host µs, no-grad forward, 16 tokens"] = {"fusegen": host["no-grad"]["plain"]}
-    rows["(fusegen without CUDA graphs) host µs, forward + backward, 16 tokens"] = {"fusegen": host["train"]["plain"]}
+    no_grad_us = host_us({**{c: no_grad(m, small) for c, m in modules.items()},
+                          "plain": no_grad(plain, small)}, 100, 400)
+    train_us = host_us({**{c: train(m, small) for c, m in modules.items()},
+                        "plain": train(plain, small)}, 10, 4000)
+    rows["host µs, no-grad forward, 16 tokens"] = {c: no_grad_us[c] for c in columns}
+    rows["host µs, forward + backward, 16 tokens"] = {c: train_us[c] for c in columns}
+    rows["(fusegen without CUDA graphs) host µs, no-grad forward, 16 tokens"] = {"fusegen": no_grad_us["plain"]}
+    rows["(fusegen without CUDA graphs) host µs, forward + backward, 16 tokens"] = {"fusegen": train_us["plain"]}
     del plain
-    host = rows["host µs, forward + backward, 16 tokens"]
-    rows["device µs, forward + backward, 16 tokens"] = {c: device_us(train(m, small), 10, host[c]) for c, m in modules.items()}
+    rows["device µs, forward + backward, 16 tokens"] = {c: device_us(train(m, small), 10, train_us[c]) for c, m in modules.items()}
     rows["device µs, forward + backward, 8192 tokens"] = {c: device_us(train(m, large), 5, 20000) for c, m in modules.items()}
     rows["graph breaks (torch._dynamo.explain of forward + sum)"] = {
         "torch.compile": graph_breaks(eager, small), "fusegen + torch.compile": graph_breaks(fused, small)}
