@@ -88,6 +88,13 @@ def device_us(fn, calls, host_us_per_call):
     return statistics.median(runs)
 
 
+def copy_device_us(nbytes):
+    """Device µs to copy ``nbytes`` from one buffer to another (the bandwidth a step can have)."""
+    source = torch.empty(nbytes, device="cuda", dtype=torch.uint8)
+    target = torch.empty_like(source)
+    return device_us(lambda: target.copy_(source), 10, 50)
+
+
 def graph_breaks(module, x):
     import torch._dynamo
 
@@ -201,6 +208,15 @@ def main():
         ratio_compiled = (f"{values['fusegen + torch.compile'] / values['torch.compile']:.2f}"
                           if values.get("torch.compile") and "fusegen + torch.compile" in values else "")
         lines.append(f"| {name} | " + " | ".join(cell(values.get(c)) for c in columns) + f" | {ratio} | {ratio_compiled} |")
+    # the floor of a step at 16 tokens: the weights' bytes, measured as a copy of them in this run
+    weight_bytes = sum(p.numel() * p.element_size() for p in fused.parameters() if p.dim() == 2)
+    copy_us = copy_device_us(weight_bytes)
+    lines += ["", f"Weights: {weight_bytes / 1e6:.0f} MB; copying them (reading W, writing W) took "
+              f"{copy_us:.1f} µs ({2 * weight_bytes / copy_us / 1e3:.0f} GB/s). A training step that "
+              f"accumulates its weight grads moves at least 4 W with the add inside the wgrad GEMM "
+              f"(forward and dgrad read W, the wgrad reads and writes the grad): {2 * copy_us:.0f} µs "
+              f"at that speed; with autograd's separate add (a temporary written, then it and the grad "
+              f"read and the grad written) 6 W: {3 * copy_us:.0f} µs."]
     table = "\n".join(lines)
     print(table)
     if args.out:

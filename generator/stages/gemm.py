@@ -11,7 +11,8 @@ Forward y = x W^T (``torch.addmm``: y = beta C + alpha x W^T), absorbing
   GELU's backward would read the pre-activation, which the epilogue does not keep).
 Backward dgrad dy W and wgrad dy^T x; a ConstantScale right after the linear becomes both GEMMs'
 alpha (TE's BackwardLinearScale); a MakeExtraOutput just before the linear has its output grad
-accumulated into dgrad (``beta=1``, TE's BackwardLinearAdd). Nothing else fits a GEMM call, so
+accumulated into dgrad (``beta=1``, TE's BackwardLinearAdd). The wgrad adds into a ``weight.grad``
+that autograd would otherwise add it into (``ref.weight_grad``, ops/linear.py). Nothing else fits a GEMM call, so
 ``check`` refuses any other chain: a rule asking for, say, a GELU in the epilogue fails when it is
 defined.
 """
@@ -93,7 +94,7 @@ class GemmStage(StageImpl):
             if linear.args["accumulate_into_main_grad"]:
                 self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {x}, alpha={s!r})")
             else:
-                self.weight_grad(block, dy, w, f"torch.addmm({dy}.new_zeros(()), {dy}.t(), {x}, beta=0, alpha={s!r})")
+                self.weight_grad(block, dy, w, f"ref.weight_grad({w}, {dy}, {x}, alpha={s!r})")
             return d_in
         if meo is not None:
             block.lines.append(f"{d_in} = torch.addmm(d_{extra_output_name(meo)}, {dy}, {w})")
@@ -102,7 +103,7 @@ class GemmStage(StageImpl):
         if linear.args["accumulate_into_main_grad"]:  # TE's option: dW goes into weight.main_grad
             self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {em.values[linear.index]})")
         else:
-            self.weight_grad(block, dy, w, f"{dy}.t().mm({em.values[linear.index]})")
+            self.weight_grad(block, dy, w, f"ref.weight_grad({w}, {dy}, {em.values[linear.index]})")
         return d_in
 
     @staticmethod
