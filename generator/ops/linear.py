@@ -76,7 +76,11 @@ def _grad_to_add_into(weight, x):
         return None
     # does the running backward accumulate into weight.grad at all?
     accumulator = torch.autograd.graph.get_gradient_edge(weight).node
-    return grad if torch._C._will_engine_execute_node(accumulator) else None
+    try:
+        accumulates = torch._C._will_engine_execute_node(accumulator)
+    except RuntimeError:  # (torch 2.11 under torch.autograd.grad, which leaves .grad alone)
+        return None
+    return grad if accumulates else None
 
 
 register(OpDef(

@@ -15,8 +15,7 @@ from references import assert_close_to_reference, gpt2_mlp, randomize_
 
 def _module(device="cpu", dtype=torch.float32):
     module = generated.Gpt2Mlp(device=device, dtype=dtype)
-    with torch.device(device):
-        randomize_(module, torch.Generator().manual_seed(1))
+    randomize_(module, torch.Generator().manual_seed(1))
     return module
 
 
