@@ -171,28 +171,40 @@ def test_a_frozen_weight_gets_no_grad_and_the_rest_accumulate():
             assert_close_to_reference(key, p.grad, ref[key], torch.float32)
 
 
+def _step_peak(module, x, gy):
+    """Bytes a forward + backward allocates at its peak beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    module(x).backward(gy)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grads_of_several_backward_passes_add_up_on_cuda(dtype):
-    """The GEMM adds into the grad (the grad's memory stays, and no parameter-sized temporary is
-    allocated), at a few rows (steps replayed from CUDA graphs) and at many."""
+    """At a few rows (steps replayed from CUDA graphs) and at many: the sums are the reference's,
+    in the grads' own memory, and a step allocates no weight-sized temporary, where the same module
+    with hooks on its weights (autograd's own add) does."""
     for rows in (4, 300):
-        module = _module("cuda", dtype)
-        batches = _inputs(4, rows, "cuda", dtype)
-        x, gy = batches[0]
-        module(x).backward(gy)
-        memory = {k: p.grad.data_ptr() for k, p in module.named_parameters()}
-        torch.cuda.synchronize()
-        for x, gy in batches[1:]:
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            module(x).backward(gy)
-            torch.cuda.synchronize()
-            # a temporary of the largest weight's grad would add 4096 x 1024 elements
-            assert torch.cuda.max_memory_allocated() - base < 1024 * 4096 * dtype.itemsize
-        ref = _reference_grads(module, batches)
-        for key, p in module.named_parameters():
+        folded, plain = _module("cuda", dtype), _module("cuda", dtype)
+        for w in _weights(plain):
+            w.register_hook(lambda g: g)
+        batches = _inputs(6, rows, "cuda", dtype)
+        for x, gy in batches[:4]:  # the later steps replay graphs (captured on steps 2 and 3)
+            folded(x).backward(gy)
+            plain(x).backward(gy)
+        memory = {k: p.grad.data_ptr() for k, p in folded.named_parameters()}
+        peaks = [(_step_peak(folded, x, gy), _step_peak(plain, x, gy)) for x, gy in batches[4:]]
+        weight_bytes = 1024 * 4096 * dtype.itemsize
+        for folded_peak, plain_peak in peaks:
+            assert plain_peak - folded_peak >= weight_bytes, (rows, folded_peak, plain_peak)
+        ref = _reference_grads(folded, batches)
+        for key, p in folded.named_parameters():
             assert_close_to_reference(f"{key} ({rows} rows)", p.grad, ref[key], dtype)
+            assert_close_to_reference(f"{key} ({rows} rows, hooked)", plain.get_parameter(key).grad,
+                                      ref[key], dtype)
             assert p.grad.data_ptr() == memory[key], f"{key}: the grad moved to new memory"
 
 
