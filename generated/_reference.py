@@ -167,15 +167,16 @@ def accumulate_into_main_grad(weight, dy, x, alpha=1.0):
     return placeholder(weight.shape, dtype=weight.dtype, device=weight.device)
 
 
-def weight_grad(weight, dy, x, alpha=1.0):
-    """The weight's grad alpha dy^T x, for autograd to accumulate into ``weight.grad``.
+def weight_grad(ctx, weight, dy, x, alpha=1.0):
+    """The weight's grad alpha dy^T x, for autograd to accumulate into ``weight.grad`` (``ctx``: the
+    backward's autograd.Function context).
 
     Where autograd would add it into a grad already there (a later micro-batch, a second call),
     the GEMM adds it there itself (beta = 1) and hands autograd the sum with ``weight.grad`` set
     to None, which autograd takes back as the grad as it is: the same values in the same memory,
     without a parameter-sized temporary and a separate add (a sixth of the device time of a TE MLP
     training step at a few rows)."""
-    grad = _grad_to_add_into(weight, x)
+    grad = _grad_to_add_into(ctx, weight, x)
     if grad is not None:
         weight.grad = None
         return grad.addmm_(dy.t(), x, alpha=alpha)
@@ -185,7 +186,7 @@ def weight_grad(weight, dy, x, alpha=1.0):
     return torch.addmm(dy.new_zeros(()), dy.t(), x, beta=0, alpha=alpha)
 
 
-def _grad_to_add_into(weight, x):
+def _grad_to_add_into(ctx, weight, x):
     """``weight.grad`` where weight_grad's GEMM may add into it, else None. Not where anything would
     see the difference: a hook on the weight (it sees the increment), torch.autograd.grad or
     backward(inputs=...) that leaves the weight's grad alone, create_graph (the grad is then
@@ -199,8 +200,12 @@ def _grad_to_add_into(weight, x):
             or grad.layout != torch.strided or grad._base is not None or not grad.is_contiguous()
             or grad.requires_grad):
         return None
-    # does the running backward accumulate into weight.grad at all?
-    accumulator = torch.autograd.graph.get_gradient_edge(weight).node
+    # does the running backward accumulate into weight.grad at all? (its AccumulateGrad node is
+    # among the Function's next ones)
+    accumulator = next((node for node, _ in ctx.next_functions
+                        if getattr(node, "variable", None) is weight), None)
+    if accumulator is None:
+        return None
     try:
         accumulates = torch._C._will_engine_execute_node(accumulator)
     except RuntimeError:  # (torch 2.11 under torch.autograd.grad, which leaves .grad alone)

@@ -133,7 +133,7 @@ class ElementwiseChainFunction(torch.autograd.Function):
             rmsnorm16_weight) = saved
         # backward stage 3 · rule linear_backward · BasicLinear(384, 768): weight grad
         d_basiclinear15_weight = ref.weight_grad(
-            basiclinear15_weight, d_basiclinear15_out, silu14_out)
+            ctx, basiclinear15_weight, d_basiclinear15_out, silu14_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight,

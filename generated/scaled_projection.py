@@ -38,7 +38,7 @@ class ScaledProjectionFunction(torch.autograd.Function):
             d_constantscale1_out.new_zeros(()), d_constantscale1_out, basiclinear0_weight, beta=0,
             alpha=0.25)
         d_basiclinear0_weight = ref.weight_grad(
-            basiclinear0_weight, d_constantscale1_out, x, alpha=0.25)
+            ctx, basiclinear0_weight, d_constantscale1_out, x, alpha=0.25)
         return d_x, d_basiclinear0_weight
 
 

@@ -41,7 +41,7 @@ class ScaledResidualFunction(torch.autograd.Function):
             d_addextrainput2_out.new_zeros(()), d_addextrainput2_out, basiclinear0_weight, beta=0,
             alpha=0.5)
         d_basiclinear0_weight = ref.weight_grad(
-            basiclinear0_weight, d_addextrainput2_out, x, alpha=0.5)
+            ctx, basiclinear0_weight, d_addextrainput2_out, x, alpha=0.5)
         return d_x, d_extra_input0, d_basiclinear0_weight
 
 

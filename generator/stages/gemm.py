@@ -94,7 +94,7 @@ class GemmStage(StageImpl):
             if linear.args["accumulate_into_main_grad"]:
                 self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {x}, alpha={s!r})")
             else:
-                self.weight_grad(block, dy, w, f"ref.weight_grad({w}, {dy}, {x}, alpha={s!r})")
+                self.weight_grad(block, dy, w, f"ref.weight_grad(ctx, {w}, {dy}, {x}, alpha={s!r})")
             return d_in
         if meo is not None:
             block.lines.append(f"{d_in} = torch.addmm(d_{extra_output_name(meo)}, {dy}, {w})")
@@ -103,7 +103,7 @@ class GemmStage(StageImpl):
         if linear.args["accumulate_into_main_grad"]:  # TE's option: dW goes into weight.main_grad
             self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {em.values[linear.index]})")
         else:
-            self.weight_grad(block, dy, w, f"ref.weight_grad({w}, {dy}, {em.values[linear.index]})")
+            self.weight_grad(block, dy, w, f"ref.weight_grad(ctx, {w}, {dy}, {em.values[linear.index]})")
         return d_in
 
     @staticmethod
