@@ -182,7 +182,11 @@ def randomize_(module, generator=None):
     with torch.no_grad():
         for p in module.parameters():
             fan_in = p.shape[-1] if p.dim() > 1 else 1
-            p.copy_(torch.randn(p.shape, generator=generator) / fan_in**0.5)
+            if p.dtype == torch.float32 and p.is_contiguous() and p.device.type == "cpu":
+                torch.randn(p.shape, generator=generator, out=p.data)  # the same draws, no temporary
+                p.div_(fan_in**0.5)
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) / fan_in**0.5)
 
 
 def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=0, ref_device="cpu",
