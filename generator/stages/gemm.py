@@ -12,9 +12,9 @@ Forward y = x W^T (``torch.addmm``: y = beta C + alpha x W^T), absorbing
 Backward dgrad dy W and wgrad dy^T x; a ConstantScale right after the linear becomes both GEMMs'
 alpha (TE's BackwardLinearScale); a MakeExtraOutput just before the linear has its output grad
 accumulated into dgrad (``beta=1``, TE's BackwardLinearAdd). The wgrad adds into a ``weight.grad``
-that autograd would otherwise add it into (``ref.weight_grad``, ops/linear.py). Nothing else fits a GEMM call, so
-``check`` refuses any other chain: a rule asking for, say, a GELU in the epilogue fails when it is
-defined.
+that autograd would otherwise add it into (``ref.weight_grad``, ops/linear.py). Nothing else fits a
+GEMM call, so ``check`` refuses any other chain: a rule asking for, say, a GELU in the epilogue
+fails when it is defined.
 """
 
 from __future__ import annotations
