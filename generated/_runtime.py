@@ -458,14 +458,19 @@ class CudaGraphs:
     no-grad graph at 128 rows, 30 MB a training pair).
     Set ``module.cuda_graphs.max_rows = 0`` to turn graphs off; ``module.cuda_graphs.clear()``
     frees their memory. A module is pickled, copied and saved without its graphs.
+
+    ``by_parameters``: the graphs of every module of a pipeline at once, each found by the
+    addresses of the parameters it reads (the no-grad custom op that torch.compile calls, which is
+    given tensors, not its module); a module whose parameters move gets graphs of its own.
     """
 
-    def __init__(self, module, inputs, max_rows=128, max_graphs=8):
+    def __init__(self, module, inputs, max_rows=128, max_graphs=8, by_parameters=False):
         self.module = module  # the class name, for messages
         # the first ``inputs`` arguments are per-call tensors; then parameters and flags
         self.inputs = inputs
         self.max_rows = max_rows
         self.max_graphs = max_graphs
+        self.by_parameters = by_parameters
         self._reset()
 
     def _reset(self):
@@ -488,7 +493,7 @@ class CudaGraphs:
 
     def __getstate__(self):
         return {"module": self.module, "inputs": self.inputs, "max_rows": self.max_rows,
-                "max_graphs": self.max_graphs}
+                "max_graphs": self.max_graphs, "by_parameters": self.by_parameters}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -536,6 +541,8 @@ class CudaGraphs:
         parameters, flags = self._layout
         key = (mode, _raw_stream(index), index, x.dtype,
                *[args[i].shape for i in range(self.inputs)], *[args[i] for i in flags])
+        if self.by_parameters:  # then a graph's parameters are where it reads them, by its key
+            key += tuple(args[i].data_ptr() for i in parameters)
         graph = self._graphs.get(key)
         if graph is None:
             if key not in self._graphs and len(self._graphs) < self.max_graphs:
@@ -588,6 +595,56 @@ class CudaGraphs:
         self._graphs.clear()
         warnings.warn(f"{self.module}: capturing {what} in a CUDA graph failed, so it runs "
                       f"without graphs from now on ({self.failed})", RuntimeWarning)
+
+
+_LIBRARY = []  # the torch.library fragment of the no-grad ops, made on the first registration
+
+
+def register_no_grad_op(name, schema, forward, graphs):
+    """Registers ``fusegen::<name>``, the custom op that torch.compile calls for ``forward`` (a
+    generated no-grad forward): under torch.compile the pass is one node of the compiled graph,
+    and at run time the op replays it from ``graphs`` (CudaGraphs by parameters) where that pays,
+    as the module's own call does. Its fake (shapes and dtypes, for tracing) is ``forward`` run on
+    meta tensors. A name another package registered already is the same pass (its digest): that
+    package's op serves both."""
+    if not _LIBRARY:
+        _LIBRARY.append(torch.library.Library("fusegen", "FRAGMENT"))
+    library = _LIBRARY[0]
+    try:
+        library.define(name + schema)
+    except RuntimeError:
+        return
+
+    def run(*args):
+        return _new_tensors(graphs.no_grad(forward, args), args)
+
+    def fake(*args):
+        device = args[0].device
+        meta = [
+            torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
+        outputs = forward(*meta)
+        if isinstance(outputs, tuple):
+            return tuple(torch.empty_like(o, device=device) for o in outputs)
+        return torch.empty_like(outputs, device=device)
+
+    library.impl(name, run, "CompositeExplicitAutograd")
+    library.impl(name, fake, "Meta")
+
+
+def _new_tensors(outputs, inputs):
+    """A custom op's outputs as tensors of their own, as an op's schema promises: copies of those
+    that are views, inputs, or another output (a pass that hands an input out as an extra
+    output)."""
+    if not isinstance(outputs, tuple):
+        return _new_tensors((outputs,), inputs)[0]
+    seen = {id(a) for a in inputs}
+    fresh = []
+    for o in outputs:
+        if o._is_view() or id(o) in seen:
+            o = o.clone()
+        seen.add(id(o))
+        fresh.append(o)
+    return tuple(fresh)
 
 
 def _capture(run):

@@ -17,8 +17,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, training):
@@ -73,12 +73,26 @@ class DropoutGluFunction(torch.autograd.Function):
 def no_grad_forward(x, linear0_weight, linear0_bias, training):
     """The forward of `dropout_glu` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.dropout_glu_no_grad_5e104597(
+            x, linear0_weight, linear0_bias, training)
     # no-grad stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
     # no-grad stage 1 · rule elementwise · Dropout(0.2), SwiGLU()
     dropout1_seed = ref.new_seed(linear0_out) if training else None
     swiglu2_out = kernels.dropout0p2_swiglu_fwd_n512(linear0_out, dropout1_seed)
     return swiglu2_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("DropoutGlu", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "dropout_glu_no_grad_5e104597",
+    "(Tensor x, Tensor linear0_weight, Tensor linear0_bias, bool training) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class DropoutGlu(torch.nn.Module):

@@ -21,8 +21,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -102,6 +102,10 @@ def no_grad_forward(
     """The forward of `dropout_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
     "Without grad")."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.dropout_mlp_no_grad_ad9a6f32(
+            x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training)
     # no-grad stage 0 · rule linear_bias_gelu · BasicLinear(256, 512), Bias(512), GELU()
     gelu1_out = ref.addmm_gelu(linear0_bias, x, linear0_weight)
     # no-grad stage 1 · rule elementwise · Dropout(0.1)
@@ -113,6 +117,17 @@ def no_grad_forward(
     dropout4_seed = ref.new_seed(linear3_out) if training else None
     addextrainput5_out = kernels.dropout0p1_add_fwd_n256(linear3_out, dropout4_seed, extra_input0)
     return addextrainput5_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("DropoutMlp", inputs=2, by_parameters=True)
+register_no_grad_op(
+    "dropout_mlp_no_grad_ad9a6f32",
+    "(Tensor x, Tensor extra_input0, Tensor linear0_weight, Tensor linear0_bias, Tensor "
+    "linear3_weight, Tensor linear3_bias, bool training) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class DropoutMlp(torch.nn.Module):

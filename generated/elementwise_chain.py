@@ -31,8 +31,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -147,6 +147,11 @@ def no_grad_forward(
     """The forward of `elementwise_chain` when autograd is off (torch.no_grad,
     torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.elementwise_chain_no_grad_0c6ac51c(
+            x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias,
+            bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
     # no-grad stage 0 · rule elementwise · ReLU()
     relu0_out = kernels.relu_fwd_n768(x)
     # no-grad stage 1 · rule add_norm · AddExtraInput(), MakeExtraOutput(), LayerNorm(768,
@@ -164,6 +169,18 @@ def no_grad_forward(
     # no-grad stage 5 · rule elementwise · SwiGLU()
     swiglu17_out = kernels.swiglu_fwd_n384(rmsnorm16_out)
     return swiglu17_out, extra_output0, extra_output1
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("ElementwiseChain", inputs=4, by_parameters=True)
+register_no_grad_op(
+    "elementwise_chain_no_grad_0c6ac51c",
+    "(Tensor x, Tensor extra_input0, Tensor extra_input1, Tensor extra_input2, Tensor "
+    "layernorm3_weight, Tensor layernorm3_bias, Tensor bias4_bias, Tensor bias11_bias, Tensor "
+    "basiclinear15_weight, Tensor rmsnorm16_weight) -> (Tensor, Tensor, Tensor)",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class ElementwiseChain(torch.nn.Module):

@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
@@ -89,6 +89,10 @@ class Fc1Function(torch.autograd.Function):
 def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
     """The forward of `fc1` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.fc1_no_grad_7ab5235a(
+            x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias)
     # no-grad stage 0 · rule norm · LayerNorm(4096)
     layernorm0_out = kernels.layernorm_fwd_h4096_no_grad(x, layernorm0_weight, layernorm0_bias)
     # no-grad stage 1 · rule elementwise · MakeExtraOutput() · no kernel
@@ -98,6 +102,17 @@ def no_grad_forward(x, layernorm0_weight, layernorm0_bias, linear2_weight, linea
     # no-grad stage 3 · rule elementwise · SwiGLU()
     swiglu3_out = kernels.swiglu_fwd_n14336(linear2_out)
     return swiglu3_out, extra_output0
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("Fc1", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "fc1_no_grad_7ab5235a",
+    "(Tensor x, Tensor layernorm0_weight, Tensor layernorm0_bias, Tensor linear2_weight, Tensor "
+    "linear2_bias) -> (Tensor, Tensor)",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class Fc1(torch.nn.Module):

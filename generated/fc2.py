@@ -16,8 +16,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -70,11 +70,24 @@ class Fc2Function(torch.autograd.Function):
 def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias):
     """The forward of `fc2` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.fc2_no_grad_cf8c571d(x, extra_input0, linear0_weight, linear0_bias)
     # no-grad stage 0 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
     # no-grad stage 1 · rule elementwise · AddExtraInput()
     addextrainput1_out = kernels.add_fwd_n4096(linear0_out, extra_input0)
     return addextrainput1_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("Fc2", inputs=2, by_parameters=True)
+register_no_grad_op(
+    "fc2_no_grad_cf8c571d",
+    "(Tensor x, Tensor extra_input0, Tensor linear0_weight, Tensor linear0_bias) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class Fc2(torch.nn.Module):

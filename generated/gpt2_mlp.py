@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -101,6 +101,11 @@ def no_grad_forward(
     """The forward of `gpt2_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
     "Without grad")."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.gpt2_mlp_no_grad_bf1b1fd4(
+            x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+            linear3_bias)
     # no-grad stage 0 · rule norm · LayerNorm(1024)
     layernorm0_out = kernels.layernorm_fwd_h1024_no_grad(x, layernorm0_weight, layernorm0_bias)
     # no-grad stage 1 · rule linear_bias_gelu · BasicLinear(1024, 4096), Bias(4096), GELU()
@@ -108,6 +113,17 @@ def no_grad_forward(
     # no-grad stage 2 · rule linear_bias · BasicLinear(4096, 1024), Bias(1024)
     linear3_out = torch.addmm(linear3_bias, gelu2_out, linear3_weight.t())
     return linear3_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("Gpt2Mlp", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "gpt2_mlp_no_grad_bf1b1fd4",
+    "(Tensor x, Tensor layernorm0_weight, Tensor layernorm0_bias, Tensor linear1_weight, Tensor "
+    "linear1_bias, Tensor linear3_weight, Tensor linear3_bias) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class Gpt2Mlp(torch.nn.Module):

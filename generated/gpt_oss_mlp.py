@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
@@ -97,6 +97,10 @@ class GptOssMlpFunction(torch.autograd.Function):
 def no_grad_forward(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
     """The forward of `gpt_oss_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.gpt_oss_mlp_no_grad_bd831aa8(
+            x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
     # no-grad stage 0 · rule norm · RMSNorm(1024)
     rmsnorm0_out = kernels.rmsnorm_fwd_h1024_no_grad(x, rmsnorm0_weight)
     # no-grad stage 1 · rule linear_bias · BasicLinear(1024, 4096), Bias(4096)
@@ -107,6 +111,17 @@ def no_grad_forward(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_we
     # no-grad stage 3 · rule linear_bias · BasicLinear(2048, 1024), Bias(1024)
     linear3_out = torch.addmm(linear3_bias, clampedswiglu2_out, linear3_weight.t())
     return linear3_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("GptOssMlp", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "gpt_oss_mlp_no_grad_bd831aa8",
+    "(Tensor x, Tensor rmsnorm0_weight, Tensor linear1_weight, Tensor linear1_bias, Tensor "
+    "linear3_weight, Tensor linear3_bias) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class GptOssMlp(torch.nn.Module):

@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight):
@@ -90,6 +90,10 @@ class HeadNormFunction(torch.autograd.Function):
 def no_grad_forward(x, linear0_weight, linear0_bias, rmsnorm2_weight):
     """The forward of `head_norm` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.head_norm_no_grad_70d4ac60(
+            x, linear0_weight, linear0_bias, rmsnorm2_weight)
     # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
     # no-grad stage 1 · rule reshape · Reshape((-1, 4, 64))
@@ -101,6 +105,16 @@ def no_grad_forward(x, linear0_weight, linear0_bias, rmsnorm2_weight):
     # no-grad stage 4 · rule elementwise · GELU()
     gelu4_out = kernels.gelu_fwd_n256(reshape3_out)
     return gelu4_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("HeadNorm", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "head_norm_no_grad_70d4ac60",
+    "(Tensor x, Tensor linear0_weight, Tensor linear0_bias, Tensor rmsnorm2_weight) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class HeadNorm(torch.nn.Module):

@@ -17,8 +17,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
@@ -80,12 +80,27 @@ class NormDropoutFunction(torch.autograd.Function):
 def no_grad_forward(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
     """The forward of `norm_dropout` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.norm_dropout_no_grad_dd12ed06(
+            x, rmsnorm0_weight, linear2_weight, linear2_bias, training)
     # no-grad stage 0 · rule norm_dropout · RMSNorm(256), Dropout(0.3)
     dropout1_seed = ref.new_seed(x) if training else None
     dropout1_out = kernels.rmsnorm_dropout0p3_fwd_h256_no_grad(x, dropout1_seed, rmsnorm0_weight)
     # no-grad stage 1 · rule linear_bias · BasicLinear(256, 512), Bias(512)
     linear2_out = torch.addmm(linear2_bias, dropout1_out, linear2_weight.t())
     return linear2_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("NormDropout", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "norm_dropout_no_grad_dd12ed06",
+    "(Tensor x, Tensor rmsnorm0_weight, Tensor linear2_weight, Tensor linear2_bias, bool training) "
+    "-> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class NormDropout(torch.nn.Module):

@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -104,6 +104,11 @@ def no_grad_forward(
         training):
     """The forward of `post_attention` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.post_attention_no_grad_a33a4391(
+            x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
+            training)
     # no-grad stage 0 · rule linear · BasicLinear(256, 256)
     linear0_pre_bias = x.mm(linear0_weight.t())
     # no-grad stage 1 · rule dropout_add_norm · Bias(256), Dropout(0.1), AddExtraInput(),
@@ -113,6 +118,17 @@ def no_grad_forward(
         linear0_pre_bias, linear0_bias, dropout1_seed, extra_input0, layernorm4_weight,
         layernorm4_bias, keep_sum=True)
     return layernorm4_out, extra_output0
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("PostAttention", inputs=2, by_parameters=True)
+register_no_grad_op(
+    "post_attention_no_grad_a33a4391",
+    "(Tensor x, Tensor extra_input0, Tensor linear0_weight, Tensor linear0_bias, Tensor "
+    "layernorm4_weight, Tensor layernorm4_bias, bool training) -> (Tensor, Tensor)",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class PostAttention(torch.nn.Module):

@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
@@ -83,6 +83,10 @@ class PrenormBlockFunction(torch.autograd.Function):
 def no_grad_forward(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
     """The forward of `prenorm_block` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.prenorm_block_no_grad_1b9cd8c9(
+            x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias)
     # no-grad stage 0 · rule elementwise · MakeExtraOutput() · no kernel
     extra_output0 = x
     # no-grad stage 1 · rule norm · RMSNorm(4096)
@@ -92,6 +96,17 @@ def no_grad_forward(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bi
     # no-grad stage 3 · rule elementwise · AddExtraInput()
     addextrainput3_out = kernels.add_fwd_n4096(linear2_out, extra_input0)
     return addextrainput3_out, extra_output0
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("PrenormBlock", inputs=2, by_parameters=True)
+register_no_grad_op(
+    "prenorm_block_no_grad_1b9cd8c9",
+    "(Tensor x, Tensor extra_input0, Tensor rmsnorm1_weight, Tensor linear2_weight, Tensor "
+    "linear2_bias) -> (Tensor, Tensor)",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class PrenormBlock(torch.nn.Module):

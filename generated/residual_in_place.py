@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -79,12 +79,27 @@ def no_grad_forward(x, extra_input0, linear0_weight, linear0_bias):
     """The forward of `residual_in_place` when autograd is off (torch.no_grad,
     torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.residual_in_place_no_grad_37afb266(
+            x, extra_input0, linear0_weight, linear0_bias)
     # no-grad stage 0 · rule linear_bias · BasicLinear(256, 256), Bias(256)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
     # no-grad stage 1 · rule elementwise · AddExtraInput(in_place=True), MakeExtraOutput()
     addextrainput1_out = kernels.add_tee_fwd_n256(linear0_out, extra_input0)
     new_extra_input0 = addextrainput1_out
     return addextrainput1_out, new_extra_input0
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("ResidualInPlace", inputs=2, by_parameters=True)
+register_no_grad_op(
+    "residual_in_place_no_grad_37afb266",
+    "(Tensor x, Tensor extra_input0, Tensor linear0_weight, Tensor linear0_bias) -> (Tensor, "
+    "Tensor)",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class ResidualInPlace(torch.nn.Module):

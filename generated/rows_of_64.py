@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, bias3_bias):
@@ -76,6 +76,9 @@ class RowsOf64Function(torch.autograd.Function):
 def no_grad_forward(x, bias3_bias):
     """The forward of `rows_of_64` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.rows_of_64_no_grad_a433ca62(x, bias3_bias)
     # no-grad stage 0 · rule elementwise · SiLU()
     silu0_out = kernels.silu_fwd_any(x)
     # no-grad stage 1 · rule reshape · Reshape((-1, 64))
@@ -84,6 +87,15 @@ def no_grad_forward(x, bias3_bias):
     bias3_out = kernels.tee_bias_fwd_n64(reshape1_out, bias3_bias)
     extra_output0 = reshape1_out
     return bias3_out, extra_output0
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("RowsOf64", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "rows_of_64_no_grad_a433ca62", "(Tensor x, Tensor bias3_bias) -> (Tensor, Tensor)",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class RowsOf64(torch.nn.Module):

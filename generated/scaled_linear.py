@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias):
@@ -74,12 +74,25 @@ class ScaledLinearFunction(torch.autograd.Function):
 def no_grad_forward(x, linear0_weight, linear0_bias):
     """The forward of `scaled_linear` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.scaled_linear_no_grad_c5449f27(x, linear0_weight, linear0_bias)
     # no-grad stage 0 · rule linear_bias_scale · BasicLinear(256, 256), Bias(256),
     # ConstantScale(2.0)
     constantscale1_out = torch.addmm(linear0_bias, x, linear0_weight.t(), beta=2.0, alpha=2.0)
     # no-grad stage 1 · rule elementwise · GELU()
     gelu2_out = kernels.gelu_fwd_n256(constantscale1_out)
     return gelu2_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("ScaledLinear", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "scaled_linear_no_grad_c5449f27",
+    "(Tensor x, Tensor linear0_weight, Tensor linear0_bias) -> Tensor", no_grad_forward,
+    COMPILED_GRAPHS)
 
 
 class ScaledLinear(torch.nn.Module):

@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -81,6 +81,10 @@ class SitugluMlpFunction(torch.autograd.Function):
 def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
     """The forward of `situglu_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.situglu_mlp_no_grad_f20ae5a8(
+            x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
     # no-grad stage 0 · rule linear_bias · BasicLinear(256, 1024), Bias(1024)
     linear0_out = torch.addmm(linear0_bias, x, linear0_weight.t())
     # no-grad stage 1 · rule elementwise · SiTUGLU(beta1=2.0, beta2=8.0)
@@ -88,6 +92,17 @@ def no_grad_forward(x, linear0_weight, linear0_bias, linear2_weight, linear2_bia
     # no-grad stage 2 · rule linear_bias · BasicLinear(512, 256), Bias(256)
     linear2_out = torch.addmm(linear2_bias, situglu1_out, linear2_weight.t())
     return linear2_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("SitugluMlp", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "situglu_mlp_no_grad_f20ae5a8",
+    "(Tensor x, Tensor linear0_weight, Tensor linear0_bias, Tensor linear2_weight, Tensor "
+    "linear2_bias) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class SitugluMlp(torch.nn.Module):

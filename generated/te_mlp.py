@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -100,6 +100,11 @@ def no_grad_forward(
         linear3_bias):
     """The forward of `te_mlp` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.te_mlp_no_grad_4c370d5a(
+            x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+            linear3_bias)
     # no-grad stage 0 · rule norm · LayerNorm(4096)
     layernorm0_out = kernels.layernorm_fwd_h4096_no_grad(x, layernorm0_weight, layernorm0_bias)
     # no-grad stage 1 · rule linear_bias · BasicLinear(4096, 28672), Bias(28672)
@@ -109,6 +114,17 @@ def no_grad_forward(
     # no-grad stage 3 · rule linear_bias · BasicLinear(14336, 4096), Bias(4096)
     linear3_out = torch.addmm(linear3_bias, swiglu2_out, linear3_weight.t())
     return linear3_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs("TeMlp", inputs=1, by_parameters=True)
+register_no_grad_op(
+    "te_mlp_no_grad_4c370d5a",
+    "(Tensor x, Tensor layernorm0_weight, Tensor layernorm0_bias, Tensor linear1_weight, Tensor "
+    "linear1_bias, Tensor linear3_weight, Tensor linear3_bias) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class TeMlp(torch.nn.Module):

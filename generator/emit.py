@@ -8,6 +8,7 @@ change to a spec or a rule shows up as a readable diff.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import re
 from fractions import Fraction
@@ -200,6 +201,17 @@ def replays_graphs(plan: Plan) -> bool:
     return len(launching) >= 2 and all(s.rule.stage.replayable for s in every)
 
 
+def no_grad_op(name: str, inputs: list[str], blocks: list[Block], outputs: list[str]) -> tuple[str, str]:
+    """torch.compile's custom op for a graph-replaying pipeline's no-grad forward (in the "fusegen"
+    namespace): its name, the pipeline's and a digest of the function's arguments, lines and
+    returns (packages that hold the same pass share its op, and a changed pass gets a new one),
+    and its schema."""
+    schema = ", ".join(("bool " if arg == "training" else "Tensor ") + arg for arg in inputs)
+    returns = "Tensor" if len(outputs) == 1 else "(" + ", ".join(["Tensor"] * len(outputs)) + ")"
+    text = "\n".join([schema, *(line for block in blocks for line in block.lines), *outputs])
+    return f"{name}_no_grad_{hashlib.sha256(text.encode()).hexdigest()[:8]}", f"({schema}) -> {returns}"
+
+
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     p = plan.pipeline
     graphs = replays_graphs(plan)
@@ -231,11 +243,15 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                    + ["None", "None"] * len(modules_run))  # a user module and its leading dims
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
     saved = list(dict.fromkeys(saved))
+    # the Function's forward and the no-grad forward take the same arguments
+    function_inputs = (["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
+                       + [name for op in modules_run for name in (module_name(op), lead_name(op))])
+    no_grad = no_grad_blocks(plan, stage_kernels)
     return dict(
         traffic=traffic_cells(plan),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         function_returns=distinct_returns([values[len(p.ops)]] + extra_outputs, em.aliases),
-        no_grad=no_grad_blocks(plan, stage_kernels), no_grad_fuses_more=plan.inference != plan.forward,
+        no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],
         # the extra inputs written back, and those the backward reads (the forward gets a copy of
@@ -258,10 +274,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                                                 if r not in grad_outputs)),
         backward_stages_inputs=grad_outputs + saved + (["n"] if p.generic and lead_lines else []),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
-        takes_training=takes_training, cuda_graphs=graphs,
-        # the Function's forward and the no-grad forward take the same arguments
-        function_inputs=["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
-        + [name for op in modules_run for name in (module_name(op), lead_name(op))],
+        takes_training=takes_training, cuda_graphs=graphs, function_inputs=function_inputs,
+        no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [values[len(p.ops)]] + extra_outputs) if graphs else None,
         leads=leads, lead_lines=lead_lines,
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )

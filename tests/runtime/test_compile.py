@@ -4,10 +4,14 @@ of several, compiles without a graph break (fullgraph raises on one) and gives t
 outputs, input grads and parameter grads. On CPU with the aot_eager backend (dynamo and AOT
 autograd, the same kernels at run time: bit for bit), on a GPU with inductor."""
 
+import re
+import sys
+
 import pytest
 import torch
 
 import generated
+from generated import _runtime
 from references import randomize_
 
 # one of each stage and calling convention: norm, GEMM (and the no-grad GELU epilogue),
@@ -79,3 +83,73 @@ def test_fullgraph_with_inductor_on_a_gpu(name):
     for i, (g, w) in enumerate(zip(got, want)):
         scale = w.abs().max().item() or 1.0
         assert (g - w).abs().max().item() <= 4 * 2.0**-11 * scale, f"{name}: tensor {i}"
+
+
+def _fusegen_nodes(graph_module):
+    return [str(node.target) for node in graph_module.graph.nodes
+            if node.op == "call_function" and str(node.target).startswith("fusegen.")]
+
+
+@pytest.mark.parametrize("name", ["Gpt2Mlp", "DropoutMlp", "ResidualInPlace", "ElementwiseChain"])
+def test_a_graphed_modules_no_grad_forward_compiles_to_one_custom_op(name):
+    """Under torch.compile a module that replays CUDA graphs runs its no-grad forward as one
+    custom op (which replays a graph at run time), not one op per kernel: the graph dynamo hands
+    its backend holds exactly that op, and the results are eager's bit for bit (the op runs the
+    same stages; on CPU their reference math)."""
+    module = getattr(generated, name)()
+    assert hasattr(module, "cuda_graphs")
+    randomize_(module, torch.Generator().manual_seed(1))
+    inputs = _inputs(module, "cpu", torch.Generator().manual_seed(2))
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.manual_seed(0)
+        want = module(*[t.clone() for t in inputs])
+        torch.manual_seed(0)
+        got = torch.compile(module, fullgraph=True, backend=backend)(*[t.clone() for t in inputs])
+    nodes = [_fusegen_nodes(g) for g in graphs]
+    pipeline = type(module).__module__.split(".")[-1]
+    assert len(nodes) == 1 and len(nodes[0]) == 1, nodes
+    assert re.fullmatch(rf"fusegen\.{pipeline}_no_grad_[0-9a-f]{{8}}", nodes[0][0]), nodes
+    got, want = (o if isinstance(o, tuple) else (o,) for o in (got, want))
+    assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_the_no_grad_op_hands_out_tensors_of_its_own():
+    """A custom op's outputs may not be its inputs, views, or each other (its schema says they are
+    new): a pass that hands an input out, or the same tensor twice, gets copies."""
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    view = y[:, :4]
+    out = _runtime._new_tensors((x, y, view, y), (x,))
+    assert all(torch.equal(o, w) for o, w in zip(out, (x, y, view, y)))
+    assert out[0] is not x and out[1] is y and out[2]._base is None and out[3] is not y
+    assert _runtime._new_tensors(y, (x,)) is y
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_no_grad_calls_replay_graphs_found_by_parameters():
+    """Under inductor the no-grad op of two modules of one pipeline replays a graph for each (by
+    their parameters' addresses) on new inputs, with the results of each module's own forward bit
+    for bit; a parameter updated in place is seen."""
+    first, second = (generated.Gpt2Mlp(device="cuda") for _ in range(2))
+    for seed, module in enumerate((first, second)):
+        randomize_(module, torch.Generator().manual_seed(seed))
+    graphs = sys.modules[type(first).__module__].COMPILED_GRAPHS
+    graphs.clear()
+    compiled = {m: torch.compile(m, fullgraph=True) for m in (first, second)}
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for step in range(4):
+            if step == 3:
+                first._modules["0"].weight.mul_(0.5)
+            for module in (first, second):
+                x = torch.randn(4, 1024, generator=gen).to("cuda")
+                assert torch.equal(compiled[module](x), module(x)), f"step {step}"
+    assert graphs.captured == 2, graphs.failed
