@@ -81,10 +81,12 @@ def launch_rows(calls):
     by_ctypes.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     by_ctypes.restype = ctypes.c_int
     address = int(function)
+    static = torch._C._StaticCudaLauncher._launch_kernel  # inductor's launcher of its cubins
     return [
         ("floor: cuda-bindings cuLaunchKernel, prepacked", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, params, 0)),
         ("cuda-bindings cuLaunchKernel, packs a tuple", lambda: driver.cuLaunchKernel(function, *grid, *block, 0, stream, packed, 0)),
         ("ctypes libcuda cuLaunchKernel, prepacked", lambda: by_ctypes(address, *grid, *block, 0, stream, params, None)),
+        ("torch's C++ launcher (_StaticCudaLauncher), a tuple", lambda: static(address, *grid, 4, 0, "KKi", args, stream)),
         ("torch.add(a, b, out=c), 16x256 fp32", lambda: torch.add(small_a, small_b, out=small_out)),
         ("torch.add(a, b) (allocates), 16x256 fp32", lambda: torch.add(small_a, small_b)),
         ("fusegen Kernel.launch (lean path)", lambda: kernel.launch(torch.bfloat16, grid, block, args, 0)),

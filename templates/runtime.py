@@ -441,7 +441,8 @@ class CudaGraphs:
     module's graphs). A module keeps at most ``max_graphs`` graphs; calls of other shapes run as
     usual.
 
-    Calls run as usual, not from a graph: under torch.compile, inside a caller's own graph
+    Calls run as usual, not from a graph: under torch.compile (where the no-grad forward is one
+    custom op that replays graphs by parameters, register_no_grad_op), inside a caller's own graph
     capture, with more rows, on CPU, on a device other than the current one, under autocast or
     saved-tensor hooks (training: activation checkpointing, offloading), and once a capture has
     failed or the parameters have moved ``MAX_PARAMETER_MOVES`` times (with a warning saying
@@ -452,7 +453,8 @@ class CudaGraphs:
 
     ``by_parameters``: the graphs of every module of a pipeline at once, each found by the
     addresses of the parameters it reads (the no-grad custom op that torch.compile calls, which is
-    given tensors, not its module); a module whose parameters move gets graphs of its own.
+    given tensors, not its module); a module whose parameters move gets graphs of its own, and
+    once ``max_graphs`` are held the oldest makes way for a new key.
     """
 
     def __init__(self, module, inputs, max_rows=128, max_graphs=8, by_parameters=False):
@@ -534,6 +536,9 @@ class CudaGraphs:
             key += tuple(args[i].data_ptr() for i in parameters)
         graph = self._graphs.get(key)
         if graph is None:
+            if key not in self._graphs and len(self._graphs) >= self.max_graphs and self.by_parameters:
+                with self._lock:  # the oldest goes (its module may be long gone): not while replayed
+                    self._graphs.pop(next(iter(self._graphs), None), None)
             if key not in self._graphs and len(self._graphs) < self.max_graphs:
                 self._graphs[key] = None  # seen once: captured on the next call
                 return None

@@ -153,3 +153,16 @@ def test_compiled_no_grad_calls_replay_graphs_found_by_parameters():
                 x = torch.randn(4, 1024, generator=gen).to("cuda")
                 assert torch.equal(compiled[module](x), module(x)), f"step {step}"
     assert graphs.captured == 2, graphs.failed
+    # with room for one graph, the newest key's graph replaces the oldest one's
+    graphs.max_graphs = 1
+    graphs.clear()
+    try:
+        with torch.no_grad():
+            for module in (first, first, second, second, second):
+                x = torch.randn(4, 1024, generator=gen).to("cuda")
+                assert torch.equal(compiled[module](x), module(x))
+        assert graphs.captured == 1
+        assert next(iter(graphs._graphs))[-1] == second._modules["3"].bias.data_ptr()
+    finally:
+        graphs.max_graphs = 8
+        graphs.clear()
