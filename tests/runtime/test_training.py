@@ -8,6 +8,7 @@ import contextlib
 import copy
 import os
 import socket
+import sys
 
 import pytest
 import torch
@@ -111,8 +112,20 @@ def _on_two_ranks(worker, batch):
     """What rank 0 of ``worker(rank, world, port, batch, result)`` put in ``result``, run as two processes."""
     with mp.Manager() as manager:
         result = manager.dict()
-        mp.spawn(worker, args=(2, _free_port(), batch, result), nprocs=2, join=True)
+        mp.spawn(_rank, args=(worker, 2, _free_port(), batch, result), nprocs=2, join=True)
         return dict(result)
+
+
+def _rank(rank, worker, *args):
+    """One rank: ``worker``, then an exit that skips the interpreter's teardown. Its work is done
+    and its group destroyed by then, but a rank's finalisation aborted twice in CI ("terminate
+    called without an active exception": a C++ thread object of torch.distributed still joinable
+    when static destructors ran), failing the spawn. A worker that raises exits as usual, with
+    its error."""
+    worker(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _ddp_worker(rank, world, port, batch, result):
