@@ -9,7 +9,7 @@ float64 math (``compute``) through the whole fused stage, one rounding at the en
 import torch
 
 from . import _reference as ref
-from ._runtime import Kernel, pointer
+from ._runtime import Kernel, fake_on_meta, pointer
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
 # columns per block, threads per column (templates/cuda/column_sum.cuh)
@@ -3680,18 +3680,6 @@ _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: sw
 _LIBRARY = torch.library.Library("fusegen", "FRAGMENT")
 
 
-def _fake(launcher):
-    def fake(*args):
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        meta = [
-            torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
-        outputs = launcher(*meta)
-        if isinstance(outputs, tuple):
-            return tuple(torch.empty_like(o, device=device) for o in outputs)
-        return torch.empty_like(outputs, device=device)
-    return fake
-
-
 def _implementation(launcher):
     def run(*args):  # an op's outputs may not be views: the norm backward's dgamma/dbeta are slices
         outputs = launcher(*args)
@@ -3709,7 +3697,7 @@ def _register(name, schema, launcher):
         return
     _LIBRARY.impl(name, _implementation(launcher), "CompositeExplicitAutograd")
     # what tracing runs (cheaper to register than register_fake)
-    _LIBRARY.impl(name, _fake(launcher), "Meta")
+    _LIBRARY.impl(name, fake_on_meta(launcher), "Meta")
 
 _register("add_fwd_n4096_156045b4", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
 _register(

@@ -547,10 +547,9 @@ class CudaGraphs:
             key += tuple(args[i].data_ptr() for i in parameters)
         graph = self._graphs.get(key)
         if graph is None:
-            if key not in self._graphs and len(
-                self._graphs) >= self.max_graphs and self.by_parameters:
-                # the oldest goes (its module may be long gone): not while replayed
-                with self._lock:
+            full = len(self._graphs) >= self.max_graphs
+            if self.by_parameters and full and key not in self._graphs:
+                with self._lock:  # the oldest goes (its module may be long gone), not mid-replay
                     self._graphs.pop(next(iter(self._graphs), None), None)
             if key not in self._graphs and len(self._graphs) < self.max_graphs:
                 self._graphs[key] = None  # seen once: captured on the next call
@@ -625,17 +624,24 @@ def register_no_grad_op(name, schema, forward, graphs):
     def run(*args):
         return _new_tensors(graphs.no_grad(forward, args), args)
 
+    library.impl(name, run, "CompositeExplicitAutograd")
+    library.impl(name, fake_on_meta(forward), "Meta")
+
+
+def fake_on_meta(function):
+    """A custom op's fake (its outputs' shapes and dtypes, what tracing runs): ``function`` (a
+    launcher, a generated pass) run on meta tensors, whose CPU path is the reference math."""
+
     def fake(*args):
-        device = args[0].device
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
         meta = [
             torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
-        outputs = forward(*meta)
+        outputs = function(*meta)
         if isinstance(outputs, tuple):
             return tuple(torch.empty_like(o, device=device) for o in outputs)
         return torch.empty_like(outputs, device=device)
 
-    library.impl(name, run, "CompositeExplicitAutograd")
-    library.impl(name, fake, "Meta")
+    return fake
 
 
 def _new_tensors(outputs, inputs):
