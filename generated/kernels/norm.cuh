@@ -68,6 +68,23 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
   const int row = blockIdx.x;
   if (row >= rows) return;  // whole block leaves together, before any barrier
   const long long base = (long long)row * H;
+  // gamma and beta requested before the row, held as loaded (16-bit: half the registers), where
+  // that costs a block few registers: loaded after the reduction's barriers they are a second
+  // round trip to memory, which at a few rows (one block's latency is the kernel's) costs about as
+  // much as the row's own. Held at wider rows, they take so many registers that fewer blocks fit
+  // an SM and many rows lose more than few rows gain; the bounds are the H100's (bench/NOTES.md).
+  constexpr int PARAMS = KIND == Norm::L2 ? 0 : LAYERNORM ? 2 : 1;
+  constexpr int HELD_BYTES = PARAMS * Tile::NV * VEC * (int)sizeof(T) * THREADS;
+  constexpr bool EARLY = PARAMS > 0 && Tile::NV >= 2 && HELD_BYTES <= (RESIDUAL ? 8192 : 16384);
+  Vec<T, VEC> gamma_early[EARLY ? Tile::NV : 1], beta_early[EARLY && LAYERNORM ? Tile::NV : 1];
+  if (EARLY) {
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+      gamma_early[i] = load_raw<T, VEC>(gamma + Tile::col(i));
+      if (LAYERNORM) beta_early[i] = load_raw<T, VEC>(beta + Tile::col(i));
+    }
+  }
   float h[Tile::NV][VEC];
   float sum = 0.f;
 #pragma unroll
@@ -109,9 +126,15 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
   for (int i = 0; i < Tile::NV; ++i) {
     if (!Tile::valid(i)) continue;
     float g[VEC], b[VEC], out[VEC];
-    if (KIND == Norm::L2) fill<VEC>(1.f, g);
-    else load<T, VEC>(gamma + Tile::col(i), g);
-    if (LAYERNORM) load<T, VEC>(beta + Tile::col(i), b);
+    if (KIND == Norm::L2) {
+      fill<VEC>(1.f, g);
+    } else if (EARLY) {
+      to_floats<T, VEC>(gamma_early[i], g);
+      if (LAYERNORM) to_floats<T, VEC>(beta_early[i], b);
+    } else {
+      load<T, VEC>(gamma + Tile::col(i), g);
+      if (LAYERNORM) load<T, VEC>(beta + Tile::col(i), b);
+    }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const float gk = ZERO_CENTERED ? g[k] + 1.f : g[k];
