@@ -1,6 +1,6 @@
 """LayerNorm | RMSNorm → a generated row-norm kernel (forward keeps fp32 statistics for the backward:
 LayerNorm's mean and rstd, RMSNorm's rstd; backward computes dx with deterministic dgamma/dbeta
-partials, then one column-sum kernel)."""
+partials, which the kernel itself adds at a few rows, else one column-sum kernel)."""
 
 from fusegen.plan import BACKWARD, FORWARD, Rule
 from fusegen.stages import NORM

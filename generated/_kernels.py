@@ -12,6 +12,9 @@ from . import _reference as ref
 from ._runtime import Kernel, fake_on_meta, pointer
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
+# a backward of at most this many row splits adds its parameter grads itself, in one cooperative
+# launch
+SUMS_IN_KERNEL_SPLITS = 32
 # columns per block, threads per column (templates/cuda/column_sum.cuh)
 COLUMN_SUM_BLOCK = (32, 32, 1)
 
@@ -286,14 +289,14 @@ def add_tee_fwd_n256(x, extra_in0):
     return a.to(x.dtype)
 
 
-_BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096", "ppi")
+_BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096", "pppi")
 _BIAS_ADD_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_bwd_n4096_09503d43(dy)
+        return torch.ops.fusegen.bias_add_bwd_n4096_4fddc83d(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -302,13 +305,21 @@ def bias_add_bwd_n4096(dy):
         resident = _BIAS_ADD_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_BWD_N4096.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n4096(partials, dy.dtype)
+            _BIAS_ADD_BWD_N4096.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n4096(partials, dy.dtype)
         dbias0 = column_grads[0:4096]
         return dbias0
     g = ref.compute(dy)
@@ -317,14 +328,14 @@ def bias_add_bwd_n4096(dy):
     return dbias0
 
 
-_BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256", "ppppi")
+_BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256", "pppppi")
 _BIAS_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_bwd_n256_bd6633c1(dy, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_bwd_n256_fff2d4f3(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -335,14 +346,26 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
         resident = _BIAS_ADD_TEE_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_TEE_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n256(partials, dy.dtype)
+            _BIAS_ADD_TEE_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0,
+                    rows),
+                dy.get_device())
+            column_grads = column_sum_n256(partials, dy.dtype)
         dbias0 = column_grads[0:256]
         return dx, dbias0
     g = ref.compute(dy)
@@ -353,7 +376,7 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
     return dx, dbias0
 
 
-_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel("bias_add_tee_gelu_bwd_n256_from_bias", "pppppppi")
+_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel("bias_add_tee_gelu_bwd_n256_from_bias", "ppppppppi")
 _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {
     torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -361,7 +384,7 @@ _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_3943672e(
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_2bcf6010(
             dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -377,16 +400,27 @@ def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
             dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(),
-                    d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n256(partials, dy.dtype)
+            _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(),
+                    d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n256(partials, dy.dtype)
         dbias0 = column_grads[0:256]
         return dx, dbias0
     a = ref.compute(x)
@@ -434,14 +468,14 @@ def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     return a.to(x.dtype), extra_out2
 
 
-_BIAS_BWD_N1024 = Kernel("bias_bwd_n1024", "ppi")
+_BIAS_BWD_N1024 = Kernel("bias_bwd_n1024", "pppi")
 _BIAS_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
 
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n1024_59eb150e(dy)
+        return torch.ops.fusegen.bias_bwd_n1024_bb32e169(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -450,13 +484,21 @@ def bias_bwd_n1024(dy):
         resident = _BIAS_BWD_N1024.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N1024.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_BWD_N1024.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dbias0
     g = ref.compute(dy)
@@ -465,14 +507,14 @@ def bias_bwd_n1024(dy):
     return dbias0
 
 
-_BIAS_BWD_N256 = Kernel("bias_bwd_n256", "ppi")
+_BIAS_BWD_N256 = Kernel("bias_bwd_n256", "pppi")
 _BIAS_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n256_b0dd4d3d(dy)
+        return torch.ops.fusegen.bias_bwd_n256_864bec00(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -481,13 +523,21 @@ def bias_bwd_n256(dy):
         resident = _BIAS_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n256(partials, dy.dtype)
+            _BIAS_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n256(partials, dy.dtype)
         dbias0 = column_grads[0:256]
         return dbias0
     g = ref.compute(dy)
@@ -496,14 +546,14 @@ def bias_bwd_n256(dy):
     return dbias0
 
 
-_BIAS_BWD_N4096 = Kernel("bias_bwd_n4096", "ppi")
+_BIAS_BWD_N4096 = Kernel("bias_bwd_n4096", "pppi")
 _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n4096_cae393c7(dy)
+        return torch.ops.fusegen.bias_bwd_n4096_4497c331(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -512,13 +562,21 @@ def bias_bwd_n4096(dy):
         resident = _BIAS_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N4096.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n4096(partials, dy.dtype)
+            _BIAS_BWD_N4096.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n4096(partials, dy.dtype)
         dbias0 = column_grads[0:4096]
         return dbias0
     g = ref.compute(dy)
@@ -527,14 +585,14 @@ def bias_bwd_n4096(dy):
     return dbias0
 
 
-_BIAS_BWD_N512 = Kernel("bias_bwd_n512", "ppi")
+_BIAS_BWD_N512 = Kernel("bias_bwd_n512", "pppi")
 _BIAS_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n512_06be6403(dy)
+        return torch.ops.fusegen.bias_bwd_n512_104d2a2e(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -543,13 +601,21 @@ def bias_bwd_n512(dy):
         resident = _BIAS_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), rows), dy.get_device())
+                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n512(partials, dy.dtype)
+            _BIAS_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n512(partials, dy.dtype)
         dbias0 = column_grads[0:512]
         return dbias0
     g = ref.compute(dy)
@@ -559,7 +625,7 @@ def bias_bwd_n512(dy):
 
 
 _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "ppppi")
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "pppppi")
 _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {
     torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
@@ -569,7 +635,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     dbias0.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_65dd24d8(dy, x)
+        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_70e8acdf(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -581,14 +647,24 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
             dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n4096(partials, dy.dtype)
+            _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n4096(partials, dy.dtype)
         dbias0 = column_grads[0:4096]
         return dx, dbias0
     a = ref.compute(x)
@@ -601,14 +677,14 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     return dx, dbias0
 
 
-_BIAS_DROPOUT0P1_ADD_BWD_N256 = Kernel("bias_dropout0p1_add_bwd_n256", "ppppi")
+_BIAS_DROPOUT0P1_ADD_BWD_N256 = Kernel("bias_dropout0p1_add_bwd_n256", "pppppi")
 _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_493122b9(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_2bd3f396(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -618,14 +694,24 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
         resident = _BIAS_DROPOUT0P1_ADD_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n256(partials, dy.dtype)
+            _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n256(partials, dy.dtype)
         dbias0 = column_grads[0:256]
         return dx, dbias0
     g = ref.compute(dy)
@@ -706,14 +792,14 @@ def bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
     return (y, residual_out) if keep_sum else y
 
 
-_BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256", "ppppi")
+_BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256", "pppppi")
 _BIAS_DROPOUT0P1_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_f20ba6fe(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_27daca46(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -723,14 +809,24 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
         resident = _BIAS_DROPOUT0P1_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P1_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n256(partials, dy.dtype)
+            _BIAS_DROPOUT0P1_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n256(partials, dy.dtype)
         dbias0 = column_grads[0:256]
         return dx, dbias0
     g = ref.compute(dy)
@@ -742,7 +838,7 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
 
 
 _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2 = Kernel(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "pppppi")
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "ppppppi")
 _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {
     torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -750,7 +846,7 @@ _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_cd8fb62d(
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_e581bc89(
             dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -763,16 +859,26 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
             dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
-                    rows),
-                dy.get_device())
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
+                    0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dx, dbias0
     a = ref.compute(x)
@@ -787,14 +893,14 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     return dx, dbias0
 
 
-_BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096", "ppppi")
+_BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096", "pppppi")
 _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
 
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_bwd_n4096_02e3fda9(dy, x)
+        return torch.ops.fusegen.bias_gelu_bwd_n4096_12b6016a(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -805,14 +911,24 @@ def bias_gelu_bwd_n4096(dy, x):
         resident = _BIAS_GELU_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_GELU_BWD_N4096.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n4096(partials, dy.dtype)
+            _BIAS_GELU_BWD_N4096.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n4096(partials, dy.dtype)
         dbias0 = column_grads[0:4096]
         return dx, dbias0
     a = ref.compute(x)
@@ -825,14 +941,14 @@ def bias_gelu_bwd_n4096(dy, x):
     return dx, dbias0
 
 
-_BIAS_GELU_DROPOUT0P1_BWD_N512 = Kernel("bias_gelu_dropout0p1_bwd_n512", "pppppi")
+_BIAS_GELU_DROPOUT0P1_BWD_N512 = Kernel("bias_gelu_dropout0p1_bwd_n512", "ppppppi")
 _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_6ce59bb8(dy, x, seed2)
+        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_3ec5b3d7(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -843,16 +959,26 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
         resident = _BIAS_GELU_DROPOUT0P1_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(),
-                    rows),
-                dy.get_device())
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n512(partials, dy.dtype)
+            _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(),
+                    0, rows),
+                dy.get_device())
+            column_grads = column_sum_n512(partials, dy.dtype)
         dbias0 = column_grads[0:512]
         return dx, dbias0
     a = ref.compute(x)
@@ -866,14 +992,14 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     return dx, dbias0
 
 
-_BIAS_GLU_BWD_N512 = Kernel("bias_glu_bwd_n512", "ppppi")
+_BIAS_GLU_BWD_N512 = Kernel("bias_glu_bwd_n512", "pppppi")
 _BIAS_GLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_glu_bwd_n512_0c044373(dy, x)
+        return torch.ops.fusegen.bias_glu_bwd_n512_0506cd59(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -884,14 +1010,24 @@ def bias_glu_bwd_n512(dy, x):
         resident = _BIAS_GLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_GLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_GLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dx, dbias0
     a = ref.compute(x)
@@ -904,14 +1040,14 @@ def bias_glu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_QGEGLU_BWD_N512 = Kernel("bias_qgeglu_bwd_n512", "ppppi")
+_BIAS_QGEGLU_BWD_N512 = Kernel("bias_qgeglu_bwd_n512", "pppppi")
 _BIAS_QGEGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgeglu_bwd_n512_e923f5db(dy, x)
+        return torch.ops.fusegen.bias_qgeglu_bwd_n512_29701a89(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -922,14 +1058,24 @@ def bias_qgeglu_bwd_n512(dy, x):
         resident = _BIAS_QGEGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_QGEGLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_QGEGLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dx, dbias0
     a = ref.compute(x)
@@ -942,14 +1088,14 @@ def bias_qgeglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_QGELU_BWD_N512 = Kernel("bias_qgelu_bwd_n512", "ppppi")
+_BIAS_QGELU_BWD_N512 = Kernel("bias_qgelu_bwd_n512", "pppppi")
 _BIAS_QGELU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgelu_bwd_n512_877f3dbe(dy, x)
+        return torch.ops.fusegen.bias_qgelu_bwd_n512_bbd86820(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -960,14 +1106,24 @@ def bias_qgelu_bwd_n512(dy, x):
         resident = _BIAS_QGELU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_QGELU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n512(partials, dy.dtype)
+            _BIAS_QGELU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n512(partials, dy.dtype)
         dbias0 = column_grads[0:512]
         return dx, dbias0
     a = ref.compute(x)
@@ -980,14 +1136,14 @@ def bias_qgelu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_REGLU_BWD_N512 = Kernel("bias_reglu_bwd_n512", "ppppi")
+_BIAS_REGLU_BWD_N512 = Kernel("bias_reglu_bwd_n512", "pppppi")
 _BIAS_REGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_reglu_bwd_n512_5277b63d(dy, x)
+        return torch.ops.fusegen.bias_reglu_bwd_n512_213024ff(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -998,14 +1154,24 @@ def bias_reglu_bwd_n512(dy, x):
         resident = _BIAS_REGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_REGLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_REGLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dx, dbias0
     a = ref.compute(x)
@@ -1018,14 +1184,14 @@ def bias_reglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_RELU_BWD_N512_FROM_OUTPUT = Kernel("bias_relu_bwd_n512_from_output", "ppppi")
+_BIAS_RELU_BWD_N512_FROM_OUTPUT = Kernel("bias_relu_bwd_n512_from_output", "pppppi")
 _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_e220469f(dy, x)
+        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_1f8c7761(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1036,14 +1202,24 @@ def bias_relu_bwd_n512_from_output(dy, x):
         resident = _BIAS_RELU_BWD_N512_FROM_OUTPUT.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n512(partials, dy.dtype)
+            _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n512(partials, dy.dtype)
         dbias0 = column_grads[0:512]
         return dx, dbias0
     a = ref.compute(x)
@@ -1104,7 +1280,7 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
 
 
 _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS = Kernel(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "pppppppppppi")
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "ppppppppppppi")
 _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {
     torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -1116,7 +1292,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     dbias6.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_8d6336fc(
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_275cfbf0(
             dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -1136,17 +1312,29 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
             dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1536, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1536, device=dy.device, dtype=dy.dtype)
             _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(),
                     extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(),
-                    d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1536(partials, dy.dtype)
+            _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(),
+                    extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(),
+                    d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1536(partials, dy.dtype)
         dbias0 = column_grads[0:768]
         dbias6 = column_grads[768:1536]
         return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
@@ -1182,14 +1370,14 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
 
 
-_BIAS_SCALE2P0_GELU_BWD_N256 = Kernel("bias_scale2p0_gelu_bwd_n256", "ppppi")
+_BIAS_SCALE2P0_GELU_BWD_N256 = Kernel("bias_scale2p0_gelu_bwd_n256", "pppppi")
 _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_dba548fb(dy, x)
+        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_3bb27687(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1200,14 +1388,24 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
         resident = _BIAS_SCALE2P0_GELU_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_SCALE2P0_GELU_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n256(partials, dy.dtype)
+            _BIAS_SCALE2P0_GELU_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n256(partials, dy.dtype)
         dbias0 = column_grads[0:256]
         return dx, dbias0
     a = ref.compute(x)
@@ -1221,14 +1419,14 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
     return dx, dbias0
 
 
-_BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512", "ppppi")
+_BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512", "pppppi")
 _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_b4abf15b(dy, x)
+        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_727f3363(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1239,14 +1437,24 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
         resident = _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dx, dbias0
     a = ref.compute(x)
@@ -1259,14 +1467,14 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_SREGLU_BWD_N512 = Kernel("bias_sreglu_bwd_n512", "ppppi")
+_BIAS_SREGLU_BWD_N512 = Kernel("bias_sreglu_bwd_n512", "pppppi")
 _BIAS_SREGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_sreglu_bwd_n512_f1a008d5(dy, x)
+        return torch.ops.fusegen.bias_sreglu_bwd_n512_bf2e8d2f(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1277,14 +1485,24 @@ def bias_sreglu_bwd_n512(dy, x):
         resident = _BIAS_SREGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SREGLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_SREGLU_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dx, dbias0
     a = ref.compute(x)
@@ -1297,14 +1515,14 @@ def bias_sreglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048", "ppppi")
+_BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048", "pppppi")
 _BIAS_SRELU_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_bwd_n2048_42489081(dy, x)
+        return torch.ops.fusegen.bias_srelu_bwd_n2048_739a9c7b(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1315,14 +1533,24 @@ def bias_srelu_bwd_n2048(dy, x):
         resident = _BIAS_SRELU_BWD_N2048.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(2048, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(2048, device=dy.device, dtype=dy.dtype)
             _BIAS_SRELU_BWD_N2048.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n2048(partials, dy.dtype)
+            _BIAS_SRELU_BWD_N2048.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n2048(partials, dy.dtype)
         dbias0 = column_grads[0:2048]
         return dx, dbias0
     a = ref.compute(x)
@@ -1335,14 +1563,14 @@ def bias_srelu_bwd_n2048(dy, x):
     return dx, dbias0
 
 
-_BIAS_SRELU_ROWSCALE_BWD_N512 = Kernel("bias_srelu_rowscale_bwd_n512", "ppppppi")
+_BIAS_SRELU_ROWSCALE_BWD_N512 = Kernel("bias_srelu_rowscale_bwd_n512", "pppppppi")
 _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_64dc7b79(dy, x, extra_in2)
+        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_1dfb512e(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1356,16 +1584,26 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials2 = torch.zeros((rows, 512), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_SRELU_ROWSCALE_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(),
-                    partials.data_ptr(), row_partials2.data_ptr(), rows),
-                dy.get_device())
+                    partials.data_ptr(), column_grads.data_ptr(), row_partials2.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n512(partials, dy.dtype)
+            _BIAS_SRELU_ROWSCALE_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(),
+                    partials.data_ptr(), 0, row_partials2.data_ptr(), rows),
+                dy.get_device())
+            column_grads = column_sum_n512(partials, dy.dtype)
         dbias0 = column_grads[0:512]
         d_extra_in2 = row_partials2.sum(1).to(dy.dtype)  # fixed-order reduction per row
         return dx, dbias0, d_extra_in2
@@ -1383,14 +1621,14 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     return dx, dbias0, d_extra_in2
 
 
-_BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336", "ppppi")
+_BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336", "pppppi")
 _BIAS_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
 
 
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_bwd_n14336_37444b2d(dy, x)
+        return torch.ops.fusegen.bias_swiglu_bwd_n14336_10a85542(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1401,14 +1639,24 @@ def bias_swiglu_bwd_n14336(dy, x):
         resident = _BIAS_SWIGLU_BWD_N14336.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 28672), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(28672, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(28672, device=dy.device, dtype=dy.dtype)
             _BIAS_SWIGLU_BWD_N14336.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n28672(partials, dy.dtype)
+            _BIAS_SWIGLU_BWD_N14336.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n28672(partials, dy.dtype)
         dbias0 = column_grads[0:28672]
         return dx, dbias0
     a = ref.compute(x)
@@ -1421,14 +1669,14 @@ def bias_swiglu_bwd_n14336(dy, x):
     return dx, dbias0
 
 
-_BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512", "ppppi")
+_BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512", "pppppi")
 _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_6038aed6(dy, x)
+        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_c93f8885(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1439,14 +1687,24 @@ def bias_swiglu_i32_bwd_n512(dy, x):
         resident = _BIAS_SWIGLU_I32_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SWIGLU_I32_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n1024(partials, dy.dtype)
+            _BIAS_SWIGLU_I32_BWD_N512.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
         dbias0 = column_grads[0:1024]
         return dx, dbias0
     a = ref.compute(x)
@@ -2107,14 +2365,14 @@ def glu_fwd_n512(x):
     return a.to(x.dtype)
 
 
-_L2NORM_BWD_H256 = Kernel("l2norm_bwd_h256", "ppppppppi")
+_L2NORM_BWD_H256 = Kernel("l2norm_bwd_h256", "pppppppppi")
 _L2NORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def l2norm_bwd_h256(dy, x, rstd):
     """L2Normalization() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_bwd_h256_6972db87(dy, x, rstd)
+        return torch.ops.fusegen.l2norm_bwd_h256_27358322(dy, x, rstd)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2131,7 +2389,7 @@ def l2norm_bwd_h256(dy, x, rstd):
         if rows:
             _L2NORM_BWD_H256.launch(
                 dy.dtype, (splits, 1, 1), (_L2NORM_BWD_H256_THREADS[dy.dtype], 1, 1),
-                (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), 0, 0, dx.data_ptr(), 0, rows),
+                (dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), 0, 0, dx.data_ptr(), 0, 0, rows),
                 dy.get_device())
         return dx
     dx = ref.l2_norm_rows_bwd(dy, x, rstd)
@@ -2176,7 +2434,7 @@ def l2norm_eps1em05_fwd_h256_no_grad(x):
     return l2norm_eps1em05_fwd_h256(x)[0]  # CPU and torch.compile: the whole launcher
 
 
-_LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024", "ppppppppi", shared=8192)
+_LAYERNORM_BWD_H1024 = Kernel("layernorm_bwd_h1024", "pppppppppi", shared=8192)
 _LAYERNORM_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
@@ -2184,7 +2442,7 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h1024_8e84d010(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h1024_bbef3a8b(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2199,23 +2457,32 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
             )
         )
         partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(2048, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(2048, device=dy.device, dtype=dy.dtype)
             _LAYERNORM_BWD_H1024.launch(
                 dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
-                    0, dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    0, dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n2048(partials, gamma.dtype)
+            _LAYERNORM_BWD_H1024.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H1024_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n2048(partials, dy.dtype)
         return dx, grads[:1024], grads[1024:]
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel(
-    "layernorm_bwd_h256_add_dresidual", "ppppppppi", shared=2048)
+    "layernorm_bwd_h256_add_dresidual", "pppppppppi", shared=2048)
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {
     torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
@@ -2225,7 +2492,7 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_f23be940(
+        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_6e0fe9d3(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2242,24 +2509,35 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
             )
         )
         partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(
                 dy.dtype, (splits, 1, 1),
                 (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
-                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n512(partials, gamma.dtype)
+            _LAYERNORM_BWD_H256_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n512(partials, dy.dtype)
         return dx, grads[:256], grads[256:]
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
     dx = dx + ref.compute(dresidual)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-_LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096", "ppppppppi", shared=32768)
+_LAYERNORM_BWD_H4096 = Kernel("layernorm_bwd_h4096", "pppppppppi", shared=32768)
 _LAYERNORM_BWD_H4096_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 512}
 
 
@@ -2267,7 +2545,7 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h4096_a9e4416b(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h4096_fa96380a(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2282,16 +2560,25 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
             )
         )
         partials = torch.empty((splits, 8192), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(8192, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(8192, device=dy.device, dtype=dy.dtype)
             _LAYERNORM_BWD_H4096.launch(
                 dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
-                    0, dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    0, dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n8192(partials, gamma.dtype)
+            _LAYERNORM_BWD_H4096.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H4096_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n8192(partials, dy.dtype)
         return dx, grads[:4096], grads[4096:]
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
@@ -2384,7 +2671,7 @@ def layernorm_fwd_h4096_no_grad(x, gamma, beta):
 
 
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel(
-    "layernorm_zc_bwd_h768_add_dresidual", "ppppppppi", shared=6144)
+    "layernorm_zc_bwd_h768_add_dresidual", "pppppppppi", shared=6144)
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {
     torch.bfloat16: 64, torch.float16: 64, torch.float32: 96}
 
@@ -2394,7 +2681,7 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_25a9abc4(
+        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_c09f5a1d(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2412,17 +2699,28 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
             )
         )
         partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(1536, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(1536, device=dy.device, dtype=dy.dtype)
             _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(
                 dy.dtype, (splits, 1, 1),
                 (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
-                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n1536(partials, gamma.dtype)
+            _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n1536(partials, dy.dtype)
         return dx, grads[:768], grads[768:]
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, True)
     dx = dx + ref.compute(dresidual)
@@ -2544,14 +2842,14 @@ def relu_fwd_n768(x):
     return a.to(x.dtype)
 
 
-_RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024", "ppppppppi", shared=4096)
+_RMSNORM_BWD_H1024 = Kernel("rmsnorm_bwd_h1024", "pppppppppi", shared=4096)
 _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h1024_969f6e6d(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h1024_b04174b0(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2566,29 +2864,38 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
             )
         )
         partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _RMSNORM_BWD_H1024.launch(
                 dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
-                    dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n1024(partials, gamma.dtype)
+            _RMSNORM_BWD_H1024.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H1024_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n1024(partials, dy.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256", "ppppppppi", shared=1024)
+_RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256", "pppppppppi", shared=1024)
 _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
 def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_54068f1a(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_388f4238(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2603,22 +2910,32 @@ def rmsnorm_bwd_h256(dy, x, rstd, gamma):
             )
         )
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _RMSNORM_BWD_H256.launch(
                 dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
-                    dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n256(partials, gamma.dtype)
+            _RMSNORM_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n256(partials, dy.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel("rmsnorm_bwd_h256_add_dresidual", "ppppppppi", shared=1024)
+_RMSNORM_BWD_H256_ADD_DRESIDUAL = Kernel(
+    "rmsnorm_bwd_h256_add_dresidual", "pppppppppi", shared=1024)
 _RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
@@ -2627,7 +2944,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_0118e40f(
+        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_dde61c4a(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2644,16 +2961,26 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
             )
         )
         partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(
                 dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
-                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n256(partials, gamma.dtype)
+            _RMSNORM_BWD_H256_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n256(partials, dy.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
     dx = dx + ref.compute(dresidual)
@@ -2661,7 +2988,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
 
 
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL = Kernel(
-    "rmsnorm_bwd_h4096_add_dresidual", "ppppppppi", shared=16384)
+    "rmsnorm_bwd_h4096_add_dresidual", "pppppppppi", shared=16384)
 _RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS = {
     torch.bfloat16: 256, torch.float16: 256, torch.float32: 512}
 
@@ -2671,7 +2998,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_10d4e777(
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_354bbb62(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2688,31 +3015,42 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
             )
         )
         partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(
                 dy.dtype, (splits, 1, 1),
                 (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
-                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n4096(partials, gamma.dtype)
+            _RMSNORM_BWD_H4096_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_RMSNORM_BWD_H4096_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n4096(partials, dy.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
     dx = dx + ref.compute(dresidual)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
-_RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64", "ppppppppi", shared=256)
+_RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64", "pppppppppi", shared=256)
 _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
 
 def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h64_6eb95adf(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h64_efa8209f(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2727,16 +3065,25 @@ def rmsnorm_bwd_h64(dy, x, rstd, gamma):
             )
         )
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(64, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(64, device=dy.device, dtype=dy.dtype)
             _RMSNORM_BWD_H64.launch(
                 dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
-                    dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n64(partials, gamma.dtype)
+            _RMSNORM_BWD_H64.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H64_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n64(partials, dy.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
@@ -2905,7 +3252,7 @@ def rmsnorm_fwd_h64_no_grad(x, gamma):
     return rmsnorm_fwd_h64(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
-_RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768", "ppppppppi", shared=3072)
+_RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768", "pppppppppi", shared=3072)
 _RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 96}
 
 
@@ -2914,7 +3261,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_97791e38(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_e75490bd(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2929,16 +3276,25 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
             )
         )
         partials = torch.empty((splits, 768), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            grads = torch.zeros(768, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(768, device=dy.device, dtype=dy.dtype)
             _RMSNORM_ZC_BWD_H768.launch(
                 dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
-                    dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                    dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()
-        grads = column_sum_n768(partials, gamma.dtype)
+            _RMSNORM_ZC_BWD_H768.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H768_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n768(partials, dy.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, True)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
@@ -3604,14 +3960,14 @@ def swiglu_tee_scale0p5_fwd_any(x):
     return a.to(x.dtype), extra_out1
 
 
-_TEE_BIAS_BWD_N64 = Kernel("tee_bias_bwd_n64", "ppppi")
+_TEE_BIAS_BWD_N64 = Kernel("tee_bias_bwd_n64", "pppppi")
 _TEE_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
 
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_bwd_n64_20887fcc(dy, d_extra_out0)
+        return torch.ops.fusegen.tee_bias_bwd_n64_674424ad(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3622,14 +3978,26 @@ def tee_bias_bwd_n64(dy, d_extra_out0):
         resident = _TEE_BIAS_BWD_N64.resident_blocks(dy.dtype, dy.get_device(), 128)
         splits = max(1, min(rows, resident // grid_x))
         partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
-        if rows:
+        if not rows:
+            column_grads = torch.zeros(64, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
+            # blocks that are all resident at once)
+            column_grads = torch.empty(64, device=dy.device, dtype=dy.dtype)
             _TEE_BIAS_BWD_N64.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows),
-                dy.get_device())
+                (
+                    dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    column_grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
         else:
-            partials.zero_()  # no rows: the parameter grads are zero
-        column_grads = column_sum_n64(partials, dy.dtype)
+            _TEE_BIAS_BWD_N64.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0,
+                    rows),
+                dy.get_device())
+            column_grads = column_sum_n64(partials, dy.dtype)
         dbias1 = column_grads[0:64]
         return dx, dbias1
     g = ref.compute(dy)
@@ -3717,27 +4085,27 @@ _register(
 _register(
     "add_tee_bwd_n256_cd53187d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
 _register("add_tee_fwd_n256_2693822c", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
-_register("bias_add_bwd_n4096_09503d43", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
+_register("bias_add_bwd_n4096_4fddc83d", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
 _register(
-    "bias_add_tee_bwd_n256_bd6633c1", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
+    "bias_add_tee_bwd_n256_fff2d4f3", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
     bias_add_tee_bwd_n256)
 _register(
-    "bias_add_tee_gelu_bwd_n256_from_bias_3943672e",
+    "bias_add_tee_gelu_bwd_n256_from_bias_2bcf6010",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
     "Tensor)",
     bias_add_tee_gelu_bwd_n256_from_bias)
 _register(
     "bias_add_tee_gelu_fwd_n256_545e99b4",
     "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
-_register("bias_bwd_n1024_59eb150e", "(Tensor dy) -> Tensor", bias_bwd_n1024)
-_register("bias_bwd_n256_b0dd4d3d", "(Tensor dy) -> Tensor", bias_bwd_n256)
-_register("bias_bwd_n4096_cae393c7", "(Tensor dy) -> Tensor", bias_bwd_n4096)
-_register("bias_bwd_n512_06be6403", "(Tensor dy) -> Tensor", bias_bwd_n512)
+_register("bias_bwd_n1024_bb32e169", "(Tensor dy) -> Tensor", bias_bwd_n1024)
+_register("bias_bwd_n256_864bec00", "(Tensor dy) -> Tensor", bias_bwd_n256)
+_register("bias_bwd_n4096_4497c331", "(Tensor dy) -> Tensor", bias_bwd_n4096)
+_register("bias_bwd_n512_104d2a2e", "(Tensor dy) -> Tensor", bias_bwd_n512)
 _register(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_65dd24d8",
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_70e8acdf",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
 _register(
-    "bias_dropout0p1_add_bwd_n256_493122b9", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_add_bwd_n256_2bd3f396", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_add_bwd_n256)
 _register(
     "bias_dropout0p1_add_layernorm_fwd_h256_cf0ead5a",
@@ -3745,31 +4113,31 @@ _register(
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256)
 _register(
-    "bias_dropout0p1_bwd_n256_f20ba6fe", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_bwd_n256_27daca46", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_bwd_n256)
 _register(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_cd8fb62d",
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_e581bc89",
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
 _register(
-    "bias_gelu_bwd_n4096_02e3fda9", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_gelu_bwd_n4096_12b6016a", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096)
 _register(
-    "bias_gelu_dropout0p1_bwd_n512_6ce59bb8",
+    "bias_gelu_dropout0p1_bwd_n512_3ec5b3d7",
     "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
 _register(
-    "bias_glu_bwd_n512_0c044373", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
+    "bias_glu_bwd_n512_0506cd59", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
 _register(
-    "bias_qgeglu_bwd_n512_e923f5db", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgeglu_bwd_n512_29701a89", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgeglu_bwd_n512)
 _register(
-    "bias_qgelu_bwd_n512_877f3dbe", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgelu_bwd_n512_bbd86820", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgelu_bwd_n512)
 _register(
-    "bias_reglu_bwd_n512_5277b63d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_reglu_bwd_n512_213024ff", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_reglu_bwd_n512)
 _register(
-    "bias_relu_bwd_n512_from_output_e220469f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_relu_bwd_n512_from_output_1f8c7761", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_relu_bwd_n512_from_output)
 _register(
     "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5284d295",
@@ -3777,31 +4145,31 @@ _register(
     "Tensor)",
     bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
 _register(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_8d6336fc",
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_275cfbf0",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
     "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
 _register(
-    "bias_scale2p0_gelu_bwd_n256_dba548fb", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_scale2p0_gelu_bwd_n256_3bb27687", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_scale2p0_gelu_bwd_n256)
 _register(
-    "bias_situglu_b2p0_c8p0_bwd_n512_b4abf15b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_situglu_b2p0_c8p0_bwd_n512_727f3363", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_situglu_b2p0_c8p0_bwd_n512)
 _register(
-    "bias_sreglu_bwd_n512_f1a008d5", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_sreglu_bwd_n512_bf2e8d2f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_sreglu_bwd_n512)
 _register(
-    "bias_srelu_bwd_n2048_42489081", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_srelu_bwd_n2048_739a9c7b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_srelu_bwd_n2048)
 _register(
-    "bias_srelu_rowscale_bwd_n512_64dc7b79",
+    "bias_srelu_rowscale_bwd_n512_1dfb512e",
     "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
     bias_srelu_rowscale_bwd_n512)
 _register(
-    "bias_swiglu_bwd_n14336_37444b2d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_bwd_n14336_10a85542", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n14336)
 _register(
-    "bias_swiglu_i32_bwd_n512_6038aed6", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_i32_bwd_n512_c93f8885", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512)
 _register(
     "clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4", "(Tensor dy, Tensor x) -> Tensor",
@@ -3864,20 +4232,20 @@ _register("gelu_fwd_n256_a10ca29c", "(Tensor x) -> Tensor", gelu_fwd_n256)
 _register("gelu_fwd_n4096_d2a0428c", "(Tensor x) -> Tensor", gelu_fwd_n4096)
 _register("glu_fwd_n512_3dcd36fb", "(Tensor x) -> Tensor", glu_fwd_n512)
 _register(
-    "l2norm_bwd_h256_6972db87", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
+    "l2norm_bwd_h256_27358322", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
 _register(
     "l2norm_eps1em05_fwd_h256_01741dfc", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
 _register(
-    "layernorm_bwd_h1024_8e84d010",
+    "layernorm_bwd_h1024_bbef3a8b",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h1024)
 _register(
-    "layernorm_bwd_h256_add_dresidual_f23be940",
+    "layernorm_bwd_h256_add_dresidual_6e0fe9d3",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_bwd_h256_add_dresidual)
 _register(
-    "layernorm_bwd_h4096_a9e4416b",
+    "layernorm_bwd_h4096_fa96380a",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096)
 _register(
@@ -3887,7 +4255,7 @@ _register(
     "layernorm_fwd_h4096_3707f610",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
 _register(
-    "layernorm_zc_bwd_h768_add_dresidual_25a9abc4",
+    "layernorm_zc_bwd_h768_add_dresidual_c09f5a1d",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual)
@@ -3897,21 +4265,21 @@ _register("reglu_fwd_n512_ee7cd925", "(Tensor x) -> Tensor", reglu_fwd_n512)
 _register("relu_bwd_n768_f13bf0dd", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
 _register("relu_fwd_n768_00523a35", "(Tensor x) -> Tensor", relu_fwd_n768)
 _register(
-    "rmsnorm_bwd_h1024_969f6e6d",
+    "rmsnorm_bwd_h1024_b04174b0",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
 _register(
-    "rmsnorm_bwd_h256_54068f1a",
+    "rmsnorm_bwd_h256_388f4238",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
 _register(
-    "rmsnorm_bwd_h256_add_dresidual_0118e40f",
+    "rmsnorm_bwd_h256_add_dresidual_dde61c4a",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h256_add_dresidual)
 _register(
-    "rmsnorm_bwd_h4096_add_dresidual_10d4e777",
+    "rmsnorm_bwd_h4096_add_dresidual_354bbb62",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h4096_add_dresidual)
 _register(
-    "rmsnorm_bwd_h64_6eb95adf",
+    "rmsnorm_bwd_h64_efa8209f",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
 _register(
     "rmsnorm_dropout0p3_fwd_h256_249d94c9",
@@ -3923,7 +4291,7 @@ _register(
 _register(
     "rmsnorm_fwd_h64_25b2ae9d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
 _register(
-    "rmsnorm_zc_bwd_h768_97791e38",
+    "rmsnorm_zc_bwd_h768_e75490bd",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
 _register(
     "rmsnorm_zc_fwd_h768_bfa88aa4", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
@@ -3969,6 +4337,6 @@ _register(
     "swiglu_tee_scale0p5_fwd_any_f6b4dd8d", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any)
 _register(
-    "tee_bias_bwd_n64_20887fcc", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
+    "tee_bias_bwd_n64_674424ad", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
     tee_bias_bwd_n64)
 _register("tee_bias_fwd_n64_97e78d26", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)

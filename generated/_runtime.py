@@ -304,6 +304,7 @@ _THREAD = _ThreadBuffers()
 # array it measured faster than the same driver function through ctypes (6.5 µs against 9.5 µs a
 # call on an H100 host, where ctypes converts eleven arguments; bench/bench_launch.py).
 _LAUNCH = None
+_LAUNCH_COOPERATIVE = None  # cuLaunchCooperativeKernel, looked up with it
 _SUCCESS = None  # CUresult.CUDA_SUCCESS, looked up with it
 
 
@@ -354,11 +355,13 @@ class Kernel:
         return f"{self.name}_{DTYPE_SUFFIX[dtype]}"
 
     def _prepare(self, dtype, index):
-        global _LAUNCH, _SUCCESS
+        global _LAUNCH, _LAUNCH_COOPERATIVE, _SUCCESS
         full = self._full_name(dtype)
         function = _FUNCTIONS.get((full, index)) or _load(full, index, self.shared)
         if _LAUNCH is None:
-            _LAUNCH, _SUCCESS = _driver().cuLaunchKernel, _driver().CUresult.CUDA_SUCCESS
+            driver = _driver()
+            _LAUNCH, _LAUNCH_COOPERATIVE = driver.cuLaunchKernel, driver.cuLaunchCooperativeKernel
+            _SUCCESS = driver.CUresult.CUDA_SUCCESS
         ready = _Ready(
             (self.name, dtype, index), full, function, index, self.signature, self.shared)
         self._ready[dtype, index] = ready
@@ -382,9 +385,12 @@ class Kernel:
             blocks = ready.resident[threads] = max(1, per_sm) * sms
         return blocks
 
-    def launch(self, dtype, grid, block, args, index):
+    def launch(self, dtype, grid, block, args, index, cooperative=False):
         """Launch on the current stream of CUDA device ``index``. ``args``: the kernel's
         arguments in order, pointers as ints (``tensor.data_ptr()``, ``pointer(t)``) and C ints.
+        ``cooperative``: a cooperative launch (every block resident at once, so the kernel may
+        wait on a barrier across its grid: templates/cuda/column_sum.cuh, grid_sync), for a grid
+        of at most ``resident_blocks``.
         The generated module checks its inputs' devices and dtypes once per call; here nothing is
         checked but what the packing itself rejects (an int that does not fit)."""
         ready = self._ready.get((dtype, index))
@@ -399,21 +405,27 @@ class Kernel:
                              f"{error}") from None
         if _current_device() != index:  # launch under the device's context, as torch's own ops do
             with torch.cuda.device(index):
-                self._launch(ready, grid, block, params)
+                self._launch(ready, grid, block, params, cooperative)
         else:
-            self._launch(ready, grid, block, params)
+            self._launch(ready, grid, block, params, cooperative)
 
     @staticmethod
-    def _launch(ready, grid, block, params):
+    def _launch(ready, grid, block, params, cooperative):
         index = ready.index
         stream = _raw_stream(index)
         if stream == 0 and index not in _THREAD.contexts:
             # the legacy default stream belongs to whatever context is current on this thread
             _ensure_context(ready.full_name, index)
             _THREAD.contexts.add(index)
-        (err,) = _LAUNCH(ready.function, *grid, *block, ready.shared, stream, params, 0)
+        if cooperative:
+            (err,) = _LAUNCH_COOPERATIVE(
+                ready.function, *grid, *block, ready.shared, stream, params)
+        else:
+            (err,) = _LAUNCH(ready.function, *grid, *block, ready.shared, stream, params, 0)
         if err != _SUCCESS:
-            _check(err, ready.full_name, "cuLaunchKernel")
+            _check(
+                err, ready.full_name,
+                "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel")
 
 
 def _current_device():

@@ -337,7 +337,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
                       geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), shared=s.shared_bytes,
                       **kn.launcher_io(s))
                  for s in unique.values()]
-    files["_kernels.py"] = env.get_template("kernels.py.j2").render(kernels=launchers, fixed=fixed_sizes(unique))
+    files["_kernels.py"] = env.get_template("kernels.py.j2").render(
+        kernels=launchers, fixed=fixed_sizes(unique), sums_in_kernel_splits=kn.SUMS_IN_KERNEL_SPLITS)
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:

@@ -37,6 +37,15 @@ MAX_KERNEL_NAME = 48
 NAME_HASH_CHARS = 8  # hex digits of sha256(full name) in a cut name: "x" + 8 hex
 
 
+# A backward of at most this many row splits (one block a row: as many rows) adds its fp32
+# parameter-grad partials into the grads itself, in the same cooperative launch
+# (templates/cuda/column_sum.cuh: finish_column_sums); with more, the column_sum kernel's second
+# launch costs less than each thread's longer sum. On an H100 (forward + backward of bench/'s norms
+# and bias chains, against two launches): 16 rows 0.79-0.97x the time, 32 rows 0.86-0.98x, 64 rows
+# 0.96-1.12x, 128 rows 1.11-1.78x (bench/NOTES.md).
+SUMS_IN_KERNEL_SPLITS = 32
+
+
 def norm_bwd_shared_partials(grad_columns: int) -> bool:
     """Whether a norm backward with ``grad_columns`` fp32 parameter-grad columns (H, or 2H for
     LayerNorm; 0 for L2Normalization, which has none) sums them in shared memory: it then holds

@@ -1,7 +1,10 @@
-// Finalizes a deterministic column reduction: out[c] = the sum over splits s of partials[s][c].
+// Deterministic column reductions: out[c] = the sum over splits s of partials[s][c].
 // The fp32 partials come from norm and elementwise backward kernels, one row per block of theirs:
-// as many rows as their grid's wave holds (up to a few thousand at narrow widths).
+// as many rows as their grid's wave holds (up to a few thousand at narrow widths). The column_sum
+// kernel adds them in a second launch; a backward of few rows adds them itself, after a barrier
+// across its grid (a single cooperative launch: finish_column_sums).
 //
+// column_sum:
 // A block takes COLS consecutive columns with LANES threads each: lane l sums splits l, l + LANES,
 // ... (a warp reads COLS consecutive floats of one split), then lane 0 adds the LANES lane sums in
 // lane order. The order is fixed, so the result is the same run to run; both levels are
@@ -39,6 +42,53 @@ __device__ __forceinline__ void column_sum(const float* __restrict__ partials, T
 #pragma unroll
   for (int l = 0; l < COLUMN_SUM_LANES; ++l) column.add(lane_sums[l][threadIdx.x]);
   out[c] = from_float<T>(column.total);
+}
+
+// A barrier across the whole grid, for a kernel launched cooperatively (the runtime's
+// Kernel.launch(..., cooperative=True): cuLaunchCooperativeKernel, which starts the grid only if
+// every block is resident at once). The barrier word is in the driver's grid workspace, whose
+// address a cooperative launch passes in %envreg1 (high half) and %envreg2 (low): the ABI that
+// cooperative_groups' grid.sync() reads (cooperative_groups/details/driver_abi.h, sync.h). Its
+// header is not included because it needs CCCL's, which the pinned toolchain does not ship.
+// Block 0 adds 0x80000000 - (blocks - 1), every other block 1: the word's top bit flips once all
+// have arrived, whatever the word held before, so it needs no reset and barriers may follow.
+__device__ __forceinline__ void grid_sync() {
+  __syncthreads();  // the block's writes happen before its arrival (released by the atomic)
+  if (threadIdx.x + threadIdx.y + threadIdx.z == 0) {
+    unsigned int high, low;
+    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(high));
+    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(low));
+    // struct grid_workspace { unsigned int size, barrier; }
+    unsigned int* barrier = reinterpret_cast<unsigned int*>(((unsigned long long)high << 32) | low) + 1;
+    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+    const unsigned int arrive = blockIdx.x + blockIdx.y + blockIdx.z == 0 ? 0x80000000u - (blocks - 1) : 1u;
+    unsigned int before, now;
+    asm volatile("atom.add.release.gpu.u32 %0, [%1], %2;" : "=r"(before) : "l"(barrier), "r"(arrive) : "memory");
+    do {
+      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(barrier) : "memory");
+    } while (((before ^ now) & 0x80000000u) == 0);
+  }
+  __syncthreads();
+}
+
+// A backward's parameter grads in the same launch: with `grads` given (the launcher launched the
+// kernel cooperatively, for at most a few dozen row splits: the runtime's SUMS_IN_KERNEL_SPLITS),
+// once every block has written its partials row, each thread of the grid sums whole columns over
+// the splits in order (compensated, as column_sum does). Partials are read through L2
+// (ld.global.cg): other blocks wrote them during this kernel, so no L1 or read-only-cache copy may
+// serve them. Every thread of the block must call this.
+template <typename T>
+__device__ __forceinline__ void finish_column_sums(const float* partials, T* grads, int splits, int columns) {
+  if (grads == nullptr) return;
+  grid_sync();
+  const int threads = blockDim.x * blockDim.y;
+  const int first = (blockIdx.y * gridDim.x + blockIdx.x) * threads + threadIdx.y * blockDim.x + threadIdx.x;
+  for (int c = first; c < columns; c += gridDim.x * gridDim.y * threads) {
+    Compensated column;
+#pragma unroll 8  // independent loads in flight; the sum's order stays fixed
+    for (int s = 0; s < splits; ++s) column.add(__ldcg(partials + (long long)s * columns + c));
+    grads[c] = from_float<T>(column.total);
+  }
 }
 
 }  // namespace fg

@@ -17,6 +17,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) l2norm_bwd_h256_fp32(
     const T* __restrict__ dresidual,
     T* __restrict__ dx,
     float* __restrict__ partials,
+    T* __restrict__ grads,
     int rows) {
-  fg::l2norm_bwd<T, H, VEC, THREADS, /*ADD_DRESIDUAL=*/false>(dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+  fg::l2norm_bwd<T, H, VEC, THREADS, /*ADD_DRESIDUAL=*/false>(dy, x, mean, rstd, gamma, dresidual, dx, partials, grads, rows);
 }

@@ -9,7 +9,8 @@ constexpr int THREADS = 128;
 constexpr int MIN_BLOCKS = 2;  // blocks an SM must hold: caps the registers a thread
 
 // grid = S row splits (block b takes rows b, b + S, ...), block = THREADS; writes dx and
-// fp32 partials [S, H: dgamma], summed in shared memory (4096 bytes, dynamic).
+// fp32 partials [S, H: dgamma], summed in shared memory (4096 bytes, dynamic); launched
+// cooperatively with grads given, it then adds the partials into grads (dgamma) itself.
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_bwd_h1024_fp32(
     const T* __restrict__ dy,
     const T* __restrict__ x,
@@ -19,8 +20,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) rmsnorm_bwd_h1
     const T* __restrict__ dresidual,
     T* __restrict__ dx,
     float* __restrict__ partials,
+    T* __restrict__ grads,
     int rows) {
   fg::norm_bwd<T, H, VEC, THREADS, /*LAYERNORM=*/false, /*ADD_DRESIDUAL=*/false,
                /*ZERO_CENTERED=*/false, /*SHARED_PARTIALS=*/true>(
-      dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
+      dy, x, mean, rstd, gamma, dresidual, dx, partials, grads, rows);
 }

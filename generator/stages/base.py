@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Sequence
 
+from ..kernels import SUMS_IN_KERNEL_SPLITS
+
 if TYPE_CHECKING:  # the planner imports this module; these are for annotations only
     from ..kernels import KernelSpec
     from ..pipeline import Op, Pipeline
@@ -114,7 +116,10 @@ class StageImpl:
         """The plan's "runs as" cell."""
         if stage.kind == "passthrough":
             return "no kernel"
-        return " + ".join(f"`{k.name}`" for k in kernels)
+        # a backward that sums its parameter grads itself at a few rows launches the column sum only above
+        sums_itself = bool(kernels) and kernels[0].ctx.get("single_launch", False)
+        return " + ".join(f"(`{k.name}` above {SUMS_IN_KERNEL_SPLITS} rows)" if sums_itself and k.family == "column_sum"
+                          else f"`{k.name}`" for k in kernels)
 
     def forward(self, em: Emitter, stage: Stage, block: Block) -> str:
         """Append the stage's forward lines to ``block``; returns the name of its output value."""

@@ -6,7 +6,8 @@ is loaded, with the same functors as an elementwise kernel's. With a prologue or
 kernel writes h = prologue(x) [+ r] (the MakeExtraOutput's output, and the norm input saved for
 backward) and norm(h), saving fp32 mean/rstd. Backward: [AddExtraInput] [MakeExtraOutput] Norm:
 the dx kernel adds the extra output's grad (the residual stream's), which is also AddExtraInput's
-grad, with deterministic dgamma/dbeta partials summed by one column-sum kernel; a prologue's ops
+grad, with deterministic dgamma/dbeta partials, which the kernel adds itself at a few rows (one
+cooperative launch, kernels.SUMS_IN_KERNEL_SPLITS), else one column-sum kernel; a prologue's ops
 are an elementwise backward stage of their own.
 """
 
@@ -148,10 +149,11 @@ def norm_backward(stage) -> kn.KernelSpec:
         name, "norm_bwd", norm.describe(kernel=True) + (" backward, + residual grad" if add_dresidual else " backward"),
         abi=(P("dy", "const T*"), P("x", "const T*"), P("mean", "const float*", layernorm),
              P("rstd", "const float*"), P("gamma", "const T*", not l2), P("dresidual", "const T*", add_dresidual),
-             P("dx", "T*"), P("partials", "float*", not l2), P("rows", "int")),
+             P("dx", "T*"), P("partials", "float*", not l2), P("grads", "T*", not l2), P("rows", "int")),
         hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, l2=l2,
         add_dresidual=add_dresidual, zero_centered_gamma=norm.args.get("zero_centered_gamma", False),
         grad_columns=grad_columns,  # dgamma (and dbeta) partials
+        single_launch=not l2,  # at a few rows the kernel adds them itself (kernels.SUMS_IN_KERNEL_SPLITS)
         shared_partials=kn.norm_bwd_shared_partials(grad_columns),
         reference=_kernel_reference(norm), geometry="row_threads",
     )

@@ -23,7 +23,7 @@
 // and beta are T too. Static shared memory is tiny (2 * THREADS / 32 floats at most); the
 // shared-memory backward also takes M * H * 4 bytes of dynamic shared memory.
 #pragma once
-#include "common.cuh"
+#include "column_sum.cuh"  // and common.cuh
 
 namespace fg {
 
@@ -352,13 +352,15 @@ __device__ __forceinline__ void row_norm_bwd_shared(const T* __restrict__ dy, co
 }
 
 // LayerNorm / RMSNorm backward; SHARED_PARTIALS: dgamma/dbeta summed in shared memory (launch with
-// M * H * 4 bytes of dynamic shared memory), else in registers.
+// M * H * 4 bytes of dynamic shared memory), else in registers. With `grads` given (a cooperative
+// launch) the grid then sums the partials itself (column_sum.cuh: finish_column_sums).
 template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool ADD_DRESIDUAL, bool ZERO_CENTERED,
           bool SHARED_PARTIALS>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
                                          const T* __restrict__ gamma, const T* __restrict__ dresidual,
-                                         T* __restrict__ dx, float* __restrict__ partials, int rows) {
+                                         T* __restrict__ dx, float* __restrict__ partials, T* __restrict__ grads,
+                                         int rows) {
   if (SHARED_PARTIALS) {
     row_norm_bwd_shared<T, H, VEC, THREADS, LAYERNORM, ADD_DRESIDUAL, ZERO_CENTERED>(
         dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
@@ -366,14 +368,16 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     row_norm_bwd_registers<T, H, VEC, THREADS, LAYERNORM ? Norm::LAYER : Norm::RMS, ADD_DRESIDUAL, ZERO_CENTERED>(
         dy, x, mean, rstd, gamma, dresidual, dx, partials, rows);
   }
+  finish_column_sums<T>(partials, grads, gridDim.x, (LAYERNORM ? 2 : 1) * H);
 }
 
-// L2Normalization backward: dx only (gamma and partials unused).
+// L2Normalization backward: dx only (gamma, partials and grads unused).
 template <typename T, int H, int VEC, int THREADS, bool ADD_DRESIDUAL>
 __device__ __forceinline__ void l2norm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                                            const float* __restrict__ mean, const float* __restrict__ rstd,
                                            const T* __restrict__ gamma, const T* __restrict__ dresidual,
-                                           T* __restrict__ dx, float* __restrict__ partials, int rows) {
+                                           T* __restrict__ dx, float* __restrict__ partials, T* __restrict__ grads,
+                                           int rows) {
   row_norm_bwd_registers<T, H, VEC, THREADS, Norm::L2, ADD_DRESIDUAL, false>(dy, x, mean, rstd, gamma, dresidual, dx,
                                                                              partials, rows);
 }

@@ -64,6 +64,11 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
                    if p.name == "residual_out" and p.passed else v for p, v in zip(abi, values)]
         assert len(arguments) == 2 and arguments[1] == no_grad
         arguments = arguments[:1]
+    if spec.ctx.get("single_launch"):  # and its launch above a few rows, which leaves the grads to column_sum
+        grads = next(p.name for p in abi if p.name in ("grads", "column_grads"))
+        leaves_them = ["0" if p.name == grads else v for p, v in zip(abi, values)]
+        assert len(arguments) == 2 and arguments[1] == leaves_them
+        arguments = arguments[:1]
     assert arguments and all(args == values for args in arguments)
 
 

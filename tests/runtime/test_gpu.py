@@ -233,6 +233,61 @@ def test_activation_kernels(fwd, bwd, act, width, gated, dtype, rows):
     assert torch.equal(dbias, getattr(K(), bwd)(dy, h)[1]), "dbias must be deterministic"
 
 
+# A backward of at most SUMS_IN_KERNEL_SPLITS rows adds its parameter grads itself after a barrier
+# across its grid (one cooperative launch); one row more, and the column_sum kernel adds them.
+@pytest.mark.parametrize("in_kernel", [True, False], ids=["one launch", "column_sum"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_parameter_grads_summed_in_the_backward_kernel_or_by_column_sum(dtype, in_kernel, monkeypatch):
+    kernels = K()
+    rows = kernels.SUMS_IN_KERNEL_SPLITS + (0 if in_kernel else 1)
+    launched = []  # the column_sum launchers that run
+    for name in ("column_sum_n2048", "column_sum_n4096", "column_sum_n28672"):
+        monkeypatch.setattr(kernels, name, lambda *a, f=getattr(kernels, name), n=name: launched.append(n) or f(*a))
+    gen = torch.Generator().manual_seed(rows)
+
+    # LayerNorm(1024): dgamma and dbeta, 2048 columns (registers, 128 threads a block)
+    x = randn(rows, 1024, dtype=dtype, gen=gen, scale=2.0) + 0.5
+    w, b = randn(1024, dtype=dtype, gen=gen), randn(1024, dtype=dtype, gen=gen)
+    dy = randn(rows, 1024, dtype=dtype, gen=gen)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    F.layer_norm(x64, (1024,), w64, b64, 1e-5).backward(dy.double())
+    _, mean, rstd = kernels.layernorm_fwd_h1024(x, w, b)
+    dx, dgamma, dbeta = kernels.layernorm_bwd_h1024(dy, x, mean, rstd, w)
+    assert_close("LayerNorm dx", dx, x64.grad, dtype)
+    assert_close("LayerNorm dgamma", dgamma, w64.grad, dtype)
+    assert_close("LayerNorm dbeta", dbeta, b64.grad, dtype)
+    again = kernels.layernorm_bwd_h1024(dy, x, mean, rstd, w)
+    assert torch.equal(again[1], dgamma) and torch.equal(again[2], dbeta), "deterministic run to run"
+
+    # RMSNorm(4096) with the residual's grad added: 4096 columns (shared-memory partials)
+    x, w = randn(rows, 4096, dtype=dtype, gen=gen), randn(4096, dtype=dtype, gen=gen)
+    dy, d_res = randn(rows, 4096, dtype=dtype, gen=gen), randn(rows, 4096, dtype=dtype, gen=gen)
+    x64, w64 = (t.double().requires_grad_() for t in (x, w))
+    (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64).backward(dy.double())
+    _, rstd = kernels.rmsnorm_fwd_h4096(x, w)
+    dx, dgamma = kernels.rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, w, d_res)
+    assert_close("RMSNorm dx", dx, x64.grad + d_res.double(), dtype)
+    assert_close("RMSNorm dgamma", dgamma, w64.grad, dtype)
+    assert torch.equal(kernels.rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, w, d_res)[1], dgamma)
+
+    # Bias + SwiGLU, an elementwise backward: 28672 bias columns, several blocks along a row
+    h = randn(rows, 28672, dtype=dtype, gen=gen, scale=3.0)
+    dy = randn(rows, 14336, dtype=dtype, gen=gen)
+    h64 = h.double().requires_grad_()
+    _swiglu(h64).backward(dy.double())
+    dx, dbias = kernels.bias_swiglu_bwd_n14336(dy, h)
+    assert_close("SwiGLU dx", dx, h64.grad, dtype)
+    if dtype == torch.float32:  # the fp32 summation bound, as in test_activation_kernels
+        terms = dx.double()
+        assert ((dbias.double() - terms.sum(0)).abs() <= rows * 2.0**-24 * terms.abs().sum(0)).all()
+    else:
+        assert_close("SwiGLU dbias", dbias, h64.grad.sum(0), dtype)
+    assert torch.equal(kernels.bias_swiglu_bwd_n14336(dy, h)[1], dbias)
+
+    expected = [] if in_kernel else ["column_sum_n2048", "column_sum_n4096", "column_sum_n28672"]
+    assert launched == [n for n in expected for _ in range(2)]  # each backward ran twice
+
+
 @pytest.mark.parametrize("rows", [1, 3, 513])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_residual_and_bias_kernels(dtype, rows):
