@@ -5,9 +5,9 @@ Peers: eager PyTorch, torch.compile of the eager code (default mode), and Liger-
 skipped with a note where it is not installed). fusegen runs the generated modules of
 bench/specs/sweep.py (`make bench` generates them into bench/build/sweep first). Per case and pass
 (forward under torch.no_grad; forward + backward through torch.autograd.grad, so no grad is
-accumulated): device µs (the median of 7 batches of calls queued back to back between two CUDA
-events, so at a few rows, where every implementation is bound by its host, the time is the host's
-pace), GB/s over the bytes the pass must move (every required read and write once), % of a
+accumulated): device µs (the fastest of 4 batches of calls, each queued behind a sleep that covers
+the host's time, between two CUDA events: the device's own time even where every implementation
+is bound by its host, whose time per call is in the host column), GB/s over the bytes the pass must move (every required read and write once), % of a
 device-to-device copy measured in the same run, and fusegen's time over the fastest peer's.
 
     python3 bench/bench_kernels.py [--quick] [--families rmsnorm,swiglu] [--out FILE]
@@ -51,8 +51,10 @@ CYCLES_PER_US = 2000  # torch.cuda._sleep spins about this many cycles per µs (
 
 def timed(fn, batch=20):
     """(device µs, host µs) per call of ``fn``. Host: the time to queue a batch of calls while a
-    sleep keeps the device busy. Device: the same batch queued behind a sleep long enough to cover
-    the host's time, between two CUDA events, so the host's pace does not count. Medians of 5."""
+    sleep keeps the device busy (the median of 5 batches). Device: the same batch queued behind a
+    sleep long enough to cover the host's time, between two CUDA events, so the host's pace does
+    not count: the fastest of the last 4 batches, since a host stall longer than the sleep (a
+    garbage collection, an allocation) can only lengthen a batch, by up to 20x in single runs."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -69,7 +71,7 @@ def timed(fn, batch=20):
         end.record()
         end.synchronize()
         devices.append(start.elapsed_time(end) * 1000 / batch)
-    return statistics.median(devices[1:]), statistics.median(hosts)
+    return min(devices[1:]), statistics.median(hosts)
 
 
 def copy_gbs():
@@ -235,7 +237,7 @@ def main():
     copy = copy_gbs()
     header = [f"# `make bench`: {versions()}", "",
               f"Device-to-device copy in this run: {copy:.0f} GB/s (read + write). µs: the device's time per "
-              "call (queued behind a sleep, so the host's pace does not count). GB/s and % of copy: fusegen's. "
+              "call (the fastest of 4 batches, each queued behind a sleep, so the host's pace does not count). GB/s and % of copy: fusegen's. "
               "ratio: fusegen's device time over the fastest peer's (below 1: fusegen is faster). host µs: "
               "each implementation's host time per call (fusegen / eager / torch.compile / Liger), which "
               "bounds a call wherever it exceeds the device's.",
