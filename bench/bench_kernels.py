@@ -199,24 +199,16 @@ def run_case(family, width, tokens, compiled, copy):
               for _ in range(1 + family.extra_inputs)]
     impls = {"fusegen": lambda *a: module(*a[:1 + family.extra_inputs]),
              "eager": family.eager, "torch.compile": compiled}
-    graphs = getattr(module, "cuda_graphs", None)
-    if graphs is not None and tokens <= graphs.max_rows:
-        # At these rows the module replays CUDA graphs, whose copies into and out of their buffers
-        # are kernels too; its kernels alone are what runs inside a caller's own graph.
-        kernels_only = family.module(width)
-        kernels_only.load_state_dict(module.state_dict())
-        kernels_only.cuda_graphs.max_rows = 0
-        impls["fusegen kernels"] = lambda *a: kernels_only(*a[:1 + family.extra_inputs])
     if LIGER and family.liger:
         impls["liger"] = family.liger
     rows = []
     for pass_name, index, per_element in (("fwd", 0, family.fwd_bytes), ("fwd+bwd", 1, family.fwd_bwd_bytes)):
         times, hosts = {}, {}
         for name, call in impls.items():
-            fn = passes(call, inputs, [] if name.startswith("fusegen") else params)[index]
+            fn = passes(call, inputs, [] if name == "fusegen" else params)[index]
             times[name], hosts[name] = timed(fn)
         gbs = per_element * tokens * width / times["fusegen"] / 1e3
-        fastest_peer = min(v for k, v in times.items() if not k.startswith("fusegen"))
+        fastest_peer = min(v for k, v in times.items() if k != "fusegen")
         rows.append((family.name, tokens, width, pass_name, times, hosts, gbs, 100 * gbs / copy,
                      times["fusegen"] / fastest_peer))
     return rows
@@ -256,16 +248,15 @@ def main():
               "call (the fastest of 4 batches, each queued behind a sleep, so the host's pace does not count). GB/s and % of copy: fusegen's. "
               "ratio: fusegen's device time over the fastest peer's (below 1: fusegen is faster). host µs: "
               "each implementation's host time per call (fusegen / eager / torch.compile / Liger), which "
-              "bounds a call wherever it exceeds the device's. kernels µs: at the rows where fusegen's module "
-              "replays CUDA graphs (at most 128), its device time with them off: its kernels alone, as inside a "
-              "caller's own graph, without the graphs' copies into and out of their buffers.",
+              "bounds a call wherever it exceeds the device's. Each module here is one fused stage, so "
+              "it replays no CUDA graphs (bench_runtime.py times the pipelines that do).",
               "",
               f"One launch of a kernel with nothing to do (a 1-element fill) takes {launch:.1f} µs of device time "
               "in this run: the floor of every call of one kernel.",
               "" if LIGER else "Liger-Kernel is not installed here: its column is empty.", "",
               "| family | tokens | width | pass | fusegen µs | eager µs | torch.compile µs | Liger µs | GB/s | % copy "
-              "| ratio | host µs | kernels µs |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| ratio | host µs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     gpu = "".join(c if c.isalnum() else "_" for c in torch.cuda.get_device_name().lower())
     out = (args.out or ROOT / "bench" / "results" / f"{gpu}.md").open("w")
 
@@ -284,9 +275,8 @@ def main():
                 for fam, t, w, pass_name, times, hosts, gbs, pct, ratio in run_case(family, width, n, compiled, copy):
                     cells = [f"{times[k]:.1f}" if k in times else "" for k in IMPLS]
                     host = " / ".join(f"{hosts[k]:.0f}" if k in hosts else "-" for k in IMPLS)
-                    kernels = f"{times['fusegen kernels']:.1f}" if "fusegen kernels" in times else ""
                     emit(f"| {fam} | {t} | {w} | {pass_name} | " + " | ".join(cells)
-                         + f" | {gbs:.0f} | {pct:.0f}% | {ratio:.2f} | {host} | {kernels} |")
+                         + f" | {gbs:.0f} | {pct:.0f}% | {ratio:.2f} | {host} |")
     emit(f"\n{time.perf_counter() - started:.0f} s for the sweep.")
     out.close()
 

@@ -49,7 +49,8 @@ def add_fwd_n4096(x, extra_in0):
     return a.to(x.dtype)
 
 
-_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel("add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi")
+_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel(
+    "add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi", few_rows=(torch.float32,))
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {
     torch.bfloat16: 96, torch.float16: 96, torch.float32: 128}
 
@@ -59,7 +60,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     mean, rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_4e21931f(
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_0a20faae(
             x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -114,7 +115,7 @@ _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.fl
 def add_rmsnorm_fwd_h256(x, residual, gamma):
     """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_rmsnorm_fwd_h256_3d7f079d(x, residual, gamma)
+        return torch.ops.fusegen.add_rmsnorm_fwd_h256_d53d2b80(x, residual, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -733,7 +734,7 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_cf0ead5a(
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_40ccdd1b(
             x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -2403,7 +2404,7 @@ _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torc
 def l2norm_eps1em05_fwd_h256(x):
     """L2Normalization(eps=1e-05): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_01741dfc(x)
+        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_a81a7c32(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2591,7 +2592,7 @@ _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h1024_dc5fa566(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h1024_f68fb087(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2627,14 +2628,14 @@ def layernorm_fwd_h1024_no_grad(x, gamma, beta):
     return layernorm_fwd_h1024(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
-_LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096", "ppppppppi")
+_LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096", "ppppppppi", few_rows=(torch.float32,))
 _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h4096_3707f610(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h4096_88200a00(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3096,7 +3097,7 @@ _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, t
 def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_249d94c9(x, seed1, gamma)
+        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_d5a460ee(x, seed1, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3142,7 +3143,7 @@ _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h1024_c9899ed0(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h1024_61efe715(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3181,7 +3182,7 @@ _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h4096_cdabd959(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_5a8a0d38(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3220,7 +3221,7 @@ _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_fwd_h64(x, gamma):
     """RMSNorm(64): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h64_25b2ae9d(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h64_2d89724e(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3307,7 +3308,7 @@ _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_bfa88aa4(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_fb9b6ec5(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4069,11 +4070,11 @@ def _register(name, schema, launcher):
 
 _register("add_fwd_n4096_156045b4", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
 _register(
-    "add_layernorm_zc_eps1em06_fwd_h768_4e21931f",
+    "add_layernorm_zc_eps1em06_fwd_h768_0a20faae",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768)
 _register(
-    "add_rmsnorm_fwd_h256_3d7f079d",
+    "add_rmsnorm_fwd_h256_d53d2b80",
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
 _register(
     "add_scale0p5_tee_qgelu_bwd_any_from_add_34db7a4d",
@@ -4108,7 +4109,7 @@ _register(
     "bias_dropout0p1_add_bwd_n256_2bd3f396", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_add_bwd_n256)
 _register(
-    "bias_dropout0p1_add_layernorm_fwd_h256_cf0ead5a",
+    "bias_dropout0p1_add_layernorm_fwd_h256_40ccdd1b",
     "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256)
@@ -4234,7 +4235,7 @@ _register("glu_fwd_n512_3dcd36fb", "(Tensor x) -> Tensor", glu_fwd_n512)
 _register(
     "l2norm_bwd_h256_27358322", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
 _register(
-    "l2norm_eps1em05_fwd_h256_01741dfc", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
+    "l2norm_eps1em05_fwd_h256_a81a7c32", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
 _register(
     "layernorm_bwd_h1024_bbef3a8b",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
@@ -4249,10 +4250,10 @@ _register(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096)
 _register(
-    "layernorm_fwd_h1024_dc5fa566",
+    "layernorm_fwd_h1024_f68fb087",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
 _register(
-    "layernorm_fwd_h4096_3707f610",
+    "layernorm_fwd_h4096_88200a00",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
 _register(
     "layernorm_zc_bwd_h768_add_dresidual_c09f5a1d",
@@ -4282,19 +4283,19 @@ _register(
     "rmsnorm_bwd_h64_efa8209f",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
 _register(
-    "rmsnorm_dropout0p3_fwd_h256_249d94c9",
+    "rmsnorm_dropout0p3_fwd_h256_d5a460ee",
     "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
 _register(
-    "rmsnorm_fwd_h1024_c9899ed0", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
+    "rmsnorm_fwd_h1024_61efe715", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
 _register(
-    "rmsnorm_fwd_h4096_cdabd959", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
+    "rmsnorm_fwd_h4096_5a8a0d38", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
 _register(
-    "rmsnorm_fwd_h64_25b2ae9d", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
+    "rmsnorm_fwd_h64_2d89724e", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
 _register(
     "rmsnorm_zc_bwd_h768_e75490bd",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
 _register(
-    "rmsnorm_zc_fwd_h768_bfa88aa4", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    "rmsnorm_zc_fwd_h768_fb9b6ec5", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768)
 _register("silu_bwd_any_4e754a84", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
 _register("silu_fwd_any_55327e98", "(Tensor x) -> Tensor", silu_fwd_any)

@@ -146,6 +146,13 @@ def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
     return "{" + ", ".join(f"torch.{dtype}: {size}" for dtype, size in sizes) + "}"  # torch's dtype names
 
 
+def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
+    """The dtypes whose kernel has a ``_few_rows`` entry (KernelSpec.few_rows) as a Python tuple
+    literal; "" when none has."""
+    having = [f"torch.{dtype}" for dtype in dtypes if spec.few_rows(kn.DTYPES[dtype][2])]
+    return f"({', '.join(having)},)" if having else ""
+
+
 def cuda_sources(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> dict[str, str]:
     """{kernel symbol: CUDA source} for each dtype of one kernel spec."""
     template = env.get_template(f"{spec.family}.cu.j2")
@@ -334,8 +341,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
         if name not in ext.headers or name in shipped:
             files[f"kernels/{name}"] = path.read_text()
     launchers = [dict(name=s.name, op=op_name(s, sources), family=s.family, ctx=s.ctx, summary=s.summary,
-                      geometry=geometry(s, config.dtypes), params=kn.kernel_abi(s), shared=s.shared_bytes,
-                      **kn.launcher_io(s))
+                      geometry=geometry(s, config.dtypes), few_rows=few_rows(s, config.dtypes),
+                      params=kn.kernel_abi(s), shared=s.shared_bytes, **kn.launcher_io(s))
                  for s in unique.values()]
     files["_kernels.py"] = env.get_template("kernels.py.j2").render(
         kernels=launchers, fixed=fixed_sizes(unique), sums_in_kernel_splits=kn.SUMS_IN_KERNEL_SPLITS)

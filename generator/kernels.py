@@ -78,6 +78,19 @@ def norm_threads(hidden: int, vec: int, backward: bool = False, shared_partials:
     return min(covering, NORM_MAX_THREADS, max(NORM_FWD_MIN_THREADS, aimed))
 
 
+def norm_fwd_few_rows(hidden: int, vec: int, threads: int, itemsize: int, params: int, residual: bool,
+                      writes_h: bool) -> bool:
+    """Whether a norm forward has a second entry point for at most one wave of rows (templates/
+    cuda/norm.cuh: FEW_ROWS): one whose ``params`` (gamma, beta) the throughput entry does not
+    hold from the start (too many registers a block), or that writes the sum h (whose loads it
+    issues before the stores). Either saves a round trip to memory in a block's latency, which is
+    the kernel's at a few rows. Nothing differs where a thread holds one vector."""
+    nvec = -(-hidden // vec)
+    nv = -(-nvec // threads)  # vectors a thread holds (norm.cuh: RowTiling::NV)
+    held = params * nv * vec * itemsize * threads <= (8192 if residual else 16384)
+    return nv >= 2 and ((params > 0 and not held) or writes_h)
+
+
 def kernel_name(chain: str, suffix: str, qualifier: str = "") -> tuple[str, str]:
     """(name, full name) of a kernel: ``<chain>_<suffix>[_<qualifier>]``, bounded.
 
@@ -171,6 +184,15 @@ class KernelSpec:
             return vec
         return None
 
+    def few_rows(self, itemsize: int) -> bool:
+        """Whether this kernel has a ``_few_rows`` entry point (a norm forward's, norm_fwd_few_rows)."""
+        if self.family != "norm_fwd":
+            return False
+        ctx = self.ctx
+        params = 0 if ctx["l2"] else 2 if ctx["layernorm"] else 1
+        return norm_fwd_few_rows(ctx["hidden"], self.vec(itemsize), self.launch_size(itemsize), itemsize, params,
+                                 ctx["residual"], ctx["writes_h"])
+
     @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory a block of this kernel needs (a norm backward's fp32 partials)."""
@@ -192,6 +214,8 @@ class KernelSpec:
                    params=self.params, operands=self.operands, headers=self.headers)
         if self.geometry == "row_threads":
             ctx["threads"] = self.launch_size(itemsize)
+        if self.family == "norm_fwd":
+            ctx["few_rows"] = self.few_rows(itemsize)
         if ctx.get("shared_partials"):  # two blocks an SM where 64 registers a thread hold the row
             ctx["min_blocks"] = NORM_BWD_MIN_BLOCKS if ctx["threads"] * NORM_BWD_MIN_BLOCKS <= 1024 else 1
         return ctx

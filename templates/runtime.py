@@ -218,8 +218,8 @@ def _check(result, full_name, what):
 _LOCK = threading.Lock()  # guards the load path; launches read the caches without it
 _STATE = {"initialized": False}
 _FILES = {}  # full name -> binary file names present in KERNELS_DIR
-_LIBRARIES = {}  # file name -> (CUlibrary, CUkernel, image kept alive alongside)
-_FUNCTIONS = {}  # (full name, device index) -> CUfunction bound to that device's primary context
+_LIBRARIES = {}  # file name -> (CUlibrary, image kept alive alongside)
+_FUNCTIONS = {}  # (entry symbol, device index) -> CUfunction bound to that device's primary context
 _PRIMARY = {}  # device index -> primary context retained here (only if none was current)
 _MANIFEST = {}  # MANIFEST.json, read on the first load
 
@@ -242,12 +242,15 @@ def _ensure_context(full_name, index):
 DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
-def _load(full_name, index, shared=0):
+def _load(full_name, index, shared=0, symbol=None):
+    """The function ``symbol`` (default: the kernel's own, ``full_name``; a second entry point of
+    the same binary, e.g. a norm forward's ``<full name>_few_rows``) on device ``index``."""
     driver = _driver()
     torch.cuda.init()  # PyTorch creates the primary contexts; the driver calls below use them
+    symbol = symbol or full_name
     with _LOCK:
-        if (full_name, index) in _FUNCTIONS:  # another thread got here first
-            return _FUNCTIONS[full_name, index]
+        if (symbol, index) in _FUNCTIONS:  # another thread got here first
+            return _FUNCTIONS[symbol, index]
         if not _STATE["initialized"]:
             _check(driver.cuInit(0)[0], full_name, "cuInit")
             _STATE["initialized"] = True
@@ -261,20 +264,20 @@ def _load(full_name, index, shared=0):
                 image += b"\0"  # the driver takes PTX as a NUL-terminated string
             err, library = driver.cuLibraryLoadData(image, None, None, 0, None, None, 0)
             _check(err, full_name, f"cuLibraryLoadData({chosen})")
-            err, kernel = driver.cuLibraryGetKernel(library, full_name.encode())
-            _check(err, full_name, f"cuLibraryGetKernel in {chosen}")
-            _LIBRARIES[chosen] = (library, kernel, image)
+            _LIBRARIES[chosen] = (library, image)
+        err, kernel = driver.cuLibraryGetKernel(_LIBRARIES[chosen][0], symbol.encode())
+        _check(err, full_name, f"cuLibraryGetKernel({symbol}) in {chosen}")
         with torch.cuda.device(index):
             _ensure_context(full_name, index)
             # With a PTX file the driver JIT-compiles here; an old driver fails with
             # CUDA_ERROR_UNSUPPORTED_PTX_VERSION (then add the GPU's sm_XY to archs instead).
-            err, function = driver.cuKernelGetFunction(_LIBRARIES[chosen][1])
+            err, function = driver.cuKernelGetFunction(kernel)
             _check(err, full_name, f"cuKernelGetFunction({chosen}) on device {index}")
             if shared > DEFAULT_SHARED_LIMIT:
                 limit = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                 _check(driver.cuFuncSetAttribute(function, limit, shared)[0], full_name,
                        f"raising its dynamic shared memory to {shared} bytes on device {index}")
-        _FUNCTIONS[full_name, index] = function
+        _FUNCTIONS[symbol, index] = function
         return function
 
 
@@ -332,12 +335,18 @@ class _Ready:
 class Kernel:
     """One generated kernel, in every dtype it was built for; ``name`` has no dtype suffix,
     ``signature`` its C parameters in order, one letter each: "p" a pointer, "i" a C int;
-    ``shared`` the bytes of dynamic shared memory each block gets (a norm backward's partials)."""
+    ``shared`` the bytes of dynamic shared memory each block gets (a norm backward's partials);
+    ``few_rows`` the dtypes whose binary has a second entry point, ``<symbol>_few_rows``, that a
+    grid of at most one wave of its blocks runs instead (a norm forward's: templates/cuda/norm.cuh,
+    FEW_ROWS); ``entry`` names such an entry (the symbol's suffix) for the Kernel that launches it."""
 
-    def __init__(self, name, signature, shared=0):
+    def __init__(self, name, signature, shared=0, few_rows=(), entry=""):
         self.name = name  # nothing is loaded before the first launch
         self.signature = signature
         self.shared = shared
+        self.entry = entry
+        self.few_rows = Kernel(name, signature, shared, entry="few_rows") if few_rows else None
+        self.few_rows_dtypes = frozenset(few_rows)
         self._ready = {}  # (dtype, device index) -> _Ready
 
     def _full_name(self, dtype):
@@ -349,12 +358,13 @@ class Kernel:
     def _prepare(self, dtype, index):
         global _LAUNCH, _LAUNCH_COOPERATIVE, _SUCCESS
         full = self._full_name(dtype)
-        function = _FUNCTIONS.get((full, index)) or _load(full, index, self.shared)
+        symbol = f"{full}_{self.entry}" if self.entry else full
+        function = _FUNCTIONS.get((symbol, index)) or _load(full, index, self.shared, symbol)
         if _LAUNCH is None:
             driver = _driver()
             _LAUNCH, _LAUNCH_COOPERATIVE = driver.cuLaunchKernel, driver.cuLaunchCooperativeKernel
             _SUCCESS = driver.CUresult.CUDA_SUCCESS
-        ready = _Ready((self.name, dtype, index), full, function, index, self.signature, self.shared)
+        ready = _Ready((self.name, self.entry, dtype, index), full, function, index, self.signature, self.shared)
         self._ready[dtype, index] = ready
         return ready
 
@@ -381,12 +391,18 @@ class Kernel:
         arguments in order, pointers as ints (``tensor.data_ptr()``, ``pointer(t)``) and C ints.
         ``cooperative``: a cooperative launch (every block resident at once, so the kernel may
         wait on a barrier across its grid: templates/cuda/column_sum.cuh, grid_sync), for a grid
-        of at most ``resident_blocks``.
+        of at most ``resident_blocks``. A grid of at most one wave of the ``few_rows`` entry's
+        blocks runs that entry, where the dtype's binary has one.
         The generated module checks its inputs' devices and dtypes once per call; here nothing is
         checked but what the packing itself rejects (an int that does not fit)."""
-        ready = self._ready.get((dtype, index))
+        kernel = self
+        if self.few_rows is not None and dtype in self.few_rows_dtypes:
+            blocks, threads = grid[0] * grid[1] * grid[2], block[0] * block[1] * block[2]
+            if blocks <= self.few_rows.resident_blocks(dtype, index, threads):
+                kernel = self.few_rows
+        ready = kernel._ready.get((dtype, index))
         if ready is None:
-            ready = self._prepare(dtype, index)
+            ready = kernel._prepare(dtype, index)
         data, params, _ = ready.buffer()
         try:
             ready.layout.pack_into(data, 0, *args)

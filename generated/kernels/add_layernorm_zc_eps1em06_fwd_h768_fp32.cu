@@ -20,6 +20,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) add_layernorm_zc_eps1em06_
     float* __restrict__ mean,
     float* __restrict__ rstd,
     int rows) {
-  fg::norm_fwd<T, H, VEC, THREADS, /*LAYERNORM=*/true, /*RESIDUAL=*/true,
+  fg::norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/false, /*LAYERNORM=*/true, /*RESIDUAL=*/true,
+               /*ZERO_CENTERED=*/true>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
+}
+
+// The same, for a grid of at most one wave of blocks (the runtime picks it: Kernel.launch): the row's
+// parameters and loads all requested before its first barrier or store, in registers that would
+// cost blocks an SM at many rows.
+extern "C" __global__ void __launch_bounds__(THREADS) add_layernorm_zc_eps1em06_fwd_h768_fp32_few_rows(
+    const T* __restrict__ x,
+    const T* __restrict__ residual,
+    const T* __restrict__ gamma,
+    const T* __restrict__ beta,
+    T* __restrict__ y,
+    T* __restrict__ residual_out,
+    float* __restrict__ mean,
+    float* __restrict__ rstd,
+    int rows) {
+  fg::norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/true, /*LAYERNORM=*/true, /*RESIDUAL=*/true,
                /*ZERO_CENTERED=*/true>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
 }

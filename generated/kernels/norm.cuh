@@ -53,8 +53,8 @@ struct NoOps {
 // the row-major [rows, H] tensor, its column and its row.
 enum class Norm { RMS, LAYER, L2 };  // L2: rstd = rsqrt(sum(x^2) + eps) (no mean), no gamma
 
-template <typename T, int H, int VEC, int THREADS, Norm KIND, bool RESIDUAL, bool ZERO_CENTERED, class Prologue,
-          class Epilogue>
+template <typename T, int H, int VEC, int THREADS, bool FEW_ROWS, Norm KIND, bool RESIDUAL, bool ZERO_CENTERED,
+          class Prologue, class Epilogue>
 __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
                                              const T* __restrict__ gamma, const T* __restrict__ beta,
                                              T* __restrict__ y, T* __restrict__ residual_out,
@@ -73,9 +73,11 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
   // round trip to memory, which at a few rows (one block's latency is the kernel's) costs about as
   // much as the row's own. Held at wider rows, they take so many registers that fewer blocks fit
   // an SM and many rows lose more than few rows gain; the bounds are the H100's (bench/NOTES.md).
+  // The FEW_ROWS entry (launched for at most one wave of its blocks, where no block waits for an
+  // SM) holds them at every width. (generator/kernels.py: norm_fwd_few_rows mirrors these rules.)
   constexpr int PARAMS = KIND == Norm::L2 ? 0 : LAYERNORM ? 2 : 1;
   constexpr int HELD_BYTES = PARAMS * Tile::NV * VEC * (int)sizeof(T) * THREADS;
-  constexpr bool EARLY = PARAMS > 0 && Tile::NV >= 2 && HELD_BYTES <= (RESIDUAL ? 8192 : 16384);
+  constexpr bool EARLY = PARAMS > 0 && Tile::NV >= 2 && (FEW_ROWS || HELD_BYTES <= (RESIDUAL ? 8192 : 16384));
   Vec<T, VEC> gamma_early[EARLY ? Tile::NV : 1], beta_early[EARLY && LAYERNORM ? Tile::NV : 1];
   if (EARLY) {
 #pragma unroll
@@ -85,17 +87,32 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
       if (LAYERNORM) beta_early[i] = load_raw<T, VEC>(beta + Tile::col(i));
     }
   }
+  // The FEW_ROWS entry of a row that writes h issues all its loads before its first store: the
+  // compiler keeps a load after a store in order, so each of a thread's vectors would otherwise be
+  // a round trip of its own. (At many rows the registers that holds cost blocks an SM.)
+  constexpr bool LOADS_FIRST = FEW_ROWS && WRITE_H && Tile::NV >= 2;
+  Vec<T, VEC> x_early[LOADS_FIRST ? Tile::NV : 1], r_early[LOADS_FIRST && RESIDUAL ? Tile::NV : 1];
+  if (LOADS_FIRST) {
+#pragma unroll
+    for (int i = 0; i < Tile::NV; ++i) {
+      if (!Tile::valid(i)) continue;
+      x_early[i] = load_raw<T, VEC>(x + base + Tile::col(i));
+      if (RESIDUAL) r_early[i] = load_raw<T, VEC>(residual + base + Tile::col(i));
+    }
+  }
   float h[Tile::NV][VEC];
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < Tile::NV; ++i) {
     if (!Tile::valid(i)) continue;
-    load<T, VEC>(x + base + Tile::col(i), h[i]);
+    if (LOADS_FIRST) to_floats<T, VEC>(x_early[i], h[i]);
+    else load<T, VEC>(x + base + Tile::col(i), h[i]);
     prologue(h[i], base + Tile::col(i), Tile::col(i), row);
     if (WRITE_H) {
       // h = prologue(x) [+ r], rounded to T: the stored residual stream and what the backward reads.
       float r[VEC];
-      if (RESIDUAL) load<T, VEC>(residual + base + Tile::col(i), r);
+      if (RESIDUAL && LOADS_FIRST) to_floats<T, VEC>(r_early[i], r);
+      else if (RESIDUAL) load<T, VEC>(residual + base + Tile::col(i), r);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) h[i][k] = to_float<T>(from_float<T>(RESIDUAL ? h[i][k] + r[k] : h[i][k]));
       if (residual_out != nullptr) store<T, VEC>(residual_out + base + Tile::col(i), h[i]);
@@ -146,7 +163,7 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
 }
 
 // LayerNorm / RMSNorm forward.
-template <typename T, int H, int VEC, int THREADS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED,
+template <typename T, int H, int VEC, int THREADS, bool FEW_ROWS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED,
           class Prologue = NoOps, class Epilogue = NoOps>
 __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
                                          const T* __restrict__ gamma, const T* __restrict__ beta,
@@ -154,20 +171,21 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
                                          float* __restrict__ mean, float* __restrict__ rstd, int rows,
                                          float eps, const Prologue prologue = Prologue(),
                                          const Epilogue epilogue = Epilogue()) {
-  row_norm_fwd<T, H, VEC, THREADS, LAYERNORM ? Norm::LAYER : Norm::RMS, RESIDUAL, ZERO_CENTERED>(
+  row_norm_fwd<T, H, VEC, THREADS, FEW_ROWS, LAYERNORM ? Norm::LAYER : Norm::RMS, RESIDUAL, ZERO_CENTERED>(
       x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue);
 }
 
 // L2Normalization forward (gamma and beta unused).
-template <typename T, int H, int VEC, int THREADS, bool RESIDUAL, class Prologue = NoOps, class Epilogue = NoOps>
+template <typename T, int H, int VEC, int THREADS, bool FEW_ROWS, bool RESIDUAL, class Prologue = NoOps,
+          class Epilogue = NoOps>
 __device__ __forceinline__ void l2norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
                                            const T* __restrict__ gamma, const T* __restrict__ beta,
                                            T* __restrict__ y, T* __restrict__ residual_out,
                                            float* __restrict__ mean, float* __restrict__ rstd, int rows,
                                            float eps, const Prologue prologue = Prologue(),
                                            const Epilogue epilogue = Epilogue()) {
-  row_norm_fwd<T, H, VEC, THREADS, Norm::L2, RESIDUAL, false>(x, residual, gamma, beta, y, residual_out, mean, rstd,
-                                                              rows, eps, prologue, epilogue);
+  row_norm_fwd<T, H, VEC, THREADS, FEW_ROWS, Norm::L2, RESIDUAL, false>(x, residual, gamma, beta, y, residual_out,
+                                                                        mean, rstd, rows, eps, prologue, epilogue);
 }
 
 // Backward, parameter-grad partials in registers: rows too wide for shared memory, and L2 (none).

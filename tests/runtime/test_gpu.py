@@ -135,6 +135,53 @@ def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, kernels, dtype, rows):
         assert torch.equal(g, h), "parameter grads must be deterministic run to run"
 
 
+# Norm forwards whose kernel has a _few_rows entry in some dtype (kernels.norm_fwd_few_rows): one
+# whose parameters the other entry loads after the reduction, or that writes the residual sum.
+FEW_ROWS_NORMS = [  # fwd kernel, H, residual added (zero-centred gamma), LayerNorm?, package's launchers
+    ("layernorm_fwd_h4096", 4096, False, True, K),
+    ("add_layernorm_zc_eps1em06_fwd_h768", 768, True, True, K),
+    ("layernorm_fwd_h12288", 12288, False, True, wide_kernels),
+    ("rmsnorm_fwd_h16384", 16384, False, False, wide_kernels),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("fwd,hidden,residual,layernorm,kernels", FEW_ROWS_NORMS, ids=[n[0] for n in FEW_ROWS_NORMS])
+def test_norm_forward_runs_its_few_rows_entry_up_to_one_wave(fwd, hidden, residual, layernorm, kernels, dtype,
+                                                              monkeypatch):
+    """Up to one wave of its blocks a norm forward runs its _few_rows entry, past it the other;
+    both compute the same bits (only when loads are issued differs), checked against float64."""
+    launcher = getattr(kernels(), "_" + fwd.upper())
+    threads = getattr(kernels(), "_" + fwd.upper() + "_THREADS")[dtype]
+    entries = []  # the entry each launch ran ("" the kernel's own)
+    launch = type(launcher)._launch
+    monkeypatch.setattr(type(launcher), "_launch",
+                        staticmethod(lambda ready, *a: entries.append(ready.key[1]) or launch(ready, *a)))
+    has_entry = dtype in launcher.few_rows_dtypes
+    wave = launcher.few_rows.resident_blocks(dtype, torch.cuda.current_device(), threads) if has_entry else 1
+    eps = 1e-6 if residual else 1e-5
+    for rows in (1, wave, wave + 1):
+        gen = torch.Generator().manual_seed(rows)
+        x, r = (randn(rows, hidden, dtype=dtype, gen=gen, scale=2.0) + 0.5 for _ in range(2))
+        w, b = randn(hidden, dtype=dtype, gen=gen), randn(hidden, dtype=dtype, gen=gen)
+        args = (x, r, w, b) if residual else (x, w, b) if layernorm else (x, w)
+        entries.clear()
+        y, *rest = getattr(kernels(), fwd)(*args)
+        assert entries == ["few_rows" if has_entry and rows <= wave else ""], f"{rows} rows ran {entries}"
+        h64 = (x.double() + r.double()).to(dtype).double() if residual else x.double()
+        gamma = w.double() + 1.0 if residual else w.double()  # the residual case's gamma is zero-centred
+        if layernorm:
+            ref = F.layer_norm(h64, (hidden,), gamma, b.double(), eps)
+        else:
+            ref = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps) * gamma
+        assert_close("y", y, ref, dtype)
+        if has_entry and rows <= wave:  # the other entry on the same rows: the same bits
+            monkeypatch.setattr(launcher, "few_rows_dtypes", frozenset())
+            again = getattr(kernels(), fwd)(*args)
+            monkeypatch.setattr(launcher, "few_rows_dtypes", frozenset({dtype}))
+            assert entries[-1] == "" and all(torch.equal(a, b) for a, b in zip((y, *rest), again))
+
+
 def test_resident_blocks_is_one_wave_of_the_device():
     """The grid a looping backward launches: the device's SMs times the blocks one SM holds with
     that kernel (the driver's occupancy query), asked once per kernel, device and block size."""
