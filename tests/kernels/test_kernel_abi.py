@@ -35,9 +35,10 @@ def launchers_tree():
 def test_signature_and_launch_tuple_come_from_one_abi(spec):
     abi = kn.kernel_abi(spec)
     source = (GENERATED / "kernels" / f"{spec.name}_fp32.cu").read_text()
-    signature = re.search(rf"{spec.name}_fp32\((.*?)\) {{", source, re.S).group(1)
-    declared = [re.sub(r"\s+", " ", p.strip()) for p in signature.split(",")]
-    assert declared == [f"{p.ctype}{' __restrict__' if '*' in p.ctype else ''} {p.name}" for p in abi]
+    # the kernel's entry points (a norm forward's second, _few_rows, where it has one) take the same
+    for signature in re.findall(rf"{spec.name}_fp32(?:_few_rows)?\((.*?)\) {{", source, re.S):
+        declared = [re.sub(r"\s+", " ", p.strip()) for p in signature.split(",")]
+        assert declared == [f"{p.ctype}{' __restrict__' if '*' in p.ctype else ''} {p.name}" for p in abi]
     # the Kernel's signature letters and every launch tuple: pointers as ints (0: not passed;
     # pointer(t): a Dropout key, None in eval mode), C ints as they are
     letters = "".join("p" if p.pointer else "i" for p in abi)
@@ -47,9 +48,12 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
                and getattr(node.value.func, "id", None) == "Kernel"}
     kernel = kernels[f"_{spec.name.upper()}"]
     assert [ast.literal_eval(a) for a in kernel.args] == [spec.name, letters]
-    # dynamic shared memory (a norm backward's partials), given only where the kernel takes some
-    keywords = {k.arg: ast.literal_eval(k.value) for k in kernel.keywords}
-    assert keywords == ({"shared": spec.shared_bytes} if spec.shared_bytes else {})
+    # dynamic shared memory (a norm backward's partials), given only where the kernel takes some;
+    # the dtypes with a _few_rows entry (a norm forward's), only where some dtype has one
+    keywords = {k.arg: ({e.attr for e in k.value.elts} if k.arg == "few_rows" else ast.literal_eval(k.value))
+                for k in kernel.keywords}
+    few_rows = {dtype for dtype, (_, _, itemsize) in kn.DTYPES.items() if spec.few_rows(itemsize)}
+    assert keywords == ({"shared": spec.shared_bytes} if spec.shared_bytes else {}) | ({"few_rows": few_rows} if few_rows else {})
     random = {dict(step)["operand"] for step in dict(spec.context).get("steps", ()) if dict(step)["broadcast"] == "random"}
     values = [("0" if not p.passed else p.name if not p.pointer else f"pointer({p.name})" if p.name in random
                else f"{p.name}.data_ptr()") for p in abi]
