@@ -9,7 +9,7 @@ float64 math (``compute``) through the whole fused stage, one rounding at the en
 import torch
 
 from . import _reference as ref
-from ._runtime import Kernel, fake_on_meta, pointer
+from ._runtime import Kernel, pointer, register_op
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
 # a backward of at most this many row splits adds its parameter grads itself, in one cooperative
@@ -60,7 +60,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     mean, rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_0a20faae(
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_55a94126(
             x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -115,7 +115,7 @@ _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.fl
 def add_rmsnorm_fwd_h256(x, residual, gamma):
     """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_rmsnorm_fwd_h256_d53d2b80(x, residual, gamma)
+        return torch.ops.fusegen.add_rmsnorm_fwd_h256_c0ca1307(x, residual, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -734,7 +734,7 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_40ccdd1b(
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_9ab756f7(
             x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -2404,7 +2404,7 @@ _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torc
 def l2norm_eps1em05_fwd_h256(x):
     """L2Normalization(eps=1e-05): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_a81a7c32(x)
+        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_823df4c5(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2592,7 +2592,7 @@ _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h1024_f68fb087(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h1024_c4f26de1(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2635,7 +2635,7 @@ _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h4096_88200a00(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h4096_6b4c3ab5(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3097,7 +3097,7 @@ _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, t
 def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_d5a460ee(x, seed1, gamma)
+        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_4a6467da(x, seed1, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3143,7 +3143,7 @@ _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h1024_61efe715(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h1024_4a2516b6(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3182,7 +3182,7 @@ _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h4096_5a8a0d38(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_df233de7(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3221,7 +3221,7 @@ _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_fwd_h64(x, gamma):
     """RMSNorm(64): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h64_2d89724e(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h64_d83bb58e(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3308,7 +3308,7 @@ _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_fb9b6ec5(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_96b72228(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4046,298 +4046,330 @@ _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: sw
 # opaque node per kernel. The op's implementation is the launcher itself; its fake (shapes and
 # dtypes, for tracing) is the launcher's reference path run on meta tensors. Outside compile the
 # launchers run directly and the ops cost nothing.
-_LIBRARY = torch.library.Library("fusegen", "FRAGMENT")
 
-
-def _implementation(launcher):
-    def run(*args):  # an op's outputs may not be views: the norm backward's dgamma/dbeta are slices
-        outputs = launcher(*args)
-        if isinstance(outputs, tuple):
-            return tuple(o.clone() if o._is_view() else o for o in outputs)
-        return outputs.clone() if outputs._is_view() else outputs
-    return run
-
-
-def _register(name, schema, launcher):
-    try:
-        _LIBRARY.define(name + schema)
-    # defined by another package in the process: the same kernel (its sources' digest)
-    except RuntimeError:
-        return
-    _LIBRARY.impl(name, _implementation(launcher), "CompositeExplicitAutograd")
-    # what tracing runs (cheaper to register than register_fake)
-    _LIBRARY.impl(name, fake_on_meta(launcher), "Meta")
-
-_register("add_fwd_n4096_156045b4", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096)
-_register(
-    "add_layernorm_zc_eps1em06_fwd_h768_0a20faae",
+register_op(
+    "add_fwd_n4096_156045b4", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
+    add_fwd_n4096)
+register_op(
+    "add_layernorm_zc_eps1em06_fwd_h768_55a94126",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
-    add_layernorm_zc_eps1em06_fwd_h768)
-_register(
-    "add_rmsnorm_fwd_h256_d53d2b80",
-    "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256)
-_register(
+    add_layernorm_zc_eps1em06_fwd_h768, add_layernorm_zc_eps1em06_fwd_h768)
+register_op(
+    "add_rmsnorm_fwd_h256_c0ca1307",
+    "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
+    add_rmsnorm_fwd_h256)
+register_op(
     "add_scale0p5_tee_qgelu_bwd_any_from_add_34db7a4d",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
-    add_scale0p5_tee_qgelu_bwd_any_from_add)
-_register(
+    add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
+register_op(
     "add_scale0p5_tee_qgelu_fwd_any_d355c0e6", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
-    add_scale0p5_tee_qgelu_fwd_any)
-_register(
-    "add_tee_bwd_n256_cd53187d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256)
-_register("add_tee_fwd_n256_2693822c", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256)
-_register("bias_add_bwd_n4096_4fddc83d", "(Tensor dy) -> Tensor", bias_add_bwd_n4096)
-_register(
+    add_scale0p5_tee_qgelu_fwd_any, add_scale0p5_tee_qgelu_fwd_any)
+register_op(
+    "add_tee_bwd_n256_cd53187d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
+    add_tee_bwd_n256)
+register_op(
+    "add_tee_fwd_n256_2693822c", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
+    add_tee_fwd_n256)
+register_op(
+    "bias_add_bwd_n4096_4fddc83d", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
+register_op(
     "bias_add_tee_bwd_n256_fff2d4f3", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
-    bias_add_tee_bwd_n256)
-_register(
+    bias_add_tee_bwd_n256, bias_add_tee_bwd_n256)
+register_op(
     "bias_add_tee_gelu_bwd_n256_from_bias_2bcf6010",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
     "Tensor)",
-    bias_add_tee_gelu_bwd_n256_from_bias)
-_register(
+    bias_add_tee_gelu_bwd_n256_from_bias, bias_add_tee_gelu_bwd_n256_from_bias)
+register_op(
     "bias_add_tee_gelu_fwd_n256_545e99b4",
-    "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256)
-_register("bias_bwd_n1024_bb32e169", "(Tensor dy) -> Tensor", bias_bwd_n1024)
-_register("bias_bwd_n256_864bec00", "(Tensor dy) -> Tensor", bias_bwd_n256)
-_register("bias_bwd_n4096_4497c331", "(Tensor dy) -> Tensor", bias_bwd_n4096)
-_register("bias_bwd_n512_104d2a2e", "(Tensor dy) -> Tensor", bias_bwd_n512)
-_register(
+    "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256,
+    bias_add_tee_gelu_fwd_n256)
+register_op("bias_bwd_n1024_bb32e169", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
+register_op("bias_bwd_n256_864bec00", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
+register_op("bias_bwd_n4096_4497c331", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
+register_op("bias_bwd_n512_104d2a2e", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
+register_op(
     "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_70e8acdf",
-    "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
-_register(
+    "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048,
+    bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
+register_op(
     "bias_dropout0p1_add_bwd_n256_2bd3f396", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
-    bias_dropout0p1_add_bwd_n256)
-_register(
-    "bias_dropout0p1_add_layernorm_fwd_h256_40ccdd1b",
+    bias_dropout0p1_add_bwd_n256, bias_dropout0p1_add_bwd_n256)
+register_op(
+    "bias_dropout0p1_add_layernorm_fwd_h256_9ab756f7",
     "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
     "(Tensor, Tensor, Tensor, Tensor)",
-    bias_dropout0p1_add_layernorm_fwd_h256)
-_register(
+    bias_dropout0p1_add_layernorm_fwd_h256, bias_dropout0p1_add_layernorm_fwd_h256)
+register_op(
     "bias_dropout0p1_bwd_n256_27daca46", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
-    bias_dropout0p1_bwd_n256)
-_register(
+    bias_dropout0p1_bwd_n256, bias_dropout0p1_bwd_n256)
+register_op(
     "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_e581bc89",
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
+    bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
-_register(
+register_op(
     "bias_gelu_bwd_n4096_12b6016a", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_gelu_bwd_n4096)
-_register(
+    bias_gelu_bwd_n4096, bias_gelu_bwd_n4096)
+register_op(
     "bias_gelu_dropout0p1_bwd_n512_3ec5b3d7",
-    "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512)
-_register(
-    "bias_glu_bwd_n512_0506cd59", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512)
-_register(
+    "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512,
+    bias_gelu_dropout0p1_bwd_n512)
+register_op(
+    "bias_glu_bwd_n512_0506cd59", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
+    bias_glu_bwd_n512)
+register_op(
     "bias_qgeglu_bwd_n512_29701a89", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_qgeglu_bwd_n512)
-_register(
+    bias_qgeglu_bwd_n512, bias_qgeglu_bwd_n512)
+register_op(
     "bias_qgelu_bwd_n512_bbd86820", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_qgelu_bwd_n512)
-_register(
+    bias_qgelu_bwd_n512, bias_qgelu_bwd_n512)
+register_op(
     "bias_reglu_bwd_n512_213024ff", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_reglu_bwd_n512)
-_register(
+    bias_reglu_bwd_n512, bias_reglu_bwd_n512)
+register_op(
     "bias_relu_bwd_n512_from_output_1f8c7761", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_relu_bwd_n512_from_output)
-_register(
+    bias_relu_bwd_n512_from_output, bias_relu_bwd_n512_from_output)
+register_op(
     "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5284d295",
     "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, "
     "Tensor)",
-    bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
-_register(
+    bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384, bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
+register_op(
     "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_275cfbf0",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
     "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias,
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
-_register(
+register_op(
     "bias_scale2p0_gelu_bwd_n256_3bb27687", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_scale2p0_gelu_bwd_n256)
-_register(
+    bias_scale2p0_gelu_bwd_n256, bias_scale2p0_gelu_bwd_n256)
+register_op(
     "bias_situglu_b2p0_c8p0_bwd_n512_727f3363", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_situglu_b2p0_c8p0_bwd_n512)
-_register(
+    bias_situglu_b2p0_c8p0_bwd_n512, bias_situglu_b2p0_c8p0_bwd_n512)
+register_op(
     "bias_sreglu_bwd_n512_bf2e8d2f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_sreglu_bwd_n512)
-_register(
+    bias_sreglu_bwd_n512, bias_sreglu_bwd_n512)
+register_op(
     "bias_srelu_bwd_n2048_739a9c7b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_srelu_bwd_n2048)
-_register(
+    bias_srelu_bwd_n2048, bias_srelu_bwd_n2048)
+register_op(
     "bias_srelu_rowscale_bwd_n512_1dfb512e",
     "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
-    bias_srelu_rowscale_bwd_n512)
-_register(
+    bias_srelu_rowscale_bwd_n512, bias_srelu_rowscale_bwd_n512)
+register_op(
     "bias_swiglu_bwd_n14336_10a85542", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_swiglu_bwd_n14336)
-_register(
+    bias_swiglu_bwd_n14336, bias_swiglu_bwd_n14336)
+register_op(
     "bias_swiglu_i32_bwd_n512_c93f8885", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
-    bias_swiglu_i32_bwd_n512)
-_register(
+    bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
+register_op(
     "clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4", "(Tensor dy, Tensor x) -> Tensor",
-    clamped_swiglu_l3p0_i16_bwd_any)
-_register(
+    clamped_swiglu_l3p0_i16_bwd_any, clamped_swiglu_l3p0_i16_bwd_any)
+register_op(
     "clamped_swiglu_l3p0_i16_fwd_any_37e784ad", "(Tensor x) -> Tensor",
-    clamped_swiglu_l3p0_i16_fwd_any)
-_register(
+    clamped_swiglu_l3p0_i16_fwd_any, clamped_swiglu_l3p0_i16_fwd_any)
+register_op(
     "clamped_swiglu_l5p0_rowscale_bwd_any_1b2df1b1",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
-    clamped_swiglu_l5p0_rowscale_bwd_any)
-_register(
+    clamped_swiglu_l5p0_rowscale_bwd_any, clamped_swiglu_l5p0_rowscale_bwd_any)
+register_op(
     "clamped_swiglu_l5p0_rowscale_fwd_any_c82a8e7d", "(Tensor x, Tensor extra_in1) -> Tensor",
-    clamped_swiglu_l5p0_rowscale_fwd_any)
-_register(
+    clamped_swiglu_l5p0_rowscale_fwd_any, clamped_swiglu_l5p0_rowscale_fwd_any)
+register_op(
     "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_2e3753ae", "(Tensor x) -> Tensor",
-    clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
-_register(
-    "column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024)
-_register(
-    "column_sum_n1536_5f1cf395", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536)
-_register(
-    "column_sum_n2048_f2548681", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048)
-_register(
-    "column_sum_n256_7d20f507", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256)
-_register(
+    clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048, clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
+register_op(
+    "column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024,
+    column_sum_n1024)
+register_op(
+    "column_sum_n1536_5f1cf395", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536,
+    column_sum_n1536)
+register_op(
+    "column_sum_n2048_f2548681", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048,
+    column_sum_n2048)
+register_op(
+    "column_sum_n256_7d20f507", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256,
+    column_sum_n256)
+register_op(
     "column_sum_n28672_595acf41", "(Tensor partials, ScalarType dtype) -> Tensor",
-    column_sum_n28672)
-_register(
-    "column_sum_n4096_d7d6209c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096)
-_register(
-    "column_sum_n512_7c62fb69", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512)
-_register(
-    "column_sum_n64_fbd74e4b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64)
-_register(
-    "column_sum_n768_9b62357b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768)
-_register(
-    "column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192)
-_register(
+    column_sum_n28672, column_sum_n28672)
+register_op(
+    "column_sum_n4096_d7d6209c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096,
+    column_sum_n4096)
+register_op(
+    "column_sum_n512_7c62fb69", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512,
+    column_sum_n512)
+register_op(
+    "column_sum_n64_fbd74e4b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64,
+    column_sum_n64)
+register_op(
+    "column_sum_n768_9b62357b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768,
+    column_sum_n768)
+register_op(
+    "column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192,
+    column_sum_n8192)
+register_op(
     "dropout0p1_add_fwd_n256_397054da", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
-    dropout0p1_add_fwd_n256)
-_register(
-    "dropout0p1_fwd_n512_37e9b20e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512)
-_register(
-    "dropout0p25_bwd_any_188ea53f", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any)
-_register(
-    "dropout0p25_fwd_any_ee8979e8", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any)
-_register(
+    dropout0p1_add_fwd_n256, dropout0p1_add_fwd_n256)
+register_op(
+    "dropout0p1_fwd_n512_37e9b20e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
+    dropout0p1_fwd_n512)
+register_op(
+    "dropout0p25_bwd_any_188ea53f", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
+    dropout0p25_bwd_any)
+register_op(
+    "dropout0p25_fwd_any_ee8979e8", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
+    dropout0p25_fwd_any)
+register_op(
     "dropout0p2_swiglu_fwd_n512_c4298a88", "(Tensor x, Tensor? seed0) -> Tensor",
-    dropout0p2_swiglu_fwd_n512)
-_register(
-    "dropout0p3_bwd_n256_6c79d780", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256)
-_register("gelu_bwd_any_0508494d", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any)
-_register("gelu_bwd_n256_16d7194f", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256)
-_register(
+    dropout0p2_swiglu_fwd_n512, dropout0p2_swiglu_fwd_n512)
+register_op(
+    "dropout0p3_bwd_n256_6c79d780", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
+    dropout0p3_bwd_n256)
+register_op("gelu_bwd_any_0508494d", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
+register_op(
+    "gelu_bwd_n256_16d7194f", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
+register_op(
     "gelu_dropout0p1_fwd_n512_f4f36dc4", "(Tensor x, Tensor? seed1) -> Tensor",
-    gelu_dropout0p1_fwd_n512)
-_register("gelu_fwd_any_0b7d2bfb", "(Tensor x) -> Tensor", gelu_fwd_any)
-_register("gelu_fwd_n256_a10ca29c", "(Tensor x) -> Tensor", gelu_fwd_n256)
-_register("gelu_fwd_n4096_d2a0428c", "(Tensor x) -> Tensor", gelu_fwd_n4096)
-_register("glu_fwd_n512_3dcd36fb", "(Tensor x) -> Tensor", glu_fwd_n512)
-_register(
-    "l2norm_bwd_h256_27358322", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256)
-_register(
-    "l2norm_eps1em05_fwd_h256_a81a7c32", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256)
-_register(
+    gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
+register_op("gelu_fwd_any_0b7d2bfb", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
+register_op("gelu_fwd_n256_a10ca29c", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
+register_op("gelu_fwd_n4096_d2a0428c", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
+register_op("glu_fwd_n512_3dcd36fb", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
+register_op(
+    "l2norm_bwd_h256_27358322", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256,
+    l2norm_bwd_h256)
+register_op(
+    "l2norm_eps1em05_fwd_h256_823df4c5", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256,
+    l2norm_eps1em05_fwd_h256)
+register_op(
     "layernorm_bwd_h1024_bbef3a8b",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
-    layernorm_bwd_h1024)
-_register(
+    layernorm_bwd_h1024, layernorm_bwd_h1024)
+register_op(
     "layernorm_bwd_h256_add_dresidual_6e0fe9d3",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
-    layernorm_bwd_h256_add_dresidual)
-_register(
+    layernorm_bwd_h256_add_dresidual, layernorm_bwd_h256_add_dresidual)
+register_op(
     "layernorm_bwd_h4096_fa96380a",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
-    layernorm_bwd_h4096)
-_register(
-    "layernorm_fwd_h1024_f68fb087",
-    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024)
-_register(
-    "layernorm_fwd_h4096_88200a00",
-    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096)
-_register(
+    layernorm_bwd_h4096, layernorm_bwd_h4096)
+register_op(
+    "layernorm_fwd_h1024_c4f26de1",
+    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024,
+    layernorm_fwd_h1024)
+register_op(
+    "layernorm_fwd_h4096_6b4c3ab5",
+    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096,
+    layernorm_fwd_h4096)
+register_op(
     "layernorm_zc_bwd_h768_add_dresidual_c09f5a1d",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
-    layernorm_zc_bwd_h768_add_dresidual)
-_register("qgeglu_fwd_n512_fe9052e9", "(Tensor x) -> Tensor", qgeglu_fwd_n512)
-_register("qgelu_fwd_n512_faa4cccc", "(Tensor x) -> Tensor", qgelu_fwd_n512)
-_register("reglu_fwd_n512_ee7cd925", "(Tensor x) -> Tensor", reglu_fwd_n512)
-_register("relu_bwd_n768_f13bf0dd", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768)
-_register("relu_fwd_n768_00523a35", "(Tensor x) -> Tensor", relu_fwd_n768)
-_register(
+    layernorm_zc_bwd_h768_add_dresidual, layernorm_zc_bwd_h768_add_dresidual)
+register_op("qgeglu_fwd_n512_fe9052e9", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
+register_op("qgelu_fwd_n512_faa4cccc", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
+register_op("reglu_fwd_n512_ee7cd925", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
+register_op(
+    "relu_bwd_n768_f13bf0dd", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
+register_op("relu_fwd_n768_00523a35", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
+register_op(
     "rmsnorm_bwd_h1024_b04174b0",
-    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024)
-_register(
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024,
+    rmsnorm_bwd_h1024)
+register_op(
     "rmsnorm_bwd_h256_388f4238",
-    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256)
-_register(
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256,
+    rmsnorm_bwd_h256)
+register_op(
     "rmsnorm_bwd_h256_add_dresidual_dde61c4a",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
-    rmsnorm_bwd_h256_add_dresidual)
-_register(
+    rmsnorm_bwd_h256_add_dresidual, rmsnorm_bwd_h256_add_dresidual)
+register_op(
     "rmsnorm_bwd_h4096_add_dresidual_354bbb62",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
-    rmsnorm_bwd_h4096_add_dresidual)
-_register(
+    rmsnorm_bwd_h4096_add_dresidual, rmsnorm_bwd_h4096_add_dresidual)
+register_op(
     "rmsnorm_bwd_h64_efa8209f",
-    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64)
-_register(
-    "rmsnorm_dropout0p3_fwd_h256_d5a460ee",
-    "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256)
-_register(
-    "rmsnorm_fwd_h1024_61efe715", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024)
-_register(
-    "rmsnorm_fwd_h4096_5a8a0d38", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096)
-_register(
-    "rmsnorm_fwd_h64_2d89724e", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64)
-_register(
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64,
+    rmsnorm_bwd_h64)
+register_op(
+    "rmsnorm_dropout0p3_fwd_h256_4a6467da",
+    "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256,
+    rmsnorm_dropout0p3_fwd_h256)
+register_op(
+    "rmsnorm_fwd_h1024_4a2516b6", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024,
+    rmsnorm_fwd_h1024)
+register_op(
+    "rmsnorm_fwd_h4096_df233de7", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096,
+    rmsnorm_fwd_h4096)
+register_op(
+    "rmsnorm_fwd_h64_d83bb58e", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
+    rmsnorm_fwd_h64)
+register_op(
     "rmsnorm_zc_bwd_h768_e75490bd",
-    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768)
-_register(
-    "rmsnorm_zc_fwd_h768_fb9b6ec5", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
-    rmsnorm_zc_fwd_h768)
-_register("silu_bwd_any_4e754a84", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any)
-_register("silu_fwd_any_55327e98", "(Tensor x) -> Tensor", silu_fwd_any)
-_register("situglu_b2p0_c8p0_fwd_n512_513e4a57", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512)
-_register(
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768,
+    rmsnorm_zc_bwd_h768)
+register_op(
+    "rmsnorm_zc_fwd_h768_96b72228", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    rmsnorm_zc_fwd_h768, rmsnorm_zc_fwd_h768)
+register_op("silu_bwd_any_4e754a84", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
+register_op("silu_fwd_any_55327e98", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
+register_op(
+    "situglu_b2p0_c8p0_fwd_n512_513e4a57", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
+    situglu_b2p0_c8p0_fwd_n512)
+register_op(
     "situglu_b2p0_i32_rowscale_bwd_any_4dec9e72",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
-    situglu_b2p0_i32_rowscale_bwd_any)
-_register(
+    situglu_b2p0_i32_rowscale_bwd_any, situglu_b2p0_i32_rowscale_bwd_any)
+register_op(
     "situglu_b2p0_i32_rowscale_fwd_any_c4354144", "(Tensor x, Tensor extra_in1) -> Tensor",
-    situglu_b2p0_i32_rowscale_fwd_any)
-_register("sreglu_fwd_n512_96376548", "(Tensor x) -> Tensor", sreglu_fwd_n512)
-_register("srelu_fwd_n2048_cd6d9966", "(Tensor x) -> Tensor", srelu_fwd_n2048)
-_register(
+    situglu_b2p0_i32_rowscale_fwd_any, situglu_b2p0_i32_rowscale_fwd_any)
+register_op("sreglu_fwd_n512_96376548", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
+register_op("srelu_fwd_n2048_cd6d9966", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
+register_op(
     "srelu_rowscale_fwd_n512_70c40e94", "(Tensor x, Tensor extra_in1) -> Tensor",
-    srelu_rowscale_fwd_n512)
-_register("swiglu_bwd_any_116e69bc", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any)
-_register("swiglu_bwd_n384_2a77b860", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384)
-_register("swiglu_bwd_n4096_6ec35844", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096)
-_register("swiglu_fwd_any_bca53617", "(Tensor x) -> Tensor", swiglu_fwd_any)
-_register("swiglu_fwd_n14336_bc40fe12", "(Tensor x) -> Tensor", swiglu_fwd_n14336)
-_register("swiglu_fwd_n384_bc7329a3", "(Tensor x) -> Tensor", swiglu_fwd_n384)
-_register("swiglu_fwd_n4096_380010ae", "(Tensor x) -> Tensor", swiglu_fwd_n4096)
-_register("swiglu_i32_fwd_n512_4fba47e3", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512)
-_register(
+    srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
+register_op(
+    "swiglu_bwd_any_116e69bc", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
+register_op(
+    "swiglu_bwd_n384_2a77b860", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
+register_op(
+    "swiglu_bwd_n4096_6ec35844", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
+    swiglu_bwd_n4096)
+register_op("swiglu_fwd_any_bca53617", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
+register_op(
+    "swiglu_fwd_n14336_bc40fe12", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
+register_op("swiglu_fwd_n384_bc7329a3", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
+register_op("swiglu_fwd_n4096_380010ae", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
+register_op(
+    "swiglu_i32_fwd_n512_4fba47e3", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
+    swiglu_i32_fwd_n512)
+register_op(
     "swiglu_rowscale_bwd_any_b470a95f",
-    "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any)
-_register(
+    "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any,
+    swiglu_rowscale_bwd_any)
+register_op(
     "swiglu_rowscale_fwd_any_2510c629", "(Tensor x, Tensor extra_in1) -> Tensor",
-    swiglu_rowscale_fwd_any)
-_register(
+    swiglu_rowscale_fwd_any, swiglu_rowscale_fwd_any)
+register_op(
     "swiglu_tee_gelu_bwd_any_a04963e9", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
-    swiglu_tee_gelu_bwd_any)
-_register(
-    "swiglu_tee_gelu_fwd_any_4f4d16e1", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any)
-_register(
+    swiglu_tee_gelu_bwd_any, swiglu_tee_gelu_bwd_any)
+register_op(
+    "swiglu_tee_gelu_fwd_any_4f4d16e1", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
+    swiglu_tee_gelu_fwd_any)
+register_op(
     "swiglu_tee_scale0p5_bwd_any_74f666c1", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
-    swiglu_tee_scale0p5_bwd_any)
-_register(
+    swiglu_tee_scale0p5_bwd_any, swiglu_tee_scale0p5_bwd_any)
+register_op(
     "swiglu_tee_scale0p5_fwd_any_f6b4dd8d", "(Tensor x) -> (Tensor, Tensor)",
-    swiglu_tee_scale0p5_fwd_any)
-_register(
+    swiglu_tee_scale0p5_fwd_any, swiglu_tee_scale0p5_fwd_any)
+register_op(
     "tee_bias_bwd_n64_674424ad", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
-    tee_bias_bwd_n64)
-_register("tee_bias_fwd_n64_97e78d26", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64)
+    tee_bias_bwd_n64, tee_bias_bwd_n64)
+register_op(
+    "tee_bias_fwd_n64_97e78d26", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,
+    tee_bias_fwd_n64)

@@ -633,16 +633,16 @@ class CudaGraphs:
                       f"without graphs from now on ({self.failed})", RuntimeWarning)
 
 
-_LIBRARY = []  # the torch.library fragment of the no-grad ops, made on the first registration
+_LIBRARY = []  # the torch.library fragment of fusegen's ops, made on the first registration
 
 
-def register_no_grad_op(name, schema, forward, graphs):
-    """Registers ``fusegen::<name>``, the custom op that torch.compile calls for ``forward`` (a
-    generated no-grad forward): under torch.compile the pass is one node of the compiled graph,
-    and at run time the op replays it from ``graphs`` (CudaGraphs by parameters) where that pays,
-    as the module's own call does. Its fake (shapes and dtypes, for tracing) is ``forward`` run on
-    meta tensors. A name another package registered already is the same pass (its digest): that
-    package's op serves both."""
+def register_op(name, schema, run, fake_source):
+    """Registers ``fusegen::<name>``, a custom op that torch.compile calls (a launcher, so the
+    compiled graph holds one opaque node per kernel; a graph-replaying pipeline's no-grad forward,
+    one node per pass). ``run`` is its implementation, its outputs made tensors of their own as an
+    op's schema promises; its fake (shapes and dtypes, what tracing runs) is ``fake_source`` run on
+    meta tensors. A name another package registered already is the same op (the name holds a
+    digest of what it runs): that package's serves both."""
     if not _LIBRARY:
         _LIBRARY.append(torch.library.Library("fusegen", "FRAGMENT"))
     library = _LIBRARY[0]
@@ -650,12 +650,15 @@ def register_no_grad_op(name, schema, forward, graphs):
         library.define(name + schema)
     except RuntimeError:
         return
+    library.impl(name, lambda *args: _new_tensors(run(*args), args), "CompositeExplicitAutograd")
+    library.impl(name, fake_on_meta(fake_source), "Meta")  # cheaper to register than register_fake
 
-    def run(*args):
-        return _new_tensors(graphs.no_grad(forward, args), args)
 
-    library.impl(name, run, "CompositeExplicitAutograd")
-    library.impl(name, fake_on_meta(forward), "Meta")
+def register_no_grad_op(name, schema, forward, graphs):
+    """Registers ``fusegen::<name>`` for ``forward`` (a generated no-grad forward): at run time the
+    op replays it from ``graphs`` (CudaGraphs by parameters) where that pays, as the module's own
+    call does."""
+    register_op(name, schema, lambda *args: graphs.no_grad(forward, args), forward)
 
 
 def fake_on_meta(function):

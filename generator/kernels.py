@@ -78,17 +78,34 @@ def norm_threads(hidden: int, vec: int, backward: bool = False, shared_partials:
     return min(covering, NORM_MAX_THREADS, max(NORM_FWD_MIN_THREADS, aimed))
 
 
-def norm_fwd_few_rows(hidden: int, vec: int, threads: int, itemsize: int, params: int, residual: bool,
-                      writes_h: bool) -> bool:
-    """Whether a norm forward has a second entry point for at most one wave of rows (templates/
-    cuda/norm.cuh: FEW_ROWS): one whose ``params`` (gamma, beta) the throughput entry does not
-    hold from the start (too many registers a block), or that writes the sum h (whose loads it
-    issues before the stores). Either saves a round trip to memory in a block's latency, which is
-    the kernel's at a few rows. Nothing differs where a thread holds one vector."""
+def norm_fwd_holds(hidden: int, vec: int, threads: int, itemsize: int, params: int, residual: bool,
+                   writes_h: bool, few_rows: bool) -> tuple[bool, bool]:
+    """(HOLD_PARAMS, LOADS_FIRST) of a norm forward's entry point (templates/cuda/norm.cuh): whether
+    it holds its ``params`` (gamma, beta) in registers from the start, and whether a row that
+    writes the sum h issues all its loads before its first store. Each saves a round trip to
+    memory in a block's latency, which is the kernel's at a few rows, and costs registers.
+
+    The kernel's own entry holds the parameters where that costs a block at most 16 KB of
+    registers (8 KB where the residual's loads are in flight too): held at wider rows they take so
+    many that fewer blocks fit an SM, and many rows lose more than a few rows gain; the bounds are
+    the H100's (bench/NOTES.md). The ``few_rows`` entry, which runs a grid of at most one wave of
+    its blocks (no block waits for an SM), does both at every width. Neither where a thread holds
+    one vector: nothing to issue sooner."""
     nvec = -(-hidden // vec)
     nv = -(-nvec // threads)  # vectors a thread holds (norm.cuh: RowTiling::NV)
-    held = params * nv * vec * itemsize * threads <= (8192 if residual else 16384)
-    return nv >= 2 and ((params > 0 and not held) or writes_h)
+    if nv < 2:
+        return False, False
+    if few_rows:
+        return params > 0, writes_h
+    return params > 0 and params * nv * vec * itemsize * threads <= (8192 if residual else 16384), False
+
+
+def norm_fwd_few_rows(hidden: int, vec: int, threads: int, itemsize: int, params: int, residual: bool,
+                      writes_h: bool) -> bool:
+    """Whether a norm forward has a second entry point for at most one wave of rows: where its
+    choices (norm_fwd_holds) differ from the kernel's own entry's."""
+    shape = (hidden, vec, threads, itemsize, params, residual, writes_h)
+    return norm_fwd_holds(*shape, few_rows=True) != norm_fwd_holds(*shape, few_rows=False)
 
 
 def kernel_name(chain: str, suffix: str, qualifier: str = "") -> tuple[str, str]:
@@ -184,14 +201,16 @@ class KernelSpec:
             return vec
         return None
 
-    def few_rows(self, itemsize: int) -> bool:
-        """Whether this kernel has a ``_few_rows`` entry point (a norm forward's, norm_fwd_few_rows)."""
-        if self.family != "norm_fwd":
-            return False
+    def _norm_fwd_shape(self, itemsize: int) -> tuple:
+        """A norm forward's arguments to norm_fwd_holds and norm_fwd_few_rows."""
         ctx = self.ctx
         params = 0 if ctx["l2"] else 2 if ctx["layernorm"] else 1
-        return norm_fwd_few_rows(ctx["hidden"], self.vec(itemsize), self.launch_size(itemsize), itemsize, params,
-                                 ctx["residual"], ctx["writes_h"])
+        return (ctx["hidden"], self.vec(itemsize), self.launch_size(itemsize), itemsize, params, ctx["residual"],
+                ctx["writes_h"])
+
+    def few_rows(self, itemsize: int) -> bool:
+        """Whether this kernel has a ``_few_rows`` entry point (a norm forward's, norm_fwd_few_rows)."""
+        return self.family == "norm_fwd" and norm_fwd_few_rows(*self._norm_fwd_shape(itemsize))
 
     @property
     def shared_bytes(self) -> int:
@@ -214,8 +233,10 @@ class KernelSpec:
                    params=self.params, operands=self.operands, headers=self.headers)
         if self.geometry == "row_threads":
             ctx["threads"] = self.launch_size(itemsize)
-        if self.family == "norm_fwd":
-            ctx["few_rows"] = self.few_rows(itemsize)
+        if self.family == "norm_fwd":  # (HOLD_PARAMS, LOADS_FIRST) of each entry point; None: no few-rows entry
+            shape = self._norm_fwd_shape(itemsize)
+            ctx["holds"] = norm_fwd_holds(*shape, few_rows=False)
+            ctx["few_rows_holds"] = norm_fwd_holds(*shape, few_rows=True) if norm_fwd_few_rows(*shape) else None
         if ctx.get("shared_partials"):  # two blocks an SM where 64 registers a thread hold the row
             ctx["min_blocks"] = NORM_BWD_MIN_BLOCKS if ctx["threads"] * NORM_BWD_MIN_BLOCKS <= 1024 else 1
         return ctx

@@ -20,6 +20,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) add_layernorm_zc_eps1em06_
     float* __restrict__ mean,
     float* __restrict__ rstd,
     int rows) {
-  fg::norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/false, /*LAYERNORM=*/true, /*RESIDUAL=*/true,
-               /*ZERO_CENTERED=*/true>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
+  fg::norm_fwd<T, H, VEC, THREADS, /*HOLD_PARAMS=*/false, /*LOADS_FIRST=*/false,
+               /*LAYERNORM=*/true, /*RESIDUAL=*/true, /*ZERO_CENTERED=*/true>(
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
 }

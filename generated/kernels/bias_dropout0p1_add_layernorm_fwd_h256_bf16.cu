@@ -43,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) bias_dropout0p1_add_layern
     float* __restrict__ mean,
     float* __restrict__ rstd,
     int rows) {
-  fg::norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/false, /*LAYERNORM=*/true, /*RESIDUAL=*/true,
-               /*ZERO_CENTERED=*/false, Prologue>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS, Prologue{bias0, seed1});
+  fg::norm_fwd<T, H, VEC, THREADS, /*HOLD_PARAMS=*/false, /*LOADS_FIRST=*/false,
+               /*LAYERNORM=*/true, /*RESIDUAL=*/true, /*ZERO_CENTERED=*/false, Prologue>(
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS, Prologue{bias0, seed1});
 }

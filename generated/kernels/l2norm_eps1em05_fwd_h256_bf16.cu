@@ -20,5 +20,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) l2norm_eps1em05_fwd_h256_b
     float* __restrict__ mean,
     float* __restrict__ rstd,
     int rows) {
-  fg::l2norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/false, /*RESIDUAL=*/false>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
+  fg::l2norm_fwd<T, H, VEC, THREADS, /*LOADS_FIRST=*/false, /*RESIDUAL=*/false>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
 }

@@ -20,8 +20,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) layernorm_fwd_h4096_fp32(
     float* __restrict__ mean,
     float* __restrict__ rstd,
     int rows) {
-  fg::norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/false, /*LAYERNORM=*/true, /*RESIDUAL=*/false,
-               /*ZERO_CENTERED=*/false>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
+  fg::norm_fwd<T, H, VEC, THREADS, /*HOLD_PARAMS=*/false, /*LOADS_FIRST=*/false,
+               /*LAYERNORM=*/true, /*RESIDUAL=*/false, /*ZERO_CENTERED=*/false>(
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
 }
 
 // The same, for a grid of at most one wave of blocks (the runtime picks it: Kernel.launch): the row's
@@ -37,6 +38,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) layernorm_fwd_h4096_fp32_f
     float* __restrict__ mean,
     float* __restrict__ rstd,
     int rows) {
-  fg::norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/true, /*LAYERNORM=*/true, /*RESIDUAL=*/false,
-               /*ZERO_CENTERED=*/false>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
+  fg::norm_fwd<T, H, VEC, THREADS, /*HOLD_PARAMS=*/true, /*LOADS_FIRST=*/false,
+               /*LAYERNORM=*/true, /*RESIDUAL=*/false, /*ZERO_CENTERED=*/false>(
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
 }

@@ -53,8 +53,8 @@ struct NoOps {
 // the row-major [rows, H] tensor, its column and its row.
 enum class Norm { RMS, LAYER, L2 };  // L2: rstd = rsqrt(sum(x^2) + eps) (no mean), no gamma
 
-template <typename T, int H, int VEC, int THREADS, bool FEW_ROWS, Norm KIND, bool RESIDUAL, bool ZERO_CENTERED,
-          class Prologue, class Epilogue>
+template <typename T, int H, int VEC, int THREADS, bool HOLD_PARAMS, bool LOADS_FIRST, Norm KIND, bool RESIDUAL,
+          bool ZERO_CENTERED, class Prologue, class Epilogue>
 __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
                                              const T* __restrict__ gamma, const T* __restrict__ beta,
                                              T* __restrict__ y, T* __restrict__ residual_out,
@@ -68,18 +68,15 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
   const int row = blockIdx.x;
   if (row >= rows) return;  // whole block leaves together, before any barrier
   const long long base = (long long)row * H;
-  // gamma and beta requested before the row, held as loaded (16-bit: half the registers), where
-  // that costs a block few registers: loaded after the reduction's barriers they are a second
-  // round trip to memory, which at a few rows (one block's latency is the kernel's) costs about as
-  // much as the row's own. Held at wider rows, they take so many registers that fewer blocks fit
-  // an SM and many rows lose more than few rows gain; the bounds are the H100's (bench/NOTES.md).
-  // The FEW_ROWS entry (launched for at most one wave of its blocks, where no block waits for an
-  // SM) holds them at every width. (generator/kernels.py: norm_fwd_few_rows mirrors these rules.)
-  constexpr int PARAMS = KIND == Norm::L2 ? 0 : LAYERNORM ? 2 : 1;
-  constexpr int HELD_BYTES = PARAMS * Tile::NV * VEC * (int)sizeof(T) * THREADS;
-  constexpr bool EARLY = PARAMS > 0 && Tile::NV >= 2 && (FEW_ROWS || HELD_BYTES <= (RESIDUAL ? 8192 : 16384));
-  Vec<T, VEC> gamma_early[EARLY ? Tile::NV : 1], beta_early[EARLY && LAYERNORM ? Tile::NV : 1];
-  if (EARLY) {
+  // HOLD_PARAMS: gamma and beta requested before the row and held as loaded (16-bit: half the
+  // registers); loaded after the reduction's barriers they are a second round trip to memory.
+  // LOADS_FIRST: a row that writes h issues all its loads before its first store (the compiler
+  // keeps a load after a store in order, so each of a thread's vectors would otherwise be a round
+  // trip of its own). Both shorten a block's latency, the kernel's at a few rows, and both cost
+  // registers; where each pays is the generator's choice (kernels.py: norm_fwd_holds).
+  static_assert(!HOLD_PARAMS || KIND != Norm::L2, "HOLD_PARAMS: a norm with parameters");
+  Vec<T, VEC> gamma_early[HOLD_PARAMS ? Tile::NV : 1], beta_early[HOLD_PARAMS && LAYERNORM ? Tile::NV : 1];
+  if (HOLD_PARAMS) {
 #pragma unroll
     for (int i = 0; i < Tile::NV; ++i) {
       if (!Tile::valid(i)) continue;
@@ -87,10 +84,7 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
       if (LAYERNORM) beta_early[i] = load_raw<T, VEC>(beta + Tile::col(i));
     }
   }
-  // The FEW_ROWS entry of a row that writes h issues all its loads before its first store: the
-  // compiler keeps a load after a store in order, so each of a thread's vectors would otherwise be
-  // a round trip of its own. (At many rows the registers that holds cost blocks an SM.)
-  constexpr bool LOADS_FIRST = FEW_ROWS && WRITE_H && Tile::NV >= 2;
+  static_assert(!LOADS_FIRST || WRITE_H, "LOADS_FIRST: a row that writes h");
   Vec<T, VEC> x_early[LOADS_FIRST ? Tile::NV : 1], r_early[LOADS_FIRST && RESIDUAL ? Tile::NV : 1];
   if (LOADS_FIRST) {
 #pragma unroll
@@ -145,7 +139,7 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
     float g[VEC], b[VEC], out[VEC];
     if (KIND == Norm::L2) {
       fill<VEC>(1.f, g);
-    } else if (EARLY) {
+    } else if (HOLD_PARAMS) {
       to_floats<T, VEC>(gamma_early[i], g);
       if (LAYERNORM) to_floats<T, VEC>(beta_early[i], b);
     } else {
@@ -163,20 +157,21 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
 }
 
 // LayerNorm / RMSNorm forward.
-template <typename T, int H, int VEC, int THREADS, bool FEW_ROWS, bool LAYERNORM, bool RESIDUAL, bool ZERO_CENTERED,
-          class Prologue = NoOps, class Epilogue = NoOps>
+template <typename T, int H, int VEC, int THREADS, bool HOLD_PARAMS, bool LOADS_FIRST, bool LAYERNORM, bool RESIDUAL,
+          bool ZERO_CENTERED, class Prologue = NoOps, class Epilogue = NoOps>
 __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
                                          const T* __restrict__ gamma, const T* __restrict__ beta,
                                          T* __restrict__ y, T* __restrict__ residual_out,
                                          float* __restrict__ mean, float* __restrict__ rstd, int rows,
                                          float eps, const Prologue prologue = Prologue(),
                                          const Epilogue epilogue = Epilogue()) {
-  row_norm_fwd<T, H, VEC, THREADS, FEW_ROWS, LAYERNORM ? Norm::LAYER : Norm::RMS, RESIDUAL, ZERO_CENTERED>(
+  row_norm_fwd<T, H, VEC, THREADS, HOLD_PARAMS, LOADS_FIRST, LAYERNORM ? Norm::LAYER : Norm::RMS, RESIDUAL,
+               ZERO_CENTERED>(
       x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue);
 }
 
 // L2Normalization forward (gamma and beta unused).
-template <typename T, int H, int VEC, int THREADS, bool FEW_ROWS, bool RESIDUAL, class Prologue = NoOps,
+template <typename T, int H, int VEC, int THREADS, bool LOADS_FIRST, bool RESIDUAL, class Prologue = NoOps,
           class Epilogue = NoOps>
 __device__ __forceinline__ void l2norm_fwd(const T* __restrict__ x, const T* __restrict__ residual,
                                            const T* __restrict__ gamma, const T* __restrict__ beta,
@@ -184,8 +179,8 @@ __device__ __forceinline__ void l2norm_fwd(const T* __restrict__ x, const T* __r
                                            float* __restrict__ mean, float* __restrict__ rstd, int rows,
                                            float eps, const Prologue prologue = Prologue(),
                                            const Epilogue epilogue = Epilogue()) {
-  row_norm_fwd<T, H, VEC, THREADS, FEW_ROWS, Norm::L2, RESIDUAL, false>(x, residual, gamma, beta, y, residual_out,
-                                                                        mean, rstd, rows, eps, prologue, epilogue);
+  row_norm_fwd<T, H, VEC, THREADS, false, LOADS_FIRST, Norm::L2, RESIDUAL, false>(
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue);
 }
 
 // Backward, parameter-grad partials in registers: rows too wide for shared memory, and L2 (none).

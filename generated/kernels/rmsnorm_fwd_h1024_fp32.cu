@@ -20,6 +20,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) rmsnorm_fwd_h1024_fp32(
     float* __restrict__ mean,
     float* __restrict__ rstd,
     int rows) {
-  fg::norm_fwd<T, H, VEC, THREADS, /*FEW_ROWS=*/false, /*LAYERNORM=*/false, /*RESIDUAL=*/false,
-               /*ZERO_CENTERED=*/false>(x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
+  fg::norm_fwd<T, H, VEC, THREADS, /*HOLD_PARAMS=*/true, /*LOADS_FIRST=*/false,
+               /*LAYERNORM=*/false, /*RESIDUAL=*/false, /*ZERO_CENTERED=*/false>(
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, EPS);
 }
