@@ -30,7 +30,7 @@ FORWARD_ELEMENTWISE = Rule(
 )
 BACKWARD_ELEMENTWISE = Rule(
     name="elementwise_backward", pass_=BACKWARD, stage=ELEMENTWISE,
-    doc="one kernel for the run's input grad; a Bias's grad, if any, as per-block partials added in a "
-        "fixed order: by the kernel itself at a few rows (one launch), else by a column-sum kernel",
+    doc="one kernel for the run's input grad; a Bias's grad, if any, summed in a fixed order: at a few "
+        "rows by the kernel itself (one launch), else as per-block partials added by a column-sum kernel",
     match=_run, covers=elementwise_kinds(),
 )

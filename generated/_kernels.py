@@ -15,6 +15,9 @@ ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its l
 # a backward of at most this many row splits adds its parameter grads itself, in one cooperative
 # launch
 SUMS_IN_KERNEL_SPLITS = 32
+# an elementwise backward of at most this many rows sums its parameter grads column-tiled, in one
+# launch: each block takes every row of its columns
+COLUMN_TILED_ROWS = 128
 # columns per block, threads per column (templates/cuda/column_sum.cuh)
 COLUMN_SUM_BLOCK = (32, 32, 1)
 
@@ -290,33 +293,35 @@ def add_tee_fwd_n256(x, extra_in0):
     return a.to(x.dtype)
 
 
-_BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096", "pppi")
+_BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096", "pppi", shared=4096)
 _BIAS_ADD_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
+# vectors a row, by dtype
+_BIAS_ADD_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
 
 
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_bwd_n4096_4fddc83d(dy)
+        return torch.ops.fusegen.bias_add_bwd_n4096_5ad413a8(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        grid_x = _BIAS_ADD_BWD_N4096_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_ADD_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_BWD_N4096.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_ADD_BWD_N4096_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_ADD_BWD_N4096_GRID_X[dy.dtype]
+            resident = _BIAS_ADD_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
             _BIAS_ADD_BWD_N4096.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
@@ -329,37 +334,40 @@ def bias_add_bwd_n4096(dy):
     return dbias0
 
 
-_BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256", "pppppi")
+_BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256", "pppppi", shared=4096)
 _BIAS_ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_ADD_TEE_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_bwd_n256_fff2d4f3(dy, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_bwd_n256_0be867bf(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         d_extra_out2 = d_extra_out2.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_ADD_TEE_BWD_N256_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_ADD_TEE_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_TEE_BWD_N256.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype, (-(-_BIAS_ADD_TEE_BWD_N256_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
                 (
-                    dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    dy.data_ptr(), d_extra_out2.data_ptr(), dx.data_ptr(), 0,
                     column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_ADD_TEE_BWD_N256_GRID_X[dy.dtype]
+            resident = _BIAS_ADD_TEE_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
             _BIAS_ADD_TEE_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
@@ -377,15 +385,19 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
     return dx, dbias0
 
 
-_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel("bias_add_tee_gelu_bwd_n256_from_bias", "ppppppppi")
+_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS = Kernel(
+    "bias_add_tee_gelu_bwd_n256_from_bias", "ppppppppi", shared=4096)
 _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X = {
     torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_ROW_VECTORS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_2bcf6010(
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_c52cefe7(
             dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -395,26 +407,27 @@ def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
         extra_in1 = extra_in1.contiguous()
         d_extra_out2 = d_extra_out2.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.resident_blocks(
-            dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype,
+                (-(-_BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(),
-                    d_extra_out2.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                    d_extra_out2.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype]
+            resident = _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
             _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
@@ -469,33 +482,35 @@ def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     return a.to(x.dtype), extra_out2
 
 
-_BIAS_BWD_N1024 = Kernel("bias_bwd_n1024", "pppi")
+_BIAS_BWD_N1024 = Kernel("bias_bwd_n1024", "pppi", shared=4096)
 _BIAS_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+# vectors a row, by dtype
+_BIAS_BWD_N1024_ROW_VECTORS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
 
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n1024_bb32e169(dy)
+        return torch.ops.fusegen.bias_bwd_n1024_6e70da5c(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        grid_x = _BIAS_BWD_N1024_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_BWD_N1024.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N1024.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_BWD_N1024_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N1024_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N1024.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_BWD_N1024.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
@@ -508,33 +523,35 @@ def bias_bwd_n1024(dy):
     return dbias0
 
 
-_BIAS_BWD_N256 = Kernel("bias_bwd_n256", "pppi")
+_BIAS_BWD_N256 = Kernel("bias_bwd_n256", "pppi", shared=4096)
 _BIAS_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n256_864bec00(dy)
+        return torch.ops.fusegen.bias_bwd_n256_63a2dd72(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        grid_x = _BIAS_BWD_N256_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N256.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_BWD_N256_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N256_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
             _BIAS_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
@@ -547,33 +564,35 @@ def bias_bwd_n256(dy):
     return dbias0
 
 
-_BIAS_BWD_N4096 = Kernel("bias_bwd_n4096", "pppi")
+_BIAS_BWD_N4096 = Kernel("bias_bwd_n4096", "pppi", shared=4096)
 _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
+# vectors a row, by dtype
+_BIAS_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
 
 
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n4096_4497c331(dy)
+        return torch.ops.fusegen.bias_bwd_n4096_7f2df015(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        grid_x = _BIAS_BWD_N4096_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N4096.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_BWD_N4096_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N4096_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
             _BIAS_BWD_N4096.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
@@ -586,33 +605,35 @@ def bias_bwd_n4096(dy):
     return dbias0
 
 
-_BIAS_BWD_N512 = Kernel("bias_bwd_n512", "pppi")
+_BIAS_BWD_N512 = Kernel("bias_bwd_n512", "pppi", shared=4096)
 _BIAS_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n512_104d2a2e(dy)
+        return torch.ops.fusegen.bias_bwd_n512_673ca663(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
-        grid_x = _BIAS_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (dy.data_ptr(), partials.data_ptr(), column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
             _BIAS_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
@@ -626,9 +647,12 @@ def bias_bwd_n512(dy):
 
 
 _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048 = Kernel(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "pppppi")
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048", "pppppi", shared=4096)
 _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X = {
     torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+# vectors a row, by dtype
+_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_ROW_VECTORS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 512}
 
 
 def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
@@ -636,31 +660,33 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     dbias0.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_70e8acdf(dy, x)
+        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b7999f0c(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.resident_blocks(
-            dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype,
                 (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                    -(-_BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_ROW_VECTORS[dy.dtype] // tile),
+                    1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048_GRID_X[dy.dtype]
+            resident = _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
             _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -678,36 +704,38 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     return dx, dbias0
 
 
-_BIAS_DROPOUT0P1_ADD_BWD_N256 = Kernel("bias_dropout0p1_add_bwd_n256", "pppppi")
+_BIAS_DROPOUT0P1_ADD_BWD_N256 = Kernel("bias_dropout0p1_add_bwd_n256", "pppppi", shared=4096)
 _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_DROPOUT0P1_ADD_BWD_N256_ROW_VECTORS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_2bd3f396(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_4c235c47(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_DROPOUT0P1_ADD_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_DROPOUT0P1_ADD_BWD_N256_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_DROPOUT0P1_ADD_BWD_N256_GRID_X[dy.dtype]
+            resident = _BIAS_DROPOUT0P1_ADD_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
             _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -793,36 +821,37 @@ def bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
     return (y, residual_out) if keep_sum else y
 
 
-_BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256", "pppppi")
+_BIAS_DROPOUT0P1_BWD_N256 = Kernel("bias_dropout0p1_bwd_n256", "pppppi", shared=4096)
 _BIAS_DROPOUT0P1_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_DROPOUT0P1_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_27daca46(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_6a2e8311(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_DROPOUT0P1_BWD_N256_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_DROPOUT0P1_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P1_BWD_N256.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_DROPOUT0P1_BWD_N256_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), pointer(seed1), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_DROPOUT0P1_BWD_N256_GRID_X[dy.dtype]
+            resident = _BIAS_DROPOUT0P1_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
             _BIAS_DROPOUT0P1_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -839,40 +868,50 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
 
 
 _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2 = Kernel(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "ppppppi")
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2", "ppppppi", shared=4096)
 _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X = {
     torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_ROW_VECTORS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_e581bc89(
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b1c5c8c6(
             dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.resident_blocks(
-            dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype,
                 (
-                    dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), partials.data_ptr(),
+                    -(
+                        -_BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_ROW_VECTORS[
+                            dy.dtype] // tile
+                    ),
+                    1, 1),
+                (tile, lanes, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), pointer(seed1), dx.data_ptr(), 0,
                     column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_GRID_X[dy.dtype]
+            resident = _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
@@ -894,37 +933,38 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     return dx, dbias0
 
 
-_BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096", "pppppi")
+_BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096", "pppppi", shared=4096)
 _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
+# vectors a row, by dtype
+_BIAS_GELU_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torch.float32: 1024}
 
 
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_bwd_n4096_12b6016a(dy, x)
+        return torch.ops.fusegen.bias_gelu_bwd_n4096_38bb6984(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 4096), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_GELU_BWD_N4096_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_GELU_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(4096, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_GELU_BWD_N4096.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_GELU_BWD_N4096_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_GELU_BWD_N4096_GRID_X[dy.dtype]
+            resident = _BIAS_GELU_BWD_N4096.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 4096), device=dy.device, dtype=torch.float32)
             _BIAS_GELU_BWD_N4096.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -942,37 +982,42 @@ def bias_gelu_bwd_n4096(dy, x):
     return dx, dbias0
 
 
-_BIAS_GELU_DROPOUT0P1_BWD_N512 = Kernel("bias_gelu_dropout0p1_bwd_n512", "ppppppi")
+_BIAS_GELU_DROPOUT0P1_BWD_N512 = Kernel("bias_gelu_dropout0p1_bwd_n512", "ppppppi", shared=4096)
 _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_GELU_DROPOUT0P1_BWD_N512_ROW_VECTORS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_3ec5b3d7(dy, x, seed2)
+        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_f40d2c53(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_GELU_DROPOUT0P1_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype, (-(-_BIAS_GELU_DROPOUT0P1_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
                 (
-                    dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), partials.data_ptr(),
+                    dy.data_ptr(), x.data_ptr(), pointer(seed2), dx.data_ptr(), 0,
                     column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_GELU_DROPOUT0P1_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_GELU_DROPOUT0P1_BWD_N512.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
             _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
@@ -993,37 +1038,38 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     return dx, dbias0
 
 
-_BIAS_GLU_BWD_N512 = Kernel("bias_glu_bwd_n512", "pppppi")
+_BIAS_GLU_BWD_N512 = Kernel("bias_glu_bwd_n512", "pppppi", shared=4096)
 _BIAS_GLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_GLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_glu_bwd_n512_0506cd59(dy, x)
+        return torch.ops.fusegen.bias_glu_bwd_n512_3fb0996a(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_GLU_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_GLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_GLU_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_GLU_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_GLU_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_GLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_GLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1041,37 +1087,38 @@ def bias_glu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_QGEGLU_BWD_N512 = Kernel("bias_qgeglu_bwd_n512", "pppppi")
+_BIAS_QGEGLU_BWD_N512 = Kernel("bias_qgeglu_bwd_n512", "pppppi", shared=4096)
 _BIAS_QGEGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_QGEGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgeglu_bwd_n512_29701a89(dy, x)
+        return torch.ops.fusegen.bias_qgeglu_bwd_n512_f12494fe(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_QGEGLU_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_QGEGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_QGEGLU_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_QGEGLU_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_QGEGLU_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_QGEGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_QGEGLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1089,37 +1136,38 @@ def bias_qgeglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_QGELU_BWD_N512 = Kernel("bias_qgelu_bwd_n512", "pppppi")
+_BIAS_QGELU_BWD_N512 = Kernel("bias_qgelu_bwd_n512", "pppppi", shared=4096)
 _BIAS_QGELU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_QGELU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgelu_bwd_n512_bbd86820(dy, x)
+        return torch.ops.fusegen.bias_qgelu_bwd_n512_9816f59f(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_QGELU_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_QGELU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_QGELU_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_QGELU_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_QGELU_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_QGELU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
             _BIAS_QGELU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1137,37 +1185,38 @@ def bias_qgelu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_REGLU_BWD_N512 = Kernel("bias_reglu_bwd_n512", "pppppi")
+_BIAS_REGLU_BWD_N512 = Kernel("bias_reglu_bwd_n512", "pppppi", shared=4096)
 _BIAS_REGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_REGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_reglu_bwd_n512_213024ff(dy, x)
+        return torch.ops.fusegen.bias_reglu_bwd_n512_50d0e814(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_REGLU_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_REGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_REGLU_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_REGLU_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_REGLU_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_REGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_REGLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1185,37 +1234,40 @@ def bias_reglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_RELU_BWD_N512_FROM_OUTPUT = Kernel("bias_relu_bwd_n512_from_output", "pppppi")
+_BIAS_RELU_BWD_N512_FROM_OUTPUT = Kernel("bias_relu_bwd_n512_from_output", "pppppi", shared=4096)
 _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_RELU_BWD_N512_FROM_OUTPUT_ROW_VECTORS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_1f8c7761(dy, x)
+        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_13862af4(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_RELU_BWD_N512_FROM_OUTPUT.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_RELU_BWD_N512_FROM_OUTPUT_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_RELU_BWD_N512_FROM_OUTPUT_GRID_X[dy.dtype]
+            resident = _BIAS_RELU_BWD_N512_FROM_OUTPUT.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
             _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1281,9 +1333,12 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
 
 
 _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS = Kernel(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "ppppppppppppi")
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias", "ppppppppppppi", shared=4096)
 _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X = {
     torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_ROW_VECTORS = {
+    torch.bfloat16: 48, torch.float16: 48, torch.float32: 96}
 
 
 def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
@@ -1293,7 +1348,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     dbias6.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_275cfbf0(
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_a83ce240(
             dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -1307,27 +1362,34 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
         dx = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         d_extra_in4 = torch.empty((rows, 768), device=dy.device, dtype=dy.dtype)
         d_extra_in8 = torch.empty((rows, 384), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.resident_blocks(
-            dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1536, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1536, device=dy.device, dtype=dy.dtype)
             _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype,
+                (
+                    -(
+                        -_BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_ROW_VECTORS[
+                            dy.dtype] // tile
+                    ),
+                    1, 1),
+                (tile, lanes, 1),
                 (
                     dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), d_extra_out3.data_ptr(),
                     extra_in4.data_ptr(), bias6.data_ptr(), extra_in8.data_ptr(), dx.data_ptr(),
-                    d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                    d_extra_in4.data_ptr(), d_extra_in8.data_ptr(), 0, column_grads.data_ptr(),
+                    rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS_GRID_X[dy.dtype]
+            resident = _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1536), device=dy.device, dtype=torch.float32)
             _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
@@ -1371,37 +1433,39 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     return dx, d_extra_in4, d_extra_in8, dbias0, dbias6
 
 
-_BIAS_SCALE2P0_GELU_BWD_N256 = Kernel("bias_scale2p0_gelu_bwd_n256", "pppppi")
+_BIAS_SCALE2P0_GELU_BWD_N256 = Kernel("bias_scale2p0_gelu_bwd_n256", "pppppi", shared=4096)
 _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SCALE2P0_GELU_BWD_N256_ROW_VECTORS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
 
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_3bb27687(dy, x)
+        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_6f0d484d(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 256), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SCALE2P0_GELU_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_SCALE2P0_GELU_BWD_N256.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_SCALE2P0_GELU_BWD_N256_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SCALE2P0_GELU_BWD_N256_GRID_X[dy.dtype]
+            resident = _BIAS_SCALE2P0_GELU_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
             _BIAS_SCALE2P0_GELU_BWD_N256.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1420,37 +1484,41 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
     return dx, dbias0
 
 
-_BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512", "pppppi")
+_BIAS_SITUGLU_B2P0_C8P0_BWD_N512 = Kernel("bias_situglu_b2p0_c8p0_bwd_n512", "pppppi", shared=4096)
 _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SITUGLU_B2P0_C8P0_BWD_N512_ROW_VECTORS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_727f3363(dy, x)
+        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_c05676cd(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype,
+                (-(-_BIAS_SITUGLU_B2P0_C8P0_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1468,37 +1536,38 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_SREGLU_BWD_N512 = Kernel("bias_sreglu_bwd_n512", "pppppi")
+_BIAS_SREGLU_BWD_N512 = Kernel("bias_sreglu_bwd_n512", "pppppi", shared=4096)
 _BIAS_SREGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SREGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_sreglu_bwd_n512_bf2e8d2f(dy, x)
+        return torch.ops.fusegen.bias_sreglu_bwd_n512_43e0c67b(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SREGLU_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SREGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SREGLU_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_SREGLU_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SREGLU_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_SREGLU_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_SREGLU_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1516,37 +1585,38 @@ def bias_sreglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
-_BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048", "pppppi")
+_BIAS_SRELU_BWD_N2048 = Kernel("bias_srelu_bwd_n2048", "pppppi", shared=4096)
 _BIAS_SRELU_BWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+# vectors a row, by dtype
+_BIAS_SRELU_BWD_N2048_ROW_VECTORS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 512}
 
 
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_bwd_n2048_739a9c7b(dy, x)
+        return torch.ops.fusegen.bias_srelu_bwd_n2048_da65e30d(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 2048), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SRELU_BWD_N2048.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(2048, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(2048, device=dy.device, dtype=dy.dtype)
             _BIAS_SRELU_BWD_N2048.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_SRELU_BWD_N2048_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SRELU_BWD_N2048_GRID_X[dy.dtype]
+            resident = _BIAS_SRELU_BWD_N2048.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
             _BIAS_SRELU_BWD_N2048.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1564,40 +1634,44 @@ def bias_srelu_bwd_n2048(dy, x):
     return dx, dbias0
 
 
-_BIAS_SRELU_ROWSCALE_BWD_N512 = Kernel("bias_srelu_rowscale_bwd_n512", "pppppppi")
+_BIAS_SRELU_ROWSCALE_BWD_N512 = Kernel("bias_srelu_rowscale_bwd_n512", "pppppppi", shared=4096)
 _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SRELU_ROWSCALE_BWD_N512_ROW_VECTORS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_1dfb512e(dy, x, extra_in2)
+        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_29a8e00d(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         extra_in2 = extra_in2.contiguous()
         dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SRELU_ROWSCALE_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials2 = torch.zeros((rows, 512), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_SRELU_ROWSCALE_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype, (-(-_BIAS_SRELU_ROWSCALE_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
                 (
-                    dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(),
-                    partials.data_ptr(), column_grads.data_ptr(), row_partials2.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                    dy.data_ptr(), x.data_ptr(), extra_in2.data_ptr(), dx.data_ptr(), 0,
+                    column_grads.data_ptr(), row_partials2.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SRELU_ROWSCALE_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_SRELU_ROWSCALE_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
             _BIAS_SRELU_ROWSCALE_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
@@ -1622,37 +1696,39 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     return dx, dbias0, d_extra_in2
 
 
-_BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336", "pppppi")
+_BIAS_SWIGLU_BWD_N14336 = Kernel("bias_swiglu_bwd_n14336", "pppppi", shared=4096)
 _BIAS_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
+# vectors a row, by dtype
+_BIAS_SWIGLU_BWD_N14336_ROW_VECTORS = {
+    torch.bfloat16: 1792, torch.float16: 1792, torch.float32: 3584}
 
 
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_bwd_n14336_10a85542(dy, x)
+        return torch.ops.fusegen.bias_swiglu_bwd_n14336_25e91e99(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 28672), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SWIGLU_BWD_N14336_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SWIGLU_BWD_N14336.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 28672), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(28672, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(28672, device=dy.device, dtype=dy.dtype)
             _BIAS_SWIGLU_BWD_N14336.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_SWIGLU_BWD_N14336_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SWIGLU_BWD_N14336_GRID_X[dy.dtype]
+            resident = _BIAS_SWIGLU_BWD_N14336.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 28672), device=dy.device, dtype=torch.float32)
             _BIAS_SWIGLU_BWD_N14336.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1670,37 +1746,38 @@ def bias_swiglu_bwd_n14336(dy, x):
     return dx, dbias0
 
 
-_BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512", "pppppi")
+_BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512", "pppppi", shared=4096)
 _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SWIGLU_I32_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
 
 
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_c93f8885(dy, x)
+        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_b581c774(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
         dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
-        grid_x = _BIAS_SWIGLU_I32_BWD_N512_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _BIAS_SWIGLU_I32_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SWIGLU_I32_BWD_N512.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
-                (
-                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(),
-                    column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.dtype, (-(-_BIAS_SWIGLU_I32_BWD_N512_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SWIGLU_I32_BWD_N512_GRID_X[dy.dtype]
+            resident = _BIAS_SWIGLU_I32_BWD_N512.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
             _BIAS_SWIGLU_I32_BWD_N512.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
@@ -1790,9 +1867,9 @@ def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
         x = x.contiguous()
         extra_in1 = extra_in1.contiguous()
         dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
-        splits = min(rows, ELEMENTWISE_SPLITS)
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
+        splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
             _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY.launch(
@@ -3434,9 +3511,9 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
         x = x.contiguous()
         extra_in1 = extra_in1.contiguous()
         dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
-        splits = min(rows, ELEMENTWISE_SPLITS)
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
+        splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
             _SITUGLU_B2P0_I32_ROWSCALE_BWD_ANY.launch(
@@ -3777,9 +3854,9 @@ def swiglu_rowscale_bwd_any(dy, x, extra_in1):
         x = x.contiguous()
         extra_in1 = extra_in1.contiguous()
         dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
-        splits = min(rows, ELEMENTWISE_SPLITS)
         # each thread's sum over its columns, per row (columns past the threads stay zero)
         row_partials1 = torch.zeros((rows, n), device=dy.device, dtype=torch.float32)
+        splits = min(rows, ELEMENTWISE_SPLITS)
         if rows and n:
             grid = (-(-n // (_SWIGLU_ROWSCALE_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
             _SWIGLU_ROWSCALE_BWD_ANY.launch(
@@ -3961,37 +4038,40 @@ def swiglu_tee_scale0p5_fwd_any(x):
     return a.to(x.dtype), extra_out1
 
 
-_TEE_BIAS_BWD_N64 = Kernel("tee_bias_bwd_n64", "pppppi")
+_TEE_BIAS_BWD_N64 = Kernel("tee_bias_bwd_n64", "pppppi", shared=4096)
 _TEE_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_TEE_BIAS_BWD_N64_ROW_VECTORS = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 16}
 
 
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_bwd_n64_674424ad(dy, d_extra_out0)
+        return torch.ops.fusegen.tee_bias_bwd_n64_029c6a93(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         d_extra_out0 = d_extra_out0.contiguous()
         dx = torch.empty((rows, 64), device=dy.device, dtype=dy.dtype)
-        grid_x = _TEE_BIAS_BWD_N64_GRID_X[dy.dtype]
-        # one wave of resident blocks, each looping over its rows and summing its columns' grads
-        resident = _TEE_BIAS_BWD_N64.resident_blocks(dy.dtype, dy.get_device(), 128)
-        splits = max(1, min(rows, resident // grid_x))
-        partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
-        if not rows:
-            column_grads = torch.zeros(64, device=dy.device, dtype=dy.dtype)
-        elif splits <= SUMS_IN_KERNEL_SPLITS and grid_x * splits <= resident:
-            # one launch: the grid adds its partials into the grads itself (a cooperative launch of
-            # blocks that are all resident at once)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(64, device=dy.device, dtype=dy.dtype)
             _TEE_BIAS_BWD_N64.launch(
-                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                dy.dtype, (-(-_TEE_BIAS_BWD_N64_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
                 (
-                    dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), partials.data_ptr(),
+                    dy.data_ptr(), d_extra_out0.data_ptr(), dx.data_ptr(), 0,
                     column_grads.data_ptr(), rows),
-                dy.get_device(), cooperative=True)
+                dy.get_device())
         else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _TEE_BIAS_BWD_N64_GRID_X[dy.dtype]
+            resident = _TEE_BIAS_BWD_N64.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
             _TEE_BIAS_BWD_N64.launch(
                 dy.dtype, (grid_x, splits, 1), (128, 1, 1),
                 (
@@ -4072,12 +4152,12 @@ register_op(
     "add_tee_fwd_n256_2693822c", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
     add_tee_fwd_n256)
 register_op(
-    "bias_add_bwd_n4096_4fddc83d", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
+    "bias_add_bwd_n4096_5ad413a8", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
 register_op(
-    "bias_add_tee_bwd_n256_fff2d4f3", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
+    "bias_add_tee_bwd_n256_0be867bf", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
     bias_add_tee_bwd_n256, bias_add_tee_bwd_n256)
 register_op(
-    "bias_add_tee_gelu_bwd_n256_from_bias_2bcf6010",
+    "bias_add_tee_gelu_bwd_n256_from_bias_c52cefe7",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
     "Tensor)",
     bias_add_tee_gelu_bwd_n256_from_bias, bias_add_tee_gelu_bwd_n256_from_bias)
@@ -4085,16 +4165,16 @@ register_op(
     "bias_add_tee_gelu_fwd_n256_545e99b4",
     "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256,
     bias_add_tee_gelu_fwd_n256)
-register_op("bias_bwd_n1024_bb32e169", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
-register_op("bias_bwd_n256_864bec00", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
-register_op("bias_bwd_n4096_4497c331", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
-register_op("bias_bwd_n512_104d2a2e", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
+register_op("bias_bwd_n1024_6e70da5c", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
+register_op("bias_bwd_n256_63a2dd72", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
+register_op("bias_bwd_n4096_7f2df015", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
+register_op("bias_bwd_n512_673ca663", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
 register_op(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_70e8acdf",
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b7999f0c",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048,
     bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
 register_op(
-    "bias_dropout0p1_add_bwd_n256_2bd3f396", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_add_bwd_n256_4c235c47", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_add_bwd_n256, bias_dropout0p1_add_bwd_n256)
 register_op(
     "bias_dropout0p1_add_layernorm_fwd_h256_9ab756f7",
@@ -4102,34 +4182,34 @@ register_op(
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256, bias_dropout0p1_add_layernorm_fwd_h256)
 register_op(
-    "bias_dropout0p1_bwd_n256_27daca46", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_bwd_n256_6a2e8311", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_bwd_n256, bias_dropout0p1_bwd_n256)
 register_op(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_e581bc89",
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b1c5c8c6",
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
 register_op(
-    "bias_gelu_bwd_n4096_12b6016a", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_gelu_bwd_n4096_38bb6984", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096, bias_gelu_bwd_n4096)
 register_op(
-    "bias_gelu_dropout0p1_bwd_n512_3ec5b3d7",
+    "bias_gelu_dropout0p1_bwd_n512_f40d2c53",
     "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512,
     bias_gelu_dropout0p1_bwd_n512)
 register_op(
-    "bias_glu_bwd_n512_0506cd59", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
+    "bias_glu_bwd_n512_3fb0996a", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
     bias_glu_bwd_n512)
 register_op(
-    "bias_qgeglu_bwd_n512_29701a89", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgeglu_bwd_n512_f12494fe", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgeglu_bwd_n512, bias_qgeglu_bwd_n512)
 register_op(
-    "bias_qgelu_bwd_n512_bbd86820", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgelu_bwd_n512_9816f59f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgelu_bwd_n512, bias_qgelu_bwd_n512)
 register_op(
-    "bias_reglu_bwd_n512_213024ff", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_reglu_bwd_n512_50d0e814", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_reglu_bwd_n512, bias_reglu_bwd_n512)
 register_op(
-    "bias_relu_bwd_n512_from_output_1f8c7761", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_relu_bwd_n512_from_output_13862af4", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_relu_bwd_n512_from_output, bias_relu_bwd_n512_from_output)
 register_op(
     "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5284d295",
@@ -4137,32 +4217,32 @@ register_op(
     "Tensor)",
     bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384, bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
 register_op(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_275cfbf0",
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_a83ce240",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
     "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias,
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
 register_op(
-    "bias_scale2p0_gelu_bwd_n256_3bb27687", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_scale2p0_gelu_bwd_n256_6f0d484d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_scale2p0_gelu_bwd_n256, bias_scale2p0_gelu_bwd_n256)
 register_op(
-    "bias_situglu_b2p0_c8p0_bwd_n512_727f3363", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_situglu_b2p0_c8p0_bwd_n512_c05676cd", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_situglu_b2p0_c8p0_bwd_n512, bias_situglu_b2p0_c8p0_bwd_n512)
 register_op(
-    "bias_sreglu_bwd_n512_bf2e8d2f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_sreglu_bwd_n512_43e0c67b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_sreglu_bwd_n512, bias_sreglu_bwd_n512)
 register_op(
-    "bias_srelu_bwd_n2048_739a9c7b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_srelu_bwd_n2048_da65e30d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_srelu_bwd_n2048, bias_srelu_bwd_n2048)
 register_op(
-    "bias_srelu_rowscale_bwd_n512_1dfb512e",
+    "bias_srelu_rowscale_bwd_n512_29a8e00d",
     "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
     bias_srelu_rowscale_bwd_n512, bias_srelu_rowscale_bwd_n512)
 register_op(
-    "bias_swiglu_bwd_n14336_10a85542", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_bwd_n14336_25e91e99", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n14336, bias_swiglu_bwd_n14336)
 register_op(
-    "bias_swiglu_i32_bwd_n512_c93f8885", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_i32_bwd_n512_b581c774", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
 register_op(
     "clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4", "(Tensor dy, Tensor x) -> Tensor",
@@ -4368,7 +4448,7 @@ register_op(
     "swiglu_tee_scale0p5_fwd_any_f6b4dd8d", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any, swiglu_tee_scale0p5_fwd_any)
 register_op(
-    "tee_bias_bwd_n64_674424ad", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
+    "tee_bias_bwd_n64_029c6a93", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
     tee_bias_bwd_n64, tee_bias_bwd_n64)
 register_op(
     "tee_bias_fwd_n64_97e78d26", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,

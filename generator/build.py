@@ -146,6 +146,14 @@ def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
     return "{" + ", ".join(f"torch.{dtype}: {size}" for dtype, size in sizes) + "}"  # torch's dtype names
 
 
+def row_vectors(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
+    """A column-tiled backward's vectors a row per dtype (KernelSpec.row_vectors) as a Python dict
+    literal; "" for every other kernel."""
+    if not spec.ctx.get("column_tiled"):
+        return ""
+    return "{" + ", ".join(f"torch.{dtype}: {spec.row_vectors(kn.DTYPES[dtype][2])}" for dtype in dtypes) + "}"
+
+
 def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
     """The dtypes whose kernel has a ``_few_rows`` entry (KernelSpec.few_rows) as a Python tuple
     literal; "" when none has."""
@@ -342,10 +350,12 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
             files[f"kernels/{name}"] = path.read_text()
     launchers = [dict(name=s.name, op=op_name(s, sources), family=s.family, ctx=s.ctx, summary=s.summary,
                       geometry=geometry(s, config.dtypes), few_rows=few_rows(s, config.dtypes),
+                      row_vectors=row_vectors(s, config.dtypes),
                       params=kn.kernel_abi(s), shared=s.shared_bytes, **kn.launcher_io(s))
                  for s in unique.values()]
     files["_kernels.py"] = env.get_template("kernels.py.j2").render(
-        kernels=launchers, fixed=fixed_sizes(unique), sums_in_kernel_splits=kn.SUMS_IN_KERNEL_SPLITS)
+        kernels=launchers, fixed=fixed_sizes(unique), sums_in_kernel_splits=kn.SUMS_IN_KERNEL_SPLITS,
+        column_tiled_rows=kn.COLUMN_TILED_ROWS)
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:

@@ -44,6 +44,22 @@ NAME_HASH_CHARS = 8  # hex digits of sha256(full name) in a cut name: "x" + 8 he
 # and bias chains, against two launches): 16 rows 0.79-0.97x the time, 32 rows 0.86-0.98x, 64 rows
 # 0.96-1.12x, 128 rows 1.11-1.78x (bench/NOTES.md).
 SUMS_IN_KERNEL_SPLITS = 32
+# An elementwise backward of at most this many rows whose reduced grads are all column sums runs
+# column-tiled: one block a tile of columns, its threads in row lanes that take every row of those
+# columns and add their sums in shared memory (templates/cuda/column_sum.cuh: sum_row_lanes). One
+# plain launch: no second kernel, no barrier across the grid. Row lanes: 16 up to 16 rows (a row a
+# thread), else 32 (at most 4 rows a thread: one unrolled batch of loads). On an H100 (bf16,
+# forward + backward of Bias + GELU and Bias + SwiGLU, widths 1024 to 28672) against the row splits
+# and column_sum: 16 rows 0.53-0.71x the time, 64 rows 0.54-0.84x, 128 rows 0.58-0.88x, 192 rows
+# 0.64-0.92x (bench/NOTES.md).
+COLUMN_TILED_ROWS = 128
+
+
+def sums_itself_up_to(spec: KernelSpec) -> int | None:
+    """The rows up to which a backward adds its parameter grads itself, in its one launch (a norm
+    backward's cooperative launch, an elementwise backward's column-tiled one); None: never."""
+    ctx = spec.ctx
+    return SUMS_IN_KERNEL_SPLITS if ctx.get("single_launch") else COLUMN_TILED_ROWS if ctx.get("column_tiled") else None
 
 
 def norm_bwd_shared_partials(grad_columns: int) -> bool:
@@ -212,10 +228,19 @@ class KernelSpec:
         """Whether this kernel has a ``_few_rows`` entry point (a norm forward's, norm_fwd_few_rows)."""
         return self.family == "norm_fwd" and norm_fwd_few_rows(*self._norm_fwd_shape(itemsize))
 
+    def row_vectors(self, itemsize: int) -> int:
+        """16-byte (or narrower, ``vec``) vectors in one row of dy: a column-tiled launch's blocks
+        each take a tile of them (COLUMN_TILED_ROWS)."""
+        return self.ctx["width"] // self.vec(itemsize)
+
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory a block of this kernel needs (a norm backward's fp32 partials)."""
+        """Dynamic shared memory a block of this kernel needs: a norm backward's fp32 partials, a
+        column-tiled backward's lane sums (a thread's vector of fp32 sums, in the widest vectors
+        of any dtype). The latter's 4 KB a 128-thread block cost no occupancy."""
         ctx = self.ctx
+        if ctx.get("column_tiled"):
+            return 4 * ctx["threads"] * max(self.vec(itemsize) for _, _, itemsize in DTYPES.values())
         return 4 * ctx["grad_columns"] if ctx.get("shared_partials") else 0
 
     def template_context(self, dtype: str) -> dict:

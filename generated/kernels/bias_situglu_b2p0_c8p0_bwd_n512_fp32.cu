@@ -10,11 +10,13 @@ constexpr int VEC = 4;  // elements per 16-byte access
 constexpr int NVEC = N / VEC;
 constexpr int GRAD_COLUMNS = 1024;  // width of one row of fp32 parameter-grad partials
 
-// Grid: x covers a row's vectors, y = row splits; split y takes rows y, y + S, ... in order.
-// Forward values are recomputed from the saved run input in registers, never re-read.
-// Parameter gradients are summed per split in registers and written as partials [S, GRAD_COLUMNS];
-// the grid (launched cooperatively, column_grads given) or the column_sum kernel adds the splits in a fixed
-// order (deterministic, no atomics).
+// Forward values are recomputed from the saved run input in registers, never re-read. Grid x
+// covers a row's vectors; the launcher picks one of two shapes (both deterministic, no atomics):
+// - row splits (one row of threads a block, blockDim.y == 1): grid y = S splits, split y takes
+//   rows y, y + S, ... in order and writes its parameter-grad sums as partials [S, GRAD_COLUMNS],
+//   which the column_sum kernel adds in a fixed order;
+// - column-tiled (a few rows, gridDim.y == 1): a block's blockDim.y row lanes take every row of
+//   its columns, lane y rows y, y + blockDim.y, ..., and add their sums themselves (sum_row_lanes).
 extern "C" __global__ void __launch_bounds__(128) bias_situglu_b2p0_c8p0_bwd_n512_fp32(
     const T* __restrict__ dy,
     const T* __restrict__ x,
@@ -23,15 +25,15 @@ extern "C" __global__ void __launch_bounds__(128) bias_situglu_b2p0_c8p0_bwd_n51
     T* __restrict__ column_grads,
     int rows) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
-  if (v < NVEC) {
-    const int col = v * VEC;
-    // Each op's functor, built from its compile-time constants (its device header).
-    const fg::Add op0{};  // op 0: Bias(1024)
-    const fg::SiTUGLU op1{2.0f, 8.0f};  // op 1: SiTUGLU(beta1=2.0, beta2=8.0)
-    float dbias0a[VEC] = {};
-    float dbias0b[VEC] = {};
+  const int col = v * VEC;
+  // Each op's functor, built from its compile-time constants (its device header).
+  const fg::Add op0{};  // op 0: Bias(1024)
+  const fg::SiTUGLU op1{2.0f, 8.0f};  // op 1: SiTUGLU(beta1=2.0, beta2=8.0)
+  float dbias0a[VEC] = {};
+  float dbias0b[VEC] = {};
+  if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
   #pragma unroll 4  // independent rows: several loads in flight per thread
-    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+    for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;
       // Recompute the forward values this run's backward needs.
@@ -65,9 +67,14 @@ extern "C" __global__ void __launch_bounds__(128) bias_situglu_b2p0_c8p0_bwd_n51
       fg::store<T, VEC>(dx + in_a, ga);
       fg::store<T, VEC>(dx + in_b, gb);
     }
-    fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + col, dbias0a);
-    fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + N + col, dbias0b);
   }
-  // Launched cooperatively with column_grads given: the grid adds the partials into them itself.
-  fg::finish_column_sums<T>(partials, column_grads, gridDim.y, GRAD_COLUMNS);
+  if (blockDim.y == 1) {  // row splits
+    if (v < NVEC) {
+      fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + col, dbias0a);
+      fg::store<float, VEC>(partials + (long long)blockIdx.y * GRAD_COLUMNS + 0 + N + col, dbias0b);
+    }
+  } else {  // column-tiled
+    fg::sum_row_lanes<T, VEC>(dbias0a, column_grads + 0 + col, v < NVEC);
+    fg::sum_row_lanes<T, VEC>(dbias0b, column_grads + 0 + N + col, v < NVEC);
+  }
 }

@@ -1,8 +1,9 @@
 // Deterministic column reductions: out[c] = the sum over splits s of partials[s][c].
 // The fp32 partials come from norm and elementwise backward kernels, one row per block of theirs:
 // as many rows as their grid's wave holds (up to a few thousand at narrow widths). The column_sum
-// kernel adds them in a second launch; a backward of few rows adds them itself, after a barrier
-// across its grid (a single cooperative launch: finish_column_sums).
+// kernel adds them in a second launch; a norm backward of few rows adds them itself, after a barrier
+// across its grid (a single cooperative launch: finish_column_sums), and an elementwise backward of
+// few rows sums whole columns in each block (sum_row_lanes).
 //
 // column_sum:
 // A block takes COLS consecutive columns with LANES threads each: lane l sums splits l, l + LANES,
@@ -89,6 +90,32 @@ __device__ __forceinline__ void finish_column_sums(const float* partials, T* gra
     for (int s = 0; s < splits; ++s) column.add(__ldcg(partials + (long long)s * columns + c));
     grads[c] = from_float<T>(column.total);
   }
+}
+
+// A column-tiled backward's parameter grads (templates/elementwise_bwd.cu.j2, launched for a few rows
+// with blockDim.y row lanes and one block a column tile): lane y has summed rows y, y + blockDim.y,
+// ... of the thread's VEC columns; the lanes' sums meet in shared memory (blockDim.x * blockDim.y *
+// VEC floats of dynamic shared memory) and lane 0 adds them in lane order and writes the grads, so
+// no barrier across the grid and no second launch is needed. Deterministic. Every thread of the
+// block must call this (it has barriers); ``active``: the thread's columns lie in the row.
+template <typename T, int VEC>
+__device__ __forceinline__ void sum_row_lanes(const float (&sums)[VEC], T* grads, bool active) {
+  extern __shared__ __align__(32) float lane_sums[];  // [blockDim.y][blockDim.x][VEC]
+  store<float, VEC>(lane_sums + (threadIdx.y * blockDim.x + threadIdx.x) * VEC, sums);
+  __syncthreads();
+  if (threadIdx.y == 0 && active) {
+    float total[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) total[k] = sums[k];
+    for (int lane = 1; lane < blockDim.y; ++lane) {
+      float t[VEC];
+      load<float, VEC>(lane_sums + (lane * blockDim.x + threadIdx.x) * VEC, t);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) total[k] += t[k];
+    }
+    store<T, VEC>(grads, total);
+  }
+  __syncthreads();  // the next grad's call reuses lane_sums
 }
 
 }  // namespace fg

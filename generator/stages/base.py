@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Sequence
 
-from ..kernels import SUMS_IN_KERNEL_SPLITS
+from ..kernels import sums_itself_up_to
 
 if TYPE_CHECKING:  # the planner imports this module; these are for annotations only
     from ..kernels import KernelSpec
@@ -117,8 +117,8 @@ class StageImpl:
         if stage.kind == "passthrough":
             return "no kernel"
         # a backward that sums its parameter grads itself at a few rows launches the column sum only above
-        sums_itself = bool(kernels) and kernels[0].ctx.get("single_launch", False)
-        return " + ".join(f"(`{k.name}` above {SUMS_IN_KERNEL_SPLITS} rows)" if sums_itself and k.family == "column_sum"
+        few = sums_itself_up_to(kernels[0]) if kernels else None
+        return " + ".join(f"(`{k.name}` above {few} rows)" if few is not None and k.family == "column_sum"
                           else f"`{k.name}`" for k in kernels)
 
     def forward(self, em: Emitter, stage: Stage, block: Block) -> str:

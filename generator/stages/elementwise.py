@@ -5,9 +5,10 @@ one GLU (it halves the width).
 Forward: one pass over memory; a MakeExtraOutput whose value equals the run's input or output is
 handed out as that tensor instead of written. Backward: one kernel producing the run's input grad,
 with every reduced operand grad (a Bias's column sum, a learnable scalar's total) fused as
-deterministic per-block partials (which a fixed-width kernel with only column sums adds itself at
-a few rows, in the same cooperative launch); forward values the backward needs are recomputed in registers
-from the nearest value the forward materialised (``Recompute``), never saved. A run that changes
+deterministic per-block partials (at a few rows a fixed-width kernel with only column sums runs
+column-tiled instead and adds them itself, in the same launch); forward values the backward needs
+are recomputed in registers from the nearest value the forward materialised (``Recompute``), never
+saved. A run that changes
 nothing (MakeExtraOutput alone forward, AddExtraInput alone backward) is a passthrough: no
 kernel, names alias.
 
@@ -365,13 +366,13 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     # a per-row operand's grad: each thread's sum over its columns, per row, summed by the launcher
     row_partials = [f"row_partials{s['index']}" for s in steps if s["grad"] == "row"]
     ctypes = operand_ctypes(steps)
-    # A fixed-width kernel whose reduced grads are all per column sums them itself in a single
-    # (cooperative) launch; a size-generic one, or one with a scalar's grad, leaves that to the
-    # launcher (the column_sum kernel, torch's sum).
+    # A fixed-width kernel whose reduced grads are all per column sums them itself at a few rows,
+    # column-tiled (kernels.COLUMN_TILED_ROWS); a size-generic one, or one with a scalar's grad,
+    # leaves that to the launcher (the column_sum kernel, torch's sum).
     grads = {s["grad"] for s in steps}
-    single_launch = not size["generic"] and "column" in grads and "scalar" not in grads
+    column_tiled = not size["generic"] and "column" in grads and "scalar" not in grads
     abi = (P("dy", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
-           *((P("partials", "float*"),) if grad_columns else ()), *((P("column_grads", "T*"),) if single_launch else ()),
+           *((P("partials", "float*"),) if grad_columns else ()), *((P("column_grads", "T*"),) if column_tiled else ()),
            *(P(r, "float*") for r in row_partials),
            P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
@@ -391,5 +392,5 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
         **{**size, **_interleave(stage, size)},
         saved_offset=None if recompute is None else recompute.saved_position - stage.start,
         saved_two_lanes=recompute is not None and glu is not None and recompute.saved_position <= glu,
-        grad_columns=_relative(grad_columns, width), single_launch=single_launch,
+        grad_columns=_relative(grad_columns, width), column_tiled=column_tiled,
     )

@@ -48,7 +48,8 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
                and getattr(node.value.func, "id", None) == "Kernel"}
     kernel = kernels[f"_{spec.name.upper()}"]
     assert [ast.literal_eval(a) for a in kernel.args] == [spec.name, letters]
-    # dynamic shared memory (a norm backward's partials), given only where the kernel takes some;
+    # dynamic shared memory (a norm backward's partials, a column-tiled backward's lane sums), given
+    # only where the kernel takes some;
     # the dtypes with a _few_rows entry (a norm forward's), only where some dtype has one
     keywords = {k.arg: ({e.attr for e in k.value.elts} if k.arg == "few_rows" else ast.literal_eval(k.value))
                 for k in kernel.keywords}
@@ -69,11 +70,14 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
         assert len(arguments) == 2 and arguments[1] == no_grad
         arguments = arguments[:1]
     if spec.ctx.get("single_launch"):  # and its launch above a few rows, which leaves the grads to column_sum
-        grads = next(p.name for p in abi if p.name in ("grads", "column_grads"))
-        leaves_them = ["0" if p.name == grads else v for p, v in zip(abi, values)]
+        leaves_them = ["0" if p.name == "grads" else v for p, v in zip(abi, values)]
         assert len(arguments) == 2 and arguments[1] == leaves_them
         arguments = arguments[:1]
-    assert arguments and all(args == values for args in arguments)
+    if spec.ctx.get("column_tiled"):  # a column-tiled launch (no partials), then row splits' (no grads)
+        assert arguments == [["0" if p.name == unwritten else v for p, v in zip(abi, values)]
+                             for unwritten in ("partials", "column_grads")]
+    else:
+        assert arguments and all(args == values for args in arguments)
 
 
 def test_every_family_is_covered():

@@ -280,11 +280,11 @@ def test_activation_kernels(fwd, bwd, act, width, gated, dtype, rows):
     assert torch.equal(dbias, getattr(K(), bwd)(dy, h)[1]), "dbias must be deterministic"
 
 
-# A backward of at most SUMS_IN_KERNEL_SPLITS rows adds its parameter grads itself after a barrier
-# across its grid (one cooperative launch); one row more, and the column_sum kernel adds them.
+# A norm backward of at most SUMS_IN_KERNEL_SPLITS rows adds its parameter grads itself after a
+# barrier across its grid (one cooperative launch); one row more, and the column_sum kernel adds them.
 @pytest.mark.parametrize("in_kernel", [True, False], ids=["one launch", "column_sum"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_parameter_grads_summed_in_the_backward_kernel_or_by_column_sum(dtype, in_kernel, monkeypatch):
+def test_norm_parameter_grads_summed_in_the_backward_kernel_or_by_column_sum(dtype, in_kernel, monkeypatch):
     kernels = K()
     rows = kernels.SUMS_IN_KERNEL_SPLITS + (0 if in_kernel else 1)
     launched = []  # the column_sum launchers that run
@@ -317,22 +317,44 @@ def test_parameter_grads_summed_in_the_backward_kernel_or_by_column_sum(dtype, i
     assert_close("RMSNorm dgamma", dgamma, w64.grad, dtype)
     assert torch.equal(kernels.rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, w, d_res)[1], dgamma)
 
-    # Bias + SwiGLU, an elementwise backward: 28672 bias columns, several blocks along a row
+    expected = [] if in_kernel else ["column_sum_n2048", "column_sum_n4096"]
+    assert launched == [n for n in expected for _ in range(2)]  # each backward ran twice
+
+
+# An elementwise backward of at most COLUMN_TILED_ROWS rows sums its Bias grad itself, column-tiled
+# (16 row lanes up to 16 rows, 32 above: blocks of 8 or 4 vectors' columns); one row more, and it
+# writes row-split partials that the column_sum kernel adds.
+@pytest.mark.parametrize("rows", ["0", "1", "16", "17", "most tiled", "one more"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_elementwise_parameter_grads_column_tiled_or_by_column_sum(dtype, rows, monkeypatch):
+    kernels = K()
+    rows = {"most tiled": kernels.COLUMN_TILED_ROWS, "one more": kernels.COLUMN_TILED_ROWS + 1}.get(rows) or int(rows)
+    launched, blocks = [], []  # the column_sum launches; the backward kernel's block shapes
+    monkeypatch.setattr(kernels, "column_sum_n28672", lambda *a, f=kernels.column_sum_n28672: launched.append(a) or f(*a))
+    kernel = kernels._BIAS_SWIGLU_BWD_N14336
+    monkeypatch.setattr(kernel, "launch", lambda dtype, grid, block, *a, f=kernel.launch, **kw: blocks.append(block)
+                        or f(dtype, grid, block, *a, **kw))
+    gen = torch.Generator().manual_seed(rows)
+
+    # Bias + SwiGLU: 28672 bias columns, several blocks along a row
     h = randn(rows, 28672, dtype=dtype, gen=gen, scale=3.0)
     dy = randn(rows, 14336, dtype=dtype, gen=gen)
     h64 = h.double().requires_grad_()
     _swiglu(h64).backward(dy.double())
     dx, dbias = kernels.bias_swiglu_bwd_n14336(dy, h)
     assert_close("SwiGLU dx", dx, h64.grad, dtype)
-    if dtype == torch.float32:  # the fp32 summation bound, as in test_activation_kernels
+    if not rows:
+        assert torch.equal(dbias, torch.zeros_like(dbias)), "no rows: a zero grad"
+    elif dtype == torch.float32:  # the fp32 summation bound, as in test_activation_kernels
         terms = dx.double()
         assert ((dbias.double() - terms.sum(0)).abs() <= rows * 2.0**-24 * terms.abs().sum(0)).all()
     else:
         assert_close("SwiGLU dbias", dbias, h64.grad.sum(0), dtype)
-    assert torch.equal(kernels.bias_swiglu_bwd_n14336(dy, h)[1], dbias)
+    assert torch.equal(kernels.bias_swiglu_bwd_n14336(dy, h)[1], dbias), "deterministic run to run"
 
-    expected = [] if in_kernel else ["column_sum_n2048", "column_sum_n4096", "column_sum_n28672"]
-    assert launched == [n for n in expected for _ in range(2)]  # each backward ran twice
+    tiled = rows <= kernels.COLUMN_TILED_ROWS
+    block = (8, 16, 1) if rows <= 16 else (4, 32, 1) if tiled else (128, 1, 1)
+    assert blocks == [block, block] and len(launched) == (0 if tiled else 2)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 513])
