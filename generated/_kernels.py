@@ -35,7 +35,7 @@ _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def add_fwd_n4096(x, extra_in0):
     """AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_fwd_n4096_156045b4(x, extra_in0)
+        return torch.ops.fusegen.add_fwd_n4096_7343ee8f(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -219,7 +219,7 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     extra_out2.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_d355c0e6(x, extra_in0)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_0aa58623(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -276,7 +276,7 @@ _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_fwd_n256(x, extra_in0):
     """AddExtraInput(), MakeExtraOutput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_fwd_n256_2693822c(x, extra_in0)
+        return torch.ops.fusegen.add_tee_fwd_n256_b915468a(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -457,7 +457,7 @@ _BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU(): returns y, extra_out2."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_545e99b4(x, bias0, extra_in1)
+        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_7854b3c4(x, bias0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1296,7 +1296,7 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
     GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5284d295(
+        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_6067c1e9(
             x, bias0, extra_in4, bias6, extra_in8)
     rows = x.shape[0]
     if x.is_cuda:
@@ -1833,7 +1833,7 @@ _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_fwd_any(x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_37e784ad(x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_07c2b51c(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1900,7 +1900,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_c82a8e7d(x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_bb47d91c(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1929,7 +1929,7 @@ _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {
 def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
     """ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_2e3753ae(x)
+        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_443d9dd8(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2120,7 +2120,7 @@ _DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     """Dropout(0.1), AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_add_fwd_n256_397054da(x, seed0, extra_in1)
+        return torch.ops.fusegen.dropout0p1_add_fwd_n256_de5647f3(x, seed0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2146,7 +2146,7 @@ _DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p1_fwd_n512(x, seed0):
     """Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_fwd_n512_37e9b20e(x, seed0)
+        return torch.ops.fusegen.dropout0p1_fwd_n512_0317b658(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2197,7 +2197,7 @@ _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_fwd_any(x, seed0):
     """Dropout(0.25), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_fwd_any_ee8979e8(x, seed0)
+        return torch.ops.fusegen.dropout0p25_fwd_any_c896550f(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2223,7 +2223,7 @@ _DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def dropout0p2_swiglu_fwd_n512(x, seed0):
     """Dropout(0.2), SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_c4298a88(x, seed0)
+        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_57abdd02(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2332,7 +2332,7 @@ _GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def gelu_dropout0p1_fwd_n512(x, seed1):
     """GELU(), Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_f4f36dc4(x, seed1)
+        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_8185b815(x, seed1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2357,7 +2357,7 @@ _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_fwd_any(x):
     """GELU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_any_0b7d2bfb(x)
+        return torch.ops.fusegen.gelu_fwd_any_1c6070ac(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2384,7 +2384,7 @@ _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_fwd_n256(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n256_a10ca29c(x)
+        return torch.ops.fusegen.gelu_fwd_n256_62ddc9d6(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2406,7 +2406,7 @@ _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def gelu_fwd_n4096(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n4096_d2a0428c(x)
+        return torch.ops.fusegen.gelu_fwd_n4096_bce200f6(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2428,7 +2428,7 @@ _GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def glu_fwd_n512(x):
     """GLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.glu_fwd_n512_3dcd36fb(x)
+        return torch.ops.fusegen.glu_fwd_n512_08f59d80(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2812,7 +2812,7 @@ _QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def qgeglu_fwd_n512(x):
     """QGEGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgeglu_fwd_n512_fe9052e9(x)
+        return torch.ops.fusegen.qgeglu_fwd_n512_acca125d(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2834,7 +2834,7 @@ _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def qgelu_fwd_n512(x):
     """QGELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgelu_fwd_n512_faa4cccc(x)
+        return torch.ops.fusegen.qgelu_fwd_n512_0c5740f2(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2856,7 +2856,7 @@ _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def reglu_fwd_n512(x):
     """ReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.reglu_fwd_n512_ee7cd925(x)
+        return torch.ops.fusegen.reglu_fwd_n512_b06523a8(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2905,7 +2905,7 @@ _RELU_FWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_fwd_n768(x):
     """ReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_fwd_n768_00523a35(x)
+        return torch.ops.fusegen.relu_fwd_n768_2c53dfc0(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3455,7 +3455,7 @@ _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_fwd_any(x):
     """SiLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_fwd_any_55327e98(x)
+        return torch.ops.fusegen.silu_fwd_any_73eddd24(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -3478,7 +3478,7 @@ _SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def situglu_b2p0_c8p0_fwd_n512(x):
     """SiTUGLU(beta1=2.0, beta2=8.0): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_513e4a57(x)
+        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_5428830e(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3544,7 +3544,7 @@ _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_c4354144(x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_dfcb7fb4(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3572,7 +3572,7 @@ _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def sreglu_fwd_n512(x):
     """SReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.sreglu_fwd_n512_96376548(x)
+        return torch.ops.fusegen.sreglu_fwd_n512_0a081160(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3594,7 +3594,7 @@ _SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4
 def srelu_fwd_n2048(x):
     """SReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_fwd_n2048_cd6d9966(x)
+        return torch.ops.fusegen.srelu_fwd_n2048_0caa6f1f(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3616,7 +3616,7 @@ _SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def srelu_rowscale_fwd_n512(x, extra_in1):
     """SReLU(), RowScale(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_rowscale_fwd_n512_70c40e94(x, extra_in1)
+        return torch.ops.fusegen.srelu_rowscale_fwd_n512_bb484081(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3730,7 +3730,7 @@ _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_fwd_any(x):
     """SwiGLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_any_bca53617(x)
+        return torch.ops.fusegen.swiglu_fwd_any_7f8142bb(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3757,7 +3757,7 @@ _SWIGLU_FWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float3
 def swiglu_fwd_n14336(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n14336_bc40fe12(x)
+        return torch.ops.fusegen.swiglu_fwd_n14336_ae24a9be(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3779,7 +3779,7 @@ _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_fwd_n384(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n384_bc7329a3(x)
+        return torch.ops.fusegen.swiglu_fwd_n384_f3de01bb(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3801,7 +3801,7 @@ _SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_fwd_n4096(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n4096_380010ae(x)
+        return torch.ops.fusegen.swiglu_fwd_n4096_b55037ba(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3823,7 +3823,7 @@ _SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def swiglu_i32_fwd_n512(x):
     """SwiGLU(glu_interleave_size=32): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_i32_fwd_n512_4fba47e3(x)
+        return torch.ops.fusegen.swiglu_i32_fwd_n512_97979959(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3887,7 +3887,7 @@ _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_fwd_any(x, extra_in1):
     """SwiGLU(), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_fwd_any_2510c629(x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_fwd_any_0d89f81b(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3952,7 +3952,7 @@ _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_4f4d16e1(x)
+        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_1f01eaa2(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4016,7 +4016,7 @@ _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_f6b4dd8d(x)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_87f82b35(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4096,7 +4096,7 @@ _TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def tee_bias_fwd_n64(x, bias1):
     """MakeExtraOutput(), Bias(64): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_fwd_n64_97e78d26(x, bias1)
+        return torch.ops.fusegen.tee_bias_fwd_n64_69180d42(x, bias1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4128,7 +4128,7 @@ _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: sw
 # launchers run directly and the ops cost nothing.
 
 register_op(
-    "add_fwd_n4096_156045b4", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
+    "add_fwd_n4096_7343ee8f", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
     add_fwd_n4096)
 register_op(
     "add_layernorm_zc_eps1em06_fwd_h768_55a94126",
@@ -4143,13 +4143,13 @@ register_op(
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
 register_op(
-    "add_scale0p5_tee_qgelu_fwd_any_d355c0e6", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
+    "add_scale0p5_tee_qgelu_fwd_any_0aa58623", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
     add_scale0p5_tee_qgelu_fwd_any, add_scale0p5_tee_qgelu_fwd_any)
 register_op(
     "add_tee_bwd_n256_cd53187d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
     add_tee_bwd_n256)
 register_op(
-    "add_tee_fwd_n256_2693822c", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
+    "add_tee_fwd_n256_b915468a", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
     add_tee_fwd_n256)
 register_op(
     "bias_add_bwd_n4096_5ad413a8", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
@@ -4162,7 +4162,7 @@ register_op(
     "Tensor)",
     bias_add_tee_gelu_bwd_n256_from_bias, bias_add_tee_gelu_bwd_n256_from_bias)
 register_op(
-    "bias_add_tee_gelu_fwd_n256_545e99b4",
+    "bias_add_tee_gelu_fwd_n256_7854b3c4",
     "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256,
     bias_add_tee_gelu_fwd_n256)
 register_op("bias_bwd_n1024_6e70da5c", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
@@ -4212,7 +4212,7 @@ register_op(
     "bias_relu_bwd_n512_from_output_13862af4", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_relu_bwd_n512_from_output, bias_relu_bwd_n512_from_output)
 register_op(
-    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5284d295",
+    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_6067c1e9",
     "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, "
     "Tensor)",
     bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384, bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
@@ -4248,17 +4248,17 @@ register_op(
     "clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4", "(Tensor dy, Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_bwd_any, clamped_swiglu_l3p0_i16_bwd_any)
 register_op(
-    "clamped_swiglu_l3p0_i16_fwd_any_37e784ad", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_fwd_any_07c2b51c", "(Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_fwd_any, clamped_swiglu_l3p0_i16_fwd_any)
 register_op(
     "clamped_swiglu_l5p0_rowscale_bwd_any_1b2df1b1",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     clamped_swiglu_l5p0_rowscale_bwd_any, clamped_swiglu_l5p0_rowscale_bwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_fwd_any_c82a8e7d", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "clamped_swiglu_l5p0_rowscale_fwd_any_bb47d91c", "(Tensor x, Tensor extra_in1) -> Tensor",
     clamped_swiglu_l5p0_rowscale_fwd_any, clamped_swiglu_l5p0_rowscale_fwd_any)
 register_op(
-    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_2e3753ae", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_443d9dd8", "(Tensor x) -> Tensor",
     clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048, clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
 register_op(
     "column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024,
@@ -4291,19 +4291,19 @@ register_op(
     "column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192,
     column_sum_n8192)
 register_op(
-    "dropout0p1_add_fwd_n256_397054da", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
+    "dropout0p1_add_fwd_n256_de5647f3", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
     dropout0p1_add_fwd_n256, dropout0p1_add_fwd_n256)
 register_op(
-    "dropout0p1_fwd_n512_37e9b20e", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
+    "dropout0p1_fwd_n512_0317b658", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
     dropout0p1_fwd_n512)
 register_op(
     "dropout0p25_bwd_any_188ea53f", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
     dropout0p25_bwd_any)
 register_op(
-    "dropout0p25_fwd_any_ee8979e8", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
+    "dropout0p25_fwd_any_c896550f", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
     dropout0p25_fwd_any)
 register_op(
-    "dropout0p2_swiglu_fwd_n512_c4298a88", "(Tensor x, Tensor? seed0) -> Tensor",
+    "dropout0p2_swiglu_fwd_n512_57abdd02", "(Tensor x, Tensor? seed0) -> Tensor",
     dropout0p2_swiglu_fwd_n512, dropout0p2_swiglu_fwd_n512)
 register_op(
     "dropout0p3_bwd_n256_6c79d780", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
@@ -4312,12 +4312,12 @@ register_op("gelu_bwd_any_0508494d", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd
 register_op(
     "gelu_bwd_n256_16d7194f", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
 register_op(
-    "gelu_dropout0p1_fwd_n512_f4f36dc4", "(Tensor x, Tensor? seed1) -> Tensor",
+    "gelu_dropout0p1_fwd_n512_8185b815", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
-register_op("gelu_fwd_any_0b7d2bfb", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
-register_op("gelu_fwd_n256_a10ca29c", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
-register_op("gelu_fwd_n4096_d2a0428c", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
-register_op("glu_fwd_n512_3dcd36fb", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
+register_op("gelu_fwd_any_1c6070ac", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
+register_op("gelu_fwd_n256_62ddc9d6", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
+register_op("gelu_fwd_n4096_bce200f6", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
+register_op("glu_fwd_n512_08f59d80", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
 register_op(
     "l2norm_bwd_h256_27358322", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256,
     l2norm_bwd_h256)
@@ -4350,12 +4350,12 @@ register_op(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual, layernorm_zc_bwd_h768_add_dresidual)
-register_op("qgeglu_fwd_n512_fe9052e9", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
-register_op("qgelu_fwd_n512_faa4cccc", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
-register_op("reglu_fwd_n512_ee7cd925", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
+register_op("qgeglu_fwd_n512_acca125d", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
+register_op("qgelu_fwd_n512_0c5740f2", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
+register_op("reglu_fwd_n512_b06523a8", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
 register_op(
     "relu_bwd_n768_f13bf0dd", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
-register_op("relu_fwd_n768_00523a35", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
+register_op("relu_fwd_n768_2c53dfc0", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
 register_op(
     "rmsnorm_bwd_h1024_b04174b0",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024,
@@ -4397,21 +4397,21 @@ register_op(
     "rmsnorm_zc_fwd_h768_96b72228", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768, rmsnorm_zc_fwd_h768)
 register_op("silu_bwd_any_4e754a84", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
-register_op("silu_fwd_any_55327e98", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
+register_op("silu_fwd_any_73eddd24", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
 register_op(
-    "situglu_b2p0_c8p0_fwd_n512_513e4a57", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
+    "situglu_b2p0_c8p0_fwd_n512_5428830e", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
     situglu_b2p0_c8p0_fwd_n512)
 register_op(
     "situglu_b2p0_i32_rowscale_bwd_any_4dec9e72",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     situglu_b2p0_i32_rowscale_bwd_any, situglu_b2p0_i32_rowscale_bwd_any)
 register_op(
-    "situglu_b2p0_i32_rowscale_fwd_any_c4354144", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "situglu_b2p0_i32_rowscale_fwd_any_dfcb7fb4", "(Tensor x, Tensor extra_in1) -> Tensor",
     situglu_b2p0_i32_rowscale_fwd_any, situglu_b2p0_i32_rowscale_fwd_any)
-register_op("sreglu_fwd_n512_96376548", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
-register_op("srelu_fwd_n2048_cd6d9966", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
+register_op("sreglu_fwd_n512_0a081160", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
+register_op("srelu_fwd_n2048_0caa6f1f", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
 register_op(
-    "srelu_rowscale_fwd_n512_70c40e94", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "srelu_rowscale_fwd_n512_bb484081", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
 register_op(
     "swiglu_bwd_any_116e69bc", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
@@ -4420,36 +4420,36 @@ register_op(
 register_op(
     "swiglu_bwd_n4096_6ec35844", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
     swiglu_bwd_n4096)
-register_op("swiglu_fwd_any_bca53617", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
+register_op("swiglu_fwd_any_7f8142bb", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
 register_op(
-    "swiglu_fwd_n14336_bc40fe12", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
-register_op("swiglu_fwd_n384_bc7329a3", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
-register_op("swiglu_fwd_n4096_380010ae", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
+    "swiglu_fwd_n14336_ae24a9be", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
+register_op("swiglu_fwd_n384_f3de01bb", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
+register_op("swiglu_fwd_n4096_b55037ba", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
 register_op(
-    "swiglu_i32_fwd_n512_4fba47e3", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
+    "swiglu_i32_fwd_n512_97979959", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)
 register_op(
     "swiglu_rowscale_bwd_any_b470a95f",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any,
     swiglu_rowscale_bwd_any)
 register_op(
-    "swiglu_rowscale_fwd_any_2510c629", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "swiglu_rowscale_fwd_any_0d89f81b", "(Tensor x, Tensor extra_in1) -> Tensor",
     swiglu_rowscale_fwd_any, swiglu_rowscale_fwd_any)
 register_op(
     "swiglu_tee_gelu_bwd_any_a04963e9", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_gelu_bwd_any, swiglu_tee_gelu_bwd_any)
 register_op(
-    "swiglu_tee_gelu_fwd_any_4f4d16e1", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
+    "swiglu_tee_gelu_fwd_any_1f01eaa2", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
     swiglu_tee_gelu_fwd_any)
 register_op(
     "swiglu_tee_scale0p5_bwd_any_74f666c1", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_scale0p5_bwd_any, swiglu_tee_scale0p5_bwd_any)
 register_op(
-    "swiglu_tee_scale0p5_fwd_any_f6b4dd8d", "(Tensor x) -> (Tensor, Tensor)",
+    "swiglu_tee_scale0p5_fwd_any_87f82b35", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any, swiglu_tee_scale0p5_fwd_any)
 register_op(
     "tee_bias_bwd_n64_029c6a93", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
     tee_bias_bwd_n64, tee_bias_bwd_n64)
 register_op(
-    "tee_bias_fwd_n64_97e78d26", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,
+    "tee_bias_fwd_n64_69180d42", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,
     tee_bias_fwd_n64)

@@ -20,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l6p0_a1p5_o0p5_
   const int col = v * VEC;
   // Each op's functor, built from its compile-time constants (its device header).
   const fg::ClampedSwiGLU op0{6.0f, 1.5f, 0.5f};  // op 0: ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5)
-#pragma unroll 4  // independent rows: several loads in flight per thread
+#pragma unroll 1  // grid y covers up to 65535 rows, one a block: a rolled loop is a smaller kernel
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     // Input rows are [a | b], 2N wide: lane a is the gate (first half), lane b the second half.
     const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;
