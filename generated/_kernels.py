@@ -12,8 +12,8 @@ from . import _reference as ref
 from ._runtime import Kernel, pointer, register_op
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
-# a backward of at most this many row splits adds its parameter grads itself, in one cooperative
-# launch
+# a norm backward of at most this many row splits adds its parameter grads itself, in one
+# cooperative launch
 SUMS_IN_KERNEL_SPLITS = 32
 # an elementwise backward of at most this many rows sums its parameter grads column-tiled, in one
 # launch: each block takes every row of its columns
@@ -309,7 +309,7 @@ def bias_add_bwd_n4096(dy):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_BWD_N4096.launch(
@@ -352,7 +352,7 @@ def bias_add_tee_bwd_n256(dy, d_extra_out2):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_TEE_BWD_N256.launch(
@@ -410,7 +410,7 @@ def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS.launch(
@@ -498,7 +498,7 @@ def bias_bwd_n1024(dy):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N1024.launch(
@@ -539,7 +539,7 @@ def bias_bwd_n256(dy):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N256.launch(
@@ -580,7 +580,7 @@ def bias_bwd_n4096(dy):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N4096.launch(
@@ -621,7 +621,7 @@ def bias_bwd_n512(dy):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_BWD_N512.launch(
@@ -669,7 +669,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_CLAMPED_SWIGLU_L6P0_A1P5_O0P5_BWD_N2048.launch(
@@ -722,7 +722,7 @@ def bias_dropout0p1_add_bwd_n256(dy, seed1):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P1_ADD_BWD_N256.launch(
@@ -838,7 +838,7 @@ def bias_dropout0p1_bwd_n256(dy, seed1):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P1_BWD_N256.launch(
@@ -889,7 +889,7 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2.launch(
@@ -951,7 +951,7 @@ def bias_gelu_bwd_n4096(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(4096, device=dy.device, dtype=dy.dtype)
             _BIAS_GELU_BWD_N4096.launch(
@@ -1001,7 +1001,7 @@ def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_GELU_DROPOUT0P1_BWD_N512.launch(
@@ -1056,7 +1056,7 @@ def bias_glu_bwd_n512(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_GLU_BWD_N512.launch(
@@ -1105,7 +1105,7 @@ def bias_qgeglu_bwd_n512(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_QGEGLU_BWD_N512.launch(
@@ -1154,7 +1154,7 @@ def bias_qgelu_bwd_n512(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_QGELU_BWD_N512.launch(
@@ -1203,7 +1203,7 @@ def bias_reglu_bwd_n512(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_REGLU_BWD_N512.launch(
@@ -1253,7 +1253,7 @@ def bias_relu_bwd_n512_from_output(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_RELU_BWD_N512_FROM_OUTPUT.launch(
@@ -1365,7 +1365,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1536, device=dy.device, dtype=dy.dtype)
             _BIAS_SCALE0P5_GELU_X3D12017C_BWD_N384_FROM_BIAS.launch(
@@ -1452,7 +1452,7 @@ def bias_scale2p0_gelu_bwd_n256(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
             _BIAS_SCALE2P0_GELU_BWD_N256.launch(
@@ -1503,7 +1503,7 @@ def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SITUGLU_B2P0_C8P0_BWD_N512.launch(
@@ -1554,7 +1554,7 @@ def bias_sreglu_bwd_n512(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SREGLU_BWD_N512.launch(
@@ -1603,7 +1603,7 @@ def bias_srelu_bwd_n2048(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(2048, device=dy.device, dtype=dy.dtype)
             _BIAS_SRELU_BWD_N2048.launch(
@@ -1656,7 +1656,7 @@ def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
             _BIAS_SRELU_ROWSCALE_BWD_N512.launch(
@@ -1715,7 +1715,7 @@ def bias_swiglu_bwd_n14336(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(28672, device=dy.device, dtype=dy.dtype)
             _BIAS_SWIGLU_BWD_N14336.launch(
@@ -1764,7 +1764,7 @@ def bias_swiglu_i32_bwd_n512(dy, x):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
             _BIAS_SWIGLU_I32_BWD_N512.launch(
@@ -4056,7 +4056,7 @@ def tee_bias_bwd_n64(dy, d_extra_out0):
         if rows <= COLUMN_TILED_ROWS:
             # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
             # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
-            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 up to 128
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
             tile = 128 // lanes  # vectors a block
             column_grads = torch.empty(64, device=dy.device, dtype=dy.dtype)
             _TEE_BIAS_BWD_N64.launch(

@@ -355,7 +355,7 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
                  for s in unique.values()]
     files["_kernels.py"] = env.get_template("kernels.py.j2").render(
         kernels=launchers, fixed=fixed_sizes(unique), sums_in_kernel_splits=kn.SUMS_IN_KERNEL_SPLITS,
-        column_tiled_rows=kn.COLUMN_TILED_ROWS)
+        column_tiled_rows=kn.COLUMN_TILED_ROWS, column_tile_lanes=kn.COLUMN_TILE_LANES)
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:

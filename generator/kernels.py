@@ -47,12 +47,13 @@ SUMS_IN_KERNEL_SPLITS = 32
 # An elementwise backward of at most this many rows whose reduced grads are all column sums runs
 # column-tiled: one block a tile of columns, its threads in row lanes that take every row of those
 # columns and add their sums in shared memory (templates/cuda/column_sum.cuh: sum_row_lanes). One
-# plain launch: no second kernel, no barrier across the grid. Row lanes: 16 up to 16 rows (a row a
-# thread), else 32 (at most 4 rows a thread: one unrolled batch of loads). On an H100 (bf16,
-# forward + backward of Bias + GELU and Bias + SwiGLU, widths 1024 to 28672) against the row splits
-# and column_sum: 16 rows 0.53-0.71x the time, 64 rows 0.54-0.84x, 128 rows 0.58-0.88x, 192 rows
-# 0.64-0.92x (bench/NOTES.md).
+# plain launch: no second kernel, no barrier across the grid. Row lanes (COLUMN_TILE_LANES): 16 up
+# to 16 rows (a row a thread), else 32 (at most 4 rows a thread: one unrolled batch of loads). On
+# an H100 (bf16, forward + backward of Bias + GELU and Bias + SwiGLU, widths 1024 to 28672) against
+# the row splits and column_sum: 16 rows 0.53-0.71x the time, 64 rows 0.54-0.79x, 128 rows
+# 0.58-0.91x, 192 rows 0.64-0.92x (bench/NOTES.md).
 COLUMN_TILED_ROWS = 128
+COLUMN_TILE_LANES = (16, 32)  # row lanes of a column-tiled block: up to 16 rows, above
 
 
 def sums_itself_up_to(spec: KernelSpec) -> int | None:

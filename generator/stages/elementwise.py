@@ -8,9 +8,8 @@ with every reduced operand grad (a Bias's column sum, a learnable scalar's total
 deterministic per-block partials (at a few rows a fixed-width kernel with only column sums runs
 column-tiled instead and adds them itself, in the same launch); forward values the backward needs
 are recomputed in registers from the nearest value the forward materialised (``Recompute``), never
-saved. A run that changes
-nothing (MakeExtraOutput alone forward, AddExtraInput alone backward) is a passthrough: no
-kernel, names alias.
+saved. A run that changes nothing (MakeExtraOutput alone forward, AddExtraInput alone backward) is
+a passthrough: no kernel, names alias.
 
 Every op reaches the kernel as data (``_step``): its functor and constants, its operand and how
 that operand's grad is reduced; the templates compose them with no per-op code.
