@@ -31,16 +31,30 @@ def family(symbol):
     return "column_sum" if symbol.startswith("column_sum_") else "elementwise"
 
 
+def _config(root):
+    return build.Config((root / "small.py",), root / "out", archs=("sm_90",), dtypes=("float32",), root=root)
+
+
+@pytest.fixture(scope="module")
+def first_build(tmp_path_factory):
+    """The package's first build, compiled once for the module's tests (NVRTC is most of a build)."""
+    root = tmp_path_factory.mktemp("first_build")
+    (root / "small.py").write_text(SPEC)
+    output.write_package(build.build_package(_config(root)), root / "out")
+    return root / "out"
+
+
 @pytest.fixture
-def package(tmp_path, monkeypatch):
+def package(tmp_path, monkeypatch, first_build):
     """A written package built from a copy of templates/cuda (which the test may edit), and the
-    (symbol, target) of every binary each later build_package compiles."""
+    (symbol, target) of every binary each later build_package compiles. The package starts as
+    the first build's copy, which a build here then owns and reuses whole."""
     headers = tmp_path / "cuda"
     shutil.copytree(build.CUDA_HEADERS, headers)
     monkeypatch.setattr(build, "CUDA_HEADERS", headers)
-    spec = tmp_path / "small.py"
-    spec.write_text(SPEC)
-    config = build.Config((spec,), tmp_path / "out", archs=("sm_90",), dtypes=("float32",), root=tmp_path)
+    (tmp_path / "small.py").write_text(SPEC)
+    config = _config(tmp_path)
+    shutil.copytree(first_build, config.out)
     output.write_package(build.build_package(config), config.out)
 
     compiled = []
