@@ -335,7 +335,8 @@ class _Ready:
 class Kernel:
     """One generated kernel, in every dtype it was built for; ``name`` has no dtype suffix,
     ``signature`` its C parameters in order, one letter each: "p" a pointer, "i" a C int;
-    ``shared`` the bytes of dynamic shared memory each block gets (a norm backward's partials);
+    ``shared`` the bytes of dynamic shared memory each block gets (a norm backward's partials, a
+    column-tiled backward's lane sums);
     ``few_rows`` the dtypes whose binary has a second entry point, ``<symbol>_few_rows``, that a
     grid of at most one wave of its blocks runs instead (a norm forward's: templates/cuda/norm.cuh,
     FEW_ROWS); ``entry`` names such an entry (the symbol's suffix) for the Kernel that launches it."""
