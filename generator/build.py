@@ -137,21 +137,23 @@ def fixed_sizes(unique: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpe
     return {name: sorted(specs, key=lambda s: s.ctx["width"]) for name, specs in fixed.items()}
 
 
+def by_dtype(size, dtypes: tuple[str, ...]) -> str:
+    """``{torch.<dtype>: size(itemsize), ...}`` as a Python dict literal (torch's dtype names)."""
+    return "{" + ", ".join(f"torch.{dtype}: {size(kn.DTYPES[dtype][2])}" for dtype in dtypes) + "}"
+
+
 def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
-    """The spec's per-dtype launch constant as a Python dict literal (KernelSpec.launch_size); ""
-    when the launch does not depend on the dtype."""
-    sizes = [(dtype, spec.launch_size(kn.DTYPES[dtype][2])) for dtype in dtypes]
-    if any(size is None for _, size in sizes):
+    """The spec's per-dtype launch constant (KernelSpec.launch_size) as a dict literal; "" when
+    the launch does not depend on the dtype."""
+    if any(spec.launch_size(kn.DTYPES[dtype][2]) is None for dtype in dtypes):
         return ""
-    return "{" + ", ".join(f"torch.{dtype}: {size}" for dtype, size in sizes) + "}"  # torch's dtype names
+    return by_dtype(spec.launch_size, dtypes)
 
 
 def row_vectors(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
-    """A column-tiled backward's vectors a row per dtype (KernelSpec.row_vectors) as a Python dict
+    """A column-tiled backward's vectors a row per dtype (KernelSpec.row_vectors) as a dict
     literal; "" for every other kernel."""
-    if not spec.ctx.get("column_tiled"):
-        return ""
-    return "{" + ", ".join(f"torch.{dtype}: {spec.row_vectors(kn.DTYPES[dtype][2])}" for dtype in dtypes) + "}"
+    return by_dtype(spec.row_vectors, dtypes) if spec.ctx.get("column_tiled") else ""
 
 
 def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
