@@ -17,8 +17,10 @@ import multiprocessing
 import os
 import re
 import signal
+import tempfile
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from . import emit, ops, plugins, stages
 from . import kernels as kn
@@ -211,54 +213,64 @@ def included_headers(source: str, source_name: str, headers: dict[str, Path] | N
     return dict(sorted(digests.items()))
 
 
-_worker_headers: dict[str, str] = {}  # a compile worker's headers, set by its pool's initializer
+class _Worker:
+    """A compile worker's settings, set by its pool's initializer."""
+    headers: dict[str, str] = {}
+    pch_dir: Path = Path()
 
 
-def _compile_one(job: tuple[str, str, str]) -> tuple[str, str, bytes]:
+class Compile(NamedTuple):
+    """One NVRTC compile: ``symbol``'s source for ``arch``, and with ``with_ptx`` (an sm_XY compile)
+    its PTX kept as the compute_XY binary too."""
+    symbol: str
+    source: str
+    arch: str
+    with_ptx: bool = False
+
+
+def _compile_one(job: Compile) -> tuple[str, dict[str, bytes]]:
     from . import nvrtc
 
-    symbol, source, target = job
-    binary = nvrtc.compile_source(source, f"kernels/{symbol}.cu", target, _worker_headers, [nvrtc.cuda_include_dir()])
-    return symbol, target, binary
+    binaries = nvrtc.compile_source(job.source, f"kernels/{job.symbol}.cu", job.arch, _Worker.headers,
+                                    [nvrtc.cuda_include_dir()], _Worker.pch_dir, job.with_ptx)
+    return job.symbol, binaries
 
 
 def binary_name(symbol: str, target: str) -> str:
     return f"kernels/{symbol}.{target}.{'ptx' if target.startswith('compute_') else 'cubin'}"
 
 
-def _start_worker(headers: dict[str, str]) -> None:
+def _start_worker(headers: dict[str, str], pch_dir: Path) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
-    _worker_headers.clear()
-    _worker_headers.update(headers)
+    _Worker.headers, _Worker.pch_dir = headers, pch_dir
 
 
-def run_compiles(jobs: list[tuple[str, str, str]], progress: Progress, headers: dict[str, str]) -> dict[str, bytes]:
-    """Compile (symbol, source, target) jobs in parallel; {binary file: bytes}.
+def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str]) -> dict[str, bytes]:
+    """Run the compiles in parallel; {binary file: bytes}.
 
-    A pool that is terminated on any way out (done, an NVRTC error, Ctrl-C), so no worker outlives
-    the run. Jobs start in order, so the first pending ones are those in flight."""
+    On any way out (done, an NVRTC error, Ctrl-C) the pool takes no more jobs and waits for the
+    compiles in flight, under a second each, instead of signalling its workers: a worker stopped
+    by a signal inside NVRTC can hang there for good (seen while it used precompiled headers).
+    Those headers go to a folder of this run's, removed with it. Jobs start in order, so the
+    first pending ones are those in flight."""
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    # spawn, not fork: the calling process may run threads (torch's, in tests and notebooks), and a
-    # forked child can inherit a lock one of them held and hang
-    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_start_worker, initargs=(headers,))
-    try:
-        pending = [(job, pool.apply_async(_compile_one, (job,))) for job in jobs]
-        binaries = {}
-        while pending:
-            pending[0][1].wait(0.25)
-            waiting = []
-            for job, result in pending:
-                if result.ready():
-                    symbol, target, binary = result.get()  # re-raises a worker's NvrtcError here
-                    binaries[binary_name(symbol, target)] = binary
-                else:
-                    waiting.append((job, result))
-            pending = waiting
-            progress.update(len(jobs) - len(pending), [f"{symbol}.{target}" for (symbol, _, target), _ in pending[:workers]])
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+    binaries = {}
+    with tempfile.TemporaryDirectory(prefix="fusegen-pch-") as pch_dir:
+        # spawn, not fork: the calling process may run threads (torch's, in tests and notebooks),
+        # and a forked child can inherit a lock one of them held and hang
+        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker, (headers, Path(pch_dir)))
+        try:
+            pending = {pool.submit(_compile_one, job): job for job in jobs}
+            while pending:
+                done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                for future in done:
+                    symbol, compiled = future.result()  # re-raises a worker's NvrtcError here
+                    binaries.update((binary_name(symbol, target), binary) for target, binary in compiled.items())
+                    del pending[future]
+                in_flight = list(pending.values())[:workers]
+                progress.update(len(jobs) - len(pending), [f"{job.symbol}.{job.arch}" for job in in_flight])
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     return binaries
 
 
@@ -280,15 +292,16 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
     nvrtc.cuda_include_dir()  # fail before compiling anything when the headers are missing
     prior_manifest = read_manifest(previous) if previous is not None else None
     old = prior_manifest.get("kernels", {}) if prior_manifest is not None else {}
-    files, jobs = {}, []
+    files, jobs, stale_count = {}, [], 0
     for symbol, source in sources.items():
         entry = manifest[symbol]
         prior = old.get(symbol, {})
         key = ("source_sha256", "headers")  # the text it is compiled from
         same_text = {k: prior.get(k) for k in key} == {k: entry[k] for k in key}
+        stale = []
         for target in archs:
             name = binary_name(symbol, target)
-            record = {"file": name, "nvrtc": version, "options": nvrtc.compile_options(target)}
+            record = {"file": name, "nvrtc": version, "options": nvrtc.compile_options(nvrtc.compiled_with(target, archs))}
             prior_bin = prior.get("binaries", {}).get(target, {})
             path = previous / name if previous is not None else None
             if (same_text and path is not None and path.is_file()
@@ -296,15 +309,20 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
                     and sha256(path.read_bytes()) == prior_bin.get("sha256")):
                 files[name] = path.read_bytes()
             else:
-                jobs.append((symbol, source, target))
+                stale.append(target)
             entry["binaries"][target] = record
+        stale_count += len(stale)
+        for arch in dict.fromkeys(nvrtc.compiled_with(target, archs) for target in stale):
+            with_ptx = arch.startswith("sm_") and arch.replace("sm_", "compute_") in stale
+            jobs.append(Compile(symbol, source, arch, with_ptx))
     if jobs:
-        progress.start(len(jobs), f"compiling {len(jobs)} kernel binaries with NVRTC {version} "
-                                  f"({len(sources) * len(archs) - len(jobs)} reused)")
+        progress.start(len(jobs), f"compiling {stale_count} kernel binaries in {len(jobs)} compiles with NVRTC "
+                                  f"{version} ({len(sources) * len(archs) - stale_count} reused)")
         try:
-            files.update(run_compiles(jobs, progress, cuda_headers(headers)))
+            compiled = run_compiles(jobs, progress, cuda_headers(headers))
         finally:
             progress.finish()
+        files.update((name, binary) for name, binary in compiled.items() if name not in files)
     for symbol, entry in manifest.items():
         for target, record in entry["binaries"].items():
             record["sha256"] = sha256(files[record["file"]])

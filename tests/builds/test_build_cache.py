@@ -61,7 +61,7 @@ def package(tmp_path, monkeypatch, first_build):
     run_compiles = build.run_compiles
 
     def counting(jobs, progress, headers):  # jobs run in worker processes: count them here, in the parent
-        compiled.extend((symbol, target) for symbol, _, target in jobs)
+        compiled.extend((job.symbol, job.arch) for job in jobs)
         return run_compiles(jobs, progress, headers)
 
     monkeypatch.setattr(build, "run_compiles", counting)
@@ -178,5 +178,6 @@ def test_a_header_in_the_working_directory_is_never_compiled_instead(tmp_path, m
     for path in (tmp_path / "common.cuh", tmp_path / "kernels" / "common.cuh"):
         path.write_text('#error "the user\'s header was compiled"\n')
     source = '#include "common.cuh"\nextern "C" __global__ void k(float* x) { x[0] = 1.f; }\n'
-    ptx = nvrtc.compile_source(source, "kernels/k.cu", "compute_80", build.cuda_headers(), [nvrtc.cuda_include_dir()])
+    ptx = nvrtc.compile_source(source, "kernels/k.cu", "compute_80", build.cuda_headers(), [nvrtc.cuda_include_dir()],
+                               tmp_path)["compute_80"]
     assert b".entry k" in ptx

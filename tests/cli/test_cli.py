@@ -140,7 +140,7 @@ def test_stale_message_names_the_config_it_used(tmp_path, spec, capsys):
 def test_plain_progress_in_a_log(spec, capsys):
     code, err = run(capsys, *GENERATE)
     assert code == 0
-    assert "fusegen: compiling 5 kernel binaries with NVRTC 13.0 (0 reused)" in err
+    assert "fusegen: compiling 5 kernel binaries in 5 compiles with NVRTC 13.0 (0 reused)" in err
     assert "  [5/5] compiled" in err and "fusegen: fused: " in err
 
 

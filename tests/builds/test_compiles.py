@@ -1,0 +1,72 @@
+"""How a build compiles: an sm_XY compile also gives the compute_XY PTX (the same bytes a compile
+for compute_XY gives), so a kernel wanted as both takes one NVRTC compile; NVRTC's speed-only
+options change no binary; its precompiled headers go to a folder of the build's, removed after."""
+
+import json
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fusegen import build, nvrtc, output
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = json.loads((ROOT / "generated" / output.MANIFEST).read_text())["kernels"]
+# One shipped kernel of each template, in a 16-bit dtype (fast math) and in float32.
+KERNELS = [next(s for s in sorted(MANIFEST) if s.startswith(prefix) and s.endswith(dtype))
+           for prefix in ("add_fwd_", "bias_gelu_bwd_", "rmsnorm_fwd_", "layernorm_bwd_", "column_sum_")
+           for dtype in ("_bf16", "_fp32")]
+
+
+def compile_shipped(symbol, target, pch_dir, with_ptx=False):
+    source = (ROOT / "generated" / MANIFEST[symbol]["source"]).read_text()
+    return nvrtc.compile_source(source, f"kernels/{symbol}.cu", target, build.cuda_headers(),
+                                [nvrtc.cuda_include_dir()], pch_dir, with_ptx)
+
+
+@pytest.mark.parametrize("symbol", KERNELS)
+def test_an_sm_compile_gives_the_ptx_of_a_compute_compile(symbol, tmp_path):
+    both = compile_shipped(symbol, "sm_80", tmp_path, with_ptx=True)
+    assert set(both) == {"sm_80", "compute_80"}
+    assert both["compute_80"] == compile_shipped(symbol, "compute_80", tmp_path)["compute_80"]
+    assert both["sm_80"] == compile_shipped(symbol, "sm_80", tmp_path)["sm_80"]
+    # and the shipped binaries, built with the speed-only options, are the same bytes
+    assert both["sm_80"] == (ROOT / "generated" / f"kernels/{symbol}.sm_80.cubin").read_bytes()
+    assert both["compute_80"] == (ROOT / "generated" / f"kernels/{symbol}.compute_80.ptx").read_bytes()
+
+
+def test_speed_options_change_no_binary(tmp_path, monkeypatch):
+    """-minimal and --pch only make NVRTC faster: without them, the same bytes."""
+    symbol = KERNELS[2]
+    fast = compile_shipped(symbol, "sm_90", tmp_path)
+    monkeypatch.setattr(nvrtc, "SPEED_OPTIONS", ())
+    assert compile_shipped(symbol, "sm_90", tmp_path) == fast
+
+
+def test_one_compile_gives_a_kernels_cubin_and_ptx_and_leaves_no_files(tmp_path, monkeypatch):
+    spec = tmp_path / "small.py"
+    spec.write_text(textwrap.dedent("""\
+        from fusegen.eager import Sequential, RMSNorm, GELU
+        block = Sequential(RMSNorm(64), GELU())
+    """))
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    nvrtc_default = set(Path("/tmp").glob("__nvrtc_auto_pch_*"))  # where NVRTC puts them unless told
+    compiled = []
+    run_compiles = build.run_compiles
+    monkeypatch.setattr(build, "run_compiles", lambda jobs, *rest: compiled.extend(jobs) or run_compiles(jobs, *rest))
+    archs = ("sm_80", "sm_90", "compute_80")
+    files = build.build_package(build.Config((spec,), tmp_path / "out", archs=archs, dtypes=("float32",), root=tmp_path))
+
+    kernels = json.loads(files[output.MANIFEST])["kernels"]
+    assert sorted((job.symbol, job.arch, job.with_ptx) for job in compiled) == sorted(
+        [(symbol, "sm_80", True) for symbol in kernels] + [(symbol, "sm_90", False) for symbol in kernels])
+    for symbol, entry in kernels.items():
+        assert set(entry["binaries"]) == set(archs)
+        # each binary records the compile it came from: the PTX, the sm_80 one
+        assert entry["binaries"]["compute_80"]["options"] == entry["binaries"]["sm_80"]["options"] == nvrtc.compile_options("sm_80")
+        assert files[entry["binaries"]["compute_80"]["file"]].startswith(b"//")  # PTX text
+    assert list(temporary.iterdir()) == []  # the precompiled headers' folder is gone
+    assert set(Path("/tmp").glob("__nvrtc_auto_pch_*")) == nvrtc_default
