@@ -1,6 +1,15 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
+
+import pytest
+
+# Before torch allocates anything: torch's CPU allocator asks for transparent huge pages for
+# buffers of 2 MB and more (read once, at its first allocation). The float64 references of the
+# large pipelines allocate and free tens of GB over the run; in 4 KB pages that was 17M page
+# faults and a third of the suite's time in the kernel (`make test` 211 -> 187 s, same machine).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 # The repository root (for `generated`) and tests/ (for helpers).
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,3 +36,14 @@ def _map_checkout_as_fusegen() -> None:
 
 
 _map_checkout_as_fusegen()
+
+
+@pytest.fixture(autouse=True)
+def _compile_each_job_once(request, monkeypatch):
+    """NVRTC jobs repeated across tests come from this session's memo (compile_memo.py), except in
+    tests marked real_nvrtc."""
+    build = sys.modules.get("fusegen.build")  # imported by every test that builds (not on a GPU-only run)
+    if build is not None and request.node.get_closest_marker("real_nvrtc") is None:
+        import compile_memo
+
+        monkeypatch.setattr(build, "run_compiles", compile_memo.remembering(build.run_compiles))

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from fusegen import build, cli, output
@@ -26,6 +27,7 @@ def small_config(tmp_path, out_name="out"):
     return build.Config((spec,), tmp_path / out_name, archs=("sm_90",), dtypes=("float32",), root=tmp_path)
 
 
+@pytest.mark.real_nvrtc  # two real compiles of each kernel, not one and the memo
 def test_two_builds_give_identical_bytes(tmp_path):
     first = build.build_package(small_config(tmp_path, "a"))
     second = build.build_package(small_config(tmp_path, "b"))
