@@ -176,7 +176,7 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     dx.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_34db7a4d(
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_ae5987d8(
             dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -251,7 +251,7 @@ _ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_bwd_n256(dy, d_extra_out1):
     """AddExtraInput(), MakeExtraOutput() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_bwd_n256_cd53187d(dy, d_extra_out1)
+        return torch.ops.fusegen.add_tee_bwd_n256_08e3d0c6(dy, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1803,7 +1803,7 @@ _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4(dy, x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_809d05d1(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1859,7 +1859,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_1b2df1b1(dy, x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_fbef1d0f(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2170,7 +2170,7 @@ _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_bwd_any(dy, seed0):
     """Dropout(0.25) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_bwd_any_188ea53f(dy, seed0)
+        return torch.ops.fusegen.dropout0p25_bwd_any_a5f5b9bf(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2247,7 +2247,7 @@ _DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p3_bwd_n256(dy, seed0):
     """Dropout(0.3) backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p3_bwd_n256_6c79d780(dy, seed0)
+        return torch.ops.fusegen.dropout0p3_bwd_n256_d84c513d(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2272,7 +2272,7 @@ _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_bwd_any(dy, x):
     """GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_any_0508494d(dy, x)
+        return torch.ops.fusegen.gelu_bwd_any_38d2d104(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2305,7 +2305,7 @@ _GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_bwd_n256(dy, x):
     """GELU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_n256_16d7194f(dy, x)
+        return torch.ops.fusegen.gelu_bwd_n256_0da0f46e(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2878,7 +2878,7 @@ _RELU_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_bwd_n768(dy, x):
     """ReLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_bwd_n768_f13bf0dd(dy, x)
+        return torch.ops.fusegen.relu_bwd_n768_7dd54049(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3425,7 +3425,7 @@ _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_bwd_any(dy, x):
     """SiLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_bwd_any_4e754a84(dy, x)
+        return torch.ops.fusegen.silu_bwd_any_3c3162cf(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3503,7 +3503,7 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     d_extra_in1.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_4dec9e72(dy, x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_592b5a53(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3642,7 +3642,7 @@ _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_bwd_any(dy, x):
     """SwiGLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_any_116e69bc(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_any_8f1882dd(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3675,7 +3675,7 @@ _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_bwd_n384(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n384_2a77b860(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n384_68c04f5a(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3702,7 +3702,7 @@ _SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_bwd_n4096(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n4096_6ec35844(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n4096_e7689852(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3846,7 +3846,7 @@ _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_bwd_any_b470a95f(dy, x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_bwd_any_d883fbf7(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3916,7 +3916,7 @@ _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_a04963e9(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_ef657e09(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3982,7 +3982,7 @@ _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_74f666c1(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_f6170c8a(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4139,14 +4139,14 @@ register_op(
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
     add_rmsnorm_fwd_h256)
 register_op(
-    "add_scale0p5_tee_qgelu_bwd_any_from_add_34db7a4d",
+    "add_scale0p5_tee_qgelu_bwd_any_from_add_ae5987d8",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
 register_op(
     "add_scale0p5_tee_qgelu_fwd_any_0aa58623", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
     add_scale0p5_tee_qgelu_fwd_any, add_scale0p5_tee_qgelu_fwd_any)
 register_op(
-    "add_tee_bwd_n256_cd53187d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
+    "add_tee_bwd_n256_08e3d0c6", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
     add_tee_bwd_n256)
 register_op(
     "add_tee_fwd_n256_b915468a", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
@@ -4245,13 +4245,13 @@ register_op(
     "bias_swiglu_i32_bwd_n512_b581c774", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
 register_op(
-    "clamped_swiglu_l3p0_i16_bwd_any_5dc63ea4", "(Tensor dy, Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_bwd_any_809d05d1", "(Tensor dy, Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_bwd_any, clamped_swiglu_l3p0_i16_bwd_any)
 register_op(
     "clamped_swiglu_l3p0_i16_fwd_any_07c2b51c", "(Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_fwd_any, clamped_swiglu_l3p0_i16_fwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_bwd_any_1b2df1b1",
+    "clamped_swiglu_l5p0_rowscale_bwd_any_fbef1d0f",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     clamped_swiglu_l5p0_rowscale_bwd_any, clamped_swiglu_l5p0_rowscale_bwd_any)
 register_op(
@@ -4297,7 +4297,7 @@ register_op(
     "dropout0p1_fwd_n512_0317b658", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
     dropout0p1_fwd_n512)
 register_op(
-    "dropout0p25_bwd_any_188ea53f", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
+    "dropout0p25_bwd_any_a5f5b9bf", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
     dropout0p25_bwd_any)
 register_op(
     "dropout0p25_fwd_any_c896550f", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
@@ -4306,11 +4306,11 @@ register_op(
     "dropout0p2_swiglu_fwd_n512_57abdd02", "(Tensor x, Tensor? seed0) -> Tensor",
     dropout0p2_swiglu_fwd_n512, dropout0p2_swiglu_fwd_n512)
 register_op(
-    "dropout0p3_bwd_n256_6c79d780", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
+    "dropout0p3_bwd_n256_d84c513d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
     dropout0p3_bwd_n256)
-register_op("gelu_bwd_any_0508494d", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
+register_op("gelu_bwd_any_38d2d104", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
 register_op(
-    "gelu_bwd_n256_16d7194f", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
+    "gelu_bwd_n256_0da0f46e", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
 register_op(
     "gelu_dropout0p1_fwd_n512_8185b815", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
@@ -4354,7 +4354,7 @@ register_op("qgeglu_fwd_n512_acca125d", "(Tensor x) -> Tensor", qgeglu_fwd_n512,
 register_op("qgelu_fwd_n512_0c5740f2", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
 register_op("reglu_fwd_n512_b06523a8", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
 register_op(
-    "relu_bwd_n768_f13bf0dd", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
+    "relu_bwd_n768_7dd54049", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
 register_op("relu_fwd_n768_2c53dfc0", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
 register_op(
     "rmsnorm_bwd_h1024_b04174b0",
@@ -4396,13 +4396,13 @@ register_op(
 register_op(
     "rmsnorm_zc_fwd_h768_96b72228", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768, rmsnorm_zc_fwd_h768)
-register_op("silu_bwd_any_4e754a84", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
+register_op("silu_bwd_any_3c3162cf", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
 register_op("silu_fwd_any_73eddd24", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
 register_op(
     "situglu_b2p0_c8p0_fwd_n512_5428830e", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
     situglu_b2p0_c8p0_fwd_n512)
 register_op(
-    "situglu_b2p0_i32_rowscale_bwd_any_4dec9e72",
+    "situglu_b2p0_i32_rowscale_bwd_any_592b5a53",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     situglu_b2p0_i32_rowscale_bwd_any, situglu_b2p0_i32_rowscale_bwd_any)
 register_op(
@@ -4414,11 +4414,11 @@ register_op(
     "srelu_rowscale_fwd_n512_bb484081", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
 register_op(
-    "swiglu_bwd_any_116e69bc", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
+    "swiglu_bwd_any_8f1882dd", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
 register_op(
-    "swiglu_bwd_n384_2a77b860", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
+    "swiglu_bwd_n384_68c04f5a", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(
-    "swiglu_bwd_n4096_6ec35844", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
+    "swiglu_bwd_n4096_e7689852", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
     swiglu_bwd_n4096)
 register_op("swiglu_fwd_any_7f8142bb", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
 register_op(
@@ -4429,20 +4429,20 @@ register_op(
     "swiglu_i32_fwd_n512_97979959", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)
 register_op(
-    "swiglu_rowscale_bwd_any_b470a95f",
+    "swiglu_rowscale_bwd_any_d883fbf7",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any,
     swiglu_rowscale_bwd_any)
 register_op(
     "swiglu_rowscale_fwd_any_0d89f81b", "(Tensor x, Tensor extra_in1) -> Tensor",
     swiglu_rowscale_fwd_any, swiglu_rowscale_fwd_any)
 register_op(
-    "swiglu_tee_gelu_bwd_any_a04963e9", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_gelu_bwd_any_ef657e09", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_gelu_bwd_any, swiglu_tee_gelu_bwd_any)
 register_op(
     "swiglu_tee_gelu_fwd_any_1f01eaa2", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
     swiglu_tee_gelu_fwd_any)
 register_op(
-    "swiglu_tee_scale0p5_bwd_any_74f666c1", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_scale0p5_bwd_any_f6170c8a", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_scale0p5_bwd_any, swiglu_tee_scale0p5_bwd_any)
 register_op(
     "swiglu_tee_scale0p5_fwd_any_87f82b35", "(Tensor x) -> (Tensor, Tensor)",

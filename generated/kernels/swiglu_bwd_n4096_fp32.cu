@@ -21,7 +21,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_bwd_n4096_fp32(
   const int col = v * VEC;
   // Each op's functor, built from its compile-time constants (its device header).
   const fg::SwiGLU op0{};  // op 0: SwiGLU()
-#pragma unroll 4  // independent rows: several loads in flight per thread
+#pragma unroll 1  // grid y covers up to 65535 rows, one a block: a rolled loop is a smaller kernel
   for (int row = blockIdx.y; row < rows; row += gridDim.y) {
     const long long out_a = (long long)row * N + col;
     const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;

@@ -321,6 +321,28 @@ def test_norm_parameter_grads_summed_in_the_backward_kernel_or_by_column_sum(dty
     assert launched == [n for n in expected for _ in range(2)]  # each backward ran twice
 
 
+# An elementwise forward, and a backward without parameter grads, run one block a row over grid y
+# rows, at most ELEMENTWISE_SPLITS of them; past that each block's (rolled) row loop takes a second
+# row, row y and y + ELEMENTWISE_SPLITS. Fixed-width and size-generic kernels (SwiGLU at 256
+# features has no fixed-width kernel).
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("fwd,bwd,act,width,gated", [
+    ("swiglu_fwd_n384", "swiglu_bwd_n384", _swiglu, 384, True),
+    ("swiglu_fwd_any", "swiglu_bwd_any", _swiglu, 256, True),
+    ("gelu_fwd_n256", "gelu_bwd_n256", lambda t: F.gelu(t, approximate="tanh"), 256, False),
+])
+def test_elementwise_kernels_past_one_row_a_block(fwd, bwd, act, width, gated, dtype):
+    rows = K().ELEMENTWISE_SPLITS + 7
+    gen = torch.Generator().manual_seed(7)
+    h = randn(rows, width * 2 if gated else width, dtype=dtype, gen=gen, scale=3.0)
+    dy = randn(rows, width, dtype=dtype, gen=gen)
+    h64 = h.double().requires_grad_()
+    ref = act(h64)
+    assert_close("y", getattr(K(), fwd)(h), ref, dtype)
+    ref.backward(dy.double())
+    assert_close("dx", getattr(K(), bwd)(dy, h), h64.grad, dtype)
+
+
 # An elementwise backward of at most COLUMN_TILED_ROWS rows sums its Bias grad itself, column-tiled
 # (16 row lanes up to 16 rows, 32 above: blocks of 8 or 4 vectors' columns); one row more, and it
 # writes row-split partials that the column_sum kernel adds.
