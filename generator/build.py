@@ -258,7 +258,8 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
     with tempfile.TemporaryDirectory(prefix="fusegen-pch-") as pch_dir:
         # spawn, not fork: the calling process may run threads (torch's, in tests and notebooks),
         # and a forked child can inherit a lock one of them held and hang
-        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker, (headers, Path(pch_dir)))
+        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
+                                   (headers, Path(pch_dir)))
         try:
             pending = {pool.submit(_compile_one, job): job for job in jobs}
             while pending:
@@ -301,7 +302,8 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
         stale = []
         for target in archs:
             name = binary_name(symbol, target)
-            record = {"file": name, "nvrtc": version, "options": nvrtc.compile_options(nvrtc.compiled_with(target, archs))}
+            options = nvrtc.compile_options(nvrtc.compiled_with(target, archs))  # the compile that gives it
+            record = {"file": name, "nvrtc": version, "options": options}
             prior_bin = prior.get("binaries", {}).get(target, {})
             path = previous / name if previous is not None else None
             if (same_text and path is not None and path.is_file()
