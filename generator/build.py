@@ -12,13 +12,14 @@ elementwise kernels only, never the norms.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import multiprocessing
 import os
 import re
 import signal
 import tempfile
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
@@ -213,12 +214,6 @@ def included_headers(source: str, source_name: str, headers: dict[str, Path] | N
     return dict(sorted(digests.items()))
 
 
-class _Worker:
-    """A compile worker's settings, set by its pool's initializer."""
-    headers: dict[str, str] = {}
-    pch_dir: Path = Path()
-
-
 class Compile(NamedTuple):
     """One NVRTC compile: ``symbol``'s source for ``arch``, and with ``with_ptx`` (an sm_XY compile)
     its PTX kept as the compute_XY binary too."""
@@ -228,16 +223,27 @@ class Compile(NamedTuple):
     with_ptx: bool = False
 
 
-def _compile_one(job: Compile) -> tuple[str, dict[str, bytes]]:
+# Up to this many compiles run on threads of the calling process, more in worker processes. NVRTC
+# releases the GIL and is thread-safe (every shipped kernel compiled on two threads gives the same
+# bytes), but two threads on two cores ran 1.6-1.7x one, two processes 1.95x; a spawned worker
+# costs 0.7 s to start (a fresh interpreter imports the compiler). Break-even is near 75 compiles
+# of 0.1 s: one kernel's edit (3 dtypes x 4 compiles) and the tests' small builds take threads, a
+# rebuild takes processes.
+THREADED_COMPILES = 64
+
+
+def _compile(job: Compile, headers: dict[str, str], pch_dir: Path) -> tuple[str, dict[str, bytes]]:
     from . import nvrtc
 
-    binaries = nvrtc.compile_source(job.source, f"kernels/{job.symbol}.cu", job.arch, _Worker.headers,
-                                    [nvrtc.cuda_include_dir()], _Worker.pch_dir, job.with_ptx)
+    binaries = nvrtc.compile_source(job.source, f"kernels/{job.symbol}.cu", job.arch, headers,
+                                    [nvrtc.cuda_include_dir()], pch_dir, job.with_ptx)
     return job.symbol, binaries
 
 
-def binary_name(symbol: str, target: str) -> str:
-    return f"kernels/{symbol}.{target}.{'ptx' if target.startswith('compute_') else 'cubin'}"
+class _Worker:
+    """A compile worker process's settings, set by its pool's initializer."""
+    headers: dict[str, str] = {}
+    pch_dir: Path = Path()
 
 
 def _start_worker(headers: dict[str, str], pch_dir: Path) -> None:
@@ -245,8 +251,17 @@ def _start_worker(headers: dict[str, str], pch_dir: Path) -> None:
     _Worker.headers, _Worker.pch_dir = headers, pch_dir
 
 
+def _compile_in_worker(job: Compile) -> tuple[str, dict[str, bytes]]:
+    return _compile(job, _Worker.headers, _Worker.pch_dir)
+
+
+def binary_name(symbol: str, target: str) -> str:
+    return f"kernels/{symbol}.{target}.{'ptx' if target.startswith('compute_') else 'cubin'}"
+
+
 def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str]) -> dict[str, bytes]:
-    """Run the compiles in parallel; {binary file: bytes}.
+    """Run the compiles in parallel, on threads up to THREADED_COMPILES of them, else in worker
+    processes; {binary file: bytes}.
 
     On any way out (done, an NVRTC error, Ctrl-C) the pool takes no more jobs and waits for the
     compiles in flight, under a second each, instead of signalling its workers: a worker stopped
@@ -256,16 +271,21 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     binaries = {}
     with tempfile.TemporaryDirectory(prefix="fusegen-pch-") as pch_dir:
-        # spawn, not fork: the calling process may run threads (torch's, in tests and notebooks),
-        # and a forked child can inherit a lock one of them held and hang
-        pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
-                                   (headers, Path(pch_dir)))
+        if len(jobs) <= THREADED_COMPILES:
+            pool = ThreadPoolExecutor(workers)
+            compile_one = functools.partial(_compile, headers=headers, pch_dir=Path(pch_dir))
+        else:
+            # spawn, not fork: the calling process may run threads (torch's, in tests and
+            # notebooks), and a forked child can inherit a lock one of them held and hang
+            pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
+                                       (headers, Path(pch_dir)))
+            compile_one = _compile_in_worker
         try:
-            pending = {pool.submit(_compile_one, job): job for job in jobs}
+            pending = {pool.submit(compile_one, job): job for job in jobs}
             while pending:
                 done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
                 for future in done:
-                    symbol, compiled = future.result()  # re-raises a worker's NvrtcError here
+                    symbol, compiled = future.result()  # re-raises a compile's NvrtcError here
                     binaries.update((binary_name(symbol, target), binary) for target, binary in compiled.items())
                     del pending[future]
                 in_flight = list(pending.values())[:workers]

@@ -1,6 +1,7 @@
 """How a build compiles: an sm_XY compile also gives the compute_XY PTX (the same bytes a compile
 for compute_XY gives), so a kernel wanted as both takes one NVRTC compile; NVRTC's speed-only
-options change no binary; its precompiled headers go to a folder of the build's, removed after."""
+options change no binary; its precompiled headers go to a folder of the build's, removed after;
+a few compiles run on threads, many in worker processes, with the same bytes."""
 
 import json
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fusegen import build, nvrtc, output
+from fusegen.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = json.loads((ROOT / "generated" / output.MANIFEST).read_text())["kernels"]
@@ -70,3 +72,22 @@ def test_one_compile_gives_a_kernels_cubin_and_ptx_and_leaves_no_files(tmp_path,
         assert files[entry["binaries"]["compute_80"]["file"]].startswith(b"//")  # PTX text
     assert list(temporary.iterdir()) == []  # the precompiled headers' folder is gone
     assert set(Path("/tmp").glob("__nvrtc_auto_pch_*")) == nvrtc_default
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("this pool should not have been used")
+
+
+@pytest.mark.real_nvrtc  # both runs compile (the session's memo would answer the second)
+def test_threads_and_worker_processes_give_the_same_binaries(monkeypatch):
+    jobs = [build.Compile(symbol, (ROOT / "generated" / MANIFEST[symbol]["source"]).read_text(), arch, arch == "sm_80")
+            for symbol in KERNELS[:4] for arch in ("sm_80", "sm_90")]
+    assert len(jobs) <= build.THREADED_COMPILES
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "ProcessPoolExecutor", refuse)
+        threaded = build.run_compiles(jobs, Progress(), build.cuda_headers())
+    assert set(threaded) == {build.binary_name(symbol, target) for symbol in KERNELS[:4]
+                             for target in ("sm_80", "compute_80", "sm_90")}
+    monkeypatch.setattr(build, "THREADED_COMPILES", len(jobs) - 1)
+    monkeypatch.setattr(build, "ThreadPoolExecutor", refuse)
+    assert build.run_compiles(jobs, Progress(), build.cuda_headers()) == threaded

@@ -189,7 +189,10 @@ def test_version_and_python_m(tmp_path):
     assert result.returncode == 2 and "spec.py:2:" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path):
+# The spec's 120 compiles run in worker processes; on threads of fusegen's own process when the
+# threshold is raised past them.
+@pytest.mark.parametrize("threaded_compiles", [None, 10**6], ids=["processes", "threads"])
+def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_compiles):
     (tmp_path / "spec.py").write_text(textwrap.dedent("""\
         from fusegen.eager import Sequential, RMSNorm, LayerNorm, GELU, SiLU, ReLU, SwiGLU, Bias
         a = Sequential(RMSNorm(4096), GELU(), Bias(4096), SiLU())
@@ -197,13 +200,15 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path):
     """))
     # fusegen's main with Python's own Ctrl-C handler: a shell's background job (`make test &`)
     # inherits SIGINT ignored, and Python then installs none.
+    threshold = "" if threaded_compiles is None else f"import fusegen.build; fusegen.build.THREADED_COMPILES = {threaded_compiles}; "
     command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-               "from fusegen.cli import main; sys.exit(main(sys.argv[1:]))", "generate", "spec.py", "--out", "fused"]
+               f"{threshold}from fusegen.cli import main; sys.exit(main(sys.argv[1:]))", "generate", "spec.py",
+               "--out", "fused"]
     # A new session, signalled as a group: like a terminal's Ctrl-C, it reaches the workers too.
     proc = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     first = proc.stderr.readline()
-    assert "fusegen: compiling" in first, first
+    assert "fusegen: compiling 150 kernel binaries in 120 compiles" in first, first
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGINT)
     rest = proc.stderr.read()
