@@ -225,10 +225,10 @@ class Compile(NamedTuple):
 
 # Up to this many compiles run on threads of the calling process, more in worker processes. NVRTC
 # releases the GIL and is thread-safe (the 336 shipped sources compiled for sm_90 on two threads
-# gave the same bytes), but two threads on two cores ran 1.6-1.7x one, two processes 1.95x; a spawned worker
-# costs 0.7 s to start (a fresh interpreter imports the compiler). Break-even is near 75 compiles
-# of 0.1 s: one kernel's edit (3 dtypes x 4 compiles) and the tests' small builds take threads, a
-# rebuild takes processes.
+# gave the same bytes), but two threads on two cores ran 1.6-1.7x one, two processes 1.95x; a
+# spawned worker costs 0.7 s to start (a fresh interpreter imports the compiler). Break-even is
+# near 75 compiles of 0.1 s: one kernel's edit (3 dtypes x 4 compiles) and the tests' small builds
+# take threads, a rebuild takes processes.
 THREADED_COMPILES = 64
 
 
