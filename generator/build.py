@@ -222,6 +222,12 @@ class Compile(NamedTuple):
     arch: str
     with_ptx: bool = False
 
+    @property
+    def targets(self) -> tuple[str, ...]:
+        from . import nvrtc
+
+        return nvrtc.targets_of(self.arch, self.with_ptx)
+
 
 # Up to this many compiles run on threads of the calling process, more in worker processes. NVRTC
 # releases the GIL and is thread-safe (the 336 shipped sources compiled for sm_90 on two threads
@@ -319,11 +325,11 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
         prior = old.get(symbol, {})
         key = ("source_sha256", "headers")  # the text it is compiled from
         same_text = {k: prior.get(k) for k in key} == {k: entry[k] for k in key}
-        stale = []
+        stale: dict[str, list[str]] = {}  # arch of a compile to make -> the stale targets it gives
         for target in archs:
             name = binary_name(symbol, target)
-            options = nvrtc.compile_options(nvrtc.compiled_with(target, archs))  # the compile that gives it
-            record = {"file": name, "nvrtc": version, "options": options}
+            arch = nvrtc.compiled_with(target, archs)
+            record = {"file": name, "nvrtc": version, "options": nvrtc.compile_options(arch)}
             prior_bin = prior.get("binaries", {}).get(target, {})
             path = previous / name if previous is not None else None
             if (same_text and path is not None and path.is_file()
@@ -331,12 +337,12 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
                     and sha256(path.read_bytes()) == prior_bin.get("sha256")):
                 files[name] = path.read_bytes()
             else:
-                stale.append(target)
+                stale.setdefault(arch, []).append(target)
             entry["binaries"][target] = record
-        stale_count += len(stale)
-        for arch in dict.fromkeys(nvrtc.compiled_with(target, archs) for target in stale):
-            with_ptx = arch.startswith("sm_") and arch.replace("sm_", "compute_") in stale
-            jobs.append(Compile(symbol, source, arch, with_ptx))
+        for arch, targets in stale.items():
+            stale_count += len(targets)
+            # a target other than the compile's own arch is its PTX (compiled_with)
+            jobs.append(Compile(symbol, source, arch, with_ptx=any(t != arch for t in targets)))
     if jobs:
         progress.start(len(jobs), f"compiling {stale_count} kernel binaries in {len(jobs)} compiles with NVRTC "
                                   f"{version} ({len(sources) * len(archs) - stale_count} reused)")

@@ -102,6 +102,13 @@ def compiled_with(target: str, targets: Iterable[str]) -> str:
     return f"sm_{number}" if kind == "compute" and f"sm_{number}" in targets else target
 
 
+def targets_of(arch: str, with_ptx: bool = False) -> tuple[str, ...]:
+    """The binaries one compile for ``arch`` gives: its own, and with ``with_ptx`` an sm_XY
+    compile's PTX as compute_XY too."""
+    kind, _, number = arch.partition("_")
+    return (arch, f"compute_{number}") if with_ptx and kind == "sm" else (arch,)
+
+
 def _read(prog, get_size, get, what: str, source_name: str) -> bytes:
     result, size = get_size(prog)
     _check(result, f"{what}Size", source_name)
@@ -142,16 +149,14 @@ def compile_source(source: str, source_name: str, target: str, headers: dict[str
     ``headers`` ({include name: text}) are given in memory; ``include_dirs`` serve the rest
     (CUDA's own headers). ``pch_dir`` is a folder of the caller's where NVRTC writes precompiled
     headers (otherwise it leaves them in the system's temporary folder, never removed)."""
-    kind, _, number = target.partition("_")
-    if kind not in ("sm", "compute"):
+    if target.partition("_")[0] not in ("sm", "compute"):
         raise NvrtcError(f"{source_name}: unknown target {target!r}; expected sm_XY or compute_XY")
-    targets = (target, f"compute_{number}") if with_ptx and kind == "sm" else (target,)
     names = sorted(headers)
     result, prog = nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), len(names),
                                             [headers[n].encode() for n in names], [n.encode() for n in names])
     _check(result, "nvrtcCreateProgram", source_name)
     try:
-        binaries = _compile(prog, source_name, target, targets, include_dirs, pch_dir)
+        binaries = _compile(prog, source_name, target, targets_of(target, with_ptx), include_dirs, pch_dir)
     except BaseException:
         nvrtc.nvrtcDestroyProgram(prog)  # best effort: the compile error is the one to report
         raise

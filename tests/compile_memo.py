@@ -35,11 +35,6 @@ def _key(job: build.Compile, headers_digest: str) -> tuple:
     return job.source, job.arch, job.with_ptx, headers_digest, options
 
 
-def _targets(job: build.Compile) -> list[str]:
-    number = job.arch.partition("_")[2]
-    return [job.arch, f"compute_{number}"] if job.with_ptx else [job.arch]
-
-
 def remembering(run_compiles):
     """``run_compiles`` that compiles only the jobs this session has not compiled yet."""
 
@@ -50,7 +45,7 @@ def remembering(run_compiles):
         compiled = run_compiles(missing, _Shifted(progress, len(jobs) - len(missing)), headers) if missing else {}
         for job, key in zip(jobs, keys):
             if key not in _binaries:
-                _binaries[key] = {t: compiled[build.binary_name(job.symbol, t)] for t in _targets(job)}
+                _binaries[key] = {t: compiled[build.binary_name(job.symbol, t)] for t in job.targets}
         progress.update(len(jobs), [])
         return {build.binary_name(job.symbol, target): binary
                 for job, key in zip(jobs, keys) for target, binary in _binaries[key].items()}

@@ -21,9 +21,12 @@ KERNELS = [next(s for s in sorted(MANIFEST) if s.startswith(prefix) and s.endswi
            for dtype in ("_bf16", "_fp32")]
 
 
+def shipped_source(symbol):
+    return (ROOT / "generated" / MANIFEST[symbol]["source"]).read_text()
+
+
 def compile_shipped(symbol, target, pch_dir, with_ptx=False):
-    source = (ROOT / "generated" / MANIFEST[symbol]["source"]).read_text()
-    return nvrtc.compile_source(source, f"kernels/{symbol}.cu", target, build.cuda_headers(),
+    return nvrtc.compile_source(shipped_source(symbol), f"kernels/{symbol}.cu", target, build.cuda_headers(),
                                 [nvrtc.cuda_include_dir()], pch_dir, with_ptx)
 
 
@@ -80,7 +83,7 @@ def refuse(*args, **kwargs):
 
 @pytest.mark.real_nvrtc  # both runs compile (the session's memo would answer the second)
 def test_threads_and_worker_processes_give_the_same_binaries(monkeypatch):
-    jobs = [build.Compile(symbol, (ROOT / "generated" / MANIFEST[symbol]["source"]).read_text(), arch, arch == "sm_80")
+    jobs = [build.Compile(symbol, shipped_source(symbol), arch, arch == "sm_80")
             for symbol in KERNELS[:4] for arch in ("sm_80", "sm_90")]
     assert len(jobs) <= build.THREADED_COMPILES
     with monkeypatch.context() as patch:

@@ -200,7 +200,8 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_co
     """))
     # fusegen's main with Python's own Ctrl-C handler: a shell's background job (`make test &`)
     # inherits SIGINT ignored, and Python then installs none.
-    threshold = "" if threaded_compiles is None else f"import fusegen.build; fusegen.build.THREADED_COMPILES = {threaded_compiles}; "
+    threshold = ("" if threaded_compiles is None
+                 else f"import fusegen.build; fusegen.build.THREADED_COMPILES = {threaded_compiles}; ")
     command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                f"{threshold}from fusegen.cli import main; sys.exit(main(sys.argv[1:]))", "generate", "spec.py",
                "--out", "fused"]
