@@ -40,8 +40,10 @@ check-without-torch:
 	.venv-notorch/bin/fusegen generate --check
 	for project in $(FIXTURE_PROJECTS); do (cd $$project && $(CURDIR)/.venv-notorch/bin/fusegen generate --check) || exit 1; done
 
+# One pytest-xdist worker per core (at most 4: each holds torch and up to 2 GB of a large
+# pipeline's test); workers steal queued tests from each other, so a long test never ends a run alone.
 test: $(SETUP)  ## CPU tests (no GPU needed)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal
 
 test-gpu:  ## GPU tests; needs only torch and cuda-bindings (run on a CUDA machine)
 	$(PYTHON) -m pytest -q -m cuda tests

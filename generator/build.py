@@ -11,6 +11,7 @@ elementwise kernels only, never the norms.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -254,7 +255,26 @@ class _Worker:
 
 def _start_worker(headers: dict[str, str], pch_dir: Path) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+    if hasattr(signal, "pthread_sigmask"):  # started with SIGINT blocked (_sigint_blocked); one pending is dropped
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _Worker.headers, _Worker.pch_dir = headers, pch_dir
+
+
+@contextlib.contextmanager
+def _sigint_blocked(blocked: bool):
+    """SIGINT blocked in this thread while it starts worker processes (ProcessPoolExecutor starts
+    them in submit). They inherit the mask through fork and exec, so a Ctrl-C cannot reach one
+    before its initializer ignores SIGINT: one still importing the compiler would print a
+    KeyboardInterrupt traceback of its own. A Ctrl-C in these milliseconds reaches this process
+    as soon as the mask is restored."""
+    if not blocked or not hasattr(signal, "pthread_sigmask"):  # not on Windows
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _compile_in_worker(job: Compile) -> tuple[str, dict[str, bytes]]:
@@ -277,7 +297,8 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     binaries = {}
     with tempfile.TemporaryDirectory(prefix="fusegen-pch-") as pch_dir:
-        if len(jobs) <= THREADED_COMPILES:
+        in_processes = len(jobs) > THREADED_COMPILES
+        if not in_processes:
             pool = ThreadPoolExecutor(workers)
             compile_one = functools.partial(_compile, headers=headers, pch_dir=Path(pch_dir))
         else:
@@ -287,7 +308,8 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
                                        (headers, Path(pch_dir)))
             compile_one = _compile_in_worker
         try:
-            pending = {pool.submit(compile_one, job): job for job in jobs}
+            with _sigint_blocked(in_processes):
+                pending = {pool.submit(compile_one, job): job for job in jobs}
             while pending:
                 done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
                 for future in done:

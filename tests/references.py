@@ -9,6 +9,12 @@ import torch.nn.functional as F
 EPS = 1e-5
 
 
+def linear(x, w, b=None):
+    """F.linear, or for a weight given as a StreamedWeight (the large pipelines' GEMMs) the same
+    product with the module's own weight read a block of rows at a time."""
+    return _StreamedLinear.apply(x, w, b) if isinstance(w, StreamedWeight) else F.linear(x, w, b)
+
+
 def swiglu(t):
     a, b = t.chunk(2, dim=-1)  # TE gates the FIRST half
     return F.silu(a) * b
@@ -23,26 +29,26 @@ def layer_norm(x, w, b, eps=EPS):
 
 
 def te_mlp(p, x):
-    h = F.linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"])
-    return (F.linear(swiglu(h), p["3.weight"], p["3.bias"]),)
+    h = linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"])
+    return (linear(swiglu(h), p["3.weight"], p["3.bias"]),)
 
 
 def fc1(p, x):
     n = layer_norm(x, p["0.weight"], p["0.bias"])
-    return swiglu(F.linear(n, p["2.weight"], p["2.bias"])), n
+    return swiglu(linear(n, p["2.weight"], p["2.bias"])), n
 
 
 def fc2(p, x, residual):
-    return (F.linear(x, p["0.weight"], p["0.bias"]) + residual,)
+    return (linear(x, p["0.weight"], p["0.bias"]) + residual,)
 
 
 def prenorm_block(p, x, residual):
-    return F.linear(rms_norm(x, p["1.weight"]), p["2.weight"], p["2.bias"]) + residual, x
+    return linear(rms_norm(x, p["1.weight"]), p["2.weight"], p["2.bias"]) + residual, x
 
 
 def gpt2_mlp(p, x):
-    h = F.gelu(F.linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"]), approximate="tanh")
-    return (F.linear(h, p["3.weight"], p["3.bias"]),)
+    h = F.gelu(linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"]), approximate="tanh")
+    return (linear(h, p["3.weight"], p["3.bias"]),)
 
 
 def elementwise_chain(p, x, r1, r8, r13):
@@ -53,7 +59,7 @@ def elementwise_chain(p, x, r1, r8, r13):
     t = F.silu(t + r8) + p["11.bias"]
     a, b = t.chunk(2, dim=-1)
     t = F.silu(F.gelu(a, approximate="tanh") * b + r13)
-    t = rms_norm(F.linear(t, p["15.weight"]), 1 + p["16.weight"])
+    t = rms_norm(linear(t, p["15.weight"]), 1 + p["16.weight"])
     return swiglu(t), h, e7
 
 
@@ -70,13 +76,13 @@ def srelu(t):
 
 
 def gpt_oss_mlp(p, x):
-    h = F.linear(rms_norm(x, p["0.weight"]), p["1.weight"], p["1.bias"])
-    return (F.linear(clamped_swiglu(h, limit=6.0, alpha=1.5, offset=0.5), p["3.weight"], p["3.bias"]),)
+    h = linear(rms_norm(x, p["0.weight"]), p["1.weight"], p["1.bias"])
+    return (linear(clamped_swiglu(h, limit=6.0, alpha=1.5, offset=0.5), p["3.weight"], p["3.bias"]),)
 
 
 def relu2_mlp(p, x):
-    h = F.linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"])
-    return (F.linear(srelu(h), p["3.weight"], p["3.bias"]),)
+    h = linear(layer_norm(x, p["0.weight"], p["0.bias"]), p["1.weight"], p["1.bias"])
+    return (linear(srelu(h), p["3.weight"], p["3.bias"]),)
 
 
 def qgelu(t):
@@ -103,7 +109,7 @@ def situglu(t, beta1=4.0, beta2=25.0):
 
 def mlp(act):
     """Linear, act, Linear: the te_activations spec's pipelines."""
-    return lambda p, x: (F.linear(act(F.linear(x, p["0.weight"], p["0.bias"])), p["2.weight"], p["2.bias"]),)
+    return lambda p, x: (linear(act(linear(x, p["0.weight"], p["0.bias"])), p["2.weight"], p["2.bias"]),)
 
 
 def l2_normalization(t, eps):
@@ -144,6 +150,77 @@ GENERIC_PIPELINES = {
     "glu_gelu_any": ("GluGeluAny", lambda p, x: (F.gelu(swiglu(x), approximate="tanh"), swiglu(x)), True),
 }
 
+# --- GEMMs of the large pipelines: the module's own weight, never a float64 copy -----------------
+# A float64 copy of TeMlp's weights and their float64 grads would be 2.8 GB on top of the module's
+# own 1.4 GB (fp32 weights and grads): the largest test's peak. Its weights are exact in float64
+# as they stand, so the reference reads them a block of rows at a time, and keeps a weight's grad
+# dW = dY^T X as its two small factors, formed a block of rows at a time where it is compared.
+
+STREAMED = 1 << 24  # weights of at least this many elements are streamed (TeMlp's, Fc1's, Fc2's)
+ROW_BLOCK_ELEMENTS = 1 << 22  # float64 elements of one block of a streamed weight's rows
+
+
+class StreamedWeight:
+    """A module's Linear weight as a reference's parameter: read a block of rows at a time (in
+    float64, on ``device``); ``grad`` is its reference gradient once the reference's backward ran."""
+
+    def __init__(self, weight, device="cpu"):
+        self.weight, self.device = weight.detach(), device
+        self.shape = self.weight.shape
+        self.grad = None
+
+    def blocks(self):
+        """(first row, float64 rows) of the weight, a block at a time."""
+        step = max(1, ROW_BLOCK_ELEMENTS // self.shape[1])
+        for start in range(0, self.shape[0], step):
+            yield start, self.weight[start:start + step].to(device=self.device, dtype=torch.float64)
+
+
+class LinearWeightGrad:
+    """A Linear's weight grad dW = dY^T X kept as its factors (float64 [tokens, out], [tokens, in])."""
+
+    def __init__(self, dy, x):
+        self.dy, self.x = dy, x
+        self.shape = torch.Size((dy.shape[1], x.shape[1]))
+
+    def rows(self, start, stop):
+        return self.dy[:, start:stop].T @ self.x
+
+
+class _StreamedLinear(torch.autograd.Function):
+    """y = x W^T + b in float64 from a StreamedWeight: the output a block of W's rows at a time;
+    backward gives dx = dY W (block by block), db, and W's grad as a LinearWeightGrad."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.w = w
+        ctx.save_for_backward(x)
+        y = torch.cat([x @ rows.T for _, rows in w.blocks()], dim=-1)
+        return y if b is None else y + b
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        w = ctx.w
+        assert w.grad is None, "a streamed weight used twice: its grad would need adding up"
+        dx = torch.zeros_like(x)
+        for start, rows in w.blocks():
+            dx += dy[..., start:start + rows.shape[0]] @ rows
+        flat_dy = dy.reshape(-1, dy.shape[-1])
+        w.grad = LinearWeightGrad(flat_dy, x.reshape(-1, x.shape[-1]))
+        return dx, None, flat_dy.sum(0) if ctx.needs_input_grad[2] else None
+
+
+def reference_params(module, device, requires_grad):
+    """The module's parameters for a reference: float64 copies (leaves with ``requires_grad``),
+    the large weights as StreamedWeights."""
+    def as64(t):
+        return t.detach().to(device=device, dtype=torch.float64).requires_grad_(requires_grad)
+
+    return {k: StreamedWeight(v, device) if v.dim() == 2 and v.numel() >= STREAMED else as64(v)
+            for k, v in module.state_dict().items()}
+
+
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
@@ -158,14 +235,12 @@ CHUNK = 1 << 22  # elements compared at a time: a 117M-element weight grad needs
 
 def assert_close_to_reference(name, got, ref, dtype, gemm=True):
     """Multi-op check: max |got - ref| <= 4 units of roundoff x max |ref|. Computed in float64,
-    a chunk at a time (the same maxima as over the whole tensor, without whole float64 copies)."""
-    got, ref = got.detach(), ref.detach().cpu()
+    a chunk at a time (the same maxima as over the whole tensor, without whole float64 copies).
+    ``ref`` is a tensor or a LinearWeightGrad (formed a block of rows at a time)."""
+    got = got.detach()
     assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    got, ref = got.reshape(-1), ref.reshape(-1)
     scale = err = 0.0
-    for start in range(0, got.numel(), CHUNK):
-        got64 = got[start:start + CHUNK].to(device="cpu", dtype=torch.float64)
-        ref64 = ref[start:start + CHUNK].to(torch.float64)
+    for got64, ref64 in _float64_chunks(got, ref):
         # max |.| from one min/max pass each (no |.| copy); a NaN or inf in got makes the
         # difference's extremes non-finite (aminmax propagates NaN), which max() would drop
         low, high = (v.item() for v in torch.aminmax(got64 - ref64))
@@ -175,6 +250,19 @@ def assert_close_to_reference(name, got, ref, dtype, gemm=True):
         scale = max(scale, -low, high)
     tol = pipeline_tolerance(dtype, gemm) * max(scale, 1e-30)
     assert err <= tol, f"{name}: max |err| {err:.3e} > {tol:.3e} (max |ref| {scale:.3e}, {dtype})"
+
+
+def _float64_chunks(got, ref):
+    """Matching float64 CPU pieces of about CHUNK elements of ``got`` and ``ref``."""
+    if isinstance(ref, LinearWeightGrad):
+        step = max(1, CHUNK // ref.shape[1])
+        for start in range(0, ref.shape[0], step):
+            yield (got[start:start + step].to(device="cpu", dtype=torch.float64),
+                   ref.rows(start, start + step).to(device="cpu", dtype=torch.float64))
+        return
+    got, ref = got.reshape(-1), ref.detach().cpu().reshape(-1)
+    for start in range(0, got.numel(), CHUNK):
+        yield got[start:start + CHUNK].to(device="cpu", dtype=torch.float64), ref[start:start + CHUNK].to(torch.float64)
 
 
 def randomize_(module, generator=None):
@@ -216,7 +304,7 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         assert all(o.grad_fn is None for o in outputs)  # no graph (an extra output may be x itself)
         as64 = lambda t: t.detach().to(device=ref_device, dtype=torch.float64)  # noqa: E731
-        ref_outputs = reference({k: as64(v) for k, v in module.state_dict().items()}, *[as64(t) for t in dev_inputs])
+        ref_outputs = reference(reference_params(module, ref_device, False), *[as64(t) for t in dev_inputs])
         assert len(ref_outputs) == len(outputs)
         for i, (o, r) in enumerate(zip(outputs, ref_outputs)):
             assert o.dtype == dtype and o.device.type == torch.device(device).type
@@ -224,12 +312,12 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
         return
 
     # The float64 reference first, keeping only its results: its parameter copies are gone before
-    # the module's own grads exist (a 4096 x 28672 pipeline's would otherwise double the peak). It
+    # the module's own grads exist, and the large weights are never copied (StreamedWeight). It
     # leaves torch's random state as it found it: the module's Dropout draws come next.
     as64 = lambda t: t.detach().to(device=ref_device, dtype=torch.float64).requires_grad_()  # noqa: E731
     cuda = sorted({torch.device(d).index or 0 for d in (device, ref_device) if torch.device(d).type == "cuda"})
     with torch.random.fork_rng(devices=cuda):
-        params64 = {k: as64(v) for k, v in module.state_dict().items()}
+        params64 = reference_params(module, ref_device, True)
         inputs64 = [as64(t) for t in dev_inputs]
         ref_outputs = reference(params64, *inputs64)
         grads = [torch.randn(r.shape, generator=gen).to(dtype) for r in ref_outputs]

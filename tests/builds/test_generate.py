@@ -112,32 +112,34 @@ def test_package_imports_without_libcst_and_jinja2():
     assert "ok (2, 1024)" in result.stdout
 
 
-def test_state_dict_round_trip_with_eager_sequential():
+@pytest.mark.parametrize("file, name, cls", [
+    pytest.param(file, name, cls, id=name) for file, name, cls in [
+        ("te_mlp.py", "te_mlp", "TeMlp"), ("prenorm_block.py", "prenorm_block", "PrenormBlock"),
+        ("gpt2_mlp.py", "gpt2_mlp", "Gpt2Mlp"), ("residual_split.py", "fc1", "Fc1"),
+        ("residual_split.py", "fc2", "Fc2")]])
+def test_state_dict_round_trip_with_eager_sequential(file, name, cls):
     import generated
     from fusegen import eager
     from fusegen.frontend import parse_spec_file
 
-    for file, name, cls in [("te_mlp.py", "te_mlp", "TeMlp"), ("prenorm_block.py", "prenorm_block", "PrenormBlock"),
-                            ("gpt2_mlp.py", "gpt2_mlp", "Gpt2Mlp"), ("residual_split.py", "fc1", "Fc1"),
-                            ("residual_split.py", "fc2", "Fc2")]:
-        spec = next(s for s in parse_spec_file(ROOT / "specs" / file) if s.name == name)
-        torch.manual_seed(0)
-        seq = eager.Sequential(*[getattr(eager, c.op)(**c.args) for c in spec.calls])
-        torch.manual_seed(0)
-        gen = getattr(generated, cls)()
-        assert list(seq.state_dict()) == list(gen.state_dict()), name
-        for (k, a), b in zip(seq.state_dict().items(), gen.state_dict().values()):
-            assert a.shape == b.shape and torch.equal(a, b), f"{name}: {k} differs after the same seeded init"
-        with torch.no_grad():
-            for p in seq.parameters():
-                p.normal_(0.0, 0.1)  # in place: no parameter-sized temporaries (TeMlp: 117M elements)
-        gen.load_state_dict(seq.state_dict())
-        x = torch.randn(3, gen.in_features)
-        extra = [torch.randn(3, gen.out_features)] * (1 if name in ("fc2", "prenorm_block") else 0)
-        want, got = seq(x, *extra), gen(x, *extra)
-        want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
-        for w, g in zip(want, got):
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
+    spec = next(s for s in parse_spec_file(ROOT / "specs" / file) if s.name == name)
+    torch.manual_seed(0)
+    seq = eager.Sequential(*[getattr(eager, c.op)(**c.args) for c in spec.calls])
+    torch.manual_seed(0)
+    gen = getattr(generated, cls)()
+    assert list(seq.state_dict()) == list(gen.state_dict()), name
+    for (k, a), b in zip(seq.state_dict().items(), gen.state_dict().values()):
+        assert a.shape == b.shape and torch.equal(a, b), f"{name}: {k} differs after the same seeded init"
+    with torch.no_grad():
+        for p in seq.parameters():
+            p.normal_(0.0, 0.1)  # in place: no parameter-sized temporaries (TeMlp: 117M elements)
+    gen.load_state_dict(seq.state_dict())
+    x = torch.randn(3, gen.in_features)
+    extra = [torch.randn(3, gen.out_features)] * (1 if name in ("fc2", "prenorm_block") else 0)
+    want, got = seq(x, *extra), gen(x, *extra)
+    want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
 
 
 def test_check_shows_binaries_by_hash_and_cuts_long_diffs(tmp_path, capsys):

@@ -66,3 +66,40 @@ def test_the_reference_check_fails_on_non_finite_values(bad):
     off[CHUNK + 1] += 5 * 2.0**-24
     with pytest.raises(AssertionError, match="max \\|err\\|"):
         assert_close_to_reference("off", off, ref, torch.float32, gemm=False)
+
+
+def test_the_streamed_reference_linear_is_f_linear(monkeypatch):
+    """The large pipelines' references read their weights a block of rows at a time and keep the
+    weight grad as its factors (references.StreamedWeight): the same values as F.linear's forward
+    and autograd grads in float64, for every block, and the chunked check reads every row of it."""
+    import references
+
+    monkeypatch.setattr(references, "ROW_BLOCK_ELEMENTS", 5 * 11)  # 5 rows a block: 8 blocks of 37 rows
+    monkeypatch.setattr(references, "CHUNK", 3 * 11)  # the check compares 3 rows at a time
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(37, 11, generator=gen)
+    x = torch.randn(2, 3, 11, generator=gen, dtype=torch.float64)
+    bias = torch.randn(37, generator=gen, dtype=torch.float64)
+    dy = torch.randn(2, 3, 37, generator=gen, dtype=torch.float64)
+
+    w64 = weight.double().requires_grad_()
+    x1, b1 = x.clone().requires_grad_(), bias.clone().requires_grad_()
+    want = torch.nn.functional.linear(x1, w64, b1)
+    want.backward(dy)
+
+    streamed = references.StreamedWeight(weight)
+    x2, b2 = x.clone().requires_grad_(), bias.clone().requires_grad_()
+    got = references.linear(x2, streamed, b2)
+    got.backward(dy)
+
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-12, atol=0)
+    torch.testing.assert_close(b2.grad, b1.grad, rtol=1e-12, atol=0)
+    assert streamed.grad.shape == w64.shape
+    torch.testing.assert_close(streamed.grad.rows(0, 37), w64.grad, rtol=1e-12, atol=0)
+
+    assert_close_to_reference("streamed", w64.grad.float(), streamed.grad, torch.float32, gemm=False)
+    off = w64.grad.float().clone()
+    off[36, 10] += 1.0  # the last row of the last chunk
+    with pytest.raises(AssertionError, match="max \\|err\\|"):
+        assert_close_to_reference("streamed off", off, streamed.grad, torch.float32, gemm=False)
