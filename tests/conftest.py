@@ -40,8 +40,8 @@ _map_checkout_as_fusegen()
 
 def _a_share_of_the_cores() -> None:
     """Under pytest-xdist (`make test` runs a worker per core) each worker's torch takes its share
-    of the cores instead of all of them: two workers of two intra-op threads on two cores ran the
-    float64 references of the large pipelines 1.5x slower than one thread each."""
+    of the cores, not all of them: two workers on two cores would otherwise run four intra-op
+    threads through the float64 references of the large pipelines."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch

@@ -1,5 +1,7 @@
 """Independent float64 references for the shipped pipelines, written from the TE op catalog with
-torch.nn.functional and autograd. They share no code with the generator or the generated package."""
+torch.nn.functional and autograd (the large pipelines' GEMMs with a Linear of this file's own that
+streams the module's weights: StreamedWeight). They share no code with the generator or the
+generated package."""
 
 import math
 

@@ -190,8 +190,9 @@ def test_version_and_python_m(tmp_path):
 
 
 # The spec's 120 compiles run in worker processes; on threads of fusegen's own process when the
-# threshold is raised past them. A Ctrl-C right after the first line reaches worker processes that
-# are still starting (they take 0.7 s to import the compiler).
+# threshold is raised past them. A Ctrl-C 0.2 s after the first line reaches worker processes still
+# importing the compiler (0.7 s), which printed their own tracebacks before they started with
+# SIGINT blocked (build._sigint_blocked).
 @pytest.mark.parametrize("threaded_compiles, delay", [(None, 1.0), (10**6, 1.0), (None, 0.2)],
                          ids=["processes", "threads", "processes-while-starting"])
 def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_compiles, delay):
