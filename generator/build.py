@@ -253,9 +253,13 @@ class _Worker:
     pch_dir: Path = Path()
 
 
+# Signal masks (POSIX): worker processes start with SIGINT blocked (_sigint_blocked). Not on Windows.
+_MASKS_SIGNALS = hasattr(signal, "pthread_sigmask")
+
+
 def _start_worker(headers: dict[str, str], pch_dir: Path) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
-    if hasattr(signal, "pthread_sigmask"):  # started with SIGINT blocked (_sigint_blocked); one pending is dropped
+    if _MASKS_SIGNALS:  # unblocked once ignored: a Ctrl-C pending from the start is dropped
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _Worker.headers, _Worker.pch_dir = headers, pch_dir
 
@@ -267,7 +271,7 @@ def _sigint_blocked(blocked: bool):
     before its initializer ignores SIGINT: one still importing the compiler would print a
     KeyboardInterrupt traceback of its own. A Ctrl-C in these milliseconds reaches this process
     as soon as the mask is restored."""
-    if not blocked or not hasattr(signal, "pthread_sigmask"):  # not on Windows
+    if not blocked or not _MASKS_SIGNALS:
         yield
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -372,6 +376,7 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
             compiled = run_compiles(jobs, progress, cuda_headers(headers))
         finally:
             progress.finish()
+        # a compile for a stale compute_XY also gives its sm_XY cubin, which may have been reused
         files.update((name, binary) for name, binary in compiled.items() if name not in files)
     for symbol, entry in manifest.items():
         for target, record in entry["binaries"].items():

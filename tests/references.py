@@ -213,13 +213,15 @@ class _StreamedLinear(torch.autograd.Function):
         return dx, None, flat_dy.sum(0) if ctx.needs_input_grad[2] else None
 
 
+def as64(t, device, requires_grad=False):
+    """A float64 copy of ``t`` on ``device``: a new leaf, with ``requires_grad`` one of autograd's."""
+    return t.detach().to(device=device, dtype=torch.float64).requires_grad_(requires_grad)
+
+
 def reference_params(module, device, requires_grad):
     """The module's parameters for a reference: float64 copies (leaves with ``requires_grad``),
     the large weights as StreamedWeights."""
-    def as64(t):
-        return t.detach().to(device=device, dtype=torch.float64).requires_grad_(requires_grad)
-
-    return {k: StreamedWeight(v, device) if v.dim() == 2 and v.numel() >= STREAMED else as64(v)
+    return {k: StreamedWeight(v, device) if v.dim() == 2 and v.numel() >= STREAMED else as64(v, device, requires_grad)
             for k, v in module.state_dict().items()}
 
 
@@ -305,8 +307,7 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
             outputs = module(*dev_inputs)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         assert all(o.grad_fn is None for o in outputs)  # no graph (an extra output may be x itself)
-        as64 = lambda t: t.detach().to(device=ref_device, dtype=torch.float64)  # noqa: E731
-        ref_outputs = reference(reference_params(module, ref_device, False), *[as64(t) for t in dev_inputs])
+        ref_outputs = reference(reference_params(module, ref_device, False), *[as64(t, ref_device) for t in dev_inputs])
         assert len(ref_outputs) == len(outputs)
         for i, (o, r) in enumerate(zip(outputs, ref_outputs)):
             assert o.dtype == dtype and o.device.type == torch.device(device).type
@@ -316,11 +317,10 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
     # The float64 reference first, keeping only its results: its parameter copies are gone before
     # the module's own grads exist, and the large weights are never copied (StreamedWeight). It
     # leaves torch's random state as it found it: the module's Dropout draws come next.
-    as64 = lambda t: t.detach().to(device=ref_device, dtype=torch.float64).requires_grad_()  # noqa: E731
     cuda = sorted({torch.device(d).index or 0 for d in (device, ref_device) if torch.device(d).type == "cuda"})
     with torch.random.fork_rng(devices=cuda):
         params64 = reference_params(module, ref_device, True)
-        inputs64 = [as64(t) for t in dev_inputs]
+        inputs64 = [as64(t, ref_device, True) for t in dev_inputs]
         ref_outputs = reference(params64, *inputs64)
         grads = [torch.randn(r.shape, generator=gen).to(dtype) for r in ref_outputs]
         torch.autograd.backward(ref_outputs, [g.to(device=ref_device, dtype=torch.float64) for g in grads])
