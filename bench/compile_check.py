@@ -55,15 +55,12 @@ def spec_text() -> str:
 
 
 def sources() -> dict[str, str]:
-    """{kernel symbol: CUDA source} for every kernel the specs above need, in every dtype."""
+    """{kernel: CUDA source} for every kernel the specs above need, each source in every dtype."""
     plans = build.plan_specs(parse_spec(spec_text(), "compile_check.py"), NameTable(), fusion_rules.FORWARD_RULES,
                              fusion_rules.BACKWARD_RULES)
     unique, _ = build.collect_kernels(plans)
     env = emit.environment()
-    out: dict[str, str] = {}
-    for spec in unique.values():
-        out.update(build.cuda_sources(spec, ("float32", "float16", "bfloat16"), env))
-    return out
+    return {name: build.cuda_source(spec, ("float32", "float16", "bfloat16"), env) for name, spec in unique.items()}
 
 
 def _read(prog, get_size, get) -> bytes:

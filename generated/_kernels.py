@@ -35,7 +35,7 @@ _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def add_fwd_n4096(x, extra_in0):
     """AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_fwd_n4096_7343ee8f(x, extra_in0)
+        return torch.ops.fusegen.add_fwd_n4096_71b80058(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -63,7 +63,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     mean, rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_55a94126(
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_6b6d4f29(
             x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -118,7 +118,7 @@ _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.fl
 def add_rmsnorm_fwd_h256(x, residual, gamma):
     """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_rmsnorm_fwd_h256_c0ca1307(x, residual, gamma)
+        return torch.ops.fusegen.add_rmsnorm_fwd_h256_ea4d6849(x, residual, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -176,7 +176,7 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     dx.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_ae5987d8(
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_058adb69(
             dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -219,7 +219,7 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     extra_out2.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_0aa58623(x, extra_in0)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_abd105ef(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -251,7 +251,7 @@ _ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_bwd_n256(dy, d_extra_out1):
     """AddExtraInput(), MakeExtraOutput() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_bwd_n256_08e3d0c6(dy, d_extra_out1)
+        return torch.ops.fusegen.add_tee_bwd_n256_48c13479(dy, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -276,7 +276,7 @@ _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_fwd_n256(x, extra_in0):
     """AddExtraInput(), MakeExtraOutput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_fwd_n256_b915468a(x, extra_in0)
+        return torch.ops.fusegen.add_tee_fwd_n256_58cb8679(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -302,7 +302,7 @@ _BIAS_ADD_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torc
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_bwd_n4096_5ad413a8(dy)
+        return torch.ops.fusegen.bias_add_bwd_n4096_e63d479a(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -343,7 +343,7 @@ _BIAS_ADD_TEE_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, tor
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_bwd_n256_0be867bf(dy, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_bwd_n256_1ed11a6f(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -397,7 +397,7 @@ _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_ROW_VECTORS = {
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_c52cefe7(
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_83a100d2(
             dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -457,7 +457,7 @@ _BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU(): returns y, extra_out2."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_7854b3c4(x, bias0, extra_in1)
+        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_3eaac00c(x, bias0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -491,7 +491,7 @@ _BIAS_BWD_N1024_ROW_VECTORS = {torch.bfloat16: 128, torch.float16: 128, torch.fl
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n1024_6e70da5c(dy)
+        return torch.ops.fusegen.bias_bwd_n1024_27c3ae82(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -532,7 +532,7 @@ _BIAS_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, torch.float
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n256_63a2dd72(dy)
+        return torch.ops.fusegen.bias_bwd_n256_f5dbd3bd(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -573,7 +573,7 @@ _BIAS_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torch.fl
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n4096_7f2df015(dy)
+        return torch.ops.fusegen.bias_bwd_n4096_60b69d3a(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -614,7 +614,7 @@ _BIAS_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n512_673ca663(dy)
+        return torch.ops.fusegen.bias_bwd_n512_fe68d2ae(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -660,7 +660,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     dbias0.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b7999f0c(dy, x)
+        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b23b8192(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -714,7 +714,7 @@ _BIAS_DROPOUT0P1_ADD_BWD_N256_ROW_VECTORS = {
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_4c235c47(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_8bd5d7de(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -762,7 +762,7 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_9ab756f7(
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_6c21a813(
             x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -830,7 +830,7 @@ _BIAS_DROPOUT0P1_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, 
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_6a2e8311(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_47d7ec13(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -879,7 +879,7 @@ _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_ROW_VECTORS = {
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b1c5c8c6(
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b99122dc(
             dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -942,7 +942,7 @@ _BIAS_GELU_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, tor
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_bwd_n4096_38bb6984(dy, x)
+        return torch.ops.fusegen.bias_gelu_bwd_n4096_cdc1c4fa(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -992,7 +992,7 @@ _BIAS_GELU_DROPOUT0P1_BWD_N512_ROW_VECTORS = {
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_f40d2c53(dy, x, seed2)
+        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_07f7ccc6(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1047,7 +1047,7 @@ _BIAS_GLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.f
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_glu_bwd_n512_3fb0996a(dy, x)
+        return torch.ops.fusegen.bias_glu_bwd_n512_f25957b6(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1096,7 +1096,7 @@ _BIAS_QGEGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torc
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgeglu_bwd_n512_f12494fe(dy, x)
+        return torch.ops.fusegen.bias_qgeglu_bwd_n512_4f5a5435(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1145,7 +1145,7 @@ _BIAS_QGELU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgelu_bwd_n512_9816f59f(dy, x)
+        return torch.ops.fusegen.bias_qgelu_bwd_n512_afa77873(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1194,7 +1194,7 @@ _BIAS_REGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_reglu_bwd_n512_50d0e814(dy, x)
+        return torch.ops.fusegen.bias_reglu_bwd_n512_cf29f7a7(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1244,7 +1244,7 @@ _BIAS_RELU_BWD_N512_FROM_OUTPUT_ROW_VECTORS = {
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_13862af4(dy, x)
+        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_39b23ee6(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1296,7 +1296,7 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
     GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_6067c1e9(
+        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5b67be18(
             x, bias0, extra_in4, bias6, extra_in8)
     rows = x.shape[0]
     if x.is_cuda:
@@ -1348,7 +1348,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     dbias6.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_a83ce240(
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_511a2513(
             dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -1443,7 +1443,7 @@ _BIAS_SCALE2P0_GELU_BWD_N256_ROW_VECTORS = {
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_6f0d484d(dy, x)
+        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_969b897d(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1494,7 +1494,7 @@ _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_ROW_VECTORS = {
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_c05676cd(dy, x)
+        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_f0017594(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1545,7 +1545,7 @@ _BIAS_SREGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torc
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_sreglu_bwd_n512_43e0c67b(dy, x)
+        return torch.ops.fusegen.bias_sreglu_bwd_n512_fee34369(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1594,7 +1594,7 @@ _BIAS_SRELU_BWD_N2048_ROW_VECTORS = {torch.bfloat16: 256, torch.float16: 256, to
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_bwd_n2048_da65e30d(dy, x)
+        return torch.ops.fusegen.bias_srelu_bwd_n2048_aef70df3(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1644,7 +1644,7 @@ _BIAS_SRELU_ROWSCALE_BWD_N512_ROW_VECTORS = {
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_29a8e00d(dy, x, extra_in2)
+        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_e0eada5d(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1706,7 +1706,7 @@ _BIAS_SWIGLU_BWD_N14336_ROW_VECTORS = {
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_bwd_n14336_25e91e99(dy, x)
+        return torch.ops.fusegen.bias_swiglu_bwd_n14336_f4120d75(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1755,7 +1755,7 @@ _BIAS_SWIGLU_I32_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, 
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_b581c774(dy, x)
+        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_8fdb0ff0(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1803,7 +1803,7 @@ _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_809d05d1(dy, x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_4c8cd4c3(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1833,7 +1833,7 @@ _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_fwd_any(x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_07c2b51c(x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_c375290c(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1859,7 +1859,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_fbef1d0f(dy, x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_4be1c045(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1900,7 +1900,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_bb47d91c(x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_723cdb12(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1929,7 +1929,7 @@ _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {
 def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
     """ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_443d9dd8(x)
+        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_e715a407(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -1954,7 +1954,7 @@ def column_sum_n1024(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n1024_2f259b24(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1024_add4b210(partials, dtype)
     out = torch.empty(1024, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1024.launch(
@@ -1971,7 +1971,7 @@ def column_sum_n1536(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n1536_5f1cf395(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1536_1d60eaf3(partials, dtype)
     out = torch.empty(1536, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1536.launch(
@@ -1988,7 +1988,7 @@ def column_sum_n2048(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n2048_f2548681(partials, dtype)
+        return torch.ops.fusegen.column_sum_n2048_5ebbb102(partials, dtype)
     out = torch.empty(2048, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N2048.launch(
@@ -2004,7 +2004,7 @@ def column_sum_n256(partials, dtype):
     """Sum fp32 partials [splits, 256] over splits, in a fixed order, into a 256-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n256_7d20f507(partials, dtype)
+        return torch.ops.fusegen.column_sum_n256_94bfc92e(partials, dtype)
     out = torch.empty(256, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N256.launch(
@@ -2022,7 +2022,7 @@ def column_sum_n28672(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n28672_595acf41(partials, dtype)
+        return torch.ops.fusegen.column_sum_n28672_d3f73361(partials, dtype)
     out = torch.empty(28672, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N28672.launch(
@@ -2039,7 +2039,7 @@ def column_sum_n4096(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n4096_d7d6209c(partials, dtype)
+        return torch.ops.fusegen.column_sum_n4096_acb731e6(partials, dtype)
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N4096.launch(
@@ -2055,7 +2055,7 @@ def column_sum_n512(partials, dtype):
     """Sum fp32 partials [splits, 512] over splits, in a fixed order, into a 512-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n512_7c62fb69(partials, dtype)
+        return torch.ops.fusegen.column_sum_n512_57f55976(partials, dtype)
     out = torch.empty(512, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N512.launch(
@@ -2071,7 +2071,7 @@ def column_sum_n64(partials, dtype):
     """Sum fp32 partials [splits, 64] over splits, in a fixed order, into a 64-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n64_fbd74e4b(partials, dtype)
+        return torch.ops.fusegen.column_sum_n64_7f948e9d(partials, dtype)
     out = torch.empty(64, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N64.launch(
@@ -2087,7 +2087,7 @@ def column_sum_n768(partials, dtype):
     """Sum fp32 partials [splits, 768] over splits, in a fixed order, into a 768-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n768_9b62357b(partials, dtype)
+        return torch.ops.fusegen.column_sum_n768_f584374b(partials, dtype)
     out = torch.empty(768, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N768.launch(
@@ -2104,7 +2104,7 @@ def column_sum_n8192(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n8192_2a073277(partials, dtype)
+        return torch.ops.fusegen.column_sum_n8192_96e85bb9(partials, dtype)
     out = torch.empty(8192, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N8192.launch(
@@ -2120,7 +2120,7 @@ _DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     """Dropout(0.1), AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_add_fwd_n256_de5647f3(x, seed0, extra_in1)
+        return torch.ops.fusegen.dropout0p1_add_fwd_n256_4411f74e(x, seed0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2146,7 +2146,7 @@ _DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p1_fwd_n512(x, seed0):
     """Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_fwd_n512_0317b658(x, seed0)
+        return torch.ops.fusegen.dropout0p1_fwd_n512_2637c47c(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2170,7 +2170,7 @@ _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_bwd_any(dy, seed0):
     """Dropout(0.25) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_bwd_any_a5f5b9bf(dy, seed0)
+        return torch.ops.fusegen.dropout0p25_bwd_any_e407d015(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2197,7 +2197,7 @@ _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_fwd_any(x, seed0):
     """Dropout(0.25), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_fwd_any_c896550f(x, seed0)
+        return torch.ops.fusegen.dropout0p25_fwd_any_649dc112(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2223,7 +2223,7 @@ _DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def dropout0p2_swiglu_fwd_n512(x, seed0):
     """Dropout(0.2), SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_57abdd02(x, seed0)
+        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_7da76e98(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2247,7 +2247,7 @@ _DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p3_bwd_n256(dy, seed0):
     """Dropout(0.3) backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p3_bwd_n256_d84c513d(dy, seed0)
+        return torch.ops.fusegen.dropout0p3_bwd_n256_45826b49(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2272,7 +2272,7 @@ _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_bwd_any(dy, x):
     """GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_any_38d2d104(dy, x)
+        return torch.ops.fusegen.gelu_bwd_any_4eeccbc1(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2305,7 +2305,7 @@ _GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_bwd_n256(dy, x):
     """GELU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_n256_0da0f46e(dy, x)
+        return torch.ops.fusegen.gelu_bwd_n256_15d5abda(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2332,7 +2332,7 @@ _GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def gelu_dropout0p1_fwd_n512(x, seed1):
     """GELU(), Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_8185b815(x, seed1)
+        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_8f7afe9a(x, seed1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2357,7 +2357,7 @@ _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_fwd_any(x):
     """GELU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_any_1c6070ac(x)
+        return torch.ops.fusegen.gelu_fwd_any_25cddc13(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2384,7 +2384,7 @@ _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_fwd_n256(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n256_62ddc9d6(x)
+        return torch.ops.fusegen.gelu_fwd_n256_dd6d85a6(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2406,7 +2406,7 @@ _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def gelu_fwd_n4096(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n4096_bce200f6(x)
+        return torch.ops.fusegen.gelu_fwd_n4096_eaa39d65(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2428,7 +2428,7 @@ _GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def glu_fwd_n512(x):
     """GLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.glu_fwd_n512_08f59d80(x)
+        return torch.ops.fusegen.glu_fwd_n512_9e5949c4(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2450,7 +2450,7 @@ _L2NORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def l2norm_bwd_h256(dy, x, rstd):
     """L2Normalization() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_bwd_h256_27358322(dy, x, rstd)
+        return torch.ops.fusegen.l2norm_bwd_h256_8958a887(dy, x, rstd)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2481,7 +2481,7 @@ _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torc
 def l2norm_eps1em05_fwd_h256(x):
     """L2Normalization(eps=1e-05): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_823df4c5(x)
+        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_145c5422(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2520,7 +2520,7 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h1024_bbef3a8b(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h1024_0d92f754(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2570,7 +2570,7 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_6e0fe9d3(
+        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_3f1a3b4a(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2623,7 +2623,7 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h4096_fa96380a(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h4096_9ef5e83c(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2669,7 +2669,7 @@ _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h1024_c4f26de1(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h1024_7523edbb(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2712,7 +2712,7 @@ _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h4096_6b4c3ab5(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h4096_72a154f9(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2759,7 +2759,7 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_c09f5a1d(
+        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_75bb81dd(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2812,7 +2812,7 @@ _QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def qgeglu_fwd_n512(x):
     """QGEGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgeglu_fwd_n512_acca125d(x)
+        return torch.ops.fusegen.qgeglu_fwd_n512_11f326ce(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2834,7 +2834,7 @@ _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def qgelu_fwd_n512(x):
     """QGELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgelu_fwd_n512_0c5740f2(x)
+        return torch.ops.fusegen.qgelu_fwd_n512_80e391d1(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2856,7 +2856,7 @@ _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def reglu_fwd_n512(x):
     """ReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.reglu_fwd_n512_b06523a8(x)
+        return torch.ops.fusegen.reglu_fwd_n512_e65c89d8(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2878,7 +2878,7 @@ _RELU_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_bwd_n768(dy, x):
     """ReLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_bwd_n768_7dd54049(dy, x)
+        return torch.ops.fusegen.relu_bwd_n768_90127bb3(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2905,7 +2905,7 @@ _RELU_FWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_fwd_n768(x):
     """ReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_fwd_n768_2c53dfc0(x)
+        return torch.ops.fusegen.relu_fwd_n768_ccddbca2(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2927,7 +2927,7 @@ _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float
 def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h1024_b04174b0(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h1024_582c52d4(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2973,7 +2973,7 @@ _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float3
 def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_388f4238(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_3d69c1a6(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3022,7 +3022,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_dde61c4a(
+        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_62f28872(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -3076,7 +3076,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_354bbb62(
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_3d2042a1(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -3128,7 +3128,7 @@ _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h64_efa8209f(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h64_be99219e(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3174,7 +3174,7 @@ _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, t
 def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_4a6467da(x, seed1, gamma)
+        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_bbe8c256(x, seed1, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3220,7 +3220,7 @@ _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h1024_4a2516b6(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h1024_dc6f19e7(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3259,7 +3259,7 @@ _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h4096_df233de7(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_fb8f6c69(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3298,7 +3298,7 @@ _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_fwd_h64(x, gamma):
     """RMSNorm(64): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h64_d83bb58e(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h64_6cdacac6(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3339,7 +3339,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_e75490bd(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_1baadeb6(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3385,7 +3385,7 @@ _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_96b72228(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_3065e76f(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3425,7 +3425,7 @@ _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_bwd_any(dy, x):
     """SiLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_bwd_any_3c3162cf(dy, x)
+        return torch.ops.fusegen.silu_bwd_any_0aeaf541(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3455,7 +3455,7 @@ _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_fwd_any(x):
     """SiLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_fwd_any_73eddd24(x)
+        return torch.ops.fusegen.silu_fwd_any_e747c231(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -3478,7 +3478,7 @@ _SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def situglu_b2p0_c8p0_fwd_n512(x):
     """SiTUGLU(beta1=2.0, beta2=8.0): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_5428830e(x)
+        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_18e23170(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3503,7 +3503,7 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     d_extra_in1.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_592b5a53(dy, x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_5d441c91(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3544,7 +3544,7 @@ _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_dfcb7fb4(x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_c123c580(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3572,7 +3572,7 @@ _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def sreglu_fwd_n512(x):
     """SReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.sreglu_fwd_n512_0a081160(x)
+        return torch.ops.fusegen.sreglu_fwd_n512_888572e3(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3594,7 +3594,7 @@ _SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4
 def srelu_fwd_n2048(x):
     """SReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_fwd_n2048_0caa6f1f(x)
+        return torch.ops.fusegen.srelu_fwd_n2048_e542bdb2(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3616,7 +3616,7 @@ _SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def srelu_rowscale_fwd_n512(x, extra_in1):
     """SReLU(), RowScale(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_rowscale_fwd_n512_bb484081(x, extra_in1)
+        return torch.ops.fusegen.srelu_rowscale_fwd_n512_1d34c10d(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3642,7 +3642,7 @@ _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_bwd_any(dy, x):
     """SwiGLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_any_8f1882dd(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_any_1b339b0c(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3675,7 +3675,7 @@ _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_bwd_n384(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n384_68c04f5a(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n384_2a752339(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3702,7 +3702,7 @@ _SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_bwd_n4096(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n4096_e7689852(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n4096_64c0f9f8(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3730,7 +3730,7 @@ _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_fwd_any(x):
     """SwiGLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_any_7f8142bb(x)
+        return torch.ops.fusegen.swiglu_fwd_any_607f9687(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3757,7 +3757,7 @@ _SWIGLU_FWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float3
 def swiglu_fwd_n14336(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n14336_ae24a9be(x)
+        return torch.ops.fusegen.swiglu_fwd_n14336_255abbd2(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3779,7 +3779,7 @@ _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_fwd_n384(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n384_f3de01bb(x)
+        return torch.ops.fusegen.swiglu_fwd_n384_f737e59a(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3801,7 +3801,7 @@ _SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_fwd_n4096(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n4096_b55037ba(x)
+        return torch.ops.fusegen.swiglu_fwd_n4096_f2d31f37(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3823,7 +3823,7 @@ _SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def swiglu_i32_fwd_n512(x):
     """SwiGLU(glu_interleave_size=32): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_i32_fwd_n512_97979959(x)
+        return torch.ops.fusegen.swiglu_i32_fwd_n512_f153e13a(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3846,7 +3846,7 @@ _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_bwd_any_d883fbf7(dy, x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_bwd_any_c060a307(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3887,7 +3887,7 @@ _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_fwd_any(x, extra_in1):
     """SwiGLU(), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_fwd_any_0d89f81b(x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_fwd_any_74684d8a(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3916,7 +3916,7 @@ _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_ef657e09(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_13fba772(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3952,7 +3952,7 @@ _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_1f01eaa2(x)
+        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_c4c378d8(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3982,7 +3982,7 @@ _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_f6170c8a(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_861560eb(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4016,7 +4016,7 @@ _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_87f82b35(x)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_5001bb90(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4047,7 +4047,7 @@ _TEE_BIAS_BWD_N64_ROW_VECTORS = {torch.bfloat16: 8, torch.float16: 8, torch.floa
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_bwd_n64_029c6a93(dy, d_extra_out0)
+        return torch.ops.fusegen.tee_bias_bwd_n64_ab39bbf9(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -4096,7 +4096,7 @@ _TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def tee_bias_fwd_n64(x, bias1):
     """MakeExtraOutput(), Bias(64): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_fwd_n64_69180d42(x, bias1)
+        return torch.ops.fusegen.tee_bias_fwd_n64_81737328(x, bias1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4128,328 +4128,328 @@ _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: sw
 # launchers run directly and the ops cost nothing.
 
 register_op(
-    "add_fwd_n4096_7343ee8f", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
+    "add_fwd_n4096_71b80058", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
     add_fwd_n4096)
 register_op(
-    "add_layernorm_zc_eps1em06_fwd_h768_55a94126",
+    "add_layernorm_zc_eps1em06_fwd_h768_6b6d4f29",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768, add_layernorm_zc_eps1em06_fwd_h768)
 register_op(
-    "add_rmsnorm_fwd_h256_c0ca1307",
+    "add_rmsnorm_fwd_h256_ea4d6849",
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
     add_rmsnorm_fwd_h256)
 register_op(
-    "add_scale0p5_tee_qgelu_bwd_any_from_add_ae5987d8",
+    "add_scale0p5_tee_qgelu_bwd_any_from_add_058adb69",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
 register_op(
-    "add_scale0p5_tee_qgelu_fwd_any_0aa58623", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
+    "add_scale0p5_tee_qgelu_fwd_any_abd105ef", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
     add_scale0p5_tee_qgelu_fwd_any, add_scale0p5_tee_qgelu_fwd_any)
 register_op(
-    "add_tee_bwd_n256_08e3d0c6", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
+    "add_tee_bwd_n256_48c13479", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
     add_tee_bwd_n256)
 register_op(
-    "add_tee_fwd_n256_b915468a", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
+    "add_tee_fwd_n256_58cb8679", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
     add_tee_fwd_n256)
 register_op(
-    "bias_add_bwd_n4096_5ad413a8", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
+    "bias_add_bwd_n4096_e63d479a", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
 register_op(
-    "bias_add_tee_bwd_n256_0be867bf", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
+    "bias_add_tee_bwd_n256_1ed11a6f", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
     bias_add_tee_bwd_n256, bias_add_tee_bwd_n256)
 register_op(
-    "bias_add_tee_gelu_bwd_n256_from_bias_c52cefe7",
+    "bias_add_tee_gelu_bwd_n256_from_bias_83a100d2",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
     "Tensor)",
     bias_add_tee_gelu_bwd_n256_from_bias, bias_add_tee_gelu_bwd_n256_from_bias)
 register_op(
-    "bias_add_tee_gelu_fwd_n256_7854b3c4",
+    "bias_add_tee_gelu_fwd_n256_3eaac00c",
     "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256,
     bias_add_tee_gelu_fwd_n256)
-register_op("bias_bwd_n1024_6e70da5c", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
-register_op("bias_bwd_n256_63a2dd72", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
-register_op("bias_bwd_n4096_7f2df015", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
-register_op("bias_bwd_n512_673ca663", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
+register_op("bias_bwd_n1024_27c3ae82", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
+register_op("bias_bwd_n256_f5dbd3bd", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
+register_op("bias_bwd_n4096_60b69d3a", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
+register_op("bias_bwd_n512_fe68d2ae", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
 register_op(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b7999f0c",
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b23b8192",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048,
     bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
 register_op(
-    "bias_dropout0p1_add_bwd_n256_4c235c47", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_add_bwd_n256_8bd5d7de", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_add_bwd_n256, bias_dropout0p1_add_bwd_n256)
 register_op(
-    "bias_dropout0p1_add_layernorm_fwd_h256_9ab756f7",
+    "bias_dropout0p1_add_layernorm_fwd_h256_6c21a813",
     "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256, bias_dropout0p1_add_layernorm_fwd_h256)
 register_op(
-    "bias_dropout0p1_bwd_n256_6a2e8311", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_bwd_n256_47d7ec13", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_bwd_n256, bias_dropout0p1_bwd_n256)
 register_op(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b1c5c8c6",
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b99122dc",
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
 register_op(
-    "bias_gelu_bwd_n4096_38bb6984", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_gelu_bwd_n4096_cdc1c4fa", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096, bias_gelu_bwd_n4096)
 register_op(
-    "bias_gelu_dropout0p1_bwd_n512_f40d2c53",
+    "bias_gelu_dropout0p1_bwd_n512_07f7ccc6",
     "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512,
     bias_gelu_dropout0p1_bwd_n512)
 register_op(
-    "bias_glu_bwd_n512_3fb0996a", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
+    "bias_glu_bwd_n512_f25957b6", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
     bias_glu_bwd_n512)
 register_op(
-    "bias_qgeglu_bwd_n512_f12494fe", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgeglu_bwd_n512_4f5a5435", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgeglu_bwd_n512, bias_qgeglu_bwd_n512)
 register_op(
-    "bias_qgelu_bwd_n512_9816f59f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgelu_bwd_n512_afa77873", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgelu_bwd_n512, bias_qgelu_bwd_n512)
 register_op(
-    "bias_reglu_bwd_n512_50d0e814", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_reglu_bwd_n512_cf29f7a7", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_reglu_bwd_n512, bias_reglu_bwd_n512)
 register_op(
-    "bias_relu_bwd_n512_from_output_13862af4", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_relu_bwd_n512_from_output_39b23ee6", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_relu_bwd_n512_from_output, bias_relu_bwd_n512_from_output)
 register_op(
-    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_6067c1e9",
+    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5b67be18",
     "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, "
     "Tensor)",
     bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384, bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
 register_op(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_a83ce240",
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_511a2513",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
     "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias,
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
 register_op(
-    "bias_scale2p0_gelu_bwd_n256_6f0d484d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_scale2p0_gelu_bwd_n256_969b897d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_scale2p0_gelu_bwd_n256, bias_scale2p0_gelu_bwd_n256)
 register_op(
-    "bias_situglu_b2p0_c8p0_bwd_n512_c05676cd", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_situglu_b2p0_c8p0_bwd_n512_f0017594", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_situglu_b2p0_c8p0_bwd_n512, bias_situglu_b2p0_c8p0_bwd_n512)
 register_op(
-    "bias_sreglu_bwd_n512_43e0c67b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_sreglu_bwd_n512_fee34369", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_sreglu_bwd_n512, bias_sreglu_bwd_n512)
 register_op(
-    "bias_srelu_bwd_n2048_da65e30d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_srelu_bwd_n2048_aef70df3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_srelu_bwd_n2048, bias_srelu_bwd_n2048)
 register_op(
-    "bias_srelu_rowscale_bwd_n512_29a8e00d",
+    "bias_srelu_rowscale_bwd_n512_e0eada5d",
     "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
     bias_srelu_rowscale_bwd_n512, bias_srelu_rowscale_bwd_n512)
 register_op(
-    "bias_swiglu_bwd_n14336_25e91e99", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_bwd_n14336_f4120d75", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n14336, bias_swiglu_bwd_n14336)
 register_op(
-    "bias_swiglu_i32_bwd_n512_b581c774", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_i32_bwd_n512_8fdb0ff0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
 register_op(
-    "clamped_swiglu_l3p0_i16_bwd_any_809d05d1", "(Tensor dy, Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_bwd_any_4c8cd4c3", "(Tensor dy, Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_bwd_any, clamped_swiglu_l3p0_i16_bwd_any)
 register_op(
-    "clamped_swiglu_l3p0_i16_fwd_any_07c2b51c", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_fwd_any_c375290c", "(Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_fwd_any, clamped_swiglu_l3p0_i16_fwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_bwd_any_fbef1d0f",
+    "clamped_swiglu_l5p0_rowscale_bwd_any_4be1c045",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     clamped_swiglu_l5p0_rowscale_bwd_any, clamped_swiglu_l5p0_rowscale_bwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_fwd_any_bb47d91c", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "clamped_swiglu_l5p0_rowscale_fwd_any_723cdb12", "(Tensor x, Tensor extra_in1) -> Tensor",
     clamped_swiglu_l5p0_rowscale_fwd_any, clamped_swiglu_l5p0_rowscale_fwd_any)
 register_op(
-    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_443d9dd8", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_e715a407", "(Tensor x) -> Tensor",
     clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048, clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
 register_op(
-    "column_sum_n1024_2f259b24", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024,
+    "column_sum_n1024_add4b210", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024,
     column_sum_n1024)
 register_op(
-    "column_sum_n1536_5f1cf395", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536,
+    "column_sum_n1536_1d60eaf3", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536,
     column_sum_n1536)
 register_op(
-    "column_sum_n2048_f2548681", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048,
+    "column_sum_n2048_5ebbb102", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048,
     column_sum_n2048)
 register_op(
-    "column_sum_n256_7d20f507", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256,
+    "column_sum_n256_94bfc92e", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256,
     column_sum_n256)
 register_op(
-    "column_sum_n28672_595acf41", "(Tensor partials, ScalarType dtype) -> Tensor",
+    "column_sum_n28672_d3f73361", "(Tensor partials, ScalarType dtype) -> Tensor",
     column_sum_n28672, column_sum_n28672)
 register_op(
-    "column_sum_n4096_d7d6209c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096,
+    "column_sum_n4096_acb731e6", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096,
     column_sum_n4096)
 register_op(
-    "column_sum_n512_7c62fb69", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512,
+    "column_sum_n512_57f55976", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512,
     column_sum_n512)
 register_op(
-    "column_sum_n64_fbd74e4b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64,
+    "column_sum_n64_7f948e9d", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64,
     column_sum_n64)
 register_op(
-    "column_sum_n768_9b62357b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768,
+    "column_sum_n768_f584374b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768,
     column_sum_n768)
 register_op(
-    "column_sum_n8192_2a073277", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192,
+    "column_sum_n8192_96e85bb9", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192,
     column_sum_n8192)
 register_op(
-    "dropout0p1_add_fwd_n256_de5647f3", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
+    "dropout0p1_add_fwd_n256_4411f74e", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
     dropout0p1_add_fwd_n256, dropout0p1_add_fwd_n256)
 register_op(
-    "dropout0p1_fwd_n512_0317b658", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
+    "dropout0p1_fwd_n512_2637c47c", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
     dropout0p1_fwd_n512)
 register_op(
-    "dropout0p25_bwd_any_a5f5b9bf", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
+    "dropout0p25_bwd_any_e407d015", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
     dropout0p25_bwd_any)
 register_op(
-    "dropout0p25_fwd_any_c896550f", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
+    "dropout0p25_fwd_any_649dc112", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
     dropout0p25_fwd_any)
 register_op(
-    "dropout0p2_swiglu_fwd_n512_57abdd02", "(Tensor x, Tensor? seed0) -> Tensor",
+    "dropout0p2_swiglu_fwd_n512_7da76e98", "(Tensor x, Tensor? seed0) -> Tensor",
     dropout0p2_swiglu_fwd_n512, dropout0p2_swiglu_fwd_n512)
 register_op(
-    "dropout0p3_bwd_n256_d84c513d", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
+    "dropout0p3_bwd_n256_45826b49", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
     dropout0p3_bwd_n256)
-register_op("gelu_bwd_any_38d2d104", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
+register_op("gelu_bwd_any_4eeccbc1", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
 register_op(
-    "gelu_bwd_n256_0da0f46e", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
+    "gelu_bwd_n256_15d5abda", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
 register_op(
-    "gelu_dropout0p1_fwd_n512_8185b815", "(Tensor x, Tensor? seed1) -> Tensor",
+    "gelu_dropout0p1_fwd_n512_8f7afe9a", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
-register_op("gelu_fwd_any_1c6070ac", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
-register_op("gelu_fwd_n256_62ddc9d6", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
-register_op("gelu_fwd_n4096_bce200f6", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
-register_op("glu_fwd_n512_08f59d80", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
+register_op("gelu_fwd_any_25cddc13", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
+register_op("gelu_fwd_n256_dd6d85a6", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
+register_op("gelu_fwd_n4096_eaa39d65", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
+register_op("glu_fwd_n512_9e5949c4", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
 register_op(
-    "l2norm_bwd_h256_27358322", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256,
+    "l2norm_bwd_h256_8958a887", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256,
     l2norm_bwd_h256)
 register_op(
-    "l2norm_eps1em05_fwd_h256_823df4c5", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256,
+    "l2norm_eps1em05_fwd_h256_145c5422", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256,
     l2norm_eps1em05_fwd_h256)
 register_op(
-    "layernorm_bwd_h1024_bbef3a8b",
+    "layernorm_bwd_h1024_0d92f754",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h1024, layernorm_bwd_h1024)
 register_op(
-    "layernorm_bwd_h256_add_dresidual_6e0fe9d3",
+    "layernorm_bwd_h256_add_dresidual_3f1a3b4a",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_bwd_h256_add_dresidual, layernorm_bwd_h256_add_dresidual)
 register_op(
-    "layernorm_bwd_h4096_fa96380a",
+    "layernorm_bwd_h4096_9ef5e83c",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096, layernorm_bwd_h4096)
 register_op(
-    "layernorm_fwd_h1024_c4f26de1",
+    "layernorm_fwd_h1024_7523edbb",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024,
     layernorm_fwd_h1024)
 register_op(
-    "layernorm_fwd_h4096_6b4c3ab5",
+    "layernorm_fwd_h4096_72a154f9",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096,
     layernorm_fwd_h4096)
 register_op(
-    "layernorm_zc_bwd_h768_add_dresidual_c09f5a1d",
+    "layernorm_zc_bwd_h768_add_dresidual_75bb81dd",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual, layernorm_zc_bwd_h768_add_dresidual)
-register_op("qgeglu_fwd_n512_acca125d", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
-register_op("qgelu_fwd_n512_0c5740f2", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
-register_op("reglu_fwd_n512_b06523a8", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
+register_op("qgeglu_fwd_n512_11f326ce", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
+register_op("qgelu_fwd_n512_80e391d1", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
+register_op("reglu_fwd_n512_e65c89d8", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
 register_op(
-    "relu_bwd_n768_7dd54049", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
-register_op("relu_fwd_n768_2c53dfc0", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
+    "relu_bwd_n768_90127bb3", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
+register_op("relu_fwd_n768_ccddbca2", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
 register_op(
-    "rmsnorm_bwd_h1024_b04174b0",
+    "rmsnorm_bwd_h1024_582c52d4",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024,
     rmsnorm_bwd_h1024)
 register_op(
-    "rmsnorm_bwd_h256_388f4238",
+    "rmsnorm_bwd_h256_3d69c1a6",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256,
     rmsnorm_bwd_h256)
 register_op(
-    "rmsnorm_bwd_h256_add_dresidual_dde61c4a",
+    "rmsnorm_bwd_h256_add_dresidual_62f28872",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h256_add_dresidual, rmsnorm_bwd_h256_add_dresidual)
 register_op(
-    "rmsnorm_bwd_h4096_add_dresidual_354bbb62",
+    "rmsnorm_bwd_h4096_add_dresidual_3d2042a1",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h4096_add_dresidual, rmsnorm_bwd_h4096_add_dresidual)
 register_op(
-    "rmsnorm_bwd_h64_efa8209f",
+    "rmsnorm_bwd_h64_be99219e",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64,
     rmsnorm_bwd_h64)
 register_op(
-    "rmsnorm_dropout0p3_fwd_h256_4a6467da",
+    "rmsnorm_dropout0p3_fwd_h256_bbe8c256",
     "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256,
     rmsnorm_dropout0p3_fwd_h256)
 register_op(
-    "rmsnorm_fwd_h1024_4a2516b6", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024,
+    "rmsnorm_fwd_h1024_dc6f19e7", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024,
     rmsnorm_fwd_h1024)
 register_op(
-    "rmsnorm_fwd_h4096_df233de7", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096,
+    "rmsnorm_fwd_h4096_fb8f6c69", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096,
     rmsnorm_fwd_h4096)
 register_op(
-    "rmsnorm_fwd_h64_d83bb58e", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
+    "rmsnorm_fwd_h64_6cdacac6", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
     rmsnorm_fwd_h64)
 register_op(
-    "rmsnorm_zc_bwd_h768_e75490bd",
+    "rmsnorm_zc_bwd_h768_1baadeb6",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768,
     rmsnorm_zc_bwd_h768)
 register_op(
-    "rmsnorm_zc_fwd_h768_96b72228", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    "rmsnorm_zc_fwd_h768_3065e76f", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768, rmsnorm_zc_fwd_h768)
-register_op("silu_bwd_any_3c3162cf", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
-register_op("silu_fwd_any_73eddd24", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
+register_op("silu_bwd_any_0aeaf541", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
+register_op("silu_fwd_any_e747c231", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
 register_op(
-    "situglu_b2p0_c8p0_fwd_n512_5428830e", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
+    "situglu_b2p0_c8p0_fwd_n512_18e23170", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
     situglu_b2p0_c8p0_fwd_n512)
 register_op(
-    "situglu_b2p0_i32_rowscale_bwd_any_592b5a53",
+    "situglu_b2p0_i32_rowscale_bwd_any_5d441c91",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     situglu_b2p0_i32_rowscale_bwd_any, situglu_b2p0_i32_rowscale_bwd_any)
 register_op(
-    "situglu_b2p0_i32_rowscale_fwd_any_dfcb7fb4", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "situglu_b2p0_i32_rowscale_fwd_any_c123c580", "(Tensor x, Tensor extra_in1) -> Tensor",
     situglu_b2p0_i32_rowscale_fwd_any, situglu_b2p0_i32_rowscale_fwd_any)
-register_op("sreglu_fwd_n512_0a081160", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
-register_op("srelu_fwd_n2048_0caa6f1f", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
+register_op("sreglu_fwd_n512_888572e3", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
+register_op("srelu_fwd_n2048_e542bdb2", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
 register_op(
-    "srelu_rowscale_fwd_n512_bb484081", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "srelu_rowscale_fwd_n512_1d34c10d", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
 register_op(
-    "swiglu_bwd_any_8f1882dd", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
+    "swiglu_bwd_any_1b339b0c", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
 register_op(
-    "swiglu_bwd_n384_68c04f5a", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
+    "swiglu_bwd_n384_2a752339", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(
-    "swiglu_bwd_n4096_e7689852", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
+    "swiglu_bwd_n4096_64c0f9f8", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
     swiglu_bwd_n4096)
-register_op("swiglu_fwd_any_7f8142bb", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
+register_op("swiglu_fwd_any_607f9687", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
 register_op(
-    "swiglu_fwd_n14336_ae24a9be", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
-register_op("swiglu_fwd_n384_f3de01bb", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
-register_op("swiglu_fwd_n4096_b55037ba", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
+    "swiglu_fwd_n14336_255abbd2", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
+register_op("swiglu_fwd_n384_f737e59a", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
+register_op("swiglu_fwd_n4096_f2d31f37", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
 register_op(
-    "swiglu_i32_fwd_n512_97979959", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
+    "swiglu_i32_fwd_n512_f153e13a", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)
 register_op(
-    "swiglu_rowscale_bwd_any_d883fbf7",
+    "swiglu_rowscale_bwd_any_c060a307",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any,
     swiglu_rowscale_bwd_any)
 register_op(
-    "swiglu_rowscale_fwd_any_0d89f81b", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "swiglu_rowscale_fwd_any_74684d8a", "(Tensor x, Tensor extra_in1) -> Tensor",
     swiglu_rowscale_fwd_any, swiglu_rowscale_fwd_any)
 register_op(
-    "swiglu_tee_gelu_bwd_any_ef657e09", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_gelu_bwd_any_13fba772", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_gelu_bwd_any, swiglu_tee_gelu_bwd_any)
 register_op(
-    "swiglu_tee_gelu_fwd_any_1f01eaa2", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
+    "swiglu_tee_gelu_fwd_any_c4c378d8", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
     swiglu_tee_gelu_fwd_any)
 register_op(
-    "swiglu_tee_scale0p5_bwd_any_f6170c8a", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_scale0p5_bwd_any_861560eb", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_scale0p5_bwd_any, swiglu_tee_scale0p5_bwd_any)
 register_op(
-    "swiglu_tee_scale0p5_fwd_any_87f82b35", "(Tensor x) -> (Tensor, Tensor)",
+    "swiglu_tee_scale0p5_fwd_any_5001bb90", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any, swiglu_tee_scale0p5_fwd_any)
 register_op(
-    "tee_bias_bwd_n64_029c6a93", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
+    "tee_bias_bwd_n64_ab39bbf9", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
     tee_bias_bwd_n64, tee_bias_bwd_n64)
 register_op(
-    "tee_bias_fwd_n64_69180d42", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,
+    "tee_bias_fwd_n64_81737328", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,
     tee_bias_fwd_n64)

@@ -122,11 +122,10 @@ def collect_kernels(plans: list[Plan]) -> tuple[dict[str, kn.KernelSpec], dict[s
 
 def op_name(spec: kn.KernelSpec, sources: dict[str, str]) -> str:
     """The torch.library op of one kernel's launcher (in the "fusegen" namespace): its name and a
-    digest of its CUDA sources, so packages that hold the same kernel share its op, a kernel that
+    digest of its CUDA source, so packages that hold the same kernel share its op, a kernel that
     changes gets a new one (two packages never register different kernels under one name), and
     a change to one kernel changes no other launcher's lines."""
-    own = [sources[f"{spec.name}_{suffix}"] for suffix, *_ in kn.DTYPES.values() if f"{spec.name}_{suffix}" in sources]
-    return f"{spec.name}_{sha256(chr(0).join(own).encode())[:8]}"
+    return f"{spec.name}_{sha256(sources[spec.name].encode())[:8]}"
 
 
 def fixed_sizes(unique: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpec]]:
@@ -167,16 +166,23 @@ def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
     return f"({', '.join(having)},)" if having else ""
 
 
-def cuda_sources(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> dict[str, str]:
-    """{kernel symbol: CUDA source} for each dtype of one kernel spec."""
-    template = env.get_template(f"{spec.family}.cu.j2")
-    return {f"{spec.name}_{kn.DTYPES[dtype][0]}": template.render(**spec.template_context(dtype)) for dtype in dtypes}
+def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
+    """One kernel's CUDA source: its family template instantiated for each dtype, in one
+    translation unit (templates/kernel_source.cu.j2)."""
+    family = env.get_template(f"{spec.family}.cu.j2")
+    bodies = [(kn.DTYPES[dtype][0], family.render(**spec.template_context(dtype)).strip("\n")) for dtype in dtypes]
+    return env.get_template("kernel_source.cu.j2").render(spec=spec, bodies=bodies)
 
 
-def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict[str, dict]:
-    """{kernel symbol: its full (uncut) name and specialisation} for MANIFEST.json."""
-    return {f"{spec.name}_{kn.DTYPES[dtype][0]}": {"full_name": f"{spec.full_name}_{kn.DTYPES[dtype][0]}",
-                                                  "specialisation": spec.summary} for dtype in dtypes}
+def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
+    """A kernel's full (uncut) name, specialisation and entry points (its binaries' functions,
+    by dtype) for MANIFEST.json."""
+    entries = {}
+    for dtype in dtypes:
+        suffix, _, itemsize = kn.DTYPES[dtype]
+        symbol = f"{spec.name}_{suffix}"
+        entries[suffix] = [symbol, *([f"{symbol}_few_rows"] if spec.few_rows(itemsize) else [])]
+    return {"full_name": spec.full_name, "specialisation": spec.summary, "entries": entries}
 
 
 def header_files(extra: dict[str, Path] | None = None) -> dict[str, Path]:
@@ -216,9 +222,9 @@ def included_headers(source: str, source_name: str, headers: dict[str, Path] | N
 
 
 class Compile(NamedTuple):
-    """One NVRTC compile: ``symbol``'s source for ``arch``, and with ``with_ptx`` (an sm_XY compile)
+    """One NVRTC compile: ``kernel``'s source for ``arch``, and with ``with_ptx`` (an sm_XY compile)
     its PTX kept as the compute_XY binary too."""
-    symbol: str
+    kernel: str
     source: str
     arch: str
     with_ptx: bool = False
@@ -231,20 +237,21 @@ class Compile(NamedTuple):
 
 
 # Up to this many compiles run on threads of the calling process, more in worker processes. NVRTC
-# releases the GIL and is thread-safe (the 336 shipped sources compiled for sm_90 on two threads
-# gave the same bytes), but two threads on two cores ran 1.6-1.7x one, two processes 1.95x; a
-# spawned worker costs 0.7 s to start (a fresh interpreter imports the compiler). Break-even is
-# near 75 compiles of 0.1 s: one kernel's edit (3 dtypes x 4 compiles) and the tests' small builds
-# take threads, a rebuild takes processes.
+# releases the GIL and is thread-safe (the shipped sources compiled for sm_90 on two threads gave
+# the same bytes), but two threads on two cores ran 1.6-1.7x one, two processes 1.95x; a spawned
+# worker costs 0.7 s to start (a fresh interpreter imports the compiler). With compiles of about
+# 0.2 s (a source holds every dtype) break-even is near 35 compiles, and at 64 processes would
+# save about 0.6 s: an edit of a few kernels (4 compiles each, one an arch) and the tests' small
+# builds take threads, a rebuild takes processes.
 THREADED_COMPILES = 64
 
 
 def _compile(job: Compile, headers: dict[str, str], pch_dir: Path) -> tuple[str, dict[str, bytes]]:
     from . import nvrtc
 
-    binaries = nvrtc.compile_source(job.source, f"kernels/{job.symbol}.cu", job.arch, headers,
+    binaries = nvrtc.compile_source(job.source, f"kernels/{job.kernel}.cu", job.arch, headers,
                                     [nvrtc.cuda_include_dir()], pch_dir, job.with_ptx)
-    return job.symbol, binaries
+    return job.kernel, binaries
 
 
 class _Worker:
@@ -285,8 +292,8 @@ def _compile_in_worker(job: Compile) -> tuple[str, dict[str, bytes]]:
     return _compile(job, _Worker.headers, _Worker.pch_dir)
 
 
-def binary_name(symbol: str, target: str) -> str:
-    return f"kernels/{symbol}.{target}.{'ptx' if target.startswith('compute_') else 'cubin'}"
+def binary_name(kernel: str, target: str) -> str:
+    return f"kernels/{kernel}.{target}.{'ptx' if target.startswith('compute_') else 'cubin'}"
 
 
 def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str]) -> dict[str, bytes]:
@@ -317,11 +324,11 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
             while pending:
                 done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
                 for future in done:
-                    symbol, compiled = future.result()  # re-raises a compile's NvrtcError here
-                    binaries.update((binary_name(symbol, target), binary) for target, binary in compiled.items())
+                    kernel, compiled = future.result()  # re-raises a compile's NvrtcError here
+                    binaries.update((binary_name(kernel, target), binary) for target, binary in compiled.items())
                     del pending[future]
                 in_flight = list(pending.values())[:workers]
-                progress.update(len(jobs) - len(pending), [f"{job.symbol}.{job.arch}" for job in in_flight])
+                progress.update(len(jobs) - len(pending), [f"{job.kernel}.{job.arch}" for job in in_flight])
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     return binaries
@@ -334,9 +341,9 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
     A binary is reused only when the previous MANIFEST.json records for its kernel the same source
     sha256 and header digests (``included_headers``), and for the binary the same NVRTC version
     and options, and the file's sha256 matches."""
-    manifest = {symbol: {"source": f"kernels/{symbol}.cu", "source_sha256": sha256(source.encode()),
-                         "headers": included_headers(source, f"kernels/{symbol}.cu", headers), "binaries": {}}
-                for symbol, source in sources.items()}
+    manifest = {kernel: {"source": f"kernels/{kernel}.cu", "source_sha256": sha256(source.encode()),
+                         "headers": included_headers(source, f"kernels/{kernel}.cu", headers), "binaries": {}}
+                for kernel, source in sources.items()}
     if not archs:  # a CPU-only package: sources, no binaries
         return {}, manifest
     from . import nvrtc
@@ -346,14 +353,14 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
     prior_manifest = read_manifest(previous) if previous is not None else None
     old = prior_manifest.get("kernels", {}) if prior_manifest is not None else {}
     files, jobs, stale_count = {}, [], 0
-    for symbol, source in sources.items():
-        entry = manifest[symbol]
-        prior = old.get(symbol, {})
+    for kernel, source in sources.items():
+        entry = manifest[kernel]
+        prior = old.get(kernel, {})
         key = ("source_sha256", "headers")  # the text it is compiled from
         same_text = {k: prior.get(k) for k in key} == {k: entry[k] for k in key}
         stale: dict[str, list[str]] = {}  # arch of a compile to make -> the stale targets it gives
         for target in archs:
-            name = binary_name(symbol, target)
+            name = binary_name(kernel, target)
             arch = nvrtc.compiled_with(target, archs)
             record = {"file": name, "nvrtc": version, "options": nvrtc.compile_options(arch)}
             prior_bin = prior.get("binaries", {}).get(target, {})
@@ -368,7 +375,7 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
         for arch, targets in stale.items():
             stale_count += len(targets)
             # a target other than the compile's own arch is its PTX (compiled_with)
-            jobs.append(Compile(symbol, source, arch, with_ptx=any(t != arch for t in targets)))
+            jobs.append(Compile(kernel, source, arch, with_ptx=any(t != arch for t in targets)))
     if jobs:
         progress.start(len(jobs), f"compiling {stale_count} kernel binaries in {len(jobs)} compiles with NVRTC "
                                   f"{version} ({len(sources) * len(archs) - stale_count} reused)")
@@ -378,7 +385,7 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
             progress.finish()
         # a compile for a stale compute_XY also gives its sm_XY cubin, which may have been reused
         files.update((name, binary) for name, binary in compiled.items() if name not in files)
-    for symbol, entry in manifest.items():
+    for kernel, entry in manifest.items():
         for target, record in entry["binaries"].items():
             record["sha256"] = sha256(files[record["file"]])
     return files, manifest
@@ -412,13 +419,10 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     headers = header_files(ext.headers)
     env = emit.environment()
     files: dict[str, str | bytes] = {}
-    sources: dict[str, str] = {}
-    details: dict[str, dict] = {}
-    for spec in unique.values():
-        sources.update(cuda_sources(spec, config.dtypes, env))
-        details.update(kernel_details(spec, config.dtypes))
-    for symbol, source in sources.items():
-        files[f"kernels/{symbol}.cu"] = source
+    sources = {name: cuda_source(spec, config.dtypes, env) for name, spec in unique.items()}
+    details = {name: kernel_details(spec, config.dtypes) for name, spec in unique.items()}
+    for name, source in sources.items():
+        files[f"kernels/{name}.cu"] = source
     shipped = {name for source in sources.values() for name in included_headers(source, "", headers)}
     for name, path in headers.items():  # shipped so the sources rebuild as they stand
         if name not in ext.headers or name in shipped:
@@ -441,8 +445,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
         pipelines=[p.pipeline for p in plans], dtypes=config.dtypes, archs=config.archs)
     previous = config.out if reuse and config.out.is_dir() else None
     binaries, manifest = compile_kernels(sources, config.archs, previous, progress, headers)
-    for symbol, entry in manifest.items():
-        entry.update(details[symbol])
+    for name, entry in manifest.items():
+        entry.update(details[name])
     files.update(binaries)
     files[MANIFEST] = manifest_bytes({
         "generator": "fusegen", "archs": list(config.archs), "dtypes": list(config.dtypes),

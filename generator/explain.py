@@ -1,7 +1,8 @@
 """`fusegen explain KERNEL`: one kernel of an output package as a reviewer wants to see it: what
-it was specialised for, its NVRTC options, and for each dtype and arch its binary's size and the
-registers and stack frame the compiler gave it (read from the cubin's .nv.info section: a stack
-frame above 0 bytes means local memory, i.e. spills), then its CUDA source."""
+it was specialised for, its NVRTC options, each arch's binary with its size and, for each of its
+functions (a dtype's kernel, a second entry point), the registers and stack frame the compiler gave
+it (read from the cubin's .nv.info section: a stack frame above 0 bytes means local memory, i.e.
+spills), then its CUDA source."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .output import MANIFEST
 
 EIATTR_FRAME_SIZE = 0x11  # bytes of local memory (stack) per thread
 EIATTR_REGCOUNT = 0x2F  # registers per thread
+ELF_SYMBOL_SIZE = 24  # an Elf64_Sym: name, info, other, section index, value, size
 EIFMT_SIZES = {1: 0, 2: 2, 3: 2}  # attribute formats with a fixed-size value; 4: a 2-byte size, then that many bytes
 
 
@@ -35,10 +37,23 @@ def elf_sections(image: bytes) -> dict[str, bytes]:
     return {name(h[0]): image[h[4]:h[4] + h[5]] for h in headers}
 
 
-def resources(image: bytes) -> dict[str, int]:
-    """The registers and stack frame bytes per thread a single-kernel cubin records."""
-    info = elf_sections(image).get(".nv.info", b"")
-    found, i = {}, 0
+def symbols(sections: dict[str, bytes]) -> list[str]:
+    """The names of an ELF file's symbols, by symbol index (.symtab entries, names in .strtab)."""
+    table, names = sections.get(".symtab", b""), sections.get(".strtab", b"")
+    found = []
+    for offset in range(0, len(table) - ELF_SYMBOL_SIZE + 1, ELF_SYMBOL_SIZE):
+        (start,) = struct.unpack_from("<I", table, offset)
+        found.append(names[start:names.index(b"\0", start)].decode())
+    return found
+
+
+def resources(image: bytes) -> dict[str, dict[str, int]]:
+    """{function: its registers and stack frame bytes per thread} as a cubin records them: the
+    .nv.info attributes, each (symbol index, value)."""
+    sections = elf_sections(image)
+    info, names = sections.get(".nv.info", b""), symbols(sections)
+    found: dict[str, dict[str, int]] = {}
+    i = 0
     while i + 2 <= len(info):
         fmt, attr = info[i], info[i + 1]
         i += 2
@@ -48,48 +63,48 @@ def resources(image: bytes) -> dict[str, int]:
         else:
             value, i = info[i:i + EIFMT_SIZES[fmt]], i + EIFMT_SIZES[fmt]
         if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE) and len(value) == 8:  # (function index, value)
-            found["registers" if attr == EIATTR_REGCOUNT else "stack_frame"] = struct.unpack("<II", value)[1]
+            function, number = struct.unpack("<II", value)
+            found.setdefault(names[function], {})["registers" if attr == EIATTR_REGCOUNT else "stack_frame"] = number
     return found
 
 
 def explain(package: Path, where: str, kernel: str) -> str:
-    """The report for ``kernel`` (with or without its dtype suffix) of the package in ``package``."""
+    """The report for ``kernel`` (with or without a dtype suffix) of the package in ``package``."""
     manifest_file = package / MANIFEST
     if not manifest_file.is_file():
         raise UsageError(f"{where} holds no {MANIFEST}: generate the package first (`fusegen generate`)")
     kernels = json.loads(manifest_file.read_text())["kernels"]
     suffixes = [suffix for suffix, *_ in DTYPES.values()]
-    base = next((kernel[:-len(s) - 1] for s in suffixes if kernel.endswith("_" + s)), kernel)
-    symbols = [f"{base}_{s}" for s in suffixes if f"{base}_{s}" in kernels]
-    if not symbols:
-        names = sorted({name.rsplit("_", 1)[0] for name in kernels})
-        close = difflib.get_close_matches(base, names, n=3)
+    name = next((kernel[:-len(s) - 1] for s in suffixes if kernel.endswith("_" + s)), kernel)
+    if name not in kernels:
+        close = difflib.get_close_matches(name, kernels, n=3)
         hint = (f"; did you mean {', '.join(close)}?" if close
-                else f"; it has {len(names)} kernels (see {where}/kernels/)")
+                else f"; it has {len(kernels)} kernels (see {where}/kernels/)")
         raise UsageError(f"{where} has no kernel named {kernel!r}{hint}")
-    first = kernels[symbols[0]]
-    lines = [f"kernel {base}: {first.get('specialisation', '')}"]
-    if first.get("full_name", symbols[0]) != symbols[0]:
-        lines.append(f"full name: {first['full_name'].rsplit('_', 1)[0]} (cut to {base})")
-    options = {tuple(o for o in b["options"] if not o.startswith("--gpu-architecture"))
-               for s in symbols for b in kernels[s]["binaries"].values()}
-    nvrtc = sorted({b["nvrtc"] for s in symbols for b in kernels[s]["binaries"].values()})
+    entry = kernels[name]
+    lines = [f"kernel {name}: {entry.get('specialisation', '')}"]
+    if entry.get("full_name", name) != name:
+        lines.append(f"full name: {entry['full_name']} (cut to {name})")
+    options = {tuple(o for o in b["options"] if not o.startswith("--gpu-architecture")) for b in entry["binaries"].values()}
+    nvrtc = sorted({b["nvrtc"] for b in entry["binaries"].values()})
     for opts in sorted(options):
         lines.append(f"NVRTC {', '.join(nvrtc)}: --gpu-architecture=<arch> {' '.join(opts)}")
-    lines += ["", f"{'binary':44} {'bytes':>9} {'registers':>9} {'stack frame':>11}"]
-    for symbol in symbols:
-        by_arch = sorted(kernels[symbol]["binaries"].items(),  # cubins by number, then PTX
-                         key=lambda item: (item[0].startswith("compute"), int(item[0].split("_")[1])))
-        for arch, binary in by_arch:
-            path = package / binary["file"]
-            size = path.stat().st_size if path.is_file() else 0
-            found = resources(path.read_bytes()) if path.is_file() and arch.startswith("sm_") else {}
-            registers = found.get("registers", "-")
-            frame = f"{found['stack_frame']} B" if "stack_frame" in found else "-"
-            lines.append(f"{binary['file'].split('/')[-1]:44} {size:>9} {registers:>9} {frame:>11}")
+    functions = [symbol for symbols_of_dtype in entry.get("entries", {}).values() for symbol in symbols_of_dtype]
+    lines += ["", f"{'binary, then its functions':44} {'bytes':>9} {'registers':>9} {'stack frame':>11}"]
+    by_arch = sorted(entry["binaries"].items(),  # cubins by number, then PTX
+                     key=lambda item: (item[0].startswith("compute"), int(item[0].split("_")[1])))
+    for arch, binary in by_arch:
+        path = package / binary["file"]
+        size = path.stat().st_size if path.is_file() else 0
+        found = resources(path.read_bytes()) if path.is_file() and arch.startswith("sm_") else {}
+        lines.append(f"{binary['file'].split('/')[-1]:44} {size:>9}")
+        for function in functions:
+            own = found.get(function, {})
+            frame = f"{own['stack_frame']} B" if "stack_frame" in own else "-"
+            lines.append(f"  {function:42} {'':>9} {own.get('registers', '-'):>9} {frame:>11}")
     lines.append("(registers and stack frame per thread, as the cubin records them; a stack frame above 0 B "
                  "is local memory: spills or local arrays; PTX is compiled by the driver, so it has neither)")
-    source = package / "kernels" / f"{symbols[0]}.cu"
-    lines += ["", f"--- {where}/kernels/{symbols[0]}.cu ---", source.read_text().rstrip() if source.is_file()
-              else "(missing: regenerate the package)"]
+    source = package / entry.get("source", f"kernels/{name}.cu")
+    lines += ["", f"--- {where}/{entry.get('source', f'kernels/{name}.cu')} ---",
+              source.read_text().rstrip() if source.is_file() else "(missing: regenerate the package)"]
     return "\n".join(lines)

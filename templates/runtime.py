@@ -2,7 +2,8 @@
 templates/runtime.py; do not edit.
 
 Prebuilt only: every kernel was compiled ahead of time into ``kernels/<name>.sm_XY.cubin`` files
-(plus, optionally, ``compute_XY.ptx`` for GPUs newer than every cubin); nothing is compiled here.
+(plus, optionally, ``compute_XY.ptx`` for GPUs newer than every cubin), one binary holding the
+kernel's functions for every dtype (``<name>_<dtype suffix>``); nothing is compiled here.
 A kernel is loaded on its first launch: the binary for the device's compute capability, checked
 against the sha256 MANIFEST.json records for it, is loaded once per process with
 cuLibraryLoadData (context-independent) and bound to each device's primary context once.
@@ -38,7 +39,7 @@ class KernelIntegrityError(RuntimeError):
     """A kernel binary's bytes are not the ones MANIFEST.json records for it."""
 
 
-def verified_binary(full_name, file):
+def verified_binary(name, file):
     """The bytes of ``kernels/<file>``, checked against the sha256 MANIFEST.json records for it
     (the manifest is read once, on the first load): a binary changed or damaged after generation
     is never handed to the driver."""
@@ -46,13 +47,13 @@ def verified_binary(full_name, file):
     arch = f"sm_{arch['sm']}" if arch["sm"] else f"compute_{arch['compute']}"
     if "kernels" not in _MANIFEST:
         _MANIFEST.update(json.loads((KERNELS_DIR.parent / "MANIFEST.json").read_text()))
-    entry = _MANIFEST["kernels"].get(full_name, {}).get("binaries", {}).get(arch)
+    entry = _MANIFEST["kernels"].get(name, {}).get("binaries", {}).get(arch)
     image = (KERNELS_DIR / file).read_bytes()
     digest = hashlib.sha256(image).hexdigest()
     if entry is None or digest != entry["sha256"]:
         why = ("MANIFEST.json records no such binary" if entry is None else
                f"its sha256 is {digest}, MANIFEST.json records {entry['sha256']}")
-        raise KernelIntegrityError(f"kernel {full_name}: {KERNELS_DIR / file} is not the binary "
+        raise KernelIntegrityError(f"kernel {name}: {KERNELS_DIR / file} is not the binary "
                                    f"fusegen generated ({why}); regenerate the package with "
                                    "`fusegen generate`")
     return image
@@ -187,14 +188,14 @@ def select_binary(available, capability):
     return ptx[max(older_ptx)] if older_ptx else None
 
 
-def choose_binary(full_name, available, capability):
-    """select_binary among the files of one kernel, or KernelNotAvailableError saying what to do."""
-    own = sorted(f for f in available if f.startswith(full_name + ".") and BINARY_FILE.fullmatch(f))
+def choose_binary(name, available, capability):
+    """select_binary among the files of kernel ``name``, or KernelNotAvailableError saying what to do."""
+    own = sorted(f for f in available if f.startswith(name + ".") and BINARY_FILE.fullmatch(f))
     chosen = select_binary(own, capability)
     if chosen is None:
         arch = f"sm_{capability[0]}{capability[1]}"
         raise KernelNotAvailableError(
-            f"kernel {full_name} has no binary for this GPU ({arch}); found: "
+            f"kernel {name} has no binary for this GPU ({arch}); found: "
             f"{', '.join(own) or 'none'} in {KERNELS_DIR}. Add \"{arch}\" to the archs of "
             "[tool.fusegen] in the pyproject.toml that generated this package (or pass --archs) "
             "and run `fusegen generate`.")
@@ -217,7 +218,7 @@ def _check(result, full_name, what):
 
 _LOCK = threading.Lock()  # guards the load path; launches read the caches without it
 _STATE = {"initialized": False}
-_FILES = {}  # full name -> binary file names present in KERNELS_DIR
+_FILES = {}  # kernel name -> its binary files present in KERNELS_DIR
 _LIBRARIES = {}  # file name -> (CUlibrary, image kept alive alongside)
 _FUNCTIONS = {}  # (entry symbol, device index) -> CUfunction bound to that device's primary context
 _PRIMARY = {}  # device index -> primary context retained here (only if none was current)
@@ -242,40 +243,39 @@ def _ensure_context(full_name, index):
 DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
-def _load(full_name, index, shared=0, symbol=None):
-    """The function ``symbol`` (default: the kernel's own, ``full_name``; a second entry point of
-    the same binary, e.g. a norm forward's ``<full name>_few_rows``) on device ``index``."""
+def _load(name, symbol, index, shared=0):
+    """The function ``symbol`` of kernel ``name``'s binary (``<name>_<dtype suffix>``, or a second
+    entry point such as a norm forward's ``<name>_<dtype suffix>_few_rows``) on device ``index``."""
     driver = _driver()
     torch.cuda.init()  # PyTorch creates the primary contexts; the driver calls below use them
-    symbol = symbol or full_name
     with _LOCK:
         if (symbol, index) in _FUNCTIONS:  # another thread got here first
             return _FUNCTIONS[symbol, index]
         if not _STATE["initialized"]:
-            _check(driver.cuInit(0)[0], full_name, "cuInit")
+            _check(driver.cuInit(0)[0], symbol, "cuInit")
             _STATE["initialized"] = True
-        if full_name not in _FILES:
-            names = [p.name for p in KERNELS_DIR.glob(f"{full_name}.*")] if KERNELS_DIR.is_dir() else []
-            _FILES[full_name] = sorted(names)
-        chosen = choose_binary(full_name, _FILES[full_name], torch.cuda.get_device_capability(index))
+        if name not in _FILES:
+            files = [p.name for p in KERNELS_DIR.glob(f"{name}.*")] if KERNELS_DIR.is_dir() else []
+            _FILES[name] = sorted(files)
+        chosen = choose_binary(name, _FILES[name], torch.cuda.get_device_capability(index))
         if chosen not in _LIBRARIES:
-            image = verified_binary(full_name, chosen)
+            image = verified_binary(name, chosen)
             if chosen.endswith(".ptx"):
                 image += b"\0"  # the driver takes PTX as a NUL-terminated string
             err, library = driver.cuLibraryLoadData(image, None, None, 0, None, None, 0)
-            _check(err, full_name, f"cuLibraryLoadData({chosen})")
+            _check(err, symbol, f"cuLibraryLoadData({chosen})")
             _LIBRARIES[chosen] = (library, image)
         err, kernel = driver.cuLibraryGetKernel(_LIBRARIES[chosen][0], symbol.encode())
-        _check(err, full_name, f"cuLibraryGetKernel({symbol}) in {chosen}")
+        _check(err, symbol, f"cuLibraryGetKernel({symbol}) in {chosen}")
         with torch.cuda.device(index):
-            _ensure_context(full_name, index)
+            _ensure_context(symbol, index)
             # With a PTX file the driver JIT-compiles here; an old driver fails with
             # CUDA_ERROR_UNSUPPORTED_PTX_VERSION (then add the GPU's sm_XY to archs instead).
             err, function = driver.cuKernelGetFunction(kernel)
-            _check(err, full_name, f"cuKernelGetFunction({chosen}) on device {index}")
+            _check(err, symbol, f"cuKernelGetFunction({chosen}) on device {index}")
             if shared > DEFAULT_SHARED_LIMIT:
                 limit = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                _check(driver.cuFuncSetAttribute(function, limit, shared)[0], full_name,
+                _check(driver.cuFuncSetAttribute(function, limit, shared)[0], symbol,
                        f"raising its dynamic shared memory to {shared} bytes on device {index}")
         _FUNCTIONS[symbol, index] = function
         return function
@@ -360,7 +360,7 @@ class Kernel:
         global _LAUNCH, _LAUNCH_COOPERATIVE, _SUCCESS
         full = self._full_name(dtype)
         symbol = f"{full}_{self.entry}" if self.entry else full
-        function = _FUNCTIONS.get((symbol, index)) or _load(full, index, self.shared, symbol)
+        function = _FUNCTIONS.get((symbol, index)) or _load(self.name, symbol, index, self.shared)
         if _LAUNCH is None:
             driver = _driver()
             _LAUNCH, _LAUNCH_COOPERATIVE = driver.cuLaunchKernel, driver.cuLaunchCooperativeKernel

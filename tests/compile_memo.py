@@ -45,9 +45,9 @@ def remembering(run_compiles):
         compiled = run_compiles(missing, _Shifted(progress, len(jobs) - len(missing)), headers) if missing else {}
         for job, key in zip(jobs, keys):
             if key not in _binaries:
-                _binaries[key] = {t: compiled[build.binary_name(job.symbol, t)] for t in job.targets}
+                _binaries[key] = {t: compiled[build.binary_name(job.kernel, t)] for t in job.targets}
         progress.update(len(jobs), [])
-        return {build.binary_name(job.symbol, target): binary
+        return {build.binary_name(job.kernel, target): binary
                 for job, key in zip(jobs, keys) for target, binary in _binaries[key].items()}
 
     return run

@@ -59,7 +59,7 @@ def srelu_bwd(x, dy):
 
 register(OpDef(
     # its own kind: the no-grad forward's GEMM epilogue can take it (fusion_rules/linear_epilogue.py)
-    "GELU", "gelu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "gelu", device_struct="fg::Gelu",
+    "GELU", "gelu", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "gelu", device_struct="fg::Gelu<Math>",
     reference=(gelu, gelu_bwd), summary="tanh-approximated GELU", needs_input_in_backward=True,
     reference_helpers=(addmm_gelu,),
 ))
@@ -69,7 +69,7 @@ register(OpDef(
     reference=(relu, relu_bwd), summary="max(x, 0)", needs_input_in_backward=True, backward_from_output=True,
 ))
 register(OpDef(
-    "SiLU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "silu", device_struct="fg::Silu",
+    "SiLU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "silu", device_struct="fg::Silu<Math>",
     reference=(silu, silu_bwd), summary="x * sigmoid(x)", needs_input_in_backward=True,
 ))
 register(OpDef(
@@ -88,6 +88,6 @@ def qgelu_bwd(x, dy):
 
 
 register(OpDef(
-    "QGELU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "qgelu", device_struct="fg::Qgelu",
+    "QGELU", "activation", args=(CACHE_QUANTIZED_INPUT,), tag=lambda a: "qgelu", device_struct="fg::Qgelu<Math>",
     reference=(qgelu, qgelu_bwd), summary="x * sigmoid(1.702 x) (quick GELU)", needs_input_in_backward=True,
 ))

@@ -81,9 +81,9 @@ def clamped_swiglu_bwd(x, dy, limit, alpha, offset):
     return torch.cat([da, db], dim=-1)
 
 
-_simple_glu("SwiGLU", "swiglu", "fg::SwiGLU", swiglu, swiglu_bwd, (silu, silu_bwd),
+_simple_glu("SwiGLU", "swiglu", "fg::SwiGLU<Math>", swiglu, swiglu_bwd, (silu, silu_bwd),
             "silu(a) * b, a = first half", interleaves=True)
-_simple_glu("GEGLU", "geglu", "fg::GeGLU", geglu, geglu_bwd, (gelu, gelu_bwd),
+_simple_glu("GEGLU", "geglu", "fg::GeGLU<Math>", geglu, geglu_bwd, (gelu, gelu_bwd),
             "gelu_tanh(a) * b, a = first half")
 register(OpDef(
     # GPT-OSS: a' = min(a, limit); y = a' * sigmoid(alpha * a') * (clamp(b, -limit, limit) + offset)
@@ -96,7 +96,7 @@ register(OpDef(
         (("l", "limit", 7.0), ("a", "alpha", 1.702), ("o", "glu_linear_offset", 1.0)) if a[name] != default)
     + _interleave_tag(a),
     interleave=lambda a: a["glu_interleave_size"],
-    device_struct="fg::ClampedSwiGLU", device_args=lambda a: (a["limit"], a["alpha"], a["glu_linear_offset"]),
+    device_struct="fg::ClampedSwiGLU<Math>", device_args=lambda a: (a["limit"], a["alpha"], a["glu_linear_offset"]),
     out_features=lambda a, n: n // 2,
     reference=(clamped_swiglu, clamped_swiglu_bwd),
     summary="min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, -limit, limit) + offset), a = first half",
@@ -159,8 +159,8 @@ def situglu_bwd(x, dy, beta1, beta2):
     return torch.cat([da, db], dim=-1)
 
 
-_simple_glu("GLU", "glu", "fg::GLU", glu, glu_bwd, (sigmoid, sigmoid_bwd), "sigmoid(a) * b, a = first half")
-_simple_glu("QGEGLU", "qgeglu", "fg::QGeGLU", qgeglu, qgeglu_bwd, (qgelu, qgelu_bwd),
+_simple_glu("GLU", "glu", "fg::GLU<Math>", glu, glu_bwd, (sigmoid, sigmoid_bwd), "sigmoid(a) * b, a = first half")
+_simple_glu("QGEGLU", "qgeglu", "fg::QGeGLU<Math>", qgeglu, qgeglu_bwd, (qgelu, qgelu_bwd),
             "a * sigmoid(1.702 a) * b, a = first half")
 _simple_glu("ReGLU", "reglu", "fg::ReGLU", reglu, reglu_bwd, (relu, relu_bwd), "relu(a) * b, a = first half")
 _simple_glu("SReGLU", "sreglu", "fg::SReGLU", sreglu, sreglu_bwd, (srelu, srelu_bwd),
@@ -174,7 +174,7 @@ register(OpDef(
         f"_{key}{float_tag(a[name])}" for key, name, default in (("b", "beta1", 4.0), ("c", "beta2", 25.0))
         if a[name] != default) + _interleave_tag(a),
     interleave=lambda a: a["glu_interleave_size"],
-    device_struct="fg::SiTUGLU", device_args=lambda a: (a["beta1"], a["beta2"]),
+    device_struct="fg::SiTUGLU<Math>", device_args=lambda a: (a["beta1"], a["beta2"]),
     out_features=lambda a, n: n // 2,
     reference=(situglu, situglu_bwd),
     summary="beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2), a = first half",

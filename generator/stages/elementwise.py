@@ -322,7 +322,7 @@ def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
     tags = "_".join(op.tag for op in stage.ops)
     return kn.make_spec(
         kn.kernel_name(tags, f"fwd_{suffix}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
-        abi=abi, operands=operands, returned=["y", *written], headers=device_headers(stage),
+        abi=abi, operands=operands, returned=["y", *written], headers=("common.cuh", *device_headers(stage)),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None, steps=steps,
         threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd"), **{**size, **_interleave(stage, size)},
     )
@@ -384,7 +384,8 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     return kn.make_spec(
         kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
         ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
-        abi=abi, operands=operands, returned=written + reduced, headers=device_headers(stage),
+        abi=abi, operands=operands, returned=written + reduced,
+        headers=("column_sum.cuh" if column_tiled else "common.cuh", *device_headers(stage)),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps),
         threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier),

@@ -123,7 +123,7 @@ def norm_forward(stage) -> kn.KernelSpec:
         abi=(P("x", "const T*"), *(P(o, ctypes[o]) for o in operands), P("residual", "const T*", residual),
              P("gamma", "const T*", not l2), P("beta", "const T*", layernorm), P("y", "T*"),
              P("residual_out", "T*", writes_h), P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
-        operands=operands, headers=ew.device_headers(stage) if before or after else (),
+        operands=operands, headers=("norm.cuh", *(ew.device_headers(stage) if before or after else ())),
         hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, l2=l2, residual=residual,
         writes_h=writes_h, prologue=prologue, epilogue=epilogue, steps=prologue + epilogue,
         prologue_members=tuple(members[0]), epilogue_members=tuple(members[1]),
@@ -147,6 +147,7 @@ def norm_backward(stage) -> kn.KernelSpec:
     grad_columns = norm.in_features * len(_params(norm))
     return kn.make_spec(
         name, "norm_bwd", norm.describe(kernel=True) + (" backward, + residual grad" if add_dresidual else " backward"),
+        headers=("norm.cuh",),
         abi=(P("dy", "const T*"), P("x", "const T*"), P("mean", "const float*", layernorm),
              P("rstd", "const float*"), P("gamma", "const T*", not l2), P("dresidual", "const T*", add_dresidual),
              P("dx", "T*"), P("partials", "float*", not l2), P("grads", "T*", not l2), P("rows", "int")),

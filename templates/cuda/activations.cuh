@@ -8,29 +8,16 @@
 
 namespace fg {
 
-// Precision of exp and division. A kernel whose tensors are 16-bit defines FG_FAST_MATH 1 before
-// its includes (the .cu templates do, from the dtype): exp and division then use the hardware's
-// approximations (__expf, __fdividef: ex2.approx, rcp.approx), a few fp32 ulp, far below a 16-bit
-// output's rounding, and cheap enough that the activation stops limiting a forward: Bias + GELU
-// at [16384 x 8192] bf16 on an H100 198 -> 180 µs (91 -> 100% of copy), SwiGLU at [4096 x 2048]
-// 7.2 -> 5.1 µs (bench/NOTES.md). fp32 kernels keep expf and IEEE division: their results are
-// held to fp32's own roundoff (a row-scaled GLU's scale grad, a sum over 8192 columns, exceeded 4
-// units of it with the approximations), and at 4 bytes an element the math is off the critical
-// path anyway (fp32 Bias + GELU ran at 101% of copy with expf).
-#ifndef FG_FAST_MATH
-#define FG_FAST_MATH 0
-#endif
-__device__ __forceinline__ float exp_(float x) { return FG_FAST_MATH ? __expf(x) : expf(x); }
-__device__ __forceinline__ float div_(float a, float b) { return FG_FAST_MATH ? __fdividef(a, b) : a / b; }
-
-// With FG_FAST_MATH, for x below about -88 the fast division returns 0 (1 + e beyond 2^126)
-// where the exact result is under 1e-38.
-__device__ __forceinline__ float sigmoid(float x) { return div_(1.f, 1.f + exp_(-x)); }
+// With FastMath, for x below about -88 the fast division returns 0 (1 + e beyond 2^126) where
+// the exact result is under 1e-38.
+template <typename Math>
+__device__ __forceinline__ float sigmoid(float x) { return Math::div(1.f, 1.f + Math::exp(-x)); }
 
 // GELU, tanh approximation: f(x) = x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3).
 // (1 + tanh u) / 2 and 1 - tanh^2 u are formed from e = exp(-2|u|) (tanh|u| = (1 - e) / (1 + e)),
 // not from a rounded tanh: near tanh u = -1 (x below about -2) and |tanh u| = 1, 1 + t and 1 - t^2
 // cancel and would leave tanhf's rounding error as the whole result.
+template <typename Math>
 struct Gelu {
   struct Parts {
     float half_one_plus_tanh;  // (1 + tanh u) / 2
@@ -38,8 +25,8 @@ struct Gelu {
   };
   static __device__ __forceinline__ float u(float x) { return x * (0.79788456f + 0.03567741f * x * x); }
   static __device__ __forceinline__ Parts parts(float u) {
-    const float e = exp_(-2.f * fabsf(u));
-    const float r = div_(1.f, 1.f + e);
+    const float e = Math::exp(-2.f * fabsf(u));
+    const float r = Math::div(1.f, 1.f + e);
     return {u >= 0.f ? r : e * r, 4.f * e * r * r};
   }
   static __device__ __forceinline__ float fwd(float x) { return x * parts(u(x)).half_one_plus_tanh; }
@@ -87,10 +74,11 @@ struct Relu {
   static __device__ __forceinline__ float bwd(float x, float dy) { return x > 0.f ? dy : 0.f; }
 };
 
+template <typename Math>
 struct Silu {
-  static __device__ __forceinline__ float fwd(float x) { return x * sigmoid(x); }
+  static __device__ __forceinline__ float fwd(float x) { return x * sigmoid<Math>(x); }
   static __device__ __forceinline__ float bwd(float x, float dy) {
-    const float s = sigmoid(x);
+    const float s = sigmoid<Math>(x);
     return dy * (s + x * s * (1.f - s));
   }
 };
@@ -100,18 +88,20 @@ struct Srelu {  // squared ReLU
   static __device__ __forceinline__ float bwd(float x, float dy) { return dy * fmaxf(2.f * x, 0.f); }
 };
 
+template <typename Math>
 struct Qgelu {  // quick GELU: x * sigmoid(1.702 x)
-  static __device__ __forceinline__ float fwd(float x) { return x * sigmoid(1.702f * x); }
+  static __device__ __forceinline__ float fwd(float x) { return x * sigmoid<Math>(1.702f * x); }
   static __device__ __forceinline__ float bwd(float x, float dy) {
-    const float s = sigmoid(1.702f * x);
+    const float s = sigmoid<Math>(1.702f * x);
     return dy * (s + 1.702f * x * s * (1.f - s));
   }
 };
 
+template <typename Math>
 struct Sigmoid {  // the gate of GLU
-  static __device__ __forceinline__ float fwd(float x) { return sigmoid(x); }
+  static __device__ __forceinline__ float fwd(float x) { return sigmoid<Math>(x); }
   static __device__ __forceinline__ float bwd(float x, float dy) {
-    const float s = sigmoid(x);
+    const float s = sigmoid<Math>(x);
     return dy * s * (1.f - s);
   }
 };
@@ -126,22 +116,23 @@ struct Glu {
   }
 };
 
-// Named structs (not aliases) so kernels and forward declarations can spell fg::SwiGLU as a type.
-struct SwiGLU : Glu<Silu> {};
-struct GeGLU : Glu<Gelu> {};
-struct GLU : Glu<Sigmoid> {};
-struct QGeGLU : Glu<Qgelu> {};
+// Named structs (not aliases), so kernels and forward declarations spell fg::SwiGLU<Math> as a type.
+template <typename Math> struct SwiGLU : Glu<Silu<Math>> {};
+template <typename Math> struct GeGLU : Glu<Gelu<Math>> {};
+template <typename Math> struct GLU : Glu<Sigmoid<Math>> {};
+template <typename Math> struct QGeGLU : Glu<Qgelu<Math>> {};
 struct ReGLU : Glu<Relu> {};
 struct SReGLU : Glu<Srelu> {};
 
 // SiTU GLU: act(a) = beta1 tanh(a / beta1) sigmoid(a), g(b) = beta2 tanh(b / beta2).
+template <typename Math>
 struct SiTUGLU {
   float beta1, beta2;
   __device__ __forceinline__ float fwd(float a, float b) const {
-    return beta1 * tanhf(a / beta1) * sigmoid(a) * (beta2 * tanhf(b / beta2));
+    return beta1 * tanhf(a / beta1) * sigmoid<Math>(a) * (beta2 * tanhf(b / beta2));
   }
   __device__ __forceinline__ void bwd(float a, float b, float dy, float& da, float& db) const {
-    const float t = tanhf(a / beta1), s = sigmoid(a), u = tanhf(b / beta2);
+    const float t = tanhf(a / beta1), s = sigmoid<Math>(a), u = tanhf(b / beta2);
     da = dy * beta2 * u * ((1.f - t * t) * s + beta1 * t * s * (1.f - s));
     db = dy * beta1 * t * s * (1.f - u * u);
   }
@@ -149,14 +140,15 @@ struct SiTUGLU {
 
 // GPT-OSS SwiGLU: the gate is clamped from above, the linear half on both sides and offset;
 // each clamp passes no gradient where it is active (TE: zero where a > limit, |b| > limit).
+template <typename Math>
 struct ClampedSwiGLU {
   float limit, alpha, offset;
   __device__ __forceinline__ float fwd(float a, float b) const {
     const float g = fminf(a, limit);
-    return g * sigmoid(alpha * g) * (fminf(fmaxf(b, -limit), limit) + offset);
+    return g * sigmoid<Math>(alpha * g) * (fminf(fmaxf(b, -limit), limit) + offset);
   }
   __device__ __forceinline__ void bwd(float a, float b, float dy, float& da, float& db) const {
-    const float g = fminf(a, limit), s = sigmoid(alpha * g);
+    const float g = fminf(a, limit), s = sigmoid<Math>(alpha * g);
     const float linear = fminf(fmaxf(b, -limit), limit) + offset;
     da = a > limit ? 0.f : dy * linear * (s + alpha * g * s * (1.f - s));
     db = fabsf(b) > limit ? 0.f : dy * g * s;

@@ -23,12 +23,12 @@ FAMILY_HEADERS = {"norm": {"norm.cuh", "column_sum.cuh", "common.cuh"},
                   "elementwise_sums": {"activations.cuh", "column_sum.cuh", "common.cuh"}}
 
 
-def family(symbol):
-    if "norm_" in symbol:
+def family(kernel):
+    if "norm_" in kernel:
         return "norm"
-    if symbol.startswith("bias_gelu_bwd_"):
+    if kernel.startswith("bias_gelu_bwd_"):
         return "elementwise_sums"
-    return "column_sum" if symbol.startswith("column_sum_") else "elementwise"
+    return "column_sum" if kernel.startswith("column_sum_") else "elementwise"
 
 
 def _config(root):
@@ -47,7 +47,7 @@ def first_build(tmp_path_factory):
 @pytest.fixture
 def package(tmp_path, monkeypatch, first_build):
     """A written package built from a copy of templates/cuda (which the test may edit), and the
-    (symbol, target) of every binary each later build_package compiles. The package starts as
+    (kernel, target) of every binary each later build_package compiles. The package starts as
     the first build's copy, which a build here then owns and reuses whole."""
     headers = tmp_path / "cuda"
     shutil.copytree(build.CUDA_HEADERS, headers)
@@ -61,7 +61,7 @@ def package(tmp_path, monkeypatch, first_build):
     run_compiles = build.run_compiles
 
     def counting(jobs, progress, headers):  # jobs run in worker processes: count them here, in the parent
-        compiled.extend((job.symbol, job.arch) for job in jobs)
+        compiled.extend((job.kernel, job.arch) for job in jobs)
         return run_compiles(jobs, progress, headers)
 
     monkeypatch.setattr(build, "run_compiles", counting)
@@ -77,8 +77,8 @@ def test_manifest_records_each_kernels_own_headers(package):
     manifest = json.loads((config.out / output.MANIFEST).read_text())
     assert "cuda_headers" not in manifest  # no global digest: each kernel records its own
     assert {family(s) for s in manifest["kernels"]} == set(FAMILY_HEADERS)
-    for symbol, entry in manifest["kernels"].items():
-        assert set(entry["headers"]) == FAMILY_HEADERS[family(symbol)], symbol
+    for kernel, entry in manifest["kernels"].items():
+        assert set(entry["headers"]) == FAMILY_HEADERS[family(kernel)], kernel
         for name, digest in entry["headers"].items():
             assert digest == build.sha256((headers / name).read_bytes())
     # the headers still ship beside the sources, so they rebuild as they stand
@@ -108,9 +108,9 @@ def test_a_header_edit_recompiles_only_the_kernels_that_include_it(package, head
     after = kernels_of(files)
     expected = {(s, "sm_90") for s in after if family(s) in families}
     assert expected and sorted(compiled) == sorted(expected)
-    for symbol, entry in after.items():  # the new digest is recorded where the header is included
-        changed = {n for n in entry["headers"] if entry["headers"][n] != before[symbol]["headers"][n]}
-        assert changed == ({header} if family(symbol) in families else set()), symbol
+    for kernel, entry in after.items():  # the new digest is recorded where the header is included
+        changed = {n for n in entry["headers"] if entry["headers"][n] != before[kernel]["headers"][n]}
+        assert changed == ({header} if family(kernel) in families else set()), kernel
 
     compiled.clear()
     assert build.build_package(config, reuse=False) == files  # reusing gives a from-scratch build's bytes

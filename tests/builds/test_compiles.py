@@ -15,38 +15,37 @@ from fusegen.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = json.loads((ROOT / "generated" / output.MANIFEST).read_text())["kernels"]
-# One shipped kernel of each template, in a 16-bit dtype (fast math) and in float32.
-KERNELS = [next(s for s in sorted(MANIFEST) if s.startswith(prefix) and s.endswith(dtype))
-           for prefix in ("add_fwd_", "bias_gelu_bwd_", "rmsnorm_fwd_", "layernorm_bwd_", "column_sum_")
-           for dtype in ("_bf16", "_fp32")]
+# One shipped kernel of each template (each source holds every dtype: 16-bit ones with fast math).
+KERNELS = [next(k for k in sorted(MANIFEST) if k.startswith(prefix))
+           for prefix in ("add_fwd_", "bias_gelu_bwd_", "rmsnorm_fwd_", "layernorm_bwd_", "column_sum_")]
 
 
-def shipped_source(symbol):
-    return (ROOT / "generated" / MANIFEST[symbol]["source"]).read_text()
+def shipped_source(kernel):
+    return (ROOT / "generated" / MANIFEST[kernel]["source"]).read_text()
 
 
-def compile_shipped(symbol, target, pch_dir, with_ptx=False):
-    return nvrtc.compile_source(shipped_source(symbol), f"kernels/{symbol}.cu", target, build.cuda_headers(),
+def compile_shipped(kernel, target, pch_dir, with_ptx=False):
+    return nvrtc.compile_source(shipped_source(kernel), f"kernels/{kernel}.cu", target, build.cuda_headers(),
                                 [nvrtc.cuda_include_dir()], pch_dir, with_ptx)
 
 
-@pytest.mark.parametrize("symbol", KERNELS)
-def test_an_sm_compile_gives_the_ptx_of_a_compute_compile(symbol, tmp_path):
-    both = compile_shipped(symbol, "sm_80", tmp_path, with_ptx=True)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_an_sm_compile_gives_the_ptx_of_a_compute_compile(kernel, tmp_path):
+    both = compile_shipped(kernel, "sm_80", tmp_path, with_ptx=True)
     assert set(both) == {"sm_80", "compute_80"}
-    assert both["compute_80"] == compile_shipped(symbol, "compute_80", tmp_path)["compute_80"]
-    assert both["sm_80"] == compile_shipped(symbol, "sm_80", tmp_path)["sm_80"]
+    assert both["compute_80"] == compile_shipped(kernel, "compute_80", tmp_path)["compute_80"]
+    assert both["sm_80"] == compile_shipped(kernel, "sm_80", tmp_path)["sm_80"]
     # and the shipped binaries, built with the speed-only options, are the same bytes
-    assert both["sm_80"] == (ROOT / "generated" / f"kernels/{symbol}.sm_80.cubin").read_bytes()
-    assert both["compute_80"] == (ROOT / "generated" / f"kernels/{symbol}.compute_80.ptx").read_bytes()
+    assert both["sm_80"] == (ROOT / "generated" / f"kernels/{kernel}.sm_80.cubin").read_bytes()
+    assert both["compute_80"] == (ROOT / "generated" / f"kernels/{kernel}.compute_80.ptx").read_bytes()
 
 
 def test_speed_options_change_no_binary(tmp_path, monkeypatch):
     """-minimal and --pch only make NVRTC faster: without them, the same bytes."""
-    symbol = KERNELS[2]
-    fast = compile_shipped(symbol, "sm_90", tmp_path)
+    kernel = KERNELS[2]
+    fast = compile_shipped(kernel, "sm_90", tmp_path)
     monkeypatch.setattr(nvrtc, "SPEED_OPTIONS", ())
-    assert compile_shipped(symbol, "sm_90", tmp_path) == fast
+    assert compile_shipped(kernel, "sm_90", tmp_path) == fast
 
 
 def test_one_compile_gives_a_kernels_cubin_and_ptx_and_leaves_no_files(tmp_path, monkeypatch):
@@ -66,9 +65,9 @@ def test_one_compile_gives_a_kernels_cubin_and_ptx_and_leaves_no_files(tmp_path,
     files = build.build_package(build.Config((spec,), tmp_path / "out", archs=archs, dtypes=("float32",), root=tmp_path))
 
     kernels = json.loads(files[output.MANIFEST])["kernels"]
-    assert sorted((job.symbol, job.arch, job.with_ptx) for job in compiled) == sorted(
-        [(symbol, "sm_80", True) for symbol in kernels] + [(symbol, "sm_90", False) for symbol in kernels])
-    for symbol, entry in kernels.items():
+    assert sorted((job.kernel, job.arch, job.with_ptx) for job in compiled) == sorted(
+        [(kernel, "sm_80", True) for kernel in kernels] + [(kernel, "sm_90", False) for kernel in kernels])
+    for kernel, entry in kernels.items():
         assert set(entry["binaries"]) == set(archs)
         # each binary records the compile it came from: the PTX, the sm_80 one
         assert entry["binaries"]["compute_80"]["options"] == entry["binaries"]["sm_80"]["options"] == nvrtc.compile_options("sm_80")
@@ -83,13 +82,13 @@ def refuse(*args, **kwargs):
 
 @pytest.mark.real_nvrtc  # both runs compile (the session's memo would answer the second)
 def test_threads_and_worker_processes_give_the_same_binaries(monkeypatch):
-    jobs = [build.Compile(symbol, shipped_source(symbol), arch, arch == "sm_80")
-            for symbol in KERNELS[:4] for arch in ("sm_80", "sm_90")]
+    jobs = [build.Compile(kernel, shipped_source(kernel), arch, arch == "sm_80")
+            for kernel in KERNELS[:4] for arch in ("sm_80", "sm_90")]
     assert len(jobs) <= build.THREADED_COMPILES
     with monkeypatch.context() as patch:
         patch.setattr(build, "ProcessPoolExecutor", refuse)
         threaded = build.run_compiles(jobs, Progress(), build.cuda_headers())
-    assert set(threaded) == {build.binary_name(symbol, target) for symbol in KERNELS[:4]
+    assert set(threaded) == {build.binary_name(kernel, target) for kernel in KERNELS[:4]
                              for target in ("sm_80", "compute_80", "sm_90")}
     monkeypatch.setattr(build, "THREADED_COMPILES", len(jobs) - 1)
     monkeypatch.setattr(build, "ThreadPoolExecutor", refuse)

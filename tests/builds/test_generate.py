@@ -32,7 +32,7 @@ def test_two_builds_give_identical_bytes(tmp_path):
     first = build.build_package(small_config(tmp_path, "a"))
     second = build.build_package(small_config(tmp_path, "b"))
     assert first == second
-    assert "kernels/add_rmsnorm_fwd_h64_fp32.sm_90.cubin" in first
+    assert "kernels/add_rmsnorm_fwd_h64.sm_90.cubin" in first
     for rel, data in first.items():
         if not rel.endswith(".cubin"):
             text = data.decode()
@@ -49,7 +49,7 @@ def test_generate_is_total_and_check_names_stale_files(tmp_path, capsys):
     args = ["generate", str(tmp_path / "small.py"), "--out", str(config.out), "--archs", "sm_90", "--dtypes", "float32"]
     assert cli.main(args + ["--check"]) == 0
     (config.out / "block.py").write_text("# edited by hand\n")
-    (config.out / "kernels" / "gelu_fwd_n128_fp32.cu").unlink()
+    (config.out / "kernels" / "gelu_fwd_n128.cu").unlink()
     assert cli.main(args + ["--check"]) == 1
     captured = capsys.readouterr()
     out, err = captured.out, captured.err
@@ -57,7 +57,7 @@ def test_generate_is_total_and_check_names_stale_files(tmp_path, capsys):
     label = str(config.out).lstrip("/")
     assert f"--- a/{label}/block.py\n+++ b/{label}/block.py\n" in out
     assert "\n-# edited by hand\n" in out and '\n+"""Pipeline `block` from ' in out
-    assert f"--- /dev/null\n+++ b/{label}/kernels/gelu_fwd_n128_fp32.cu\n" in out
+    assert f"--- /dev/null\n+++ b/{label}/kernels/gelu_fwd_n128.cu\n" in out
     assert "notes.txt" not in out + err
     # one summary line on stderr
     assert "is stale: 2 text files differ (+" in err and "0 binaries, 0 to remove" in err
@@ -69,7 +69,7 @@ def test_generate_is_total_and_check_names_stale_files(tmp_path, capsys):
     (tmp_path / "small.py").write_text(SMALL_SPEC.replace(", GELU())", ")"))
     assert cli.main(args + ["--check"]) == 1
     captured = capsys.readouterr()
-    assert f"remove {config.out}/kernels/gelu_fwd_n128_fp32.sm_90.cubin (fusegen no longer makes it)" in captured.out
+    assert f"remove {config.out}/kernels/gelu_fwd_n128.sm_90.cubin (fusegen no longer makes it)" in captured.out
     assert ", 4 to remove; run `fusegen generate" in captured.err  # GELU's forward and backward kernels: a .cu and a cubin each
     assert cli.main(args) == 0
     assert not list(config.out.glob("kernels/gelu_*"))
@@ -146,14 +146,14 @@ def test_check_shows_binaries_by_hash_and_cuts_long_diffs(tmp_path, capsys):
     config = small_config(tmp_path)
     output.write_package(build.build_package(config), config.out)
     args = ["generate", str(tmp_path / "small.py"), "--out", str(config.out), "--archs", "sm_90", "--dtypes", "float32"]
-    cubin = config.out / "kernels" / "gelu_fwd_n128_fp32.sm_90.cubin"
+    cubin = config.out / "kernels" / "gelu_fwd_n128.sm_90.cubin"
     cubin.write_bytes(b"damaged")
     lines = (config.out / "block.py").read_text().splitlines()
     (config.out / "block.py").write_text("\n".join(f"# {i}" for i in range(200)) + "\n")  # a long diff
     assert cli.main(args + ["--check"]) == 1
     captured = capsys.readouterr()
     sha = hashlib.sha256(b"damaged").hexdigest()[:12]
-    assert f"binary {config.out}/kernels/gelu_fwd_n128_fp32.sm_90.cubin: sha256 {sha} -> sha256 " in captured.out
+    assert f"binary {config.out}/kernels/gelu_fwd_n128.sm_90.cubin: sha256 {sha} -> sha256 " in captured.out
     assert f"more lines of {config.out}/block.py left out" in captured.out
     assert len(captured.out.splitlines()) < 80
     assert "1 text file differs (+" in captured.err

@@ -40,7 +40,7 @@ def test_changing_one_eps_touches_only_its_pipeline_and_kernel(tmp_path):
     chain.write_text(chain.read_text().replace("LayerNorm(H, eps=1e-6,", "LayerNorm(H, eps=1e-5,"))
     after = build.build_package(config)
 
-    old, new = "add_layernorm_zc_eps1em06_fwd_h768_fp32", "add_layernorm_zc_fwd_h768_fp32"  # eps=1e-5: the default
+    old, new = "add_layernorm_zc_eps1em06_fwd_h768", "add_layernorm_zc_fwd_h768"  # eps=1e-5: the default
     changed = {rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel)}
     assert changed == {"MANIFEST.json", "_kernels.py", "elementwise_chain.py", "elementwise_chain.plan.md",
                        f"kernels/{old}.cu", f"kernels/{old}.sm_90.cubin", f"kernels/{new}.cu", f"kernels/{new}.sm_90.cubin"}

@@ -49,13 +49,13 @@ def test_user_file_inside_the_output_folder_survives(tmp_path):
 def test_file_the_previous_manifest_listed_is_removed(tmp_path):
     out = tmp_path / "fused"
     assert generate(tmp_path, out) == 0
-    assert (out / "kernels" / "gelu_fwd_n64_fp32.sm_90.cubin").is_file()
+    assert (out / "kernels" / "gelu_fwd_n64.sm_90.cubin").is_file()
     manifest = json.loads((out / "MANIFEST.json").read_text())
-    assert "kernels/gelu_fwd_n64_fp32.sm_90.cubin" in manifest["files"] and "MANIFEST.json" not in manifest["files"]
+    assert "kernels/gelu_fwd_n64.sm_90.cubin" in manifest["files"] and "MANIFEST.json" not in manifest["files"]
     assert generate(tmp_path, out, spec_text=SPEC.replace(", GELU())", ")")) == 0
-    assert not (out / "kernels" / "gelu_fwd_n64_fp32.sm_90.cubin").exists()
-    assert not (out / "kernels" / "gelu_fwd_n64_fp32.cu").exists()
-    assert (out / "kernels" / "rmsnorm_fwd_h64_fp32.sm_90.cubin").is_file()
+    assert not (out / "kernels" / "gelu_fwd_n64.sm_90.cubin").exists()
+    assert not (out / "kernels" / "gelu_fwd_n64.cu").exists()
+    assert (out / "kernels" / "rmsnorm_fwd_h64.sm_90.cubin").is_file()
 
 
 def test_out_dot_in_a_git_repository_is_refused_and_git_is_intact(tmp_path, capsys):
@@ -167,7 +167,7 @@ def test_an_interrupted_write_leaves_whole_files_and_owns_everything(tmp_path, m
     claimed = set(json.loads(after["MANIFEST.json"])["files"])
     assert set(after) - {"MANIFEST.json"} <= claimed  # everything present is still fusegen's to clean up
     written, removed = output.write_package(files, out)
-    assert "kernels/gelu_fwd_n64_fp32.sm_90.cubin" in removed
+    assert "kernels/gelu_fwd_n64.sm_90.cubin" in removed
     assert tree(out) == files
 
 

@@ -2,6 +2,7 @@
 the registers and stack frame its cubin records, and its source; a clear error for a name the
 package does not have."""
 
+import json
 import re
 from pathlib import Path
 
@@ -15,28 +16,43 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_explain_a_shipped_kernel(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert cli.main(["explain", "rmsnorm_fwd_h4096_bf16"]) == 0  # a dtype suffix is optional
+    assert cli.main(["explain", "layernorm_fwd_h4096_bf16"]) == 0  # a dtype suffix is optional
     out = capsys.readouterr().out
-    assert out.startswith("kernel rmsnorm_fwd_h4096: RMSNorm(4096)\n")
+    assert out.startswith("kernel layernorm_fwd_h4096: LayerNorm(4096)\n")
     assert "NVRTC 13.0: --gpu-architecture=<arch> --std=c++17" in out
-    rows = re.findall(r"^rmsnorm_fwd_h4096_(bf16|fp16|fp32)\.(sm_\d+\.cubin|compute_\d+\.ptx) +(\d+) +(\S+) +(\S+(?: B)?)$",
-                      out, re.M)
-    assert len(rows) == 3 * 5  # every dtype, every arch of the package (sm_80, sm_90, sm_100, sm_120, compute_80)
-    for dtype, binary, size, registers, frame in rows:
-        assert int(size) == (ROOT / "generated" / "kernels" / f"rmsnorm_fwd_h4096_{dtype}.{binary}").stat().st_size
-        if binary.endswith(".cubin"):
-            assert 1 <= int(registers) <= 255 and frame.endswith(" B")
-        else:
+    binaries = re.findall(r"^layernorm_fwd_h4096\.(sm_\d+\.cubin|compute_\d+\.ptx) +(\d+)$", out, re.M)
+    # every arch of the package (sm_80, sm_90, sm_100, sm_120, compute_80), cubins by number, then PTX
+    assert [b for b, _ in binaries] == ["sm_80.cubin", "sm_90.cubin", "sm_100.cubin", "sm_120.cubin", "compute_80.ptx"]
+    for binary, size in binaries:
+        assert int(size) == (ROOT / "generated" / "kernels" / f"layernorm_fwd_h4096.{binary}").stat().st_size
+    # under each binary, its functions: every dtype's kernel, and fp32's few-rows entry point
+    # (LayerNorm(4096) in fp32 does not hold gamma and beta: kernels.norm_fwd_few_rows)
+    functions = re.findall(r"^  (layernorm_fwd_h4096_\w+) +(\S+) +(\S+(?: B)?)$", out, re.M)
+    names = [f"layernorm_fwd_h4096_{entry}" for entry in ("bf16", "fp16", "fp32", "fp32_few_rows")]
+    assert [name for name, _, _ in functions] == names * 5
+    for index, (name, registers, frame) in enumerate(functions):
+        if index < 4 * len(names):  # a cubin's
+            assert 1 <= int(registers) <= 255 and frame.endswith(" B"), name
+        else:  # the PTX is compiled by the driver: neither is known
             assert registers == "-" and frame == "-"
-    assert "--- generated/kernels/rmsnorm_fwd_h4096_bf16.cu ---\n// rmsnorm_fwd_h4096_bf16: RMSNorm(4096)" in out
+    assert "--- generated/kernels/layernorm_fwd_h4096.cu ---\n// layernorm_fwd_h4096: LayerNorm(4096)" in out
 
 
-def test_every_shipped_cubin_records_its_registers_and_stack_frame():
+def test_every_shipped_cubin_records_each_functions_registers_and_stack_frame():
+    manifest = json.loads((ROOT / "generated" / "MANIFEST.json").read_text())["kernels"]
     cubins = sorted((ROOT / "generated" / "kernels").glob("*.cubin"))
     assert cubins
     for cubin in cubins:
         found = resources(cubin.read_bytes())
-        assert 1 <= found["registers"] <= 255 and found["stack_frame"] >= 0, cubin.name
+        functions = [f for entries in manifest[cubin.name.split(".")[0]]["entries"].values() for f in entries]
+        # the kernel's entry points, and subroutines the compiler kept out of line (an fp32
+        # division's slow path: $__internal_..._div_rn_noftz_f32_slowpath)
+        assert set(functions) <= set(found), cubin.name
+        assert all(f.startswith("$__internal_") for f in set(found) - set(functions)), (cubin.name, sorted(found))
+        for function in functions:
+            assert 1 <= found[function]["registers"] <= 255 and found[function]["stack_frame"] >= 0, (cubin.name, function)
+        for function in set(found) - set(functions):  # runs on its caller's registers: records its stack only
+            assert found[function] == {"stack_frame": found[function]["stack_frame"]}, (cubin.name, function)
 
 
 @pytest.mark.parametrize("name, message", [

@@ -34,9 +34,12 @@ def launchers_tree():
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_signature_and_launch_tuple_come_from_one_abi(spec):
     abi = kn.kernel_abi(spec)
-    source = (GENERATED / "kernels" / f"{spec.name}_fp32.cu").read_text()
-    # the kernel's entry points (a norm forward's second, _few_rows, where it has one) take the same
-    for signature in re.findall(rf"{spec.name}_fp32(?:_few_rows)?\((.*?)\) {{", source, re.S):
+    source = (GENERATED / "kernels" / f"{spec.name}.cu").read_text()
+    # the kernel's entry points, every dtype's (and a norm forward's second, _few_rows, where it
+    # has one), take the same
+    signatures = re.findall(rf"{spec.name}_(?:bf16|fp16|fp32)(?:_few_rows)?\((.*?)\) {{", source, re.S)
+    assert len(signatures) >= 3, spec.name
+    for signature in signatures:
         declared = [re.sub(r"\s+", " ", p.strip()) for p in signature.split(",")]
         assert declared == [f"{p.ctype}{' __restrict__' if '*' in p.ctype else ''} {p.name}" for p in abi]
     # the Kernel's signature letters and every launch tuple: pointers as ints (0: not passed;

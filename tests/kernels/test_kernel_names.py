@@ -61,24 +61,25 @@ def test_a_long_elementwise_run_generates_with_bounded_file_names(tmp_path):
     files = build.build_package(config)
     output.write_package(files, config.out)
     manifest = json.loads(files[output.MANIFEST])
-    bound = len("kernels/") + kn.MAX_KERNEL_NAME + len("_fp32") + len(".compute_80.ptx")
+    bound = len("kernels/") + kn.MAX_KERNEL_NAME + len(".compute_80.ptx")
     assert all(len(rel) <= bound for rel in files if rel.startswith("kernels/")), max(files, key=len)
 
     chain = "_".join(["bias_gelu_scale0p5_silu"] * 10)
-    cut = {entry["full_name"]: symbol for symbol, entry in manifest["kernels"].items() if entry["full_name"] != symbol}
-    assert set(cut) == {f"{chain}_fwd_n64_fp32", f"{chain}_bwd_n64_from_bias_fp32"}
-    for full, symbol in cut.items():
-        assert symbol.startswith("bias_gelu_scale0p5_") and symbol.endswith(full[len(chain):])
-        source = files[f"kernels/{symbol}.cu"].decode()
+    cut = {entry["full_name"]: name for name, entry in manifest["kernels"].items() if entry["full_name"] != name}
+    assert set(cut) == {f"{chain}_fwd_n64", f"{chain}_bwd_n64_from_bias"}
+    for full, name in cut.items():
+        assert name.startswith("bias_gelu_scale0p5_") and name.endswith(full[len(chain):])
+        source = files[f"kernels/{name}.cu"].decode()
         assert f"// full name: {full}\n" in source.split("#include")[0]  # in the header comment
-        assert manifest["kernels"][symbol]["specialisation"].startswith(
+        assert f"void __launch_bounds__(128) {name}_fp32(" in source  # its function: the cut name's
+        assert manifest["kernels"][name]["entries"] == {"fp32": [f"{name}_fp32"]}
+        assert manifest["kernels"][name]["specialisation"].startswith(
             "Bias(64), GELU(), ConstantScale(0.5), SiLU(), Bias(64)")
-        assert f"def {symbol[:-len('_fp32')]}(" in files["_kernels.py"].decode()
+        assert f"def {name}(" in files["_kernels.py"].decode()
     # short names are unchanged, and their header comment has no "full name" line
-    assert manifest["kernels"]["rmsnorm_fwd_h64_fp32"]["full_name"] == "rmsnorm_fwd_h64_fp32"
-    assert "full name" not in files["kernels/rmsnorm_fwd_h64_fp32.cu"].decode()
-    assert {"rmsnorm_fwd_h64_fp32", "rmsnorm_bwd_h64_fp32", "column_sum_n64_fp32", "column_sum_n640_fp32"} < set(
-        manifest["kernels"])
+    assert manifest["kernels"]["rmsnorm_fwd_h64"]["full_name"] == "rmsnorm_fwd_h64"
+    assert "full name" not in files["kernels/rmsnorm_fwd_h64.cu"].decode()
+    assert {"rmsnorm_fwd_h64", "rmsnorm_bwd_h64", "column_sum_n64", "column_sum_n640"} < set(manifest["kernels"])
 
 
 def test_two_kernels_with_one_cut_name_are_an_error(tmp_path, monkeypatch):

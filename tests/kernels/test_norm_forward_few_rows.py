@@ -4,7 +4,6 @@ norm_fwd_few_rows; templates/cuda/norm.cuh: FEW_ROWS), and that a package's sour
 were generated."""
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -46,8 +45,10 @@ def test_sources_and_declarations_agree(package):
     declared = _declared_few_rows(folder / "_kernels.py")
     entries = 0
     for source in sorted((folder / "kernels").glob("*norm*_fwd_*.cu")):
-        name, suffix = re.fullmatch(r"(.+)_(bf16|fp16|fp32)", source.stem).groups()
-        has_entry = f" {source.stem}_few_rows(" in source.read_text()
-        assert has_entry is (SUFFIX_DTYPE[suffix] in declared[name]), source.name
-        entries += has_entry
+        name, text = source.stem, source.read_text()
+        for suffix, dtype in SUFFIX_DTYPE.items():
+            assert f" {name}_{suffix}(" in text, source.name  # the package's every dtype
+            has_entry = f" {name}_{suffix}_few_rows(" in text
+            assert has_entry is (dtype in declared[name]), f"{source.name}: {suffix}"
+            entries += has_entry
     assert entries > 0, "the package has wide enough norms for some entry"

@@ -68,7 +68,7 @@ def test_plugin_pipelines_match_float64_references_on_cpu(tmp_path, name):
 def test_learnable_scale_parameter_is_a_scalar_and_its_kernels_use_the_plugin_header():
     source = (PROJECT / "generated_ext" / "scaled_mlp.py").read_text()
     assert 'self._modules["1"].scale = torch.nn.Parameter(torch.empty((), device=device, dtype=dtype))' in source
-    kernel = (PROJECT / "generated_ext" / "kernels" / "lscale_bwd_n64_bf16.cu").read_text()
+    kernel = (PROJECT / "generated_ext" / "kernels" / "lscale_bwd_n64.cu").read_text()
     assert '#include "learnable_scale.cuh"' in kernel and "const ext::Mul op0{};" in kernel
     assert (PROJECT / "generated_ext" / "kernels" / "learnable_scale.cuh").is_file()
     # the scalar grad: per-block partials, then one fixed-order sum; no column-sum kernel for it

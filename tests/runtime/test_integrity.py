@@ -16,7 +16,7 @@ import generated
 from generated import _runtime
 
 PACKAGE = Path(generated.__path__[0])
-NAME = "gelu_fwd_n256_bf16"
+NAME = "gelu_fwd_n256"  # one binary per arch for every dtype
 CUBIN = f"{NAME}.sm_90.cubin"
 
 
@@ -111,7 +111,7 @@ def test_a_damaged_cubin_stops_the_first_launch(copy):
             cache.clear()
         _runtime._FILES[NAME] = [CUBIN]
         with pytest.raises(_runtime.KernelIntegrityError, match=CUBIN):
-            _runtime.Kernel("gelu_fwd_n256", "ppi").launch(torch.bfloat16, (1, 1, 1), (128, 1, 1), (0, 0, 0), 0)
+            _runtime.Kernel(NAME, "ppi").launch(torch.bfloat16, (1, 1, 1), (128, 1, 1), (0, 0, 0), 0)
     finally:
         for cache, entries in zip(caches, saved):
             cache.clear()

@@ -11,10 +11,11 @@ _spec = importlib.util.spec_from_file_location(
 runtime = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(runtime)
 
-NAME = "rmsnorm_fwd_h4096_bf16"
-# The source and another kernel's/dtype's binaries sit in the same folder and must be ignored.
+NAME = "rmsnorm_fwd_h4096"  # a kernel: one binary per arch holds its functions for every dtype
+# The source and other kernels' binaries (one whose name extends this one's) sit in the same
+# folder and must be ignored.
 FILES = [f"{NAME}.cu", f"{NAME}.sm_80.cubin", f"{NAME}.sm_90.cubin", f"{NAME}.compute_80.ptx",
-         "rmsnorm_fwd_h4096_fp16.sm_86.cubin", f"{NAME}x.sm_86.cubin"]
+         "rmsnorm_fwd_h4096_add_dresidual.sm_86.cubin", f"{NAME}x.sm_86.cubin"]
 
 
 @pytest.mark.parametrize("capability,files,chosen", [
@@ -39,7 +40,7 @@ def test_older_gpu_than_every_binary_is_a_clear_error():
     assert NAME in message and "sm_75" in message
     assert f"found: {NAME}.compute_80.ptx, {NAME}.sm_80.cubin, {NAME}.sm_90.cubin in " in message
     assert "archs of [tool.fusegen]" in message and "run `fusegen generate`" in message and "make " not in message
-    assert f"{NAME}.cu," not in message and "fp16" not in message  # only this kernel's binaries
+    assert f"{NAME}.cu," not in message and "dresidual" not in message  # only this kernel's binaries
 
 
 def test_cubin_of_a_newer_minor_or_other_major_is_not_used():
