@@ -54,9 +54,11 @@ class _SpecReader:
         if isinstance(small, (cst.Import, cst.ImportFrom)):
             self.scope.record_import(small, self.source.loc(small).line)
             return None
-        scan = self.scan(small)
-        self.reject_walrus(scan)
         pipeline = self.pipeline_target(small)
+        # NAME = Sequential(...) itself is read by the binder, which refuses a Sequential(...) in
+        # it: the scan looks there for := only, most of a spec's reading time saved
+        scan = self.scan(small, self.source.scan_lines if pipeline is None else self.source.walrus_lines)
+        self.reject_walrus(scan)
         if pipeline is not None:
             return self.read_pipeline(*pipeline)
         self.reject_stray_sequential(scan)
@@ -118,10 +120,13 @@ class _SpecReader:
 
     # --- what a module-level statement may not hold ---------------------------------------------
 
-    def scan(self, node: cst.CSTNode) -> _Scan:
+    def scan(self, node: cst.CSTNode, lines: set[int] | None = None) -> _Scan:
+        """What ``node`` holds that the reader must refuse; visited only where one of ``lines``
+        (default: every line where a call or a := starts) falls within it."""
         scan = _Scan(self.scope)
         where = self.source.positions[node]
-        if any(line in self.source.scan_lines for line in range(where.start.line, where.end.line + 1)):
+        lines = self.source.scan_lines if lines is None else lines
+        if any(line in lines for line in range(where.start.line, where.end.line + 1)):
             node.visit(scan)
         return scan
 

@@ -69,8 +69,10 @@ class SpecSource:
         # Where a RecursionError from libcst is reported, should one slip past the nesting limit.
         self.deepest = self.location_at(1, 1)
         # Lines where a call or a := starts: only statements touching one need a scan for
-        # Sequential(...) and :=, which would otherwise be most of the reading time of a long file.
+        # Sequential(...) and :=, which would otherwise be most of the reading time of a long file;
+        # a pipeline's own statement needs one only where a := starts (walrus_lines).
         self.scan_lines: set[int] = set()
+        self.walrus_lines: set[int] = set()
 
     def parse(self, max_nesting: int) -> None:
         """Check the text, then parse it: first with Python's parser, then with libcst."""
@@ -137,6 +139,8 @@ class SpecSource:
             node, depth = stack.pop()
             if isinstance(node, (ast.Call, ast.NamedExpr)):
                 self.scan_lines.add(node.lineno)
+            if isinstance(node, ast.NamedExpr):
+                self.walrus_lines.add(node.lineno)
             if hasattr(node, "lineno"):  # statements, expressions, arguments; not Load or Add
                 depth += 1
                 if depth > deepest:

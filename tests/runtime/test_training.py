@@ -128,57 +128,63 @@ def _rank(rank, worker, *args):
     os._exit(0)
 
 
-def _ddp_worker(rank, world, port, batch, result):
-    with _process_group(rank, world, port):
-        module = _module()
-        ddp = torch.nn.parallel.DistributedDataParallel(module)
-        shard = batch.chunk(world)[rank]
-        ddp(shard).square().sum().backward()  # DDP averages the ranks' grads
-        if rank == 0:
-            result.update({k: p.grad.clone() for k, p in module.named_parameters()})
+def _ddp(rank, world, batch, result):
+    module = _module()
+    ddp = torch.nn.parallel.DistributedDataParallel(module)
+    shard = batch.chunk(world)[rank]
+    ddp(shard).square().sum().backward()  # DDP averages the ranks' grads
+    if rank == 0:
+        result.update({f"ddp {k}": p.grad.clone() for k, p in module.named_parameters()})
 
 
-def test_distributed_data_parallel_over_gloo_matches_one_process():
-    batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(5))
-    ddp_grads = _on_two_ranks(_ddp_worker, batch)
-    single = _module()
-    (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
-    assert set(ddp_grads) == {k for k, _ in single.named_parameters()}
-    for key, p in single.named_parameters():
-        torch.testing.assert_close(ddp_grads[key], p.grad, rtol=1e-5, atol=1e-6)
-
-
-def _fsdp_worker(rank, world, port, batch, result):
+def _fsdp2(rank, world, batch, result):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    module = _module()
+    fully_shard(module, mesh=init_device_mesh("cpu", (world,)))  # each rank keeps half of every parameter
+    shard = batch.chunk(world)[rank]
+    for step in range(2):  # the second step reshards, unshards and accumulates again
+        out = module(shard)
+        out.square().sum().backward()  # FSDP averages the ranks' grads
+        if rank == 0 and step == 0:
+            result["fsdp output"] = out.detach().clone()
+    grads = {k: p.grad.full_tensor() for k, p in module.named_parameters()}  # gathers the shards
+    if rank == 0:
+        result.update({f"fsdp {k}": g for k, g in grads.items()})
+
+
+def _data_parallel_worker(rank, world, port, batch, result):
+    """DDP, then FSDP2 where this torch has it, in one group of two ranks: one pair of processes
+    (each imports torch and the package, most of what such a test costs) serves both."""
     with _process_group(rank, world, port):
-        module = _module()
-        fully_shard(module, mesh=init_device_mesh("cpu", (world,)))  # each rank keeps half of every parameter
-        shard = batch.chunk(world)[rank]
-        for step in range(2):  # the second step reshards, unshards and accumulates again
-            out = module(shard)
-            out.square().sum().backward()  # FSDP averages the ranks' grads
-            if rank == 0 and step == 0:
-                result["output"] = out.detach().clone()
-        grads = {k: p.grad.full_tensor() for k, p in module.named_parameters()}  # gathers the shards
-        if rank == 0:
-            result.update(grads)
+        _ddp(rank, world, batch, result)
+        if FSDP2:
+            _fsdp2(rank, world, batch, result)
 
 
-def test_fsdp2_fully_shard_over_gloo_matches_one_process():
-    """Two steps of forward + backward under fully_shard (the grads accumulate): the output of
-    rank 0's half of the batch and the gathered grads equal one process's on the whole batch."""
-    if not hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard"):
-        pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
-    batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(6))
-    fsdp = _on_two_ranks(_fsdp_worker, batch)
+FSDP2 = hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard")
+
+
+def test_ddp_and_fsdp2_over_gloo_match_one_process():
+    """DDP: one forward + backward; FSDP2's fully_shard: two steps (the grads accumulate). The
+    output of rank 0's half of the batch (FSDP2) and the grads equal one process's on the whole
+    batch."""
+    batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(5))
+    result = _on_two_ranks(_data_parallel_worker, batch)
     single = _module()
-    for _ in range(2):
-        (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
-    torch.testing.assert_close(fsdp.pop("output"), single(batch[:4]).detach(), rtol=0, atol=0)
-    assert set(fsdp) == {k for k, _ in single.named_parameters()}
+    (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
+    names = {k for k, _ in single.named_parameters()}
+    assert {k[4:] for k in result if k.startswith("ddp ")} == names
+    for key, p in single.named_parameters():
+        torch.testing.assert_close(result[f"ddp {key}"], p.grad, rtol=1e-5, atol=1e-6)
+    if not FSDP2:
+        pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard): DDP checked only")
+    (single(batch).square().sum() / 2).backward()  # the second step, accumulated
+    torch.testing.assert_close(result["fsdp output"], single(batch[:4]).detach(), rtol=0, atol=0)
+    assert {k[5:] for k in result if k.startswith("fsdp ") and k != "fsdp output"} == names
     for key, p in single.named_parameters():
         # the same fp32 sums, split across the ranks (each rank's grad divided by two, then
         # reduce-scattered): equal up to the roundoff of a different summation order
-        assert_close_to_reference(f"FSDP grad {key}", fsdp[key], p.grad.double(), torch.float32, gemm=False)
+        assert_close_to_reference(f"FSDP grad {key}", result[f"fsdp {key}"], p.grad.double(), torch.float32,
+                                  gemm=False)
