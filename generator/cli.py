@@ -30,6 +30,7 @@ from pathlib import Path
 from . import build, output, plugins
 from . import config as cfg
 from . import progress as prog
+from .console import say
 from .errors import SpecError, ToolchainError, UsageError
 from .explain import explain
 from .staleness import staleness
@@ -82,16 +83,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         found = staleness(files, out, where)
         if found.stale:
             for line in found.report(where):  # the diff on stdout, for a reviewer or `| less`
-                print(line)
-            print(f"fusegen: {where} is stale: {found.summary()}; run {regenerate_command(args, config)} "
-                  "and commit the result", file=sys.stderr)
+                say(line)
+            say(f"fusegen: {where} is stale: {found.summary()}; run {regenerate_command(args, config)} "
+                "and commit the result", sys.stderr)
             return EXIT_STALE
-        print(f"fusegen: {where} is up to date ({len(files)} files)", file=sys.stderr)
+        say(f"fusegen: {where} is up to date ({len(files)} files)", sys.stderr)
         return 0
     files = build.build_package(config, report, reuse=not args.rebuild)
     output.check_output_folder(out, config.specs, Path.cwd(), set(files))
     written, removed = output.write_package(files, out)
-    print(f"fusegen: {where}: {len(files)} files, {len(written)} written, {len(removed)} removed", file=sys.stderr)
+    say(f"fusegen: {where}: {len(files)} files, {len(written)} written, {len(removed)} removed", sys.stderr)
     return 0
 
 
@@ -99,7 +100,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Each pipeline's plan: the tables of its <pipeline>.plan.md (the diagrams are for GitHub)."""
     config = load_config(args, compiles=False)
     for text in build.plan_documents(config).values():
-        print(re.sub(r"```mermaid\n.*?```\n\n", "", text, flags=re.S))
+        say(re.sub(r"```mermaid\n.*?```\n\n", "", text, flags=re.S))
     return 0
 
 
@@ -107,7 +108,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """One kernel of the output package (explain.py)."""
     args.specs, args.archs, args.dtypes = [], None, None
     config = load_config(args, compiles=False)
-    print(explain(config.out, shown(config.out), args.kernel))
+    say(explain(config.out, shown(config.out), args.kernel))
     return 0
 
 
@@ -122,7 +123,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     with plugins.loaded(tuple(table.get("plugins", ())), pyproject.parent if pyproject else Path.cwd()):
         for op in OPS.values():
             if op.modules:  # fusegen's internal basic ops (RowScale) are for containers only
-                print(f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})")
+                say(f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})")
     return 0
 
 
@@ -162,24 +163,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"generate": cmd_generate, "plan": cmd_plan, "explain": cmd_explain, "ops": cmd_ops}[args.command](args)
     except KeyboardInterrupt:
-        print("fusegen: interrupted (every file is written whole or not at all)", file=sys.stderr)
+        say("fusegen: interrupted (every file is written whole or not at all)", sys.stderr)
         return EXIT_INTERRUPTED
     except (SpecError, UsageError, ToolchainError) as err:
         if args.debug:
             traceback.print_exc()
         prefix = "" if isinstance(err, SpecError) and err.location is not None else "fusegen: error: "
-        print(f"{prefix}{err}", file=sys.stderr)
+        say(f"{prefix}{err}", sys.stderr)
         return EXIT_TOOLCHAIN if isinstance(err, ToolchainError) else EXIT_USER
     except OSError as err:  # the file system said no: permissions, a full disk, a vanished folder
         if args.debug:
             traceback.print_exc()
-        print(f"fusegen: error: {err}", file=sys.stderr)
+        say(f"fusegen: error: {err}", sys.stderr)
         return EXIT_USER
     except Exception as err:  # a bug in fusegen, not the user's mistake
         if args.debug:
             traceback.print_exc()
-        print(f"fusegen: internal error: {type(err).__name__}: {err}\n"
-              "This is a bug in fusegen; rerun with --debug for the traceback and report it.", file=sys.stderr)
+        say(f"fusegen: internal error: {type(err).__name__}: {err}\n"
+            "This is a bug in fusegen; rerun with --debug for the traceback and report it.", sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import TextIO
 
+from .console import say
+
 QUIET_SECONDS = 10.0
 
 
@@ -39,7 +41,7 @@ class PlainProgress(Progress):
         self.last_done = 0
 
     def message(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        say(text, self.stream)  # a log reader that leaves stops the lines, not the compile
         self.last_line = time.monotonic()
 
     def start(self, total: int, title: str) -> None:

@@ -179,6 +179,40 @@ def subprocess_env():
     return dict(os.environ, PYTHONPATH=str(ROOT))
 
 
+def _reader_gone(tmp_path, *args, closed="stdout"):
+    """fusegen with its stdout (or stderr) a pipe whose reader has already left, as in
+    `fusegen plan | head -1` once head has its line: (exit code, what the other stream got)."""
+    read, write = os.pipe()
+    os.close(read)
+    streams = {"stdout": write, "stderr": subprocess.PIPE} if closed == "stdout" else \
+        {"stdout": subprocess.PIPE, "stderr": write}
+    try:
+        result = subprocess.run([sys.executable, "-m", "fusegen", *args], cwd=tmp_path, env=subprocess_env(),
+                                text=True, timeout=300, **streams)
+    finally:
+        os.close(write)
+    return result.returncode, result.stderr if closed == "stdout" else result.stdout
+
+
+def test_a_reader_that_leaves_ends_the_output_not_the_command(tmp_path):
+    (tmp_path / "spec.py").write_text(SPEC)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.fusegen]\nspecs = ["spec.py"]\npackage = "fused"\narchs = ["sm_90"]\ndtypes = ["float32"]\n')
+    # progress and the summary on a stderr nobody reads: the package is written all the same
+    assert _reader_gone(tmp_path, "generate", closed="stderr") == (0, "")
+    check = subprocess.run([sys.executable, "-m", "fusegen", "generate", "--check"], cwd=tmp_path,
+                           env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and "fused is up to date" in check.stderr, check.stderr
+    # --check's diff on a stdout nobody reads: still exit 1 for stale, its summary on stderr
+    (tmp_path / "fused" / "block.py").write_text("# edited\n")
+    code, err = _reader_gone(tmp_path, "generate", "--check")
+    assert code == 1 and "fusegen: fused is stale: 1 text file differs" in err, err
+    assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err
+    # the commands that only print: exit 0, nothing on stderr
+    for args in (("plan",), ("explain", "rmsnorm_fwd_h64"), ("ops",)):
+        assert _reader_gone(tmp_path, *args) == (0, ""), args
+
+
 def test_version_and_python_m(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fusegen", "--version"], capture_output=True, text=True,
                             env=subprocess_env(), cwd=tmp_path)
