@@ -154,6 +154,17 @@ def _fsdp2(rank, world, batch, result):
         result.update({f"fsdp {k}": g for k, g in grads.items()})
 
 
+def _has_fsdp2():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+FSDP2 = _has_fsdp2()  # torch's FSDP2 (torch.distributed.fsdp.fully_shard), where this torch has it
+
+
 def _data_parallel_worker(rank, world, port, batch, result):
     """DDP, then FSDP2 where this torch has it, in one group of two ranks: one pair of processes
     (each imports torch and the package, most of what such a test costs) serves both."""
@@ -161,9 +172,6 @@ def _data_parallel_worker(rank, world, port, batch, result):
         _ddp(rank, world, batch, result)
         if FSDP2:
             _fsdp2(rank, world, batch, result)
-
-
-FSDP2 = hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard")
 
 
 def test_ddp_and_fsdp2_over_gloo_match_one_process():
