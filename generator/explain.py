@@ -85,8 +85,9 @@ def explain(package: Path, where: str, kernel: str) -> str:
     lines = [f"kernel {name}: {entry.get('specialisation', '')}"]
     if entry.get("full_name", name) != name:
         lines.append(f"full name: {entry['full_name']} (cut to {name})")
-    options = {tuple(o for o in b["options"] if not o.startswith("--gpu-architecture")) for b in entry["binaries"].values()}
-    nvrtc = sorted({b["nvrtc"] for b in entry["binaries"].values()})
+    binaries = entry["binaries"].values()
+    options = {tuple(o for o in b["options"] if not o.startswith("--gpu-architecture")) for b in binaries}
+    nvrtc = sorted({b["nvrtc"] for b in binaries})
     for opts in sorted(options):
         lines.append(f"NVRTC {', '.join(nvrtc)}: --gpu-architecture=<arch> {' '.join(opts)}")
     functions = [symbol for symbols_of_dtype in entry.get("entries", {}).values() for symbol in symbols_of_dtype]
@@ -104,7 +105,7 @@ def explain(package: Path, where: str, kernel: str) -> str:
             lines.append(f"  {function:42} {'':>9} {own.get('registers', '-'):>9} {frame:>11}")
     lines.append("(registers and stack frame per thread, as the cubin records them; a stack frame above 0 B "
                  "is local memory: spills or local arrays; PTX is compiled by the driver, so it has neither)")
-    source = package / entry.get("source", f"kernels/{name}.cu")
-    lines += ["", f"--- {where}/{entry.get('source', f'kernels/{name}.cu')} ---",
-              source.read_text().rstrip() if source.is_file() else "(missing: regenerate the package)"]
+    source = entry.get("source", f"kernels/{name}.cu")
+    lines += ["", f"--- {where}/{source} ---", (package / source).read_text().rstrip() if (package / source).is_file()
+              else "(missing: regenerate the package)"]
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import generated
-from references import assert_close_to_reference, randomize_, rms_norm
+from references import as64, assert_close_to_reference, randomize_, rms_norm
 
 H = 256
 
@@ -45,9 +45,8 @@ def check(cls, dtype, device, lead):
     assert y.shape == (*lead, H)
     y.backward(gy)
 
-    as64 = lambda t: t.detach().to(torch.float64).requires_grad_()  # noqa: E731
-    params = {k: as64(v) for k, v in module.state_dict().items()}
-    x64, r64 = as64(x), as64(r_before)
+    params = {k: as64(v, device, True) for k, v in module.state_dict().items()}
+    x64, r64 = as64(x, device, True), as64(r_before, device, True)
     y64, new_r64 = reference(params, x64, r64)
     y64.backward(gy.to(torch.float64))
     assert_close_to_reference(f"{cls} output", y, y64, dtype, gemm)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import generated
 from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
-from references import assert_close_to_reference, randomize_
+from references import as64, assert_close_to_reference, randomize_
 
 
 def blocks(t, k):
@@ -63,9 +63,8 @@ def check(cls, dtype, device, lead):
         y = module(x, s)
         gy = torch.randn(y.shape, generator=gen).to(device, dtype)
         y.backward(gy)
-        as64 = lambda t: t.detach().double().requires_grad_()  # noqa: E731
-        params = {k: as64(v) for k, v in module.state_dict().items()}
-        x64, s64 = as64(x), as64(s)
+        params = {k: as64(v, device, True) for k, v in module.state_dict().items()}
+        x64, s64 = as64(x, device, True), as64(s, device, True)
         y64 = reference(cls, params, x64, s64)
         y64.backward(gy.double())
         name = f"{cls} width {width}"
