@@ -8,6 +8,7 @@ change to a spec or a rule shows up as a readable diff.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import re
@@ -35,7 +36,11 @@ def _templates_dir() -> Path:
 TEMPLATES = _templates_dir()
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
+    """The templates' environment, one a process: it keeps each template compiled (jinja2 reloads
+    one whose file changed), so a second build in the same process (a library user's, a test's)
+    does not parse and compile every template again, which was most of a small build's time."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,

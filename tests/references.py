@@ -288,8 +288,8 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
     PIPELINES); asserts every output, extra output, input grad and parameter grad. A size-generic
     module's extra inputs are as wide as its ``extra_input_features`` say in terms of x's width n.
     ``gemm=False``: the pipeline has no GEMM, so float32 is held to its own roundoff.
-    ``no_grad``: a context (torch.no_grad, torch.inference_mode) the module runs under (its
-    no-grad forward); outputs only."""
+    ``no_grad``: a context (torch.no_grad, torch.inference_mode), or a tuple of them, the module
+    runs under (its no-grad forward), each against one reference; outputs only."""
     if reference is None:
         _, reference, _ = PIPELINES[name]
     module.zero_grad(set_to_none=True)
@@ -302,22 +302,26 @@ def run_and_compare(module, name, x_shape, dtype, device, make_input=None, seed=
     if make_input is not None:
         dev_inputs = [make_input(t) for t in dev_inputs]
     dev_inputs = [t.requires_grad_() for t in dev_inputs]
+    cuda = sorted({torch.device(d).index or 0 for d in (device, ref_device) if torch.device(d).type == "cuda"})
     if no_grad is not None:
-        with no_grad():
-            outputs = module(*dev_inputs)
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        assert all(o.grad_fn is None for o in outputs)  # no graph (an extra output may be x itself)
-        ref_outputs = reference(reference_params(module, ref_device, False), *[as64(t, ref_device) for t in dev_inputs])
-        assert len(ref_outputs) == len(outputs)
-        for i, (o, r) in enumerate(zip(outputs, ref_outputs)):
-            assert o.dtype == dtype and o.device.type == torch.device(device).type
-            assert_close_to_reference(f"{name} no-grad output {i}", o, r, dtype, gemm)
+        ref_outputs = None
+        for mode in no_grad if isinstance(no_grad, tuple) else (no_grad,):
+            with torch.random.fork_rng(devices=cuda), mode():  # each mode draws Dropout's keys anew
+                outputs = module(*dev_inputs)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            assert all(o.grad_fn is None for o in outputs)  # no graph (an extra output may be x itself)
+            if ref_outputs is None:  # after the module, as a Dropout reference seeds torch's generator itself
+                ref_outputs = reference(reference_params(module, ref_device, False),
+                                        *[as64(t, ref_device) for t in dev_inputs])
+            assert len(ref_outputs) == len(outputs)
+            for i, (o, r) in enumerate(zip(outputs, ref_outputs)):
+                assert o.dtype == dtype and o.device.type == torch.device(device).type
+                assert_close_to_reference(f"{name} no-grad output {i} ({mode.__name__})", o, r, dtype, gemm)
         return
 
     # The float64 reference first, keeping only its results: its parameter copies are gone before
     # the module's own grads exist, and the large weights are never copied (StreamedWeight). It
     # leaves torch's random state as it found it: the module's Dropout draws come next.
-    cuda = sorted({torch.device(d).index or 0 for d in (device, ref_device) if torch.device(d).type == "cuda"})
     with torch.random.fork_rng(devices=cuda):
         params64 = reference_params(module, ref_device, True)
         inputs64 = [as64(t, ref_device, True) for t in dev_inputs]

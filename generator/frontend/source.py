@@ -9,14 +9,17 @@ and column in the file, with the line's text for the caret.
 from __future__ import annotations
 
 import ast
+import bisect
 import io
 import re
 import tokenize
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from ..errors import Location, SpecError
 
@@ -42,17 +45,89 @@ def nesting_hint() -> str:
             "constants, one per line")
 
 
+class _OffsetCodegenState(PositionProvidingCodegenState):
+    """libcst's position pass (PositionProvider's code generation, the same hooks) keeping each
+    node's start and end as character offsets into the text: building a line-and-column object
+    pair per node and splitting every token on newlines was four fifths of the pass's time."""
+
+    def __init__(self, module: cst.Module):
+        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline,
+                         provider=None)
+        self.offset = 0
+        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self._starts: list[int] = []
+        self.dropped = ""  # the file's last newline: gone from the code, counted in the offsets
+
+    def text(self) -> str:
+        """The text the offsets count: the code generated, its dropped last newline included."""
+        return "".join(self.tokens) + self.dropped
+
+    def pop_trailing_newline(self) -> None:
+        if self.tokens:
+            self.dropped = self.tokens.pop()
+
+    def add_indent_tokens(self) -> None:
+        self.tokens.extend(self.indent_tokens)
+        self.offset += sum(map(len, self.indent_tokens))
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        self.offset += len(value)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self._starts.append(self.offset)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self._starts.pop()
+        if node not in self.spans:  # a syntactic position recorded inside it stands
+            self.spans[node] = (start, self.offset)
+
+    @contextmanager
+    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None,
+                                  end_node: cst.CSTNode | None = None) -> Iterator[None]:
+        start = self.offset
+        try:
+            yield
+        finally:
+            self.spans[node] = (start if start_node is None else self.spans[start_node][0],
+                                self.offset if end_node is None else self.spans[end_node][1])
+
+
+class NodePositions(Mapping[cst.CSTNode, CodeRange]):
+    """Every node's position, as libcst's PositionProvider gives it (line 1-based, column 0-based,
+    the syntactic range), from character offsets: a CodeRange is made only for a node asked about."""
+
+    def __init__(self, spans: dict[cst.CSTNode, tuple[int, int]], text: str):
+        self._spans = spans
+        # libcst's lines end at \n, \r\n or \r; the text it generated is the module's own
+        self._line_starts = [0] + [m.end() for m in re.finditer(r"\r\n?|\n", text)]
+
+    def _position(self, offset: int) -> CodePosition:
+        line = bisect.bisect_right(self._line_starts, offset)
+        return CodePosition(line, offset - self._line_starts[line - 1])
+
+    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+        start, end = self._spans[node]
+        return CodeRange(self._position(start), self._position(end))
+
+    def __iter__(self) -> Iterator[cst.CSTNode]:
+        return iter(self._spans)
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+
 def node_positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
-    """Every node's position: libcst's PositionProvider pass (a code generation that records
-    where each node starts and ends) run on its own. MetadataWrapper.resolve runs the same pass,
-    then walks the whole tree once more for batchable providers even when none is asked
-    (libcst/metadata/wrapper.py: _resolve_impl): a quarter of a spec's reading time. Where a
-    libcst release lays the provider out otherwise, the wrapper's way."""
-    provider = PositionProvider()
+    """Every node's position: libcst's PositionProvider pass run on its own, with offsets
+    (_OffsetCodegenState). MetadataWrapper.resolve runs the same pass, then walks the whole tree
+    once more for batchable providers even when none is asked (libcst/metadata/wrapper.py:
+    _resolve_impl). Where a libcst release lays its code generation out otherwise, the wrapper's
+    way (tests/frontend/test_positions.py holds the two equal)."""
     try:
-        provider._gen_impl(module)
-        return provider._computed
-    except AttributeError:
+        state = _OffsetCodegenState(module)
+        module._codegen(state)
+        return NodePositions(state.spans, state.text())
+    except (AttributeError, TypeError):
         # the module is fresh and not shared, so the wrapper need not deep-copy it
         return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
 

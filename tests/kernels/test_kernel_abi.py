@@ -31,6 +31,18 @@ def launchers_tree():
     return ast.parse((GENERATED / "_kernels.py").read_text())
 
 
+@functools.cache
+def launch_calls() -> dict[str, list[list[ast.expr]]]:
+    """Every ``_NAME.launch(dtype, grid, block, (arguments), device)`` call's arguments in
+    generated/_kernels.py, by the kernel object's name: one walk of the tree for every spec's test."""
+    calls: dict[str, list[list[ast.expr]]] = {}
+    for call in ast.walk(launchers_tree()):
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "launch"
+                and isinstance(call.func.value, ast.Name)):
+            calls.setdefault(call.func.value.id, []).append(call.args)
+    return calls
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
 def test_signature_and_launch_tuple_come_from_one_abi(spec):
     abi = kn.kernel_abi(spec)
@@ -62,9 +74,7 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
     values = [("0" if not p.passed else p.name if not p.pointer else f"pointer({p.name})" if p.name in random
                else f"{p.name}.data_ptr()") for p in abi]
     # every K.launch(dtype, grid, block, (arguments), device) call of this kernel, as parsed
-    launches = [call.args for call in ast.walk(tree) if isinstance(call, ast.Call)
-                and isinstance(call.func, ast.Attribute) and call.func.attr == "launch"
-                and isinstance(call.func.value, ast.Name) and call.func.value.id == f"_{spec.name.upper()}"]
+    launches = launch_calls().get(f"_{spec.name.upper()}", [])
     assert all(ast.unparse(args[-1]).endswith(".get_device()") for args in launches)
     arguments = [[ast.unparse(value) for value in args[3].elts] for args in launches]
     if spec.family == "norm_fwd":  # and its launcher for a forward without autograd: no statistics, a sum if kept

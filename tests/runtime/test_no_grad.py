@@ -34,7 +34,8 @@ def _run(module, inputs, mode):
     return [o.detach() for o in (outputs if isinstance(outputs, tuple) else (outputs,))]
 
 
-def check(name, device, dtype, mode, monkeypatch):
+def check(name, device, dtype, modes, monkeypatch):
+    """The module's forward with autograd on, then under each of ``modes`` (one module for all)."""
     module = torch.nn.utils.skip_init(getattr(generated, name), device=device, dtype=dtype)
     randomize_(module, torch.Generator().manual_seed(1))
     inputs = _inputs(module, device, dtype, torch.Generator().manual_seed(2))
@@ -42,23 +43,22 @@ def check(name, device, dtype, mode, monkeypatch):
     pipeline = __import__(f"generated.{module.__module__.rsplit('.', 1)[1]}", fromlist=["x"])
     monkeypatch.setattr(pipeline.__dict__[f"{name}Function"], "apply",
                         lambda *args: pytest.fail("the autograd.Function ran with autograd off"))
-    without = _run(module, inputs, mode)
-    plan = pipeline.no_grad_forward.__doc__
-    same_stages = "the same stages" in plan
-    assert len(without) == len(with_grad)
-    for got, want in zip(without, with_grad):
-        assert got.shape == want.shape and got.dtype == want.dtype
-        if same_stages:
-            assert torch.equal(got, want)
-        else:  # the plans differ at a GEMM (its epilogue): fp32 with a GEMM is held to fp16's roundoff
-            eps = torch.finfo(torch.float16 if dtype == torch.float32 else dtype).eps
-            assert (got.float() - want.float()).abs().max() <= 4 * eps * want.float().abs().max()
+    same_stages = "the same stages" in pipeline.no_grad_forward.__doc__
+    for mode in modes:
+        without = _run(module, inputs, mode)
+        assert len(without) == len(with_grad)
+        for got, want in zip(without, with_grad):
+            assert got.shape == want.shape and got.dtype == want.dtype, mode.__name__
+            if same_stages:
+                assert torch.equal(got, want), mode.__name__
+            else:  # the plans differ at a GEMM (its epilogue): fp32 with a GEMM is held to fp16's roundoff
+                eps = torch.finfo(torch.float16 if dtype == torch.float32 else dtype).eps
+                assert (got.float() - want.float()).abs().max() <= 4 * eps * want.float().abs().max(), mode.__name__
 
 
-@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
 @pytest.mark.parametrize("name", CLASSES)
-def test_cpu(name, mode, monkeypatch):
-    check(name, "cpu", torch.float32, mode, monkeypatch)
+def test_cpu(name, monkeypatch):
+    check(name, "cpu", torch.float32, (torch.no_grad, torch.inference_mode), monkeypatch)
 
 
 @pytest.mark.cuda
@@ -66,4 +66,4 @@ def test_cpu(name, mode, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", CLASSES)
 def test_gpu(name, dtype, monkeypatch):
-    check(name, "cuda", dtype, torch.no_grad, monkeypatch)
+    check(name, "cuda", dtype, (torch.no_grad,), monkeypatch)

@@ -17,16 +17,17 @@ def test_pipeline_matches_float64_reference(name, dtype):
     run_and_compare(module, name, (2, 3, module.in_features), dtype, "cpu", seed=2)
 
 
-@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
 @pytest.mark.parametrize("name", sorted(PIPELINES))
-def test_no_grad_forward_matches_float64_reference(name, mode, monkeypatch):
-    """With autograd off the module runs its no-grad forward (the autograd.Function never), whose
-    plan may fuse more (a GELU in the GEMM's epilogue)."""
+def test_no_grad_forward_matches_float64_reference(name, monkeypatch):
+    """With autograd off (torch.no_grad, then torch.inference_mode: one module and reference for
+    both) the module runs its no-grad forward (the autograd.Function never), whose plan may fuse
+    more (a GELU in the GEMM's epilogue)."""
     module = torch.nn.utils.skip_init(getattr(generated, PIPELINES[name][0]), dtype=torch.float32)
     randomize_(module, torch.Generator().manual_seed(1))
     function = getattr(generated, name).__dict__[PIPELINES[name][0] + "Function"]
     monkeypatch.setattr(function, "apply", lambda *args: pytest.fail("the autograd.Function ran without grad"))
-    run_and_compare(module, name, (2, 3, module.in_features), torch.float32, "cpu", seed=2, no_grad=mode)
+    run_and_compare(module, name, (2, 3, module.in_features), torch.float32, "cpu", seed=2,
+                    no_grad=(torch.no_grad, torch.inference_mode))
 
 
 def test_single_row_and_non_contiguous_input():
