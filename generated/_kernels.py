@@ -302,7 +302,7 @@ _BIAS_ADD_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torc
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_bwd_n4096_e63d479a(dy)
+        return torch.ops.fusegen.bias_add_bwd_n4096_89c3d14e(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -343,7 +343,7 @@ _BIAS_ADD_TEE_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, tor
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_bwd_n256_1ed11a6f(dy, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_bwd_n256_ed0b56d1(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -397,7 +397,7 @@ _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_ROW_VECTORS = {
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_83a100d2(
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_5a0cc12d(
             dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -491,7 +491,7 @@ _BIAS_BWD_N1024_ROW_VECTORS = {torch.bfloat16: 128, torch.float16: 128, torch.fl
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n1024_27c3ae82(dy)
+        return torch.ops.fusegen.bias_bwd_n1024_e13db41f(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -532,7 +532,7 @@ _BIAS_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, torch.float
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n256_f5dbd3bd(dy)
+        return torch.ops.fusegen.bias_bwd_n256_a0aec5f2(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -573,7 +573,7 @@ _BIAS_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torch.fl
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n4096_60b69d3a(dy)
+        return torch.ops.fusegen.bias_bwd_n4096_60af7859(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -614,7 +614,7 @@ _BIAS_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n512_fe68d2ae(dy)
+        return torch.ops.fusegen.bias_bwd_n512_930774de(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -660,7 +660,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     dbias0.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b23b8192(dy, x)
+        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_208885bb(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -714,7 +714,7 @@ _BIAS_DROPOUT0P1_ADD_BWD_N256_ROW_VECTORS = {
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_8bd5d7de(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_5989bfc2(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -830,7 +830,7 @@ _BIAS_DROPOUT0P1_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, 
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_47d7ec13(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_b1f68cbd(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -879,7 +879,7 @@ _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_ROW_VECTORS = {
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b99122dc(
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_a3750c12(
             dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -942,7 +942,7 @@ _BIAS_GELU_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, tor
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_bwd_n4096_cdc1c4fa(dy, x)
+        return torch.ops.fusegen.bias_gelu_bwd_n4096_c91a5274(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -992,7 +992,7 @@ _BIAS_GELU_DROPOUT0P1_BWD_N512_ROW_VECTORS = {
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_07f7ccc6(dy, x, seed2)
+        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_f5842c5b(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1047,7 +1047,7 @@ _BIAS_GLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.f
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_glu_bwd_n512_f25957b6(dy, x)
+        return torch.ops.fusegen.bias_glu_bwd_n512_1430bbb6(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1096,7 +1096,7 @@ _BIAS_QGEGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torc
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgeglu_bwd_n512_4f5a5435(dy, x)
+        return torch.ops.fusegen.bias_qgeglu_bwd_n512_f850cbd2(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1145,7 +1145,7 @@ _BIAS_QGELU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgelu_bwd_n512_afa77873(dy, x)
+        return torch.ops.fusegen.bias_qgelu_bwd_n512_795c29d3(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1194,7 +1194,7 @@ _BIAS_REGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_reglu_bwd_n512_cf29f7a7(dy, x)
+        return torch.ops.fusegen.bias_reglu_bwd_n512_21446563(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1244,7 +1244,7 @@ _BIAS_RELU_BWD_N512_FROM_OUTPUT_ROW_VECTORS = {
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_39b23ee6(dy, x)
+        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_0c36e324(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1348,7 +1348,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     dbias6.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_511a2513(
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_04b060e3(
             dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -1443,7 +1443,7 @@ _BIAS_SCALE2P0_GELU_BWD_N256_ROW_VECTORS = {
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_969b897d(dy, x)
+        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_c1a00438(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1494,7 +1494,7 @@ _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_ROW_VECTORS = {
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_f0017594(dy, x)
+        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_68bc66f5(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1545,7 +1545,7 @@ _BIAS_SREGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torc
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_sreglu_bwd_n512_fee34369(dy, x)
+        return torch.ops.fusegen.bias_sreglu_bwd_n512_b8cd51ae(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1594,7 +1594,7 @@ _BIAS_SRELU_BWD_N2048_ROW_VECTORS = {torch.bfloat16: 256, torch.float16: 256, to
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_bwd_n2048_aef70df3(dy, x)
+        return torch.ops.fusegen.bias_srelu_bwd_n2048_735ed5be(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1644,7 +1644,7 @@ _BIAS_SRELU_ROWSCALE_BWD_N512_ROW_VECTORS = {
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_e0eada5d(dy, x, extra_in2)
+        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_64bd6cf7(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1706,7 +1706,7 @@ _BIAS_SWIGLU_BWD_N14336_ROW_VECTORS = {
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_bwd_n14336_f4120d75(dy, x)
+        return torch.ops.fusegen.bias_swiglu_bwd_n14336_9be610dd(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1755,7 +1755,7 @@ _BIAS_SWIGLU_I32_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, 
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_8fdb0ff0(dy, x)
+        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_23e6ca0b(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -4047,7 +4047,7 @@ _TEE_BIAS_BWD_N64_ROW_VECTORS = {torch.bfloat16: 8, torch.float16: 8, torch.floa
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_bwd_n64_ab39bbf9(dy, d_extra_out0)
+        return torch.ops.fusegen.tee_bias_bwd_n64_ed70a257(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -4152,12 +4152,12 @@ register_op(
     "add_tee_fwd_n256_58cb8679", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
     add_tee_fwd_n256)
 register_op(
-    "bias_add_bwd_n4096_e63d479a", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
+    "bias_add_bwd_n4096_89c3d14e", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
 register_op(
-    "bias_add_tee_bwd_n256_1ed11a6f", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
+    "bias_add_tee_bwd_n256_ed0b56d1", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
     bias_add_tee_bwd_n256, bias_add_tee_bwd_n256)
 register_op(
-    "bias_add_tee_gelu_bwd_n256_from_bias_83a100d2",
+    "bias_add_tee_gelu_bwd_n256_from_bias_5a0cc12d",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
     "Tensor)",
     bias_add_tee_gelu_bwd_n256_from_bias, bias_add_tee_gelu_bwd_n256_from_bias)
@@ -4165,16 +4165,16 @@ register_op(
     "bias_add_tee_gelu_fwd_n256_3eaac00c",
     "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256,
     bias_add_tee_gelu_fwd_n256)
-register_op("bias_bwd_n1024_27c3ae82", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
-register_op("bias_bwd_n256_f5dbd3bd", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
-register_op("bias_bwd_n4096_60b69d3a", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
-register_op("bias_bwd_n512_fe68d2ae", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
+register_op("bias_bwd_n1024_e13db41f", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
+register_op("bias_bwd_n256_a0aec5f2", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
+register_op("bias_bwd_n4096_60af7859", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
+register_op("bias_bwd_n512_930774de", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
 register_op(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_b23b8192",
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_208885bb",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048,
     bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
 register_op(
-    "bias_dropout0p1_add_bwd_n256_8bd5d7de", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_add_bwd_n256_5989bfc2", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_add_bwd_n256, bias_dropout0p1_add_bwd_n256)
 register_op(
     "bias_dropout0p1_add_layernorm_fwd_h256_6c21a813",
@@ -4182,34 +4182,34 @@ register_op(
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256, bias_dropout0p1_add_layernorm_fwd_h256)
 register_op(
-    "bias_dropout0p1_bwd_n256_47d7ec13", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_bwd_n256_b1f68cbd", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_bwd_n256, bias_dropout0p1_bwd_n256)
 register_op(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b99122dc",
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_a3750c12",
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
 register_op(
-    "bias_gelu_bwd_n4096_cdc1c4fa", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_gelu_bwd_n4096_c91a5274", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096, bias_gelu_bwd_n4096)
 register_op(
-    "bias_gelu_dropout0p1_bwd_n512_07f7ccc6",
+    "bias_gelu_dropout0p1_bwd_n512_f5842c5b",
     "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512,
     bias_gelu_dropout0p1_bwd_n512)
 register_op(
-    "bias_glu_bwd_n512_f25957b6", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
+    "bias_glu_bwd_n512_1430bbb6", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
     bias_glu_bwd_n512)
 register_op(
-    "bias_qgeglu_bwd_n512_4f5a5435", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgeglu_bwd_n512_f850cbd2", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgeglu_bwd_n512, bias_qgeglu_bwd_n512)
 register_op(
-    "bias_qgelu_bwd_n512_afa77873", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgelu_bwd_n512_795c29d3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgelu_bwd_n512, bias_qgelu_bwd_n512)
 register_op(
-    "bias_reglu_bwd_n512_cf29f7a7", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_reglu_bwd_n512_21446563", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_reglu_bwd_n512, bias_reglu_bwd_n512)
 register_op(
-    "bias_relu_bwd_n512_from_output_39b23ee6", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_relu_bwd_n512_from_output_0c36e324", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_relu_bwd_n512_from_output, bias_relu_bwd_n512_from_output)
 register_op(
     "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_5b67be18",
@@ -4217,32 +4217,32 @@ register_op(
     "Tensor)",
     bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384, bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
 register_op(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_511a2513",
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_04b060e3",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
     "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias,
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
 register_op(
-    "bias_scale2p0_gelu_bwd_n256_969b897d", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_scale2p0_gelu_bwd_n256_c1a00438", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_scale2p0_gelu_bwd_n256, bias_scale2p0_gelu_bwd_n256)
 register_op(
-    "bias_situglu_b2p0_c8p0_bwd_n512_f0017594", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_situglu_b2p0_c8p0_bwd_n512_68bc66f5", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_situglu_b2p0_c8p0_bwd_n512, bias_situglu_b2p0_c8p0_bwd_n512)
 register_op(
-    "bias_sreglu_bwd_n512_fee34369", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_sreglu_bwd_n512_b8cd51ae", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_sreglu_bwd_n512, bias_sreglu_bwd_n512)
 register_op(
-    "bias_srelu_bwd_n2048_aef70df3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_srelu_bwd_n2048_735ed5be", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_srelu_bwd_n2048, bias_srelu_bwd_n2048)
 register_op(
-    "bias_srelu_rowscale_bwd_n512_e0eada5d",
+    "bias_srelu_rowscale_bwd_n512_64bd6cf7",
     "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
     bias_srelu_rowscale_bwd_n512, bias_srelu_rowscale_bwd_n512)
 register_op(
-    "bias_swiglu_bwd_n14336_f4120d75", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_bwd_n14336_9be610dd", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n14336, bias_swiglu_bwd_n14336)
 register_op(
-    "bias_swiglu_i32_bwd_n512_8fdb0ff0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_i32_bwd_n512_23e6ca0b", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
 register_op(
     "clamped_swiglu_l3p0_i16_bwd_any_4c8cd4c3", "(Tensor dy, Tensor x) -> Tensor",
@@ -4448,7 +4448,7 @@ register_op(
     "swiglu_tee_scale0p5_fwd_any_5001bb90", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any, swiglu_tee_scale0p5_fwd_any)
 register_op(
-    "tee_bias_bwd_n64_ab39bbf9", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
+    "tee_bias_bwd_n64_ed70a257", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
     tee_bias_bwd_n64, tee_bias_bwd_n64)
 register_op(
     "tee_bias_fwd_n64_81737328", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,

@@ -31,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_add_tee_bwd_n256_bf16(
   const fg::Add op0{};  // op 0: Bias(256)
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_add_tee_bwd_n256_fp16(
   const fg::Add op0{};  // op 0: Bias(256)
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_add_tee_bwd_n256_fp32(
   const fg::Add op0{};  // op 0: Bias(256)
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;

@@ -34,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_clamped_swiglu_l6p0_a1p5_
   float dbias0a[VEC] = {};
   float dbias0b[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 2  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;
@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_clamped_swiglu_l6p0_a1p5_
   float dbias0a[VEC] = {};
   float dbias0b[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 2  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;
@@ -190,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_clamped_swiglu_l6p0_a1p5_
   float dbias0a[VEC] = {};
   float dbias0b[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 2  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;

@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_gelu_dropout0p1_bwd_n512_
   const fg::Dropout op2{0.10000002384185791f, 1.1111111111111112f};  // op 2: Dropout(0.1)
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -105,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_gelu_dropout0p1_bwd_n512_
   const fg::Dropout op2{0.10000002384185791f, 1.1111111111111112f};  // op 2: Dropout(0.1)
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -175,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_gelu_dropout0p1_bwd_n512_
   const fg::Dropout op2{0.10000002384185791f, 1.1111111111111112f};  // op 2: Dropout(0.1)
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;

@@ -51,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
   float dbias6a[VEC] = {};
   float dbias6b[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 1  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;
@@ -249,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
   float dbias6a[VEC] = {};
   float dbias6b[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 1  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;
@@ -447,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale0p5_gelu_x3d12017c_b
   float dbias6a[VEC] = {};
   float dbias6b[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 1  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = (long long)row * (2 * N) + col, in_b = in_a + N;

@@ -34,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale2p0_gelu_bwd_n256_bf
   const fg::Gelu<Math> op2{};  // op 2: GELU()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -102,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale2p0_gelu_bwd_n256_fp
   const fg::Gelu<Math> op2{};  // op 2: GELU()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -170,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_scale2p0_gelu_bwd_n256_fp
   const fg::Gelu<Math> op2{};  // op 2: GELU()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;

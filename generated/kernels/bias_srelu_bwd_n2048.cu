@@ -32,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_srelu_bwd_n2048_bf16(
   const fg::Srelu op1{};  // op 1: SReLU()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -95,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_srelu_bwd_n2048_fp16(
   const fg::Srelu op1{};  // op 1: SReLU()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_srelu_bwd_n2048_fp32(
   const fg::Srelu op1{};  // op 1: SReLU()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;

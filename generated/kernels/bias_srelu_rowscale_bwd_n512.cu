@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_srelu_rowscale_bwd_n512_b
   const fg::RowScale op2{};  // op 2: RowScale()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_srelu_rowscale_bwd_n512_f
   const fg::RowScale op2{};  // op 2: RowScale()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(128) bias_srelu_rowscale_bwd_n512_f
   const fg::RowScale op2{};  // op 2: RowScale()
   float dbias0a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;

@@ -31,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(128) tee_bias_bwd_n64_bf16(
   const fg::Add op1{};  // op 1: Bias(64)
   float dbias1a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(128) tee_bias_bwd_n64_fp16(
   const fg::Add op1{};  // op 1: Bias(64)
   float dbias1a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
@@ -145,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(128) tee_bias_bwd_n64_fp32(
   const fg::Add op1{};  // op 1: Bias(64)
   float dbias1a[VEC] = {};
   if (v < NVEC) {  // a thread past the row's last vector takes no rows but joins the barriers below
-  #pragma unroll 4  // independent rows: several loads in flight per thread
+  #pragma unroll 4  // independent rows: about 8 vectors in flight per thread
     for (int row = blockIdx.y * blockDim.y + threadIdx.y; row < rows; row += gridDim.y * blockDim.y) {
       const long long out_a = (long long)row * N + col;
       const long long in_a = out_a;
