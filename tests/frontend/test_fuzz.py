@@ -19,6 +19,8 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from fusegen import fusion_rules
 from fusegen.ops import OPS, REQUIRED
 from fusegen.errors import SpecError
@@ -198,11 +200,16 @@ def random_spec(rng: random.Random) -> str:
     return "".join(text)
 
 
-def test_random_specs_from_the_registry():
+# The two longest runs go in thirds (every third text of the same seeded list), so that pytest-xdist's
+# workers share them rather than one finishing the suite alone.
+PARTS = 3
+
+
+@pytest.mark.parametrize("part", range(PARTS))
+def test_random_specs_from_the_registry(part):
     rng = random.Random(10)
-    total = 3000
-    counts = run_all([[("spec.py", random_spec(rng))] for _ in range(total)], "random spec")
-    assert_both_outcomes(counts, total, 0.25)
+    cases = [[("spec.py", random_spec(rng))] for _ in range(3000)][part::PARTS]
+    assert_both_outcomes(run_all(cases, f"random spec (part {part})"), len(cases), 0.25)
 
 
 def test_one_build_of_two_random_files():
@@ -284,11 +291,11 @@ def mutate(rng: random.Random, text: str) -> str:
     return text
 
 
-def test_mutated_shipped_specs():
+@pytest.mark.parametrize("part", range(PARTS))
+def test_mutated_shipped_specs(part):
     rng = random.Random(12)
-    total = 3000
-    cases = [[("spec.py", mutate(rng, rng.choice(SHIPPED)))] for _ in range(total)]
-    assert_both_outcomes(run_all(cases, "mutated shipped spec"), total, 0.2)
+    cases = [[("spec.py", mutate(rng, rng.choice(SHIPPED)))] for _ in range(3000)][part::PARTS]
+    assert_both_outcomes(run_all(cases, f"mutated shipped spec (part {part})"), len(cases), 0.2)
 
 
 def test_mutated_random_specs():
