@@ -40,7 +40,8 @@ TEMPLATES = _templates_dir()
 def environment() -> jinja2.Environment:
     """The templates' environment, one a process: it keeps each template compiled (jinja2 reloads
     one whose file changed), so a second build in the same process (a library user's, a test's)
-    does not parse and compile every template again, which was most of a small build's time."""
+    does not parse and compile every template again (two thirds of the builds' time in a profiled
+    test run)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,

@@ -32,9 +32,9 @@ _OPEN, _CLOSE = "([{", ")]}"
 def wrap_python(source: str, width: int = MAX_COLUMNS) -> str:
     """``source`` with each line wider than ``width`` wrapped (see the module's docstring).
 
-    A pure function of its text, remembered: Python's tokenizer makes it over half of a build's
-    time outside NVRTC, and a process that builds again (a library user's, the tests') mostly
-    wraps the same files again."""
+    A pure function of its text, remembered: Python's tokenizer makes it a third of a build's time
+    outside NVRTC, and a process that builds again (a library user's, the tests') mostly wraps the
+    same files again."""
     kinds = _line_kinds(source)
     out: list[str] = []
     for number, line in enumerate(source.split("\n"), start=1):

@@ -65,8 +65,8 @@ def _compile_each_job_once(request, monkeypatch):
 
 def pytest_collection_finish(session):
     """What is alive once the tests are collected (torch, libcst, every test module) lives for the
-    whole run: moved out of the collector's reach, so its full collections scan only what the
-    tests allocate. They had scanned it all, some thousands of times a run: 3-5 s a worker."""
+    whole run: moved out of the garbage collector's reach, so its full collections scan only what
+    the tests allocate (its time in a run's two workers: 7.9 -> 6.8 s)."""
     import gc
 
     gc.collect()

@@ -401,7 +401,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
 # has several rows' loads in flight. About 8 16-byte vectors in flight a thread is enough: a row
 # that loads more (a GLU's two halves, extra inputs, extra outputs' grads) needs fewer rows at once,
 # and more only cost registers. Measured on an H200 (bench/NOTES.md, 2026-11-26): Bias + GELU (2
-# vectors a row) is 1.5-4% slower unrolled less than 4 times; Dropout + SwiGLU (3) 11% quicker in
+# vectors a row) is 1.5-4% slower unrolled less than 4 times; Dropout + SwiGLU (3) 6-10% quicker in
 # bf16 unrolled twice; a 10-op chain that loads 8 vectors a row 26% quicker not unrolled.
 ROW_VECTORS_IN_FLIGHT = 8
 

@@ -19,7 +19,8 @@ TRICKY = {
     "empty": "",
     "tabs_and_wide_characters": "\u00e9\u00e9 = 4  # \u00e9t\u00e9\nm = Sequential(\tRMSNorm(\u00e9\u00e9),\t"
                                 "GELU(approximate='\U0001f600'))\n",
-    "continuations_and_strings": 'H = 4 + \\\n    4\ns = """a\nb\nc"""; t = (1,\n  2)\nm = Sequential(Bias(H), GELU())\n',
+    "continuations_and_strings": ('H = 4 + \\\n    4\ns = """a\nb\nc"""; t = (1,\n  2)\n'
+                                  "m = Sequential(Bias(H), GELU())\n"),
     "blocks": textwrap.dedent("""\
         # a comment
 
