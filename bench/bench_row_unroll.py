@@ -35,7 +35,7 @@ def rows_by(*widths):
     return make
 
 
-CASES = [  # (launcher, dy width, its other arguments, vectors a thread loads a row)
+CASES = [  # (launcher, dy width, its other arguments); the comment: vectors a thread loads a row
     ("bias_bwd_n4096", 4096, rows_by()),  # 1
     ("bias_add_bwd_n4096", 4096, rows_by()),  # 1
     ("bias_dropout0p1_add_bwd_n256", 256, rows_by(0)),  # 1
