@@ -222,18 +222,20 @@ def included_headers(source: str, source_name: str, headers: dict[str, Path] | N
 
 
 class Compile(NamedTuple):
-    """One NVRTC compile: ``kernel``'s source for ``arch``, and with ``with_ptx`` (an sm_XY compile)
-    its PTX kept as the compute_XY binary too."""
+    """One NVRTC compile: ``kernel``'s source for ``arch``, with ``with_ptx`` (an sm_XY compile)
+    its PTX kept as the compute_XY binary too, and that PTX assembled by ptxas for the archs of
+    ``assembled`` (nvrtc.ASSEMBLED_FROM)."""
     kernel: str
     source: str
     arch: str
     with_ptx: bool = False
+    assembled: tuple[str, ...] = ()
 
     @property
     def targets(self) -> tuple[str, ...]:
         from . import nvrtc
 
-        return nvrtc.targets_of(self.arch, self.with_ptx)
+        return nvrtc.targets_of(self.arch, self.with_ptx) + self.assembled
 
 
 # Up to this many compiles run on threads of the calling process, more in worker processes. NVRTC
@@ -246,29 +248,33 @@ class Compile(NamedTuple):
 THREADED_COMPILES = 64
 
 
-def _compile(job: Compile, headers: dict[str, str], pch_dir: Path) -> tuple[str, dict[str, bytes]]:
-    from . import nvrtc
+def _compile(job: Compile, headers: dict[str, str], folder: Path) -> tuple[str, dict[str, bytes]]:
+    """``job``'s binaries; ``folder`` (the run's) takes NVRTC's precompiled headers and ptxas's files."""
+    from . import nvrtc, ptxas
 
     binaries = nvrtc.compile_source(job.source, f"kernels/{job.kernel}.cu", job.arch, headers,
-                                    [nvrtc.cuda_include_dir()], pch_dir, job.with_ptx)
-    return job.kernel, binaries
+                                    [nvrtc.cuda_include_dir()], folder, job.with_ptx or bool(job.assembled))
+    ptx = binaries[f"compute_{job.arch.partition('_')[2]}"] if job.assembled else b""
+    for arch in job.assembled:
+        binaries[arch] = ptxas.assemble(ptx, arch, folder, job.kernel)
+    return job.kernel, {target: binaries[target] for target in job.targets}
 
 
 class _Worker:
     """A compile worker process's settings, set by its pool's initializer."""
     headers: dict[str, str] = {}
-    pch_dir: Path = Path()
+    folder: Path = Path()
 
 
 # Signal masks (POSIX): worker processes start with SIGINT blocked (_sigint_blocked). Not on Windows.
 _MASKS_SIGNALS = hasattr(signal, "pthread_sigmask")
 
 
-def _start_worker(headers: dict[str, str], pch_dir: Path) -> None:
+def _start_worker(headers: dict[str, str], folder: Path) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     if _MASKS_SIGNALS:  # unblocked once ignored: a Ctrl-C pending from the start is dropped
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    _Worker.headers, _Worker.pch_dir = headers, pch_dir
+    _Worker.headers, _Worker.folder = headers, folder
 
 
 @contextlib.contextmanager
@@ -289,7 +295,7 @@ def _sigint_blocked(blocked: bool):
 
 
 def _compile_in_worker(job: Compile) -> tuple[str, dict[str, bytes]]:
-    return _compile(job, _Worker.headers, _Worker.pch_dir)
+    return _compile(job, _Worker.headers, _Worker.folder)
 
 
 def binary_name(kernel: str, target: str) -> str:
@@ -303,20 +309,20 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
     On any way out (done, an NVRTC error, Ctrl-C) the pool takes no more jobs and waits for the
     compiles in flight, under a second each, instead of signalling its workers: a worker stopped
     by a signal inside NVRTC can hang there for good (seen while it used precompiled headers).
-    Those headers go to a folder of this run's, removed with it. Jobs start in order, so the
-    first pending ones are those in flight."""
+    Those headers, and ptxas's files, go to a folder of this run's, removed with it. Jobs start
+    in order, so the first pending ones are those in flight."""
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     binaries = {}
-    with tempfile.TemporaryDirectory(prefix="fusegen-pch-") as pch_dir:
+    with tempfile.TemporaryDirectory(prefix="fusegen-compile-") as folder:
         in_processes = len(jobs) > THREADED_COMPILES
         if not in_processes:
             pool = ThreadPoolExecutor(workers)
-            compile_one = functools.partial(_compile, headers=headers, pch_dir=Path(pch_dir))
+            compile_one = functools.partial(_compile, headers=headers, folder=Path(folder))
         else:
             # spawn, not fork: the calling process may run threads (torch's, in tests and
             # notebooks), and a forked child can inherit a lock one of them held and hang
             pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
-                                       (headers, Path(pch_dir)))
+                                       (headers, Path(folder)))
             compile_one = _compile_in_worker
         try:
             with _sigint_blocked(in_processes):
@@ -340,13 +346,13 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
 
     A binary is reused only when the previous MANIFEST.json records for its kernel the same source
     sha256 and header digests (``included_headers``), and for the binary the same NVRTC version
-    and options, and the file's sha256 matches."""
+    and options (and ptxas's, for one it assembled), and the file's sha256 matches."""
     manifest = {kernel: {"source": f"kernels/{kernel}.cu", "source_sha256": sha256(source.encode()),
                          "headers": included_headers(source, f"kernels/{kernel}.cu", headers), "binaries": {}}
                 for kernel, source in sources.items()}
     if not archs:  # a CPU-only package: sources, no binaries
         return {}, manifest
-    from . import nvrtc
+    from . import nvrtc, ptxas
 
     version = nvrtc.nvrtc_version()
     nvrtc.cuda_include_dir()  # fail before compiling anything when the headers are missing
@@ -358,15 +364,19 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
         prior = old.get(kernel, {})
         key = ("source_sha256", "headers")  # the text it is compiled from
         same_text = {k: prior.get(k) for k in key} == {k: entry[k] for k in key}
+        arch_tested = tests_arch(source, entry["headers"], headers)
         stale: dict[str, list[str]] = {}  # arch of a compile to make -> the stale targets it gives
         for target in archs:
             name = binary_name(kernel, target)
-            arch = nvrtc.compiled_with(target, archs)
+            arch = nvrtc.compiled_with(target, archs, arch_tested)
             record = {"file": name, "nvrtc": version, "options": nvrtc.compile_options(arch)}
+            if target.startswith("sm_") and target != arch:  # assembled from the PTX of arch's compile
+                record["ptxas"] = {"version": ptxas.version(), "options": ptxas.options(target)}
             prior_bin = prior.get("binaries", {}).get(target, {})
             path = previous / name if previous is not None else None
+            how = ("nvrtc", "options", "ptxas")
             if (same_text and path is not None and path.is_file()
-                    and {k: prior_bin.get(k) for k in ("nvrtc", "options")} == {k: record[k] for k in ("nvrtc", "options")}
+                    and {k: prior_bin.get(k) for k in how} == {k: record.get(k) for k in how}
                     and sha256(path.read_bytes()) == prior_bin.get("sha256")):
                 files[name] = path.read_bytes()
             else:
@@ -374,21 +384,35 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
             entry["binaries"][target] = record
         for arch, targets in stale.items():
             stale_count += len(targets)
-            # a target other than the compile's own arch is its PTX (compiled_with)
-            jobs.append(Compile(kernel, source, arch, with_ptx=any(t != arch for t in targets)))
+            # a target other than the compile's own arch is its PTX, or assembled from it (compiled_with)
+            jobs.append(Compile(kernel, source, arch, with_ptx=any(t.startswith("compute_") for t in targets),
+                                assembled=tuple(t for t in targets if t.startswith("sm_") and t != arch)))
     if jobs:
+        assembled = sum(len(job.assembled) for job in jobs)
+        by_ptxas = f", {assembled} of them assembled from their PTX by ptxas" if assembled else ""
         progress.start(len(jobs), f"compiling {stale_count} kernel binaries in {len(jobs)} compiles with NVRTC "
-                                  f"{version} ({len(sources) * len(archs) - stale_count} reused)")
+                                  f"{version}{by_ptxas} ({len(sources) * len(archs) - stale_count} reused)")
         try:
             compiled = run_compiles(jobs, progress, cuda_headers(headers))
         finally:
             progress.finish()
-        # a compile for a stale compute_XY also gives its sm_XY cubin, which may have been reused
+        # a compile for a stale compute_XY or assembled arch also gives its sm_XY cubin, which may
+        # have been reused
         files.update((name, binary) for name, binary in compiled.items() if name not in files)
     for kernel, entry in manifest.items():
         for target, record in entry["binaries"].items():
             record["sha256"] = sha256(files[record["file"]])
     return files, manifest
+
+
+def tests_arch(source: str, included: Iterable[str], headers: dict[str, Path] | None = None) -> bool:
+    """Whether ``source`` or a fusegen or plugin header of ``included`` (its included_headers)
+    tests the arch it is compiled for (nvrtc.TESTS_ARCH): then no arch's binary comes from another's
+    PTX."""
+    from . import nvrtc
+
+    files = header_files() if headers is None else headers
+    return any(nvrtc.TESTS_ARCH.search(text) for text in (source, *(files[n].read_text() for n in included)))
 
 
 def cuda_headers(headers: dict[str, Path] | None = None) -> dict[str, str]:

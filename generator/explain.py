@@ -90,6 +90,11 @@ def explain(package: Path, where: str, kernel: str) -> str:
     nvrtc = sorted({b["nvrtc"] for b in binaries})
     for opts in sorted(options):
         lines.append(f"NVRTC {', '.join(nvrtc)}: --gpu-architecture=<arch> {' '.join(opts)}")
+    for arch, binary in sorted(entry["binaries"].items()):
+        if "ptxas" in binary:  # an arch assembled from another's PTX (nvrtc.ASSEMBLED_FROM)
+            compiled = next(o for o in binary["options"] if o.startswith("--gpu-architecture=")).partition("=")[2]
+            lines.append(f"ptxas {binary['ptxas']['version']}: {arch} assembled from the PTX of the {compiled} "
+                         f"compile ({' '.join(binary['ptxas']['options'])})")
     functions = [symbol for symbols_of_dtype in entry.get("entries", {}).values() for symbol in symbols_of_dtype]
     lines += ["", f"{'binary, then its functions':44} {'bytes':>9} {'registers':>9} {'stack frame':>11}"]
     by_arch = sorted(entry["binaries"].items(),  # cubins by number, then PTX

@@ -1,8 +1,8 @@
 """One NVRTC compile per distinct job for the whole test session.
 
 The build tests make many small packages, and most of their compile jobs repeat an earlier
-test's (44 distinct of 188 in tests/builds and tests/cli). NVRTC's output is a pure function of
-the source, the headers, the arch and the options (tests/builds/test_compiles.py and
+test's (44 distinct of 188 in tests/builds and tests/cli). NVRTC's output, and ptxas's, is a pure
+function of the source, the headers, the arch and the options (tests/builds/test_compiles.py and
 test_two_builds_give_identical_bytes check that on real compiles), so a job seen before gets its
 binaries from this session's memo instead of another compile. What a test observes of a build is
 unchanged: ``build.run_compiles`` is still called with every job (the build-cache tests count
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 
-from fusegen import build, nvrtc
+from fusegen import build, nvrtc, ptxas
 from fusegen.progress import Progress
 
 _binaries: dict[tuple, dict[str, bytes]] = {}  # job key -> {target: bytes}
@@ -31,8 +31,8 @@ class _Shifted(Progress):
 
 
 def _key(job: build.Compile, headers_digest: str) -> tuple:
-    options = (*nvrtc.LANGUAGE_OPTIONS, *nvrtc.SPEED_OPTIONS, nvrtc.nvrtc_version())
-    return job.source, job.arch, job.with_ptx, headers_digest, options
+    options = (*nvrtc.LANGUAGE_OPTIONS, *nvrtc.SPEED_OPTIONS, nvrtc.nvrtc_version(), ptxas.version())
+    return job.source, job.arch, job.with_ptx, job.assembled, headers_digest, options
 
 
 def remembering(run_compiles):

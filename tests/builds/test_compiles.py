@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import build, nvrtc, output
+from fusegen import build, nvrtc, output, ptxas
+from fusegen.errors import ToolchainError
+from fusegen.explain import elf_sections
 from fusegen.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,12 +87,115 @@ def refuse(*args, **kwargs):
 def test_threads_and_worker_processes_give_the_same_binaries(monkeypatch):
     jobs = [build.Compile(kernel, shipped_source(kernel), arch, arch == "sm_80")
             for kernel in KERNELS[:4] for arch in ("sm_80", "sm_90")]
+    jobs.append(build.Compile(KERNELS[0], shipped_source(KERNELS[0]), "sm_100", assembled=("sm_120",)))
     assert len(jobs) <= build.THREADED_COMPILES
     with monkeypatch.context() as patch:
         patch.setattr(build, "ProcessPoolExecutor", refuse)
         threaded = build.run_compiles(jobs, Progress(), build.cuda_headers())
     assert set(threaded) == {build.binary_name(kernel, target) for kernel in KERNELS[:4]
-                             for target in ("sm_80", "compute_80", "sm_90")}
+                             for target in ("sm_80", "compute_80", "sm_90")} | {
+        build.binary_name(KERNELS[0], target) for target in ("sm_100", "sm_120")}
+    assert threaded[build.binary_name(KERNELS[0], "sm_120")] == (
+        ROOT / "generated" / f"kernels/{KERNELS[0]}.sm_120.cubin").read_bytes()
     monkeypatch.setattr(build, "THREADED_COMPILES", len(jobs) - 1)
     monkeypatch.setattr(build, "ThreadPoolExecutor", refuse)
     assert build.run_compiles(jobs, Progress(), build.cuda_headers()) == threaded
+
+
+def test_the_shipped_sm_120_cubins_hold_the_machine_code_of_nvrtcs_own_sm_120_compile(tmp_path):
+    """sm_120 is assembled by ptxas from the PTX of the sm_100 compile (nvrtc.ASSEMBLED_FROM): each
+    section of the cubin is the one NVRTC's own sm_120 compile writes, but the toolkit note, which
+    names the build of the ptxas that wrote it (NVRTC's own, or the pinned executable)."""
+    for kernel in KERNELS:
+        shipped = elf_sections((ROOT / "generated" / f"kernels/{kernel}.sm_120.cubin").read_bytes())
+        own = elf_sections(compile_shipped(kernel, "sm_120", tmp_path)["sm_120"])
+        assert set(shipped) == set(own) and any(name.startswith(".text.") for name in own)
+        assert [name for name in own if own[name] != shipped[name]] == [".note.nv.tkinfo"], kernel
+        assert b"ptxas\0Cuda compilation tools, release 13.0, V13.0.88" in shipped[".note.nv.tkinfo"]
+        record = MANIFEST[kernel]["binaries"]["sm_120"]
+        assert record["options"] == nvrtc.compile_options("sm_100")
+        assert record["ptxas"] == {"version": "13.0.88", "options": ["-arch=sm_120"]}
+
+
+def test_ptxas_assembles_the_shipped_sm_120_cubin_from_the_sm_100_compiles_ptx(tmp_path):
+    kernel = KERNELS[2]
+    sm_100 = compile_shipped(kernel, "sm_100", tmp_path, with_ptx=True)
+    assert b"\n.target sm_100\n" in sm_100["compute_100"]
+    work = tmp_path / "work"
+    work.mkdir()
+    assembled = ptxas.assemble(sm_100["compute_100"], "sm_120", work, kernel)
+    assert assembled == (ROOT / "generated" / f"kernels/{kernel}.sm_120.cubin").read_bytes()
+    assert list(work.iterdir()) == []  # its PTX and cubin files are removed
+
+
+def test_a_ptxas_failure_is_a_toolchain_error_with_its_log(tmp_path):
+    with pytest.raises(ToolchainError, match=r"k: ptxas failed for sm_120 \(exit \d+\):\n.*(?i:error)"):
+        ptxas.assemble(b".version 9.0\n.target sm_100\n.address_size 64\nnot ptx;\n", "sm_120", tmp_path, "k")
+    with pytest.raises(ToolchainError, match="k: the PTX NVRTC wrote has 0 .target lines, not one"):
+        ptxas.assemble(b".version 9.0\n", "sm_120", tmp_path, "k")
+    assert list(tmp_path.iterdir()) == []
+
+
+PROBE_KERNEL = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }\n'
+
+
+@pytest.mark.parametrize("source, header", [
+    ('#include "probe.cuh"\n' + PROBE_KERNEL, "#pragma once\n"),
+    ('#include "probe.cuh"\n#if __CUDA_ARCH__ >= 1200\n#endif\n' + PROBE_KERNEL, "#pragma once\n"),
+    ('#include "probe.cuh"\n' + PROBE_KERNEL, "#pragma once\n#if __CUDA_ARCH__ >= 1200\n#define WIDE 1\n#endif\n"),
+    ('#include "probe.cuh"\n' + PROBE_KERNEL,
+     "#pragma once\n#include <nv/target>\nNV_IF_TARGET(NV_PROVIDES_SM_120, (), ())\n"),
+], ids=["plain", "arch-test-in-source", "arch-test-in-header", "nv-target-in-header"])
+def test_sm_120_comes_from_the_sm_100_compile_unless_the_kernel_tests_the_arch(source, header, tmp_path, monkeypatch):
+    (tmp_path / "probe.cuh").write_text(header)
+    headers = {**build.header_files(), "probe.cuh": tmp_path / "probe.cuh"}
+    jobs = []
+
+    def run_compiles(batch, progress, texts):  # what the compiles would give, without NVRTC
+        jobs.extend(batch)
+        return {build.binary_name(job.kernel, target): f"{job.arch}->{target}".encode()
+                for job in batch for target in job.targets}
+
+    monkeypatch.setattr(build, "run_compiles", run_compiles)
+    archs = ("sm_90", "sm_100", "sm_120")
+    files, manifest = build.compile_kernels({"k": source}, archs, None, Progress(), headers)
+    records = manifest["k"]["binaries"]
+    if source.count("__CUDA_ARCH__") + header.count("__CUDA_ARCH__") + header.count("NV_IF_TARGET") == 0:
+        assert jobs == [build.Compile("k", source, "sm_90"),
+                        build.Compile("k", source, "sm_100", assembled=("sm_120",))]
+        assert files["kernels/k.sm_120.cubin"] == b"sm_100->sm_120"
+        assert records["sm_120"]["options"] == nvrtc.compile_options("sm_100")
+        assert records["sm_120"]["ptxas"] == {"version": ptxas.version(), "options": ["-arch=sm_120"]}
+    else:  # compiled for sm_120 by itself
+        assert [job.arch for job in jobs] == list(archs) and not any(job.assembled for job in jobs)
+        assert files["kernels/k.sm_120.cubin"] == b"sm_120->sm_120"
+        assert records["sm_120"]["options"] == nvrtc.compile_options("sm_120") and "ptxas" not in records["sm_120"]
+
+
+def test_an_assembled_binary_is_reused_only_if_its_ptxas_record_matches(tmp_path, monkeypatch):
+    jobs = []
+
+    def run_compiles(batch, progress, texts):
+        jobs.extend(batch)
+        return {build.binary_name(job.kernel, target): f"{job.arch}->{target}".encode()
+                for job in batch for target in job.targets}
+
+    monkeypatch.setattr(build, "run_compiles", run_compiles)
+    source, archs, out = '#include "common.cuh"\n' + PROBE_KERNEL, ("sm_100", "sm_120"), tmp_path / "out"
+
+    def build_into_out():
+        files, manifest = build.compile_kernels({"k": source}, archs, out if out.is_dir() else None, Progress())
+        output.write_package({**files, output.MANIFEST: output.manifest_bytes(
+            {"generator": "fusegen", "kernels": manifest, "files": sorted([*files, output.MANIFEST])})}, out)
+
+    build_into_out()
+    assert jobs == [build.Compile("k", source, "sm_100", assembled=("sm_120",))]
+    jobs.clear()
+    build_into_out()
+    assert jobs == []  # every binary reused
+    written = json.loads((out / output.MANIFEST).read_text())
+    written["kernels"]["k"]["binaries"]["sm_120"]["ptxas"]["version"] = "12.9.86"  # as if another ptxas wrote it
+    (out / output.MANIFEST).write_text(json.dumps(written))
+    build_into_out()
+    # sm_120 is assembled again from a new sm_100 compile, whose cubin the build already had
+    assert jobs == [build.Compile("k", source, "sm_100", assembled=("sm_120",))]

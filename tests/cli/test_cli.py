@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fusegen import build, cli, output, progress
-from fusegen import nvrtc
+from fusegen import nvrtc, ptxas
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "from fusegen.eager import Sequential, RMSNorm, GELU\nblock = Sequential(RMSNorm(64), GELU())\n"
@@ -98,6 +98,26 @@ def test_a_missing_nvrtc_library_is_a_toolchain_error(spec, capsys, monkeypatch)
     code, err = run(capsys, *GENERATE)
     assert code == 3 and "cannot load the NVRTC library (DynamicLibNotFoundError: Failure finding" in err
     assert "pip install 'cuda-bindings==13.0.3' 'nvidia-cuda-nvrtc==13.0.88'" in err and "Traceback" not in err
+
+
+def test_a_missing_ptxas_is_a_toolchain_error(spec, capsys, monkeypatch):
+    """sm_120 is assembled from sm_100's PTX by the pinned ptxas (nvrtc.ASSEMBLED_FROM)."""
+    real = importlib.metadata.distribution
+
+    def without_nvcc(name):
+        if name == ptxas.PACKAGE:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_nvcc)
+    ptxas.executable.cache_clear()
+    try:
+        code, err = run(capsys, "generate", "spec.py", "--out", "fused", "--archs", "sm_100,sm_120",
+                        "--dtypes", "float32")
+    finally:
+        ptxas.executable.cache_clear()
+    assert code == 3 and "ptxas not found: install the pinned nvidia-cuda-nvcc package" in err
+    assert "pip install 'nvidia-cuda-nvcc==13.0.88'" in err and not Path("fused").exists()
 
 
 def test_nvrtc_compile_failure_is_a_toolchain_error(spec, capsys, monkeypatch):
@@ -223,7 +243,7 @@ def test_version_and_python_m(tmp_path):
     assert result.returncode == 2 and "spec.py:2:" in result.stderr and "Traceback" not in result.stderr
 
 
-# The spec's 100 compiles run in worker processes; on threads of fusegen's own process when the
+# The spec's 75 compiles run in worker processes; on threads of fusegen's own process when the
 # threshold is raised past them. A Ctrl-C 0.2 s after the first line reaches worker processes still
 # importing the compiler (0.7 s), which printed their own tracebacks before they started with
 # SIGINT blocked (build._sigint_blocked).
@@ -249,7 +269,7 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_co
     proc = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     first = proc.stderr.readline()
-    assert "fusegen: compiling 125 kernel binaries in 100 compiles" in first, first
+    assert "fusegen: compiling 125 kernel binaries in 75 compiles" in first, first
     time.sleep(delay)
     os.killpg(proc.pid, signal.SIGINT)
     rest = proc.stderr.read()
