@@ -21,8 +21,12 @@ ELF_SYMBOL_SIZE = 24  # an Elf64_Sym: name, info, other, section index, value, s
 EIFMT_SIZES = {1: 0, 2: 2, 3: 2}  # attribute formats with a fixed-size value; 4: a 2-byte size, then that many bytes
 
 
+SHT_NOBITS = 8  # a section that reserves memory (a kernel's shared memory) but holds no bytes in the file
+
+
 def elf_sections(image: bytes) -> dict[str, bytes]:
-    """{section name: contents} of a 64-bit little-endian ELF file (a cubin)."""
+    """{section name: contents} of a 64-bit little-endian ELF file (a cubin); a SHT_NOBITS section
+    as as many zero bytes as it reserves."""
     if image[:4] != b"\x7fELF" or image[4] != 2 or image[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF file")
     (shoff,) = struct.unpack_from("<Q", image, 0x28)
@@ -34,7 +38,7 @@ def elf_sections(image: bytes) -> dict[str, bytes]:
         start = names[4] + offset
         return image[start:image.index(b"\0", start)].decode()
 
-    return {name(h[0]): image[h[4]:h[4] + h[5]] for h in headers}
+    return {name(h[0]): bytes(h[5]) if h[1] == SHT_NOBITS else image[h[4]:h[4] + h[5]] for h in headers}
 
 
 def symbols(sections: dict[str, bytes]) -> list[str]:

@@ -93,16 +93,23 @@ def compile_options(arch: str) -> list[str]:
     return [_arch_option(arch), *LANGUAGE_OPTIONS, *SPEED_OPTIONS, *RECORDED_INCLUDES]
 
 
-# {sm arch: the arch whose compile's PTX it is assembled from (ptxas.py)}. For a source that does
-# not test the arch, NVRTC 13.0 writes the same PTX for sm_100 and sm_120 but for the .target line:
-# one NVVM (the one based on LLVM 20, for sm_100 and up; sm_80 and sm_90 get another, and the CUDA
-# headers give them different conversions), and no conditional of the pinned CUDA headers tells the
-# two apart (their __CUDA_ARCH__ tests stop at 1000; the family-specific macros are set only for
-# sm_XYf and sm_XYa, which fusegen does not build). Assembling that PTX for sm_120 gives the machine
-# code NVRTC's own sm_120 compile gives (checked over every shipped kernel; a test keeps checking
-# some) without running the front end and NVVM again: over the shipped sources, sm_120's 26.7 s of
-# NVRTC became 11.6 s of ptxas, and a full rebuild took 48 s instead of 57 (2-core machine).
-ASSEMBLED_FROM = {"sm_120": "sm_100"}
+# {sm arch: the arch whose compile's PTX it is assembled from (ptxas.py)}. NVRTC 13.0 has two
+# NVVMs: one for sm_80 and sm_90 (based on LLVM 7), one for sm_100 and up (LLVM 20). For a source
+# that does not test the arch, each writes the same PTX for the two archs of a pair but for the
+# .target line: the CUDA headers are what could tell them apart, and
+# - sm_100 / sm_120: no conditional of the pinned headers does (their __CUDA_ARCH__ tests stop at
+#   1000; the family-specific macros are set only for sm_XYf and sm_XYa, which fusegen does not
+#   build), so the PTX is the same for any such source;
+# - sm_80 / sm_90: the headers' sm_90 paths (cvt.f32.bf16 for bf16 -> fp32, bf16 arithmetic) are
+#   never reached by fusegen's kernels, which convert bf16 with common.cuh's own mov and compute in
+#   fp32. A plugin kernel that calls a header function with an sm_90 path gets on sm_90 the sm_80
+#   path's code: the same function, which the compute_80 PTX runs on every later GPU as well.
+# Assembling the PTX gives the machine code NVRTC's own compile for the arch gives (every section of
+# the cubin but the toolkit note; checked over every shipped kernel, and a test keeps checking one
+# of each template) without running the front end and NVVM again: over the shipped sources,
+# NVRTC's 26.7 s for sm_120 became 11.6 s of ptxas, and a full rebuild (224 compiles, 224 ptxas
+# runs) took 37-42 s where the tree with 448 compiles took 54-58 s, run in turn (2-core machine).
+ASSEMBLED_FROM = {"sm_90": "sm_80", "sm_120": "sm_100"}
 # What in a source or a fusegen or plugin header tests the arch (nv/target's macros test it too):
 # such a kernel is compiled for each arch by itself.
 TESTS_ARCH = re.compile(r"__CUDA_ARCH|\bNV_(?:IF_TARGET|IF_ELSE_TARGET|DISPATCH_TARGET|PROVIDES_SM|IS_EXACTLY_SM"

@@ -29,7 +29,15 @@ struct FastMath {
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+// bf16 -> fp32 is exact: the 16 bits become the float's high half. cuda_bf16.h writes it as this mov
+// below sm_90 and as cvt.f32.bf16 from sm_90 on; the mov everywhere makes a kernel's PTX the same
+// for sm_80 and sm_90 (one NVVM run serves both: nvrtc.ASSEMBLED_FROM), and ptxas turns it into
+// fewer instructions on sm_90 (a PRMT for the high element of a pair where cvt took a shift).
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  float f;
+  asm("{ mov.b32 %0, {0,%1};}\n" : "=f"(f) : "h"(__bfloat16_as_ushort(v)));
+  return f;
+}
 
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }

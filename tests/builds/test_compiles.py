@@ -1,7 +1,9 @@
 """How a build compiles: an sm_XY compile also gives the compute_XY PTX (the same bytes a compile
-for compute_XY gives), so a kernel wanted as both takes one NVRTC compile; NVRTC's speed-only
-options change no binary; its precompiled headers go to a folder of the build's, removed after;
-a few compiles run on threads, many in worker processes, with the same bytes."""
+for compute_XY gives), so a kernel wanted as both takes one NVRTC compile, and ptxas assembles
+that PTX for the arch's twin (sm_90 from sm_80's, sm_120 from sm_100's) into the machine code
+NVRTC's own compile writes; NVRTC's speed-only options change no binary; its precompiled headers
+and ptxas's files go to a folder of the build's, removed after; a few compiles run on threads,
+many in worker processes, with the same bytes."""
 
 import json
 import tempfile
@@ -51,7 +53,7 @@ def test_speed_options_change_no_binary(tmp_path, monkeypatch):
     assert compile_shipped(kernel, "sm_90", tmp_path) == fast
 
 
-def test_one_compile_gives_a_kernels_cubin_and_ptx_and_leaves_no_files(tmp_path, monkeypatch):
+def test_one_compile_gives_a_kernels_cubins_and_ptx_and_leaves_no_files(tmp_path, monkeypatch):
     spec = tmp_path / "small.py"
     spec.write_text(textwrap.dedent("""\
         from fusegen.eager import Sequential, RMSNorm, GELU
@@ -68,14 +70,19 @@ def test_one_compile_gives_a_kernels_cubin_and_ptx_and_leaves_no_files(tmp_path,
     files = build.build_package(build.Config((spec,), tmp_path / "out", archs=archs, dtypes=("float32",), root=tmp_path))
 
     kernels = json.loads(files[output.MANIFEST])["kernels"]
-    assert sorted((job.kernel, job.arch, job.with_ptx) for job in compiled) == sorted(
-        [(kernel, "sm_80", True) for kernel in kernels] + [(kernel, "sm_90", False) for kernel in kernels])
+    # the sm_80 compile gives the compute_80 PTX, and ptxas assembles it for sm_90 (nvrtc.ASSEMBLED_FROM)
+    assert sorted(compiled) == sorted(build.Compile(kernel, files[f"kernels/{kernel}.cu"].decode(), "sm_80", True,
+                                                    ("sm_90",)) for kernel in kernels)
     for kernel, entry in kernels.items():
-        assert set(entry["binaries"]) == set(archs)
-        # each binary records the compile it came from: the PTX, the sm_80 one
-        assert entry["binaries"]["compute_80"]["options"] == entry["binaries"]["sm_80"]["options"] == nvrtc.compile_options("sm_80")
-        assert files[entry["binaries"]["compute_80"]["file"]].startswith(b"//")  # PTX text
-    assert list(temporary.iterdir()) == []  # the precompiled headers' folder is gone
+        records = entry["binaries"]
+        assert set(records) == set(archs)
+        # each binary records the compile it came from, and sm_90's the ptxas run too
+        for target in archs:
+            assert records[target]["options"] == nvrtc.compile_options("sm_80")
+        assert records["sm_90"]["ptxas"] == {"version": ptxas.version(), "options": ["-arch=sm_90"]}
+        assert "ptxas" not in records["sm_80"] and "ptxas" not in records["compute_80"]
+        assert files[records["compute_80"]["file"]].startswith(b"//")  # PTX text
+    assert list(temporary.iterdir()) == []  # the folder of the precompiled headers and ptxas's files is gone
     assert set(Path("/tmp").glob("__nvrtc_auto_pch_*")) == nvrtc_default
 
 
@@ -102,19 +109,21 @@ def test_threads_and_worker_processes_give_the_same_binaries(monkeypatch):
     assert build.run_compiles(jobs, Progress(), build.cuda_headers()) == threaded
 
 
-def test_the_shipped_sm_120_cubins_hold_the_machine_code_of_nvrtcs_own_sm_120_compile(tmp_path):
-    """sm_120 is assembled by ptxas from the PTX of the sm_100 compile (nvrtc.ASSEMBLED_FROM): each
-    section of the cubin is the one NVRTC's own sm_120 compile writes, but the toolkit note, which
-    names the build of the ptxas that wrote it (NVRTC's own, or the pinned executable)."""
+@pytest.mark.parametrize("arch, twin", sorted(nvrtc.ASSEMBLED_FROM.items()))
+def test_an_assembled_shipped_cubin_holds_the_machine_code_of_nvrtcs_own_compile(arch, twin, tmp_path):
+    """sm_90 and sm_120 are assembled by ptxas from the PTX of the sm_80 and sm_100 compiles
+    (nvrtc.ASSEMBLED_FROM): each section of such a cubin is the one NVRTC's own compile for the arch
+    writes, but the toolkit note, which names the build of the ptxas that wrote it (NVRTC's own, or
+    the pinned executable). One kernel of each template."""
     for kernel in KERNELS:
-        shipped = elf_sections((ROOT / "generated" / f"kernels/{kernel}.sm_120.cubin").read_bytes())
-        own = elf_sections(compile_shipped(kernel, "sm_120", tmp_path)["sm_120"])
+        shipped = elf_sections((ROOT / "generated" / f"kernels/{kernel}.{arch}.cubin").read_bytes())
+        own = elf_sections(compile_shipped(kernel, arch, tmp_path)[arch])
         assert set(shipped) == set(own) and any(name.startswith(".text.") for name in own)
         assert [name for name in own if own[name] != shipped[name]] == [".note.nv.tkinfo"], kernel
         assert b"ptxas\0Cuda compilation tools, release 13.0, V13.0.88" in shipped[".note.nv.tkinfo"]
-        record = MANIFEST[kernel]["binaries"]["sm_120"]
-        assert record["options"] == nvrtc.compile_options("sm_100")
-        assert record["ptxas"] == {"version": "13.0.88", "options": ["-arch=sm_120"]}
+        record = MANIFEST[kernel]["binaries"][arch]
+        assert record["options"] == nvrtc.compile_options(twin)
+        assert record["ptxas"] == {"version": "13.0.88", "options": [f"-arch={arch}"]}
 
 
 def test_ptxas_assembles_the_shipped_sm_120_cubin_from_the_sm_100_compiles_ptx(tmp_path):
@@ -141,12 +150,12 @@ PROBE_KERNEL = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }
 
 @pytest.mark.parametrize("source, header", [
     ('#include "probe.cuh"\n' + PROBE_KERNEL, "#pragma once\n"),
-    ('#include "probe.cuh"\n#if __CUDA_ARCH__ >= 1200\n#endif\n' + PROBE_KERNEL, "#pragma once\n"),
+    ('#include "probe.cuh"\n#if __CUDA_ARCH__ >= 900\n#endif\n' + PROBE_KERNEL, "#pragma once\n"),
     ('#include "probe.cuh"\n' + PROBE_KERNEL, "#pragma once\n#if __CUDA_ARCH__ >= 1200\n#define WIDE 1\n#endif\n"),
     ('#include "probe.cuh"\n' + PROBE_KERNEL,
-     "#pragma once\n#include <nv/target>\nNV_IF_TARGET(NV_PROVIDES_SM_120, (), ())\n"),
+     "#pragma once\n#include <nv/target>\nNV_IF_TARGET(NV_PROVIDES_SM_90, (), ())\n"),
 ], ids=["plain", "arch-test-in-source", "arch-test-in-header", "nv-target-in-header"])
-def test_sm_120_comes_from_the_sm_100_compile_unless_the_kernel_tests_the_arch(source, header, tmp_path, monkeypatch):
+def test_an_arch_comes_from_its_twins_compile_unless_the_kernel_tests_the_arch(source, header, tmp_path, monkeypatch):
     (tmp_path / "probe.cuh").write_text(header)
     headers = {**build.header_files(), "probe.cuh": tmp_path / "probe.cuh"}
     jobs = []
@@ -157,19 +166,21 @@ def test_sm_120_comes_from_the_sm_100_compile_unless_the_kernel_tests_the_arch(s
                 for job in batch for target in job.targets}
 
     monkeypatch.setattr(build, "run_compiles", run_compiles)
-    archs = ("sm_90", "sm_100", "sm_120")
+    archs = ("sm_80", "sm_90", "sm_100", "sm_120", "compute_80")
     files, manifest = build.compile_kernels({"k": source}, archs, None, Progress(), headers)
     records = manifest["k"]["binaries"]
     if source.count("__CUDA_ARCH__") + header.count("__CUDA_ARCH__") + header.count("NV_IF_TARGET") == 0:
-        assert jobs == [build.Compile("k", source, "sm_90"),
+        assert jobs == [build.Compile("k", source, "sm_80", True, assembled=("sm_90",)),
                         build.Compile("k", source, "sm_100", assembled=("sm_120",))]
-        assert files["kernels/k.sm_120.cubin"] == b"sm_100->sm_120"
-        assert records["sm_120"]["options"] == nvrtc.compile_options("sm_100")
-        assert records["sm_120"]["ptxas"] == {"version": ptxas.version(), "options": ["-arch=sm_120"]}
-    else:  # compiled for sm_120 by itself
-        assert [job.arch for job in jobs] == list(archs) and not any(job.assembled for job in jobs)
-        assert files["kernels/k.sm_120.cubin"] == b"sm_120->sm_120"
-        assert records["sm_120"]["options"] == nvrtc.compile_options("sm_120") and "ptxas" not in records["sm_120"]
+        for arch, twin in nvrtc.ASSEMBLED_FROM.items():
+            assert files[f"kernels/k.{arch}.cubin"] == f"{twin}->{arch}".encode()
+            assert records[arch]["options"] == nvrtc.compile_options(twin)
+            assert records[arch]["ptxas"] == {"version": ptxas.version(), "options": [f"-arch={arch}"]}
+    else:  # compiled for each arch by itself
+        assert jobs == [build.Compile("k", source, arch, arch == "sm_80") for arch in archs[:4]]
+        for arch in nvrtc.ASSEMBLED_FROM:
+            assert files[f"kernels/k.{arch}.cubin"] == f"{arch}->{arch}".encode()
+            assert records[arch]["options"] == nvrtc.compile_options(arch) and "ptxas" not in records[arch]
 
 
 def test_an_assembled_binary_is_reused_only_if_its_ptxas_record_matches(tmp_path, monkeypatch):

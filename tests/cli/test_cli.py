@@ -243,11 +243,11 @@ def test_version_and_python_m(tmp_path):
     assert result.returncode == 2 and "spec.py:2:" in result.stderr and "Traceback" not in result.stderr
 
 
-# The spec's 75 compiles run in worker processes; on threads of fusegen's own process when the
-# threshold is raised past them. A Ctrl-C 0.2 s after the first line reaches worker processes still
-# importing the compiler (0.7 s), which printed their own tracebacks before they started with
+# The spec's 50 compiles run in worker processes with the threshold below them, on threads of
+# fusegen's own process with it above. A Ctrl-C 0.2 s after the first line reaches worker processes
+# still importing the compiler (0.7 s), which printed their own tracebacks before they started with
 # SIGINT blocked (build._sigint_blocked).
-@pytest.mark.parametrize("threaded_compiles, delay", [(None, 1.0), (10**6, 1.0), (None, 0.2)],
+@pytest.mark.parametrize("threaded_compiles, delay", [(0, 1.0), (10**6, 1.0), (0, 0.2)],
                          ids=["processes", "threads", "processes-while-starting"])
 def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_compiles, delay):
     (tmp_path / "spec.py").write_text(textwrap.dedent("""\
@@ -260,8 +260,7 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_co
     """))
     # fusegen's main with Python's own Ctrl-C handler: a shell's background job (`make test &`)
     # inherits SIGINT ignored, and Python then installs none.
-    threshold = ("" if threaded_compiles is None
-                 else f"import fusegen.build; fusegen.build.THREADED_COMPILES = {threaded_compiles}; ")
+    threshold = f"import fusegen.build; fusegen.build.THREADED_COMPILES = {threaded_compiles}; "
     command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                f"{threshold}from fusegen.cli import main; sys.exit(main(sys.argv[1:]))", "generate", "spec.py",
                "--out", "fused"]
@@ -269,7 +268,7 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_co
     proc = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     first = proc.stderr.readline()
-    assert "fusegen: compiling 125 kernel binaries in 75 compiles" in first, first
+    assert "fusegen: compiling 125 kernel binaries in 50 compiles" in first, first
     time.sleep(delay)
     os.killpg(proc.pid, signal.SIGINT)
     rest = proc.stderr.read()
