@@ -25,8 +25,8 @@ SHT_NOBITS = 8  # a section that reserves memory (a kernel's shared memory) but 
 
 
 def elf_sections(image: bytes) -> dict[str, bytes]:
-    """{section name: contents} of a 64-bit little-endian ELF file (a cubin); a SHT_NOBITS section
-    as as many zero bytes as it reserves."""
+    """{section name: contents} of a 64-bit little-endian ELF file (a cubin); a SHT_NOBITS section,
+    which holds no bytes in the file, as zeros of the size it reserves."""
     if image[:4] != b"\x7fELF" or image[4] != 2 or image[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF file")
     (shoff,) = struct.unpack_from("<Q", image, 0x28)
@@ -94,7 +94,7 @@ def explain(package: Path, where: str, kernel: str) -> str:
     nvrtc = sorted({b["nvrtc"] for b in binaries})
     for opts in sorted(options):
         lines.append(f"NVRTC {', '.join(nvrtc)}: --gpu-architecture=<arch> {' '.join(opts)}")
-    for arch, binary in sorted(entry["binaries"].items()):
+    for arch, binary in sorted(entry["binaries"].items(), key=lambda item: int(item[0].split("_")[1])):
         if "ptxas" in binary:  # an arch assembled from another's PTX (nvrtc.ASSEMBLED_FROM)
             compiled = next(o for o in binary["options"] if o.startswith("--gpu-architecture=")).partition("=")[2]
             lines.append(f"ptxas {binary['ptxas']['version']}: {arch} assembled from the PTX of the {compiled} "

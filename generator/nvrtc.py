@@ -2,9 +2,10 @@
 
 The toolchain is pinned in pyproject.toml (cuda-bindings, nvidia-cuda-nvrtc, nvidia-cuda-runtime
 for cuda_bf16.h / cuda_fp16.h, and nvidia-cuda-nvcc for ptxas: ptxas.py), so the same source gives
-the same bytes on every machine. No GPU is needed. The options carry no line info and no debug info, so the absolute
-include paths never reach a binary; the manifest records the options with the include folders
-written symbolically (``compile_options``) so it is identical on every machine too.
+the same bytes on every machine. No GPU is needed. The options carry no line info and no debug
+info, so the absolute include paths never reach a binary; the manifest records the options with
+the include folders written symbolically (``compile_options``) so it is identical on every machine
+too.
 """
 
 from __future__ import annotations
@@ -100,10 +101,11 @@ def compile_options(arch: str) -> list[str]:
 # - sm_100 / sm_120: no conditional of the pinned headers does (their __CUDA_ARCH__ tests stop at
 #   1000; the family-specific macros are set only for sm_XYf and sm_XYa, which fusegen does not
 #   build), so the PTX is the same for any such source;
-# - sm_80 / sm_90: the headers' sm_90 paths (cvt.f32.bf16 for bf16 -> fp32, bf16 arithmetic) are
-#   never reached by fusegen's kernels, which convert bf16 with common.cuh's own mov and compute in
-#   fp32. A plugin kernel that calls a header function with an sm_90 path gets on sm_90 the sm_80
-#   path's code: the same function, which the compute_80 PTX runs on every later GPU as well.
+# - sm_80 / sm_90: the headers' paths for newer archs (sm_90's cvt.f32.bf16 for bf16 -> fp32 and
+#   bf16 arithmetic, sm_89's fp8 conversions) are never reached by fusegen's kernels, which convert
+#   bf16 with common.cuh's own mov and compute in fp32 (the PTX is the same for every shipped
+#   kernel). A plugin kernel that calls a header function with such a path gets on sm_90 the sm_80
+#   path's code: the same function, the code the compute_80 PTX runs on every later GPU as well.
 # Assembling the PTX gives the machine code NVRTC's own compile for the arch gives (every section of
 # the cubin but the toolkit note; checked over every shipped kernel, and a test keeps checking one
 # of each template) without running the front end and NVVM again: over the shipped sources,
@@ -113,7 +115,7 @@ ASSEMBLED_FROM = {"sm_90": "sm_80", "sm_120": "sm_100"}
 # What in a source or a fusegen or plugin header tests the arch (nv/target's macros test it too):
 # such a kernel is compiled for each arch by itself.
 TESTS_ARCH = re.compile(r"__CUDA_ARCH|\bNV_(?:IF_TARGET|IF_ELSE_TARGET|DISPATCH_TARGET|PROVIDES_SM|IS_EXACTLY_SM"
-                        r"|HAS_FEATURE)|\b__nv_target")
+                        r"|HAS_FEATURE)")
 
 
 def compiled_with(target: str, targets: Iterable[str], tests_arch: bool = False) -> str:
