@@ -40,8 +40,7 @@ def main(label: str) -> None:
                 module = family.module(width)
                 inputs = [torch.randn(tokens, width, generator=gen, device="cuda", dtype=B.DTYPE)
                           for _ in range(1 + family.extra_inputs)]
-                call = lambda *a: module(*a)  # noqa: E731
-                for pass_name, fn in zip(("fwd", "fwd+bwd"), B.passes(call, inputs, [])):
+                for pass_name, fn in zip(("fwd", "fwd+bwd"), B.passes(module, inputs, [])):
                     device, _ = B.timed(fn)
                     print(f"{label}\t{family.name}\t{tokens}\t{width}\t{pass_name}\t{device:.2f}", flush=True)
 

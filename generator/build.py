@@ -356,6 +356,9 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
 
     version = nvrtc.nvrtc_version()
     nvrtc.cuda_include_dir()  # fail before compiling anything when the headers are missing
+    # and when ptxas is: an arch of the build may be assembled from another's PTX
+    assembler = ptxas.version() if any(nvrtc.ASSEMBLED_FROM.get(a) in archs for a in archs) else None
+    testing_headers = arch_testing_headers(headers)
     prior_manifest = read_manifest(previous) if previous is not None else None
     old = prior_manifest.get("kernels", {}) if prior_manifest is not None else {}
     files, jobs, stale_count = {}, [], 0
@@ -364,14 +367,15 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
         prior = old.get(kernel, {})
         key = ("source_sha256", "headers")  # the text it is compiled from
         same_text = {k: prior.get(k) for k in key} == {k: entry[k] for k in key}
-        arch_tested = tests_arch(source, entry["headers"], headers)
+        # no arch's binary comes from another's PTX when the kernel tests the arch it is built for
+        arch_tested = bool(nvrtc.TESTS_ARCH.search(source)) or not testing_headers.isdisjoint(entry["headers"])
         stale: dict[str, list[str]] = {}  # arch of a compile to make -> the stale targets it gives
         for target in archs:
             name = binary_name(kernel, target)
             arch = nvrtc.compiled_with(target, archs, arch_tested)
             record = {"file": name, "nvrtc": version, "options": nvrtc.compile_options(arch)}
             if target.startswith("sm_") and target != arch:  # assembled from the PTX of arch's compile
-                record["ptxas"] = {"version": ptxas.version(), "options": ptxas.options(target)}
+                record["ptxas"] = {"version": assembler, "options": ptxas.options(target)}
             prior_bin = prior.get("binaries", {}).get(target, {})
             path = previous / name if previous is not None else None
             how = ("nvrtc", "options", "ptxas")
@@ -405,14 +409,13 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
     return files, manifest
 
 
-def tests_arch(source: str, included: Iterable[str], headers: dict[str, Path] | None = None) -> bool:
-    """Whether ``source`` or a fusegen or plugin header of ``included`` (its included_headers)
-    tests the arch it is compiled for (nvrtc.TESTS_ARCH): then no arch's binary comes from another's
-    PTX."""
+def arch_testing_headers(headers: dict[str, Path] | None = None) -> set[str]:
+    """The fusegen and plugin headers (header_files) that test the arch a kernel is compiled for
+    (nvrtc.TESTS_ARCH), each read once a build."""
     from . import nvrtc
 
     files = header_files() if headers is None else headers
-    return any(nvrtc.TESTS_ARCH.search(text) for text in (source, *(files[n].read_text() for n in included)))
+    return {name for name, path in files.items() if nvrtc.TESTS_ARCH.search(path.read_text())}
 
 
 def cuda_headers(headers: dict[str, Path] | None = None) -> dict[str, str]:

@@ -411,13 +411,11 @@ def _row_vectors(steps, recomputes: bool, saved_two_lanes: bool) -> int:
     a GLU), each per-element operand it reads (once a lane) and each extra output's grad."""
     vectors = 1 + ((2 if saved_two_lanes else 1) if recomputes else 0)
     for s in steps:
-        if s["operand"] and s["broadcast"] == "element" and (s["apply"] or s["reads_operand"]):
-            vectors += len(s["lanes"])
-        elif s["tee"]:
+        if s["tee"] or (s["operand"] and s["broadcast"] == "element" and (s["apply"] or s["reads_operand"])):
             vectors += len(s["lanes"])
     return vectors
 
 
 def _row_unroll(steps, recomputes: bool, saved_two_lanes: bool) -> int:
     vectors = _row_vectors(steps, recomputes, saved_two_lanes)
-    return next(unroll for unroll in (4, 2, 1) if unroll * vectors <= ROW_VECTORS_IN_FLIGHT or unroll == 1)
+    return next((unroll for unroll in (4, 2) if unroll * vectors <= ROW_VECTORS_IN_FLIGHT), 1)
