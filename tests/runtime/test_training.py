@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 import torch.utils.checkpoint
 
 import generated
-from references import assert_close_to_reference, randomize_
+from references import randomize_
 
 
 def _module(cls="Gpt2Mlp", dtype=torch.float32):
@@ -109,19 +109,23 @@ def _process_group(rank, world, port):
 
 
 def _on_two_ranks(worker, batch):
-    """What rank 0 of ``worker(rank, world, port, batch, result)`` put in ``result``, run as two processes."""
+    """What rank 0 of ``worker(rank, world, port, batch, result)`` put in ``result``, run as two
+    processes with this process's intra-op thread count (a spawned rank would otherwise take one
+    thread a core, and a float reduction split over other threads rounds differently)."""
     with mp.Manager() as manager:
         result = manager.dict()
-        mp.spawn(_rank, args=(worker, 2, _free_port(), batch, result), nprocs=2, join=True)
+        mp.spawn(_rank, args=(worker, torch.get_num_threads(), 2, _free_port(), batch, result), nprocs=2,
+                 join=True)
         return dict(result)
 
 
-def _rank(rank, worker, *args):
-    """One rank: ``worker``, then an exit that skips the interpreter's teardown. Its work is done
-    and its group destroyed by then, but a rank's finalisation aborted twice in CI ("terminate
-    called without an active exception": a C++ thread object of torch.distributed still joinable
-    when static destructors ran), failing the spawn. A worker that raises exits as usual, with
-    its error."""
+def _rank(rank, worker, threads, *args):
+    """One rank: ``worker`` on ``threads`` intra-op threads, then an exit that skips the
+    interpreter's teardown. Its work is done and its group destroyed by then, but a rank's
+    finalisation aborted twice in CI ("terminate called without an active exception": a C++ thread
+    object of torch.distributed still joinable when static destructors ran), failing the spawn. A
+    worker that raises exits as usual, with its error."""
+    torch.set_num_threads(threads)
     worker(rank, *args)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -174,25 +178,34 @@ def _data_parallel_worker(rank, world, port, batch, result):
             _fsdp2(rank, world, batch, result)
 
 
+def _shard_grads(batch, world):
+    """Each rank's own grads, computed here one shard at a time: what DDP and FSDP2 reduce."""
+    grads = []
+    for shard in batch.chunk(world):
+        module = _module()
+        module(shard).square().sum().backward()
+        grads.append(_grads(module))
+    return grads
+
+
 def test_ddp_and_fsdp2_over_gloo_match_one_process():
     """DDP: one forward + backward; FSDP2's fully_shard: two steps (the grads accumulate). The
-    output of rank 0's half of the batch (FSDP2) and the grads equal one process's on the whole
-    batch."""
+    output of rank 0's shard and the grads equal, bit for bit, one process that runs each rank's
+    shard itself on the same thread count: a shard's grads are the same fp32 computation either
+    way, and averaging two ranks (each halves its grad, then the halves are summed, or the sum is
+    halved) is exact in float, whatever the order. Comparing with one process on the whole batch
+    instead would compare different summation orders of the rows, which differ in roundoff by an
+    amount that depends on the thread count."""
     batch = torch.randn(8, 1024, generator=torch.Generator().manual_seed(5))
     result = _on_two_ranks(_data_parallel_worker, batch)
-    single = _module()
-    (single(batch).square().sum() / 2).backward()  # the mean of the two ranks' losses
-    names = {k for k, _ in single.named_parameters()}
-    assert {k[4:] for k in result if k.startswith("ddp ")} == names
-    for key, p in single.named_parameters():
-        torch.testing.assert_close(result[f"ddp {key}"], p.grad, rtol=1e-5, atol=1e-6)
+    first, second = _shard_grads(batch, 2)
+    averaged = {key: first[key] / 2 + second[key] / 2 for key in first}
+    assert {k[4:] for k in result if k.startswith("ddp ")} == set(averaged)
+    for key, grad in averaged.items():
+        torch.testing.assert_close(result[f"ddp {key}"], grad, rtol=0, atol=0, msg=f"DDP grad {key}")
     if not FSDP2:
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard): DDP checked only")
-    (single(batch).square().sum() / 2).backward()  # the second step, accumulated
-    torch.testing.assert_close(result["fsdp output"], single(batch[:4]).detach(), rtol=0, atol=0)
-    assert {k[5:] for k in result if k.startswith("fsdp ") and k != "fsdp output"} == names
-    for key, p in single.named_parameters():
-        # the same fp32 sums, split across the ranks (each rank's grad divided by two, then
-        # reduce-scattered): equal up to the roundoff of a different summation order
-        assert_close_to_reference(f"FSDP grad {key}", result[f"fsdp {key}"], p.grad.double(), torch.float32,
-                                  gemm=False)
+    torch.testing.assert_close(result["fsdp output"], _module()(batch.chunk(2)[0]).detach(), rtol=0, atol=0)
+    assert {k[5:] for k in result if k.startswith("fsdp ") and k != "fsdp output"} == set(averaged)
+    for key, grad in averaged.items():  # two steps of the same averaged grad, accumulated
+        torch.testing.assert_close(result[f"fsdp {key}"], grad + grad, rtol=0, atol=0, msg=f"FSDP2 grad {key}")
