@@ -42,8 +42,9 @@ check-without-torch:
 
 # One pytest-xdist worker per core (at most 4: each holds torch and up to 2 GB of a large
 # pipeline's test); workers steal queued tests from each other, so a long test never ends a run alone.
+# `make test TEST_ARGS="-n 0"` (or any pytest arguments) adds to or overrides them.
 test: $(SETUP)  ## CPU tests (no GPU needed)
-	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal
+	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist worksteal $(TEST_ARGS)
 
 test-gpu:  ## GPU tests; needs only torch and cuda-bindings (run on a CUDA machine)
 	$(PYTHON) -m pytest -q -m cuda tests
