@@ -14,11 +14,14 @@ import importlib.util
 import re
 from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple
 
 import jinja2
 
 from .diagram import flowchart
-from .ir import size_expr
+from .errors import Location
+from .ir import Size, size_expr
+from .pipeline import Op
 from .plan import Plan
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
@@ -121,11 +124,21 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
     return names, lines
 
 
-def spec_rows(pipeline, extra_inputs: list[str]) -> list[tuple]:
-    """The spec's ops in order, as the plan's Ops table and the module's docstring list them:
-    each basic op of the planner's chain and each view (Identity), which the chain leaves out but
-    the spec's numbering counts. (number, call, what the plan says of it, input and output features,
-    location, the Op or None for a view) each."""
+class SpecRow(NamedTuple):
+    """One op of the spec as the plan's Ops table and the module's docstring list it."""
+
+    number: str  # pipeline.spec_numbers
+    call: str  # the basic op as a spec would write it
+    note: str  # what the plan adds: a view's, or a write-back's
+    in_features: Size
+    out_features: Size
+    location: Location
+    op: Op | None  # None for a view
+
+
+def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
+    """The spec's ops in order: each basic op of the planner's chain and each view (Identity),
+    which the chain leaves out but the spec's numbering counts."""
     rows = []
     for op in pipeline.ops:
         note = ""
@@ -133,12 +146,14 @@ def spec_rows(pipeline, extra_inputs: list[str]) -> list[tuple]:
             added = pipeline.ops[op.index - 1]
             note = (f"the sum of op {added.number}, written into the caller's "
                     f"{extra_inputs[op.writes_back_to]} (`in_place=True`)")
-        rows.append((op.module_index, op.number, op.describe(), note, op.in_features, op.out_features, op.location, op))
+        rows.append((op.module_index, SpecRow(op.number, op.describe(), note, op.in_features, op.out_features,
+                                              op.location, op)))
     graph = pipeline.graph
-    rows += [(node.module_index, str(node.module_index), node.opdef.describe(node.args), "a view, nothing runs",
-              graph.features(node.inputs[0]), graph.features(node.outputs[0]), node.location, None)
+    rows += [(node.module_index, SpecRow(str(node.module_index), node.opdef.describe(node.args), "a view, nothing runs",
+                                         graph.features(node.inputs[0]), graph.features(node.outputs[0]),
+                                         node.location, None))
              for node in graph.nodes if node.opdef.view]
-    return [row[1:] for row in sorted(rows, key=lambda row: row[0])]  # stable: a spec op's parts stay in order
+    return [row for _, row in sorted(rows, key=lambda pair: pair[0])]  # stable: a spec op's parts stay in order
 
 
 def user_modules(pipeline) -> list:
