@@ -41,6 +41,7 @@ EXPECTED = [
     ("8a", "BasicLinear"), ("8b", "Bias"),
 ]
 NAMES = dict(EXPECTED)
+PARTS = {"Linear": ("BasicLinear", "Bias"), "AddExtraInput": ("AddExtraInput", "MakeExtraOutput")}  # in_place=True
 RUNNING = [number for number, name in EXPECTED if name != "Identity"]  # what the stages run
 
 
@@ -83,11 +84,9 @@ def test_the_plans_ops_table_numbers_ops_as_the_spec_does(package):
     rows = table(package["numbered.plan.md"], "Ops")
     assert [(row[0], op_name(row[1].split("`")[1])) for row in rows] == EXPECTED
     calls = spec_calls()
-    for number, _, _, line in rows:  # each row's spec line is that of the spec's op of its number
-        assert int(line) == calls[spec_index(number)][1], number
-        spec_op = calls[spec_index(number)][0]
-        assert NAMES[number] == spec_op or spec_op == "Linear" and NAMES[number] in ("BasicLinear", "Bias") \
-            or spec_op == "AddExtraInput" and NAMES[number] == "MakeExtraOutput"
+    for number, _, _, line in rows:  # each row is a part of the spec's op of its number, at its line
+        spec_op, spec_line = calls[spec_index(number)]
+        assert int(line) == spec_line and NAMES[number] in PARTS.get(spec_op, (spec_op,)), number
 
 
 @pytest.mark.parametrize("heading", ["Forward", "Backward (runs bottom to top)"])
