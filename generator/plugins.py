@@ -141,7 +141,7 @@ def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
     ext = Extensions()
     # a plugin imported before, outside a build, is imported afresh, so it registers for this
     # build; the earlier import and its ops are put back after
-    earlier = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_plugin_module(name, modules, root)}
+    earlier = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_plugin(name, modules)}
     earlier_ops = {name: OPS.pop(name) for name in _outside_builds if name in OPS}
     ops_before = dict(OPS)
     modules_before = set(sys.modules)
@@ -165,9 +165,14 @@ def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
         sys.modules.update(earlier)
 
 
+def _is_plugin(name: str, plugins: tuple[str, ...]) -> bool:
+    """One of the plugin modules or a submodule of one."""
+    return any(name == p or name.startswith(p + ".") for p in plugins)
+
+
 def _is_plugin_module(name: str, plugins: tuple[str, ...], root: Path) -> bool:
     """A module the plugins brought in: one of them, a submodule, or any module from ``root``."""
-    if any(name == p or name.startswith(p + ".") for p in plugins):
+    if _is_plugin(name, plugins):
         return True
     file = getattr(sys.modules.get(name), "__file__", None)
     return file is not None and Path(file).resolve().is_relative_to(root.resolve())

@@ -183,7 +183,7 @@ def test_the_plugin_imports_outside_a_build_and_a_build_after_still_gets_its_rul
         from pathlib import Path
         import fusegen_ext
         from fusegen_ext import LEARNABLE_SCALE_ADD_NORM, LearnableScale, Softmax
-        from fusegen import build, fusion_rules
+        from fusegen import build, fusion_rules, plugins
         from fusegen.config import Config
         from fusegen.ops import OPS
 
@@ -196,6 +196,9 @@ def test_the_plugin_imports_outside_a_build_and_a_build_after_still_gets_its_rul
         plans = {plan.pipeline.name: plan for plan in build.load_plans(config)}
         assert [s.rule.name for s in plans["layer_scale"].forward] == ["linear_bias", "learnable_scale_add_norm"]
         assert sys.modules["fusegen_ext"] is fusegen_ext and OPS["LearnableScale"] is LearnableScale
+        with plugins.loaded((), Path.cwd()):  # a build without the plugin does not see its op
+            assert "LearnableScale" not in OPS
+        assert OPS["LearnableScale"] is LearnableScale
         print("ok")
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True)
