@@ -1,7 +1,8 @@
 """The Mermaid diagrams of a pipeline's plan (`<pipeline>.plan.md`, which GitHub renders): forward
 and backward as flowcharts, each fused stage a box around the ops it runs, labelled with what it
 runs as (a kernel, a GEMM call, or nothing); extra inputs enter the stage that adds them, extra
-outputs leave the stage that hands them out."""
+outputs leave the stage that hands them out. Each op is labelled and named by its number in the
+spec (pipeline.spec_numbers), as the plan's tables and the generated code cite it."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def flowchart(prefix: str, stages, runs_as: dict, pass_: str, extra_inputs: list
         lines.append(f"  subgraph {box} [{_label(title)}]")
         ops = list(reversed(stage.ops)) if backward else list(stage.ops)
         for op in ops:
-            lines.append(f"    {box}_{op.index}[{_label(op.describe())}]")
-        lines += [f"    {box}_{a.index} --> {box}_{b.index}" for a, b in zip(ops, ops[1:])]
+            lines.append(f"    {box}_{op.number}[{_label(f'{op.number}: {op.describe()}')}]")
+        lines += [f"    {box}_{a.number} --> {box}_{b.number}" for a, b in zip(ops, ops[1:])]
         lines.append("  end")
         lines.append(f"  {previous} --> {box}")
         previous = box
@@ -33,11 +34,11 @@ def flowchart(prefix: str, stages, runs_as: dict, pass_: str, extra_inputs: list
             # an extra input comes in (its grad goes out); an extra output goes out (its grad comes in)
             if op.extra_input is not None:
                 name = ("d_" if backward else "") + extra_inputs[op.extra_input]
-                node, step = f"{prefix}_{name}([{name}])", f"{box}_{op.index}"
+                node, step = f"{prefix}_{name}([{name}])", f"{box}_{op.number}"
                 lines.append(f"  {step} --> {node}" if backward else f"  {node} --> {step}")
             if op.extra_output is not None and op.writes_back_to is None:
                 name = ("d_" if backward else "") + extra_outputs[op.extra_output]
-                node, step = f"{prefix}_{name}([{name}])", f"{box}_{op.index}"
+                node, step = f"{prefix}_{name}([{name}])", f"{box}_{op.number}"
                 lines.append(f"  {node} --> {step}" if backward else f"  {step} --> {node}")
     lines.append(f"  {previous} --> {prefix}_out([{'dx' if backward else 'y'}])")
     return "\n".join(lines)

@@ -14,11 +14,14 @@ import importlib.util
 import re
 from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple
 
 import jinja2
 
 from .diagram import flowchart
-from .ir import size_expr
+from .errors import Location
+from .ir import Size, size_expr
+from .pipeline import Op
 from .plan import Plan
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
@@ -114,11 +117,43 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
         if op.opdef.reshape is not None:
             new = f"lead{len(lines) + 1}"
             shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
-            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", "{op.describe()} ({op.location})", '
+            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", "{op.describe()} (op {op.number} at {op.location})", '
                          f"{shape!r}, {numel})")
             current = new
     names[len(p.ops)] = current
     return names, lines
+
+
+class SpecRow(NamedTuple):
+    """One op of the spec as the plan's Ops table and the module's docstring list it."""
+
+    number: str  # pipeline.spec_numbers
+    call: str  # the basic op as a spec would write it
+    note: str  # what the plan adds: a view's, or a write-back's
+    in_features: Size
+    out_features: Size
+    location: Location
+    op: Op | None  # None for a view
+
+
+def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
+    """The spec's ops in order: each basic op of the planner's chain and each view (Identity),
+    which the chain leaves out but the spec's numbering counts."""
+    rows = []
+    for op in pipeline.ops:
+        note = ""
+        if op.writes_back_to is not None:  # the hidden tee after an in-place add, numbered after it
+            added = pipeline.ops[op.index - 1]
+            note = (f"the sum of op {added.number}, written into the caller's "
+                    f"{extra_inputs[op.writes_back_to]} (`in_place=True`)")
+        rows.append((op.module_index, SpecRow(op.number, op.describe(), note, op.in_features, op.out_features,
+                                              op.location, op)))
+    graph = pipeline.graph
+    rows += [(node.module_index, SpecRow(str(node.module_index), node.opdef.describe(node.args), "a view, nothing runs",
+                                         graph.features(node.inputs[0]), graph.features(node.outputs[0]),
+                                         node.location, None))
+             for node in graph.nodes if node.opdef.view]
+    return [row for _, row in sorted(rows, key=lambda pair: pair[0])]  # stable: a spec op's parts stay in order
 
 
 def user_modules(pipeline) -> list:
@@ -254,7 +289,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                        + [name for op in modules_run for name in (module_name(op), lead_name(op))])
     no_grad = no_grad_blocks(plan, stage_kernels)
     return dict(
-        traffic=traffic_cells(plan),
+        traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
         function_returns=distinct_returns([values[len(p.ops)]] + extra_outputs, em.aliases),
         no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,

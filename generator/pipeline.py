@@ -12,7 +12,9 @@ to build fixed-size kernels for as well (``[tool.fusegen.pipelines.<name>] featu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import string
+from collections import Counter
+from dataclasses import dataclass, replace
 
 from . import names
 from .errors import Location, SpecError
@@ -38,6 +40,7 @@ class Op:
     # A hidden extra output (numbered after the public ones): the value goes into this extra
     # input of the caller's after the forward (OpDef.writes_back)
     writes_back_to: int | None = None
+    number: str = ""  # how plans, code and kernels' launch comments cite it (spec_numbers)
 
     @property
     def kind(self) -> str:
@@ -121,6 +124,26 @@ class Pipeline:
         return size_at(size, n)
 
 
+def spec_numbers(ops: list[Op]) -> list[str]:
+    """Each basic op's number, the one numbering plans and generated code use: its spec op's
+    position in the Sequential as written (the eager Sequential's child index, the state_dict
+    prefix; views count), lettered where that op runs as several basic ops: "1a", "1b" for a
+    Linear's BasicLinear and Bias, or an in-place AddExtraInput's add and its write-back."""
+    parts = Counter(op.module_index for op in ops)
+    seen: Counter[int] = Counter()
+    numbers = []
+    for op in ops:
+        letter = string.ascii_lowercase[seen[op.module_index]] if parts[op.module_index] > 1 else ""
+        numbers.append(f"{op.module_index}{letter}")
+        seen[op.module_index] += 1
+    return numbers
+
+
+def ops_cited(ops) -> str:
+    """``ops`` as plans and comments cite them: "op 3" or "ops 1a, 1b"."""
+    return ("op " if len(ops) == 1 else "ops ") + ", ".join(op.number for op in ops)
+
+
 def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = ()) -> Pipeline:
     return chain(build_graph(spec), specialise)
 
@@ -150,6 +173,7 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
                 location=node.location, extra_output=n_hidden, writes_back_to=extra_input,
             ))
             n_hidden += 1
+    ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
     if not ops:
         raise SpecError(f"pipeline '{graph.name}' has only Identity ops; there is nothing to generate", graph.location)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,

@@ -159,7 +159,7 @@ def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[S
         # The spec is fine; the rule set is missing a rule. Still a SpecError at the op, so the
         # user sees which op of their file it is and a fusegen developer sees what to add.
         op = left[0]
-        raise SpecError(f"no {pass_} fusion rule covers {op.describe()} (op kind '{op.kind}'); the {pass_} rules "
+        raise SpecError(f"no {pass_} fusion rule covers op {op.number}, {op.describe()} (op kind '{op.kind}'); the {pass_} rules "
                         "of fusion_rules/__init__.py need a rule for this op kind: add one, or leave the op out "
                         "of the pipeline", op.location)
     return tuple(items)  # type: ignore[arg-type]

@@ -3,18 +3,20 @@
 ``[tool.fusegen] plugins = ["mypkg.fusegen_ext"]`` names modules that fusegen imports (with the
 project folder, where the pyproject.toml is, first on ``sys.path``) before it reads any spec. At
 import they call ``register_op`` and ``register_rule``; what they register lasts for that one
-build (``loaded``), so two builds in one process never see each other's plugins. As with TE's
+build (``loaded``), so two builds in one process never see each other's plugins; imported by
+anything else (a test, a notebook), the module imports as any other: its ops join the registry
+for that process, never a build, and its rules no list. As with TE's
 ``BasicOperation`` and ``register_forward_fusion``, nothing of fusegen is forked:
 
-    from fusegen.plugins import FORWARD, ELEMENTWISE, OpDef, Operand, Param, Rule, register_op, register_rule
+    from fusegen.plugins import FORWARD, NORM, OpDef, Operand, Param, Rule, register_op, register_rule
 
     def learnable_scale(x, scale):                 # reference math, shipped into _reference.py
         return x * scale
     ...
-    register_op(OpDef("LearnableScale", "learnable_scale", ..., device_struct="ext::Mul",
-                      device_header="learnable_scale.cuh"), cuda="cuda")
-    register_rule(Rule("axpy", FORWARD, ELEMENTWISE, "...", pattern=("scale", "add_extra_input")),
-                  before="elementwise")
+    LearnableScale = register_op(OpDef("LearnableScale", "learnable_scale", ..., device_struct="ext::Mul",
+                                       device_header="learnable_scale.cuh"), cuda="cuda")
+    register_rule(Rule("learnable_scale_norm", FORWARD, NORM, "...", pattern=("learnable_scale", "norm")),
+                  before="norm")
 
 An op's reference functions follow the registry's rules (ops/shipped.py: they may read only
 ``torch``, ``math``, the common helpers and their own helpers; ``torch`` is this module's lazy
@@ -57,11 +59,15 @@ class Extensions:
 _active: Extensions | None = None
 
 
-def _current(what: str) -> Extensions:
-    if _active is None or not _active.loading:
-        raise RuntimeError(f"{what} is for plugin modules: name the module in [tool.fusegen] plugins of "
-                           "pyproject.toml and fusegen calls it while it imports the module")
-    return _active
+# Ops of plugin modules imported outside a build (a test, a notebook): in the registry for the
+# process, as importing a library defines its names (so the module's rules over them can be made),
+# but never in a build, which imports its plugins afresh (``loaded``).
+_outside_builds: dict[str, OpDef] = {}
+
+
+def _current() -> Extensions | None:
+    """The build importing a plugin now; None when the module is imported by anything else."""
+    return _active if _active is not None and _active.loading else None
 
 
 def register_op(op: OpDef, cuda: str | Path | None = None) -> OpDef:
@@ -70,8 +76,15 @@ def register_op(op: OpDef, cuda: str | Path | None = None) -> OpDef:
     ``cuda``: the folder holding the op's ``device_header`` (relative to the plugin module's
     file, or absolute); needed when the op's functor is the plugin's own (one of fusegen's
     headers, say activations.cuh for fg::Scale, needs none). A spec imports the op from the
-    module that registers it, unless ``op.modules`` names others."""
-    ext = _current("register_op")
+    module that registers it, unless ``op.modules`` names others. Returns the op. Outside a
+    build the op is registered for the process only (``_outside_builds``), and importing the
+    module again replaces it."""
+    ext = _current()
+    if ext is None:
+        if op.name in _outside_builds:
+            del OPS[op.name]
+        _outside_builds[op.name] = register(op)
+        return op
     module = sys.modules.get(ext.loading)
     if op.modules == SPEC_MODULES:  # not said: the spec imports it from the plugin module
         op = replace(op, modules=(ext.loading,))
@@ -96,8 +109,11 @@ def register_op(op: OpDef, cuda: str | Path | None = None) -> OpDef:
 
 def register_rule(rule: Rule, *, before: str | None = None, after: str | None = None) -> Rule:
     """Put a plugin's rule into its pass's ordered rule list for this build: just before or after
-    the rule named ``before``/``after``, or last (after every shipped rule) when neither is given."""
-    ext = _current("register_rule")
+    the rule named ``before``/``after``, or last (after every shipped rule) when neither is given.
+    Returns the rule; outside a build, puts it in no list (rules are for builds only)."""
+    ext = _current()
+    if ext is None:
+        return rule
     rules = ext.forward_rules if rule.pass_ == FORWARD else ext.backward_rules
     if before is not None and after is not None:
         raise RuleError(f"fusion rule '{rule.name}': give before= or after=, not both")
@@ -123,6 +139,10 @@ def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
     if _active is not None:
         raise RuntimeError("plugins are already loaded for a build in progress")
     ext = Extensions()
+    # a plugin imported before, outside a build, is imported afresh, so it registers for this
+    # build; the earlier import and its ops are put back after
+    earlier = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_plugin(name, modules)}
+    earlier_ops = {name: OPS.pop(name) for name in _outside_builds if name in OPS}
     ops_before = dict(OPS)
     modules_before = set(sys.modules)
     sys.path.insert(0, str(root))
@@ -138,14 +158,21 @@ def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
         sys.path.remove(str(root))
         OPS.clear()
         OPS.update(ops_before)
+        OPS.update(earlier_ops)
         for name in set(sys.modules) - modules_before:
             if _is_plugin_module(name, modules, root):  # fusegen's own lazy imports stay
                 del sys.modules[name]
+        sys.modules.update(earlier)
+
+
+def _is_plugin(name: str, plugins: tuple[str, ...]) -> bool:
+    """One of the plugin modules or a submodule of one."""
+    return any(name == p or name.startswith(p + ".") for p in plugins)
 
 
 def _is_plugin_module(name: str, plugins: tuple[str, ...], root: Path) -> bool:
     """A module the plugins brought in: one of them, a submodule, or any module from ``root``."""
-    if any(name == p or name.startswith(p + ".") for p in plugins):
+    if _is_plugin(name, plugins):
         return True
     file = getattr(sys.modules.get(name), "__file__", None)
     return file is not None and Path(file).resolve().is_relative_to(root.resolve())

@@ -14,6 +14,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Sequence
 
 from ..kernels import sums_itself_up_to
+from ..pipeline import ops_cited
 
 if TYPE_CHECKING:  # the planner imports this module; these are for annotations only
     from ..kernels import KernelSpec
@@ -159,7 +160,8 @@ def extra_output_name(op: Op) -> str:
 
 
 def stage_label(stage: Stage) -> str:
-    return ", ".join(op.describe() for op in stage.ops)
+    """The stage's ops as a comment cites them: "ops 1a, 1b: BasicLinear(1024, 4096), Bias(4096)"."""
+    return f"{ops_cited(stage.ops)}: " + ", ".join(op.describe() for op in stage.ops)
 
 
 @dataclass

@@ -40,7 +40,7 @@ class ModuleStage(StageImpl):
             block.lines += [
                 f"{h}_in = {x_in}.reshape(*{lead_name(op)}, {x_in}.shape[1])",
                 f"{h}_out = {module_name(op)}({h}_in)",
-                f'ref.check_module_output("{em.pipeline.class_name}", "{op.args["call"]} ({op.location})", {h}_in, {h}_out)',
+                f'ref.check_module_output("{em.pipeline.class_name}", "{op.args["call"]} (op {op.number} at {op.location})", {h}_in, {h}_out)',
                 f"{out} = {h}_out.reshape({x_in}.shape)",
             ]
             return out
@@ -48,7 +48,7 @@ class ModuleStage(StageImpl):
             "with torch.enable_grad():  # the module's own graph, for this stage's backward",
             f"    {h}_graph_in = {x_in}.detach().reshape(*{lead_name(op)}, {x_in}.shape[1]).requires_grad_()",
             f"    {h}_graph_out = {module_name(op)}({h}_graph_in)",
-            f'ref.check_module_output("{em.pipeline.class_name}", "{op.args["call"]} ({op.location})", {h}_graph_in, {h}_graph_out)',
+            f'ref.check_module_output("{em.pipeline.class_name}", "{op.args["call"]} (op {op.number} at {op.location})", {h}_graph_in, {h}_graph_out)',
             f"ctx.{h}, ctx.{h}_module = ({h}_graph_in, {h}_graph_out), {module_name(op)}",
             f"{out} = {h}_graph_out.detach().reshape({x_in}.shape)",
         ]

@@ -302,7 +302,7 @@ def test_an_op_no_rule_covers_is_a_located_message(spec, capsys, monkeypatch):
     without = tuple(r for r in fusion_rules.FORWARD_RULES if r.name != "elementwise")
     monkeypatch.setattr(fusion_rules, "FORWARD_RULES", without)
     code, err = run(capsys, "plan", "spec.py")
-    assert code == 2 and err.startswith("spec.py:2:33: error: no forward fusion rule covers GELU()"), err
+    assert code == 2 and err.startswith("spec.py:2:33: error: no forward fusion rule covers op 1, GELU()"), err
 
 
 def test_ops_lists_every_registered_op_with_its_signature(capsys):

@@ -24,6 +24,17 @@ def load(cwd, *, specs=(), config=None, out=None, archs=None, dtypes=None, suppo
     return load_config(list(specs), config, out, archs, dtypes, supported, cwd=cwd)
 
 
+def test_the_package_defaults_to_generated_beside_the_pyproject(tmp_path):
+    """As the README says: without ``package`` the output is the folder ``generated`` of the
+    pyproject.toml's folder, from wherever fusegen runs below it."""
+    root = project(tmp_path, """
+        [tool.fusegen]
+        specs = ["specs/*.py"]
+    """)
+    (root / "src").mkdir()
+    assert load(root / "src").out == root / "generated"
+
+
 def test_found_from_a_subdirectory_with_paths_relative_to_its_folder(tmp_path):
     root = project(tmp_path, """
         [tool.fusegen]

@@ -107,9 +107,9 @@ def test_kernel_names_spell_non_default_constants(pkg):
 def test_cuda_source_builds_each_functor_from_its_constants(pkg):
     folder = sys.modules["act_pkg"].__file__.replace("__init__.py", "kernels/")
     fwd = open(folder + "bias_clamped_swiglu_l1p5_a1p25_o0p5_fwd_n16.cu").read()
-    assert "const fg::ClampedSwiGLU<Math> op1{1.5f, 1.25f, 0.5f};" in fwd
+    assert "const fg::ClampedSwiGLU<Math> step1{1.5f, 1.25f, 0.5f};" in fwd
     bwd = open(folder + "bias_scalem0p75_srelu_scale2p0_bwd_n16_from_bias.cu").read()
-    assert "const fg::Scale op1{-0.75f};" in bwd and "const fg::Srelu op2{};" in bwd
+    assert "const fg::Scale step1{-0.75f};" in bwd and "const fg::Srelu step2{};" in bwd
     # the precision of exp and division follows the dtype; a kernel whose functors need none has no Math
     assert "using Math = fg::ExactMath;" in fwd and "Math" not in bwd
 

@@ -29,8 +29,9 @@ def scaled_mlp(p, x):
     return (p["4.scale"] * F.linear(h, p["3.weight"], p["3.bias"]),)
 
 
-def axpy(p, x, r):
-    return (0.5 * F.gelu(F.linear(x, p["0.weight"], p["0.bias"]), approximate="tanh") + r,)
+def layer_scale(p, x, residual):
+    h = p["1.scale"] * F.linear(x, p["0.weight"], p["0.bias"]) + residual
+    return R.rms_norm(h, p["4.weight"]), h
 
 
 def norm_scale(p, x):
@@ -44,7 +45,7 @@ def softmax_head(p, x):
 # pipeline -> (class, reference, input features)
 PIPELINES = {
     "scaled_mlp": ("ScaledMlp", scaled_mlp, 64),
-    "axpy": ("Axpy", axpy, 64),
+    "layer_scale": ("LayerScale", layer_scale, 64),
     "norm_scale": ("NormScale", norm_scale, 64),
     "softmax_head": ("SoftmaxHead", softmax_head, 64),
 }

@@ -1,9 +1,11 @@
-"""A plugin in the user's own repository (tests/fixtures/plugin_project): TE's op-fuser guide
-examples as a fusegen plugin, LearnableScale (a custom op with a scalar parameter) and the
-ForwardAxpy fusion. The project's package generates, is current, plans with the plugin's rule,
-and matches float64 references on CPU; what the plugin registers lasts one build."""
+"""A plugin in the user's own repository (tests/fixtures/plugin_project): TE's op-fuser guide's
+custom op as a fusegen plugin, LearnableScale (a scalar parameter), and a rule that fuses it and a
+residual add into a norm kernel. The project's package generates, is current, plans with the plugin's rule (fewer bytes
+per token than without it), and matches float64 references on CPU; what the plugin registers lasts
+one build, and the plugin imports outside a build too."""
 
 import shutil
+import subprocess
 import sys
 import textwrap
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 import references as R
-from fusegen import build, fusion_rules, output, plugins
+from fusegen import build, emit, fusion_rules, output, plugins
 from fusegen.cli import main
 from fusegen.config import Config
 from fusegen.ops import OPS
@@ -24,9 +26,9 @@ def test_plan_uses_the_plugins_op_and_rule(monkeypatch, capsys):
     out = capsys.readouterr().out
     # the tables of each pipeline's plan.md, without its diagrams
     assert "# Fusion plan: `scaled_mlp`" in out and "```mermaid" not in out
-    assert "| `ConstantScale(0.5)` |" in out and "`forward_axpy`: " in out
-    assert "| 1 | 2, 3 | `elementwise`: one kernel for a run of elementwise ops | `lscale_gelu_fwd_n128` |" in out
-    assert "| 1 | 1, 2, 3 | `elementwise_backward`: " in out and "`bias_lscale_gelu_bwd_n128` + `column_sum_n256` |" in out
+    assert "| 1 | `LearnableScale()` |" in out and "`learnable_scale_add_norm`: " in out
+    assert "| 1 | 1, 2 | `elementwise`: one kernel for a run of elementwise ops | `lscale_gelu_fwd_n128` |" in out
+    assert "| 1 | 0b, 1, 2 | `elementwise_backward`: " in out and "`bias_lscale_gelu_bwd_n128` + `column_sum_n256` |" in out
     assert "| `Softmax()` |" in out and "`opaque`: " in out and "`opaque_backward`: " in out
 
 
@@ -40,11 +42,11 @@ def test_a_plugin_build_leaves_no_trace():
                     root=PROJECT, plugins=("fusegen_ext",))
     before_rules = (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     plans = build.load_plans(config)
-    assert [s.rule.name for s in plans[1].forward] == ["linear_bias", "elementwise", "forward_axpy"]
+    assert [s.rule.name for s in plans[1].forward] == ["linear_bias", "learnable_scale_add_norm"]
     assert "LearnableScale" not in OPS and "Softmax" not in OPS and "fusegen_ext" not in sys.modules
     assert str(PROJECT) not in sys.path
     assert (fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES) == before_rules
-    assert build.load_plans(config)[1].forward[2].rule.name == "forward_axpy"  # a second build loads it again
+    assert build.load_plans(config)[1].forward[1].rule.name == "learnable_scale_add_norm"  # a second build loads it again
 
 
 def _generate_cpu_package(tmp_path):
@@ -69,7 +71,7 @@ def test_learnable_scale_parameter_is_a_scalar_and_its_kernels_use_the_plugin_he
     source = (PROJECT / "generated_ext" / "scaled_mlp.py").read_text()
     assert 'self._modules["1"].scale = torch.nn.Parameter(torch.empty((), device=device, dtype=dtype))' in source
     kernel = (PROJECT / "generated_ext" / "kernels" / "lscale_bwd_n64.cu").read_text()
-    assert '#include "learnable_scale.cuh"' in kernel and "const ext::Mul op0{};" in kernel
+    assert '#include "learnable_scale.cuh"' in kernel and "const ext::Mul step0{};" in kernel
     assert (PROJECT / "generated_ext" / "kernels" / "learnable_scale.cuh").is_file()
     # the scalar grad: per-block partials, then one fixed-order sum; no column-sum kernel for it
     launchers = (PROJECT / "generated_ext" / "_kernels.py").read_text()
@@ -171,12 +173,63 @@ def test_a_plugin_op_is_imported_from_the_plugin_not_from_te(tmp_path, monkeypat
         in capsys.readouterr().err
 
 
-def test_register_outside_a_plugin_says_how_to_use_it():
-    from fusegen.plugins import OpDef, register_op
+def test_the_plugin_imports_outside_a_build_and_a_build_after_still_gets_its_rule():
+    """As the README's example says: its ops and rule import by name from the plugin module, in
+    any Python (a test, a notebook); the op joins that process's registry but no build, and a
+    build after it imports the plugin afresh, so its rule is there. In a process of its own: the
+    registry is the process's."""
+    script = textwrap.dedent("""\
+        import sys
+        from pathlib import Path
+        import fusegen_ext
+        from fusegen_ext import LEARNABLE_SCALE_ADD_NORM, LearnableScale, Softmax
+        from fusegen import build, fusion_rules, plugins
+        from fusegen.config import Config
+        from fusegen.ops import OPS
 
-    with pytest.raises(RuntimeError, match="name the module in \\[tool.fusegen\\] plugins"):
-        register_op(OpDef("Loose", "loose"))
-    assert plugins._active is None
+        assert (LearnableScale.name, Softmax.name, LEARNABLE_SCALE_ADD_NORM.name) == (
+            "LearnableScale", "Softmax", "learnable_scale_add_norm")
+        assert OPS["LearnableScale"] is LearnableScale
+        assert LEARNABLE_SCALE_ADD_NORM not in fusion_rules.FORWARD_RULES  # rules are for builds only
+        config = Config(specs=(Path("specs/scaled.py"),), out=Path("unused"), archs=(), root=Path.cwd(),
+                        plugins=("fusegen_ext",))
+        plans = {plan.pipeline.name: plan for plan in build.load_plans(config)}
+        assert [s.rule.name for s in plans["layer_scale"].forward] == ["linear_bias", "learnable_scale_add_norm"]
+        assert sys.modules["fusegen_ext"] is fusegen_ext and OPS["LearnableScale"] is LearnableScale
+        with plugins.loaded((), Path.cwd()):  # a build without the plugin does not see its op
+            assert "LearnableScale" not in OPS
+        assert OPS["LearnableScale"] is LearnableScale
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def _pass_bytes(plan, pass_) -> int:
+    """The plan's bytes/token over one pass's stages (emit.traffic_cells: what its plan.md shows)."""
+    cells = [cell for (cell_pass, _), cell in emit.traffic_cells(plan).items() if cell_pass == pass_]
+    assert "—" not in cells
+    return sum(int(cell.replace(",", "")) for cell in cells)
+
+
+def test_the_plugins_rule_moves_fewer_bytes_per_token_than_fusegens_own_rules():
+    """layer_scale (Linear, LearnableScale, AddExtraInput, MakeExtraOutput, RMSNorm at 64 features,
+    2 bytes a value): the GEMM reads 64 values and writes 64 (256 bytes) either way. With the
+    rule, one norm kernel reads the GEMM's output and the residual and writes the sum (handed out)
+    and the output, and an fp32 rstd (4 * 128 + 4 = 516). Without it the scale's own kernel reads
+    and writes 64 values (256) before fusegen's add + norm kernel (516)."""
+    config = Config(specs=(PROJECT / "specs" / "scaled.py",), out=PROJECT / "generated_ext", archs=(),
+                    root=PROJECT, plugins=("fusegen_ext",))
+    with plugins.loaded(config.plugins, config.root) as ext:
+        with_rule = next(p for p in build.plans_with(config, ext) if p.pipeline.name == "layer_scale")
+        ext.forward_rules[:] = [r for r in ext.forward_rules if r.name != "learnable_scale_add_norm"]
+        without = next(p for p in build.plans_with(config, ext) if p.pipeline.name == "layer_scale")
+    assert [s.rule.name for s in with_rule.forward] == ["linear_bias", "learnable_scale_add_norm"]
+    assert [s.rule.name for s in without.forward] == ["linear_bias", "elementwise", "add_norm"]
+    assert _pass_bytes(with_rule, "forward") == 256 + 516
+    assert _pass_bytes(without, "forward") == 256 + 256 + 516
+    assert _pass_bytes(with_rule, "inference") < _pass_bytes(without, "inference")
+    assert with_rule.backward == without.backward  # the rule is the forward's
 
 
 def test_ops_lists_the_plugins_ops_where_a_spec_imports_them(monkeypatch, capsys):

@@ -1,5 +1,6 @@
-"""The plugin project's checked-in package on the GPU: LearnableScale and ForwardAxpy kernels
-against float64 references in every dtype, and the scalar grad reduced deterministically."""
+"""The plugin project's checked-in package on the GPU: LearnableScale's kernels, alone, in
+elementwise runs and fused into an RMSNorm by the plugin's rule, against float64 references in
+every dtype, and the scalar grad reduced deterministically."""
 
 import pytest
 import torch

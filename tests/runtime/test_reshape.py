@@ -48,7 +48,7 @@ def test_outputs_take_the_leading_dims_the_reshapes_make():
 
 
 def test_an_input_the_reshape_cannot_take_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"RowsOf64: Reshape\(\(-1, 64\)\) \(specs/te_reshape.py:17:\d+\) cannot reshape the 90 elements "
+    with pytest.raises(ValueError, match=r"RowsOf64: Reshape\(\(-1, 64\)\) \(op 1 at specs/te_reshape.py:17:\d+\) cannot reshape the 90 elements "
                                          r"it receives to \[-1, 64\]; give an input whose size fits the shape"):
         generated.RowsOf64()(torch.randn(3, 30))
 

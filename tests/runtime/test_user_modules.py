@@ -132,14 +132,14 @@ def test_a_torch_nn_module_without_a_te_ops_equivalent_runs_as_it_is(pkg):
 
 
 def test_a_module_that_changes_the_shape_is_a_clear_error(pkg):
-    with pytest.raises(ValueError, match=r"Pooled: Pool\(\) \(spec.py:10:\d+\) returned \[3, 1\] for an input of shape "
+    with pytest.raises(ValueError, match=r"Pooled: Pool\(\) \(op 1 at spec.py:10:\d+\) returned \[3, 1\] for an input of shape "
                                          r"\[3, 256\]; fusegen runs a module between fused ops only when it keeps"):
         pkg.Pooled()(torch.randn(3, 256))
 
 
 def test_a_class_that_cannot_be_imported_is_a_clear_error(pkg, monkeypatch):
     monkeypatch.setitem(sys.modules, "user_layers", None)  # as if not installed where the package runs
-    with pytest.raises(ImportError, match=r"Missing: cannot import user_layers.Pool for Pool\(\) \(spec.py:11:\d+\): "
+    with pytest.raises(ImportError, match=r"Missing: cannot import user_layers.Pool for Pool\(\) \(op 1 at spec.py:11:\d+\): "
                                           r".*make it importable where the generated package runs"):
         pkg.Missing()
 
