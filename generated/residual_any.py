@@ -41,6 +41,8 @@ class ResidualAnyFunction(torch.autograd.Function):
         d_x = kernels.add_scale0p5_tee_qgelu_bwd_any_from_add(
             d_qgelu3_out, x, extra_input0, d_extra_output0)
         d_extra_input0 = d_x
+        # each returned grad its own memory (a leaf's .grad accumulates in place)
+        d_extra_input0 = d_extra_input0.clone()  # a copy, not d_x's memory
         return d_x, d_extra_input0
 
 

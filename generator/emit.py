@@ -80,6 +80,22 @@ def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
     return blocks, grads[0]
 
 
+def own_memory(em: Emitter, returned: list[str]) -> Block | None:
+    """A last backward block that copies each returned grad sharing memory with one returned
+    before it (an addend's grad is the sum's: one tensor for two inputs, or a view of it), or None.
+    Autograd may keep a returned grad as a leaf's ``.grad`` and accumulate the next one into it in
+    place: two leaves with one memory would each get the other's grads too."""
+    block = Block("each returned grad its own memory (a leaf's .grad accumulates in place)")
+    owners: dict[str, str] = {}
+    for name in dict.fromkeys(returned):
+        memory = em.memory_of(name)
+        if memory in owners:
+            block.lines.append(f"{name} = {name}.clone()  # a copy, not {owners[memory]}'s memory")
+        else:
+            owners[memory] = name
+    return block if block.lines else None
+
+
 def no_grad_blocks(plan: Plan, stage_kernels: dict) -> list[Block]:
     """Blocks of the no-grad forward: its stages, writing nothing for a backward."""
     kernels = {("forward", start): specs for (pass_, start), specs in stage_kernels.items() if pass_ == "inference"}
@@ -247,6 +263,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
                    + (["None"] if takes_training else [])  # training is a flag, not a tensor
                    + ["None", "None"] * len(modules_run))  # a user module and its leading dims
+    copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+    bwd += [copies] if copies else []
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
     saved = list(dict.fromkeys(saved))
     # the Function's forward and the no-grad forward take the same arguments
