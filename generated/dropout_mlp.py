@@ -88,9 +88,11 @@ class DropoutMlpFunction(torch.autograd.Function):
             x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
             linear3_weight) = saved
         # backward stage 2 · rule linear_backward · BasicLinear(512, 256): weight grad
-        d_linear3_weight = ref.weight_grad(ctx, linear3_weight, d_linear3_pre_bias, dropout2_out)
+        d_linear3_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
+            ctx, linear3_weight, d_linear3_pre_bias, dropout2_out)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 512): weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_pre_bias, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_pre_bias, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight,

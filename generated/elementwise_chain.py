@@ -132,7 +132,7 @@ class ElementwiseChainFunction(torch.autograd.Function):
             layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight,
             rmsnorm16_weight) = saved
         # backward stage 3 · rule linear_backward · BasicLinear(384, 768): weight grad
-        d_basiclinear15_weight = ref.weight_grad(
+        d_basiclinear15_weight = None if not ctx.needs_input_grad[9] else ref.weight_grad(
             ctx, basiclinear15_weight, d_basiclinear15_out, silu14_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (

@@ -81,7 +81,8 @@ class Fc1Function(torch.autograd.Function):
             linear2_weight) = saved
         # backward stage 1 · rule extra_output_linear_backward · MakeExtraOutput(),
         # BasicLinear(4096, 28672): weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_linear2_pre_bias, layernorm0_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear2_weight, d_linear2_pre_bias, layernorm0_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
 

@@ -62,7 +62,8 @@ class Fc2Function(torch.autograd.Function):
         d_x, d_extra_input0, d_linear0_bias = stage_grads
         x, linear0_weight = saved
         # backward stage 0 · rule linear_backward · BasicLinear(14336, 4096): weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_addextrainput1_out, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear0_weight, d_addextrainput1_out, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 

@@ -85,9 +85,11 @@ class GptOssMlpFunction(torch.autograd.Function):
             x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight,
             linear1_weight, linear3_weight) = saved
         # backward stage 3 · rule linear_backward · BasicLinear(2048, 1024): weight grad
-        d_linear3_weight = ref.weight_grad(ctx, linear3_weight, d_linear3_out, clampedswiglu2_out)
+        d_linear3_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
+            ctx, linear3_weight, d_linear3_out, clampedswiglu2_out)
         # backward stage 1 · rule linear_backward · BasicLinear(1024, 4096): weight grad
-        d_linear1_weight = ref.weight_grad(ctx, linear1_weight, d_linear1_pre_bias, rmsnorm0_out)
+        d_linear1_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear1_weight, d_linear1_pre_bias, rmsnorm0_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_rmsnorm0_weight, d_linear1_weight, d_linear1_bias, d_linear3_weight,

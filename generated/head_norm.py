@@ -82,7 +82,8 @@ class HeadNormFunction(torch.autograd.Function):
         d_linear0_out, = operands
         x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight = saved
         # backward stage 0 · rule linear_backward · BasicLinear(256, 256): weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_out, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_out, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_linear0_weight, d_linear0_bias, d_rmsnorm2_weight
 

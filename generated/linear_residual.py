@@ -45,7 +45,8 @@ class LinearResidualFunction(torch.autograd.Function):
         d_extra_input0 = d_basiclinear0_out
         # backward stage 0 · rule linear_backward · BasicLinear(256, 256)
         d_x = d_basiclinear0_out.mm(basiclinear0_weight)
-        d_basiclinear0_weight = ref.weight_grad(ctx, basiclinear0_weight, d_basiclinear0_out, x)
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+            ctx, basiclinear0_weight, d_basiclinear0_out, x)
         return d_x, d_extra_input0, d_basiclinear0_weight
 
 

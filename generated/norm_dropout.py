@@ -72,7 +72,8 @@ class NormDropoutFunction(torch.autograd.Function):
         d_x, d_rmsnorm0_weight, d_linear2_bias = stage_grads
         x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight = saved
         # backward stage 2 · rule linear_backward · BasicLinear(256, 512): weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_linear2_out, dropout1_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear2_weight, d_linear2_out, dropout1_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_rmsnorm0_weight, d_linear2_weight, d_linear2_bias, None
 

@@ -75,7 +75,8 @@ class PrenormBlockFunction(torch.autograd.Function):
         d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_bias = stage_grads
         x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = saved
         # backward stage 1 · rule linear_backward · BasicLinear(4096, 4096): weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_addextrainput3_out, rmsnorm1_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear2_weight, d_addextrainput3_out, rmsnorm1_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
 

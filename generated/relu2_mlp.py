@@ -86,9 +86,11 @@ class Relu2MlpFunction(torch.autograd.Function):
             x, layernorm0_out, linear1_out, srelu2_out, layernorm0_mean, layernorm0_rstd,
             layernorm0_weight, linear1_weight, linear3_weight) = saved
         # backward stage 3 · rule linear_backward · BasicLinear(2048, 1024): weight grad
-        d_linear3_weight = ref.weight_grad(ctx, linear3_weight, d_linear3_out, srelu2_out)
+        d_linear3_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
+            ctx, linear3_weight, d_linear3_out, srelu2_out)
         # backward stage 1 · rule linear_backward · BasicLinear(1024, 2048): weight grad
-        d_linear1_weight = ref.weight_grad(ctx, linear1_weight, d_linear1_pre_bias, layernorm0_out)
+        d_linear1_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear1_weight, d_linear1_pre_bias, layernorm0_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias,

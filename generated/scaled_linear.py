@@ -66,7 +66,8 @@ class ScaledLinearFunction(torch.autograd.Function):
         d_linear0_pre_bias, = operands
         x, constantscale1_out, linear0_weight = saved
         # backward stage 0 · rule linear_backward · BasicLinear(256, 256): weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_pre_bias, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_pre_bias, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_linear0_weight, d_linear0_bias
 

@@ -37,7 +37,7 @@ class ScaledProjectionFunction(torch.autograd.Function):
         d_x = torch.addmm(
             d_constantscale1_out.new_zeros(()), d_constantscale1_out, basiclinear0_weight, beta=0,
             alpha=0.25)
-        d_basiclinear0_weight = ref.weight_grad(
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
             ctx, basiclinear0_weight, d_constantscale1_out, x, alpha=0.25)
         return d_x, d_basiclinear0_weight
 

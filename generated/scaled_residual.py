@@ -40,7 +40,7 @@ class ScaledResidualFunction(torch.autograd.Function):
         d_x = torch.addmm(
             d_addextrainput2_out.new_zeros(()), d_addextrainput2_out, basiclinear0_weight, beta=0,
             alpha=0.5)
-        d_basiclinear0_weight = ref.weight_grad(
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
             ctx, basiclinear0_weight, d_addextrainput2_out, x, alpha=0.5)
         return d_x, d_extra_input0, d_basiclinear0_weight
 

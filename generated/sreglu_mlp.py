@@ -70,9 +70,11 @@ class SregluMlpFunction(torch.autograd.Function):
         d_linear0_pre_bias, = operands
         x, linear0_out, sreglu1_out, linear0_weight, linear2_weight = saved
         # backward stage 2 · rule linear_backward · BasicLinear(512, 256): weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_linear2_out, sreglu1_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear2_weight, d_linear2_out, sreglu1_out)
         # backward stage 0 · rule linear_backward · BasicLinear(256, 1024): weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_pre_bias, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_pre_bias, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
 
