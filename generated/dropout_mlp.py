@@ -21,8 +21,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -175,7 +175,7 @@ class DropoutMlp(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -184,6 +184,10 @@ class DropoutMlp(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear3_weight,
                 linear3_bias)
+        check_parameters(
+            "DropoutMlp", ("0.weight", "0.bias", "3.weight", "3.bias"),
+            ((512, 256), (512,), (256, 512), (256,)),
+            (linear0_weight, linear0_bias, linear3_weight, linear3_bias))
         check_input("DropoutMlp", "x", x, 256, linear0_weight)
         check_input("DropoutMlp", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

@@ -16,8 +16,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -122,11 +122,13 @@ class Fc2(torch.nn.Module):
     def forward(self, x, extra_input0):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias)
+        check_parameters(
+            "Fc2", ("0.weight", "0.bias"), ((4096, 14336), (4096,)), (linear0_weight, linear0_bias))
         check_input("Fc2", "x", x, 14336, linear0_weight)
         check_input("Fc2", "extra_input0", extra_input0, 4096, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

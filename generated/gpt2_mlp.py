@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -177,7 +177,7 @@ class Gpt2Mlp(torch.nn.Module):
         linear1_bias = self._modules["1"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -186,6 +186,13 @@ class Gpt2Mlp(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias,
                 linear3_weight, linear3_bias)
+        check_parameters(
+            "Gpt2Mlp", ("0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"),
+            ((1024,), (1024,), (4096, 1024), (4096,), (1024, 4096), (1024,)),
+            (
+                layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+                linear3_bias)
+        )
         check_input("Gpt2Mlp", "x", x, 1024, layernorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

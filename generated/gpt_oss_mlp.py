@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
@@ -171,7 +171,7 @@ class GptOssMlp(torch.nn.Module):
         linear1_bias = self._modules["1"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -180,6 +180,10 @@ class GptOssMlp(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight,
                 linear3_bias)
+        check_parameters(
+            "GptOssMlp", ("0.weight", "1.weight", "1.bias", "3.weight", "3.bias"),
+            ((1024,), (4096, 1024), (4096,), (1024, 2048), (1024,)),
+            (rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias))
         check_input("GptOssMlp", "x", x, 1024, rmsnorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

@@ -19,8 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_row_input, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, check_row_input,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -153,7 +154,7 @@ class MoeSrelu(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -162,6 +163,10 @@ class MoeSrelu(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear2_weight,
                 linear2_bias)
+        check_parameters(
+            "MoeSrelu", ("0.weight", "0.bias", "2.weight", "2.bias"),
+            ((512, 256), (512,), (256, 512), (256,)),
+            (linear0_weight, linear0_bias, linear2_weight, linear2_bias))
         check_input("MoeSrelu", "x", x, 256, linear0_weight)
         check_row_input("MoeSrelu", "extra_input0", extra_input0, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
 
 
 class PrenormInPlaceFunction(torch.autograd.Function):
@@ -83,11 +83,12 @@ class PrenormInPlace(torch.nn.Module):
         rmsnorm1_weight = self._modules["1"].weight
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, rmsnorm1_weight = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, rmsnorm1_weight)
+        check_parameters("PrenormInPlace", ("1.weight",), ((256,),), (rmsnorm1_weight,))
         check_input("PrenormInPlace", "x", x, 256, rmsnorm1_weight)
         check_input(
             "PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])

@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -136,11 +136,14 @@ class ResidualInPlace(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias)
+        check_parameters(
+            "ResidualInPlace", ("0.weight", "0.bias"), ((256, 256), (256,)),
+            (linear0_weight, linear0_bias))
         check_input("ResidualInPlace", "x", x, 256, linear0_weight)
         check_input(
             "ResidualInPlace", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])

@@ -137,6 +137,14 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
     return names, lines
 
 
+def takes_any_shape(pipeline) -> bool:
+    """Whether x may have any shape, 0-D included, as TE's elementwise ops take: a size-generic
+    pipeline in which every value is as wide as x (no GLU halves it). Its results before any
+    Reshape have x's shape."""
+    return pipeline.generic and all(pipeline.width(position) == pipeline.in_features
+                                    for position in range(len(pipeline.ops) + 1))
+
+
 def user_modules(pipeline) -> list:
     """The ops that run a module of the user's code (ops/module.py)."""
     return [op for op in pipeline.ops if op.opdef.user_module]
@@ -157,6 +165,12 @@ def distinct_returns(names: list[str], aliases: dict[str, str]) -> list[str]:
         out.append(f"{name}.view_as({name})" if tensor in seen else name)
         seen.add(tensor)
     return out
+
+
+def _tuple_literal(items) -> str:
+    """A tuple literal of the given expressions: (a, b), (a,)."""
+    items = list(items)
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def _sizes_literal(sizes) -> str:
@@ -300,7 +314,11 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         takes_training=takes_training, cuda_graphs=graphs, function_inputs=function_inputs,
         no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [values[len(p.ops)]] + extra_outputs) if graphs else None,
-        leads=leads, lead_lines=lead_lines,
+        leads=leads, lead_lines=lead_lines, any_shape=takes_any_shape(p),
+        # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
+        parameter_check=[_tuple_literal(f'"{key}"' for _, _, key, *_ in params),
+                         _tuple_literal(repr(tuple(shape)) for *_, shape, _, _ in params),
+                         _tuple_literal(name for *_, name in params)],
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )
 
