@@ -94,10 +94,14 @@ ROUTES = {
 }
 
 
-def leaves(route, gen, rows):
+def leaves(route, gen, rows, device="cpu"):
     extra = 1 if route == "slice" else 0
     shape = (rows + extra, H) if route != "view" else (rows * H,)
-    return [torch.randn(shape, generator=gen).requires_grad_() for _ in range(2)]
+    return [torch.randn(shape, generator=gen).to(device).requires_grad_() for _ in range(2)]
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
 def reference_grads(cls, module, calls):
@@ -108,6 +112,7 @@ def reference_grads(cls, module, calls):
     xs, rs = [], []
     for x, r, gy in calls:
         x64, r64 = as64(x, "cpu", True), as64(r, "cpu", True)
+        gy = gy.cpu()
         y64, _ = reference(params, x64, r64)
         y64.backward(gy.to(torch.float64))
         xs.append(x64.grad)
@@ -115,18 +120,19 @@ def reference_grads(cls, module, calls):
     return sum(xs), sum(rs), {k: p.grad for k, p in params.items()}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("route", sorted(ROUTES))
 @pytest.mark.parametrize("cls", sorted(CASES))
-def test_grads_accumulate_over_micro_batches(cls, route):
+def test_grads_accumulate_over_micro_batches(cls, route, device):
     reference, gemm = CASES[cls]
-    module = getattr(generated, cls)()
+    module = getattr(generated, cls)(device=device)
     randomize_(module, torch.Generator().manual_seed(2))
     gen = torch.Generator().manual_seed(5)
-    x_leaf, r_leaf = leaves(route, gen, 6)
+    x_leaf, r_leaf = leaves(route, gen, 6, device)
     calls = []
     for _ in range(2):  # two micro-batches into the same leaves' .grad
         x, r = ROUTES[route](x_leaf, r_leaf)
-        gy = torch.randn(6, H, generator=gen)
+        gy = torch.randn(6, H, generator=gen).to(device)
         calls.append((x.detach().reshape(6, H), r.detach().reshape(6, H).clone(), gy))
         module(x, r).backward(gy)
     assert x_leaf.grad.data_ptr() != r_leaf.grad.data_ptr()
@@ -142,16 +148,17 @@ def test_grads_accumulate_over_micro_batches(cls, route):
         assert_close_to_reference(f"{cls} grad {key}, two micro-batches", p.grad, param_grads[key], torch.float32, gemm)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("route", ["clone", "view"])
 @pytest.mark.parametrize("cls", sorted(CASES))
-def test_a_retained_graph_run_backward_twice_gives_twice_the_grads(cls, route):
+def test_a_retained_graph_run_backward_twice_gives_twice_the_grads(cls, route, device):
     reference, gemm = CASES[cls]
-    module = getattr(generated, cls)()
+    module = getattr(generated, cls)(device=device)
     randomize_(module, torch.Generator().manual_seed(2))
     gen = torch.Generator().manual_seed(6)
-    x_leaf, r_leaf = leaves(route, gen, 5)
+    x_leaf, r_leaf = leaves(route, gen, 5, device)
     x, r = ROUTES[route](x_leaf, r_leaf)
-    gy = torch.randn(5, H, generator=gen)
+    gy = torch.randn(5, H, generator=gen).to(device)
     call = (x.detach().reshape(5, H), r.detach().reshape(5, H).clone(), gy)
     y = module(x, r)
     y.backward(gy, retain_graph=True)
