@@ -41,9 +41,7 @@ class InPlaceMidFunction(torch.autograd.Function):
         # MakeExtraOutput(), GELU()
         d_x, d_bias0_bias = kernels.bias_add_tee_gelu_bwd_n256_from_bias(
             d_gelu2_out, x, bias0_bias, extra_input0, d_new_extra_input0)
-        d_extra_input0 = d_x
-        # each returned grad its own memory (a leaf's .grad accumulates in place)
-        d_extra_input0 = d_extra_input0.clone()  # a copy, not d_x's memory
+        d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
         return d_x, d_extra_input0, d_bias0_bias
 
 

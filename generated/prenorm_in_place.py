@@ -40,9 +40,7 @@ class PrenormInPlaceFunction(torch.autograd.Function):
         # MakeExtraOutput(), RMSNorm(256)
         d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h256_add_dresidual(
             d_rmsnorm1_out, new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight, d_new_extra_input0)
-        d_extra_input0 = d_x  # the residual's grad is the sum's grad
-        # each returned grad its own memory (a leaf's .grad accumulates in place)
-        d_extra_input0 = d_extra_input0.clone()  # a copy, not d_x's memory
+        d_extra_input0 = d_x.clone()  # the residual's grad is the sum's grad, in memory of its own
         return d_x, d_extra_input0, d_rmsnorm1_weight
 
 

@@ -40,9 +40,7 @@ class ResidualAnyFunction(torch.autograd.Function):
         # MakeExtraOutput(), QGELU()
         d_x = kernels.add_scale0p5_tee_qgelu_bwd_any_from_add(
             d_qgelu3_out, x, extra_input0, d_extra_output0)
-        d_extra_input0 = d_x
-        # each returned grad its own memory (a leaf's .grad accumulates in place)
-        d_extra_input0 = d_extra_input0.clone()  # a copy, not d_x's memory
+        d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
         return d_x, d_extra_input0
 
 

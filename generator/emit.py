@@ -81,18 +81,23 @@ def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
 
 
 def own_memory(em: Emitter, returned: list[str]) -> Block | None:
-    """A last backward block that copies each returned grad sharing memory with one returned
-    before it (an addend's grad is the sum's: one tensor for two inputs, or a view of it), or None.
-    Autograd may keep a returned grad as a leaf's ``.grad`` and accumulate the next one into it in
-    place: two leaves with one memory would each get the other's grads too."""
+    """Gives each returned grad that shares memory with one returned before it (an addend's grad
+    is the sum's: one tensor for two inputs, or a view of it) a copy: its alias line becomes a
+    clone, or a last backward block (returned, else None) copies it. Autograd may keep a returned
+    grad as a leaf's ``.grad`` and accumulate the next one into it in place: two leaves with one
+    memory would each get the other's grads too."""
     block = Block("each returned grad its own memory (a leaf's .grad accumulates in place)")
     owners: dict[str, str] = {}
     for name in dict.fromkeys(returned):
         memory = em.memory_of(name)
-        if memory in owners:
-            block.lines.append(f"{name} = {name}.clone()  # a copy, not {owners[memory]}'s memory")
-        else:
+        if memory not in owners:
             owners[memory] = name
+        elif name in em.grad_aliases:
+            alias_block, line, of, why = em.grad_aliases[name]
+            reason = f"{why}, in memory of its own" if why else "in memory of its own (.grad accumulates in place)"
+            alias_block.lines[line] = f"{name} = {of}.clone()  # {reason}"
+        else:
+            block.lines.append(f"{name} = {name}.clone()  # a copy, not {owners[memory]}'s memory")
     return block if block.lines else None
 
 
