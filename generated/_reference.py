@@ -66,6 +66,13 @@ def interleave(x, k):
     return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
 
 
+def autocasting(x):
+    """Whether torch.autocast is on for tensor ``x``'s device (meta tensors have no autocast; a
+    non-tensor is left to the input checks to report)."""
+    return isinstance(x, torch.Tensor) and not x.is_meta and torch.is_autocast_enabled(
+        x.device.type)
+
+
 def to_autocast_dtype(device_type, *tensors):
     """The module's inputs and parameters in torch.autocast's dtype for ``device_type``, as TE
     computes under autocast (floating tensors only; anything else is passed on for the input

@@ -60,17 +60,28 @@ def verified_binary(name, file):
 
 
 def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
-                like_is="the module's parameters are"):
+                like_is="the module's parameters are", any_shape=False, shape=None):
     """Clear run-time errors for a wrong type, feature size, dtype, device or row shape.
     ``features``: the size the last dimension must have, or None for any size that is a multiple
-    of ``multiple_of`` (a size-generic pipeline). ``like``: the tensor whose dtype and device the
+    of ``multiple_of`` (a size-generic pipeline). ``any_shape``: any shape, 0-D included (an
+    elementwise pipeline: TE's elementwise ops take any shape); ``shape``: exactly this shape
+    (x's, for an extra input of such a pipeline). ``like``: the tensor whose dtype and device the
     input must have (a parameter, or x in a pipeline without parameters), ``like_is`` what it is."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if features is None:
-        if tensor.dim() < 1 or tensor.shape[-1] % multiple_of:
-            raise ValueError(f"{module}: {name} must have shape [..., n] with n a multiple of "
-                             f"{multiple_of} (the pipeline's GLUs split each row), got "
+    if not tensor.is_floating_point():  # as torch's own ops refuse them (in float they'd be wrong)
+        raise TypeError(f"{module}: {name} has dtype {tensor.dtype}, but the module takes floating-"
+                        "point tensors only (float32, float16, bfloat16; float64 on CPU); convert "
+                        "it, e.g. x.float()")
+    if shape is not None:
+        if tensor.shape != shape:
+            raise ValueError(f"{module}: {name} must have x's shape, {list(shape)}, got "
+                             f"{list(tensor.shape)}")
+    elif features is None:
+        if not any_shape and (tensor.dim() < 1 or tensor.shape[-1] % multiple_of):
+            constraint = " (rows of n values)" if multiple_of == 1 else (
+                f" with n a multiple of {multiple_of} (the pipeline's GLUs split each row)")
+            raise ValueError(f"{module}: {name} must have shape [..., n]{constraint}, got "
                              f"{list(tensor.shape)}")
     elif tensor.dim() < 1 or tensor.shape[-1] != features:
         raise ValueError(
@@ -79,11 +90,59 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
         raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but {like_is} {like.dtype}; "
                         "convert the input or the module (module.to(dtype))")
     if tensor.device != like.device:
-        raise ValueError(f"{module}: {name} is on {tensor.device} but {like_is} on {like.device}; "
-                         "move one of them")
+        meta = "" if like.device.type != "meta" else (
+            " (meta parameters hold no values: module.to_empty(device=...), then "
+            "module.reset_parameters() or load_state_dict)")
+        raise ValueError(f"{module}: {name} is on {tensor.device} but {like_is} on "
+                         f"{like.device}; move one of them{meta}")
     if lead is not None and tensor.shape[:-1] != lead:
         raise ValueError(f"{module}: {name} must have the same leading shape as x, {list(lead)}, "
                          f"got {list(tensor.shape[:-1])}")
+
+
+def check_parameters(module, keys, shapes, parameters):
+    """Clear run-time errors for a parameter replaced or cast since the module was built (a
+    tensor of another shape, dtype or device than the others; the kernels would read it as the
+    first one's): ``keys`` their state_dict keys, ``shapes`` the shapes the spec gives them. Every
+    call: one quick pass, the messages only when it finds something."""
+    if not _parameters_agree(shapes, parameters):
+        _parameter_error(module, keys, shapes, parameters)
+
+
+def _parameters_agree(shapes, parameters):
+    """Whether the parameters have their shapes, one dtype and one device (the quick pass: about
+    0.3 us a parameter; get_device and is_meta are quicker than comparing torch.device objects)."""
+    first = parameters[0]
+    if not isinstance(first, torch.Tensor):
+        return False
+    dtype, device, meta = first.dtype, first.get_device(), first.is_meta
+    for shape, parameter in zip(shapes, parameters):
+        if not (isinstance(parameter, torch.Tensor) and parameter.dtype is dtype
+                and parameter.shape == shape and parameter.get_device() == device
+                and parameter.is_meta == meta):
+            return False
+    return True
+
+
+def _parameter_error(module, keys, shapes, parameters):
+    """Raises the error that names the first parameter check_parameters' quick pass refused."""
+    first = parameters[0]
+    for key, shape, parameter in zip(keys, shapes, parameters):
+        if not isinstance(parameter, torch.Tensor):
+            raise TypeError(f"{module}: parameter {key} must be a torch.Tensor, got "
+                            f"{type(parameter).__name__}")
+        if parameter.shape != shape:
+            raise ValueError(f"{module}: parameter {key} has shape {list(parameter.shape)}, but "
+                             f"the spec's op makes it {list(shape)}; load a state_dict of the "
+                             "spec's shapes, or regenerate the module from a spec of the new "
+                             "sizes")
+        if parameter.dtype != first.dtype:
+            raise TypeError(f"{module}: parameter {key} has dtype {parameter.dtype} but {keys[0]} "
+                            f"has {first.dtype}; the module computes in one dtype: cast the whole "
+                            "module (module.to(dtype))")
+        if parameter.device != first.device:
+            raise ValueError(f"{module}: parameter {key} is on {parameter.device} but {keys[0]} is "
+                             f"on {first.device}; move the whole module (module.to(device))")
 
 
 def check_row_input(module, name, tensor, like, lead, like_is="the module's parameters are"):
@@ -118,6 +177,12 @@ def as_rows(tensor, features):
     if tensor.dim() == 2 and tensor.is_contiguous():
         return tensor
     return tensor.reshape(-1, features).contiguous()
+
+
+def with_shape(tensor, shape):
+    """A module's [rows, n] result in ``shape``, x's (an elementwise pipeline's results have its
+    shape, 0-D included): as it is when it has it already."""
+    return tensor if tensor.shape == shape else tensor.reshape(shape)
 
 
 def with_lead(tensor, lead, features):

@@ -21,8 +21,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -89,9 +89,11 @@ class DropoutMlpFunction(torch.autograd.Function):
             x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
             linear3_weight) = saved
         # backward stage 2 · rule linear_backward · op 3a: BasicLinear(512, 256) · weight grad
-        d_linear3_weight = ref.weight_grad(ctx, linear3_weight, d_linear3_pre_bias, dropout2_out)
+        d_linear3_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
+            ctx, linear3_weight, d_linear3_pre_bias, dropout2_out)
         # backward stage 0 · rule linear_backward · op 0a: BasicLinear(256, 512) · weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_pre_bias, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_pre_bias, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight,
@@ -175,7 +177,7 @@ class DropoutMlp(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -184,6 +186,10 @@ class DropoutMlp(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias, linear3_weight,
                 linear3_bias)
+        check_parameters(
+            "DropoutMlp", ("0.weight", "0.bias", "3.weight", "3.bias"),
+            ((512, 256), (512,), (256, 512), (256,)),
+            (linear0_weight, linear0_bias, linear3_weight, linear3_bias))
         check_input("DropoutMlp", "x", x, 256, linear0_weight)
         check_input("DropoutMlp", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

@@ -33,8 +33,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -136,7 +136,7 @@ class ElementwiseChainFunction(torch.autograd.Function):
             layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight,
             rmsnorm16_weight) = saved
         # backward stage 3 · rule linear_backward · op 15: BasicLinear(384, 768) · weight grad
-        d_basiclinear15_weight = ref.weight_grad(
+        d_basiclinear15_weight = None if not ctx.needs_input_grad[9] else ref.weight_grad(
             ctx, basiclinear15_weight, d_basiclinear15_out, silu14_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
@@ -252,7 +252,7 @@ class ElementwiseChain(torch.nn.Module):
         bias11_bias = self._modules["11"].bias
         basiclinear15_weight = self._modules["15"].weight
         rmsnorm16_weight = self._modules["16"].weight
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -262,6 +262,14 @@ class ElementwiseChain(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, extra_input1, extra_input2, layernorm3_weight,
                 layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight)
+        check_parameters(
+            "ElementwiseChain",
+            ("3.weight", "3.bias", "4.bias", "11.bias", "15.weight", "16.weight"),
+            ((768,), (768,), (768,), (768,), (768, 384), (768,)),
+            (
+                layernorm3_weight, layernorm3_bias, bias4_bias, bias11_bias, basiclinear15_weight,
+                rmsnorm16_weight)
+        )
         check_input("ElementwiseChain", "x", x, 768, layernorm3_weight)
         check_input(
             "ElementwiseChain", "extra_input0", extra_input0, 768, layernorm3_weight, x.shape[:-1])

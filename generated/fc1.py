@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
@@ -81,7 +81,8 @@ class Fc1Function(torch.autograd.Function):
             linear2_weight) = saved
         # backward stage 1 · rule extra_output_linear_backward · ops 1, 2a: MakeExtraOutput(),
         # BasicLinear(4096, 28672) · weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_linear2_pre_bias, layernorm0_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear2_weight, d_linear2_pre_bias, layernorm0_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
 
@@ -156,7 +157,7 @@ class Fc1(torch.nn.Module):
         layernorm0_bias = self._modules["0"].bias
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -164,6 +165,10 @@ class Fc1(torch.nn.Module):
                 linear2_bias
             ) = ref.to_autocast_dtype(
                 x.device.type, x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias)
+        check_parameters(
+            "Fc1", ("0.weight", "0.bias", "2.weight", "2.bias"),
+            ((4096,), (4096,), (28672, 4096), (28672,)),
+            (layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias))
         check_input("Fc1", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

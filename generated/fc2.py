@@ -16,8 +16,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -62,7 +62,8 @@ class Fc2Function(torch.autograd.Function):
         d_x, d_extra_input0, d_linear0_bias = stage_grads
         x, linear0_weight = saved
         # backward stage 0 · rule linear_backward · op 0a: BasicLinear(14336, 4096) · weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_addextrainput1_out, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear0_weight, d_addextrainput1_out, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 
@@ -121,11 +122,13 @@ class Fc2(torch.nn.Module):
     def forward(self, x, extra_input0):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias)
+        check_parameters(
+            "Fc2", ("0.weight", "0.bias"), ((4096, 14336), (4096,)), (linear0_weight, linear0_bias))
         check_input("Fc2", "x", x, 14336, linear0_weight)
         check_input("Fc2", "extra_input0", extra_input0, 4096, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]

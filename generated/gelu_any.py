@@ -15,7 +15,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead, with_shape
 
 
 class GeluAnyFunction(torch.autograd.Function):
@@ -67,12 +67,13 @@ class GeluAny(torch.nn.Module):
         pass  # the pipeline has no parameters
 
     def forward(self, x):
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, = ref.to_autocast_dtype(x.device.type, x)
-        check_input("GeluAny", "x", x, None, x, like_is="x is")
-        n = x.shape[-1]
+        # TE's elementwise ops take any shape: a 0-D x is one row of one value
+        check_input("GeluAny", "x", x, None, x, like_is="x is", any_shape=True)
+        n = x.shape[-1] if x.dim() else 1
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
@@ -83,4 +84,4 @@ class GeluAny(torch.nn.Module):
             outputs = GeluAnyFunction.apply(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
-        return with_lead(outputs, lead, n)
+        return with_shape(outputs, x.shape)

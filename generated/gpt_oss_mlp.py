@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
@@ -85,9 +85,11 @@ class GptOssMlpFunction(torch.autograd.Function):
             x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight,
             linear1_weight, linear3_weight) = saved
         # backward stage 3 · rule linear_backward · op 3a: BasicLinear(2048, 1024) · weight grad
-        d_linear3_weight = ref.weight_grad(ctx, linear3_weight, d_linear3_out, clampedswiglu2_out)
+        d_linear3_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
+            ctx, linear3_weight, d_linear3_out, clampedswiglu2_out)
         # backward stage 1 · rule linear_backward · op 1a: BasicLinear(1024, 4096) · weight grad
-        d_linear1_weight = ref.weight_grad(ctx, linear1_weight, d_linear1_pre_bias, rmsnorm0_out)
+        d_linear1_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear1_weight, d_linear1_pre_bias, rmsnorm0_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_rmsnorm0_weight, d_linear1_weight, d_linear1_bias, d_linear3_weight,
@@ -169,7 +171,7 @@ class GptOssMlp(torch.nn.Module):
         linear1_bias = self._modules["1"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -178,6 +180,10 @@ class GptOssMlp(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight,
                 linear3_bias)
+        check_parameters(
+            "GptOssMlp", ("0.weight", "1.weight", "1.bias", "3.weight", "3.bias"),
+            ((1024,), (4096, 1024), (4096,), (1024, 2048), (1024,)),
+            (rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias))
         check_input("GptOssMlp", "x", x, 1024, rmsnorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight):
@@ -82,7 +82,8 @@ class HeadNormFunction(torch.autograd.Function):
         d_linear0_out, = operands
         x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight = saved
         # backward stage 0 · rule linear_backward · op 0a: BasicLinear(256, 256) · weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_out, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_out, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_linear0_weight, d_linear0_bias, d_rmsnorm2_weight
 
@@ -155,11 +156,14 @@ class HeadNorm(torch.nn.Module):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
         rmsnorm2_weight = self._modules["2"].weight
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, linear0_weight, linear0_bias, rmsnorm2_weight = ref.to_autocast_dtype(
                 x.device.type, x, linear0_weight, linear0_bias, rmsnorm2_weight)
+        check_parameters(
+            "HeadNorm", ("0.weight", "0.bias", "2.weight"), ((256, 256), (256,), (64,)),
+            (linear0_weight, linear0_bias, rmsnorm2_weight))
         check_input("HeadNorm", "x", x, 256, linear0_weight)
         # the leading dims of the running tensor, which each Reshape changes
         lead = x.shape[:-1]

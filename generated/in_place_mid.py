@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
 
 
 class InPlaceMidFunction(torch.autograd.Function):
@@ -41,7 +41,7 @@ class InPlaceMidFunction(torch.autograd.Function):
         # AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
         d_x, d_bias0_bias = kernels.bias_add_tee_gelu_bwd_n256_from_bias(
             d_gelu2_out, x, bias0_bias, extra_input0, d_new_extra_input0)
-        d_extra_input0 = d_x
+        d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
         return d_x, d_extra_input0, d_bias0_bias
 
 
@@ -82,11 +82,12 @@ class InPlaceMid(torch.nn.Module):
         bias0_bias = self._modules["0"].bias
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, bias0_bias = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, bias0_bias)
+        check_parameters("InPlaceMid", ("0.bias",), ((256,),), (bias0_bias,))
         check_input("InPlaceMid", "x", x, 256, bias0_bias)
         check_input("InPlaceMid", "extra_input0", extra_input0, 256, bias0_bias, x.shape[:-1])
         lead = x.shape[:-1]

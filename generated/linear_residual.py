@@ -19,7 +19,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
 
 
 class LinearResidualFunction(torch.autograd.Function):
@@ -46,7 +46,8 @@ class LinearResidualFunction(torch.autograd.Function):
         d_extra_input0 = d_basiclinear0_out
         # backward stage 0 · rule linear_backward · op 0: BasicLinear(256, 256)
         d_x = d_basiclinear0_out.mm(basiclinear0_weight)
-        d_basiclinear0_weight = ref.weight_grad(ctx, basiclinear0_weight, d_basiclinear0_out, x)
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+            ctx, basiclinear0_weight, d_basiclinear0_out, x)
         return d_x, d_extra_input0, d_basiclinear0_weight
 
 
@@ -88,11 +89,12 @@ class LinearResidual(torch.nn.Module):
         basiclinear0_weight = self._modules["0"].weight
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, basiclinear0_weight = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, basiclinear0_weight)
+        check_parameters("LinearResidual", ("0.weight",), ((256, 256),), (basiclinear0_weight,))
         check_input("LinearResidual", "x", x, 256, basiclinear0_weight)
         check_input(
             "LinearResidual", "extra_input0", extra_input0, 256, basiclinear0_weight, x.shape[:-1])

@@ -68,7 +68,7 @@ class MoeSwiglu(torch.nn.Module):
         pass  # the pipeline has no parameters
 
     def forward(self, x, extra_input0):
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0 = ref.to_autocast_dtype(x.device.type, x, extra_input0)

@@ -17,8 +17,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
@@ -72,7 +72,8 @@ class NormDropoutFunction(torch.autograd.Function):
         d_x, d_rmsnorm0_weight, d_linear2_bias = stage_grads
         x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight = saved
         # backward stage 2 · rule linear_backward · op 2a: BasicLinear(256, 512) · weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_linear2_out, dropout1_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear2_weight, d_linear2_out, dropout1_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_rmsnorm0_weight, d_linear2_weight, d_linear2_bias, None
 
@@ -139,11 +140,14 @@ class NormDropout(torch.nn.Module):
         rmsnorm0_weight = self._modules["0"].weight
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, rmsnorm0_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(
                 x.device.type, x, rmsnorm0_weight, linear2_weight, linear2_bias)
+        check_parameters(
+            "NormDropout", ("0.weight", "2.weight", "2.bias"), ((256,), (512, 256), (512,)),
+            (rmsnorm0_weight, linear2_weight, linear2_bias))
         check_input("NormDropout", "x", x, 256, rmsnorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

@@ -20,8 +20,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -93,7 +93,8 @@ class PostAttentionFunction(torch.autograd.Function):
             x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
             layernorm4_weight) = saved
         # backward stage 0 · rule linear_backward · op 0a: BasicLinear(256, 256) · weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_pre_bias, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_pre_bias, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_layernorm4_weight,
@@ -174,7 +175,7 @@ class PostAttention(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         layernorm4_weight = self._modules["4"].weight
         layernorm4_bias = self._modules["4"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -183,6 +184,10 @@ class PostAttention(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight,
                 layernorm4_bias)
+        check_parameters(
+            "PostAttention", ("0.weight", "0.bias", "4.weight", "4.bias"),
+            ((256, 256), (256,), (256,), (256,)),
+            (linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias))
         check_input("PostAttention", "x", x, 256, linear0_weight)
         check_input(
             "PostAttention", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])

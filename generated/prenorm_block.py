@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
@@ -75,7 +75,8 @@ class PrenormBlockFunction(torch.autograd.Function):
         d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_bias = stage_grads
         x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = saved
         # backward stage 1 · rule linear_backward · op 2a: BasicLinear(4096, 4096) · weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_addextrainput3_out, rmsnorm1_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear2_weight, d_addextrainput3_out, rmsnorm1_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
 
@@ -146,11 +147,14 @@ class PrenormBlock(torch.nn.Module):
         rmsnorm1_weight = self._modules["1"].weight
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias)
+        check_parameters(
+            "PrenormBlock", ("1.weight", "2.weight", "2.bias"), ((4096,), (4096, 4096), (4096,)),
+            (rmsnorm1_weight, linear2_weight, linear2_bias))
         check_input("PrenormBlock", "x", x, 4096, rmsnorm1_weight)
         check_input(
             "PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
 
 
 class PrenormInPlaceFunction(torch.autograd.Function):
@@ -41,7 +41,7 @@ class PrenormInPlaceFunction(torch.autograd.Function):
         # MakeExtraOutput(), RMSNorm(256)
         d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h256_add_dresidual(
             d_rmsnorm1_out, new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight, d_new_extra_input0)
-        d_extra_input0 = d_x  # the residual's grad is the sum's grad
+        d_extra_input0 = d_x.clone()  # the residual's grad is the sum's grad, in memory of its own
         return d_x, d_extra_input0, d_rmsnorm1_weight
 
 
@@ -82,11 +82,12 @@ class PrenormInPlace(torch.nn.Module):
         rmsnorm1_weight = self._modules["1"].weight
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, rmsnorm1_weight = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, rmsnorm1_weight)
+        check_parameters("PrenormInPlace", ("1.weight",), ((256,),), (rmsnorm1_weight,))
         check_input("PrenormInPlace", "x", x, 256, rmsnorm1_weight)
         check_input(
             "PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])

@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -70,9 +70,11 @@ class QgegluMlpFunction(torch.autograd.Function):
         d_linear0_pre_bias, = operands
         x, linear0_out, qgeglu1_out, linear0_weight, linear2_weight = saved
         # backward stage 2 · rule linear_backward · op 2a: BasicLinear(512, 256) · weight grad
-        d_linear2_weight = ref.weight_grad(ctx, linear2_weight, d_linear2_out, qgeglu1_out)
+        d_linear2_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear2_weight, d_linear2_out, qgeglu1_out)
         # backward stage 0 · rule linear_backward · op 0a: BasicLinear(256, 1024) · weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_pre_bias, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_pre_bias, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
 
@@ -144,11 +146,15 @@ class QgegluMlp(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = ref.to_autocast_dtype(
                 x.device.type, x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
+        check_parameters(
+            "QgegluMlp", ("0.weight", "0.bias", "2.weight", "2.bias"),
+            ((1024, 256), (1024,), (256, 512), (256,)),
+            (linear0_weight, linear0_bias, linear2_weight, linear2_bias))
         check_input("QgegluMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

@@ -18,7 +18,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead, with_shape
 
 
 class ResidualAnyFunction(torch.autograd.Function):
@@ -40,7 +40,7 @@ class ResidualAnyFunction(torch.autograd.Function):
         # ConstantScale(0.5), MakeExtraOutput(), QGELU()
         d_x = kernels.add_scale0p5_tee_qgelu_bwd_any_from_add(
             d_qgelu3_out, x, extra_input0, d_extra_output0)
-        d_extra_input0 = d_x
+        d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
         return d_x, d_extra_input0
 
 
@@ -78,13 +78,15 @@ class ResidualAny(torch.nn.Module):
         pass  # the pipeline has no parameters
 
     def forward(self, x, extra_input0):
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0 = ref.to_autocast_dtype(x.device.type, x, extra_input0)
-        check_input("ResidualAny", "x", x, None, x, like_is="x is")
-        n = x.shape[-1]
-        check_input("ResidualAny", "extra_input0", extra_input0, n, x, x.shape[:-1], like_is="x is")
+        # TE's elementwise ops take any shape: a 0-D x is one row of one value
+        check_input("ResidualAny", "x", x, None, x, like_is="x is", any_shape=True)
+        n = x.shape[-1] if x.dim() else 1
+        check_input(
+            "ResidualAny", "extra_input0", extra_input0, None, x, like_is="x is", shape=x.shape)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
@@ -97,6 +99,6 @@ class ResidualAny(torch.nn.Module):
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return (
-            with_lead(outputs[0], lead, n),
-            with_lead(outputs[1], lead, n),
+            with_shape(outputs[0], x.shape),
+            with_shape(outputs[1], x.shape),
         )

@@ -20,8 +20,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -72,7 +72,8 @@ class ResidualInPlaceFunction(torch.autograd.Function):
         d_linear0_pre_bias, = operands
         x, linear0_weight = saved
         # backward stage 0 · rule linear_backward · op 0a: BasicLinear(256, 256) · weight grad
-        d_linear0_weight = ref.weight_grad(ctx, linear0_weight, d_linear0_pre_bias, x)
+        d_linear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear0_weight, d_linear0_pre_bias, x)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return None, d_x, d_extra_input0, d_linear0_weight, d_linear0_bias
 
@@ -138,11 +139,14 @@ class ResidualInPlace(torch.nn.Module):
         linear0_bias = self._modules["0"].bias
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, linear0_weight, linear0_bias = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, linear0_weight, linear0_bias)
+        check_parameters(
+            "ResidualInPlace", ("0.weight", "0.bias"), ((256, 256), (256,)),
+            (linear0_weight, linear0_bias))
         check_input("ResidualInPlace", "x", x, 256, linear0_weight)
         check_input(
             "ResidualInPlace", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])

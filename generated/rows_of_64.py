@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, bias3_bias):
@@ -127,10 +127,11 @@ class RowsOf64(torch.nn.Module):
 
     def forward(self, x):
         bias3_bias = self._modules["3"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, bias3_bias = ref.to_autocast_dtype(x.device.type, x, bias3_bias)
+        check_parameters("RowsOf64", ("3.bias",), ((64,),), (bias3_bias,))
         check_input("RowsOf64", "x", x, None, bias3_bias)
         n = x.shape[-1]
         # the leading dims of the running tensor, which each Reshape changes

@@ -16,7 +16,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
 
 
 class ScaledProjectionFunction(torch.autograd.Function):
@@ -40,7 +40,7 @@ class ScaledProjectionFunction(torch.autograd.Function):
         d_x = torch.addmm(
             d_constantscale1_out.new_zeros(()), d_constantscale1_out, basiclinear0_weight, beta=0,
             alpha=0.25)
-        d_basiclinear0_weight = ref.weight_grad(
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
             ctx, basiclinear0_weight, d_constantscale1_out, x, alpha=0.25)
         return d_x, d_basiclinear0_weight
 
@@ -81,10 +81,11 @@ class ScaledProjection(torch.nn.Module):
 
     def forward(self, x):
         basiclinear0_weight = self._modules["0"].weight
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, basiclinear0_weight = ref.to_autocast_dtype(x.device.type, x, basiclinear0_weight)
+        check_parameters("ScaledProjection", ("0.weight",), ((128, 256),), (basiclinear0_weight,))
         check_input("ScaledProjection", "x", x, 256, basiclinear0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

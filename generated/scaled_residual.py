@@ -17,7 +17,7 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
 
 
 class ScaledResidualFunction(torch.autograd.Function):
@@ -42,7 +42,7 @@ class ScaledResidualFunction(torch.autograd.Function):
         d_x = torch.addmm(
             d_addextrainput2_out.new_zeros(()), d_addextrainput2_out, basiclinear0_weight, beta=0,
             alpha=0.5)
-        d_basiclinear0_weight = ref.weight_grad(
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
             ctx, basiclinear0_weight, d_addextrainput2_out, x, alpha=0.5)
         return d_x, d_extra_input0, d_basiclinear0_weight
 
@@ -82,11 +82,12 @@ class ScaledResidual(torch.nn.Module):
 
     def forward(self, x, extra_input0):
         basiclinear0_weight = self._modules["0"].weight
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, extra_input0, basiclinear0_weight = ref.to_autocast_dtype(
                 x.device.type, x, extra_input0, basiclinear0_weight)
+        check_parameters("ScaledResidual", ("0.weight",), ((256, 256),), (basiclinear0_weight,))
         check_input("ScaledResidual", "x", x, 256, basiclinear0_weight)
         check_input(
             "ScaledResidual", "extra_input0", extra_input0, 256, basiclinear0_weight, x.shape[:-1])

@@ -67,7 +67,7 @@ class SwigluAny(torch.nn.Module):
         pass  # the pipeline has no parameters
 
     def forward(self, x):
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             x, = ref.to_autocast_dtype(x.device.type, x)

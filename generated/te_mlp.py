@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, first_order_only, register_no_grad_op,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -86,9 +86,11 @@ class TeMlpFunction(torch.autograd.Function):
             x, layernorm0_out, linear1_out, swiglu2_out, layernorm0_mean, layernorm0_rstd,
             layernorm0_weight, linear1_weight, linear3_weight) = saved
         # backward stage 3 · rule linear_backward · op 3a: BasicLinear(14336, 4096) · weight grad
-        d_linear3_weight = ref.weight_grad(ctx, linear3_weight, d_linear3_out, swiglu2_out)
+        d_linear3_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
+            ctx, linear3_weight, d_linear3_out, swiglu2_out)
         # backward stage 1 · rule linear_backward · op 1a: BasicLinear(4096, 28672) · weight grad
-        d_linear1_weight = ref.weight_grad(ctx, linear1_weight, d_linear1_pre_bias, layernorm0_out)
+        d_linear1_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear1_weight, d_linear1_pre_bias, layernorm0_out)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear1_weight, d_linear1_bias,
@@ -176,7 +178,7 @@ class TeMlp(torch.nn.Module):
         linear1_bias = self._modules["1"].bias
         linear3_weight = self._modules["3"].weight
         linear3_bias = self._modules["3"].bias
-        if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
             (
@@ -185,6 +187,13 @@ class TeMlp(torch.nn.Module):
             ) = ref.to_autocast_dtype(
                 x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias,
                 linear3_weight, linear3_bias)
+        check_parameters(
+            "TeMlp", ("0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"),
+            ((4096,), (4096,), (28672, 4096), (28672,), (4096, 14336), (4096,)),
+            (
+                layernorm0_weight, layernorm0_bias, linear1_weight, linear1_bias, linear3_weight,
+                linear3_bias)
+        )
         check_input("TeMlp", "x", x, 4096, layernorm0_weight)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they

@@ -83,6 +83,27 @@ def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
     return blocks, grads[0]
 
 
+def own_memory(em: Emitter, returned: list[str]) -> Block | None:
+    """Gives each returned grad that shares memory with one returned before it (an addend's grad
+    is the sum's: one tensor for two inputs, or a view of it) a copy: its alias line becomes a
+    clone, or a last backward block (returned, else None) copies it. Autograd may keep a returned
+    grad as a leaf's ``.grad`` and accumulate the next one into it in place: two leaves with one
+    memory would each get the other's grads too."""
+    block = Block("each returned grad its own memory (a leaf's .grad accumulates in place)")
+    owners: dict[str, str] = {}
+    for name in dict.fromkeys(returned):
+        memory = em.memory_of(name)
+        if memory not in owners:
+            owners[memory] = name
+        elif name in em.grad_aliases:
+            alias_block, line, of, why = em.grad_aliases[name]
+            reason = f"{why}, in memory of its own" if why else "in memory of its own (.grad accumulates in place)"
+            alias_block.lines[line] = f"{name} = {of}.clone()  # {reason}"
+        else:
+            block.lines.append(f"{name} = {name}.clone()  # a copy, not {owners[memory]}'s memory")
+    return block if block.lines else None
+
+
 def no_grad_blocks(plan: Plan, stage_kernels: dict) -> list[Block]:
     """Blocks of the no-grad forward: its stages, writing nothing for a backward."""
     kernels = {("forward", start): specs for (pass_, start), specs in stage_kernels.items() if pass_ == "inference"}
@@ -156,6 +177,14 @@ def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
     return [row for _, row in sorted(rows, key=lambda pair: pair[0])]  # stable: a spec op's parts stay in order
 
 
+def takes_any_shape(pipeline) -> bool:
+    """Whether x may have any shape, 0-D included, as TE's elementwise ops take: a size-generic
+    pipeline in which every value is as wide as x (no GLU halves it). Its results before any
+    Reshape have x's shape."""
+    return pipeline.generic and all(pipeline.width(position) == pipeline.in_features
+                                    for position in range(len(pipeline.ops) + 1))
+
+
 def user_modules(pipeline) -> list:
     """The ops that run a module of the user's code (ops/module.py)."""
     return [op for op in pipeline.ops if op.opdef.user_module]
@@ -176,6 +205,12 @@ def distinct_returns(names: list[str], aliases: dict[str, str]) -> list[str]:
         out.append(f"{name}.view_as({name})" if tensor in seen else name)
         seen.add(tensor)
     return out
+
+
+def _tuple_literal(items) -> str:
+    """A tuple literal of the given expressions: (a, b), (a,)."""
+    items = list(items)
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def _sizes_literal(sizes) -> str:
@@ -282,6 +317,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
                    + (["None"] if takes_training else [])  # training is a flag, not a tensor
                    + ["None", "None"] * len(modules_run))  # a user module and its leading dims
+    copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+    bwd += [copies] if copies else []
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
     saved = list(dict.fromkeys(saved))
     # the Function's forward and the no-grad forward take the same arguments
@@ -317,7 +354,11 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         takes_training=takes_training, cuda_graphs=graphs, function_inputs=function_inputs,
         no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [values[len(p.ops)]] + extra_outputs) if graphs else None,
-        leads=leads, lead_lines=lead_lines,
+        leads=leads, lead_lines=lead_lines, any_shape=takes_any_shape(p),
+        # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
+        parameter_check=[_tuple_literal(f'"{key}"' for _, _, key, *_ in params),
+                         _tuple_literal(repr(tuple(shape)) for *_, shape, _, _ in params),
+                         _tuple_literal(name for *_, name in params)],
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )
 

@@ -58,6 +58,12 @@ def interleave(x, k):
     return x.reshape(rows, 2, width // (2 * k), k).transpose(1, 2).reshape(rows, width)
 
 
+def autocasting(x):
+    """Whether torch.autocast is on for tensor ``x``'s device (meta tensors have no autocast; a
+    non-tensor is left to the input checks to report)."""
+    return isinstance(x, torch.Tensor) and not x.is_meta and torch.is_autocast_enabled(x.device.type)
+
+
 def to_autocast_dtype(device_type, *tensors):
     """The module's inputs and parameters in torch.autocast's dtype for ``device_type``, as TE
     computes under autocast (floating tensors only; anything else is passed on for the input
@@ -133,4 +139,4 @@ def new_seed(like):
 
 
 # In this order at the top of _reference.py, after its imports.
-COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, to_autocast_dtype, construct_module, check_module_output, _mul32, _mix32, uniform, draws, new_seed)
+COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, autocasting, to_autocast_dtype, construct_module, check_module_output, _mul32, _mix32, uniform, draws, new_seed)

@@ -190,12 +190,32 @@ class Emitter:
     # a size-generic pipeline's input width in the backward: the ctx's, or backward_stages' argument
     width: str = "ctx.n"
     aliases: dict[str, str] = field(default_factory=dict)  # a forward name -> the tensor it names
+    # a backward grad's name -> the grad whose memory it names (itself, a second name, or a view)
+    grad_memory: dict[str, str] = field(default_factory=dict)
+    # a grad named by grad_alias -> (its block, its line there, the grad it names, why)
+    grad_aliases: dict[str, tuple[Block, int, str, str]] = field(default_factory=dict)
 
     def alias(self, block: Block, name: str, of: str) -> None:
         """``name = of`` in the forward: one tensor under a second name (an extra output that is
         the value itself)."""
         block.lines.append(f"{name} = {of}")
         self.aliases[name] = self.aliases.get(of, of)
+
+    def grad_alias(self, block: Block, name: str, of: str, why: str = "") -> None:
+        """``name = of`` in the backward: one grad handed to two inputs (an addend's). Where both
+        are returned, emit.own_memory makes the line a copy."""
+        self.grad_aliases[name] = (block, len(block.lines), of, why)
+        block.lines.append(f"{name} = {of}" + (f"  # {why}" if why else ""))
+        self.shares_memory(name, of)
+
+    def shares_memory(self, name: str, of: str) -> None:
+        """Records that backward grad ``name`` is ``of`` or a view of it (emit.own_memory gives a
+        returned grad that shares memory with another its own)."""
+        self.grad_memory[name] = self.memory_of(of)
+
+    def memory_of(self, name: str) -> str:
+        """The grad whose memory backward name ``name`` uses."""
+        return self.grad_memory.get(name, name)
 
     @property
     def pipeline(self) -> Pipeline:

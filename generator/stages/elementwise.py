@@ -130,7 +130,7 @@ class ElementwiseStage(StageImpl):
         if stage.kind == "passthrough":  # AddExtraInput hands its grad to both inputs
             for op in stage.ops:
                 if op.extra_input is not None:
-                    block.lines.append(f"d_{extra_input_name(op)} = {dy}")
+                    em.grad_alias(block, f"d_{extra_input_name(op)}", dy)
             return dy
         spec = em.kernel("backward", stage)
         if not spec.ctx["writes_dx"]:
@@ -143,7 +143,7 @@ class ElementwiseStage(StageImpl):
                            f"kernels.{spec.name}({', '.join([dy] + [names[o] for o in spec.operands])})")
         for index, alias in backward_aliases(stage).items():
             if alias != "write":
-                block.lines.append(f"d_{extra_input_name(p.ops[index])} = {dy if alias == 'dy' else d_in}")
+                em.grad_alias(block, f"d_{extra_input_name(p.ops[index])}", dy if alias == "dy" else d_in)
         return d_in
 
 

@@ -64,6 +64,7 @@ class ModuleStage(StageImpl):
             f"    torch.autograd.backward({h}_graph_out, {dy}.reshape({h}_graph_out.shape), inputs=[{h}_graph_in, *{h}_params])",
             f"{d_in} = {h}_graph_in.grad.reshape({dy}.shape)",
         ]
+        em.shares_memory(d_in, dy)  # autograd may hand dy itself on (a module that returns its input)
         return d_in
 
 

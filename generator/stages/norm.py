@@ -238,7 +238,7 @@ class NormStage(StageImpl):
         results = [d_in] + [f"d_{param_name(norm, attr)}" for attr in _params(norm)]
         block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
         if add:
-            block.lines.append(f"d_{extra_input_name(add)} = {d_in}  # the residual's grad is the sum's grad")
+            em.grad_alias(block, f"d_{extra_input_name(add)}", d_in, "the residual's grad is the sum's grad")
         return d_in
 
     def saved_names(self, em, stage):

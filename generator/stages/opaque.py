@@ -45,6 +45,7 @@ class OpaqueStage(StageImpl):
         unpack = ", ".join(grads) + ("," if len(grads) == 1 else "")  # the backward returns (dx, *dparams)
         block.lines.append(f"{unpack} = ref.{op.opdef.reference_names[1]}({args})")
         block.lines.append(f"{', '.join(grads)} = {', '.join(f'{g}.to({dy}.dtype)' for g in grads)}")
+        em.shares_memory(d_in, dy)  # a reference backward may hand dy itself on (an identity's)
         return d_in
 
 

@@ -41,6 +41,7 @@ class ReshapeStage(StageImpl):
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
         block.lines.append(f"{d_in} = {dy}.reshape(-1, {size_expr(op.in_features, em.width, '//')})")
+        em.shares_memory(d_in, dy)  # a view
         return d_in
 
 

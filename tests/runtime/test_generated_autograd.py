@@ -121,3 +121,74 @@ def test_make_extra_output_in_place_gives_the_values_and_grads_of_out_of_place(t
         results.append((y, extra, xi.grad))
     for got, want in zip(*results):
         assert torch.equal(got, want)
+
+
+# Pipelines whose backward hands one grad to two inputs: an addend's grad is the sum's, as it is
+# (the incoming grad), a kernel's result, or a view of either.
+ADDEND_SPEC = textwrap.dedent("""\
+    from fusegen.eager import Sequential, AddExtraInput, ConstantScale, GELU, Reshape, RMSNorm
+    add_only = Sequential(AddExtraInput())
+    add_then_scale = Sequential(AddExtraInput(), ConstantScale(2.0))
+    gelu_then_add = Sequential(GELU(), AddExtraInput())
+    add_then_norm = Sequential(AddExtraInput(), RMSNorm(8))
+    reshape_then_add = Sequential(Reshape((-1, 4)), AddExtraInput(), GELU(), Reshape((-1, 8)))
+""")
+
+
+@pytest.fixture(scope="module")
+def addends(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("addends")
+    (folder / "addend_spec.py").write_text(ADDEND_SPEC)
+    config = build.Config((folder / "addend_spec.py",), folder / "addend_pkg", archs=(), dtypes=("float32",),
+                          root=folder)
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module("addend_pkg")
+    finally:
+        sys.path.remove(str(folder))
+
+
+def small_shipped_modules():
+    """The shipped modules small enough to run on CPU in a test (TeMlp's weights are 1.4 GB)."""
+    names = []
+    for name in sorted(dir(generated)):
+        cls = getattr(generated, name)
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+            if sum(p.numel() for p in cls(device="meta").parameters()) < 1 << 22:
+                names.append(name)
+    return names
+
+
+def grads_have_their_own_memory(module, inputs):
+    """Runs the module's forward and backward on inputs reached from their leaves through
+    ``.clone()`` and a view (autograd may keep a view of a returned grad as the leaf's .grad, and
+    a later backward accumulates into it in place), and asserts that no two leaves' grads (inputs
+    and parameters) share memory."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    outputs = module(*(leaf.clone().view(leaf.shape) for leaf in leaves))
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    # a loss whose grads reach the module as tensors nothing else holds (autograd may keep those)
+    sum((o * torch.randn_like(o)).sum() for o in outputs).backward()
+    grads = [(f"input {i}", leaf.grad) for i, leaf in enumerate(leaves)]
+    grads += [(name, p.grad) for name, p in module.named_parameters()]
+    assert all(grad is not None for _, grad in grads)
+    spans = sorted((g.untyped_storage().data_ptr(), g.untyped_storage().nbytes(), name) for name, g in grads)
+    for (start, size, name), (next_start, _, next_name) in zip(spans, spans[1:]):
+        assert start + size <= next_start, f"{type(module).__name__}: the grads of {name} and {next_name} share memory"
+
+
+@pytest.mark.parametrize("name", ["AddOnly", "AddThenScale", "GeluThenAdd", "AddThenNorm", "ReshapeThenAdd"])
+def test_an_addends_grad_is_its_own_memory(addends, name):
+    module = getattr(addends, name)()
+    gen = torch.Generator().manual_seed(0)
+    addend = (12, 4) if name == "ReshapeThenAdd" else (6, 8)  # the residual joins after the Reshape
+    grads_have_their_own_memory(module, [torch.randn(6, 8, generator=gen), torch.randn(addend, generator=gen)])
+
+
+@pytest.mark.parametrize("name", small_shipped_modules())
+def test_every_shipped_backward_returns_grads_of_their_own_memory(name):
+    from references import module_inputs
+
+    module = getattr(generated, name)()
+    grads_have_their_own_memory(module, module_inputs(module, 5, torch.Generator().manual_seed(1), device="cpu"))

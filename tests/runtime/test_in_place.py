@@ -80,3 +80,92 @@ def test_a_non_contiguous_residual_is_updated_through_its_own_strides():
 @pytest.mark.parametrize("cls", sorted(CASES))
 def test_gpu(cls, dtype, lead):
     check(cls, dtype, "cuda", lead)
+
+
+# How the caller's tensors reach the module from their leaves: autograd hands a grad to a leaf
+# through these nodes, and may keep it as the leaf's .grad, accumulating the next grad into it in
+# place; a grad the module returned for both x and the residual then sums into both leaves.
+ROUTES = {
+    "clone": lambda x_leaf, r_leaf: (x_leaf.clone(), r_leaf.clone()),
+    # leaves one row longer: x a view of its leaf, the residual a slice of a copy (the module
+    # writes into it, and a leaf's view may not be written in place)
+    "slice": lambda x_leaf, r_leaf: (x_leaf[1:], r_leaf.clone()[1:]),
+    "view": lambda x_leaf, r_leaf: (x_leaf.view(-1, H), r_leaf.clone().view(-1, H)),
+}
+
+
+def leaves(route, gen, rows, device="cpu"):
+    extra = 1 if route == "slice" else 0
+    shape = (rows + extra, H) if route != "view" else (rows * H,)
+    return [torch.randn(shape, generator=gen).to(device).requires_grad_() for _ in range(2)]
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+def reference_grads(cls, module, calls):
+    """float64 grads of x, the residual and each parameter summed over ``calls``, each a
+    (x, residual, output grad) of float32 CPU tensors, from the catalog's math alone."""
+    reference, _ = CASES[cls]
+    params = {k: as64(v, "cpu", True) for k, v in module.state_dict().items()}
+    xs, rs = [], []
+    for x, r, gy in calls:
+        x64, r64 = as64(x, "cpu", True), as64(r, "cpu", True)
+        gy = gy.cpu()
+        y64, _ = reference(params, x64, r64)
+        y64.backward(gy.to(torch.float64))
+        xs.append(x64.grad)
+        rs.append(r64.grad)
+    return sum(xs), sum(rs), {k: p.grad for k, p in params.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("cls", sorted(CASES))
+def test_grads_accumulate_over_micro_batches(cls, route, device):
+    reference, gemm = CASES[cls]
+    module = getattr(generated, cls)(device=device)
+    randomize_(module, torch.Generator().manual_seed(2))
+    gen = torch.Generator().manual_seed(5)
+    x_leaf, r_leaf = leaves(route, gen, 6, device)
+    calls = []
+    for _ in range(2):  # two micro-batches into the same leaves' .grad
+        x, r = ROUTES[route](x_leaf, r_leaf)
+        gy = torch.randn(6, H, generator=gen).to(device)
+        calls.append((x.detach().reshape(6, H), r.detach().reshape(6, H).clone(), gy))
+        module(x, r).backward(gy)
+    assert x_leaf.grad.data_ptr() != r_leaf.grad.data_ptr()
+    x_grad, r_grad, param_grads = reference_grads(cls, module, calls)
+    rows = slice(1, None) if route == "slice" else slice(None)
+    assert_close_to_reference(f"{cls} x grad, two micro-batches", x_leaf.grad.reshape(-1, H)[rows], x_grad,
+                              torch.float32, gemm)
+    assert_close_to_reference(f"{cls} residual grad, two micro-batches", r_leaf.grad.reshape(-1, H)[rows], r_grad,
+                              torch.float32, gemm)
+    if route == "slice":  # the rows the module never saw get no grad
+        assert not x_leaf.grad[0].any() and not r_leaf.grad[0].any()
+    for key, p in module.named_parameters():
+        assert_close_to_reference(f"{cls} grad {key}, two micro-batches", p.grad, param_grads[key], torch.float32, gemm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["clone", "view"])
+@pytest.mark.parametrize("cls", sorted(CASES))
+def test_a_retained_graph_run_backward_twice_gives_twice_the_grads(cls, route, device):
+    reference, gemm = CASES[cls]
+    module = getattr(generated, cls)(device=device)
+    randomize_(module, torch.Generator().manual_seed(2))
+    gen = torch.Generator().manual_seed(6)
+    x_leaf, r_leaf = leaves(route, gen, 5, device)
+    x, r = ROUTES[route](x_leaf, r_leaf)
+    gy = torch.randn(5, H, generator=gen).to(device)
+    call = (x.detach().reshape(5, H), r.detach().reshape(5, H).clone(), gy)
+    y = module(x, r)
+    y.backward(gy, retain_graph=True)
+    y.backward(gy)
+    x_grad, r_grad, param_grads = reference_grads(cls, module, [call, call])
+    assert_close_to_reference(f"{cls} x grad, backward twice", x_leaf.grad.reshape(-1, H), x_grad, torch.float32, gemm)
+    assert_close_to_reference(f"{cls} residual grad, backward twice", r_leaf.grad.reshape(-1, H), r_grad,
+                              torch.float32, gemm)
+    for key, p in module.named_parameters():
+        assert_close_to_reference(f"{cls} grad {key}, backward twice", p.grad, param_grads[key], torch.float32, gemm)

@@ -64,6 +64,31 @@ def test_weight_gradients_accumulate_into_main_grad(pkg):
     torch.testing.assert_close(b0.grad, 2 * ref["0.bias"].grad)  # the bias is an ordinary parameter
 
 
+def test_a_frozen_weight_gets_no_gradient_in_main_grad_or_grad(pkg):
+    module = pkg.MainGradMlp(dtype=torch.float64)
+    w0, b0, w2 = module.get_submodule("0").weight, module.get_submodule("0").bias, module.get_submodule("2").weight
+    for w in (w0, w2):
+        w.main_grad = torch.zeros_like(w)
+    w0.grad_added_to_main_grad = False
+    w0.requires_grad_(False)  # frozen (fine-tuning the rest): eager computes no grad for it
+    x, gy = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    ref, ref_dx = reference_grads(module, x, gy)
+    xi = x.clone().requires_grad_()
+    module(xi).backward(gy)
+    assert not w0.main_grad.any() and w0.grad is None and w0.grad_added_to_main_grad is False
+    torch.testing.assert_close(xi.grad, ref_dx)
+    torch.testing.assert_close(w2.main_grad, ref["2.weight"].grad)  # the weight still trained gets its own
+    torch.testing.assert_close(b0.grad, ref["0.bias"].grad)
+    # every parameter frozen, and x too: a forward under autograd with nothing to differentiate
+    module.requires_grad_(False)
+    assert not module(x).requires_grad
+    # the last weight alone trained, x not
+    w2.requires_grad_(True)
+    module(x).backward(gy)
+    assert not w0.main_grad.any() and w0.grad is None
+    torch.testing.assert_close(w2.main_grad, 2 * ref["2.weight"].grad)
+
+
 def test_a_missing_main_grad_is_a_clear_error(pkg):
     module = pkg.MainGradMlp(dtype=torch.float64)
     y = module(torch.randn(2, 8, dtype=torch.float64, requires_grad=True))

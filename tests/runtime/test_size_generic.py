@@ -43,7 +43,7 @@ def test_one_module_serves_several_widths_and_rejects_what_it_cannot_take():
                                          r"\(the pipeline's GLUs split each row\), got \[2, 7\]"):
         module(torch.randn(2, 7))
     residual = generated.ResidualAny()
-    with pytest.raises(ValueError, match=r"ResidualAny: extra_input0 must have shape \[\.\.\., 5\], got \[2, 4\]"):
+    with pytest.raises(ValueError, match=r"ResidualAny: extra_input0 must have x's shape, \[2, 5\], got \[2, 4\]"):
         residual(torch.randn(2, 5), torch.randn(2, 4))
     with pytest.raises(TypeError, match="ResidualAny: extra_input0 has dtype torch.float64 but x is torch.float32"):
         residual(torch.randn(2, 5), torch.randn(2, 5, dtype=torch.float64))
@@ -102,3 +102,36 @@ def test_gpu_fixed_and_generic_kernels_agree_bit_for_bit():
     generic(x.dtype, (4, 33, 1), (128, 1, 1), (x.data_ptr(), y.data_ptr(), 33, 4096), x.get_device())
     assert torch.equal(fixed, y)
     assert torch.equal(fixed, _kernels.swiglu_fwd_any(_misaligned(x)))  # scalar path
+
+
+def _scalar_and_vector(name, device, shape):
+    """A 0-D or 1-D x (and extra input) through a pipeline that takes any shape (TE's elementwise
+    ops do), against its float64 reference: outputs keep x's shape, and so do the grads."""
+    cls, reference, _ = GENERIC_PIPELINES[name]
+    module = getattr(generated, cls)(device=device)
+    gen = torch.Generator().manual_seed(9)
+    inputs = [torch.randn(shape, generator=gen).to(device).requires_grad_()
+              for _ in range(1 + len(module.extra_input_features))]
+    outputs = module(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    grads = [torch.randn(shape, generator=gen).to(device) for _ in outputs]
+    torch.autograd.backward(outputs, grads)
+    inputs64 = [t.detach().double().requires_grad_() for t in inputs]
+    outputs64 = reference({}, *inputs64)
+    torch.autograd.backward(outputs64, [g.double() for g in grads])
+    for got, want in [*zip(outputs, outputs64), *((t.grad, t64.grad) for t, t64 in zip(inputs, inputs64))]:
+        assert got.shape == shape
+        torch.testing.assert_close(got.double(), want.detach(), rtol=1.3e-6, atol=1e-5)  # TE's fp32 tolerances
+
+
+@pytest.mark.parametrize("shape", [(), (5,)], ids=["0-D", "1-D"])
+@pytest.mark.parametrize("name", ["gelu_any", "residual_any"])
+def test_cpu_scalar_and_vector_inputs(name, shape):
+    _scalar_and_vector(name, "cpu", shape)
+
+
+@on_gpu
+@pytest.mark.parametrize("shape", [(), (5,)], ids=["0-D", "1-D"])
+@pytest.mark.parametrize("name", ["gelu_any", "residual_any"])
+def test_gpu_scalar_and_vector_inputs(name, shape):
+    _scalar_and_vector(name, "cuda", shape)
