@@ -17,12 +17,14 @@ from pathlib import Path
 
 import jinja2
 
+from . import source_text
 from .diagram import flowchart
 from .ir import size_expr
 from .plan import Plan
+from .source_text import py_string
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
-from .stages.module import lead_name, module_name
+from .stages.module import lead_name, module_name, params_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
 
@@ -50,6 +52,11 @@ def environment() -> jinja2.Environment:
     # kernel's N (CUDA) or the launcher's n (Python).
     env.filters["cexpr"] = lambda size: size_expr(size, "N", "/")
     env.filters["pyexpr"] = lambda size: size_expr(size, "n", "//")
+    # a spec's own text (a user module's call, a file name) where it lands (source_text.py)
+    env.filters["pystr"] = source_text.py_string
+    env.filters["comment"] = source_text.comment_text
+    env.filters["docstring"] = source_text.docstring_text
+    env.filters["mdcode"] = source_text.md_code
     return env
 
 
@@ -114,7 +121,7 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
         if op.opdef.reshape is not None:
             new = f"lead{len(lines) + 1}"
             shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
-            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", "{op.describe()} ({op.location})", '
+            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", {py_string(f"{op.describe()} ({op.location})")}, '
                          f"{shape!r}, {numel})")
             current = new
     names[len(p.ops)] = current
@@ -246,12 +253,14 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     grad_outputs = ["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs]
     grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
                    + (["None"] if takes_training else [])  # training is a flag, not a tensor
-                   + ["None", "None"] * len(modules_run))  # a user module and its leading dims
+                   + ["None", "None"] * len(modules_run)  # a user module and its leading dims
+                   + [f"*d_{params_name(op)}" for op in modules_run])  # its parameters' grads
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
     saved = list(dict.fromkeys(saved))
     # the Function's forward and the no-grad forward take the same arguments
     function_inputs = (["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
-                       + [name for op in modules_run for name in (module_name(op), lead_name(op))])
+                       + [name for op in modules_run for name in (module_name(op), lead_name(op))]
+                       + (["*module_params"] if modules_run else []))  # theirs, for autograd (stages/module.py)
     no_grad = no_grad_blocks(plan, stage_kernels)
     return dict(
         traffic=traffic_cells(plan),
