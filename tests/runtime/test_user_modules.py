@@ -177,3 +177,214 @@ def test_gpu(pkg, dtype):
         manifest["kernels"][name]["binaries"] = shipped_manifest["kernels"][name]["binaries"]
     (own / "MANIFEST.json").write_text(json.dumps(manifest))
     check(pkg, dtype, "cuda")
+
+
+# --- a spec's own text in the generated code; in-place modules; autograd as eager supports it -----
+
+TAGGED_LAYERS = textwrap.dedent('''\
+    import torch
+
+
+    class Tagged(torch.nn.Module):
+        """A learned per-feature scale after tanh that keeps the label it was built with."""
+
+        def __init__(self, features, label=""):
+            super().__init__()
+            self.label = label
+            self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, features))
+
+        def forward(self, x):
+            return torch.tanh(x) * self.scale
+
+
+    class Doubler(torch.nn.Module):
+        """Writes its input in place, as in-place modules do."""
+
+        def forward(self, x):
+            return x.mul_(2.0).sub_(0.25)
+
+
+    class Shrink(torch.nn.Module):
+        def __init__(self, label=""):
+            super().__init__()
+
+        def forward(self, x):
+            return x[..., :1]
+''')
+# Quotes of both kinds, backslashes, a pipe (a plan's table cell), non-ASCII, a triple-quoted
+# string with a line break, a call over several lines with a comment inside: each lands in the
+# generated code's strings, comments and docstrings, and the plan's table.
+LABEL = 'say "hi"\\n|\'é\'\u00e9\nline two'
+TAGGED_SPEC = textwrap.dedent('''\
+    import torch
+    import transformer_engine.pytorch as te
+    from tagged_layers import Doubler, Shrink, Tagged
+
+    tagged_block = te.ops.Sequential(
+        te.ops.Linear(8, 8),
+        Tagged(
+            8,  # features
+            label="""say "hi"\\\\n|'é'\\u00e9
+    line two""",
+        ),
+        te.ops.Linear(8, 8), torch.nn.LeakyReLU(0.1, inplace=True),
+        te.ops.Linear(8, 8), Doubler(), te.ops.SReLU(), te.ops.Linear(8, 8),
+    )
+    shrunk = te.ops.Sequential(te.ops.Linear(8, 8), Shrink(label="a \\"b\\" \\\\ c"))
+''')
+# The call as messages and comments quote it: on one line, cut at 60 characters (frontend/source.py).
+SHOWN_CALL = 'Tagged( 8, # features label="""say "hi"\\\\n|\'é\'\\u00e9 line...'
+
+
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+    """The package of TAGGED_SPEC and its eager model (fusegen.eager, the oracle) in float64, with
+    the same parameters."""
+    folder = tmp_path_factory.mktemp("tagged")
+    (folder / "tagged_layers.py").write_text(TAGGED_LAYERS)
+    (folder / "spec.py").write_text(TAGGED_SPEC, encoding="utf-8")
+    config = build.Config((folder / "spec.py",), folder / "tagged_pkg", archs=(), dtypes=("float32",), root=folder)
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module("tagged_pkg"), folder
+    finally:
+        sys.path.remove(str(folder))
+
+
+def tagged_models(pkg):
+    from fusegen.eager import Linear, Sequential, SReLU
+    from tagged_layers import Doubler, Tagged
+
+    module = pkg.TaggedBlock(dtype=torch.float64)
+    randomize_(module, torch.Generator().manual_seed(3))
+    eager = Sequential(Linear(8, 8), Tagged(8, label=LABEL), Linear(8, 8), torch.nn.LeakyReLU(0.1, inplace=True),
+                       Linear(8, 8), Doubler(), SReLU(), Linear(8, 8)).double()
+    eager.load_state_dict(module.state_dict())
+    return module, eager
+
+
+def signed_input(seed=4):
+    return torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_a_spec_text_with_quotes_backslashes_and_line_breaks_generates_a_package_that_imports(tagged):
+    pkg, folder = tagged
+    assert pkg.TaggedBlock()._modules["1"].label == LABEL  # the module built with the spec's literal
+    assert f"\n        {SHOWN_CALL},\n" in pkg.tagged_block.__doc__
+    source = (folder / "tagged_pkg" / "tagged_block.py").read_text(encoding="utf-8")
+    compile(source, "tagged_block.py", "exec")
+    assert all("\u2028" not in line for line in source.splitlines())
+
+
+def test_messages_name_the_call_exactly_as_the_spec_writes_it(tagged, monkeypatch):
+    pkg, _ = tagged
+    with pytest.raises(ValueError) as info:
+        pkg.Shrunk()(torch.randn(3, 8))
+    assert str(info.value).startswith('Shrunk: Shrink(label="a \\"b\\" \\\\ c") (spec.py:15:')
+    monkeypatch.setitem(sys.modules, "tagged_layers", None)
+    with pytest.raises(ImportError) as info:
+        pkg.TaggedBlock()
+    assert str(info.value).startswith(f"TaggedBlock: cannot import tagged_layers.Tagged for {SHOWN_CALL} (spec.py:7:")
+
+
+def test_the_plan_table_keeps_a_call_with_pipes_and_backticks_in_one_cell(tagged):
+    _, folder = tagged
+    plan = (folder / "tagged_pkg" / "tagged_block.plan.md").read_text(encoding="utf-8")
+    row = next(line for line in plan.splitlines() if "Tagged(" in line and line.startswith("| 2 |"))
+    cells = re.split(r"(?<!\\)\|", row)[1:-1]  # a table splits at pipes that are not escaped
+    assert len(cells) == 4, row
+    assert cells[1].strip().startswith('`Tagged( 8, # features label="""say "hi"') and "\\|" in cells[1]
+
+
+def test_in_place_modules_between_fused_ops_match_eager(tagged):
+    """nn.LeakyReLU(inplace=True) and a module that writes its input: output, input grad and
+    every parameter grad as the eager model's, with the values the fused stages keep unchanged."""
+    module, eager = tagged_models(tagged[0])
+    x = signed_input().requires_grad_()
+    x_eager = x.detach().clone().requires_grad_()
+    y, y_eager = module(x), eager(x_eager)
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    y.backward(gy)
+    y_eager.backward(gy)
+    torch.testing.assert_close(y, y_eager, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, x_eager.grad, rtol=1e-12, atol=1e-12)
+    eager_grads = dict(eager.named_parameters())
+    for key, p in module.named_parameters():
+        torch.testing.assert_close(p.grad, eager_grads[key].grad, rtol=1e-12, atol=1e-12, msg=key)
+    with torch.no_grad():  # and without autograd
+        torch.testing.assert_close(module(x), eager(x.detach().clone()), rtol=1e-12, atol=1e-12)
+
+
+def test_retain_graph_runs_the_backward_twice_as_eager(tagged):
+    module, eager = tagged_models(tagged[0])
+    grads = []
+    for model in (module, eager):
+        x = signed_input().requires_grad_()
+        y = model(x)
+        y.square().sum().backward(retain_graph=True)
+        y.square().sum().backward()
+        grads.append([x.grad, *(p.grad for _, p in sorted(model.named_parameters()))])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_autograd_grad_with_respect_to_a_user_modules_parameters_matches_eager(tagged):
+    """The user module's parameters are the Function's inputs: torch.autograd.grad reaches them
+    and leaves every .grad alone, and a frozen one gets no grad, as in eager."""
+    module, eager = tagged_models(tagged[0])
+    results = []
+    for model in (module, eager):
+        x = signed_input().requires_grad_()
+        y = model(x)
+        scale = model[1].scale if model is eager else model._modules["1"].scale
+        results.append(torch.autograd.grad(y.sum(), [x, scale, model[0].weight if model is eager
+                                                              else model._modules["0"].weight]))
+        assert all(p.grad is None for p in model.parameters())
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    module._modules["1"].scale.requires_grad_(False)
+    module(signed_input().requires_grad_()).sum().backward()
+    assert module._modules["1"].scale.grad is None and module._modules["0"].weight.grad is not None
+
+
+def test_gradcheck_through_user_modules(tagged):
+    module, _ = tagged_models(tagged[0])
+    scale = module._modules["1"].scale
+
+    def with_scale(x, new_scale):
+        return torch.func.functional_call(module, {"1.scale": new_scale}, (x,))
+
+    x = signed_input().requires_grad_()
+    assert torch.autograd.gradcheck(with_scale, (x, scale.detach().clone().requires_grad_()))
+
+
+def test_compile_fullgraph_in_training_matches_eager(tagged):
+    """torch.compile(fullgraph=True) of a module with user modules, in training, with dynamo set
+    to trace the torch.autograd.grad its backward calls (the README says so): eager's results."""
+    module, eager = tagged_models(tagged[0])
+    x = signed_input().requires_grad_()
+    x_eager = x.detach().clone().requires_grad_()
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        y = compiled(x)
+    y_eager = eager(x_eager)
+    y.sum().backward()
+    y_eager.sum().backward()
+    torch.testing.assert_close(y, y_eager, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, x_eager.grad, rtol=1e-12, atol=1e-12)
+    eager_grads = dict(eager.named_parameters())
+    for key, p in module.named_parameters():
+        torch.testing.assert_close(p.grad, eager_grads[key].grad, rtol=1e-12, atol=1e-12, msg=key)
+
+
+def test_the_plan_says_what_a_user_module_keeps_for_the_backward(tagged):
+    _, folder = tagged
+    plan = (folder / "tagged_pkg" / "tagged_block.plan.md").read_text(encoding="utf-8")
+    saved = plan[plan.index("## Saved for backward"):]
+    saved = saved[:saved.index("\n## ", 1) if "\n## " in saved[1:] else len(saved)]
+    for hint, target in (("module1", "tagged_layers.Tagged"), ("module3", "torch.nn.LeakyReLU"),
+                         ("module5", "tagged_layers.Doubler")):
+        assert f"| `{hint}_graph_in` | [*lead, 8] | x's dtype |" in saved
+        assert re.search(rf"\| `{hint}_graph_out` \| \[\*lead, 8\], and with it `{re.escape(target)}`'s own autograd "
+                         r"graph: whatever the module keeps for its backward", saved), saved
