@@ -60,9 +60,11 @@ class ModuleStage(StageImpl):
         block.lines += [
             "with torch.enable_grad():  # the module's own graph, for this stage's backward",
             f"    {h}_graph_in = {x_in}.detach().reshape(*{lead_name(op)}, {x_in}.shape[1]).requires_grad_()",
-            f"    {h}_graph_out = {module_name(op)}({h}_graph_in.clone())  # a copy it may write in place",
+            "    # on a copy, which an in-place module may write (the fused stages keep the value)",
+            f"    {h}_graph_out = {module_name(op)}({h}_graph_in.clone())",
             f"ref.check_module_output({_where(em, op)}, {h}_graph_in, {h}_graph_out)",
-            f"ctx.{h}_params = tuple({module_name(op)}.parameters())  # which the Function also takes as inputs",
+            "# its parameters: the Function takes them as inputs too, and returns their grads",
+            f"ctx.{h}_params = tuple({module_name(op)}.parameters())",
             f"{out} = {h}_graph_out.detach().reshape({x_in}.shape)",
         ]
         return out

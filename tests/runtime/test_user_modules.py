@@ -204,6 +204,18 @@ TAGGED_LAYERS = textwrap.dedent('''\
             return x.mul_(2.0).sub_(0.25)
 
 
+    class Constant(torch.nn.Module):
+        """Ignores its input; one of its parameters is unused."""
+
+        def __init__(self, features):
+            super().__init__()
+            self.value = torch.nn.Parameter(torch.linspace(-1, 1, features))
+            self.unused = torch.nn.Parameter(torch.ones(features))
+
+        def forward(self, x):
+            return self.value.expand_as(x).clone()
+
+
     class Shrink(torch.nn.Module):
         def __init__(self, label=""):
             super().__init__()
@@ -218,7 +230,7 @@ LABEL = 'say "hi"\\n|\'é\'\u00e9\nline two'
 TAGGED_SPEC = textwrap.dedent('''\
     import torch
     import transformer_engine.pytorch as te
-    from tagged_layers import Doubler, Shrink, Tagged
+    from tagged_layers import Constant, Doubler, Shrink, Tagged
 
     tagged_block = te.ops.Sequential(
         te.ops.Linear(8, 8),
@@ -231,6 +243,7 @@ TAGGED_SPEC = textwrap.dedent('''\
         te.ops.Linear(8, 8), Doubler(), te.ops.SReLU(), te.ops.Linear(8, 8),
     )
     shrunk = te.ops.Sequential(te.ops.Linear(8, 8), Shrink(label="a \\"b\\" \\\\ c"))
+    constant = te.ops.Sequential(te.ops.Linear(8, 8), Constant(8), te.ops.Linear(8, 8))
 ''')
 # The call as messages and comments quote it: on one line, cut at 60 characters (frontend/source.py).
 SHOWN_CALL = 'Tagged( 8, # features label="""say "hi"\\\\n|\'é\'\\u00e9 line...'
@@ -346,6 +359,29 @@ def test_autograd_grad_with_respect_to_a_user_modules_parameters_matches_eager(t
     module._modules["1"].scale.requires_grad_(False)
     module(signed_input().requires_grad_()).sum().backward()
     assert module._modules["1"].scale.grad is None and module._modules["0"].weight.grad is not None
+
+
+def test_a_module_whose_output_ignores_its_input_passes_a_zero_grad_on(tagged):
+    """Where eager autograd never reaches the ops before it (their grads stay None), the fused
+    backward, one Function, hands them zeros; its unused parameter gets none, as in eager."""
+    from fusegen.eager import Linear, Sequential
+    from tagged_layers import Constant
+
+    module = tagged[0].Constant(dtype=torch.float64)
+    randomize_(module, torch.Generator().manual_seed(6))
+    eager = Sequential(Linear(8, 8), Constant(8), Linear(8, 8)).double()
+    eager.load_state_dict(module.state_dict())
+    grads = []
+    for model in (module, eager):
+        x = signed_input().requires_grad_()
+        model(x).square().sum().backward()
+        grads.append({"x": x.grad, **{key: p.grad for key, p in model.named_parameters()}})
+    fused, unfused = grads
+    for key in ("x", "0.weight", "0.bias"):
+        assert unfused[key] is None and torch.equal(fused[key], torch.zeros_like(fused[key])), key
+    assert fused["1.unused"] is None and unfused["1.unused"] is None
+    for key in ("1.value", "2.weight", "2.bias"):
+        torch.testing.assert_close(fused[key], unfused[key], rtol=1e-12, atol=1e-12)
 
 
 def test_gradcheck_through_user_modules(tagged):
