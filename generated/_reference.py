@@ -103,20 +103,13 @@ def check_module_output(owner, where, x, y):
                          "shape")
 
 
-def module_grads(graph_in, graph_out, params, grad):
-    """The backward of a user module's stage (stages/module.py): the grads of its own graph with
-    respect to its input and to ``params`` (None for a frozen or unused one), for its output's
-    ``grad`` (2-D, as the fused stages hold it; the input's grad comes back so). The graph is
-    kept (``retain_graph``): it goes with the Function's saved tensors, so it serves a second
-    backward when the caller retains the graph and is freed when they are."""
-    wanted = [p for p in params if p.requires_grad]
-    with torch.enable_grad():
-        grads = torch.autograd.grad(graph_out, [graph_in, *wanted], grad.reshape(graph_out.shape),
-                                    retain_graph=True, allow_unused=True)
-    # its output ignores its input
-    d_in = torch.zeros_like(graph_in) if grads[0] is None else grads[0]
-    found = iter(grads[1:])
-    return d_in.reshape(grad.shape), tuple(next(found) if p.requires_grad else None for p in params)
+def run_module(owner, where, module, x, lead):
+    """A user module's stage (stages/module.py): the module on the 2-D running tensor ``x`` with
+    its leading dims ``lead``, its output checked and made 2-D again."""
+    x_in = x.reshape(*lead, x.shape[1])
+    y = module(x_in)
+    check_module_output(owner, where, x_in, y)
+    return y.reshape(x.shape)
 
 
 def _mul32(h, c):

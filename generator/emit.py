@@ -24,7 +24,7 @@ from .plan import Plan
 from .source_text import py_string
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
-from .stages.module import lead_name, module_name, params_name
+from .stages.module import MODULE, lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
 
@@ -73,8 +73,9 @@ def forward_blocks(em: Emitter, stages=None, label: str = "forward") -> list[Blo
     return blocks
 
 
-def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
-    """Blocks of the backward (last stage first) and the name of the pipeline input's grad."""
+def backward_blocks(em: Emitter) -> tuple[list[Block], dict[int, str]]:
+    """Blocks of the backward (last stage first) and the name of the grad at each value position
+    where a stage starts (0: the pipeline input's)."""
     p = em.pipeline
     grads: dict[int, str] = {len(p.ops): "d_" + em.values[len(p.ops)]}
     blocks = []
@@ -84,7 +85,7 @@ def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
         d_in = "d_" + em.values.get(stage.start, value_name(p, stage.start))
         grads[stage.start] = stage.rule.stage.backward(em, stage, block, grads[stage.end], d_in)
         blocks.append(block)
-    return blocks, grads[0]
+    return blocks, grads
 
 
 def no_grad_blocks(plan: Plan, stage_kernels: dict) -> list[Block]:
@@ -225,13 +226,69 @@ def no_grad_op(name: str, inputs: list[str], blocks: list[Block], outputs: list[
     return f"{name}_no_grad_{hashlib.sha256(text.encode()).hexdigest()[:8]}", f"({schema}) -> {returns}"
 
 
+def _uses(name: str, code: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", code) is not None
+
+
+def _code(blocks: list[Block]) -> str:
+    return "\n".join(line for block in blocks for line in block.lines + [e for _, e in block.weight_grads])
+
+
+def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, str], saved: list[str],
+             tees: list, inputs: list[str]) -> tuple[list[dict], list[Block]]:
+    """A pipeline that runs user modules, under autograd: its fused stages between them as autograd
+    Functions of their own (one a run of stages), the modules between them in ``grad_forward``,
+    so autograd records each module as eager PyTorch does (stages/module.py). Returns each
+    Function's parts (``inputs``: its arguments, of the names the pipeline's forward has, with
+    ``n`` for the input width a size-generic backward reshapes with) and grad_forward's steps."""
+    p = plan.pipeline
+    backward_of = list(zip(reversed(plan.backward), bwd))  # backward_blocks runs the last stage first
+    runs, steps = [], []
+    for stage, block in zip(plan.forward, fwd):
+        if stage.rule.stage is MODULE:
+            steps.append(block)
+        elif steps and isinstance(steps[-1], list):
+            steps[-1].append((stage, block))
+        else:
+            steps.append([(stage, block)])
+    functions = []
+    for k, run in enumerate(step for step in steps if isinstance(step, list)):
+        start, end = run[0][0].start, run[-1][0].end
+        blocks = [block for _, block in run]
+        backward = [block for stage, block in backward_of if start <= stage.start < end]
+        forward_code, backward_code = _code(blocks), _code(backward)
+        outputs = [em.values[end]] + [extra_output_name(op) for op in tees if start <= op.index < end]
+        args = [em.values[start]] + [name for name in inputs[1:] if _uses(name, forward_code)]
+        takes_n = _uses("ctx.n", backward_code)
+        functions.append(dict(
+            name=f"{p.class_name}Function{k}", first=start, last=end - 1, forward=blocks, backward=backward,
+            inputs=args + (["n"] if takes_n else []), takes_n=takes_n, outputs=outputs,
+            returns=distinct_returns(outputs, em.aliases), saved=[name for name in saved if _uses(name, backward_code)],
+            grad_outputs=["d_" + name for name in outputs],
+            grad_inputs=[grads[start]] + ["None" if name == "training" else "d_" + name for name in args[1:]]
+                        + (["None"] if takes_n else []),
+        ))
+    calls = iter(functions)
+    return functions, [step if isinstance(step, Block) else _call_block(next(calls)) for step in steps]
+
+
+def _call_block(function: dict) -> Block:
+    """grad_forward's step that applies one of the Functions of ``segments``."""
+    outputs = function["outputs"]
+    args = ["x.shape[1]" if name == "n" else name for name in function["inputs"]]
+    block = Block(f"ops {function['first']} to {function['last']}, fused")
+    block.lines.append(f"{', '.join(outputs)} = {function['name']}.apply({', '.join(args)})")
+    return block
+
+
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     p = plan.pipeline
     graphs = replays_graphs(plan)
     # with graphs, the stages are functions of their own (forward_stages, backward_stages)
     em = Emitter(plan, stage_kernels, width="n" if graphs else "ctx.n")
     fwd = forward_blocks(em)
-    bwd, d_x = backward_blocks(em)
+    bwd, grads = backward_blocks(em)
+    d_x = grads[0]
     values = em.values
     extra_inputs = [extra_input_name(op) for op in p.ops if op.extra_input is not None]
     # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
@@ -253,15 +310,14 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     grad_outputs = ["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs]
     grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
                    + (["None"] if takes_training else [])  # training is a flag, not a tensor
-                   + ["None", "None"] * len(modules_run)  # a user module and its leading dims
-                   + [f"*d_{params_name(op)}" for op in modules_run])  # its parameters' grads
+                   + ["None", "None"] * len(modules_run))  # a user module and its leading dims
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
     saved = list(dict.fromkeys(saved))
     # the Function's forward and the no-grad forward take the same arguments
     function_inputs = (["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
-                       + [name for op in modules_run for name in (module_name(op), lead_name(op))]
-                       + (["*module_params"] if modules_run else []))  # theirs, for autograd (stages/module.py)
+                       + [name for op in modules_run for name in (module_name(op), lead_name(op))])
     no_grad = no_grad_blocks(plan, stage_kernels)
+    functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved, tees, function_inputs) if modules_run else ([], [])
     return dict(
         traffic=traffic_cells(plan),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
@@ -289,6 +345,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                                                 if r not in grad_outputs)),
         backward_stages_inputs=grad_outputs + saved + (["n"] if p.generic and lead_lines else []),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
+        functions=functions, grad_steps=grad_steps,
         takes_training=takes_training, cuda_graphs=graphs, function_inputs=function_inputs,
         no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [values[len(p.ops)]] + extra_outputs) if graphs else None,
         leads=leads, lead_lines=lead_lines,

@@ -361,9 +361,9 @@ def test_autograd_grad_with_respect_to_a_user_modules_parameters_matches_eager(t
     assert module._modules["1"].scale.grad is None and module._modules["0"].weight.grad is not None
 
 
-def test_a_module_whose_output_ignores_its_input_passes_a_zero_grad_on(tagged):
-    """Where eager autograd never reaches the ops before it (their grads stay None), the fused
-    backward, one Function, hands them zeros; its unused parameter gets none, as in eager."""
+def test_a_module_whose_output_ignores_its_input_cuts_the_grad_path_as_in_eager(tagged):
+    """Autograd never reaches the ops before it: their grads stay None, as does its unused
+    parameter's, as in eager."""
     from fusegen.eager import Linear, Sequential
     from tagged_layers import Constant
 
@@ -377,9 +377,8 @@ def test_a_module_whose_output_ignores_its_input_passes_a_zero_grad_on(tagged):
         model(x).square().sum().backward()
         grads.append({"x": x.grad, **{key: p.grad for key, p in model.named_parameters()}})
     fused, unfused = grads
-    for key in ("x", "0.weight", "0.bias"):
-        assert unfused[key] is None and torch.equal(fused[key], torch.zeros_like(fused[key])), key
-    assert fused["1.unused"] is None and unfused["1.unused"] is None
+    for key in ("x", "0.weight", "0.bias", "1.unused"):
+        assert fused[key] is None and unfused[key] is None, key
     for key in ("1.value", "2.weight", "2.bias"):
         torch.testing.assert_close(fused[key], unfused[key], rtol=1e-12, atol=1e-12)
 
@@ -395,15 +394,15 @@ def test_gradcheck_through_user_modules(tagged):
     assert torch.autograd.gradcheck(with_scale, (x, scale.detach().clone().requires_grad_()))
 
 
-def test_compile_fullgraph_in_training_matches_eager(tagged):
-    """torch.compile(fullgraph=True) of a module with user modules, in training, with dynamo set
-    to trace the torch.autograd.grad its backward calls (the README says so): eager's results."""
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_fullgraph_in_training_matches_eager(tagged, backend):
+    """torch.compile(fullgraph=True) of a module with user modules, in training (fullgraph raises
+    on a graph break): eager's output and grads."""
     module, eager = tagged_models(tagged[0])
     x = signed_input().requires_grad_()
     x_eager = x.detach().clone().requires_grad_()
-    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
-    with torch._dynamo.config.patch(trace_autograd_ops=True):
-        y = compiled(x)
+    torch._dynamo.reset()
+    y = torch.compile(module, fullgraph=True, backend=backend)(x)
     y_eager = eager(x_eager)
     y.sum().backward()
     y_eager.sum().backward()
@@ -418,9 +417,6 @@ def test_the_plan_says_what_a_user_module_keeps_for_the_backward(tagged):
     _, folder = tagged
     plan = (folder / "tagged_pkg" / "tagged_block.plan.md").read_text(encoding="utf-8")
     saved = plan[plan.index("## Saved for backward"):]
-    saved = saved[:saved.index("\n## ", 1) if "\n## " in saved[1:] else len(saved)]
-    for hint, target in (("module1", "tagged_layers.Tagged"), ("module3", "torch.nn.LeakyReLU"),
-                         ("module5", "tagged_layers.Doubler")):
-        assert f"| `{hint}_graph_in` | [*lead, 8] | x's dtype |" in saved
-        assert re.search(rf"\| `{hint}_graph_out` \| \[\*lead, 8\], and with it `{re.escape(target)}`'s own autograd "
-                         r"graph: whatever the module keeps for its backward", saved), saved
+    assert "what each keeps for its\nown backward hangs on autograd's graph, as in eager PyTorch" in saved
+    for index, target in ((2, "tagged_layers.Tagged"), (5, "torch.nn.LeakyReLU"), (8, "tagged_layers.Doubler")):
+        assert re.search(rf"^- op {index}, `.+`: what `{re.escape(target)}`'s backward needs$", saved, re.M), saved
