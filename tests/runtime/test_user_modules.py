@@ -244,6 +244,17 @@ TAGGED_SPEC = textwrap.dedent('''\
     )
     shrunk = te.ops.Sequential(te.ops.Linear(8, 8), Shrink(label="a \\"b\\" \\\\ c"))
     constant = te.ops.Sequential(te.ops.Linear(8, 8), Constant(8), te.ops.Linear(8, 8))
+    module_first = te.ops.Sequential(Tagged(8), te.ops.Linear(8, 8))
+    module_last = te.ops.Sequential(te.ops.Linear(8, 8), Tagged(8))
+    modules_adjacent = te.ops.Sequential(
+        te.ops.Linear(8, 8), Tagged(8), torch.nn.LeakyReLU(0.1, inplace=True), te.ops.Linear(8, 8))
+    residual_around = te.ops.Sequential(
+        te.ops.MakeExtraOutput(), te.ops.LayerNorm(8), Tagged(8), te.ops.Linear(8, 8), te.ops.AddExtraInput(),
+        te.ops.MakeExtraOutput(), te.ops.RMSNorm(8))
+    in_place_residual = te.ops.Sequential(
+        te.ops.Linear(8, 8), Tagged(8), te.ops.AddExtraInput(in_place=True), te.ops.SReLU(), te.ops.Dropout(0.25))
+    size_generic = te.ops.Sequential(
+        te.ops.SReLU(), torch.nn.LeakyReLU(0.1), te.ops.Reshape((-1, 4)), te.ops.SReLU())
 ''')
 # The call as messages and comments quote it: on one line, cut at 60 characters (frontend/source.py).
 SHOWN_CALL = 'Tagged( 8, # features label="""say "hi"\\\\n|\'é\'\\u00e9 line...'
@@ -381,6 +392,67 @@ def test_a_module_whose_output_ignores_its_input_cuts_the_grad_path_as_in_eager(
         assert fused[key] is None and unfused[key] is None, key
     for key in ("1.value", "2.weight", "2.bias"):
         torch.testing.assert_close(fused[key], unfused[key], rtol=1e-12, atol=1e-12)
+
+
+def _eager(name):
+    """The eager model (fusegen.eager) of a pipeline of TAGGED_SPEC."""
+    from fusegen.eager import AddExtraInput, LayerNorm, Linear, MakeExtraOutput, RMSNorm, Sequential, SReLU
+    from tagged_layers import Tagged
+
+    return {
+        "ModuleFirst": lambda: Sequential(Tagged(8), Linear(8, 8)),
+        "ModuleLast": lambda: Sequential(Linear(8, 8), Tagged(8)),
+        "ModulesAdjacent": lambda: Sequential(Linear(8, 8), Tagged(8), torch.nn.LeakyReLU(0.1, inplace=True),
+                                              Linear(8, 8)),
+        "ResidualAround": lambda: Sequential(MakeExtraOutput(), LayerNorm(8), Tagged(8), Linear(8, 8),
+                                             AddExtraInput(), MakeExtraOutput(), RMSNorm(8)),
+        "InPlaceResidual": lambda: Sequential(Linear(8, 8), Tagged(8), AddExtraInput(in_place=True), SReLU()),
+    }[name]().double()
+
+
+@pytest.mark.parametrize("name", ["ModuleFirst", "ModuleLast", "ModulesAdjacent", "ResidualAround", "InPlaceResidual"])
+def test_pipelines_with_user_modules_anywhere_match_eager(tagged, name):
+    """A module first, last, next to another, inside a residual (extra outputs and inputs across
+    it), before an in-place residual add: outputs, the input's and extra inputs' grads and every
+    parameter grad as the eager model's, in float64; evaluation mode (Dropout: the identity)."""
+    module = getattr(tagged[0], name)(dtype=torch.float64).eval()
+    randomize_(module, torch.Generator().manual_seed(7))
+    eager = _eager(name).eval()
+    eager.load_state_dict(module.state_dict())
+    gen = torch.Generator().manual_seed(8)
+    inputs = [torch.randn(2, 5, 8, generator=gen, dtype=torch.float64)
+              for _ in range(1 + len(module.extra_input_features))]
+    results = []
+    for model in (module, eager):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        args = [leaves[0]] + [t.clone() for t in leaves[1:]]  # an in-place add writes its extra input
+        outputs = model(*args)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        torch.autograd.backward(outputs, [torch.full_like(o, 0.5) + o.detach() for o in outputs])
+        results.append(([o.detach() for o in outputs], [t.detach() for t in args[1:]], [t.grad for t in leaves],
+                        {key: p.grad for key, p in model.named_parameters()}))
+    (outs, written, grads, params), (want_outs, want_written, want_grads, want_params) = results
+    for got, want in zip([*outs, *written, *grads], [*want_outs, *want_written, *want_grads], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert params.keys() == want_params.keys()
+    for key, grad in params.items():
+        torch.testing.assert_close(grad, want_params[key], rtol=1e-12, atol=1e-12, msg=key)
+
+
+def test_a_size_generic_pipeline_with_a_user_module_and_a_reshape(tagged):
+    """The backward's reshapes take the input width (n) from grad_forward: against a float64
+    reference written out."""
+    module = tagged[0].SizeGeneric(dtype=torch.float64)
+    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(9), dtype=torch.float64).requires_grad_()
+    y = module(x)
+    x64 = x.detach().clone().requires_grad_()
+    h = F.leaky_relu(F.relu(x64).square(), 0.1).reshape(-1, 4)  # TE's Reshape: the whole tensor
+    want = F.relu(h).square()
+    gy = torch.randn(want.shape, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    y.backward(gy)
+    want.backward(gy)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, x64.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_gradcheck_through_user_modules(tagged):
