@@ -3,7 +3,10 @@ module constructs the user's class with the spec's literal arguments, owns its p
 Sequential's index (as the eager Sequential), runs it as it is on the tensor with its leading dims,
 and fuses the groups around it. Output, input grad and every parameter grad (the user module's
 included) against float64 references; clear errors for a module that changes the shape, a class
-that cannot be imported, and arguments fusegen cannot read. On CPU and, marked cuda, on a GPU."""
+that cannot be imported, and arguments fusegen cannot read. On CPU and, marked cuda, on a GPU.
+Then (issue 36), against the eager model in float64: calls whose text holds quotes, backslashes
+and characters the generated code must escape; in-place modules; a module anywhere in a pipeline;
+retain_graph, torch.autograd.grad, gradcheck and torch.compile(fullgraph=True) in training."""
 
 import importlib
 import json
