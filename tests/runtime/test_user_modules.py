@@ -247,6 +247,7 @@ TAGGED_SPEC = textwrap.dedent('''\
     )
     shrunk = te.ops.Sequential(te.ops.Linear(8, 8), Shrink(label="a \\"b\\" \\\\ c"))
     constant = te.ops.Sequential(te.ops.Linear(8, 8), Constant(8), te.ops.Linear(8, 8))
+    modules_only = te.ops.Sequential(Tagged(8), torch.nn.LeakyReLU(0.1, inplace=True))
     module_first = te.ops.Sequential(Tagged(8), te.ops.Linear(8, 8))
     module_last = te.ops.Sequential(te.ops.Linear(8, 8), Tagged(8))
     modules_adjacent = te.ops.Sequential(
@@ -403,6 +404,7 @@ def _eager(name):
     from tagged_layers import Tagged
 
     return {
+        "ModulesOnly": lambda: Sequential(Tagged(8), torch.nn.LeakyReLU(0.1, inplace=True)),
         "ModuleFirst": lambda: Sequential(Tagged(8), Linear(8, 8)),
         "ModuleLast": lambda: Sequential(Linear(8, 8), Tagged(8)),
         "ModulesAdjacent": lambda: Sequential(Linear(8, 8), Tagged(8), torch.nn.LeakyReLU(0.1, inplace=True),
@@ -413,9 +415,10 @@ def _eager(name):
     }[name]().double()
 
 
-@pytest.mark.parametrize("name", ["ModuleFirst", "ModuleLast", "ModulesAdjacent", "ResidualAround", "InPlaceResidual"])
+@pytest.mark.parametrize("name", ["ModulesOnly", "ModuleFirst", "ModuleLast", "ModulesAdjacent", "ResidualAround",
+                                  "InPlaceResidual"])
 def test_pipelines_with_user_modules_anywhere_match_eager(tagged, name):
-    """A module first, last, next to another, inside a residual (extra outputs and inputs across
+    """Modules alone (no fused op), a module first, last, next to another, inside a residual (extra outputs and inputs across
     it), before an in-place residual add: outputs, the input's and extra inputs' grads and every
     parameter grad as the eager model's, in float64; evaluation mode (Dropout: the identity)."""
     module = getattr(tagged[0], name)(dtype=torch.float64).eval()
