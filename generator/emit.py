@@ -122,8 +122,8 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
         if op.opdef.reshape is not None:
             new = f"lead{len(lines) + 1}"
             shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
-            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", {py_string(f"{op.describe()} ({op.location})")}, '
-                         f"{shape!r}, {numel})")
+            where = py_string(f"{op.describe()} ({op.location})")
+            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", {where}, {shape!r}, {numel})')
             current = new
     names[len(p.ops)] = current
     return names, lines
@@ -317,7 +317,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     function_inputs = (["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
                        + [name for op in modules_run for name in (module_name(op), lead_name(op))])
     no_grad = no_grad_blocks(plan, stage_kernels)
-    functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved, tees, function_inputs) if modules_run else ([], [])
+    functions, grad_steps = ([], []) if not modules_run else segments(plan, em, fwd, bwd, grads, saved, tees,
+                                                                       function_inputs)
     return dict(
         traffic=traffic_cells(plan),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],

@@ -418,9 +418,10 @@ def _eager(name):
 @pytest.mark.parametrize("name", ["ModulesOnly", "ModuleFirst", "ModuleLast", "ModulesAdjacent", "ResidualAround",
                                   "InPlaceResidual"])
 def test_pipelines_with_user_modules_anywhere_match_eager(tagged, name):
-    """Modules alone (no fused op), a module first, last, next to another, inside a residual (extra outputs and inputs across
-    it), before an in-place residual add: outputs, the input's and extra inputs' grads and every
-    parameter grad as the eager model's, in float64; evaluation mode (Dropout: the identity)."""
+    """Modules alone (no fused op), a module first, last, next to another, inside a residual
+    (extra outputs and inputs across it), before an in-place residual add: outputs, the input's
+    and extra inputs' grads and every parameter grad as the eager model's, in float64;
+    evaluation mode (Dropout: the identity)."""
     module = getattr(tagged[0], name)(dtype=torch.float64).eval()
     randomize_(module, torch.Generator().manual_seed(7))
     eager = _eager(name).eval()
