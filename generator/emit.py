@@ -24,7 +24,7 @@ from .plan import Plan
 from .source_text import py_string
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
-from .stages.module import MODULE, lead_name, module_name
+from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
 
@@ -243,9 +243,9 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
     ``n`` for the input width a size-generic backward reshapes with) and grad_forward's steps."""
     p = plan.pipeline
     backward_of = list(zip(reversed(plan.backward), bwd))  # backward_blocks runs the last stage first
-    runs, steps = [], []
+    steps = []
     for stage, block in zip(plan.forward, fwd):
-        if stage.rule.stage is MODULE:
+        if stage.rule.stage.between_functions:
             steps.append(block)
         elif steps and isinstance(steps[-1], list):
             steps[-1].append((stage, block))
@@ -317,8 +317,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     function_inputs = (["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
                        + [name for op in modules_run for name in (module_name(op), lead_name(op))])
     no_grad = no_grad_blocks(plan, stage_kernels)
-    functions, grad_steps = ([], []) if not modules_run else segments(plan, em, fwd, bwd, grads, saved, tees,
-                                                                       function_inputs)
+    between = any(stage.rule.stage.between_functions for stage in plan.forward)
+    functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved, tees, function_inputs) if between else ([], [])
     return dict(
         traffic=traffic_cells(plan),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],

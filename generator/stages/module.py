@@ -32,6 +32,7 @@ def _where(em, op) -> str:
 class ModuleStage(StageImpl):
     name = "module"
     replayable = False
+    between_functions = True
 
     def check(self, pass_, chain):
         return None if list(chain) == ["module"] else "a module stage runs one module of the user's code"
