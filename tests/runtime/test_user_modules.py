@@ -316,7 +316,7 @@ def test_messages_name_the_call_exactly_as_the_spec_writes_it(tagged, monkeypatc
     assert str(info.value).startswith(f"TaggedBlock: cannot import tagged_layers.Tagged for {SHOWN_CALL} (spec.py:7:")
 
 
-def test_the_plan_table_keeps_a_call_with_pipes_and_backticks_in_one_cell(tagged):
+def test_the_plan_table_keeps_a_call_with_a_pipe_in_one_cell(tagged):
     _, folder = tagged
     plan = (folder / "tagged_pkg" / "tagged_block.plan.md").read_text(encoding="utf-8")
     row = next(line for line in plan.splitlines() if "Tagged(" in line and line.startswith("| 2 |"))
