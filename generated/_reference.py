@@ -110,6 +110,15 @@ def check_module_output(owner, where, x, y):
                          "shape")
 
 
+def run_module(owner, where, module, x, lead):
+    """A user module's stage (stages/module.py): the module on the 2-D running tensor ``x`` with
+    its leading dims ``lead``, its output checked and made 2-D again."""
+    x_in = x.reshape(*lead, x.shape[1])
+    y = module(x_in)
+    check_module_output(owner, where, x_in, y)
+    return y.reshape(x.shape)
+
+
 def _mul32(h, c):
     """(h * c) mod 2**32 for h < 2**32 and a constant c < 2**32, in int64 without overflow."""
     return (h * (c & 0xFFFF) + (((h * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF

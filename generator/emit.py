@@ -18,11 +18,13 @@ from typing import NamedTuple
 
 import jinja2
 
+from . import source_text
 from .diagram import flowchart
 from .errors import Location
 from .ir import Size, size_expr
 from .pipeline import Op
 from .plan import Plan
+from .source_text import py_string
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
 from .stages.module import lead_name, module_name
@@ -53,6 +55,11 @@ def environment() -> jinja2.Environment:
     # kernel's N (CUDA) or the launcher's n (Python).
     env.filters["cexpr"] = lambda size: size_expr(size, "N", "/")
     env.filters["pyexpr"] = lambda size: size_expr(size, "n", "//")
+    # a spec's own text (a user module's call, a file name) where it lands (source_text.py)
+    env.filters["pystr"] = source_text.py_string
+    env.filters["comment"] = source_text.comment_text
+    env.filters["docstring"] = source_text.docstring_text
+    env.filters["mdcode"] = source_text.md_code
     return env
 
 
@@ -69,8 +76,9 @@ def forward_blocks(em: Emitter, stages=None, label: str = "forward") -> list[Blo
     return blocks
 
 
-def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
-    """Blocks of the backward (last stage first) and the name of the pipeline input's grad."""
+def backward_blocks(em: Emitter) -> tuple[list[Block], dict[int, str]]:
+    """Blocks of the backward (last stage first) and the name of the grad at each value position
+    where a stage starts (0: the pipeline input's)."""
     p = em.pipeline
     grads: dict[int, str] = {len(p.ops): "d_" + em.values[len(p.ops)]}
     blocks = []
@@ -80,7 +88,7 @@ def backward_blocks(em: Emitter) -> tuple[list[Block], str]:
         d_in = "d_" + em.values.get(stage.start, value_name(p, stage.start))
         grads[stage.start] = stage.rule.stage.backward(em, stage, block, grads[stage.end], d_in)
         blocks.append(block)
-    return blocks, grads[0]
+    return blocks, grads
 
 
 def own_memory(em: Emitter, returned: list[str]) -> Block | None:
@@ -138,8 +146,8 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
         if op.opdef.reshape is not None:
             new = f"lead{len(lines) + 1}"
             shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
-            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", "{op.describe()} (op {op.number} at {op.location})", '
-                         f"{shape!r}, {numel})")
+            where = py_string(f"{op.describe()} (op {op.number} at {op.location})")
+            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", {where}, {shape!r}, {numel})')
             current = new
     names[len(p.ops)] = current
     return names, lines
@@ -288,13 +296,72 @@ def no_grad_op(name: str, inputs: list[str], blocks: list[Block], outputs: list[
     return f"{name}_no_grad_{hashlib.sha256(text.encode()).hexdigest()[:8]}", f"({schema}) -> {returns}"
 
 
+def _uses(name: str, code: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", code) is not None
+
+
+def _code(blocks: list[Block]) -> str:
+    return "\n".join(line for block in blocks for line in block.lines + [e for _, e in block.weight_grads])
+
+
+def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, str], saved: list[str],
+             tees: list, inputs: list[str]) -> tuple[list[dict], list[Block]]:
+    """A pipeline that runs user modules, under autograd: its fused stages between them as autograd
+    Functions of their own (one a run of stages), the modules between them in ``grad_forward``,
+    so autograd records each module as eager PyTorch does (stages/module.py). Returns each
+    Function's parts (``inputs``: its arguments, of the names the pipeline's forward has, with
+    ``n`` for the input width a size-generic backward reshapes with) and grad_forward's steps."""
+    p = plan.pipeline
+    backward_of = list(zip(reversed(plan.backward), bwd))  # backward_blocks runs the last stage first
+    steps = []
+    for stage, block in zip(plan.forward, fwd):
+        if stage.rule.stage.between_functions:
+            steps.append(block)
+        elif steps and isinstance(steps[-1], list):
+            steps[-1].append((stage, block))
+        else:
+            steps.append([(stage, block)])
+    functions = []
+    for k, run in enumerate(step for step in steps if isinstance(step, list)):
+        start, end = run[0][0].start, run[-1][0].end
+        blocks = [block for _, block in run]
+        backward = [block for stage, block in backward_of if start <= stage.start < end]
+        forward_code = _code(blocks)
+        outputs = [em.values[end]] + [extra_output_name(op) for op in tees if start <= op.index < end]
+        args = [em.values[start]] + [name for name in inputs[1:] if _uses(name, forward_code)]
+        grad_inputs = [grads[start]] + ["None" if name == "training" else "d_" + name for name in args[1:]]
+        copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+        backward += [copies] if copies else []
+        backward_code = _code(backward)
+        takes_n = _uses("ctx.n", backward_code)
+        functions.append(dict(
+            name=f"{p.class_name}Function{k}", first=p.ops[start].number, last=p.ops[end - 1].number, forward=blocks, backward=backward,
+            inputs=args + (["n"] if takes_n else []), takes_n=takes_n, outputs=outputs,
+            returns=distinct_returns(outputs, em.aliases), saved=[name for name in saved if _uses(name, backward_code)],
+            grad_outputs=["d_" + name for name in outputs],
+            grad_inputs=grad_inputs + (["None"] if takes_n else []),
+        ))
+    calls = iter(functions)
+    return functions, [step if isinstance(step, Block) else _call_block(next(calls)) for step in steps]
+
+
+def _call_block(function: dict) -> Block:
+    """grad_forward's step that applies one of the Functions of ``segments``."""
+    outputs = function["outputs"]
+    args = ["x.shape[1]" if name == "n" else name for name in function["inputs"]]
+    block = Block(f"ops {function['first']} to {function['last']}, fused")
+    block.lines.append(f"{', '.join(outputs)} = {function['name']}.apply({', '.join(args)})")
+    return block
+
+
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     p = plan.pipeline
     graphs = replays_graphs(plan)
     # with graphs, the stages are functions of their own (forward_stages, backward_stages)
     em = Emitter(plan, stage_kernels, width="n" if graphs else "ctx.n")
     fwd = forward_blocks(em)
-    bwd, d_x = backward_blocks(em)
+    bwd, grads = backward_blocks(em)
+    d_x = grads[0]
     values = em.values
     extra_inputs = [extra_input_name(op) for op in p.ops if op.extra_input is not None]
     # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
@@ -317,14 +384,17 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
                    + (["None"] if takes_training else [])  # training is a flag, not a tensor
                    + ["None", "None"] * len(modules_run))  # a user module and its leading dims
-    copies = own_memory(em, [g for g in grad_inputs if g != "None"])
-    bwd += [copies] if copies else []
+    between = any(stage.rule.stage.between_functions for stage in plan.forward)
+    if not between:  # one Function returns every grad (segments gives each Function its own copies)
+        copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+        bwd += [copies] if copies else []
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
     saved = list(dict.fromkeys(saved))
     # the Function's forward and the no-grad forward take the same arguments
     function_inputs = (["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
                        + [name for op in modules_run for name in (module_name(op), lead_name(op))])
     no_grad = no_grad_blocks(plan, stage_kernels)
+    functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved, tees, function_inputs) if between else ([], [])
     return dict(
         traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
@@ -352,6 +422,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                                                 if r not in grad_outputs)),
         backward_stages_inputs=grad_outputs + saved + (["n"] if p.generic and lead_lines else []),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
+        functions=functions, grad_steps=grad_steps,
         takes_training=takes_training, cuda_graphs=graphs, function_inputs=function_inputs,
         no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [values[len(p.ops)]] + extra_outputs) if graphs else None,
         leads=leads, lead_lines=lead_lines, any_shape=takes_any_shape(p),

@@ -99,6 +99,15 @@ def check_module_output(owner, where, x, y):
                          "shape")
 
 
+def run_module(owner, where, module, x, lead):
+    """A user module's stage (stages/module.py): the module on the 2-D running tensor ``x`` with
+    its leading dims ``lead``, its output checked and made 2-D again."""
+    x_in = x.reshape(*lead, x.shape[1])
+    y = module(x_in)
+    check_module_output(owner, where, x_in, y)
+    return y.reshape(x.shape)
+
+
 # --- random operands (Operand "random", Dropout): counter-based draws, as fg::uniform ------------
 
 def _mul32(h, c):
@@ -139,4 +148,4 @@ def new_seed(like):
 
 
 # In this order at the top of _reference.py, after its imports.
-COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, autocasting, to_autocast_dtype, construct_module, check_module_output, _mul32, _mix32, uniform, draws, new_seed)
+COMMON = (compute, init_parameter, reshaped_lead, deinterleave, interleave, autocasting, to_autocast_dtype, construct_module, check_module_output, run_module, _mul32, _mix32, uniform, draws, new_seed)

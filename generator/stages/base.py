@@ -71,6 +71,9 @@ class StageImpl:
     takes_any_op = False  # True: the stage judges each op itself (no op kinds to declare in a rule)
     launches = True  # the stage runs device work (kernels, GEMMs, PyTorch ops); False: views only
     replayable = True  # a CUDA graph can capture it (False: a user's module, which may do anything)
+    # runs as it is under autograd, between the autograd Functions of the fused stages (a user's
+    # module: emit.segments), so autograd records its backward and the stage emits none
+    between_functions = False
 
     def check(self, pass_: str, chain: Sequence[str]) -> str | None:
         """Why this implementation cannot run ``chain`` (op kinds in forward order) in ``pass_``,
