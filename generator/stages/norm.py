@@ -216,8 +216,12 @@ class NormStage(StageImpl):
             summed = extra_output_name(meo) if meo else value_name(p, norm.index)
             em.values[norm.index] = summed
             results.append(summed)
-        elif meo:  # nothing before it changes x: the extra output is x itself
-            em.alias(block, extra_output_name(meo), x_in)
+        elif not spec.ctx["writes_h"]:
+            # nothing before the norm changes x: the norm's input (which its backward reads) is x,
+            # also where a MakeExtraOutput stands between them and the stage starts at it
+            em.values[norm.index] = x_in
+            if meo:  # the extra output is x itself
+                em.alias(block, extra_output_name(meo), x_in)
         if not em.saving:  # no backward: neither the statistics nor a sum no one returns are written
             keep = [f"keep_sum={bool(meo)}"] if spec.ctx["writes_h"] else []
             block.lines.append(f"{', '.join(results)} = kernels.{spec.name}_no_grad({', '.join(args + keep)})")
