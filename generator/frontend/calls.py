@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..errors import Location, SpecError
-from ..ops import NOT_YET, OPS, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, op_modules
+from ..ops import NOT_YET, OPS, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, basic_ops, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
 from .scope import Scope, _dotted, _ident
 from .source import SpecSource
@@ -104,7 +104,23 @@ class OpBinder:
         problem = op.validate(args) if op.validate else None
         if problem:
             raise SpecError(f"{op.name}(): {problem}", self.source.loc(call))
+        self.check_expansion(op, args, given, call)
         return OpCall(op.name, args, self.source.loc(call), where)
+
+    def check_expansion(self, op: OpDef, args: dict[str, object], given: dict[str, cst.CSTNode],
+                        call: cst.Call) -> None:
+        """A container's basic ops hold their own arguments' checks too (``nn.Dropout(1.5)``
+        must fail as ``Dropout(1.5)`` does), wherever the container's signature leaves one out;
+        the error points at the argument of the same name, else at the call."""
+        if op.expand is None:
+            return
+        for sub, sub_args in basic_ops(op.name, args):
+            for sub_arg in sub.args:
+                try:
+                    check_value(sub, sub_arg, sub_args[sub_arg.name])
+                except ArgumentError as err:
+                    at = given.get(sub_arg.name, call)
+                    raise SpecError(f"{op.name}(): {err.message}", self.source.loc(at)) from None
 
     def module_call(self, target: tuple[str, str], call: cst.Call) -> OpCall:
         """A call of a class from the user's code: a ``Module`` op holding where it comes from, the
