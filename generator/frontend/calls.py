@@ -7,6 +7,7 @@ the frontend hands on.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import libcst as cst
@@ -160,5 +161,21 @@ class OpBinder:
             why = f" ({target[1]} is not in {target[0]}; import it from {' or '.join(OPS[target[1]].modules)})"
         else:
             why = ""
-        return SpecError(f"unknown op '{spelled}'{why}; known ops: {', '.join(sorted({op.attribute for op in OPS.values() if op.modules}))}",
-                         self.source.loc(func))
+        known = sorted({op.attribute for op in OPS.values() if op.modules})
+        attribute = target[1] if target is not None else spelled.rpartition(".")[2]
+        close = close_match(attribute, known)
+        if close is not None and close != attribute:
+            hint = f"did you mean '{spelled[:len(spelled) - len(attribute)]}{close}'?"
+        elif close is not None and target is None:  # the right name, never imported
+            module = next(op.modules[0] for op in OPS.values() if op.attribute == close and op.modules)
+            hint = f"import it: from {module} import {close}"
+        else:
+            hint = f"known ops: {', '.join(known)}"
+        return SpecError(f"unknown op '{spelled}'{why}; {hint}", self.source.loc(func))
+
+
+def close_match(word: str, known: list[str]) -> str | None:
+    """The one of ``known`` that ``word`` most likely misspells (case aside: 'Layernorm'), or None."""
+    by_folded = {name.casefold(): name for name in known}
+    close = difflib.get_close_matches(word.casefold(), list(by_folded), n=1)
+    return by_folded[close[0]] if close else None

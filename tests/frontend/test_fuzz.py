@@ -349,7 +349,9 @@ def test_mutated_random_specs():
     rng = random.Random(13)
     total = 2000
     cases = [[("spec.py", mutate(rng, random_spec(rng)))] for _ in range(total)]
-    assert_both_outcomes(run_all(cases, "mutated random spec"), total, 0.1)
+    # about a tenth give plans: since a misspelt or unimported Sequential beside another pipeline
+    # is an error (issue 36) rather than a pipeline skipped, 194 of these 2000 (it was 212)
+    assert_both_outcomes(run_all(cases, "mutated random spec"), total, 0.08)
 
 
 # --- token soup: Python's vocabulary in random order ------------------------------------------------
