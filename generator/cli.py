@@ -99,7 +99,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if checked != [set(files)]:  # a file the check did not see would be written unchecked
         raise AssertionError("the package's files are not those checked before compiling")
     written, removed = output.write_package(files, out)
-    say(f"fusegen: {where}: {counted(len(files), 'file')}, {len(written)} written, {len(removed)} removed", sys.stderr)
+    say(f"fusegen: {where}: {counted(len(files), 'file')}, {len(written)} written, {len(removed)} removed",
+        sys.stderr)
     return 0
 
 

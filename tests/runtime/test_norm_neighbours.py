@@ -2,11 +2,11 @@
 LayerNorm or RMSNorm, the shapes whose norm stage starts at an op other than the norm (issue 36:
 `MakeExtraOutput()` directly before a norm that a Dropout follows crashed the build with a
 KeyError in the norm stage's backward). Each pipeline is generated into one CPU package and run
-in training, in float32, against a float64 reference that applies each op's definition in order
-(written here from the TE op catalog, sharing no code with the generator): outputs, extra
-outputs, the input's and extra inputs' grads, every parameter grad. The fuzz tests
-(tests/frontend/test_fuzz.py) generate every such shape; this file checks the numbers of the
-ones that crashed and of a seeded sample of the rest."""
+in float32 (training, eval, and the no-grad forward) against a float64 reference that applies
+each op's definition in order (written here from the TE op catalog, sharing no code with the
+generator): outputs, extra outputs, the input's and extra inputs' grads, every parameter grad.
+The fuzz tests (tests/frontend/test_fuzz.py) generate every such shape; this file checks the
+numbers of the ones that crashed and of a seeded sample of the rest."""
 
 import importlib
 import itertools
@@ -67,10 +67,11 @@ def package(tmp_path_factory):
         sys.path.remove(str(folder))
 
 
-def reference_for(shape):
+def reference_for(shape, training):
     """float64 reference of ``shape`` (op names, spec order): the parameters of op i are
     ``i.weight`` / ``i.bias``; extra inputs are taken and extra outputs returned in spec order,
-    after the output (TE's Sequential); each Dropout draws its key in forward order."""
+    after the output (TE's Sequential); in training each Dropout draws its key in forward order,
+    in eval mode it passes x as it is."""
     def reference(p, x, *extra_inputs):
         torch.manual_seed(SEED)
         keys = iter(next_keys(shape.count("Dropout"), "cpu"))
@@ -80,6 +81,8 @@ def reference_for(shape):
                 x = x @ p[f"{i}.weight"].T + p[f"{i}.bias"]
             elif op == "Bias":
                 x = x + p[f"{i}.bias"]
+            elif op == "Dropout" and not training:
+                pass
             elif op == "Dropout":
                 keep = dropout_keep(next(keys), tuple(x.shape), 0.25)
                 x = torch.where(keep, x / 0.75, torch.zeros_like(x))
@@ -99,12 +102,26 @@ def reference_for(shape):
     return reference
 
 
-@pytest.mark.parametrize("index", range(len(SHAPES)), ids=["-".join(shape) for shape in SHAPES])
-def test_cpu_training_matches_the_float64_reference(package, index):
+def check(package, index, training, no_grad=None):
     shape = SHAPES[index]
     module = getattr(package, f"Shape{index}")(dtype=torch.float32)
     randomize_(module, torch.Generator().manual_seed(index))
-    module.train(True)
+    module.train(training)
     torch.manual_seed(SEED)  # the module's Dropout keys: the first draws after this
     run_and_compare(module, f"shape{index}", (2, 3, WIDTH), torch.float32, "cpu", seed=index,
-                    reference=reference_for(shape), gemm="Linear" in shape)
+                    reference=reference_for(shape, training), gemm="Linear" in shape, no_grad=no_grad)
+
+
+IDS = ["-".join(shape) for shape in SHAPES]
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("index", range(len(SHAPES)), ids=IDS)
+def test_cpu_matches_the_float64_reference(package, index, training):
+    check(package, index, training)
+
+
+@pytest.mark.parametrize("index", range(len(SHAPES)), ids=IDS)
+def test_cpu_no_grad_forward_matches_the_float64_reference(package, index):
+    """The no-grad forward (its own plan: it keeps nothing for a backward), masks still drawn."""
+    check(package, index, True, no_grad=torch.no_grad)
