@@ -157,7 +157,9 @@ class _SpecReader:
         if close_match(attribute, [SEQUENTIAL]) is None and not holds_ops:
             return
         if target is None:
-            why = f"'{spelled.partition('.')[0]}' is not imported"
+            head = _ident(spelled.partition(".")[0])
+            rebound = self.scope.not_constant.get(head)
+            why = f"'{head}' is not imported" + (f" here: {rebound}" if rebound else "")
             fix = ("import it: from transformer_engine.pytorch.ops import Sequential" if spelled == SEQUENTIAL
                    else f"did you mean '{spelled[:len(spelled) - len(attribute)]}{SEQUENTIAL}'?")
         elif target[0] not in SEQUENTIAL_MODULES:

@@ -247,6 +247,10 @@ ERRORS = [
      "fc2: object = te.Sequential(te.ops.Linear(4, 4))\n",
      3, 15, "te.Sequential", "'te.Sequential(...)' is not a Sequential (it is transformer_engine.pytorch.Sequential, "
                              "not the Sequential of transformer_engine.pytorch.ops or fusegen.eager or torch.nn)"),
+    ("import transformer_engine.pytorch as te\nfrom transformer_engine.pytorch.ops import Sequential\n"
+     "fc1 = te.ops.Sequential(te.ops.Linear(4, 4))\nif True:\n    Sequential = None\nfc2 = Sequential(te.ops.GELU())\n",
+     6, 7, "Sequential(te", "'Sequential(...)' is not a Sequential ('Sequential' is not imported here: line 4 binds "
+                           "it inside 'if', which fusegen does not run), so fusegen would skip this pipeline"),
     ("import transformer_engine.pytorch as te\nfc1 = te.ops.Sequential(te.ops.Linear(4, 4))\n"
      "fc2 = te.ops.Pipeline(te.ops.Linear(4, 4), te.ops.GELU())\n",
      3, 7, "te.ops.Pipeline", "'te.ops.Pipeline(...)' is not a Sequential (transformer_engine.pytorch.ops has no "
