@@ -174,8 +174,9 @@ class OpBinder:
         return SpecError(f"unknown op '{spelled}'{why}; {hint}", self.source.loc(func))
 
 
-def close_match(word: str, known: list[str]) -> str | None:
-    """The one of ``known`` that ``word`` most likely misspells (case aside: 'Layernorm'), or None."""
+def close_match(word: str, known: list[str], cutoff: float = 0.6) -> str | None:
+    """The one of ``known`` that ``word`` most likely misspells (case aside: 'Layernorm'), or None;
+    ``cutoff``: difflib's least similarity."""
     by_folded = {name.casefold(): name for name in known}
-    close = difflib.get_close_matches(word.casefold(), list(by_folded), n=1)
+    close = difflib.get_close_matches(word.casefold(), list(by_folded), n=1, cutoff=cutoff)
     return by_folded[close[0]] if close else None

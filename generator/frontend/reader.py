@@ -154,7 +154,8 @@ class _SpecReader:
         ours = target is None or target[0] in SEQUENTIAL_MODULES or target[0] in op_modules()
         holds_ops = ours and any(isinstance(arg.value, cst.Call) and self.scope.op_name(arg.value) is not None
                                  for arg in value.args)
-        if close_match(attribute, [SEQUENTIAL]) is None and not holds_ops:
+        # a close spelling only: a helper of the user's named like "essential" (0.74 alike) is not one
+        if close_match(attribute, [SEQUENTIAL], cutoff=0.85) is None and not holds_ops:
             return
         if target is None:
             head = _ident(spelled.partition(".")[0])

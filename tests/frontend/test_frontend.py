@@ -260,7 +260,7 @@ ERRORS = [
      "Linear() missing required argument 'out_features'; signature: Linear(in_features, out_features, *, bias=True, "
      "device=None, dtype=None, accumulate_into_main_grad=False)"),
     (EAGER + "m = Sequential(Linear(4, 4, devices='cuda'))\n",
-     2, 29, "devices", "Linear() got an unexpected keyword argument 'devices'"),
+     2, 29, "devices", "Linear() got an unexpected keyword argument 'devices'; did you mean 'device'? signature: "),
     (EAGER + "m = Sequential(Linear(4, 4, True))\n",
      2, 29, "True", "Linear() takes 2 positional arguments but 3 were given; pass bias, device, dtype, accumulate_into_main_grad by keyword; signature: "),
     (EAGER + "m = Sequential(GELU(4))\n",
@@ -707,5 +707,6 @@ def test_calls_that_are_not_pipelines_are_left_alone():
     specs = parse_spec(
         "import torch\nimport transformer_engine.pytorch as te\nfrom mylib import Wrapper\n"
         "X = torch.ones(1)\nw = Wrapper(te.ops.Linear(4, 4))\nnorm = te.ops.LayerNorm(4)\nseq = te.ops.Sequential\n"
+        "from mylib import essential, sequence\ne = essential(4)\ns = sequence(4)\n"
         "m = te.ops.Sequential(te.ops.Linear(4, 4))\n", "spec.py")
     assert [spec.name for spec in specs] == ["m"]
