@@ -1,17 +1,19 @@
-"""Fuzzing the whole path from spec text to plans: never a traceback (issue 10).
+"""Fuzzing the whole path from spec text to plans and generated code: never a traceback (issues
+10, 36).
 
 Every text, however malformed, must give plans or a SpecError whose location is inside the file
-(and quotes that line). The texts, 10,505 of them, are generated from the op catalog (sane
-pipelines with some arguments swapped for edge values; pairs of files planned as one build),
-mutated from the shipped specs and from generated ones (characters, tokens and lines deleted,
-duplicated and swapped; hostile snippets inserted), and stirred from Python's vocabulary. They go
-through parse_spec and plan_specs (names, pipeline builder, planner), the path load_plans takes,
-and each planned pipeline on through emission (its kernels, its module's source, compiled by
-Python), where a plan the stages cannot write crashes (issue 36: a MakeExtraOutput right before a
-norm that a Dropout follows). The ops around norms, where the norm stages take several shapes,
-get a fuzz of their own. Seeds are fixed, so a failure names a text that reproduces. Each test also asserts that both
-outcomes occur often, so it cannot pass by erroring on everything or by accepting everything.
-The whole file takes about 20 seconds on two cores; libcst's reading is most of it.
+(and quotes that line). The texts, 11,105 of them, are generated from the op catalog (sane
+pipelines with some arguments swapped for edge values; pairs of files planned as one build; the
+ops around norms, where the norm stages take several shapes), mutated from the shipped specs and
+from generated ones (characters, tokens and lines deleted, duplicated and swapped; hostile
+snippets inserted), and stirred from Python's vocabulary. They go through parse_spec and
+plan_specs (names, pipeline builder, planner), the path load_plans takes, and each planned
+pipeline on through emission (its kernels, its module's source, compiled by Python), where a plan
+the stages cannot write crashes (issue 36: a MakeExtraOutput right before a norm that a Dropout
+follows). Seeds are fixed, so a failure names a text that reproduces. Each test also asserts
+that both outcomes occur often, so it cannot pass by erroring on everything or by accepting
+everything (the ops around norms, all valid pipelines, must all give plans). The whole file takes
+about 40 CPU-seconds; libcst's reading and the emission are most of it.
 """
 
 from __future__ import annotations
@@ -261,7 +263,7 @@ def norm_neighbourhood_spec(rng: random.Random) -> str:
 
 def test_ops_around_norms_plan_and_emit():
     rng = random.Random(15)
-    total = 1000
+    total = 600  # 15 of them the shape that crashed (MakeExtraOutput, a LayerNorm or RMSNorm, a Dropout)
     cases = [[("spec.py", norm_neighbourhood_spec(rng))] for _ in range(total)]
     counts = run_all(cases, "ops around a norm")
     assert counts == Counter(plans=total), dict(counts)
