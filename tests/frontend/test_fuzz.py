@@ -2,7 +2,7 @@
 10, 36).
 
 Every text, however malformed, must give plans or a SpecError whose location is inside the file
-(and quotes that line). The texts, 11,105 of them, are generated from the op catalog (sane
+(and quotes that line). The texts, 10,905 of them, are generated from the op catalog (sane
 pipelines with some arguments swapped for edge values; pairs of files planned as one build; the
 ops around norms, where the norm stages take several shapes), mutated from the shipped specs and
 from generated ones (characters, tokens and lines deleted, duplicated and swapped; hostile
