@@ -28,6 +28,7 @@ from .dropout_glu import DropoutGlu
 from .dropout_any import DropoutAny
 from .post_attention import PostAttention
 from .norm_dropout import NormDropout
+from .tee_norm_dropout import TeeNormDropout
 from .linear_residual import LinearResidual
 from .scaled_residual import ScaledResidual
 from .scaled_linear import ScaledLinear
@@ -51,7 +52,7 @@ __all__ = [
     "GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny",
     "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp",
     "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
-    "PostAttention", "NormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear",
-    "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid",
-    "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu",
-    "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual",
+    "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace",
+    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm",
+    "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

@@ -22,11 +22,12 @@ import signal
 import tempfile
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from . import emit, ops, plugins, stages
 from . import kernels as kn
 from .config import Config
+from .console import counted
 from .errors import UsageError
 from .frontend import SequentialSpec, parse_spec_file
 from .names import NameTable
@@ -394,8 +395,9 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
     if jobs:
         assembled = sum(len(job.assembled) for job in jobs)
         by_ptxas = f", {assembled} of them assembled from their PTX by ptxas" if assembled else ""
-        progress.start(len(jobs), f"compiling {stale_count} kernel binaries in {len(jobs)} compiles with NVRTC "
-                                  f"{version}{by_ptxas} ({len(sources) * len(archs) - stale_count} reused)")
+        progress.start(len(jobs), f"compiling {counted(stale_count, 'kernel binary', 'kernel binaries')} in "
+                                  f"{counted(len(jobs), 'compile')} with NVRTC {version}{by_ptxas} "
+                                  f"({len(sources) * len(archs) - stale_count} reused)")
         try:
             compiled = run_compiles(jobs, progress, cuda_headers(headers))
         finally:
@@ -434,13 +436,17 @@ def plan_documents(config: Config) -> dict[str, str]:
             **emit.pipeline_context(plan, per_plan[plan.pipeline.name])) for plan in plans}
 
 
-def build_package(config: Config, progress: Progress | None = None, reuse: bool = True) -> dict[str, bytes]:
-    """The complete output set; ``reuse`` lets matching binaries of the existing package stand."""
+def build_package(config: Config, progress: Progress | None = None, reuse: bool = True,
+                  before_compiling: Callable[[set[str]], None] | None = None) -> dict[str, bytes]:
+    """The complete output set; ``reuse`` lets matching binaries of the existing package stand.
+    ``before_compiling`` is given the names of every file of the set before the first compile (the
+    CLI refuses there to overwrite a file fusegen did not write, not minutes later)."""
     with plugins.loaded(config.plugins, config.root) as ext:
-        return _build(config, ext, progress or Progress(), reuse)
+        return _build(config, ext, progress or Progress(), reuse, before_compiling)
 
 
-def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: bool) -> dict[str, bytes]:
+def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: bool,
+           before_compiling: Callable[[set[str]], None] | None) -> dict[str, bytes]:
     plans = plans_with(config, ext)
     unique, per_plan = collect_kernels(plans)
     headers = header_files(ext.headers)
@@ -470,6 +476,9 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
         files[f"{plan.pipeline.name}.plan.md"] = env.get_template("plan.md.j2").render(**ctx)
     files["__init__.py"] = env.get_template("package_init.py.j2").render(
         pipelines=[p.pipeline for p in plans], dtypes=config.dtypes, archs=config.archs)
+    if before_compiling is not None:
+        before_compiling({*files, *(binary_name(kernel, target) for kernel in sources for target in config.archs),
+                          MANIFEST})
     previous = config.out if reuse and config.out.is_dir() else None
     binaries, manifest = compile_kernels(sources, config.archs, previous, progress, headers)
     for name, entry in manifest.items():

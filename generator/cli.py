@@ -30,7 +30,7 @@ from pathlib import Path
 from . import build, output, plugins
 from . import config as cfg
 from . import progress as prog
-from .console import say
+from .console import counted, say
 from .errors import SpecError, ToolchainError, UsageError
 from .explain import explain
 from .staleness import staleness
@@ -87,12 +87,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
             say(f"fusegen: {where} is stale: {found.summary()}; run {regenerate_command(args, config)} "
                 "and commit the result", sys.stderr)
             return EXIT_STALE
-        say(f"fusegen: {where} is up to date ({len(files)} files)", sys.stderr)
+        say(f"fusegen: {where} is up to date ({counted(len(files), 'file')})", sys.stderr)
         return 0
-    files = build.build_package(config, report, reuse=not args.rebuild)
-    output.check_output_folder(out, config.specs, Path.cwd(), set(files))
+    checked: list[set[str]] = []
+
+    def check_names(names: set[str]) -> None:  # before any compile: a refusal costs no minutes of NVRTC
+        output.check_output_folder(out, config.specs, Path.cwd(), names)
+        checked.append(names)
+
+    files = build.build_package(config, report, reuse=not args.rebuild, before_compiling=check_names)
+    if checked != [set(files)]:  # a file the check did not see would be written unchecked
+        raise AssertionError("the package's files are not those checked before compiling")
     written, removed = output.write_package(files, out)
-    say(f"fusegen: {where}: {len(files)} files, {len(written)} written, {len(removed)} removed", sys.stderr)
+    say(f"fusegen: {where}: {counted(len(files), 'file')}, {len(written)} written, {len(removed)} removed",
+        sys.stderr)
     return 0
 
 

@@ -153,21 +153,24 @@ def check_archs(archs: tuple[str, ...], supported: tuple[int, ...] | None, sourc
                              f"{choices} (and compute_ of the same numbers)")
 
 
-def resolve_specs(items: list[str], base: Path, source: str) -> tuple[Path, ...]:
-    """Spec paths and globs, relative to ``base``; each must name at least one existing file."""
+def resolve_specs(items: list[str], base: Path, source: str | None) -> tuple[Path, ...]:
+    """Spec paths and globs, relative to ``base``; each must name at least one existing file.
+    ``source``: where the list was written, for messages (None: the command line, which needs no
+    naming: the CLI's "fusegen: error: " leads the message)."""
+    where = f"{source}: " if source is not None else ""
     specs: list[Path] = []
     for item in items:
         path = base / item
         if any(c in item for c in "*?["):
             matches = sorted(p for p in path.parent.glob(path.name) if p.is_file())
             if not matches:
-                raise UsageError(f"{source}: no spec file matches {item!r} (in {path.parent})")
+                raise UsageError(f"{where}no spec file matches {item!r} (in {path.parent})")
             specs.extend(matches)
         elif path.is_dir():
-            raise UsageError(f"{source}: spec {item!r} is a folder; name the spec files or a glob like "
+            raise UsageError(f"{where}spec {item!r} is a folder; name the spec files or a glob like "
                              f"'{Path(item) / '*.py'}'")
         elif not path.is_file():
-            raise UsageError(f"{source}: spec file {item!r} not found (looked for {path})")
+            raise UsageError(f"{where}spec file {item!r} not found (looked for {path})")
         else:
             specs.append(path)
     return tuple(dict.fromkeys(specs))
@@ -190,9 +193,10 @@ def load_config(cli_specs: list[str], config: str | None, out: str | None, archs
         pyproject = find_pyproject(cwd)
     table = fusegen_table(pyproject) if pyproject is not None else {}
     root = pyproject.parent if pyproject is not None else cwd
-    source = f"{pyproject}: [tool.fusegen]" if pyproject is not None else "fusegen"
+    # (the table's keys are read only where a pyproject.toml was found, so its name is at hand)
+    source = f"{pyproject}: [tool.fusegen]" if pyproject is not None else "[tool.fusegen]"
     if cli_specs:
-        specs = resolve_specs(cli_specs, cwd, "fusegen")
+        specs = resolve_specs(cli_specs, cwd, None)
     elif "specs" in table:
         specs = resolve_specs(table["specs"], root, f"{source} specs")
     else:

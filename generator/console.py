@@ -13,6 +13,11 @@ import sys
 from typing import TextIO
 
 
+def counted(count: int, one: str, many: str | None = None) -> str:
+    """``count`` and the noun that fits it: "1 kernel binary", "3 kernel binaries"."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
 def say(text: str, stream: TextIO | None = None) -> None:
     """``text`` and a newline on ``stream`` (default: standard output), flushed."""
     stream = sys.stdout if stream is None else stream

@@ -63,6 +63,9 @@ class FusibleOp(torch.nn.Module):
         """Apply the basic ops in order; extra inputs are consumed, extra outputs appended."""
         extra_inputs = list(extra_inputs)
         for basic, a in self.basic:
+            if basic.reshape is not None:  # TE's Reshape: torch.reshape (a view where it can be); autograd
+                x = x.reshape(basic.reshape(a))  # reshapes the grad back to the input's shape
+                continue
             forward = basic.reference[0]
             if forward is None:  # identity
                 continue

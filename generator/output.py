@@ -2,10 +2,12 @@
 
 Before anything is compiled, ``check_output_folder`` refuses folders that are not plainly a
 generated package (a project root, the working directory, a folder holding the specs, a non-empty
-folder with no fusegen manifest). ``write_package`` then writes only what changed, each file
-atomically (temporary file + rename), and deletes only files the previous manifest lists. The
-manifest is written first with the union of old and new files, so an interrupted run still owns
-(and the next run can clean up) everything it may have written.
+folder with no fusegen manifest), and files the new package would replace that fusegen did not
+write (the build hands it every file name before its first compile: ``before_compiling``).
+``write_package`` then writes only what changed, each file atomically (temporary file + rename),
+and deletes only files the previous manifest lists. The manifest is written first with the union
+of old and new files, so an interrupted run still owns (and the next run can clean up)
+everything it may have written.
 """
 
 from __future__ import annotations

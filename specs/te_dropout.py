@@ -28,3 +28,11 @@ post_attention = te.ops.Sequential(
 )
 # Dropout after a norm: the norm kernel drops out the normalized row before it stores it.
 norm_dropout = te.ops.Sequential(te.ops.RMSNorm(HIDDEN), te.ops.Dropout(0.3), te.ops.Linear(HIDDEN, FFN))
+# A MakeExtraOutput right before a norm that a Dropout follows: the extra output, the norm kernel's
+# input and the input its backward reads are one tensor (this shape crashed the build: issue 36).
+tee_norm_dropout = te.ops.Sequential(
+    te.ops.Linear(HIDDEN, HIDDEN),
+    te.ops.MakeExtraOutput(),
+    te.ops.RMSNorm(HIDDEN),
+    te.ops.Dropout(0.3),
+)

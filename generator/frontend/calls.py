@@ -7,12 +7,13 @@ the frontend hands on.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import libcst as cst
 
 from ..errors import Location, SpecError
-from ..ops import NOT_YET, OPS, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, op_modules
+from ..ops import NOT_YET, OPS, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, basic_ops, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
 from .scope import Scope, _dotted, _ident
 from .source import SpecSource
@@ -104,7 +105,23 @@ class OpBinder:
         problem = op.validate(args) if op.validate else None
         if problem:
             raise SpecError(f"{op.name}(): {problem}", self.source.loc(call))
+        self.check_expansion(op, args, given, call)
         return OpCall(op.name, args, self.source.loc(call), where)
+
+    def check_expansion(self, op: OpDef, args: dict[str, object], given: dict[str, cst.CSTNode],
+                        call: cst.Call) -> None:
+        """A container's basic ops hold their own arguments' checks too (``nn.Dropout(1.5)``
+        must fail as ``Dropout(1.5)`` does), wherever the container's signature leaves one out;
+        the error points at the argument of the same name, else at the call."""
+        if op.expand is None:
+            return
+        for sub, sub_args in basic_ops(op.name, args):
+            for sub_arg in sub.args:
+                try:
+                    check_value(sub, sub_arg, sub_args[sub_arg.name])
+                except ArgumentError as err:
+                    at = given.get(sub_arg.name, call)
+                    raise SpecError(f"{op.name}(): {err.message}", self.source.loc(at)) from None
 
     def module_call(self, target: tuple[str, str], call: cst.Call) -> OpCall:
         """A call of a class from the user's code: a ``Module`` op holding where it comes from, the
@@ -144,5 +161,22 @@ class OpBinder:
             why = f" ({target[1]} is not in {target[0]}; import it from {' or '.join(OPS[target[1]].modules)})"
         else:
             why = ""
-        return SpecError(f"unknown op '{spelled}'{why}; known ops: {', '.join(sorted({op.attribute for op in OPS.values() if op.modules}))}",
-                         self.source.loc(func))
+        known = sorted({op.attribute for op in OPS.values() if op.modules})
+        attribute = target[1] if target is not None else spelled.rpartition(".")[2]
+        close = close_match(attribute, known)
+        if close is not None and close != attribute:
+            hint = f"did you mean '{spelled[:len(spelled) - len(attribute)]}{close}'?"
+        elif close is not None and target is None:  # the right name, never imported
+            module = next(op.modules[0] for op in OPS.values() if op.attribute == close and op.modules)
+            hint = f"import it: from {module} import {close}"
+        else:
+            hint = f"known ops: {', '.join(known)}"
+        return SpecError(f"unknown op '{spelled}'{why}; {hint}", self.source.loc(func))
+
+
+def close_match(word: str, known: list[str], cutoff: float = 0.6) -> str | None:
+    """The one of ``known`` that ``word`` most likely misspells (case aside: 'Layernorm'), or None;
+    ``cutoff``: difflib's least similarity."""
+    by_folded = {name.casefold(): name for name in known}
+    close = difflib.get_close_matches(word.casefold(), list(by_folded), n=1, cutoff=cutoff)
+    return by_folded[close[0]] if close else None

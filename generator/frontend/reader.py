@@ -11,9 +11,9 @@ import libcst as cst
 
 from ..errors import SpecError
 from ..names import NameTable
-from ..ops import SEQUENTIAL
-from .calls import OpBinder, SequentialSpec
-from .scope import Scope, _Bindings, _ident, _Scan
+from ..ops import SEQUENTIAL, SEQUENTIAL_MODULES, op_modules
+from .calls import OpBinder, SequentialSpec, close_match
+from .scope import Scope, _Bindings, _dotted, _ident, _Scan
 from .source import SpecSource, _short
 from .values import ConstantFolder
 
@@ -62,6 +62,8 @@ class _SpecReader:
         if pipeline is not None:
             return self.read_pipeline(*pipeline)
         self.reject_stray_sequential(scan)
+        if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None:
+            self.reject_lost_pipeline(small.value)
         if isinstance(small, cst.Assign):
             for target in small.targets:
                 self.folder.record_assignment(target.target, small.value)
@@ -138,6 +140,37 @@ class _SpecReader:
             raise SpecError(f"fusegen does not evaluate ':=' (here it would bind '{target}'); write "
                             f"{_short(f'{target} = {self.source.code(walrus.value)}', 60)} on a line of its own",
                             self.source.loc(walrus.target))
+
+    def reject_lost_pipeline(self, value: cst.BaseExpression) -> None:
+        """``NAME = <call>`` whose callee is spelled like Sequential but is not one (misspelt,
+        never imported, or from another module), or that holds op calls under a callee that is
+        not Sequential: a pipeline the file means, which would otherwise be skipped without a word
+        (another pipeline of the file still generates)."""
+        if not isinstance(value, cst.Call) or _dotted(value.func) is None:
+            return
+        spelled = self.source.code(value.func)
+        target = self.scope.resolve(value.func)
+        attribute = target[1] if target is not None else spelled.rpartition(".")[2]
+        ours = target is None or target[0] in SEQUENTIAL_MODULES or target[0] in op_modules()
+        holds_ops = ours and any(isinstance(arg.value, cst.Call) and self.scope.op_name(arg.value) is not None
+                                 for arg in value.args)
+        # a close spelling only: a helper of the user's named like "essential" (0.74 alike) is not one
+        if close_match(attribute, [SEQUENTIAL], cutoff=0.85) is None and not holds_ops:
+            return
+        if target is None:
+            head = _ident(spelled.partition(".")[0])
+            rebound = self.scope.not_constant.get(head)
+            why = f"'{head}' is not imported" + (f" here: {rebound}" if rebound else "")
+            fix = ("import it: from transformer_engine.pytorch.ops import Sequential" if spelled == SEQUENTIAL
+                   else f"did you mean '{spelled[:len(spelled) - len(attribute)]}{SEQUENTIAL}'?")
+        elif target[0] not in SEQUENTIAL_MODULES:
+            why = f"it is {'.'.join(target)}, not the Sequential of {' or '.join(SEQUENTIAL_MODULES)}"
+            fix = "import Sequential from one of those"
+        else:
+            why = f"{target[0]} has no '{attribute}'"
+            fix = f"did you mean '{spelled[:len(spelled) - len(attribute)]}{SEQUENTIAL}'?"
+        raise SpecError(f"'{spelled}(...)' is not a Sequential ({why}), so fusegen would skip this pipeline; {fix}",
+                        self.source.loc(value.func))
 
     def reject_stray_sequential(self, scan: _Scan) -> None:
         if scan.sequential:

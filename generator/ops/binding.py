@@ -10,6 +10,7 @@ one given argument into its value (the frontend folds constants there) and may r
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Callable, Sequence, TypeVar
@@ -105,8 +106,10 @@ def bind(op: OpDef, positional: Sequence[Given], keywords: Sequence[tuple[str, o
     by_name = {a.name: a for a in op.args}
     for name, name_at, item in keywords:
         if name not in by_name:
+            close = difflib.get_close_matches(name, [a.name for a in op.args if not a.te_only], n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
             raise ArgumentError(f"{op.name}() got an unexpected keyword argument '{name}'; "
-                                f"signature: {op.signature()}", name_at)
+                                f"{hint}signature: {op.signature()}", name_at)
         if name in given:
             raise ArgumentError(f"{op.name}() got multiple values for argument '{name}'; give it once", name_at)
         take(by_name[name], item)

@@ -19,11 +19,7 @@ by the exact 1 / (1 - p).
 import math
 
 from .lazy import torch
-from .opdef import Arg, OpDef, Operand, float_tag, register
-
-
-def _check_probability(v):
-    return None if 0.0 <= v <= 1.0 else "must be a probability, from 0 to 1"
+from .opdef import Arg, OpDef, Operand, check_probability, float_tag, register
 
 
 def _threshold(p: float) -> float:
@@ -42,7 +38,7 @@ def dropout_bwd(x, t, dy, p, scale):
 
 register(OpDef(
     "Dropout", "dropout",
-    args=(Arg("p", "float", check=_check_probability),),
+    args=(Arg("p", "float", check=check_probability),),
     tag=lambda a: "dropout" + float_tag(a["p"]),
     device_struct="fg::Dropout", device_args=lambda a: (_threshold(a["p"]), 1.0 / (1.0 - a["p"]) if a["p"] < 1 else 0.0),
     operand=Operand("random", "random", grad="none", read_in_backward=True),

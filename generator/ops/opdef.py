@@ -301,6 +301,11 @@ USERBUFFERS = Arg("userbuffers_options", "str", None, keyword_only=True, in_kern
 LINEAR_PARALLEL = (TENSOR_PARALLEL_MODE, TENSOR_PARALLEL_GROUP, SEQUENCE_PARALLEL, RNG_STATE_TRACKER, USERBUFFERS)
 
 
+def check_probability(v):
+    """A dropout probability (TE's Dropout and torch.nn.Dropout both refuse others)."""
+    return None if 0.0 <= v <= 1.0 else f"must be a probability, from 0 to 1, got {v!r}"
+
+
 def check_eps(v):
     """eps is added to the variance in float32 kernels: positive, finite, and not lost in float32."""
     if not math.isfinite(v):

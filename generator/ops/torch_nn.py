@@ -8,7 +8,8 @@ which a kernel specialised ahead of time cannot know); a LayerNorm or RMSNorm wi
 parameters has no te.ops equivalent. Each refusal is an error at the call, with the reason.
 """
 
-from .opdef import DEVICE, DTYPE, REQUIRED, Arg, OpDef, check_eps, check_features, check_norm_features, register
+from .opdef import (DEVICE, DTYPE, Arg, OpDef, check_eps, check_features, check_norm_features,
+                    check_probability, register)
 
 TORCH_NN = ("torch.nn",)
 _INPLACE = Arg("inplace", "bool", False, in_kernel=False)  # the values are the same either way
@@ -44,11 +45,18 @@ register(OpDef(
     validate=_affine("LayerNorm"), expand=lambda a: _norm("LayerNorm", a),
     summary="torch.nn.LayerNorm: LayerNorm",
 ))
+def _rms_norm(a):
+    if a["eps"] is None:
+        return ("eps=None, torch's default, is the input dtype's machine epsilon, which a kernel specialised "
+                "ahead of time cannot know; give eps explicitly (TE's RMSNorm default: eps=1e-5)")
+    return _affine("RMSNorm")(a)
+
+
 register(OpDef(
     "nn.RMSNorm", "container", modules=TORCH_NN, spelled="RMSNorm",
-    args=(Arg("normalized_shape", "shape", check=check_norm_features), Arg("eps", "float", REQUIRED, check=check_eps),
+    args=(Arg("normalized_shape", "shape", check=check_norm_features), Arg("eps", "float", None, check=check_eps),
           Arg("elementwise_affine", "bool", True), DEVICE, DTYPE),
-    validate=_affine("RMSNorm"), expand=lambda a: _norm("RMSNorm", a),
+    validate=_rms_norm, expand=lambda a: _norm("RMSNorm", a),
     summary="torch.nn.RMSNorm: RMSNorm (give eps: torch's default depends on the input dtype)",
 ))
 register(OpDef(
@@ -70,7 +78,7 @@ register(OpDef(
 ))
 register(OpDef(
     "nn.Dropout", "container", modules=TORCH_NN, spelled="Dropout",
-    args=(Arg("p", "float", 0.5), _INPLACE),
+    args=(Arg("p", "float", 0.5, check=check_probability), _INPLACE),
     expand=lambda a: [("Dropout", {"p": a["p"]}, "")], summary="torch.nn.Dropout: Dropout",
 ))
 register(OpDef(

@@ -176,13 +176,14 @@ def _operand_names(op, rel: int) -> tuple[str, str]:
     return f"extra_in{rel}", f"d_extra_in{rel}"
 
 
-def operand_width(pipeline, stage, name: str):
+def operand_width(pipeline, stage, name: str, kernel_ops=None):
     """Values per row of a kernel's operand or result, by its name (``_operand_names``,
     ``io_names``): an extra input or output (or its grad) is as wide as its op's input, a per-row
     operand (RowScale's scales) one value; a parameter, its grad (a column sum) and a Dropout key
-    are per call: 0."""
+    are per call: 0. ``kernel_ops``: the ops the names number, where not the whole run
+    (``kernel_number``)."""
     kind, rel = name.rstrip("0123456789"), name[len(name.rstrip("0123456789")):]
-    op = stage.ops[int(rel)]
+    op = (stage.ops if kernel_ops is None else kernel_ops)[int(rel)]
     if kind in ("extra_out", "d_extra_out"):
         return pipeline.width(op.index)
     if kind in ("extra_in", "d_extra_in"):
@@ -208,11 +209,22 @@ def operand_ctypes(steps) -> dict[str, str]:
             for s in steps if dict(s)["operand"]}
 
 
-def io_names(stage) -> dict[str, str]:
-    """{launcher operand or result: the generated module's name for it} for a run's ops."""
+def kernel_number(stage, op, kernel_ops=None) -> int:
+    """``op``'s number in its kernel, which names its operands and results: its place in the run,
+    or among ``kernel_ops`` (a norm kernel's own ops, whose numbers do not depend on an
+    AddExtraInput or MakeExtraOutput before its norm, so stages that differ only by those share
+    one kernel)."""
+    if kernel_ops is None:
+        return op.index - stage.start
+    return [o.index for o in kernel_ops].index(op.index)
+
+
+def io_names(stage, kernel_ops=None) -> dict[str, str]:
+    """{launcher operand or result: the generated module's name for it} for a run's ops (or for
+    ``kernel_ops``: ``kernel_number``)."""
     names = {}
-    for op in stage.ops:
-        rel = op.index - stage.start
+    for op in stage.ops if kernel_ops is None else kernel_ops:
+        rel = kernel_number(stage, op, kernel_ops)
         if op.opdef.operand is not None:
             operand, grad = _operand_names(op, rel)
             if op.opdef.operand.source == "param":
@@ -254,10 +266,11 @@ def backward_aliases(stage) -> dict[int, str]:
             for op in stage.ops if op.opdef.operand is not None and op.opdef.operand.grad == "element"}
 
 
-def op_step(stage, op, glu: int | None, **extra) -> tuple[tuple[str, object], ...]:
-    """One op of a run as the templates see it: its index within the run, its form and functor,
-    its operand (name, broadcast, grad), lanes 'a' (and 'b' before a GLU: the row's second half)."""
-    rel = op.index - stage.start
+def op_step(stage, op, glu: int | None, kernel_ops=None, **extra) -> tuple[tuple[str, object], ...]:
+    """One op of a run as the templates see it: its number in the kernel (``kernel_number``), its
+    form and functor, its operand (name, broadcast, grad), lanes 'a' (and 'b' before a GLU: the
+    row's second half)."""
+    rel = kernel_number(stage, op, kernel_ops)
     lanes = ("a", "b") if glu is not None and op.index <= glu else ("a",)  # a GLU reads both halves
     constants = op.opdef.device_args(op.args)
     operand = op.opdef.operand

@@ -103,12 +103,21 @@ def _sides(stage):
             [op for op in stage.ops if op.index > at])
 
 
+def _kernel_ops(stage) -> list:
+    """The ops the forward kernel applies, in order, which number its operands: the ops before,
+    the norm, the ops after. An AddExtraInput or MakeExtraOutput only sets whether the kernel reads
+    a residual or writes the sum (its name says the first; the second changes no code), so
+    [MakeExtraOutput] RMSNorm Dropout and RMSNorm Dropout are one kernel under one name."""
+    before, after = _sides(stage)
+    return [*before, norm_of(stage), *after]
+
+
 def norm_forward(stage) -> kn.KernelSpec:
     norm = norm_of(stage)
     residual = stage.first("add_extra_input") is not None
     before, after = _sides(stage)
-    prologue = tuple(ew.op_step(stage, op, None, write=False) for op in before)
-    epilogue = tuple(ew.op_step(stage, op, None, write=False) for op in after)
+    prologue = tuple(ew.op_step(stage, op, None, _kernel_ops(stage), write=False) for op in before)
+    epilogue = tuple(ew.op_step(stage, op, None, _kernel_ops(stage), write=False) for op in after)
     ctypes = ew.operand_ctypes(prologue + epilogue)
     members = [[(ctypes[dict(s)["operand"]], dict(s)["operand"]) for s in steps if dict(s)["operand"]]
                for steps in (prologue, epilogue)]
@@ -196,7 +205,7 @@ class NormStage(StageImpl):
         stats = 2 if spec.ctx["layernorm"] else 1  # mean and rstd, or rstd
         if pass_ == "backward":  # dy, the saved sum, the statistics (+ the extra output's grad) -> dx
             return RowTraffic(3 * h + (h if meo else 0), stats)
-        operands = sum(ew.operand_width(plan.pipeline, stage, name) for name in spec.operands)
+        operands = sum(ew.operand_width(plan.pipeline, stage, name, _kernel_ops(stage)) for name in spec.operands)
         sum_written = spec.ctx["writes_h"] and (meo is not None or pass_ == "forward")
         # x (+ the residual, + per-row operands) -> y (+ the sum; + the statistics, for a backward)
         return RowTraffic(2 * h + (h if spec.ctx["residual"] else 0) + operands + (h if sum_written else 0),
@@ -208,7 +217,7 @@ class NormStage(StageImpl):
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         for op in ew.random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
             block.lines.append(f"{ew.seed_name(op)} = ref.new_seed({x_in}) if training else None")
-        names = ew.io_names(stage)
+        names = ew.io_names(stage, _kernel_ops(stage))
         args = [x_in] + [names[o] for o in spec.operands] + ([extra_input_name(add)] if add else [])
         args += [param_name(norm, attr) for attr in _params(norm)]
         results = [out]
@@ -216,8 +225,12 @@ class NormStage(StageImpl):
             summed = extra_output_name(meo) if meo else value_name(p, norm.index)
             em.values[norm.index] = summed
             results.append(summed)
-        elif meo:  # nothing before it changes x: the extra output is x itself
-            em.alias(block, extra_output_name(meo), x_in)
+        elif not spec.ctx["writes_h"]:
+            # nothing before the norm changes x: the norm's input (which its backward reads) is x,
+            # also where a MakeExtraOutput stands between them and the stage starts at it
+            em.values[norm.index] = x_in
+            if meo:  # the extra output is x itself
+                em.alias(block, extra_output_name(meo), x_in)
         if not em.saving:  # no backward: neither the statistics nor a sum no one returns are written
             keep = [f"keep_sum={bool(meo)}"] if spec.ctx["writes_h"] else []
             block.lines.append(f"{', '.join(results)} = kernels.{spec.name}_no_grad({', '.join(args + keep)})")

@@ -138,6 +138,23 @@ def test_a_user_file_with_a_generated_name_is_not_overwritten(tmp_path, capsys):
     assert (out / "block.py").read_text() == "# the user's own module\n"
 
 
+def test_the_refusal_to_overwrite_comes_before_any_compile(tmp_path, capsys, monkeypatch):
+    """A pipeline renamed onto a user's file: refused before NVRTC compiles a kernel (its new
+    kernels would take minutes at real sizes), and the folder is left as it was (issue 36)."""
+    out = tmp_path / "fused"
+    assert generate(tmp_path, out) == 0
+    (out / "mlp.py").write_text("# the user's own module\n")
+    before, _ = tree(out), capsys.readouterr()
+    compiles = []
+    monkeypatch.setattr(build, "run_compiles", lambda jobs, *rest: compiles.extend(jobs) or {})
+    new_spec = SPEC.replace("block = Sequential(RMSNorm(64), GELU())", "mlp = Sequential(RMSNorm(128), GELU())")
+    assert generate(tmp_path, out, spec_text=new_spec) == 2
+    err = capsys.readouterr().err
+    assert err == f"fusegen: error: refusing to overwrite {out / 'mlp.py'}: fusegen did not write it (it is not in " \
+                  "MANIFEST.json); move it away or rename the pipeline\n"
+    assert compiles == [] and tree(out) == before
+
+
 def test_an_interrupted_write_leaves_whole_files_and_owns_everything(tmp_path, monkeypatch):
     out = tmp_path / "fused"
     config = build.Config((tmp_path / "spec.py",), out, archs=("sm_90",), dtypes=("float32",), root=tmp_path)

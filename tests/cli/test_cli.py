@@ -60,9 +60,16 @@ def test_empty_archs_is_an_error_not_the_defaults(spec, capsys):
     assert code == 2 and "--archs needs a comma-separated list" in err
 
 
-def test_missing_spec_file_exits_2(spec, capsys):
+def test_missing_spec_file_exits_2(tmp_path, spec, capsys):
     code, err = run(capsys, "generate", "nope.py", "--out", "fused")
-    assert code == 2 and "spec file 'nope.py' not found" in err
+    # one "fusegen: " (issue 36: "fusegen: error: fusegen: spec file ...")
+    assert code == 2 and err == f"fusegen: error: spec file 'nope.py' not found (looked for {tmp_path / 'nope.py'})\n"
+
+
+def test_a_folder_named_as_a_spec_is_one_message(tmp_path, spec, capsys):
+    (tmp_path / "specs").mkdir()
+    code, err = run(capsys, "plan", "specs")
+    assert code == 2 and err == "fusegen: error: spec 'specs' is a folder; name the spec files or a glob like 'specs/*.py'\n"
 
 
 def test_spec_error_has_its_location(tmp_path, spec, capsys):
@@ -162,6 +169,15 @@ def test_plain_progress_in_a_log(spec, capsys):
     assert code == 0
     assert "fusegen: compiling 5 kernel binaries in 5 compiles with NVRTC 13.0 (0 reused)" in err
     assert "  [5/5] compiled" in err and "fusegen: fused: " in err
+
+
+def test_progress_counts_one_binary_as_one(spec, capsys):
+    assert run(capsys, *GENERATE)[0] == 0
+    Path("fused/kernels/gelu_fwd_n64.sm_90.cubin").unlink()
+    code, err = run(capsys, *GENERATE)
+    assert code == 0
+    assert "fusegen: compiling 1 kernel binary in 1 compile with NVRTC 13.0 (4 reused)\n" in err
+    assert "fusegen: fused: 21 files, 1 written, 0 removed\n" in err
 
 
 def test_plain_progress_names_a_slow_kernel(monkeypatch):

@@ -226,13 +226,41 @@ ERRORS = [
      2, 23, "te.Linear", "unknown op 'te.Linear' (it is transformer_engine.pytorch.Linear, not an op of"),
     (EAGER + "m = Sequential(RMSNorm(4))\n",
      2, 16, "RMSNorm", "unknown op 'RMSNorm' ('RMSNorm' is not imported from transformer_engine.pytorch.ops or "
-                       f"fusegen.eager or torch.nn); {KNOWN}"),
+                       "fusegen.eager or torch.nn); import it: from transformer_engine.pytorch.ops import RMSNorm"),
+    # a mistyped op name: the op it most likely means (issue 36), case aside
+    ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.Linaer(4, 4))\n",
+     2, 23, "te.ops.Linaer", "unknown op 'te.ops.Linaer'; did you mean 'te.ops.Linear'?"),
+    ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.layernorm(4))\n",
+     2, 23, "te.ops.layernorm", "unknown op 'te.ops.layernorm'; did you mean 'te.ops.LayerNorm'?"),
+    (EAGER + "m = Sequential(SwiGlu())\n",
+     2, 16, "SwiGlu", "unknown op 'SwiGlu' ('SwiGlu' is not imported from transformer_engine.pytorch.ops or "
+                      "fusegen.eager or torch.nn); did you mean 'SwiGLU'?"),
+    # a misspelt, unimported or foreign container beside a pipeline: not skipped without a word (issue 36)
+    ("import transformer_engine.pytorch as te\nfc1 = te.ops.Sequential(te.ops.Linear(4, 4))\n"
+     "fc2 = te.ops.Sequental(te.ops.Linear(4, 4))\n",
+     3, 7, "te.ops.Sequental", "'te.ops.Sequental(...)' is not a Sequential (transformer_engine.pytorch.ops has no "
+                               "'Sequental'), so fusegen would skip this pipeline; did you mean 'te.ops.Sequential'?"),
+    ("from fusegen.eager import Linear\nfc1 = Sequential(Linear(4, 4))\n",
+     2, 7, "Sequential", "'Sequential(...)' is not a Sequential ('Sequential' is not imported), so fusegen would skip "
+                         "this pipeline; import it: from transformer_engine.pytorch.ops import Sequential"),
+    ("import transformer_engine.pytorch as te\nfc1 = te.ops.Sequential(te.ops.Linear(4, 4))\n"
+     "fc2: object = te.Sequential(te.ops.Linear(4, 4))\n",
+     3, 15, "te.Sequential", "'te.Sequential(...)' is not a Sequential (it is transformer_engine.pytorch.Sequential, "
+                             "not the Sequential of transformer_engine.pytorch.ops or fusegen.eager or torch.nn)"),
+    ("import transformer_engine.pytorch as te\nfrom transformer_engine.pytorch.ops import Sequential\n"
+     "fc1 = te.ops.Sequential(te.ops.Linear(4, 4))\nif True:\n    Sequential = None\nfc2 = Sequential(te.ops.GELU())\n",
+     6, 7, "Sequential(te", "'Sequential(...)' is not a Sequential ('Sequential' is not imported here: line 4 binds "
+                           "it inside 'if', which fusegen does not run), so fusegen would skip this pipeline"),
+    ("import transformer_engine.pytorch as te\nfc1 = te.ops.Sequential(te.ops.Linear(4, 4))\n"
+     "fc2 = te.ops.Pipeline(te.ops.Linear(4, 4), te.ops.GELU())\n",
+     3, 7, "te.ops.Pipeline", "'te.ops.Pipeline(...)' is not a Sequential (transformer_engine.pytorch.ops has no "
+                              "'Pipeline'), so fusegen would skip this pipeline; did you mean 'te.ops.Sequential'?"),
     (EAGER + "m = Sequential(Linear(4))\n",
      2, 16, "Linear(4)",
      "Linear() missing required argument 'out_features'; signature: Linear(in_features, out_features, *, bias=True, "
      "device=None, dtype=None, accumulate_into_main_grad=False)"),
     (EAGER + "m = Sequential(Linear(4, 4, devices='cuda'))\n",
-     2, 29, "devices", "Linear() got an unexpected keyword argument 'devices'"),
+     2, 29, "devices", "Linear() got an unexpected keyword argument 'devices'; did you mean 'device'? signature: "),
     (EAGER + "m = Sequential(Linear(4, 4, True))\n",
      2, 29, "True", "Linear() takes 2 positional arguments but 3 were given; pass bias, device, dtype, accumulate_into_main_grad by keyword; signature: "),
     (EAGER + "m = Sequential(GELU(4))\n",
@@ -671,3 +699,14 @@ def test_l2_normalization_takes_te_arguments():
                     "te.ops.L2Normalization(eps=1e-5, seq_length=None, micro_batch_size=4))\n")
     assert spec.calls[1].args == {"eps": 1e-5, "seq_length": None, "micro_batch_size": 4}
     assert [op.describe(kernel=True) for op in build_pipeline(spec).ops][-1] == "L2Normalization(eps=1e-05)"
+
+
+def test_calls_that_are_not_pipelines_are_left_alone():
+    """Only a callee spelled like Sequential, or one of fusegen's modules holding op calls, is taken
+    for a lost pipeline: other module-level calls (a tensor, the user's classes, one op) are not."""
+    specs = parse_spec(
+        "import torch\nimport transformer_engine.pytorch as te\nfrom mylib import Wrapper\n"
+        "X = torch.ones(1)\nw = Wrapper(te.ops.Linear(4, 4))\nnorm = te.ops.LayerNorm(4)\nseq = te.ops.Sequential\n"
+        "from mylib import essential, sequence\ne = essential(4)\ns = sequence(4)\n"
+        "m = te.ops.Sequential(te.ops.Linear(4, 4))\n", "spec.py")
+    assert [spec.name for spec in specs] == ["m"]

@@ -68,7 +68,8 @@ def test_generated_module_matches_torch_nn_with_its_state_dict(pkg, name):
 
 @pytest.mark.parametrize("call, message", [
     ("nn.GELU()", "nn.GELU(): approximate='none' is the exact GELU; fusegen's GELU is TE's tanh approximation"),
-    ("nn.RMSNorm(16)", "nn.RMSNorm() missing required argument 'eps'"),
+    ("nn.RMSNorm(16)", "nn.RMSNorm(): eps=None, torch's default, is the input dtype's machine epsilon"),
+    ("nn.RMSNorm(16, None)", "nn.RMSNorm(): eps=None, torch's default, is the input dtype's machine epsilon"),
     ("nn.LayerNorm(16, elementwise_affine=False)", "a LayerNorm without its affine parameters has no te.ops"),
     ("nn.LayerNorm(16, bias=False)", "a LayerNorm without its affine parameters has no te.ops"),
 ])
@@ -83,3 +84,39 @@ def test_other_torch_nn_modules_run_as_they_are():
     (spec,) = parse_spec("from torch import nn\nm = nn.Sequential(nn.Linear(16, 16), nn.Softmax(dim=-1))\n", "spec.py")
     assert spec.calls[1].op == "Module"
     assert spec.calls[1].args["target"] == "torch.nn.Softmax" and spec.calls[1].args["keywords"] == (("dim", -1),)
+
+
+@pytest.mark.parametrize("call, value", [("nn.Dropout(-0.5)", "-0.5"), ("nn.Dropout(1.5)", "1.5"),
+                                         ("nn.Dropout(p=1.0000001)", "1.0000001"),
+                                         ("nn.Dropout(inplace=True, p=-1e-9)", "-1e-9")])
+def test_torch_nn_dropout_takes_only_a_probability(call, value):
+    """torch.nn.Dropout refuses p outside [0, 1] as te.ops' Dropout does; accepted, it scaled the
+    kept values by 1 / (1 - p) (negative for p > 1) or dropped everything (issue 36)."""
+    line = f"m = nn.Sequential(nn.Linear(16, 16), {call})"
+    with pytest.raises(SpecError) as info:
+        parse_spec(f"from torch import nn\n{line}\n", "spec.py")
+    assert info.value.message == f"argument 'p' of nn.Dropout must be a probability, from 0 to 1, got {float(value)!r}"
+    assert (info.value.location.line, info.value.location.col) == (2, line.index(value) + 1)  # at the value of p
+
+
+@pytest.mark.parametrize("p", ["0.0", "0.5", "1.0", "1"])
+def test_torch_nn_dropout_takes_the_probabilities_torch_takes(p):
+    (spec,) = parse_spec(f"from torch import nn\nm = nn.Sequential(nn.Linear(16, 16), nn.Dropout({p}))\n", "spec.py")
+    assert spec.calls[1].op == "nn.Dropout" and spec.calls[1].args["p"] == float(p)
+
+
+def test_a_containers_basic_ops_check_their_own_arguments(monkeypatch):
+    """Where a torch.nn spelling's signature leaves a check out, the op it expands to still holds
+    its own: nn.Dropout without its check on p fails as Dropout does, at the argument."""
+    from dataclasses import replace
+
+    from fusegen.ops import OPS
+
+    unchecked = OPS["nn.Dropout"]
+    unchecked = replace(unchecked, args=tuple(replace(a, check=None) for a in unchecked.args))
+    monkeypatch.setitem(OPS, "nn.Dropout", unchecked)
+    line = "m = nn.Sequential(nn.Linear(16, 16), nn.Dropout(1.5))"
+    with pytest.raises(SpecError) as info:
+        parse_spec(f"from torch import nn\n{line}\n", "spec.py")
+    assert info.value.message == "nn.Dropout(): argument 'p' of Dropout must be a probability, from 0 to 1, got 1.5"
+    assert (info.value.location.line, info.value.location.col) == (2, line.index("1.5") + 1)

@@ -109,3 +109,27 @@ def test_norm_backward_names_carry_no_eps(tmp_path):
     assert unique["layernorm_bwd_h64"].summary == "LayerNorm(64) backward"
     assert "eps" not in unique["rmsnorm_zc_bwd_h64_add_dresidual"].summary
     assert "eps" not in dict(unique["layernorm_bwd_h64"].context)  # the kernel has no eps to differ in
+
+
+def test_a_norm_kernel_is_one_with_or_without_an_extra_output_before_the_norm(tmp_path):
+    """A MakeExtraOutput before the norm changes no code of the norm's forward kernel, so the
+    stages with and without one share it: the kernel's operands are numbered among the ops it
+    applies, not the stage's (they were not: two different kernels under one name, an internal
+    error, for RMSNorm Dropout beside MakeExtraOutput RMSNorm Dropout; issue 36)."""
+    spec = tmp_path / "spec.py"
+    spec.write_text(textwrap.dedent("""\
+        from fusegen.eager import (Sequential, AddExtraInput, Bias, Dropout, Linear, MakeExtraOutput, RMSNorm)
+        plain = Sequential(RMSNorm(64), Dropout(0.3))
+        tee = Sequential(Linear(64, 64), MakeExtraOutput(), RMSNorm(64), Dropout(0.3))
+        add = Sequential(AddExtraInput(), RMSNorm(64), Dropout(0.3))
+        add_tee = Sequential(Bias(64), Dropout(0.1), AddExtraInput(), MakeExtraOutput(), RMSNorm(64), Dropout(0.3))
+        add_tee2 = Sequential(Bias(64), Dropout(0.1), AddExtraInput(), RMSNorm(64), Dropout(0.3))
+    """))
+    unique, per_plan = kernel_specs(spec, tmp_path)
+    forward = {plan: next(k.name for (pass_, _), ks in stages.items() if pass_ == "forward" for k in ks
+                          if k.family == "norm_fwd") for plan, stages in per_plan.items()}
+    assert forward["plain"] == forward["tee"] == "rmsnorm_dropout0p3_fwd_h64"
+    assert forward["add"] == "add_rmsnorm_dropout0p3_fwd_h64"
+    assert forward["add_tee"] == forward["add_tee2"] == "bias_dropout0p1_add_rmsnorm_dropout0p3_fwd_h64"
+    assert unique["rmsnorm_dropout0p3_fwd_h64"].operands == ("seed1",)  # the Dropout: op 1 of the kernel's
+    assert unique["bias_dropout0p1_add_rmsnorm_dropout0p3_fwd_h64"].operands == ("bias0", "seed1", "seed3")

@@ -85,10 +85,24 @@ def norm_dropout(training, device):
     return reference
 
 
+def tee_norm_dropout(training, device):
+    """Linear, MakeExtraOutput, RMSNorm, Dropout: the extra output is the norm's input, the dropout
+    runs in the norm kernel."""
+    def reference(p, x):
+        h = F.linear(x.reshape(-1, x.shape[-1]), p["0.weight"], p["0.bias"])
+        n = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-5) * p["2.weight"]
+        if training:
+            torch.manual_seed(SEED)
+            (k,) = next_keys(1, device)
+            n = n * keep_mask(k, n, 0.3) / 0.7
+        return n.reshape(x.shape), h.reshape(x.shape)
+    return reference
+
+
 # class -> (reference factory, input width, whether a GEMM runs)
 CASES = {"DropoutMlp": (dropout_mlp, 256, True), "DropoutGlu": (dropout_glu, 256, True),
          "DropoutAny": (dropout_any, 100, False), "PostAttention": (post_attention, 256, True),
-         "NormDropout": (norm_dropout, 256, True)}
+         "NormDropout": (norm_dropout, 256, True), "TeeNormDropout": (tee_norm_dropout, 256, True)}
 
 
 def check(cls, dtype, device, training, lead, no_grad=None):

@@ -75,6 +75,69 @@ def test_sizes_do_not_flow_back_through_a_reshape():
     assert p.generic and [str(p.width(i)) for i in range(5)] == ["n", "n", "8", "4", "4"]
 
 
+# --- the eager model (fusegen.eager, the oracle users and tests compare against) ------------------
+
+@pytest.mark.parametrize("x_shape, shape", [
+    ((2, 3, 256), (-1, 4, 64)), ((2, 3, 256), (6, 4, 64)), ((2, 3, 256), (2, -1, 64)), ((24, 64), (2, 3, 4, 64)),
+    ((5, 12), (-1, 3)), ((2, 3, 4, 16), (-1, 16)), ((7, 8), (7, 8)),
+])
+def test_eager_reshape_is_torch_reshape(x_shape, shape):
+    """fusegen.eager.Reshape was the identity (issue 36): it returns x.reshape(shape), a view of x
+    where torch.reshape gives one, as TE's Reshape does, and its grad comes back in x's shape."""
+    from fusegen.eager import Reshape, Sequential
+
+    x = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
+    y = Sequential(Reshape(shape))(x)
+    want = torch.reshape(x.detach(), shape)
+    assert y.shape == want.shape and torch.equal(y, want)
+    assert y.data_ptr() == x.data_ptr()  # a view: x is contiguous
+    dy = torch.randn(want.shape, dtype=torch.float64)
+    y.backward(dy)
+    assert torch.equal(x.grad, dy.reshape(x_shape))
+
+
+def test_eager_pipeline_with_reshapes_matches_a_float64_reference():
+    """Ops on either side of reshapes see the rows the reshapes make: outputs, the input's grad and
+    every parameter grad against torch's own ops in float64."""
+    from fusegen.eager import Bias, Linear, Reshape, RMSNorm, Sequential
+
+    torch.manual_seed(0)
+    model = Sequential(Linear(256, 256), Reshape((-1, 4, 64)), RMSNorm(64), Reshape((2, -1, 256)), Bias(256)).double()
+    randomize_(model, torch.Generator().manual_seed(2))
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 3, 256, dtype=torch.float64)
+    x_model, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+
+    y = model(x_model)
+    h = F.linear(x_ref, params["0.weight"], params["0.bias"]).reshape(-1, 4, 64)
+    h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-5) * params["2.weight"]
+    want = h.reshape(2, -1, 256) + params["4.bias"]
+    assert y.shape == want.shape == (2, 3, 256)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    dy = torch.randn(want.shape, dtype=torch.float64)
+    y.backward(dy)
+    want.backward(dy)
+    torch.testing.assert_close(x_model.grad, x_ref.grad, rtol=1e-12, atol=1e-12)
+    for key, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, params[key].grad, rtol=1e-12, atol=1e-12, msg=key)
+
+
+def test_eager_and_generated_modules_give_the_same_shapes():
+    """The eager model of specs/te_reshape.py's HeadNorm, with the generated module's parameters,
+    returns what the generated module returns (shape and values)."""
+    from fusegen.eager import Linear, Reshape, RMSNorm, Sequential, GELU
+
+    fused = generated.HeadNorm(dtype=torch.float64)
+    randomize_(fused, torch.Generator().manual_seed(1))
+    eager_model = Sequential(Linear(256, 256), Reshape((-1, 4, 64)), RMSNorm(64), Reshape((-1, 256)), GELU())
+    eager_model = eager_model.double()
+    eager_model.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 3, 256, dtype=torch.float64)
+    y_fused, y_eager = fused(x), eager_model(x)
+    assert y_eager.shape == y_fused.shape == (6, 256)
+    torch.testing.assert_close(y_eager, y_fused, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("lead", [(1,), (5, 37)], ids=["1 row", "185 rows"])
