@@ -33,6 +33,7 @@ from .scaled_residual import ScaledResidual
 from .scaled_linear import ScaledLinear
 from .scaled_projection import ScaledProjection
 from .relu_mlp import ReluMlp
+from .identity_only import IdentityOnly
 from .residual_in_place import ResidualInPlace
 from .prenorm_in_place import PrenormInPlace
 from .in_place_mid import InPlaceMid
@@ -40,6 +41,8 @@ from .interleaved_mlp import InterleavedMlp
 from .interleaved_any import InterleavedAny
 from .te_mlp import TeMlp
 from .l2norm_block import L2normBlock
+from .layernorm_2d import Layernorm2d
+from .rmsnorm_groups import RmsnormGroups
 from .head_norm import HeadNorm
 from .rows_of_64 import RowsOf64
 from .moe_srelu import MoeSrelu
@@ -52,6 +55,6 @@ __all__ = [
     "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp",
     "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
     "PostAttention", "NormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear",
-    "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid",
-    "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm", "RowsOf64", "MoeSrelu",
-    "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "ScaledProjection", "ReluMlp", "IdentityOnly", "ResidualInPlace", "PrenormInPlace",
+    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "Layernorm2d",
+    "RmsnormGroups", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

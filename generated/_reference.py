@@ -52,6 +52,23 @@ def reshaped_lead(module, op, shape, numel):
     return torch.Size(shape[:-1])
 
 
+def flattened_lead(module, op, lead, dims):
+    """The leading dims once the last len(dims) dims are one (a norm's multi-dim normalized_shape),
+    or a clear error naming the module and the op where the input's dims before the last are not
+    dims[:-1]."""
+    k = len(dims) - 1
+    if len(lead) < k or tuple(lead[len(lead) - k:]) != tuple(dims[:-1]):
+        raise ValueError(f"{module}: {op} normalises the last {len(dims)} dims, so its input's shape must end "
+                         f"in {list(dims)}, got {[*lead, dims[-1]]}; give an input of shape [..., "
+                         f"{', '.join(map(str, dims))}]")
+    return torch.Size(lead[:len(lead) - k])
+
+
+def unflattened_lead(lead, dims):
+    """The leading dims once a row flattened by ``flattened_lead`` has its dims back."""
+    return torch.Size((*lead, *dims[:-1]))
+
+
 def deinterleave(x, k):
     """Rows of alternating blocks [a(k), b(k), a(k), b(k), ...] (TE's glu_interleave_size) as [a |
     b].

@@ -107,15 +107,22 @@ def placement(op) -> tuple[str, str]:
 def leading_dims(p) -> tuple[dict[int, str], list[str]]:
     """The name of the leading dims in effect at each op's input in the generated module (its
     extra inputs and outputs have them), and the lines that compute them: ``x.shape[:-1]``, then
-    a new ``leadK`` after each Reshape."""
+    a new ``leadK`` after each Reshape (and each view around a multi-dim norm, named by the
+    spec's call)."""
+    calls = {node.module_index: node.module_call for node in p.graph.nodes}
     current, names, lines = "lead", {}, []
     for op in p.ops:
         names[op.index] = current
+        new = f"lead{len(lines) + 1}"
         if op.opdef.reshape is not None:
-            new = f"lead{len(lines) + 1}"
             shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
             lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", "{op.describe()} ({op.location})", '
                          f"{shape!r}, {numel})")
+            current = new
+        elif op.opdef.new_lead is not None:
+            helper, dims = op.opdef.new_lead(op.args)
+            where = f'"{p.class_name}", "{calls[op.module_index]} ({op.location})", ' if helper == "flattened_lead" else ""
+            lines.append(f"{new} = ref.{helper}({where}{current}, {dims!r})")
             current = new
     names[len(p.ops)] = current
     return names, lines

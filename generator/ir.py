@@ -7,7 +7,8 @@ like any other: an ``AddExtraInput`` node reads the running value and a graph in
 ``MakeExtraOutput`` node's input is also a graph output (the value handed out), in order, so the public
 names (``extra_input0``, ...) are the positions of those values among the graph's inputs and
 outputs. Views (``Identity``; later ``Reshape``) are nodes too: the planner's chain view
-(pipeline.py) passes them through.
+(pipeline.py) passes them through. An op that reads several trailing dims as one row (a norm's
+multi-dim normalized_shape) runs between views that flatten them and back (``around_rows``).
 
 Sizes flow from op to op (``OpDef.fixed_in``, ``out_features``; a GLU halves); a size one op
 fixes and its neighbour contradicts is a SpecError at the contradicting call.
@@ -21,6 +22,7 @@ from fractions import Fraction
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
 from .ops import MAX_FEATURES, OPS, OpDef, basic_ops
+from .ops.identity import around_rows
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,8 @@ def build_graph(spec: SequentialSpec) -> Graph:
     if not spec.calls:
         raise SpecError(f"pipeline '{spec.name}' is empty; give Sequential at least one op", spec.location)
     expanded = [(op, args, call, module_index)
-                for module_index, call in enumerate(spec.calls) for op, args in basic_ops(call.op, call.args)]
+                for module_index, call in enumerate(spec.calls) for basic, basic_args in basic_ops(call.op, call.args)
+                for op, args in around_rows(basic, basic_args)]
     sizes = _infer_sizes(spec, [(op, args, call) for op, args, call, _ in expanded])
     values = [Value(0, sizes[0], None)]
     inputs, extra_outputs, nodes, written_back = [0], [], [], []

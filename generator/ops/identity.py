@@ -8,7 +8,15 @@ tensor's last dim becomes ``shape[-1]`` and its leading dims ``shape[:-1]`` (one
 stage (stages/reshape.py) reshapes the 2-D [rows, features] tensors fused stages work on, and the
 generated module gives its outputs the leading dims the reshape made. As in TE it breaks fusion
 windows.
+
+FlattenRows(dims) and UnflattenRows(dims): the views around an op that reads several trailing dims
+as one row (``OpDef.row_shape``: a norm's multi-dim normalized_shape). No spec names them; the graph
+puts them around such an op (``around_rows``), so its kernel sees rows of prod(dims) features and
+the ops after it the last dim again. They run as Reshapes do (the reshape stage), and the
+generated module checks that the leading dims end in dims[:-1] (``flattened_lead``).
 """
+
+import math
 
 from .opdef import MAX_FEATURES, Arg, OpDef, register
 
@@ -33,3 +41,28 @@ register(OpDef(
     fixed_out=lambda a: a["shape"][-1], out_features=lambda a, n: a["shape"][-1], reshape=lambda a: a["shape"],
     tag=lambda a: "reshape", summary="y = x.reshape(shape)", changes_value=False, changes_grad=False,
 ))
+
+
+_DIMS = (Arg("dims", "dims"),)
+FLATTEN_ROWS = register(OpDef(
+    "FlattenRows", "reshape", args=_DIMS, modules=(),
+    fixed_in=lambda a: a["dims"][-1], out_features=lambda a, n: math.prod(a["dims"]),
+    new_lead=lambda a: ("flattened_lead", a["dims"]), tag=lambda a: "reshape",
+    summary="the last len(dims) dims as one: y = x.reshape(*x.shape[:-len(dims)], prod(dims))",
+    changes_value=False, changes_grad=False,
+))
+UNFLATTEN_ROWS = register(OpDef(
+    "UnflattenRows", "reshape", args=_DIMS, modules=(),
+    fixed_in=lambda a: math.prod(a["dims"]), out_features=lambda a, n: a["dims"][-1],
+    new_lead=lambda a: ("unflattened_lead", a["dims"]), tag=lambda a: "reshape",
+    summary="FlattenRows undone: y = x.reshape(*x.shape[:-1], *dims)", changes_value=False, changes_grad=False,
+))
+
+
+def around_rows(op: OpDef, args: dict) -> list[tuple[OpDef, dict]]:
+    """A basic op as the graph runs it: between FlattenRows and UnflattenRows where it reads
+    several trailing dims as one row (``OpDef.row_shape``), else as it is."""
+    dims = op.row_shape(args)
+    if dims is None:
+        return [(op, args)]
+    return [(FLATTEN_ROWS, {"dims": dims}), (op, args), (UNFLATTEN_ROWS, {"dims": dims})]
