@@ -33,7 +33,6 @@ from .scaled_residual import ScaledResidual
 from .scaled_linear import ScaledLinear
 from .scaled_projection import ScaledProjection
 from .relu_mlp import ReluMlp
-from .identity_only import IdentityOnly
 from .residual_in_place import ResidualInPlace
 from .prenorm_in_place import PrenormInPlace
 from .in_place_mid import InPlaceMid
@@ -45,6 +44,9 @@ from .layernorm_2d import Layernorm2d
 from .rmsnorm_groups import RmsnormGroups
 from .head_norm import HeadNorm
 from .rows_of_64 import RowsOf64
+from .split_rows import SplitRows
+from .split_norm import SplitNorm
+from .identity_only import IdentityOnly
 from .moe_srelu import MoeSrelu
 from .moe_swiglu import MoeSwiglu
 from .moe_situglu import MoeSituglu
@@ -55,6 +57,7 @@ __all__ = [
     "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp",
     "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
     "PostAttention", "NormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear",
-    "ScaledProjection", "ReluMlp", "IdentityOnly", "ResidualInPlace", "PrenormInPlace",
-    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "Layernorm2d",
-    "RmsnormGroups", "HeadNorm", "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid",
+    "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "Layernorm2d", "RmsnormGroups",
+    "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu", "MoeSwiglu",
+    "MoeSituglu", "MoeGeglu"]

@@ -3924,6 +3924,64 @@ def srelu_rowscale_fwd_n512(x, extra_in1):
     return a.to(x.dtype)
 
 
+_SWIGLU_ADD_BWD_ANY = Kernel("swiglu_add_bwd_any", "pppii")
+# elements per 16-byte vector, by dtype
+_SWIGLU_ADD_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
+
+
+def swiglu_add_bwd_any(dy, x):
+    """SwiGLU(), AddExtraInput() backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_add_bwd_any_69c25c3a(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_ADD_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _SWIGLU_ADD_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_SWIGLU_ADD_FWD_ANY = Kernel("swiglu_add_fwd_any", "pppii")
+# elements per 16-byte vector, by dtype
+_SWIGLU_ADD_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
+
+
+def swiglu_add_fwd_any(x, extra_in1):
+    """SwiGLU(), AddExtraInput(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_add_fwd_any_d576274f(x, extra_in1)
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (
+                -(-n // (_SWIGLU_ADD_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_ADD_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    a = ref.add_extra_input(a, ref.compute(extra_in1))
+    return a.to(x.dtype)
+
+
 _SWIGLU_BWD_ANY = Kernel("swiglu_bwd_any", "pppii")
 # elements per 16-byte vector, by dtype
 _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
@@ -4726,6 +4784,12 @@ register_op("srelu_fwd_n2048_e542bdb2", "(Tensor x) -> Tensor", srelu_fwd_n2048,
 register_op(
     "srelu_rowscale_fwd_n512_1d34c10d", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
+register_op(
+    "swiglu_add_bwd_any_69c25c3a", "(Tensor dy, Tensor x) -> Tensor", swiglu_add_bwd_any,
+    swiglu_add_bwd_any)
+register_op(
+    "swiglu_add_fwd_any_d576274f", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_add_fwd_any,
+    swiglu_add_fwd_any)
 register_op(
     "swiglu_bwd_any_1b339b0c", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
 register_op(

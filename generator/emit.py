@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 
 from .diagram import flowchart
-from .ir import size_expr
+from .ir import Sym, size_expr
 from .plan import Plan
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
@@ -116,8 +116,15 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
         new = f"lead{len(lines) + 1}"
         if op.opdef.reshape is not None:
             shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
+            # a -1 last dim: the size the ops after it fix, or a run-time width of its own
+            out, inferred = op.out_features, shape[-1] == -1
+            width = out.width if isinstance(out, Sym) and not out.of_input else ""
+            checks = (f", last={out}" if inferred and not width else
+                      f", multiple_of={p.divisor_of(width)}" if width and p.divisor_of(width) > 1 else "")
             lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", "{op.describe()} ({op.location})", '
-                         f"{shape!r}, {numel})")
+                         f"{shape!r}, {numel}{checks})")
+            if width:
+                lines.append(f"{width} = {numel} // {new}.numel()")
             current = new
         elif op.opdef.new_lead is not None:
             helper, dims = op.opdef.new_lead(op.args)
@@ -151,9 +158,10 @@ def distinct_returns(names: list[str], aliases: dict[str, str]) -> list[str]:
 
 
 def _sizes_literal(sizes) -> str:
-    """A tuple literal of feature sizes: ints, "rows" (one value per row), or (size-generic) their
-    expressions in n, 'n // 2'."""
-    return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") for size in sizes))
+    """A tuple literal of feature sizes: ints, "rows" (one value per row), (size-generic) their
+    expressions in n, 'n // 2', or None after a Reshape whose last dim is known only at run time."""
+    return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") if size.of_input else None
+                      for size in sizes))
 
 
 def children(pipeline, params: dict, modules_run: list) -> list:

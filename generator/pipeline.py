@@ -98,10 +98,16 @@ class Pipeline:
     def divisor(self) -> int:
         """What a size-generic pipeline's input size must be a multiple of: each GLU halves it, and
         an interleaved GLU (glu_interleave_size=k) reads whole blocks of 2k."""
-        divisor = max((v.features.divisor for v in self.graph.values if isinstance(v.features, Sym)), default=1)
+        return self.divisor_of("")
+
+    def divisor_of(self, width: str) -> int:
+        """``divisor`` for the sizes made from ``width`` ("": the input's n; else a Reshape's
+        run-time width, ``Sym.width``)."""
+        made = [v.features for v in self.graph.values if isinstance(v.features, Sym) and v.features.width == width]
+        divisor = max((size.divisor for size in made), default=1)
         for op in self.ops:
             k = op.opdef.interleave(op.args)
-            if k is not None and isinstance(op.in_features, Sym):  # n * p / q a multiple of 2k
+            if k is not None and isinstance(op.in_features, Sym) and op.in_features.width == width:  # n * p / q a multiple of 2k
                 p, q = op.in_features.factor.numerator, op.in_features.factor.denominator
                 need = 2 * k * q
                 divisor = math.lcm(divisor, need // math.gcd(need, p))

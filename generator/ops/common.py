@@ -34,15 +34,25 @@ def init_parameter(p, init):
             raise ValueError(f"unknown parameter init {init!r}")
 
 
-def reshaped_lead(module, op, shape, numel):
+def reshaped_lead(module, op, shape, numel, last=None, multiple_of=1):
     """The leading dims of ``numel`` elements reshaped to ``shape`` (TE's Reshape, torch.reshape's
-    rules: one -1 inferred), or a clear error naming the module and the op."""
+    rules: one -1 inferred), or a clear error naming the module and the op. A -1 last dim must
+    come out as ``last`` where the ops after it fix it, else a multiple of ``multiple_of`` (their
+    GLUs split each row)."""
     known = math.prod([d for d in shape if d != -1])  # lists, not generators: torch.compile traces this
+    given = list(shape)
     if -1 in shape and numel % known == 0:
         shape = tuple([numel // known if d == -1 else d for d in shape])
     if math.prod(shape) != numel or -1 in shape:
         raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to "
-                         f"{list(shape)}; give an input whose size fits the shape")
+                         f"{given}; give an input whose size fits the shape")
+    if last is not None and shape[-1] != last:
+        raise ValueError(f"{module}: {op} reshapes the {numel} elements it receives to {list(shape)}, but the "
+                         f"ops after it take {last} features; give an input of {known * last} elements")
+    if shape[-1] % multiple_of:
+        raise ValueError(f"{module}: {op} reshapes the {numel} elements it receives to {list(shape)}, but the "
+                         f"ops after it split each row into halves (GLUs), so its last dim must be a multiple "
+                         f"of {multiple_of}; give an input whose size fits")
     return torch.Size(shape[:-1])
 
 

@@ -4,7 +4,9 @@ Identity: y = x. A view in the graph IR; the planner's chain (pipeline.py) drops
 break fusion windows), so it has no reference math and no functor.
 
 Reshape(shape): y = x.reshape(shape) (catalog 2.9), backward the grad reshaped back. The running
-tensor's last dim becomes ``shape[-1]`` and its leading dims ``shape[:-1]`` (one may be -1); its
+tensor's last dim becomes ``shape[-1]`` and its leading dims ``shape[:-1]`` (one dim may be -1; a
+-1 last dim is the width torch infers: fixed by an op after it that needs one, else known at run
+time, a size-generic width of its own, ``reshapeK_width`` in the generated module); its
 stage (stages/reshape.py) reshapes the 2-D [rows, features] tensors fused stages work on, and the
 generated module gives its outputs the leading dims the reshape made. As in TE it breaks fusion
 windows.
@@ -28,17 +30,31 @@ def _check_shape(shape):
         return "may hold -1 at most once (the one size torch infers)"
     if any(d < -1 or d == 0 for d in shape):
         return "must hold positive sizes (and at most one -1)"
-    if shape[-1] == -1:
-        return ("must give its last dim (the feature size the ops after it see); put the -1 in a leading "
-                "dim, e.g. Reshape((-1, 64))")
     if shape[-1] > MAX_FEATURES:
         return f"must give a last dim of at most {MAX_FEATURES} (fusegen's bound on feature sizes)"
     return None
 
 
+def _check_sizes(a, n_in, n_out):
+    """Where the input's width and the output's are both known (a -1 last dim fixed by an op after
+    the Reshape) and so are the leading dims, the elements it makes must be whole rows of the input."""
+    shape = a["shape"]
+    if -1 in shape[:-1] or not isinstance(n_in, int) or not isinstance(n_out, int):
+        return None
+    made = math.prod(shape[:-1]) * n_out
+    if made % n_in:
+        return (f"makes {list(shape[:-1]) + [n_out]} ({made} elements; {n_out}, the features the ops after it "
+                f"take, as its last dim), which no number of its input's rows of {n_in} features gives; make "
+                "the sizes agree")
+    return None
+
+
 register(OpDef(
     "Reshape", "reshape", args=(Arg("shape", "dims", check=_check_shape),),
+    # a -1 last dim (RUN_TIME): the width torch infers from the elements it receives, known at run
+    # time unless an op after it fixes it (ir._infer_sizes)
     fixed_out=lambda a: a["shape"][-1], out_features=lambda a, n: a["shape"][-1], reshape=lambda a: a["shape"],
+    check_sizes=_check_sizes,
     tag=lambda a: "reshape", summary="y = x.reshape(shape)", changes_value=False, changes_grad=False,
 ))
 

@@ -111,9 +111,12 @@ class OpDef:
     fixed_in: Callable[[dict], int | None] = lambda a: None
     out_features: Callable[[dict, int], int] = lambda a, n: n
     # The op's output size whatever its input's (Reshape): sizes do not flow back through it
-    fixed_out: Callable[[dict], int | None] = lambda a: None
+    fixed_out: Callable[[dict], int | None] = lambda a: None  # -1: known only at run time (ir.RUN_TIME)
     # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
     reshape: Callable[[dict], tuple[int, ...]] | None = None
+    # A check of the op's input and output sizes once every size is known (ints, or Syms where
+    # they are known only at run time): an error text, or None
+    check_sizes: Callable[[dict, object, object], str | None] = lambda a, n_in, n_out: None
     # A view that moves dims between the leading shape and the features (ops/identity.py's
     # FlattenRows, UnflattenRows): the shipped helper that gives the new leading dims, and its dims
     new_lead: Callable[[dict], tuple[str, tuple[int, ...]]] | None = None

@@ -1,7 +1,7 @@
-"""TE's Identity as a whole pipeline (specs/te_identity.py): the module returns its input, a view
-of it as TE's fuser returns (an autograd Function's output that is its input), with the same
-values, shape and dtype; the grad passes through unchanged; no parameters. On CPU and, marked
-cuda, on a GPU."""
+"""TE's Identity as a whole pipeline (specs/te_reshape.py's identity_only): the module returns its
+input, a view of it as TE's fuser returns (an autograd Function's output that is its input), with
+the same values, shape and dtype; the grad passes through unchanged; no parameters. On CPU and,
+marked cuda, on a GPU."""
 
 import pytest
 import torch
