@@ -52,13 +52,13 @@ def reshaped_lead(module, op, shape, numel, last=None, multiple_of=1):
     if math.prod(shape) != numel or -1 in shape:
         raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to "
                          f"{given}; give an input whose size fits the shape")
+    made = f"{module}: {op} reshapes the {numel} elements it receives to {list(shape)}, but"
     if last is not None and shape[-1] != last:
-        raise ValueError(f"{module}: {op} reshapes the {numel} elements it receives to {list(shape)}, but the "
-                         f"ops after it take {last} features; give an input of {known * last} elements")
+        raise ValueError(f"{made} the ops after it take {last} features; give an input of "
+                         f"{known * last} elements")
     if shape[-1] % multiple_of:
-        raise ValueError(f"{module}: {op} reshapes the {numel} elements it receives to {list(shape)}, but the "
-                         f"ops after it split each row into halves (GLUs), so its last dim must be a multiple "
-                         f"of {multiple_of}; give an input whose size fits")
+        raise ValueError(f"{made} the ops after it split each row into halves (GLUs), so its last "
+                         f"dim must be a multiple of {multiple_of}; give an input whose size fits")
     return torch.Size(shape[:-1])
 
 
@@ -68,9 +68,9 @@ def flattened_lead(module, op, lead, dims):
     dims[:-1]."""
     k = len(dims) - 1
     if len(lead) < k or tuple(lead[len(lead) - k:]) != tuple(dims[:-1]):
-        raise ValueError(f"{module}: {op} normalises the last {len(dims)} dims, so its input's shape must end "
-                         f"in {list(dims)}, got {[*lead, dims[-1]]}; give an input of shape [..., "
-                         f"{', '.join(map(str, dims))}]")
+        raise ValueError(f"{module}: {op} normalises the last {len(dims)} dims, so its input's "
+                         f"shape must end in {list(dims)}, got {[*lead, dims[-1]]}; give an input "
+                         f"of shape [..., {', '.join(map(str, dims))}]")
     return torch.Size(lead[:len(lead) - k])
 
 
