@@ -147,16 +147,18 @@ RUN_TIME = -1
 
 def _fix_run_time_width(sizes: list, i: int, want: int, call: OpCall) -> None:
     """An op fixes ``want`` input features where a Reshape's run-time width reached it: that
-    width is fixed at the spec's size, and every size made from it with it."""
-    width, factor = sizes[i].width, want / sizes[i].factor  # sizes[i] = factor(i) * width
-    for j, size in enumerate(sizes):
-        if isinstance(size, Sym) and size.width == width:
-            sizes[j] = size.factor * factor
-            if sizes[j].denominator != 1 or sizes[j] > MAX_FEATURES:
-                raise SpecError(
-                    f"{call.op}() expects {want} input features, which no last dim of the Reshape before it "
-                    f"gives (it would need {sizes[j]} features at op {j}); make the sizes agree", call.location)
-            sizes[j] = int(sizes[j])
+    width is fixed at the spec's size, and every size made from it with it (each a power-of-two
+    multiple of ``want``: only GLUs, halving, come between)."""
+    width, scale = sizes[i].width, want / sizes[i].factor  # sizes[i] = factor * width
+    made = {j: size.factor * scale for j, size in enumerate(sizes) if isinstance(size, Sym) and size.width == width}
+    widest = max(made.values())
+    if widest > MAX_FEATURES:
+        raise SpecError(
+            f"{call.op}() expects {want} input features, so the Reshape before it with a -1 last dim would make "
+            f"{widest}, more than fusegen's bound of {MAX_FEATURES} (2**24); give the pipeline fewer GLUs or "
+            "smaller sizes", call.location)
+    for j, size in made.items():
+        sizes[j] = int(size)
 
 
 def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]], hints: list[str]) -> list[Size]:
@@ -168,7 +170,7 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]], hi
     for i, (op, args, call) in enumerate(ops):
         want = op.fixed_in(args)
         if want is not None:
-            if isinstance(sizes[i], Sym):  # a Reshape's run-time width reaches an op that fixes it
+            if isinstance(sizes[i], Sym) and not sizes[i].of_input:  # a Reshape's run-time width reaches it
                 _fix_run_time_width(sizes, i, want, call)
             if sizes[i] is not None and sizes[i] != want:
                 before = fixed_by[i]
@@ -181,8 +183,8 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]], hi
             sizes[i], fixed_by[i] = want, call
         if op.reshape is not None and isinstance(sizes[i], Sym) and not sizes[i].of_input:
             raise SpecError(
-                f"{call.op}() reshapes the run-time width the Reshape at line {fixed_by[i].location.line} "
-                "makes, which fusegen does not support yet; give one of the two Reshapes its last dim",
+                f"{call.op}() reshapes {sizes[i]} features, the width an earlier Reshape with a -1 last dim makes "
+                "at run time, which fusegen does not support yet; give one of the two Reshapes its last dim",
                 call.location)
         if op.fixed_out(args) == RUN_TIME:  # the width torch infers at run time
             sizes[i + 1], fixed_by[i + 1] = Sym(width=f"{hints[i]}_width"), call

@@ -1,7 +1,8 @@
 """Row normalisations over the last dim: LayerNorm and RMSNorm (generated row kernels, fp32
 statistics; a multi-dim ``normalized_shape`` normalises the last k dims, which the graph flattens
-into one row of their product for the kernels, while the parameters keep TE's shape), and L2Normalization (the same kernels at a fixed width; at any width its reference
-math in PyTorch, as TE runs it).
+into one row of their product for the kernels, while the parameters keep TE's shape), and
+L2Normalization (the same kernels at a fixed width; at any width its reference math in PyTorch,
+as TE runs it).
 
 Their kernels are templates/cuda/norm.cuh (norm stages), not elementwise functors. The reference
 functions below are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they

@@ -131,8 +131,11 @@ def test_a_last_dim_of_minus_one_is_the_width_the_ops_after_it_fix_or_a_run_time
      "Reshape((2, 3, -1)) makes [2, 3, 8] (48 elements; 8, the features the ops after it take, as its last dim), "
      "which no number of its input's rows of 10 features gives; make the sizes agree"),
     ("te.ops.Reshape((2, -1)), te.ops.GELU(), te.ops.Reshape((-1, 4))",
-     "Reshape() reshapes the run-time width the Reshape at line 2 makes, which fusegen does not support yet; "
-     "give one of the two Reshapes its last dim"),
+     "Reshape() reshapes reshape0_width features, the width an earlier Reshape with a -1 last dim makes at run "
+     "time, which fusegen does not support yet; give one of the two Reshapes its last dim"),
+    ("te.ops.Reshape((2, -1)), " + "te.ops.SwiGLU(), " * 24 + "te.ops.Bias(4)",
+     "Bias() expects 4 input features, so the Reshape before it with a -1 last dim would make 67108864, more than "
+     "fusegen's bound of 16777216 (2**24); give the pipeline fewer GLUs or smaller sizes"),
 ])
 def test_sizes_a_last_dim_of_minus_one_cannot_take_are_spec_errors(ops, message):
     with pytest.raises(SpecError) as info:
