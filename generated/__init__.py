@@ -41,8 +41,13 @@ from .interleaved_mlp import InterleavedMlp
 from .interleaved_any import InterleavedAny
 from .te_mlp import TeMlp
 from .l2norm_block import L2normBlock
+from .layernorm_2d import Layernorm2d
+from .rmsnorm_groups import RmsnormGroups
 from .head_norm import HeadNorm
 from .rows_of_64 import RowsOf64
+from .split_rows import SplitRows
+from .split_norm import SplitNorm
+from .identity_only import IdentityOnly
 from .moe_srelu import MoeSrelu
 from .moe_swiglu import MoeSwiglu
 from .moe_situglu import MoeSituglu
@@ -54,5 +59,6 @@ __all__ = [
     "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
     "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual",
     "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace",
-    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "HeadNorm",
-    "RowsOf64", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "Layernorm2d",
+    "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu",
+    "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

@@ -564,6 +564,46 @@ def bias_bwd_n256(dy):
     return dbias0
 
 
+_BIAS_BWD_N32 = Kernel("bias_bwd_n32", "pppi", shared=4096)
+_BIAS_BWD_N32_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_BWD_N32_ROW_VECTORS = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
+
+
+def bias_bwd_n32(dy):
+    """Bias(32) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_bwd_n32_f38cc1e2(dy)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(32, device=dy.device, dtype=dy.dtype)
+            _BIAS_BWD_N32.launch(
+                dy.dtype, (-(-_BIAS_BWD_N32_ROW_VECTORS[dy.dtype] // tile), 1, 1), (tile, lanes, 1),
+                (dy.data_ptr(), 0, column_grads.data_ptr(), rows), dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N32_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N32.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 32), device=dy.device, dtype=torch.float32)
+            _BIAS_BWD_N32.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n32(partials, dy.dtype)
+        dbias0 = column_grads[0:32]
+        return dbias0
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    return dbias0
+
+
 _BIAS_BWD_N4096 = Kernel("bias_bwd_n4096", "pppi", shared=4096)
 _BIAS_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 # vectors a row, by dtype
@@ -639,6 +679,46 @@ def bias_bwd_n512(dy):
                 (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
             column_grads = column_sum_n512(partials, dy.dtype)
         dbias0 = column_grads[0:512]
+        return dbias0
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    return dbias0
+
+
+_BIAS_BWD_N64 = Kernel("bias_bwd_n64", "pppi", shared=4096)
+_BIAS_BWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_BWD_N64_ROW_VECTORS = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 16}
+
+
+def bias_bwd_n64(dy):
+    """Bias(64) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_bwd_n64_795ffafa(dy)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(64, device=dy.device, dtype=dy.dtype)
+            _BIAS_BWD_N64.launch(
+                dy.dtype, (-(-_BIAS_BWD_N64_ROW_VECTORS[dy.dtype] // tile), 1, 1), (tile, lanes, 1),
+                (dy.data_ptr(), 0, column_grads.data_ptr(), rows), dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N64_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N64.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 64), device=dy.device, dtype=torch.float32)
+            _BIAS_BWD_N64.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n64(partials, dy.dtype)
+        dbias0 = column_grads[0:64]
         return dbias0
     g = ref.compute(dy)
     g, dt = ref.bias_bwd(None, None, g)
@@ -2013,6 +2093,22 @@ def column_sum_n256(partials, dtype):
     return out
 
 
+_COLUMN_SUM_N28 = Kernel("column_sum_n28", "ppi")
+
+
+def column_sum_n28(partials, dtype):
+    """Sum fp32 partials [splits, 28] over splits, in a fixed order, into a 28-vector of dtype."""
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
+        return torch.ops.fusegen.column_sum_n28_8cb4655b(partials, dtype)
+    out = torch.empty(28, device=partials.device, dtype=dtype)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N28.launch(
+        dtype, (1, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
+    return out
+
+
 _COLUMN_SUM_N28672 = Kernel("column_sum_n28672", "ppi")
 
 
@@ -2027,6 +2123,22 @@ def column_sum_n28672(partials, dtype):
     splits = partials.shape[0]
     _COLUMN_SUM_N28672.launch(
         dtype, (896, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
+    return out
+
+
+_COLUMN_SUM_N32 = Kernel("column_sum_n32", "ppi")
+
+
+def column_sum_n32(partials, dtype):
+    """Sum fp32 partials [splits, 32] over splits, in a fixed order, into a 32-vector of dtype."""
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
+        return torch.ops.fusegen.column_sum_n32_0502e66d(partials, dtype)
+    out = torch.empty(32, device=partials.device, dtype=dtype)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N32.launch(
+        dtype, (1, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
         partials.get_device())
     return out
 
@@ -2559,6 +2671,54 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
+_LAYERNORM_BWD_H14 = Kernel("layernorm_bwd_h14", "pppppppppi", shared=112)
+_LAYERNORM_BWD_H14_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def layernorm_bwd_h14(dy, x, mean, rstd, gamma):
+    """LayerNorm((7, 2)) backward: returns (dx, dgamma, dbeta); the parameter grads are
+    deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_bwd_h14_e540405a(dy, x, mean, rstd, gamma)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_BWD_H14.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_BWD_H14_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 28), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(28, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(28, device=dy.device, dtype=dy.dtype)
+            _LAYERNORM_BWD_H14.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H14_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _LAYERNORM_BWD_H14.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H14_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n28(partials, dy.dtype)
+        return dx, grads[:14], grads[14:]
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel(
     "layernorm_bwd_h256_add_dresidual", "pppppppppi", shared=2048)
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {
@@ -2703,6 +2863,49 @@ def layernorm_fwd_h1024_no_grad(x, gamma, beta):
                 x.get_device())
         return y
     return layernorm_fwd_h1024(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
+
+
+_LAYERNORM_FWD_H14 = Kernel("layernorm_fwd_h14", "ppppppppi")
+_LAYERNORM_FWD_H14_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def layernorm_fwd_h14(x, gamma, beta):
+    """LayerNorm((7, 2)): returns (y, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_fwd_h14_7b9658b2(x, gamma, beta)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _LAYERNORM_FWD_H14.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H14_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0,
+                    mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
+        return y, mean, rstd
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
+    return y, mean, rstd
+
+
+def layernorm_fwd_h14_no_grad(x, gamma, beta):
+    """LayerNorm((7, 2)), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _LAYERNORM_FWD_H14.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H14_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows),
+                x.get_device())
+        return y
+    return layernorm_fwd_h14(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
 _LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096", "ppppppppi", few_rows=(torch.float32,))
@@ -3330,6 +3533,54 @@ def rmsnorm_fwd_h64_no_grad(x, gamma):
     return rmsnorm_fwd_h64(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
+_RMSNORM_ZC_BWD_H256 = Kernel("rmsnorm_zc_bwd_h256", "pppppppppi", shared=1024)
+_RMSNORM_ZC_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def rmsnorm_zc_bwd_h256(dy, x, rstd, gamma):
+    """RMSNorm((4, 64), zero_centered_gamma=True) backward: returns (dx, dgamma); the parameter
+    grads are deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h256_baa0e16e(dy, x, rstd, gamma)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_ZC_BWD_H256.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_ZC_BWD_H256_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(256, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
+            _RMSNORM_ZC_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _RMSNORM_ZC_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_ZC_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n256(partials, dy.dtype)
+        return dx, grads
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, True)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
 _RMSNORM_ZC_BWD_H768 = Kernel("rmsnorm_zc_bwd_h768", "pppppppppi", shared=3072)
 _RMSNORM_ZC_BWD_H768_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 96}
 
@@ -3376,6 +3627,45 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, True)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
+_RMSNORM_ZC_FWD_H256 = Kernel("rmsnorm_zc_fwd_h256", "ppppppppi")
+_RMSNORM_ZC_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def rmsnorm_zc_fwd_h256(x, gamma):
+    """RMSNorm((4, 64), zero_centered_gamma=True): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h256_fe409059(x, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_ZC_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, True)
+    return y, rstd
+
+
+def rmsnorm_zc_fwd_h256_no_grad(x, gamma):
+    """RMSNorm((4, 64), zero_centered_gamma=True), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_ZC_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_ZC_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_zc_fwd_h256(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
 _RMSNORM_ZC_FWD_H768 = Kernel("rmsnorm_zc_fwd_h768", "ppppppppi")
@@ -3631,6 +3921,64 @@ def srelu_rowscale_fwd_n512(x, extra_in1):
     a = ref.compute(x)
     a = ref.srelu(a)
     a = ref.row_scale(a, ref.compute(extra_in1)[:, None])
+    return a.to(x.dtype)
+
+
+_SWIGLU_ADD_BWD_ANY = Kernel("swiglu_add_bwd_any", "pppii")
+# elements per 16-byte vector, by dtype
+_SWIGLU_ADD_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
+
+
+def swiglu_add_bwd_any(dy, x):
+    """SwiGLU(), AddExtraInput() backward, any width: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_add_bwd_any_8452074e(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        n = dy.shape[1]
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 2 * n), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows and n:
+            grid = (-(-n // (_SWIGLU_ADD_BWD_ANY_VEC[dy.dtype] * 128)), splits, 1)
+            _SWIGLU_ADD_BWD_ANY.launch(
+                dy.dtype, grid, (128, 1, 1), (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows, n),
+                dy.get_device())
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_SWIGLU_ADD_FWD_ANY = Kernel("swiglu_add_fwd_any", "pppii")
+# elements per 16-byte vector, by dtype
+_SWIGLU_ADD_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
+
+
+def swiglu_add_fwd_any(x, extra_in1):
+    """SwiGLU(), AddExtraInput(), any width: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_add_fwd_any_312c74e7(x, extra_in1)
+    rows = x.shape[0]
+    if x.is_cuda:
+        n = x.shape[1] // 2  # the output: one half of each row
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, n), device=x.device, dtype=x.dtype)
+        if rows and n:
+            grid = (
+                -(-n // (_SWIGLU_ADD_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_ADD_FWD_ANY.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    a = ref.add_extra_input(a, ref.compute(extra_in1))
     return a.to(x.dtype)
 
 
@@ -4167,8 +4515,10 @@ register_op(
     bias_add_tee_gelu_fwd_n256)
 register_op("bias_bwd_n1024_b5528764", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
 register_op("bias_bwd_n256_538c002a", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
+register_op("bias_bwd_n32_f38cc1e2", "(Tensor dy) -> Tensor", bias_bwd_n32, bias_bwd_n32)
 register_op("bias_bwd_n4096_b7674335", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
 register_op("bias_bwd_n512_8d098a02", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
+register_op("bias_bwd_n64_795ffafa", "(Tensor dy) -> Tensor", bias_bwd_n64, bias_bwd_n64)
 register_op(
     "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_1d77365d",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048,
@@ -4273,8 +4623,14 @@ register_op(
     "column_sum_n256_94bfc92e", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256,
     column_sum_n256)
 register_op(
+    "column_sum_n28_8cb4655b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28,
+    column_sum_n28)
+register_op(
     "column_sum_n28672_d3f73361", "(Tensor partials, ScalarType dtype) -> Tensor",
     column_sum_n28672, column_sum_n28672)
+register_op(
+    "column_sum_n32_0502e66d", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n32,
+    column_sum_n32)
 register_op(
     "column_sum_n4096_acb731e6", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096,
     column_sum_n4096)
@@ -4329,6 +4685,10 @@ register_op(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h1024, layernorm_bwd_h1024)
 register_op(
+    "layernorm_bwd_h14_e540405a",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
+    layernorm_bwd_h14, layernorm_bwd_h14)
+register_op(
     "layernorm_bwd_h256_add_dresidual_3f1a3b4a",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
@@ -4341,6 +4701,10 @@ register_op(
     "layernorm_fwd_h1024_7523edbb",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024,
     layernorm_fwd_h1024)
+register_op(
+    "layernorm_fwd_h14_7b9658b2",
+    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h14,
+    layernorm_fwd_h14)
 register_op(
     "layernorm_fwd_h4096_72a154f9",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096,
@@ -4390,9 +4754,16 @@ register_op(
     "rmsnorm_fwd_h64_6cdacac6", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
     rmsnorm_fwd_h64)
 register_op(
+    "rmsnorm_zc_bwd_h256_baa0e16e",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h256,
+    rmsnorm_zc_bwd_h256)
+register_op(
     "rmsnorm_zc_bwd_h768_1baadeb6",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768,
     rmsnorm_zc_bwd_h768)
+register_op(
+    "rmsnorm_zc_fwd_h256_fe409059", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    rmsnorm_zc_fwd_h256, rmsnorm_zc_fwd_h256)
 register_op(
     "rmsnorm_zc_fwd_h768_3065e76f", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768, rmsnorm_zc_fwd_h768)
@@ -4413,6 +4784,12 @@ register_op("srelu_fwd_n2048_e2165eaf", "(Tensor x) -> Tensor", srelu_fwd_n2048,
 register_op(
     "srelu_rowscale_fwd_n512_a71a29cf", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
+register_op(
+    "swiglu_add_bwd_any_8452074e", "(Tensor dy, Tensor x) -> Tensor", swiglu_add_bwd_any,
+    swiglu_add_bwd_any)
+register_op(
+    "swiglu_add_fwd_any_312c74e7", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_add_fwd_any,
+    swiglu_add_fwd_any)
 register_op(
     "swiglu_bwd_any_80f47177", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
 register_op(

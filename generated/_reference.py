@@ -39,17 +39,44 @@ def init_parameter(p, init):
             raise ValueError(f"unknown parameter init {init!r}")
 
 
-def reshaped_lead(module, op, shape, numel):
+def reshaped_lead(module, op, shape, numel, last=None, multiple_of=1):
     """The leading dims of ``numel`` elements reshaped to ``shape`` (TE's Reshape, torch.reshape's
-    rules: one -1 inferred), or a clear error naming the module and the op."""
+    rules: one -1 inferred), or a clear error naming the module and the op. A -1 last dim must
+    come out as ``last`` where the ops after it fix it, else a multiple of ``multiple_of`` (their
+    GLUs split each row)."""
     # lists, not generators: torch.compile traces this
     known = math.prod([d for d in shape if d != -1])
+    given = list(shape)
     if -1 in shape and numel % known == 0:
         shape = tuple([numel // known if d == -1 else d for d in shape])
     if math.prod(shape) != numel or -1 in shape:
         raise ValueError(f"{module}: {op} cannot reshape the {numel} elements it receives to "
-                         f"{list(shape)}; give an input whose size fits the shape")
+                         f"{given}; give an input whose size fits the shape")
+    made = f"{module}: {op} reshapes the {numel} elements it receives to {list(shape)}, but"
+    if last is not None and shape[-1] != last:
+        raise ValueError(f"{made} the ops after it take {last} features; give an input of "
+                         f"{known * last} elements")
+    if shape[-1] % multiple_of:
+        raise ValueError(f"{made} the ops after it split each row into halves (GLUs), so its last "
+                         f"dim must be a multiple of {multiple_of}; give an input whose size fits")
     return torch.Size(shape[:-1])
+
+
+def flattened_lead(module, op, lead, dims):
+    """The leading dims once the last len(dims) dims are one (a norm's multi-dim normalized_shape),
+    or a clear error naming the module and the op where the input's dims before the last are not
+    dims[:-1]."""
+    k = len(dims) - 1
+    if len(lead) < k or tuple(lead[len(lead) - k:]) != tuple(dims[:-1]):
+        raise ValueError(f"{module}: {op} normalises the last {len(dims)} dims, so its input's "
+                         f"shape must end in {list(dims)}, got {[*lead, dims[-1]]}; give an input "
+                         f"of shape [..., {', '.join(map(str, dims))}]")
+    return torch.Size(lead[:len(lead) - k])
+
+
+def unflattened_lead(lead, dims):
+    """The leading dims once a row flattened by ``flattened_lead`` has its dims back."""
+    return torch.Size((*lead, *dims[:-1]))
 
 
 def deinterleave(x, k):

@@ -74,6 +74,15 @@ class FusibleOp(torch.nn.Module):
             if form == "tee":  # an extra output: the value itself, handed out
                 extra_outputs.append(forward(x))
             elif form is None:  # GEMMs and norms, over 2-D rows like the kernels; statistics dropped
+                dims = basic.row_shape(a)
+                if dims is not None:  # a norm over the last len(dims) dims: rows of their product
+                    if tuple(x.shape[-len(dims):]) != tuple(dims):
+                        raise ValueError(f"{basic.describe(a)} normalises the last {len(dims)} dims, so its input's "
+                                         f"shape must end in {list(dims)}, got {list(x.shape)}")
+                    y = forward(x.reshape(-1, basic.fixed_in(a)), *(p.reshape(-1) for p in params),
+                                *basic.reference_arguments(a))[0]
+                    x = y.reshape(x.shape)
+                    continue
                 lead = x.shape[:-1]
                 y = forward(x.reshape(-1, x.shape[-1]), *params, *basic.reference_arguments(a))
                 y = y[0] if isinstance(y, tuple) else y

@@ -21,7 +21,7 @@ import jinja2
 from . import source_text
 from .diagram import flowchart
 from .errors import Location
-from .ir import Size, size_expr
+from .ir import Size, Sym, size_expr
 from .pipeline import Op
 from .plan import Plan
 from .source_text import py_string
@@ -139,15 +139,30 @@ def placement(op) -> tuple[str, str]:
 def leading_dims(p) -> tuple[dict[int, str], list[str]]:
     """The name of the leading dims in effect at each op's input in the generated module (its
     extra inputs and outputs have them), and the lines that compute them: ``x.shape[:-1]``, then
-    a new ``leadK`` after each Reshape."""
+    a new ``leadK`` after each Reshape (and each view around a multi-dim norm, named by the
+    spec's call)."""
+    calls = {node.module_index: node.module_call for node in p.graph.nodes}
     current, names, lines = "lead", {}, []
     for op in p.ops:
         names[op.index] = current
+        new = f"lead{len(lines) + 1}"
         if op.opdef.reshape is not None:
-            new = f"lead{len(lines) + 1}"
             shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
+            # a -1 last dim: the size the ops after it fix, or a run-time width of its own
+            out, inferred = op.out_features, shape[-1] == -1
+            width = out.width if isinstance(out, Sym) and not out.of_input else ""
+            checks = (f", last={out}" if inferred and not width else
+                      f", multiple_of={p.divisor_of(width)}" if width and p.divisor_of(width) > 1 else "")
             where = py_string(f"{op.describe()} (op {op.number} at {op.location})")
-            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", {where}, {shape!r}, {numel})')
+            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", {where}, {shape!r}, {numel}{checks})')
+            if width:
+                lines.append(f"{width} = {numel} // {new}.numel()")
+            current = new
+        elif op.opdef.new_lead is not None:
+            helper, dims = op.opdef.new_lead(op.args)
+            call = py_string(f"{calls[op.module_index]} (op {op.module_index} at {op.location})")
+            where = f'"{p.class_name}", {call}, ' if helper == "flattened_lead" else ""
+            lines.append(f"{new} = ref.{helper}({where}{current}, {dims!r})")
             current = new
     names[len(p.ops)] = current
     return names, lines
@@ -222,9 +237,10 @@ def _tuple_literal(items) -> str:
 
 
 def _sizes_literal(sizes) -> str:
-    """A tuple literal of feature sizes: ints, "rows" (one value per row), or (size-generic) their
-    expressions in n, 'n // 2'."""
-    return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") for size in sizes))
+    """A tuple literal of feature sizes: ints, "rows" (one value per row), (size-generic) their
+    expressions in n, 'n // 2', or None after a Reshape whose last dim is known only at run time."""
+    return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") if size.of_input else None
+                      for size in sizes))
 
 
 def children(pipeline, params: dict, modules_run: list) -> list:

@@ -7,7 +7,8 @@ like any other: an ``AddExtraInput`` node reads the running value and a graph in
 ``MakeExtraOutput`` node's input is also a graph output (the value handed out), in order, so the public
 names (``extra_input0``, ...) are the positions of those values among the graph's inputs and
 outputs. Views (``Identity``; later ``Reshape``) are nodes too: the planner's chain view
-(pipeline.py) passes them through.
+(pipeline.py) passes them through. An op that reads several trailing dims as one row (a norm's
+multi-dim normalized_shape) runs between views that flatten them and back (``around_rows``).
 
 Sizes flow from op to op (``OpDef.fixed_in``, ``out_features``; a GLU halves); a size one op
 fixes and its neighbour contradicts is a SpecError at the contradicting call.
@@ -21,31 +22,40 @@ from fractions import Fraction
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
 from .ops import MAX_FEATURES, OPS, OpDef, basic_ops
+from .ops.identity import around_rows
 
 
 @dataclass(frozen=True)
 class Sym:
-    """A feature size no op of the pipeline fixes: ``factor`` times the pipeline input's ``n``."""
+    """A feature size no op of the pipeline fixes: ``factor`` times the pipeline input's ``n``,
+    or, with ``width`` named, times the width a Reshape whose last dim is -1 makes at run time
+    (``reshapeK_width``, a variable of the generated module's forward)."""
 
     factor: Fraction = Fraction(1)
+    width: str = ""  # "": the input's n; else the run-time width of a Reshape((..., -1))
 
     def __mul__(self, k: int) -> Sym:
-        return Sym(self.factor * k)
+        return Sym(self.factor * k, self.width)
 
     def __floordiv__(self, k: int) -> Sym:
-        return Sym(self.factor / k)
+        return Sym(self.factor / k, self.width)
 
     def __add__(self, other: Size) -> Sym:
         if other == 0:  # sums of widths start from 0
             return self
-        if not isinstance(other, Sym):
+        if not isinstance(other, Sym) or other.width != self.width:
             raise TypeError("a fixed size plus a symbolic one has no meaning in a pipeline")
-        return Sym(self.factor + other.factor)
+        return Sym(self.factor + other.factor, self.width)
 
     __radd__ = __add__
 
     def __str__(self) -> str:  # as plans show it: n, n / 2, 2 * n
         return self.expr("n", "/")
+
+    @property
+    def of_input(self) -> bool:
+        """Whether the size is a multiple of the pipeline input's n (not a Reshape's run-time width)."""
+        return not self.width
 
     def at(self, n: int) -> int:
         """The size when the pipeline input has ``n`` features (``n`` must make it whole)."""
@@ -61,8 +71,10 @@ class Sym:
 
     def expr(self, var: str, div: str) -> str:
         """This size as an integer expression in ``var`` (``div``: the language's integer
-        division, ``//`` in Python, ``/`` in C), e.g. ``n``, ``2 * n``, ``n // 2``."""
+        division, ``//`` in Python, ``/`` in C), e.g. ``n``, ``2 * n``, ``n // 2``; a Reshape's
+        run-time width in its own variable whatever ``var``."""
         p, q = self.factor.numerator, self.factor.denominator
+        var = self.width or var
         scaled = var if p == 1 else f"{p} * {var}"
         return scaled if q == 1 else f"{scaled} {div} {q}"
 
@@ -71,8 +83,9 @@ Size = int | Sym
 
 
 def size_at(size: Size, n: int | None) -> Size:
-    """``size`` with the pipeline's ``n`` substituted (None: as it is)."""
-    return size.at(n) if isinstance(size, Sym) and n is not None else size
+    """``size`` with the pipeline's ``n`` substituted (None: as it is; a Reshape's run-time
+    width stays symbolic)."""
+    return size.at(n) if isinstance(size, Sym) and size.of_input and n is not None else size
 
 
 def size_expr(size: Size, var: str, div: str) -> str:
@@ -127,14 +140,38 @@ class Graph:
         return any(isinstance(v.features, Sym) for v in self.values)
 
 
-def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) -> list[Size]:
+# OpDef.fixed_out's "known only at run time": a Reshape whose last dim is -1 (torch infers it from
+# the elements it receives); the sizes after it are Syms of that width until an op fixes one
+RUN_TIME = -1
+
+
+def _fix_run_time_width(sizes: list, i: int, want: int, call: OpCall) -> None:
+    """An op fixes ``want`` input features where a Reshape's run-time width reached it: that
+    width is fixed at the spec's size, and every size made from it with it (each a power-of-two
+    multiple of ``want``: only GLUs, halving, come between)."""
+    width, scale = sizes[i].width, want / sizes[i].factor  # sizes[i] = factor * width
+    made = {j: size.factor * scale for j, size in enumerate(sizes) if isinstance(size, Sym) and size.width == width}
+    widest = max(made.values())
+    if widest > MAX_FEATURES:
+        raise SpecError(
+            f"{call.op}() expects {want} input features, so the Reshape before it with a -1 last dim would make "
+            f"{widest}, more than fusegen's bound of {MAX_FEATURES} (2**24); give the pipeline fewer GLUs or "
+            "smaller sizes", call.location)
+    for j, size in made.items():
+        sizes[j] = int(size)
+
+
+def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]], hints: list[str]) -> list[Size]:
     """Feature size of the running value before each op (and after the last), checked against
-    every size an op fixes; a ``Sym`` where no op fixes one."""
+    every size an op fixes; a ``Sym`` where no op fixes one (``hints``: each op's name stem in
+    generated code, which names a Reshape's run-time width)."""
     sizes: list[Size | None] = [None] * (len(ops) + 1)
     fixed_by: list[OpCall | None] = [None] * (len(ops) + 1)
     for i, (op, args, call) in enumerate(ops):
         want = op.fixed_in(args)
         if want is not None:
+            if isinstance(sizes[i], Sym) and not sizes[i].of_input:  # a Reshape's run-time width reaches it
+                _fix_run_time_width(sizes, i, want, call)
             if sizes[i] is not None and sizes[i] != want:
                 before = fixed_by[i]
                 raise SpecError(
@@ -144,8 +181,15 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) ->
                     call.location,
                 )
             sizes[i], fixed_by[i] = want, call
-        if sizes[i] is not None:
-            if op.halves_width and sizes[i] % 2:
+        if op.reshape is not None and isinstance(sizes[i], Sym) and not sizes[i].of_input:
+            raise SpecError(
+                f"{call.op}() reshapes {sizes[i]} features, the width an earlier Reshape with a -1 last dim makes "
+                "at run time, which fusegen does not support yet; give one of the two Reshapes its last dim",
+                call.location)
+        if op.fixed_out(args) == RUN_TIME:  # the width torch infers at run time
+            sizes[i + 1], fixed_by[i + 1] = Sym(width=f"{hints[i]}_width"), call
+        elif sizes[i] is not None:
+            if op.halves_width and isinstance(sizes[i], int) and sizes[i] % 2:
                 raise SpecError(
                     f"{call.op}() splits its input into two halves, but it receives {sizes[i]} "
                     "features (odd); give the op before it an even output size",
@@ -173,6 +217,9 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]]) ->
             if sizes[i + 1] is None:
                 sizes[i + 1] = op.out_features(args, sizes[i])
     for i, (op, args, call) in enumerate(ops):  # every fixed size known, given or passed back
+        problem = op.check_sizes(args, sizes[i], sizes[i + 1])
+        if problem:
+            raise SpecError(f"{op.describe(args)} {problem}", call.location)
         k = op.interleave(args)
         if k is not None and isinstance(sizes[i], int) and sizes[i] % (2 * k):
             raise SpecError(
@@ -187,8 +234,10 @@ def build_graph(spec: SequentialSpec) -> Graph:
     if not spec.calls:
         raise SpecError(f"pipeline '{spec.name}' is empty; give Sequential at least one op", spec.location)
     expanded = [(op, args, call, module_index)
-                for module_index, call in enumerate(spec.calls) for op, args in basic_ops(call.op, call.args)]
-    sizes = _infer_sizes(spec, [(op, args, call) for op, args, call, _ in expanded])
+                for module_index, call in enumerate(spec.calls) for basic, basic_args in basic_ops(call.op, call.args)
+                for op, args in around_rows(basic, basic_args)]
+    sizes = _infer_sizes(spec, [(op, args, call) for op, args, call, _ in expanded],
+                         [f"{OPS[call.op].attribute.lower()}{module_index}" for _, _, call, module_index in expanded])
     values = [Value(0, sizes[0], None)]
     inputs, extra_outputs, nodes, written_back = [0], [], [], []
     running = 0

@@ -2,7 +2,8 @@
 its feature sizes, parameters and extra input/output numbers.
 
 Rules match consecutive ops of this chain, as TE's fuser matches its op list. Views (``Identity``)
-are left out (they would only break fusion windows, catalog 6.2 item 13).
+are left out (they would only break fusion windows, catalog 6.2 item 13); a pipeline of only
+Identity ops has no op: its module returns its input, as TE's.
 
 A pipeline in which no op fixes the feature size is size-generic: its sizes are ``Sym``s (``n``,
 ``n // 2`` after a GLU) and its kernels take ``n`` at run time. ``specialise`` lists input sizes
@@ -17,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from . import names
-from .errors import Location, SpecError
+from .errors import Location
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, OpDef
@@ -100,10 +101,16 @@ class Pipeline:
     def divisor(self) -> int:
         """What a size-generic pipeline's input size must be a multiple of: each GLU halves it, and
         an interleaved GLU (glu_interleave_size=k) reads whole blocks of 2k."""
-        divisor = max((v.features.divisor for v in self.graph.values if isinstance(v.features, Sym)), default=1)
+        return self.divisor_of("")
+
+    def divisor_of(self, width: str) -> int:
+        """``divisor`` for the sizes made from ``width`` ("": the input's n; else a Reshape's
+        run-time width, ``Sym.width``)."""
+        made = [v.features for v in self.graph.values if isinstance(v.features, Sym) and v.features.width == width]
+        divisor = max((size.divisor for size in made), default=1)
         for op in self.ops:
             k = op.opdef.interleave(op.args)
-            if k is not None and isinstance(op.in_features, Sym):  # n * p / q a multiple of 2k
+            if k is not None and isinstance(op.in_features, Sym) and op.in_features.width == width:  # n * p / q a multiple of 2k
                 p, q = op.in_features.factor.numerator, op.in_features.factor.denominator
                 need = 2 * k * q
                 divisor = math.lcm(divisor, need // math.gcd(need, p))
@@ -174,7 +181,5 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             ))
             n_hidden += 1
     ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
-    if not ops:
-        raise SpecError(f"pipeline '{graph.name}' has only Identity ops; there is nothing to generate", graph.location)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
                     len(graph.outputs) - 1, graph, tuple(specialise))

@@ -15,3 +15,10 @@ head_norm = te.ops.Sequential(
     te.ops.GELU(),
 )
 rows_of_64 = te.ops.Sequential(te.ops.SiLU(), te.ops.Reshape((-1, HEAD)), te.ops.MakeExtraOutput(), te.ops.Bias(HEAD))
+# A -1 last dim (TE's Reshape((2, 3, -1))) is the width torch infers: known at run time where no op
+# after it needs one (split_rows), fixed by the op after it that does (split_norm).
+split_rows = te.ops.Sequential(te.ops.Reshape((2, 3, -1)), te.ops.SwiGLU(), te.ops.AddExtraInput())
+split_norm = te.ops.Sequential(te.ops.GELU(), te.ops.Reshape((2, 3, -1)), te.ops.RMSNorm(HEAD))
+# Only Identity ops (views, like Reshape): the module returns its input, a view of it as TE's fuser
+# does, and passes the grad through; no kernel.
+identity_only = te.ops.Sequential(te.ops.Identity(), te.ops.Identity())

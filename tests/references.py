@@ -382,9 +382,23 @@ def next_keys(count, device):
     return [torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64, device=device).item() for _ in range(count)]
 
 
+# Modules whose inputs are not [rows, in_features]: class -> rows -> (x's shape, the extra inputs')
+INPUT_SHAPES = {
+    "Layernorm2d": lambda rows: ((rows, 7, 2), []),  # LayerNorm((7, 2)) normalises the last 2 dims
+    "RmsnormGroups": lambda rows: ((rows, 4, 64), []),  # RMSNorm((4, 64)) likewise
+    # Reshape((2, 3, -1)) then RMSNorm(64): 2 x 3 x 64 elements, whatever the rows
+    "SplitNorm": lambda rows: ((6, 64), []),
+    # Reshape((2, 3, -1)) makes a width of 2 * rows, which the SwiGLU halves for the extra input
+    "SplitRows": lambda rows: ((rows, 12), [(2, 3, rows)]),
+}
+
+
 def module_inputs(module, rows, gen, device="cuda", dtype=torch.float32):
     """x and the extra inputs of a generated module: a size-generic module at width 64, a per-row
-    input (a row-scaled activation's scales) one positive value a row."""
+    input (a row-scaled activation's scales) one positive value a row; INPUT_SHAPES' as they say."""
+    if type(module).__name__ in INPUT_SHAPES:
+        x_shape, extra = INPUT_SHAPES[type(module).__name__](rows)
+        return [torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for shape in (x_shape, *extra)]
     n = module.in_features or 64
     tensors = [torch.randn(rows, n, generator=gen)]
     for e in module.extra_input_features:

@@ -37,7 +37,8 @@ def _plural(n: int, word: str) -> str:
 
 def check_value(op: OpDef, arg: Arg, value: object) -> object:
     """``value`` checked against ``arg``'s kind (int, float, bool, shape) and check; floats come back as
-    float, a shape (an int or a one-element tuple) as int."""
+    float, a shape as an int (one dim, given as an int or a one-element tuple) or a tuple of ints
+    (several dims)."""
     if value is None and arg.default is None:  # None where None is the default: "not given"
         return None
     what = f"argument '{arg.name}' of {op.name}"
@@ -50,13 +51,11 @@ def check_value(op: OpDef, arg: Arg, value: object) -> object:
                                 value_error=True)
     if arg.kind == "dtype" and value is not None and not isinstance(value, TorchDtype):
         raise ArgumentError(f"{what} must be None or a torch dtype like torch.bfloat16, {got}", value_error=True)
-    if arg.kind == "shape":  # TE and torch take an int or a tuple; fusegen normalises the last dim
-        if isinstance(value, tuple) and len(value) != 1:
-            raise ArgumentError(f"{what} must be one size (the last dim), {got}; fusegen's norms normalise over "
-                                "the last dim only", value_error=True)
-        value = value[0] if isinstance(value, tuple) else value
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ArgumentError(f"{what} must be an int or a one-element tuple of int, {got}", value_error=True)
+    if arg.kind == "shape":  # TE and torch take an int or a tuple of the last dims' sizes
+        dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        if not dims or any(isinstance(d, bool) or not isinstance(d, int) for d in dims):
+            raise ArgumentError(f"{what} must be an int or a non-empty tuple of ints, {got}", value_error=True)
+        value = dims[0] if len(dims) == 1 else dims  # one dim as its size, several as a tuple
     if arg.kind == "dims":  # a tensor shape, as torch.reshape takes it: a tuple or list of ints
         value = tuple(value) if isinstance(value, (tuple, list)) else (value,)
         if not value or any(isinstance(d, bool) or not isinstance(d, int) for d in value):

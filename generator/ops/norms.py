@@ -1,6 +1,8 @@
 """Row normalisations over the last dim: LayerNorm and RMSNorm (generated row kernels, fp32
-statistics), and L2Normalization (the same kernels at a fixed width; at any width its reference
-math in PyTorch, as TE runs it).
+statistics; a multi-dim ``normalized_shape`` normalises the last k dims, which the graph flattens
+into one row of their product for the kernels, while the parameters keep TE's shape), and
+L2Normalization (the same kernels at a fixed width; at any width its reference math in PyTorch,
+as TE runs it).
 
 Their kernels are templates/cuda/norm.cuh (norm stages), not elementwise functors. The reference
 functions below are shipped by source into the output's ``_reference.py`` (ops/shipped.py): they
@@ -10,7 +12,10 @@ a reference helper).
 
 from .common import compute
 from .lazy import torch
-from .opdef import DEVICE, DTYPE, SM_MARGIN, Arg, OpDef, Param, check_eps, check_norm_features, float_tag, register
+import math
+
+from .opdef import (
+    DEVICE, DTYPE, SM_MARGIN, Arg, OpDef, Param, check_eps, check_norm_shape, dims_of, float_tag, register)
 
 
 def _gamma(weight, zero_centered_gamma):
@@ -69,6 +74,21 @@ _EPS = Arg("eps", "float", 1e-5, keyword_only=True, check=check_eps)
 _ZCG = Arg("zero_centered_gamma", "bool", False, keyword_only=True)
 _GAMMA_INIT = lambda a: "zeros" if a["zero_centered_gamma"] else "ones"  # noqa: E731
 
+
+def _row_width(a) -> int:
+    """The features a norm normalises together: the product of normalized_shape."""
+    return math.prod(dims_of(a["normalized_shape"]))
+
+
+def _row_shape(a):
+    """normalized_shape where it spans several trailing dims (the graph flattens them), else None."""
+    shape = a["normalized_shape"]
+    return shape if isinstance(shape, tuple) else None
+
+
+_PARAM_SHAPE = lambda a: dims_of(a["normalized_shape"])  # noqa: E731  TE's: normalized_shape
+
+
 def _norm_reference_args(a):
     """The reference forward's trailing arguments: (eps, zero_centered_gamma)."""
     return a["eps"], a["zero_centered_gamma"]
@@ -76,10 +96,10 @@ def _norm_reference_args(a):
 
 register(OpDef(
     "LayerNorm", "norm",
-    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, DEVICE, DTYPE, _ZCG, SM_MARGIN),
-    params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),
-            Param("bias", lambda a: (a["normalized_shape"],), lambda a: "zeros")),
-    fixed_in=lambda a: a["normalized_shape"],
+    args=(Arg("normalized_shape", "shape", check=check_norm_shape), _EPS, DEVICE, DTYPE, _ZCG, SM_MARGIN),
+    params=(Param("weight", _PARAM_SHAPE, _GAMMA_INIT),
+            Param("bias", _PARAM_SHAPE, lambda a: "zeros")),
+    fixed_in=_row_width, row_shape=_row_shape,
     tag=_norm_tag("layernorm", 1e-5),
     reference=(layer_norm, layer_norm_bwd), reference_helpers=(_gamma,), reference_args=_norm_reference_args,
     summary="y = (x - mean) * rstd * gamma + beta",
@@ -87,9 +107,9 @@ register(OpDef(
 ))
 register(OpDef(
     "RMSNorm", "norm",
-    args=(Arg("normalized_shape", "shape", check=check_norm_features), _EPS, DEVICE, DTYPE, _ZCG, SM_MARGIN),
-    params=(Param("weight", lambda a: (a["normalized_shape"],), _GAMMA_INIT),),
-    fixed_in=lambda a: a["normalized_shape"],
+    args=(Arg("normalized_shape", "shape", check=check_norm_shape), _EPS, DEVICE, DTYPE, _ZCG, SM_MARGIN),
+    params=(Param("weight", _PARAM_SHAPE, _GAMMA_INIT),),
+    fixed_in=_row_width, row_shape=_row_shape,
     tag=_norm_tag("rmsnorm", 1e-5),
     reference=(rms_norm, rms_norm_bwd), reference_helpers=(_gamma,), reference_args=_norm_reference_args,
     summary="y = x * rsqrt(mean(x^2) + eps) * gamma",

@@ -35,8 +35,8 @@ TORCH_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", 
 
 @dataclass(frozen=True)
 class Arg:
-    """One constructor argument. ``kind`` is one of int, float, bool, shape (an int or a one-element
-    tuple, as TE's ``normalized_shape``), device (None or "cuda", "cuda:1", "cpu") and dtype (None
+    """One constructor argument. ``kind`` is one of int, float, bool, shape (as TE's ``normalized_shape``: an int
+    for one dim, a tuple of ints for several), device (None or "cuda", "cuda:1", "cpu") and dtype (None
     or a ``TorchDtype``)."""
 
     name: str
@@ -111,9 +111,19 @@ class OpDef:
     fixed_in: Callable[[dict], int | None] = lambda a: None
     out_features: Callable[[dict, int], int] = lambda a, n: n
     # The op's output size whatever its input's (Reshape): sizes do not flow back through it
-    fixed_out: Callable[[dict], int | None] = lambda a: None
+    fixed_out: Callable[[dict], int | None] = lambda a: None  # -1: known only at run time (ir.RUN_TIME)
     # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
     reshape: Callable[[dict], tuple[int, ...]] | None = None
+    # A check of the op's input and output sizes once every size is known (ints, or Syms where
+    # they are known only at run time): an error text, or None
+    check_sizes: Callable[[dict, object, object], str | None] = lambda a, n_in, n_out: None
+    # A view that moves dims between the leading shape and the features (ops/identity.py's
+    # FlattenRows, UnflattenRows): the shipped helper that gives the new leading dims, and its dims
+    new_lead: Callable[[dict], tuple[str, tuple[int, ...]]] | None = None
+    # The trailing dims the op reads as one row where they are several (a norm's multi-dim
+    # normalized_shape): the graph runs it on their product, between views that flatten them into
+    # the features and back (ir.build_graph)
+    row_shape: Callable[[dict], tuple[int, ...] | None] = lambda a: None
     user_module: bool = False  # a module of the user's code, run as it is (ops/module.py)
     # A GLU's glu_interleave_size: its input rows alternate blocks [a(k), b(k), a(k), ...]; None: [a | b]
     interleave: Callable[[dict], int | None] = lambda a: None
@@ -254,6 +264,23 @@ def _size(limit: int, why: str):
 check_features = _size(MAX_FEATURES, "that is fusegen's bound on feature sizes, far above any model's")
 check_norm_features = _size(MAX_NORM_FEATURES, "a norm kernel keeps its whole row in registers, and wider rows "
                             "spill to memory and compile for minutes")
+
+
+def dims_of(shape) -> tuple[int, ...]:
+    """A ``shape`` argument's dims: (n,) for an int."""
+    return shape if isinstance(shape, tuple) else (shape,)
+
+
+def check_norm_shape(shape):
+    """A norm's normalized_shape: positive sizes whose product (the row the kernel normalises)
+    is within the norm kernels' bound."""
+    dims = dims_of(shape)
+    if any(d <= 0 for d in dims):
+        return "must hold positive sizes"
+    problem = check_norm_features(math.prod(dims))
+    if problem and len(dims) > 1:
+        return f"{problem} (the product of its sizes, which the kernels normalise as one row)"
+    return problem
 
 
 def check_finite(v):

@@ -8,8 +8,8 @@ which a kernel specialised ahead of time cannot know); a LayerNorm or RMSNorm wi
 parameters has no te.ops equivalent. Each refusal is an error at the call, with the reason.
 """
 
-from .opdef import (DEVICE, DTYPE, Arg, OpDef, check_eps, check_features, check_norm_features,
-                    check_probability, register)
+from .opdef import (DEVICE, DTYPE, Arg, OpDef, check_eps, check_features, check_norm_shape, check_probability,
+                    register)
 
 TORCH_NN = ("torch.nn",)
 _INPLACE = Arg("inplace", "bool", False, in_kernel=False)  # the values are the same either way
@@ -40,7 +40,7 @@ register(OpDef(
 ))
 register(OpDef(
     "nn.LayerNorm", "container", modules=TORCH_NN, spelled="LayerNorm",
-    args=(Arg("normalized_shape", "shape", check=check_norm_features), Arg("eps", "float", 1e-5, check=check_eps),
+    args=(Arg("normalized_shape", "shape", check=check_norm_shape), Arg("eps", "float", 1e-5, check=check_eps),
           Arg("elementwise_affine", "bool", True), Arg("bias", "bool", True), DEVICE, DTYPE),
     validate=_affine("LayerNorm"), expand=lambda a: _norm("LayerNorm", a),
     summary="torch.nn.LayerNorm: LayerNorm",
@@ -54,7 +54,7 @@ def _rms_norm(a):
 
 register(OpDef(
     "nn.RMSNorm", "container", modules=TORCH_NN, spelled="RMSNorm",
-    args=(Arg("normalized_shape", "shape", check=check_norm_features), Arg("eps", "float", None, check=check_eps),
+    args=(Arg("normalized_shape", "shape", check=check_norm_shape), Arg("eps", "float", None, check=check_eps),
           Arg("elementwise_affine", "bool", True), DEVICE, DTYPE),
     validate=_rms_norm, expand=lambda a: _norm("RMSNorm", a),
     summary="torch.nn.RMSNorm: RMSNorm (give eps: torch's default depends on the input dtype)",

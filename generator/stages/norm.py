@@ -35,6 +35,21 @@ def _params(norm) -> list[str]:
     return [p.name for p in norm.opdef.params]
 
 
+def _param_args(norm, attrs) -> list[str]:
+    """The norm's parameters as its kernels take them: one row of features, a parameter of a
+    multi-dim normalized_shape viewed flat (its memory is that row)."""
+    shapes = {attr: shape for attr, _, shape, _ in norm.params}
+    return [param_name(norm, a) + (".view(-1)" if len(shapes[a]) > 1 else "") for a in attrs]
+
+
+def _param_grads_shaped(norm, block) -> None:
+    """The lines that give a multi-dim norm's parameter grads their parameter's shape back."""
+    for attr, _, shape, _ in norm.params:
+        if len(shape) > 1:
+            grad = f"d_{param_name(norm, attr)}"
+            block.lines.append(f"{grad} = {grad}.view{tuple(shape)!r}")
+
+
 def _kernel_reference(norm) -> tuple[str, str]:
     """The reference functions the CPU launchers call, in the kernels' form (statistics out and
     in): the op's own for LayerNorm and RMSNorm; L2Normalization's own are the opaque stage's (y
@@ -219,7 +234,7 @@ class NormStage(StageImpl):
             block.lines.append(f"{ew.seed_name(op)} = ref.new_seed({x_in}) if training else None")
         names = ew.io_names(stage, _kernel_ops(stage))
         args = [x_in] + [names[o] for o in spec.operands] + ([extra_input_name(add)] if add else [])
-        args += [param_name(norm, attr) for attr in _params(norm)]
+        args += _param_args(norm, _params(norm))
         results = [out]
         if spec.ctx["writes_h"] and (meo or em.saving):  # the sum: an extra output, or read by the backward
             summed = extra_output_name(meo) if meo else value_name(p, norm.index)
@@ -246,10 +261,11 @@ class NormStage(StageImpl):
         spec = em.kernel("backward", stage)
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         args = [dy, em.values[norm.index], *em.stats[norm.index]]
-        args += [param_name(norm, "weight")] if "weight" in _params(norm) else []  # gamma (L2 has none)
+        args += _param_args(norm, ["weight"]) if "weight" in _params(norm) else []  # gamma (L2 has none)
         args += [f"d_{extra_output_name(meo)}"] if meo else []
         results = [d_in] + [f"d_{param_name(norm, attr)}" for attr in _params(norm)]
         block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
+        _param_grads_shaped(norm, block)
         if add:
             em.grad_alias(block, f"d_{extra_input_name(add)}", d_in, "the residual's grad is the sum's grad")
         return d_in

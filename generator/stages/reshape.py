@@ -4,14 +4,16 @@ Forward: the running tensor viewed as [-1, shape[-1]] (torch.reshape: a view whe
 allows, as TE's); backward: the grad viewed back as [-1, input features]. No kernel. The leading
 dims the reshape makes are the generated module's business (its outputs take them: emit.py).
 An input size no op fixes is ``em.width`` (``ctx.n``), the width the forward saw (a size-generic
-pipeline).
+pipeline). A -1 last dim no op after it fixes is known at run time: the forward views the tensor
+as the rows its leading dims make, torch inferring the width.
 """
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
-from ..ir import size_expr
+from ..ir import Sym, size_expr
 from .base import NO_TRAFFIC, StageImpl, fixed, value_name
 
 
@@ -35,7 +37,11 @@ class ReshapeStage(StageImpl):
     def forward(self, em, stage, block):
         op = stage.ops[0]
         x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
-        block.lines.append(f"{out} = {x_in}.reshape(-1, {size_expr(op.out_features, 'ctx.n', '//')})")
+        if isinstance(op.out_features, Sym) and not op.out_features.of_input:  # a -1 last dim known at run time
+            rows = math.prod(op.opdef.reshape(op.args)[:-1])  # the leading dims, all given
+            block.lines.append(f"{out} = {x_in}.reshape({rows}, -1)")
+        else:
+            block.lines.append(f"{out} = {x_in}.reshape(-1, {size_expr(op.out_features, 'ctx.n', '//')})")
         return out
 
     def backward(self, em, stage, block, dy, d_in):

@@ -310,8 +310,14 @@ ERRORS = [
      "tuples), torch dtypes, module-level "
                          "constants and + - * / // % ** are allowed"),
     (EAGER + "m = Sequential(Linear('4', 4))\n", 2, 23, "'4'", "argument 'in_features' of Linear must be an int, got str '4'"),
-    (EAGER + "m = Sequential(LayerNorm((8, 64)))\n", 2, 27, "8, 64)",
-     "argument 'normalized_shape' of LayerNorm must be one size (the last dim), got tuple (8, 64)"),
+    (EAGER + "m = Sequential(LayerNorm((8, 0)))\n", 2, 27, "8, 0)",
+     "argument 'normalized_shape' of LayerNorm must hold positive sizes"),
+    (EAGER + "m = Sequential(LayerNorm(()))\n", 2, 27, ")",
+     "argument 'normalized_shape' of LayerNorm must be an int or a non-empty tuple of ints, got tuple ()"),
+    (EAGER + "m = Sequential(LayerNorm((512, 256)))\n", 2, 27, "512, 256)",
+     "argument 'normalized_shape' of LayerNorm must be at most 65536 (2**16), got 131072; a norm kernel keeps its whole "
+     "row in registers, and wider rows spill to memory and compile for minutes (the product of its sizes, which "
+     "the kernels normalise as one row)"),
     (EAGER + "m = Sequential(Linear(cfg.hidden, 4))\n", 2, 23, "cfg.hidden", "unsupported expression"),
     (EAGER + "S = (4,)\nm = Sequential(Linear(S[0], 4))\n", 3, 23, "S[0]", "unsupported expression"),
     (EAGER + "m = Sequential(LayerNorm(8, eps=None))\n", 2, 33, "None",

@@ -52,7 +52,8 @@ def outcome(files: list[tuple[str, str]]) -> str:
         for display, text in files:
             plans = plan_specs(parse_spec(text, display), names, fusion_rules.FORWARD_RULES,
                                fusion_rules.BACKWARD_RULES)
-            assert plans and all(p.forward and p.backward for p in plans)
+            # stages both ways, but for a pipeline of only Identity ops (no op: the module returns x)
+            assert plans and all((p.forward and p.backward) or not p.pipeline.ops for p in plans)
             emitted(plans)
         return "plans"
     except SpecError as err:

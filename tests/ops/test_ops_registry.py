@@ -167,7 +167,7 @@ def test_registry_order_is_the_family_order():
     assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "L2Normalization", "GELU", "ReLU", "SiLU", "SReLU",
                          "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
                          "RowScale", "ScaledSwiGLU", "ScaledSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU",
-                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "nn.Linear",
+                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "FlattenRows", "UnflattenRows", "nn.Linear",
                          "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity", "Module"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
         "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",

@@ -80,6 +80,8 @@ NORMS = [  # fwd kernel, bwd kernel, LayerNorm?, H, residual-grad add in bwd, pa
     ("layernorm_fwd_h16384", "layernorm_bwd_h16384", True, 16384, False, wide_kernels),
     ("rmsnorm_fwd_h16384", "rmsnorm_bwd_h16384", False, 16384, False, wide_kernels),
     ("rmsnorm_fwd_h98", "rmsnorm_bwd_h98", False, 98, False, wide_kernels),
+    # LayerNorm((7, 2)) (specs/te_norms.py): a multi-dim norm's kernel normalises rows of prod(shape)
+    ("layernorm_fwd_h14", "layernorm_bwd_h14", True, 14, False, K),
 ]
 
 
@@ -450,6 +452,9 @@ def test_every_kernel_has_a_test():
     # specs/te_reshape.py's, checked through test_reshape.py
     tested |= {"gelu_bwd_n256", "gelu_fwd_n256", "rmsnorm_bwd_h64", "rmsnorm_fwd_h64", "silu_bwd_any", "silu_fwd_any",
                "tee_bias_bwd_n64", "tee_bias_fwd_n64"}
+    # specs/te_norms.py's norms over several trailing dims, checked through test_norm_shapes.py (and
+    # LayerNorm((7, 2))'s kernels in NORMS above)
+    tested |= {"rmsnorm_zc_fwd_h256", "rmsnorm_zc_bwd_h256", "bias_bwd_n64", "bias_bwd_n32"}
     # specs/te_in_place.py's, checked through test_in_place.py
     tested |= {"add_rmsnorm_fwd_h256", "add_tee_fwd_n256", "bias_add_tee_bwd_n256", "bias_add_tee_gelu_bwd_n256_from_bias",
                "bias_add_tee_gelu_fwd_n256", "rmsnorm_bwd_h256_add_dresidual"}

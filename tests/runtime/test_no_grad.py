@@ -9,12 +9,14 @@ import pytest
 import torch
 
 import generated
-from references import randomize_
+from references import INPUT_SHAPES, module_inputs, randomize_
 
 CLASSES = sorted(generated.__all__)
 
 
 def _inputs(module, device, dtype, gen):
+    if type(module).__name__ in INPUT_SHAPES:  # inputs not [..., in_features]
+        return module_inputs(module, 15, gen, device, dtype)
     width = module.in_features or (16 if module.extra_input_features != () else 64) * 4
     lead = (3, 5)
     x = torch.randn(*lead, width, generator=gen)

@@ -196,7 +196,7 @@ def test_meta_tensors_propagate_shapes_as_the_eager_model_does(edges):
 def test_every_shipped_module_runs_on_meta_tensors():
     """Forward and backward of every shipped module on meta tensors (TeMlp's too: no memory)."""
     import generated
-    from references import module_inputs
+    from references import INPUT_SHAPES, module_inputs
 
     for name in sorted(dir(generated)):
         cls = getattr(generated, name)
@@ -206,9 +206,11 @@ def test_every_shipped_module_runs_on_meta_tensors():
         inputs = [t.requires_grad_() for t in module_inputs(module, 5, torch.Generator(), device="meta")]
         outputs = module(*inputs)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        assert outputs[0].shape[0] == 5 and outputs[0].is_meta, name
-        if module.out_features is not None:  # a size-generic module's depends on x's width
-            assert outputs[0].shape == (5, module.out_features), name
+        assert outputs[0].is_meta, name
+        if name not in INPUT_SHAPES:  # those take and give other shapes than [rows, features]
+            assert outputs[0].shape[0] == 5, name
+            if module.out_features is not None:  # a size-generic module's depends on x's width
+                assert outputs[0].shape == (5, module.out_features), name
         sum(o.sum() for o in outputs).backward()
         assert all(t.grad.shape == t.shape for t in inputs if t.is_floating_point()), name
         assert all(p.grad is not None and p.grad.shape == p.shape for p in module.parameters()), name
