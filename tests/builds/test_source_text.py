@@ -83,4 +83,4 @@ def test_random_string_arguments_of_a_user_module_give_packages_that_compile(tmp
         compile(source, "block.py", "exec")
         messages = [ast.literal_eval(node.args[1]) for node in ast.walk(ast.parse(source))
                     if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "run_module"]
-        assert len(messages) == 2 and all(m.startswith("Tag(8, label=") and " (spec.py:4:" in m for m in messages)
+        assert len(messages) == 2 and all(m.startswith("Tag(8, label=") and " (op 1 at spec.py:4:" in m for m in messages)
