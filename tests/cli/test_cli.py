@@ -243,6 +243,74 @@ def test_version_and_python_m(tmp_path):
     assert result.returncode == 2 and "spec.py:2:" in result.stderr and "Traceback" not in result.stderr
 
 
+# The two entry points as an installation runs them: the console script pyproject.toml names (the
+# wrapper pip writes calls it, as here) and `python -m fusegen`.
+ENTRY_POINTS = {
+    "console-script": ["-c", "import sys; from importlib.metadata import entry_points; "
+                             "(script,) = entry_points(group='console_scripts', name='fusegen'); sys.exit(script.load()())"],
+    "python-m": ["-m", "fusegen"],
+}
+# Makes the modules named in $UNIMPORTABLE fail to import, as in a wheel that left them out: None
+# in sys.modules, and `import` raises ModuleNotFoundError. Python runs a sitecustomize on its path
+# at start-up, before the command.
+UNIMPORTABLE = "import os, sys\nfor name in os.environ['UNIMPORTABLE'].split(','):\n    sys.modules[name] = None\n"
+
+
+def run_broken(tmp_path, entry_point, unimportable, *args):
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(UNIMPORTABLE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]), UNIMPORTABLE=unimportable)
+    return subprocess.run([sys.executable, *ENTRY_POINTS[entry_point], *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+# fusegen.stages: what the wheels left out (imported with the commands); fusegen.errors and
+# fusegen.commands: what the handler's own module needs; fusegen.nvrtc: imported by `generate` once
+# it runs.
+@pytest.mark.parametrize("module", ["fusegen.stages", "fusegen.errors", "fusegen.commands", "fusegen.nvrtc"])
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_a_broken_installation_exits_70_with_one_line(tmp_path, entry_point, module):
+    (tmp_path / "spec.py").write_text(SPEC)
+    result = run_broken(tmp_path, entry_point, module, *GENERATE)
+    assert result.returncode == 70, result.stderr
+    assert result.stderr.splitlines() == [
+        f"fusegen: internal error: fusegen is installed incompletely: cannot import {module} (ModuleNotFoundError: "
+        f"import of {module} halted; None in sys.modules); reinstall fusegen, and if that does not help, report "
+        "it with the output of --debug"], result.stderr
+    assert result.stdout == "" and not (tmp_path / "fused").exists()
+
+
+def test_a_broken_installation_answers_version_and_debug_shows_the_traceback(tmp_path):
+    (tmp_path / "spec.py").write_text(SPEC)
+    result = run_broken(tmp_path, "python-m", "fusegen.stages", "plan", "spec.py", "--debug")
+    assert result.returncode == 70 and result.stderr.startswith("Traceback"), result.stderr
+    assert result.stderr.splitlines()[-1].startswith("fusegen: internal error: fusegen is installed incompletely")
+    result = run_broken(tmp_path, "console-script", "fusegen.stages", "--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"fusegen {cli.version()}", result.stderr
+    result = run_broken(tmp_path, "console-script", "jinja2", "plan", "spec.py")
+    assert result.returncode == 70 and result.stderr.startswith(
+        "fusegen: internal error: a dependency of fusegen is missing or broken: cannot import jinja2 "
+        "(ModuleNotFoundError: "), result.stderr
+
+
+# An exception fusegen did not expect, raised in the middle of a command of the program: exit 70,
+# never 1 (--check's "stale"), SystemExit(1) from code that should not exit included.
+@pytest.mark.parametrize("raised, message", [
+    ("ValueError('bug')", "fusegen: internal error: ValueError: bug (a bug in fusegen: please report it with "
+                          "the output of --debug)"),
+    ("SystemExit(1)", "fusegen: internal error: SystemExit: 1 (a bug in fusegen: please report it with the "
+                      "output of --debug)"),
+])
+def test_an_internal_error_mid_command_exits_70(tmp_path, raised, message):
+    (tmp_path / "spec.py").write_text(SPEC)
+    program = (f"import sys, fusegen.build\ndef broken(*args, **kwargs):\n    raise {raised}\n"
+               "fusegen.build.plan_documents = broken\nfrom fusegen.cli import main\nsys.exit(main())\n")
+    result = subprocess.run([sys.executable, "-c", program, "plan", "spec.py"], cwd=tmp_path,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 70 and result.stderr.splitlines() == [message], result.stderr
+
+
 CTRL_C_SPEC = """\
 from fusegen.eager import Sequential, RMSNorm, LayerNorm, GELU, SiLU, ReLU, SwiGLU, Bias
 a = Sequential(RMSNorm(4096), GELU(), Bias(4096), SiLU())
