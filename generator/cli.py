@@ -72,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The one top-level handler: every error leaves as one message and its exit code.
+    """The top-level handler: every error leaves as one message and its exit code (commands.run
+    reports the user's mistakes and toolchain failures; this, interrupts and fusegen's own failures).
 
     ``argv`` None is the program itself (the console script, ``python -m fusegen``): its
     arguments are the command line's, and after a Ctrl-C it ignores any further one, since it
