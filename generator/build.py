@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import tempfile
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
@@ -310,12 +311,14 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
     On any way out (done, an NVRTC error, Ctrl-C) the pool takes no more jobs and waits for the
     compiles in flight, under a second each, instead of signalling its workers: a worker stopped
     by a signal inside NVRTC can hang there for good (seen while it used precompiled headers).
-    Those headers, and ptxas's files, go to a folder of this run's, removed with it. Jobs start
-    in order, so the first pending ones are those in flight."""
+    Only a second Ctrl-C during that wait kills them (_CtrlC). Those headers, and ptxas's files,
+    go to a folder of this run's, removed with it. Jobs start in order, so the first pending ones
+    are those in flight."""
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     binaries = {}
-    with tempfile.TemporaryDirectory(prefix="fusegen-compile-") as folder:
-        in_processes = len(jobs) > THREADED_COMPILES
+    in_processes = len(jobs) > THREADED_COMPILES
+    # the Ctrl-C handler first: it covers the folder's removal too
+    with _CtrlC() as ctrl_c, tempfile.TemporaryDirectory(prefix="fusegen-compile-") as folder:
         if not in_processes:
             pool = ThreadPoolExecutor(workers)
             compile_one = functools.partial(_compile, headers=headers, folder=Path(folder))
@@ -325,11 +328,14 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
             pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
                                        (headers, Path(folder)))
             compile_one = _compile_in_worker
+        ctrl_c.pool = pool
         try:
             with _sigint_blocked(in_processes):
                 pending = {pool.submit(compile_one, job): job for job in jobs}
-            while pending:
+            while pending and not ctrl_c.pressed:
                 done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                if ctrl_c.pressed:  # a compile that failed since may be its doing: a thread's ptxas gets it too
+                    break
                 for future in done:
                     kernel, compiled = future.result()  # re-raises a compile's NvrtcError here
                     binaries.update((binary_name(kernel, target), binary) for target, binary in compiled.items())
@@ -339,6 +345,57 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     return binaries
+
+
+class _CtrlC:
+    """Ctrl-C (SIGINT) while a pool compiles, taken by a handler of its own instead of Python's,
+    which raises KeyboardInterrupt wherever the main thread is, inside concurrent.futures' code
+    too: a second Ctrl-C raised inside the pool's shutdown left the pool's thread waiting for a
+    worker process that never got the word to stop, and Python's exit waiting for both, for good
+    (a third Ctrl-C then printed a traceback and left the workers running).
+
+    The first Ctrl-C sets ``pressed``: the compile loop stops, and the pool takes no more jobs and
+    waits for the compiles in flight (under a second each). A second one, during that wait, kills
+    the worker processes (SIGKILL: immediate, unlike a signal a worker inside NVRTC may never act
+    on); the pool sees them gone and ends at once. Later ones do the same, with nothing left to
+    kill. A pool of threads cannot be cut short: its compiles end by themselves. On the way out the
+    previous handler is back, and a pressed Ctrl-C is raised as KeyboardInterrupt (over any error
+    of a compile it cut short).
+
+    Only Python's own handler in the main thread is replaced: one a caller installed (or SIG_IGN,
+    as a background job inherits it) is theirs, and only the main thread may set handlers."""
+
+    def __init__(self):
+        self.pool: ProcessPoolExecutor | ThreadPoolExecutor | None = None  # set once started
+        self.pressed = False
+        self.previous = None
+
+    def __enter__(self) -> _CtrlC:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.pressed:
+            _kill_workers(self.pool)
+        self.pressed = True
+
+    def __exit__(self, *exc_info) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if self.pressed:
+            raise KeyboardInterrupt
+
+
+def _kill_workers(pool: ProcessPoolExecutor | ThreadPoolExecutor | None) -> None:
+    """SIGKILL ``pool``'s worker processes, if it has any. Called from a signal handler, which may
+    run while the main thread holds the pool's shutdown lock: so not ProcessPoolExecutor's
+    kill_workers (Python 3.14), which takes that lock, but its table of processes (private, and
+    the same from Python 3.9 to 3.14; None once the pool is shut down). Process.kill only sends
+    the signal (a reaped worker is skipped); the pool's own thread reaps them."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
 
 
 def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: Path | None,

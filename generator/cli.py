@@ -13,27 +13,23 @@ archs (default sm_80, sm_90, compute_80), dtypes (default bfloat16, float16, flo
 
 Exit codes: 0 success, 1 stale output (--check), 2 a user error (spec, configuration, arguments,
 paths), 3 a toolchain failure (NVRTC, CUDA headers), 130 interrupted, 70 an internal error (a bug
-in fusegen: please report it with the output of --debug). Errors print as one message; only
---debug shows a traceback.
+in fusegen, or an installation of it that is missing a part: please report it with the output of
+--debug). Errors print as one message; only --debug shows a traceback.
+
+This module is the program's entry point (the console script and ``python -m fusegen``) and
+imports nothing of fusegen at its top: the commands (commands.py) are imported inside main's
+handler, so an installation missing a module, or one that fails to import, is reported like any
+other internal error (exit 70), not as a traceback and exit 1, which is --check's "stale".
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import importlib.metadata
-import shlex
+import signal
 import sys
+import threading
 import traceback
-from pathlib import Path
-
-from . import build, output, plugins
-from . import config as cfg
-from . import progress as prog
-from .console import counted, say
-from .errors import SpecError, ToolchainError, UsageError
-from .explain import explain
-from .staleness import staleness
 
 EXIT_STALE, EXIT_USER, EXIT_TOOLCHAIN, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 70, 130
 
@@ -43,96 +39,6 @@ def version() -> str:
         return importlib.metadata.version("fusegen")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
         return "unknown"
-
-
-def load_config(args: argparse.Namespace, compiles: bool) -> cfg.Config:
-    """The run's configuration; ``compiles`` checks archs against what NVRTC can build."""
-    supported = None
-    if compiles:
-        from . import nvrtc  # raises ToolchainError when the pinned toolchain is missing
-
-        supported = nvrtc.supported_archs()
-    return cfg.load_config(args.specs, args.config, args.out, args.archs, args.dtypes, supported)
-
-
-def shown(path: Path) -> str:
-    return output.display_path(path, Path.cwd())
-
-
-def regenerate_command(args: argparse.Namespace, config: cfg.Config) -> str:
-    """How to regenerate this output, as the user would type it (their repository may have no make)."""
-    words = ["fusegen", "generate", *args.specs]
-    for option in ("config", "out", "archs", "dtypes"):
-        if getattr(args, option) is not None:
-            words += [f"--{option}", getattr(args, option)]
-    command = f"`{shlex.join(words)}`"
-    if config.source is not None and not args.specs:
-        command += f" (it reads [tool.fusegen] of {shown(config.source)})"
-    return command
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    config = load_config(args, compiles=True)
-    out, where = config.out, shown(config.out)
-    output.check_output_folder(out, config.specs, Path.cwd())
-    report = prog.for_stream(sys.stderr)
-    if args.check:
-        # Build against the checked-in package: binaries it already holds are reused only when
-        # their source, options, NVRTC version and sha256 all match its MANIFEST.json.
-        files = build.build_package(config, report)
-        found = staleness(files, out, where)
-        if found.stale:
-            for line in found.report(where):  # the diff on stdout, for a reviewer or `| less`
-                say(line)
-            say(f"fusegen: {where} is stale: {found.summary()}; run {regenerate_command(args, config)} "
-                "and commit the result", sys.stderr)
-            return EXIT_STALE
-        say(f"fusegen: {where} is up to date ({counted(len(files), 'file')})", sys.stderr)
-        return 0
-    checked: list[set[str]] = []
-
-    def check_names(names: set[str]) -> None:  # before any compile: a refusal costs no minutes of NVRTC
-        output.check_output_folder(out, config.specs, Path.cwd(), names)
-        checked.append(names)
-
-    files = build.build_package(config, report, reuse=not args.rebuild, before_compiling=check_names)
-    if checked != [set(files)]:  # a file the check did not see would be written unchecked
-        raise AssertionError("the package's files are not those checked before compiling")
-    written, removed = output.write_package(files, out)
-    say(f"fusegen: {where}: {counted(len(files), 'file')}, {len(written)} written, {len(removed)} removed",
-        sys.stderr)
-    return 0
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    """Each pipeline's plan: the tables of its <pipeline>.plan.md (the diagrams are for GitHub)."""
-    config = load_config(args, compiles=False)
-    for text in build.plan_documents(config).values():
-        say(re.sub(r"```mermaid\n.*?```\n\n", "", text, flags=re.S))
-    return 0
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    """One kernel of the output package (explain.py)."""
-    args.specs, args.archs, args.dtypes = [], None, None
-    config = load_config(args, compiles=False)
-    say(explain(config.out, shown(config.out), args.kernel))
-    return 0
-
-
-def cmd_ops(args: argparse.Namespace) -> int:
-    """Every registered op: its signature, what it computes, where a spec imports it from."""
-    from .ops import OPS
-
-    pyproject = Path.cwd() / args.config if args.config else cfg.find_pyproject(Path.cwd())
-    if args.config and not pyproject.is_file():
-        raise UsageError(f"config file {args.config} not found")
-    table = cfg.fusegen_table(pyproject) if pyproject is not None else {}
-    with plugins.loaded(tuple(table.get("plugins", ())), pyproject.parent if pyproject else Path.cwd()):
-        for op in OPS.values():
-            if op.modules:  # fusegen's internal basic ops (RowScale) are for containers only
-                say(f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})")
-    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,30 +72,57 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The one top-level handler: every error leaves as one message and its exit code."""
+    """The top-level handler: every error leaves as one message and its exit code (commands.run
+    reports the user's mistakes and toolchain failures; this, interrupts and fusegen's own failures).
+
+    ``argv`` None is the program itself (the console script, ``python -m fusegen``): its
+    arguments are the command line's, and after a Ctrl-C it ignores any further one, since it
+    exits next and one landing in its last steps would end it by the signal, with a traceback or
+    without the exit code 130."""
     args = parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "plan": cmd_plan, "explain": cmd_explain, "ops": cmd_ops}[args.command](args)
+        from . import commands  # here, inside the handler: a broken installation is an internal error
+
+        return commands.run(args)
     except KeyboardInterrupt:
-        say("fusegen: interrupted (every file is written whole or not at all)", sys.stderr)
+        if argv is None:
+            ignore_ctrl_c()
+        tell("fusegen: interrupted (every file is written whole or not at all)")
         return EXIT_INTERRUPTED
-    except (SpecError, UsageError, ToolchainError) as err:
+    except (Exception, SystemExit) as err:  # fusegen's own failure (SystemExit: code that should not exit)
         if args.debug:
             traceback.print_exc()
-        prefix = "" if isinstance(err, SpecError) and err.location is not None else "fusegen: error: "
-        say(f"{prefix}{err}", sys.stderr)
-        return EXIT_TOOLCHAIN if isinstance(err, ToolchainError) else EXIT_USER
-    except OSError as err:  # the file system said no: permissions, a full disk, a vanished folder
-        if args.debug:
-            traceback.print_exc()
-        say(f"fusegen: error: {err}", sys.stderr)
-        return EXIT_USER
-    except Exception as err:  # a bug in fusegen, not the user's mistake
-        if args.debug:
-            traceback.print_exc()
-        say(f"fusegen: internal error: {type(err).__name__}: {err}\n"
-            "This is a bug in fusegen; rerun with --debug for the traceback and report it.", sys.stderr)
+        tell(internal_error(err))
         return EXIT_INTERNAL
+
+
+def internal_error(err: BaseException) -> str:
+    """The one line that reports a failure of fusegen itself."""
+    if isinstance(err, ImportError):  # a module missing from the installation, or one that fails to import
+        module = err.name or "a module"
+        if module.split(".")[0] == __package__:
+            what, fix = "fusegen is installed incompletely", "reinstall fusegen"
+        else:
+            what, fix = "a dependency of fusegen is missing or broken", "reinstall fusegen with its dependencies"
+        return (f"fusegen: internal error: {what}: cannot import {module} ({type(err).__name__}: {err}); {fix}, "
+                "and if that does not help, report it with the output of --debug")
+    return (f"fusegen: internal error: {type(err).__name__}: {err} (a bug in fusegen: please report it with "
+            "the output of --debug)")
+
+
+def ignore_ctrl_c() -> None:
+    """SIGINT ignored from now on in this process, where that can be set (the main thread)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def tell(text: str) -> None:
+    """``text`` on standard error. console.say's work, done here with nothing of fusegen: the
+    message may be that fusegen's modules do not import. A reader that has left gets nothing."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: stderr closed
+        pass
 
 
 if __name__ == "__main__":

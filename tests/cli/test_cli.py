@@ -259,40 +259,157 @@ def test_version_and_python_m(tmp_path):
     assert result.returncode == 2 and "spec.py:2:" in result.stderr and "Traceback" not in result.stderr
 
 
+# The two entry points as an installation runs them: the console script pyproject.toml names (the
+# wrapper pip writes calls it, as here) and `python -m fusegen`.
+ENTRY_POINTS = {
+    "console-script": ["-c", "import sys; from importlib.metadata import entry_points; "
+                             "(script,) = entry_points(group='console_scripts', name='fusegen'); sys.exit(script.load()())"],
+    "python-m": ["-m", "fusegen"],
+}
+# Makes the modules named in $UNIMPORTABLE fail to import, as in a wheel that left them out: None
+# in sys.modules, and `import` raises ModuleNotFoundError. Python runs a sitecustomize on its path
+# at start-up, before the command.
+UNIMPORTABLE = "import os, sys\nfor name in os.environ['UNIMPORTABLE'].split(','):\n    sys.modules[name] = None\n"
+
+
+def run_broken(tmp_path, entry_point, unimportable, *args):
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(UNIMPORTABLE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]), UNIMPORTABLE=unimportable)
+    return subprocess.run([sys.executable, *ENTRY_POINTS[entry_point], *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+# fusegen.stages: what the wheels left out (imported with the commands); fusegen.errors and
+# fusegen.commands: what the handler's own module needs; fusegen.nvrtc: imported by `generate` once
+# it runs.
+@pytest.mark.parametrize("module", ["fusegen.stages", "fusegen.errors", "fusegen.commands", "fusegen.nvrtc"])
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_a_broken_installation_exits_70_with_one_line(tmp_path, entry_point, module):
+    (tmp_path / "spec.py").write_text(SPEC)
+    result = run_broken(tmp_path, entry_point, module, *GENERATE)
+    assert result.returncode == 70, result.stderr
+    assert result.stderr.splitlines() == [
+        f"fusegen: internal error: fusegen is installed incompletely: cannot import {module} (ModuleNotFoundError: "
+        f"import of {module} halted; None in sys.modules); reinstall fusegen, and if that does not help, report "
+        "it with the output of --debug"], result.stderr
+    assert result.stdout == "" and not (tmp_path / "fused").exists()
+
+
+def test_a_broken_installation_answers_version_and_debug_shows_the_traceback(tmp_path):
+    (tmp_path / "spec.py").write_text(SPEC)
+    result = run_broken(tmp_path, "python-m", "fusegen.stages", "plan", "spec.py", "--debug")
+    assert result.returncode == 70 and result.stderr.startswith("Traceback"), result.stderr
+    assert result.stderr.splitlines()[-1].startswith("fusegen: internal error: fusegen is installed incompletely")
+    result = run_broken(tmp_path, "console-script", "fusegen.stages", "--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"fusegen {cli.version()}", result.stderr
+    result = run_broken(tmp_path, "console-script", "jinja2", "plan", "spec.py")
+    assert result.returncode == 70 and result.stderr.startswith(
+        "fusegen: internal error: a dependency of fusegen is missing or broken: cannot import jinja2 "
+        "(ModuleNotFoundError: "), result.stderr
+
+
+# An exception fusegen did not expect, raised in the middle of a command of the program: exit 70,
+# never 1 (--check's "stale"), SystemExit(1) from code that should not exit included.
+@pytest.mark.parametrize("raised, message", [
+    ("ValueError('bug')", "fusegen: internal error: ValueError: bug (a bug in fusegen: please report it with "
+                          "the output of --debug)"),
+    ("SystemExit(1)", "fusegen: internal error: SystemExit: 1 (a bug in fusegen: please report it with the "
+                      "output of --debug)"),
+])
+def test_an_internal_error_mid_command_exits_70(tmp_path, raised, message):
+    (tmp_path / "spec.py").write_text(SPEC)
+    program = (f"import sys, fusegen.build\ndef broken(*args, **kwargs):\n    raise {raised}\n"
+               "fusegen.build.plan_documents = broken\nfrom fusegen.cli import main\nsys.exit(main())\n")
+    result = subprocess.run([sys.executable, "-c", program, "plan", "spec.py"], cwd=tmp_path,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 70 and result.stderr.splitlines() == [message], result.stderr
+
+
+CTRL_C_SPEC = """\
+from fusegen.eager import Sequential, RMSNorm, LayerNorm, GELU, SiLU, ReLU, SwiGLU, Bias
+a = Sequential(RMSNorm(4096), GELU(), Bias(4096), SiLU())
+b = Sequential(LayerNorm(2048), ReLU(), SwiGLU(), Bias(1024))
+c = Sequential(RMSNorm(1024), SiLU(), Bias(1024), GELU())
+d = Sequential(LayerNorm(512), GELU(), Bias(512), ReLU())
+e = Sequential(RMSNorm(768), SwiGLU(), Bias(384), SiLU())
+"""
+
+
+def live_processes_of_group(group: int) -> dict[int, str]:
+    """{pid: command line} of the processes of a process group still running (Linux's /proc;
+    zombies left out: they have exited, only their parent has not collected them)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # after "pid (comm)": state ppid pgrp
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it exited while we looked
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found[int(stat.parent.name)] = command
+    return found
+
+
 # The spec's 50 compiles run in worker processes with the threshold below them, on threads of
 # fusegen's own process with it above. A Ctrl-C 0.2 s after the first line reaches worker processes
 # still importing the compiler (0.7 s), which printed their own tracebacks before they started with
-# SIGINT blocked (build._sigint_blocked).
-@pytest.mark.parametrize("threaded_compiles, delay", [(0, 1.0), (10**6, 1.0), (0, 0.2)],
-                         ids=["processes", "threads", "processes-while-starting"])
-def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_compiles, delay):
-    (tmp_path / "spec.py").write_text(textwrap.dedent("""\
-        from fusegen.eager import Sequential, RMSNorm, LayerNorm, GELU, SiLU, ReLU, SwiGLU, Bias
-        a = Sequential(RMSNorm(4096), GELU(), Bias(4096), SiLU())
-        b = Sequential(LayerNorm(2048), ReLU(), SwiGLU(), Bias(1024))
-        c = Sequential(RMSNorm(1024), SiLU(), Bias(1024), GELU())
-        d = Sequential(LayerNorm(512), GELU(), Bias(512), ReLU())
-        e = Sequential(RMSNorm(768), SwiGLU(), Bias(384), SiLU())
-    """))
-    # fusegen's main with Python's own Ctrl-C handler: a shell's background job (`make test &`)
-    # inherits SIGINT ignored, and Python then installs none.
+# SIGINT blocked (build._sigint_blocked). The first Ctrl-C lets the compiles in flight finish; a
+# second, 0.3 s later, lands while the pool waits for them (it hung there for good, in all of 6
+# tries, before build._CtrlC), and three 0.05 s apart also reach fusegen as it shuts the pool down
+# and exits (a third printed a traceback and left the workers running).
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="lists a process group's processes from /proc")
+@pytest.mark.parametrize("threaded_compiles, delay, presses, gap", [
+    (0, 1.0, 1, 0), (10**6, 1.0, 1, 0), (0, 0.2, 1, 0), (0, 1.0, 2, 0.3), (0, 1.0, 3, 0.05), (0, 0.2, 3, 0.05),
+    (10**6, 1.0, 3, 0.05)],
+    ids=["processes", "threads", "processes-while-starting", "processes-twice", "processes-three-times",
+         "processes-while-starting-three-times", "threads-three-times"])
+def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_compiles, delay, presses, gap):
+    (tmp_path / "spec.py").write_text(CTRL_C_SPEC)
+    # fusegen's main, as the console script runs it, with Python's own Ctrl-C handler: a shell's
+    # background job (`make test &`) inherits SIGINT ignored, and Python then installs none.
     threshold = f"import fusegen.build; fusegen.build.THREADED_COMPILES = {threaded_compiles}; "
     command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-               f"{threshold}from fusegen.cli import main; sys.exit(main(sys.argv[1:]))", "generate", "spec.py",
-               "--out", "fused"]
+               f"{threshold}from fusegen.cli import main; sys.exit(main())", "generate", "spec.py", "--out", "fused"]
     # A new session, signalled as a group: like a terminal's Ctrl-C, it reaches the workers too.
     proc = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    first = proc.stderr.readline()
-    assert "fusegen: compiling 125 kernel binaries in 50 compiles" in first, first
-    time.sleep(delay)
-    os.killpg(proc.pid, signal.SIGINT)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=60) == 130
+    try:
+        first = proc.stderr.readline()
+        assert "fusegen: compiling 125 kernel binaries in 50 compiles" in first, first
+        time.sleep(delay)
+        started = live_processes_of_group(proc.pid)
+        pressed = []
+        for _ in range(presses):
+            if pressed:
+                time.sleep(gap)
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:  # every process of the group has exited: nothing to press
+                break
+            pressed.append(time.monotonic())
+        rest = proc.communicate(timeout=60)[1]  # not read(): a hung fusegen would keep stderr open
+        exited = time.monotonic()
+        assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:  # a hang: leave no process behind, then fail
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
     lines = [line for line in rest.splitlines() if not line.startswith("  [")]  # progress lines may precede it
     assert lines == ["fusegen: interrupted (every file is written whole or not at all)"]
     assert not list(tmp_path.rglob("*.tmp"))
+    workers = {pid for pid, command in started.items() if "multiprocessing.spawn" in command}
+    assert bool(workers) == (threaded_compiles == 0), started
+    if presses > 1:  # a second Ctrl-C kills the workers: an exit in a fraction of a second (2 s for a busy CI machine)
+        assert exited - pressed[1] < 2.0, exited - pressed[1]
+    # nothing of the run is left: not its workers, nor a ptxas one ran, nor multiprocessing's
+    # resource tracker (which ends once fusegen has)
+    deadline = time.monotonic() + 5
+    while live_processes_of_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not live_processes_of_group(proc.pid)
 
 
 @pytest.mark.parametrize("body, message", [
