@@ -451,7 +451,7 @@ def test_every_kernel_has_a_test():
                "swiglu_i32_fwd_n512"}
     # specs/te_reshape.py's, checked through test_reshape.py
     tested |= {"gelu_bwd_n256", "gelu_fwd_n256", "rmsnorm_bwd_h64", "rmsnorm_fwd_h64", "silu_bwd_any", "silu_fwd_any",
-               "tee_bias_bwd_n64", "tee_bias_fwd_n64"}
+               "tee_bias_bwd_n64", "tee_bias_fwd_n64", "swiglu_add_bwd_any", "swiglu_add_fwd_any"}
     # specs/te_norms.py's norms over several trailing dims, checked through test_norm_shapes.py (and
     # LayerNorm((7, 2))'s kernels in NORMS above)
     tested |= {"rmsnorm_zc_fwd_h256", "rmsnorm_zc_bwd_h256", "bias_bwd_n64", "bias_bwd_n32"}
