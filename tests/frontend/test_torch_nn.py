@@ -1,15 +1,12 @@
 """torch.nn modules with a te.ops equivalent map to the op and fuse: a generated module loads the
 state_dict of the real torch.nn.Sequential and matches it, in float64, outputs and all grads."""
 
-import importlib
-import sys
-
 import pytest
 import torch
 
-from fusegen import build, output
 from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
+from spec_packages import imported_package
 
 SPEC = """\
 import torch
@@ -33,15 +30,8 @@ def torch_modules():
 
 @pytest.fixture(scope="module")
 def pkg(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("nn")
-    (folder / "nn_spec.py").write_text(SPEC)
-    config = build.Config((folder / "nn_spec.py",), folder / "nn_pkg", archs=(), dtypes=("float32",), root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("nn_pkg")
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(tmp_path_factory.mktemp("nn"), "nn_spec.py", SPEC, "nn_pkg") as pkg:
+        yield pkg
 
 
 @pytest.mark.parametrize("name", sorted(torch_modules()))

@@ -1,8 +1,6 @@
 """Autograd contracts of generated modules: a double backward raises instead of returning wrong
 second derivatives, and a pipeline that saves nothing for backward still imports and runs."""
 
-import importlib
-import sys
 import textwrap
 from pathlib import Path
 
@@ -10,7 +8,7 @@ import pytest
 import torch
 
 import generated
-from fusegen import build, output
+from spec_packages import imported_package
 
 
 TINY_SPEC = textwrap.dedent("""\
@@ -23,15 +21,8 @@ TINY_SPEC = textwrap.dedent("""\
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A CPU-only package of small pipelines (no binaries), imported once."""
-    folder = tmp_path_factory.mktemp("tiny")
-    (folder / "tiny_spec.py").write_text(TINY_SPEC)
-    config = build.Config((folder / "tiny_spec.py",), folder / "tiny_pkg", archs=(), dtypes=("float32",), root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("tiny_pkg")
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(tmp_path_factory.mktemp("tiny"), "tiny_spec.py", TINY_SPEC, "tiny_pkg") as pkg:
+        yield pkg
 
 
 def test_double_backward_raises_instead_of_being_wrong(tiny):
@@ -98,27 +89,20 @@ def test_pipeline_that_saves_nothing_imports_and_runs(tiny):
 
 def test_make_extra_output_in_place_gives_the_values_and_grads_of_out_of_place(tmp_path):
     """TE's MakeExtraOutput(in_place=True) only changes how the grad buffer is accumulated."""
-    spec = tmp_path / "tee_spec.py"
-    spec.write_text("from transformer_engine.pytorch.ops import Bias, GELU, MakeExtraOutput, Sequential\n"
-                    "a = Sequential(Bias(8), MakeExtraOutput(in_place=True), GELU())\n"
-                    "b = Sequential(Bias(8), MakeExtraOutput(), GELU())\n")
-    config = build.Config((spec,), tmp_path / "tee_pkg", archs=(), dtypes=("float32",), root=tmp_path)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        pkg = importlib.import_module("tee_pkg")
-    finally:
-        sys.path.remove(str(tmp_path))
-    x = torch.randn(5, 8, dtype=torch.float64)
-    results = []
-    for cls in (pkg.A, pkg.B):
-        module = cls(dtype=torch.float64)
-        with torch.no_grad():
-            module.get_submodule("0").bias.copy_(torch.linspace(-1, 1, 8))
-        xi = x.clone().requires_grad_()
-        y, extra = module(xi)
-        (y.sum() + 2 * extra.sum()).backward()
-        results.append((y, extra, xi.grad))
+    spec = ("from transformer_engine.pytorch.ops import Bias, GELU, MakeExtraOutput, Sequential\n"
+            "a = Sequential(Bias(8), MakeExtraOutput(in_place=True), GELU())\n"
+            "b = Sequential(Bias(8), MakeExtraOutput(), GELU())\n")
+    with imported_package(tmp_path, "tee_spec.py", spec, "tee_pkg") as pkg:
+        x = torch.randn(5, 8, dtype=torch.float64)
+        results = []
+        for cls in (pkg.A, pkg.B):
+            module = cls(dtype=torch.float64)
+            with torch.no_grad():
+                module.get_submodule("0").bias.copy_(torch.linspace(-1, 1, 8))
+            xi = x.clone().requires_grad_()
+            y, extra = module(xi)
+            (y.sum() + 2 * extra.sum()).backward()
+            results.append((y, extra, xi.grad))
     for got, want in zip(*results):
         assert torch.equal(got, want)
 
@@ -137,16 +121,8 @@ ADDEND_SPEC = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def addends(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("addends")
-    (folder / "addend_spec.py").write_text(ADDEND_SPEC)
-    config = build.Config((folder / "addend_spec.py",), folder / "addend_pkg", archs=(), dtypes=("float32",),
-                          root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("addend_pkg")
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(tmp_path_factory.mktemp("addends"), "addend_spec.py", ADDEND_SPEC, "addend_pkg") as pkg:
+        yield pkg
 
 
 def small_shipped_modules():

@@ -1,17 +1,14 @@
 """TE's Linear options: accumulate_into_main_grad (the weight gradient goes into weight.main_grad,
 Megatron's way) and its parallelism arguments, accepted at their defaults and refused otherwise."""
 
-import importlib
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fusegen import build, output
 from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
 from fusegen.pipeline import build_pipeline
+from spec_packages import imported_package
 
 SPEC = """\
 import transformer_engine.pytorch as te
@@ -25,16 +22,8 @@ main_grad_mlp = te.ops.Sequential(
 
 @pytest.fixture(scope="module")
 def pkg(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("main_grad")
-    (folder / "main_grad_spec.py").write_text(SPEC)
-    config = build.Config((folder / "main_grad_spec.py",), folder / "main_grad_pkg", archs=(), dtypes=("float32",),
-                          root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("main_grad_pkg")
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(tmp_path_factory.mktemp("main_grad"), "main_grad_spec.py", SPEC, "main_grad_pkg") as pkg:
+        yield pkg
 
 
 def reference_grads(module, x, gy):

@@ -8,17 +8,14 @@ generator): outputs, extra outputs, the input's and extra inputs' grads, every p
 The fuzz tests (tests/frontend/test_fuzz.py) generate every such shape; this file checks the
 numbers of the ones that crashed and of a seeded sample of the rest."""
 
-import importlib
 import itertools
 import random
-import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from fusegen import build, output
 from references import dropout_keep, next_keys, randomize_, run_and_compare
+from spec_packages import imported_package
 
 WIDTH = 64
 EPS = 1e-5
@@ -52,19 +49,12 @@ SHAPES = CRASHED + _sample(15)
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     """One CPU-only package (no binaries) holding a pipeline per shape, imported once."""
-    folder = tmp_path_factory.mktemp("norm_neighbours")
     lines = ["import transformer_engine.pytorch as te\n"]
     for index, shape in enumerate(SHAPES):
         lines.append(f"shape{index} = te.ops.Sequential({', '.join('te.ops.' + CALLS[op] for op in shape)})\n")
-    (folder / "norm_neighbours_spec.py").write_text("".join(lines))
-    config = build.Config((folder / "norm_neighbours_spec.py",), folder / "norm_neighbours_pkg", archs=(),
-                          dtypes=("float32",), root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("norm_neighbours_pkg")
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(tmp_path_factory.mktemp("norm_neighbours"), "norm_neighbours_spec.py", "".join(lines),
+                          "norm_neighbours_pkg") as pkg:
+        yield pkg
 
 
 def reference_for(shape, training):

@@ -3,15 +3,14 @@
 import importlib
 import importlib.util
 import math
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from fusegen import build, output
 from references import randomize_
+from spec_packages import imported_package
 
 spec = importlib.util.spec_from_file_location("fusegen_runtime", Path(__file__).resolve().parents[2] / "templates" / "runtime.py")
 runtime = importlib.util.module_from_spec(spec)
@@ -68,15 +67,8 @@ EDGE_SPEC = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def edges(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("edges")
-    (folder / "edge_spec.py").write_text(EDGE_SPEC)
-    config = build.Config((folder / "edge_spec.py",), folder / "edge_pkg", archs=(), dtypes=("float32",), root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("edge_pkg")
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(tmp_path_factory.mktemp("edges"), "edge_spec.py", EDGE_SPEC, "edge_pkg") as pkg:
+        yield pkg
 
 
 def gelu64(t):

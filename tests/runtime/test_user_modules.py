@@ -8,7 +8,6 @@ Then (issue 36), against the eager model in float64: calls whose text holds quot
 and characters the generated code must escape; in-place modules; a module anywhere in a pipeline;
 retain_graph, torch.autograd.grad, gradcheck and torch.compile(fullgraph=True) in training."""
 
-import importlib
 import json
 import re
 import shutil
@@ -20,10 +19,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusegen import build, output
 from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
 from references import assert_close_to_reference, randomize_
+from spec_packages import imported_package
 
 LAYERS = textwrap.dedent('''\
     import torch
@@ -65,17 +64,9 @@ SPEC = textwrap.dedent('''\
 
 @pytest.fixture(scope="module")
 def pkg(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("user_modules")
-    (folder / "user_layers.py").write_text(LAYERS)
-    (folder / "spec.py").write_text(SPEC)
-    config = build.Config((folder / "spec.py",), folder / "user_pkg", archs=(), dtypes=("bfloat16", "float32"),
-                          root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("user_pkg")
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(tmp_path_factory.mktemp("user_modules"), "spec.py", SPEC, "user_pkg",
+                          dtypes=("bfloat16", "float32"), files={"user_layers.py": LAYERS}) as pkg:
+        yield pkg
 
 
 def reference(p, x):
@@ -270,15 +261,9 @@ def tagged(tmp_path_factory):
     """The package of TAGGED_SPEC and its eager model (fusegen.eager, the oracle) in float64, with
     the same parameters."""
     folder = tmp_path_factory.mktemp("tagged")
-    (folder / "tagged_layers.py").write_text(TAGGED_LAYERS)
-    (folder / "spec.py").write_text(TAGGED_SPEC, encoding="utf-8")
-    config = build.Config((folder / "spec.py",), folder / "tagged_pkg", archs=(), dtypes=("float32",), root=folder)
-    output.write_package(build.build_package(config), config.out)
-    sys.path.insert(0, str(folder))
-    try:
-        yield importlib.import_module("tagged_pkg"), folder
-    finally:
-        sys.path.remove(str(folder))
+    with imported_package(folder, "spec.py", TAGGED_SPEC, "tagged_pkg",
+                          files={"tagged_layers.py": TAGGED_LAYERS}) as pkg:
+        yield pkg, folder
 
 
 def tagged_models(pkg):

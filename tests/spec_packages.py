@@ -1,0 +1,24 @@
+"""A package generated from a spec's text in a test's folder, imported for the tests of one file."""
+
+import contextlib
+import importlib
+import sys
+
+from fusegen import build, output
+
+
+@contextlib.contextmanager
+def imported_package(folder, spec_name, spec_text, package, dtypes=("float32",), files=None):
+    """Writes ``spec_text`` as ``folder/spec_name`` (and ``files``, name -> text: the user's own
+    modules the spec imports), generates ``folder/package`` from it without binaries (CPU) and
+    yields it imported, with ``folder`` on sys.path for the block (a generated module imports the
+    user's modules when it is built)."""
+    for name, text in {**(files or {}), spec_name: spec_text}.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    config = build.Config((folder / spec_name,), folder / package, archs=(), dtypes=dtypes, root=folder)
+    output.write_package(build.build_package(config), config.out)
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module(package)
+    finally:
+        sys.path.remove(str(folder))
