@@ -66,7 +66,34 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
     of ``multiple_of`` (a size-generic pipeline). ``any_shape``: any shape, 0-D included (an
     elementwise pipeline: TE's elementwise ops take any shape); ``shape``: exactly this shape
     (x's, for an extra input of such a pipeline). ``like``: the tensor whose dtype and device the
-    input must have (a parameter, or x in a pipeline without parameters), ``like_is`` what it is."""
+    input must have (a parameter, or x in a pipeline without parameters), ``like_is`` what it is.
+    Every call: one quick pass, the messages only when it finds something."""
+    if not _input_fits(tensor, features, like, lead, multiple_of, any_shape, shape):
+        _input_error(module, name, tensor, features, like, lead, multiple_of, like_is, any_shape,
+                     shape)
+
+
+def _input_fits(tensor, features, like, lead, multiple_of, any_shape, shape):
+    """check_input's quick pass (a generated module's every call: about a third quicker than the
+    messages' checks in their order, measured on an H100 machine's host)."""
+    try:
+        dtype, size = tensor.dtype, tensor.shape
+    except AttributeError:  # not a tensor: the messages say what it is
+        return False
+    if dtype is not like.dtype or not dtype.is_floating_point or tensor.device != like.device:
+        return False
+    if shape is not None:
+        return size == shape
+    if features is None:
+        fits = any_shape or (len(size) >= 1 and size[-1] % multiple_of == 0)
+    else:
+        fits = len(size) >= 1 and size[-1] == features
+    return fits and (lead is None or size[:-1] == lead)
+
+
+def _input_error(module, name, tensor, features, like, lead, multiple_of, like_is, any_shape,
+                 shape):
+    """Raises the error that names what check_input's quick pass refused."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{module}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_floating_point():  # as torch's own ops refuse them (in float they'd be wrong)
@@ -84,8 +111,8 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
             raise ValueError(f"{module}: {name} must have shape [..., n]{constraint}, got "
                              f"{list(tensor.shape)}")
     elif tensor.dim() < 1 or tensor.shape[-1] != features:
-        raise ValueError(
-            f"{module}: {name} must have shape [..., {features}], got {list(tensor.shape)}")
+        raise ValueError(f"{module}: {name} must have shape [..., {features}], got "
+                         f"{list(tensor.shape)}")
     if tensor.dtype != like.dtype:
         raise TypeError(f"{module}: {name} has dtype {tensor.dtype} but {like_is} {like.dtype}; "
                         "convert the input or the module (module.to(dtype))")
@@ -98,6 +125,8 @@ def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
     if lead is not None and tensor.shape[:-1] != lead:
         raise ValueError(f"{module}: {name} must have the same leading shape as x, {list(lead)}, "
                          f"got {list(tensor.shape[:-1])}")
+    raise AssertionError(f"{module}: check_input's quick pass refused {name}, but no check names "
+                         "why")
 
 
 def check_parameters(module, keys, shapes, parameters):
@@ -111,16 +140,17 @@ def check_parameters(module, keys, shapes, parameters):
 
 def _parameters_agree(shapes, parameters):
     """Whether the parameters have their shapes, one dtype and one device (the quick pass: about
-    0.3 us a parameter; get_device and is_meta are quicker than comparing torch.device objects)."""
-    first = parameters[0]
-    if not isinstance(first, torch.Tensor):
+    0.75 us a parameter on an H100 machine's host, a third less than with an isinstance check and
+    get_device and is_meta per parameter)."""
+    try:
+        first = parameters[0]
+        dtype, device = first.dtype, first.device
+        for shape, parameter in zip(shapes, parameters):
+            if (parameter.dtype is not dtype or parameter.shape != shape
+                    or parameter.device != device):
+                return False
+    except AttributeError:  # not a tensor (None, say): the messages say which
         return False
-    dtype, device, meta = first.dtype, first.get_device(), first.is_meta
-    for shape, parameter in zip(shapes, parameters):
-        if not (isinstance(parameter, torch.Tensor) and parameter.dtype is dtype
-                and parameter.shape == shape and parameter.get_device() == device
-                and parameter.is_meta == meta):
-            return False
     return True
 
 
@@ -143,6 +173,8 @@ def _parameter_error(module, keys, shapes, parameters):
         if parameter.device != first.device:
             raise ValueError(f"{module}: parameter {key} is on {parameter.device} but {keys[0]} is "
                              f"on {first.device}; move the whole module (module.to(device))")
+    raise AssertionError(f"{module}: check_parameters' quick pass refused a parameter, but no "
+                         "check names which")
 
 
 def check_row_input(module, name, tensor, like, lead, like_is="the module's parameters are"):
