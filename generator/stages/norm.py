@@ -131,8 +131,9 @@ def norm_forward(stage) -> kn.KernelSpec:
     norm = norm_of(stage)
     residual = stage.first("add_extra_input") is not None
     before, after = _sides(stage)
-    prologue = tuple(ew.op_step(stage, op, None, _kernel_ops(stage), write=False) for op in before)
-    epilogue = tuple(ew.op_step(stage, op, None, _kernel_ops(stage), write=False) for op in after)
+    kernel_ops = _kernel_ops(stage)
+    prologue = tuple(ew.op_step(stage, op, None, kernel_ops, write=False) for op in before)
+    epilogue = tuple(ew.op_step(stage, op, None, kernel_ops, write=False) for op in after)
     ctypes = ew.operand_ctypes(prologue + epilogue)
     members = [[(ctypes[dict(s)["operand"]], dict(s)["operand"]) for s in steps if dict(s)["operand"]]
                for steps in (prologue, epilogue)]
@@ -220,7 +221,8 @@ class NormStage(StageImpl):
         stats = 2 if spec.ctx["layernorm"] else 1  # mean and rstd, or rstd
         if pass_ == "backward":  # dy, the saved sum, the statistics (+ the extra output's grad) -> dx
             return RowTraffic(3 * h + (h if meo else 0), stats)
-        operands = sum(ew.operand_width(plan.pipeline, stage, name, _kernel_ops(stage)) for name in spec.operands)
+        kernel_ops = _kernel_ops(stage)
+        operands = sum(ew.operand_width(plan.pipeline, stage, name, kernel_ops) for name in spec.operands)
         sum_written = spec.ctx["writes_h"] and (meo is not None or pass_ == "forward")
         # x (+ the residual, + per-row operands) -> y (+ the sum; + the statistics, for a backward)
         return RowTraffic(2 * h + (h if spec.ctx["residual"] else 0) + operands + (h if sum_written else 0),
