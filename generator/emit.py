@@ -351,7 +351,8 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         backward_code = _code(backward)
         takes_n = _uses("ctx.n", backward_code)
         functions.append(dict(
-            name=f"{p.class_name}Function{k}", first=p.ops[start].number, last=p.ops[end - 1].number, forward=blocks, backward=backward,
+            name=f"{p.class_name}Function{k}", first=p.ops[start].number, last=p.ops[end - 1].number,
+            forward=blocks, backward=backward,
             inputs=args + (["n"] if takes_n else []), takes_n=takes_n, outputs=outputs,
             returns=distinct_returns(outputs, em.aliases), saved=[name for name in saved if _uses(name, backward_code)],
             grad_outputs=["d_" + name for name in outputs],

@@ -110,7 +110,8 @@ class Pipeline:
         divisor = max((size.divisor for size in made), default=1)
         for op in self.ops:
             k = op.opdef.interleave(op.args)
-            if k is not None and isinstance(op.in_features, Sym) and op.in_features.width == width:  # n * p / q a multiple of 2k
+            # n * p / q a multiple of 2k
+            if k is not None and isinstance(op.in_features, Sym) and op.in_features.width == width:
                 p, q = op.in_features.factor.numerator, op.in_features.factor.denominator
                 need = 2 * k * q
                 divisor = math.lcm(divisor, need // math.gcd(need, p))
