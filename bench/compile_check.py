@@ -21,7 +21,8 @@ from pathlib import Path
 
 from cuda.bindings import nvrtc
 
-from fusegen import build, emit, fusion_rules, nvrtc as fg_nvrtc
+from fusegen import build, emit, fusion_rules
+from fusegen.toolchain import nvrtc as fg_nvrtc
 from fusegen.frontend import parse_spec
 from fusegen.names import NameTable
 from fusegen.ops import OPS, REQUIRED

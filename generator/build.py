@@ -235,7 +235,7 @@ class Compile(NamedTuple):
 
     @property
     def targets(self) -> tuple[str, ...]:
-        from . import nvrtc
+        from .toolchain import nvrtc
 
         return nvrtc.targets_of(self.arch, self.with_ptx) + self.assembled
 
@@ -252,7 +252,7 @@ THREADED_COMPILES = 64
 
 def _compile(job: Compile, headers: dict[str, str], folder: Path) -> tuple[str, dict[str, bytes]]:
     """``job``'s binaries; ``folder`` (the run's) takes NVRTC's precompiled headers and ptxas's files."""
-    from . import nvrtc, ptxas
+    from .toolchain import nvrtc, ptxas
 
     binaries = nvrtc.compile_source(job.source, f"kernels/{job.kernel}.cu", job.arch, headers,
                                     [nvrtc.cuda_include_dir()], folder, job.with_ptx or bool(job.assembled))
@@ -410,7 +410,7 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
                 for kernel, source in sources.items()}
     if not archs:  # a CPU-only package: sources, no binaries
         return {}, manifest
-    from . import nvrtc, ptxas
+    from .toolchain import nvrtc, ptxas
 
     version = nvrtc.nvrtc_version()
     nvrtc.cuda_include_dir()  # fail before compiling anything when the headers are missing
@@ -471,7 +471,7 @@ def compile_kernels(sources: dict[str, str], archs: tuple[str, ...], previous: P
 def arch_testing_headers(headers: dict[str, Path] | None = None) -> set[str]:
     """The fusegen and plugin headers (header_files) that test the arch a kernel is compiled for
     (nvrtc.TESTS_ARCH), each read once a build."""
-    from . import nvrtc
+    from .toolchain import nvrtc
 
     files = header_files() if headers is None else headers
     return {name for name, path in files.items() if nvrtc.TESTS_ARCH.search(path.read_text())}

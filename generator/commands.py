@@ -27,7 +27,7 @@ def load_config(args: argparse.Namespace, compiles: bool) -> cfg.Config:
     """The run's configuration; ``compiles`` checks archs against what NVRTC can build."""
     supported = None
     if compiles:
-        from . import nvrtc  # raises ToolchainError when the pinned toolchain is missing
+        from .toolchain import nvrtc  # raises ToolchainError when the pinned toolchain is missing
 
         supported = nvrtc.supported_archs()
     return cfg.load_config(args.specs, args.config, args.out, args.archs, args.dtypes, supported)

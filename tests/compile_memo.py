@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
-from fusegen import build, nvrtc, ptxas
+from fusegen import build
+from fusegen.toolchain import nvrtc, ptxas
 from fusegen.progress import Progress
 
 _binaries: dict[tuple, dict[str, bytes]] = {}  # job key -> {target: bytes}

@@ -158,7 +158,7 @@ def test_a_missing_header_is_a_clear_error(tmp_path, monkeypatch, source, where)
 
 def test_the_edited_copy_is_what_nvrtc_compiles(package):
     """The harness itself: the compiles (in worker processes) read the monkeypatched folder."""
-    from fusegen.nvrtc import NvrtcError
+    from fusegen.toolchain.nvrtc import NvrtcError
 
     config, headers, compiled = package
     with open(headers / "norm.cuh", "a") as f:
@@ -171,7 +171,7 @@ def test_the_edited_copy_is_what_nvrtc_compiles(package):
 def test_a_header_in_the_working_directory_is_never_compiled_instead(tmp_path, monkeypatch):
     """fusegen's headers go to NVRTC in memory, which it prefers to files: a user's own
     common.cuh (in the working directory or a kernels/ folder there) cannot replace them."""
-    from fusegen import nvrtc
+    from fusegen.toolchain import nvrtc
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "kernels").mkdir()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import build, nvrtc, output, ptxas
+from fusegen import build, output
+from fusegen.toolchain import nvrtc, ptxas
 from fusegen.errors import ToolchainError
 from fusegen.explain import elf_sections
 from fusegen.progress import Progress

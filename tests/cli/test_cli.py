@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fusegen import build, cli, output, progress
-from fusegen import nvrtc, ptxas
+from fusegen.toolchain import nvrtc, ptxas
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "from fusegen.eager import Sequential, RMSNorm, GELU\nblock = Sequential(RMSNorm(64), GELU())\n"
@@ -282,9 +282,9 @@ def run_broken(tmp_path, entry_point, unimportable, *args):
 
 
 # fusegen.stages: what the wheels left out (imported with the commands); fusegen.errors and
-# fusegen.commands: what the handler's own module needs; fusegen.nvrtc: imported by `generate` once
+# fusegen.commands: what the handler's own module needs; fusegen.toolchain.nvrtc: imported by `generate` once
 # it runs.
-@pytest.mark.parametrize("module", ["fusegen.stages", "fusegen.errors", "fusegen.commands", "fusegen.nvrtc"])
+@pytest.mark.parametrize("module", ["fusegen.stages", "fusegen.errors", "fusegen.commands", "fusegen.toolchain.nvrtc"])
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 def test_a_broken_installation_exits_70_with_one_line(tmp_path, entry_point, module):
     (tmp_path / "spec.py").write_text(SPEC)

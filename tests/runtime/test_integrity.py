@@ -73,7 +73,7 @@ print(loaded, mapped)
 
 
 def _never_reaches_nvrtc(device):
-    """No nvrtc module is imported (cuda.bindings.nvrtc, fusegen.nvrtc); on CPU not even the
+    """No nvrtc module is imported (cuda.bindings.nvrtc, fusegen.toolchain.nvrtc); on CPU not even the
     library is mapped. (A CUDA build of torch maps libnvrtc itself, for its own JIT.)"""
     root = PACKAGE.parent
     out = subprocess.run([sys.executable, "-c", RUN, device], cwd=root, capture_output=True, text=True, timeout=300)

@@ -13,7 +13,7 @@ import importlib.metadata
 import subprocess
 from pathlib import Path
 
-from .errors import ToolchainError
+from ..errors import ToolchainError
 
 PACKAGE = "nvidia-cuda-nvcc"
 INSTALL = f"pip install '{PACKAGE}==13.0.88'"

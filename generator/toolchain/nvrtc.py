@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import ToolchainError
+from ..errors import ToolchainError
 
 try:
     from cuda.bindings import nvrtc
