@@ -5,7 +5,7 @@ test's (44 distinct of 188 in tests/builds and tests/cli). NVRTC's output, and p
 function of the source, the headers, the arch and the options (tests/builds/test_compiles.py and
 test_two_builds_give_identical_bytes check that on real compiles), so a job seen before gets its
 binaries from this session's memo instead of another compile. What a test observes of a build is
-unchanged: ``build.run_compiles`` is still called with every job (the build-cache tests count
+unchanged: ``toolchain.jobs.run_compiles`` is still called with every job (the build-cache tests count
 them there), the progress reaches its total, and a failing compile is never remembered.
 A test marked ``real_nvrtc`` compiles everything it asks for.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 
-from fusegen import build
+from fusegen import toolchain
 from fusegen.toolchain import nvrtc, ptxas
 from fusegen.progress import Progress
 
@@ -31,7 +31,7 @@ class _Shifted(Progress):
         self.progress.update(self.answered + done, in_flight)
 
 
-def _key(job: build.Compile, headers_digest: str) -> tuple:
+def _key(job: toolchain.Compile, headers_digest: str) -> tuple:
     options = (*nvrtc.LANGUAGE_OPTIONS, *nvrtc.SPEED_OPTIONS, nvrtc.nvrtc_version(), ptxas.version())
     return job.source, job.arch, job.with_ptx, job.assembled, headers_digest, options
 
@@ -39,16 +39,16 @@ def _key(job: build.Compile, headers_digest: str) -> tuple:
 def remembering(run_compiles):
     """``run_compiles`` that compiles only the jobs this session has not compiled yet."""
 
-    def run(jobs: list[build.Compile], progress: Progress, headers: dict[str, str]) -> dict[str, bytes]:
+    def run(jobs: list[toolchain.Compile], progress: Progress, headers: dict[str, str]) -> dict[str, bytes]:
         digest = hashlib.sha256(repr(sorted(headers.items())).encode()).hexdigest()
         keys = [_key(job, digest) for job in jobs]
         missing = [job for job, key in zip(jobs, keys) if key not in _binaries]
         compiled = run_compiles(missing, _Shifted(progress, len(jobs) - len(missing)), headers) if missing else {}
         for job, key in zip(jobs, keys):
             if key not in _binaries:
-                _binaries[key] = {t: compiled[build.binary_name(job.kernel, t)] for t in job.targets}
+                _binaries[key] = {t: compiled[toolchain.binary_name(job.kernel, t)] for t in job.targets}
         progress.update(len(jobs), [])
-        return {build.binary_name(job.kernel, target): binary
+        return {toolchain.binary_name(job.kernel, target): binary
                 for job, key in zip(jobs, keys) for target, binary in _binaries[key].items()}
 
     return run

@@ -56,11 +56,11 @@ _a_share_of_the_cores()
 def _compile_each_job_once(request, monkeypatch):
     """NVRTC jobs repeated across tests come from this session's memo (compile_memo.py), except in
     tests marked real_nvrtc."""
-    build = sys.modules.get("fusegen.build")  # imported by every test that builds (not on a GPU-only run)
-    if build is not None and request.node.get_closest_marker("real_nvrtc") is None:
+    jobs = sys.modules.get("fusegen.toolchain.jobs")  # imported by every test that builds (not on a GPU-only run)
+    if jobs is not None and request.node.get_closest_marker("real_nvrtc") is None:
         import compile_memo
 
-        monkeypatch.setattr(build, "run_compiles", compile_memo.remembering(build.run_compiles))
+        monkeypatch.setattr(jobs, "run_compiles", compile_memo.remembering(jobs.run_compiles))
 
 
 def pytest_collection_finish(session):

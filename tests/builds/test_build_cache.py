@@ -8,7 +8,9 @@ import textwrap
 
 import pytest
 
-from fusegen import build, output
+from fusegen import build, output, toolchain
+from fusegen.toolchain import jobs as compile_jobs
+from fusegen.toolchain.headers import CUDA_HEADERS
 
 SPEC = textwrap.dedent("""\
     from fusegen.eager import Sequential, RMSNorm, Linear, GELU, AddExtraInput, MakeExtraOutput
@@ -50,21 +52,21 @@ def package(tmp_path, monkeypatch, first_build):
     (kernel, target) of every binary each later build_package compiles. The package starts as
     the first build's copy, which a build here then owns and reuses whole."""
     headers = tmp_path / "cuda"
-    shutil.copytree(build.CUDA_HEADERS, headers)
-    monkeypatch.setattr(build, "CUDA_HEADERS", headers)
+    shutil.copytree(CUDA_HEADERS, headers)
+    monkeypatch.setattr("fusegen.toolchain.headers.CUDA_HEADERS", headers)
     (tmp_path / "small.py").write_text(SPEC)
     config = _config(tmp_path)
     shutil.copytree(first_build, config.out)
     output.write_package(build.build_package(config), config.out)
 
     compiled = []
-    run_compiles = build.run_compiles
+    run_compiles = compile_jobs.run_compiles
 
     def counting(jobs, progress, headers):  # jobs run in worker processes: count them here, in the parent
         compiled.extend((job.kernel, job.arch) for job in jobs)
         return run_compiles(jobs, progress, headers)
 
-    monkeypatch.setattr(build, "run_compiles", counting)
+    monkeypatch.setattr(compile_jobs, "run_compiles", counting)
     return config, headers, compiled
 
 
@@ -80,7 +82,7 @@ def test_manifest_records_each_kernels_own_headers(package):
     for kernel, entry in manifest["kernels"].items():
         assert set(entry["headers"]) == FAMILY_HEADERS[family(kernel)], kernel
         for name, digest in entry["headers"].items():
-            assert digest == build.sha256((headers / name).read_bytes())
+            assert digest == toolchain.sha256((headers / name).read_bytes())
     # the headers still ship beside the sources, so they rebuild as they stand
     assert {p.name for p in (config.out / "kernels").glob("*.cuh")} == {p.name for p in headers.glob("*.cuh")}
 
@@ -136,12 +138,12 @@ def test_a_binary_is_reused_only_if_its_record_matches(package):
 
 
 def test_includes_are_followed_through_headers(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "CUDA_HEADERS", tmp_path)
+    monkeypatch.setattr("fusegen.toolchain.headers.CUDA_HEADERS", tmp_path)
     (tmp_path / "a.cuh").write_text('#pragma once\n  #  include "b.cuh"\n#include <cuda_fp16.h>\n')
     (tmp_path / "b.cuh").write_text("#pragma once\n#include <a.cuh>\n")  # NVRTC finds <a.cuh> in templates/cuda too
     (tmp_path / "unused.cuh").write_text("#pragma once\n")
-    digests = build.included_headers('#include "a.cuh"\n// #include "unused.cuh"\n', "kernels/k.cu")
-    assert digests == {name: build.sha256((tmp_path / name).read_bytes()) for name in ("a.cuh", "b.cuh")}
+    digests = toolchain.included_headers('#include "a.cuh"\n// #include "unused.cuh"\n', "kernels/k.cu")
+    assert digests == {name: toolchain.sha256((tmp_path / name).read_bytes()) for name in ("a.cuh", "b.cuh")}
     assert list(digests) == sorted(digests)
 
 
@@ -150,10 +152,10 @@ def test_includes_are_followed_through_headers(tmp_path, monkeypatch):
     ('#include "a.cuh"\n', "templates/cuda/a.cuh"),
 ])
 def test_a_missing_header_is_a_clear_error(tmp_path, monkeypatch, source, where):
-    monkeypatch.setattr(build, "CUDA_HEADERS", tmp_path)
+    monkeypatch.setattr("fusegen.toolchain.headers.CUDA_HEADERS", tmp_path)
     (tmp_path / "a.cuh").write_text('#include "missing.cuh"\n')
     with pytest.raises(AssertionError, match=f'{where} includes "missing.cuh", which is not a header in templates/cuda/'):
-        build.included_headers(source, "kernels/k.cu")
+        toolchain.included_headers(source, "kernels/k.cu")
 
 
 def test_the_edited_copy_is_what_nvrtc_compiles(package):
@@ -178,6 +180,6 @@ def test_a_header_in_the_working_directory_is_never_compiled_instead(tmp_path, m
     for path in (tmp_path / "common.cuh", tmp_path / "kernels" / "common.cuh"):
         path.write_text('#error "the user\'s header was compiled"\n')
     source = '#include "common.cuh"\nextern "C" __global__ void k(float* x) { x[0] = 1.f; }\n'
-    ptx = nvrtc.compile_source(source, "kernels/k.cu", "compute_80", build.cuda_headers(), [nvrtc.cuda_include_dir()],
-                               tmp_path)["compute_80"]
+    ptx = nvrtc.compile_source(source, "kernels/k.cu", "compute_80", toolchain.cuda_headers(),
+                               [nvrtc.cuda_include_dir()], tmp_path)["compute_80"]
     assert b".entry k" in ptx

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import build, output
-from fusegen.toolchain import nvrtc, ptxas
+from fusegen import build, output, toolchain
+from fusegen.toolchain import jobs as compile_jobs, nvrtc, ptxas
 from fusegen.errors import ToolchainError
 from fusegen.explain import elf_sections
 from fusegen.progress import Progress
@@ -31,7 +31,7 @@ def shipped_source(kernel):
 
 
 def compile_shipped(kernel, target, pch_dir, with_ptx=False):
-    return nvrtc.compile_source(shipped_source(kernel), f"kernels/{kernel}.cu", target, build.cuda_headers(),
+    return nvrtc.compile_source(shipped_source(kernel), f"kernels/{kernel}.cu", target, toolchain.cuda_headers(),
                                 [nvrtc.cuda_include_dir()], pch_dir, with_ptx)
 
 
@@ -65,14 +65,15 @@ def test_one_compile_gives_a_kernels_cubins_and_ptx_and_leaves_no_files(tmp_path
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     nvrtc_default = set(Path("/tmp").glob("__nvrtc_auto_pch_*"))  # where NVRTC puts them unless told
     compiled = []
-    run_compiles = build.run_compiles
-    monkeypatch.setattr(build, "run_compiles", lambda jobs, *rest: compiled.extend(jobs) or run_compiles(jobs, *rest))
+    run_compiles = compile_jobs.run_compiles
+    monkeypatch.setattr(compile_jobs, "run_compiles",
+                        lambda jobs, *rest: compiled.extend(jobs) or run_compiles(jobs, *rest))
     archs = ("sm_80", "sm_90", "compute_80")
     files = build.build_package(build.Config((spec,), tmp_path / "out", archs=archs, dtypes=("float32",), root=tmp_path))
 
     kernels = json.loads(files[output.MANIFEST])["kernels"]
     # the sm_80 compile gives the compute_80 PTX, and ptxas assembles it for sm_90 (nvrtc.ASSEMBLED_FROM)
-    assert sorted(compiled) == sorted(build.Compile(kernel, files[f"kernels/{kernel}.cu"].decode(), "sm_80", True,
+    assert sorted(compiled) == sorted(toolchain.Compile(kernel, files[f"kernels/{kernel}.cu"].decode(), "sm_80", True,
                                                     ("sm_90",)) for kernel in kernels)
     for kernel, entry in kernels.items():
         records = entry["binaries"]
@@ -93,21 +94,21 @@ def refuse(*args, **kwargs):
 
 @pytest.mark.real_nvrtc  # both runs compile (the session's memo would answer the second)
 def test_threads_and_worker_processes_give_the_same_binaries(monkeypatch):
-    jobs = [build.Compile(kernel, shipped_source(kernel), arch, arch == "sm_80")
+    jobs = [toolchain.Compile(kernel, shipped_source(kernel), arch, arch == "sm_80")
             for kernel in KERNELS[:4] for arch in ("sm_80", "sm_90")]
-    jobs.append(build.Compile(KERNELS[0], shipped_source(KERNELS[0]), "sm_100", assembled=("sm_120",)))
-    assert len(jobs) <= build.THREADED_COMPILES
+    jobs.append(toolchain.Compile(KERNELS[0], shipped_source(KERNELS[0]), "sm_100", assembled=("sm_120",)))
+    assert len(jobs) <= compile_jobs.THREADED_COMPILES
     with monkeypatch.context() as patch:
-        patch.setattr(build, "ProcessPoolExecutor", refuse)
-        threaded = build.run_compiles(jobs, Progress(), build.cuda_headers())
-    assert set(threaded) == {build.binary_name(kernel, target) for kernel in KERNELS[:4]
+        patch.setattr(compile_jobs, "ProcessPoolExecutor", refuse)
+        threaded = compile_jobs.run_compiles(jobs, Progress(), toolchain.cuda_headers())
+    assert set(threaded) == {toolchain.binary_name(kernel, target) for kernel in KERNELS[:4]
                              for target in ("sm_80", "compute_80", "sm_90")} | {
-        build.binary_name(KERNELS[0], target) for target in ("sm_100", "sm_120")}
-    assert threaded[build.binary_name(KERNELS[0], "sm_120")] == (
+        toolchain.binary_name(KERNELS[0], target) for target in ("sm_100", "sm_120")}
+    assert threaded[toolchain.binary_name(KERNELS[0], "sm_120")] == (
         ROOT / "generated" / f"kernels/{KERNELS[0]}.sm_120.cubin").read_bytes()
-    monkeypatch.setattr(build, "THREADED_COMPILES", len(jobs) - 1)
-    monkeypatch.setattr(build, "ThreadPoolExecutor", refuse)
-    assert build.run_compiles(jobs, Progress(), build.cuda_headers()) == threaded
+    monkeypatch.setattr(compile_jobs, "THREADED_COMPILES", len(jobs) - 1)
+    monkeypatch.setattr(compile_jobs, "ThreadPoolExecutor", refuse)
+    assert compile_jobs.run_compiles(jobs, Progress(), toolchain.cuda_headers()) == threaded
 
 
 @pytest.mark.parametrize("arch, twin", sorted(nvrtc.ASSEMBLED_FROM.items()))
@@ -160,27 +161,27 @@ PROBE_KERNEL = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }
 def test_an_arch_comes_from_its_twins_compile_unless_the_kernel_tests_the_arch(source, header, tests_arch, tmp_path,
                                                                                 monkeypatch):
     (tmp_path / "probe.cuh").write_text(header)
-    headers = {**build.header_files(), "probe.cuh": tmp_path / "probe.cuh"}
+    headers = {**toolchain.header_files(), "probe.cuh": tmp_path / "probe.cuh"}
     jobs = []
 
     def run_compiles(batch, progress, texts):  # what the compiles would give, without NVRTC
         jobs.extend(batch)
-        return {build.binary_name(job.kernel, target): f"{job.arch}->{target}".encode()
+        return {toolchain.binary_name(job.kernel, target): f"{job.arch}->{target}".encode()
                 for job in batch for target in job.targets}
 
-    monkeypatch.setattr(build, "run_compiles", run_compiles)
+    monkeypatch.setattr(compile_jobs, "run_compiles", run_compiles)
     archs = ("sm_80", "sm_90", "sm_100", "sm_120", "compute_80")
-    files, manifest = build.compile_kernels({"k": source}, archs, None, Progress(), headers)
+    files, manifest = toolchain.compile_kernels({"k": source}, archs, None, Progress(), headers)
     records = manifest["k"]["binaries"]
     if not tests_arch:
-        assert jobs == [build.Compile("k", source, "sm_80", True, assembled=("sm_90",)),
-                        build.Compile("k", source, "sm_100", assembled=("sm_120",))]
+        assert jobs == [toolchain.Compile("k", source, "sm_80", True, assembled=("sm_90",)),
+                        toolchain.Compile("k", source, "sm_100", assembled=("sm_120",))]
         for arch, twin in nvrtc.ASSEMBLED_FROM.items():
             assert files[f"kernels/k.{arch}.cubin"] == f"{twin}->{arch}".encode()
             assert records[arch]["options"] == nvrtc.compile_options(twin)
             assert records[arch]["ptxas"] == {"version": ptxas.version(), "options": [f"-arch={arch}"]}
     else:  # compiled for each arch by itself
-        assert jobs == [build.Compile("k", source, arch, arch == "sm_80") for arch in archs[:4]]
+        assert jobs == [toolchain.Compile("k", source, arch, arch == "sm_80") for arch in archs[:4]]
         for arch in nvrtc.ASSEMBLED_FROM:
             assert files[f"kernels/k.{arch}.cubin"] == f"{arch}->{arch}".encode()
             assert records[arch]["options"] == nvrtc.compile_options(arch) and "ptxas" not in records[arch]
@@ -191,19 +192,19 @@ def test_an_assembled_binary_is_reused_only_if_its_ptxas_record_matches(tmp_path
 
     def run_compiles(batch, progress, texts):
         jobs.extend(batch)
-        return {build.binary_name(job.kernel, target): f"{job.arch}->{target}".encode()
+        return {toolchain.binary_name(job.kernel, target): f"{job.arch}->{target}".encode()
                 for job in batch for target in job.targets}
 
-    monkeypatch.setattr(build, "run_compiles", run_compiles)
+    monkeypatch.setattr(compile_jobs, "run_compiles", run_compiles)
     source, archs, out = '#include "common.cuh"\n' + PROBE_KERNEL, ("sm_100", "sm_120"), tmp_path / "out"
 
     def build_into_out():
-        files, manifest = build.compile_kernels({"k": source}, archs, out if out.is_dir() else None, Progress())
+        files, manifest = toolchain.compile_kernels({"k": source}, archs, out if out.is_dir() else None, Progress())
         output.write_package({**files, output.MANIFEST: output.manifest_bytes(
             {"generator": "fusegen", "kernels": manifest, "files": sorted([*files, output.MANIFEST])})}, out)
 
     build_into_out()
-    assert jobs == [build.Compile("k", source, "sm_100", assembled=("sm_120",))]
+    assert jobs == [toolchain.Compile("k", source, "sm_100", assembled=("sm_120",))]
     jobs.clear()
     build_into_out()
     assert jobs == []  # every binary reused
@@ -212,4 +213,4 @@ def test_an_assembled_binary_is_reused_only_if_its_ptxas_record_matches(tmp_path
     (out / output.MANIFEST).write_text(json.dumps(written))
     build_into_out()
     # sm_120 is assembled again from a new sm_100 compile, whose cubin the build already had
-    assert jobs == [build.Compile("k", source, "sm_100", assembled=("sm_120",))]
+    assert jobs == [toolchain.Compile("k", source, "sm_100", assembled=("sm_120",))]

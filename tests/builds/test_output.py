@@ -146,7 +146,7 @@ def test_the_refusal_to_overwrite_comes_before_any_compile(tmp_path, capsys, mon
     (out / "mlp.py").write_text("# the user's own module\n")
     before, _ = tree(out), capsys.readouterr()
     compiles = []
-    monkeypatch.setattr(build, "run_compiles", lambda jobs, *rest: compiles.extend(jobs) or {})
+    monkeypatch.setattr("fusegen.toolchain.jobs.run_compiles", lambda jobs, *rest: compiles.extend(jobs) or {})
     new_spec = SPEC.replace("block = Sequential(RMSNorm(64), GELU())", "mlp = Sequential(RMSNorm(128), GELU())")
     assert generate(tmp_path, out, spec_text=new_spec) == 2
     err = capsys.readouterr().err

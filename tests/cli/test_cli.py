@@ -355,9 +355,9 @@ def live_processes_of_group(group: int) -> dict[int, str]:
 # The spec's 50 compiles run in worker processes with the threshold below them, on threads of
 # fusegen's own process with it above. A Ctrl-C 0.2 s after the first line reaches worker processes
 # still importing the compiler (0.7 s), which printed their own tracebacks before they started with
-# SIGINT blocked (build._sigint_blocked). The first Ctrl-C lets the compiles in flight finish; a
+# SIGINT blocked (toolchain.jobs._sigint_blocked). The first Ctrl-C lets the compiles in flight finish; a
 # second, 0.3 s later, lands while the pool waits for them (it hung there for good, in all of 6
-# tries, before build._CtrlC), and three 0.05 s apart also reach fusegen as it shuts the pool down
+# tries, before toolchain.jobs._CtrlC), and three 0.05 s apart also reach fusegen as it shuts the pool down
 # and exits (a third printed a traceback and left the workers running).
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="lists a process group's processes from /proc")
 @pytest.mark.parametrize("threaded_compiles, delay, presses, gap", [
@@ -369,7 +369,7 @@ def test_ctrl_c_during_compilation_exits_130_with_one_line(tmp_path, threaded_co
     (tmp_path / "spec.py").write_text(CTRL_C_SPEC)
     # fusegen's main, as the console script runs it, with Python's own Ctrl-C handler: a shell's
     # background job (`make test &`) inherits SIGINT ignored, and Python then installs none.
-    threshold = f"import fusegen.build; fusegen.build.THREADED_COMPILES = {threaded_compiles}; "
+    threshold = f"import fusegen.toolchain.jobs as jobs; jobs.THREADED_COMPILES = {threaded_compiles}; "
     command = [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                f"{threshold}from fusegen.cli import main; sys.exit(main())", "generate", "spec.py", "--out", "fused"]
     # A new session, signalled as a group: like a terminal's Ctrl-C, it reaches the workers too.
