@@ -11,6 +11,7 @@ import signal
 import tempfile
 import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import NamedTuple
 
@@ -117,12 +118,10 @@ def run_compiles(jobs: list[Compile], progress: Progress, headers: dict[str, str
             pool = ThreadPoolExecutor(workers)
             compile_one = functools.partial(_compile, headers=headers, folder=Path(folder))
         else:
-            # spawn, not fork: the calling process may run threads (torch's, in tests and
-            # notebooks), and a forked child can inherit a lock one of them held and hang
-            pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _start_worker,
-                                       (headers, Path(folder)))
+            context = _WorkerContext()
+            pool = ProcessPoolExecutor(workers, context, _start_worker, (headers, Path(folder)))
             compile_one = _compile_in_worker
-        ctrl_c.pool = pool
+            ctrl_c.workers = context.processes
         try:
             with _sigint_blocked(in_processes):
                 pending = {pool.submit(compile_one, job): job for job in jobs}
@@ -160,7 +159,7 @@ class _CtrlC:
     as a background job inherits it) is theirs, and only the main thread may set handlers."""
 
     def __init__(self):
-        self.pool: ProcessPoolExecutor | ThreadPoolExecutor | None = None  # set once started
+        self.workers: list[BaseProcess] = []  # a pool of processes' workers, once started
         self.pressed = False
         self.previous = None
 
@@ -172,7 +171,7 @@ class _CtrlC:
 
     def _on_sigint(self, signum, frame) -> None:
         if self.pressed:
-            _kill_workers(self.pool)
+            _kill_workers(self.workers)
         self.pressed = True
 
     def __exit__(self, *exc_info) -> None:
@@ -182,11 +181,32 @@ class _CtrlC:
             raise KeyboardInterrupt
 
 
-def _kill_workers(pool: ProcessPoolExecutor | ThreadPoolExecutor | None) -> None:
-    """SIGKILL ``pool``'s worker processes, if it has any. Called from a signal handler, which may
-    run while the main thread holds the pool's shutdown lock: so not ProcessPoolExecutor's
-    kill_workers (Python 3.14), which takes that lock, but its table of processes (private, and
-    the same from Python 3.9 to 3.14; None once the pool is shut down). Process.kill only sends
-    the signal (a reaped worker is skipped); the pool's own thread reaps them."""
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.kill()
+class _WorkerContext:
+    """multiprocessing's spawn context, keeping each process it makes: a ProcessPoolExecutor makes
+    its workers through its context's ``Process``, so ``processes`` lists the pool's workers
+    (for _kill_workers) with nothing read from the pool's private state. Spawn, not fork: the
+    calling process may run threads (torch's, in tests and notebooks), and a forked child can
+    inherit a lock one of them held and hang."""
+
+    def __init__(self):
+        self._spawn = multiprocessing.get_context("spawn")
+        self.processes: list[BaseProcess] = []
+
+    def Process(self, *args, **kwargs) -> BaseProcess:  # noqa: N802 - the name multiprocessing's contexts use
+        process = self._spawn.Process(*args, **kwargs)
+        self.processes.append(process)
+        return process
+
+    def __getattr__(self, name: str):  # the rest (queues, locks, the start method) is spawn's own
+        return getattr(self._spawn, name)
+
+
+def _kill_workers(workers: list[BaseProcess]) -> None:
+    """SIGKILL the pool's worker processes (_WorkerContext.processes). Called from a signal
+    handler, which may run while the main thread holds the pool's shutdown lock: so not
+    ProcessPoolExecutor's kill_workers (Python 3.14), which takes that lock. A process not started
+    yet has no pid; Process.kill only sends the signal, and skips a worker already reaped (the
+    pool's own thread reaps them)."""
+    for process in list(workers):
+        if process.pid is not None:
+            process.kill()

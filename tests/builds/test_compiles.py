@@ -6,8 +6,11 @@ and ptxas's files go to a folder of the build's, removed after; a few compiles r
 many in worker processes, with the same bytes."""
 
 import json
+import os
+import signal
 import tempfile
 import textwrap
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -109,6 +112,23 @@ def test_threads_and_worker_processes_give_the_same_binaries(monkeypatch):
     monkeypatch.setattr(compile_jobs, "THREADED_COMPILES", len(jobs) - 1)
     monkeypatch.setattr(compile_jobs, "ThreadPoolExecutor", refuse)
     assert compile_jobs.run_compiles(jobs, Progress(), toolchain.cuda_headers()) == threaded
+
+
+def test_the_worker_context_lists_the_pools_processes_and_a_second_ctrl_c_kills_them():
+    """A second Ctrl-C kills the worker processes _WorkerContext recorded (_CtrlC): they must be
+    the ones the pool runs its jobs in, all of them."""
+    context = compile_jobs._WorkerContext()
+    pool = ProcessPoolExecutor(2, context)
+    try:
+        futures = [pool.submit(os.getpid) for _ in range(4)]  # the first two submits start a worker each
+        ran_in = {future.result(timeout=60) for future in futures}
+        assert len(context.processes) == 2 and ran_in <= {process.pid for process in context.processes}
+        compile_jobs._kill_workers(context.processes)
+        for process in context.processes:
+            process.join(timeout=30)
+            assert process.exitcode == -signal.SIGKILL
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.parametrize("arch, twin", sorted(nvrtc.ASSEMBLED_FROM.items()))
