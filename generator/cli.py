@@ -31,7 +31,7 @@ import sys
 import threading
 import traceback
 
-EXIT_STALE, EXIT_USER, EXIT_TOOLCHAIN, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 70, 130
+EXIT_INTERNAL, EXIT_INTERRUPTED = 70, 130  # what main returns itself; a command's outcomes are commands.py's
 
 
 def version() -> str:

@@ -16,11 +16,14 @@ from pathlib import Path
 from . import build, output, plugins
 from . import config as cfg
 from . import progress as prog
-from .cli import EXIT_STALE, EXIT_TOOLCHAIN, EXIT_USER
 from .console import counted, say
 from .errors import SpecError, ToolchainError, UsageError
 from .explain import explain
 from .staleness import staleness
+
+# A command's exit codes (cli.py's docstring lists every one; main returns 70 and 130 itself).
+# Here, not in cli.py: cli imports this module, and an import back would close a circle.
+EXIT_STALE, EXIT_USER, EXIT_TOOLCHAIN = 1, 2, 3
 
 
 def load_config(args: argparse.Namespace, compiles: bool) -> cfg.Config:
