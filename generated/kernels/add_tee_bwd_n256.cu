@@ -10,7 +10,11 @@
 // Grid: x covers a row's vectors, y = row splits; split y takes rows y, y + S, ... in order.
 // Forward values are recomputed from the saved run input in registers, never re-read.
 template <typename T, int N, int VEC, int NVEC>
-__device__ __forceinline__ void run(const T* __restrict__ dy, const T* __restrict__ d_extra_out1, T* __restrict__ dx, int rows) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ dy,
+    const T* __restrict__ d_extra_out1,
+    T* __restrict__ dx,
+    int rows) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;

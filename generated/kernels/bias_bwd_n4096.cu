@@ -15,7 +15,11 @@
 // - column-tiled (a few rows, gridDim.y == 1): a block's blockDim.y row lanes take every row of
 //   its columns, lane y rows y, y + blockDim.y, ..., and add their sums themselves (sum_row_lanes).
 template <typename T, int N, int VEC, int NVEC, int GRAD_COLUMNS>
-__device__ __forceinline__ void run(const T* __restrict__ dy, float* __restrict__ partials, T* __restrict__ column_grads, int rows) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ dy,
+    float* __restrict__ partials,
+    T* __restrict__ column_grads,
+    int rows) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   const int col = v * VEC;
   // Each op's functor, built from its compile-time constants (its device header).

@@ -16,7 +16,20 @@
 // - column-tiled (a few rows, gridDim.y == 1): a block's blockDim.y row lanes take every row of
 //   its columns, lane y rows y, y + blockDim.y, ..., and add their sums themselves (sum_row_lanes).
 template <typename T, typename Math, int N, int VEC, int NVEC, int GRAD_COLUMNS>
-__device__ __forceinline__ void run(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ bias0, const T* __restrict__ d_extra_out3, const T* __restrict__ extra_in4, const T* __restrict__ bias6, const T* __restrict__ extra_in8, T* __restrict__ dx, T* __restrict__ d_extra_in4, T* __restrict__ d_extra_in8, float* __restrict__ partials, T* __restrict__ column_grads, int rows) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ dy,
+    const T* __restrict__ x,
+    const T* __restrict__ bias0,
+    const T* __restrict__ d_extra_out3,
+    const T* __restrict__ extra_in4,
+    const T* __restrict__ bias6,
+    const T* __restrict__ extra_in8,
+    T* __restrict__ dx,
+    T* __restrict__ d_extra_in4,
+    T* __restrict__ d_extra_in8,
+    float* __restrict__ partials,
+    T* __restrict__ column_grads,
+    int rows) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   const int col = v * VEC;
   // Each op's functor, built from its compile-time constants (its device header).

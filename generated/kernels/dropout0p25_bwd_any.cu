@@ -11,7 +11,12 @@
 // columns at a time (grid-stride over a row's vectors); y = row splits, split y takes rows
 // y, y + S, ... in order. Forward values are recomputed from the saved run input in registers.
 template <typename T, int VEC>
-__device__ __forceinline__ void run(const T* __restrict__ dy, const long long* __restrict__ seed0, T* __restrict__ dx, int rows, const int N) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ dy,
+    const long long* __restrict__ seed0,
+    T* __restrict__ dx,
+    int rows,
+    const int N) {
   const int NVEC = N / VEC;
   // Each op's functor, built from its compile-time constants (its device header).
   const fg::Dropout step0{0.25f, 1.3333333333333333f};  // step 0: Dropout(0.25)

@@ -11,7 +11,12 @@
 // time (grid-stride over a row's vectors), fp32 math, one read of every input and one write of
 // every output; grid y strides over rows.
 template <typename T, int VEC>
-__device__ __forceinline__ void run(const T* __restrict__ x, const long long* __restrict__ seed0, T* __restrict__ y, int rows, const int N) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ x,
+    const long long* __restrict__ seed0,
+    T* __restrict__ y,
+    int rows,
+    const int N) {
   const int NVEC = N / VEC;
   // Each op's functor, built from its compile-time constants (its device header).
   const fg::Dropout step0{0.25f, 1.3333333333333333f};  // step 0: Dropout(0.25)

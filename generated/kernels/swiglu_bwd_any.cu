@@ -11,7 +11,12 @@
 // columns at a time (grid-stride over a row's vectors); y = row splits, split y takes rows
 // y, y + S, ... in order. Forward values are recomputed from the saved run input in registers.
 template <typename T, typename Math, int VEC>
-__device__ __forceinline__ void run(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int rows, const int N) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ dy,
+    const T* __restrict__ x,
+    T* __restrict__ dx,
+    int rows,
+    const int N) {
   const int NVEC = N / VEC;
   // Each op's functor, built from its compile-time constants (its device header).
   const fg::SwiGLU<Math> step0{};  // step 0: SwiGLU()

@@ -10,7 +10,10 @@
 // Grid: x covers a row's vectors, y strides over rows. One thread, VEC columns, fp32 math,
 // one read of every input and one write of every output.
 template <typename T, typename Math, int N, int VEC, int NVEC>
-__device__ __forceinline__ void run(const T* __restrict__ x, T* __restrict__ y, int rows) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ x,
+    T* __restrict__ y,
+    int rows) {
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= NVEC) return;
   const int col = v * VEC;

@@ -11,7 +11,12 @@
 // time (grid-stride over a row's vectors), fp32 math, one read of every input and one write of
 // every output; grid y strides over rows.
 template <typename T, typename Math, int VEC>
-__device__ __forceinline__ void run(const T* __restrict__ x, T* __restrict__ extra_out1, T* __restrict__ y, int rows, const int N) {
+__device__ __forceinline__ void run(
+    const T* __restrict__ x,
+    T* __restrict__ extra_out1,
+    T* __restrict__ y,
+    int rows,
+    const int N) {
   const int NVEC = N / VEC;
   // Each op's functor, built from its compile-time constants (its device header).
   const fg::SwiGLU<Math> step0{};  // step 0: SwiGLU()
