@@ -44,8 +44,7 @@ def test_an_elementwise_source_writes_its_body_once_and_each_dtype_instantiates_
         # the namespace: T (and Math), its constants and the entry point, which calls run
         assert f"void __launch_bounds__({spec.ctx['threads']}) {spec.name}_{suffix}(" in text
         assert re.search(r"^  (if \(vectors\) )?run<T\b", text, re.M), suffix
-        assert "// step" not in text and "fg::load" not in text and "#pragma" not in text, suffix
-        assert len(text.splitlines()) < 25, suffix
+        assert not re.search(r"// step|fg::load|fg::store|#pragma|\bfor \(", text), suffix
 
 
 @pytest.mark.parametrize("spec", ELEMENTWISE, ids=[s.name for s in ELEMENTWISE])
