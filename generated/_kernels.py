@@ -176,7 +176,7 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     dx.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_de618fbb(
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_0553db1f(
             dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -219,7 +219,7 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     extra_out2.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_0a247efd(x, extra_in0)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_f875eebc(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -1883,7 +1883,7 @@ _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_145c363b(dy, x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_ee0cbaa9(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1913,7 +1913,7 @@ _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_fwd_any(x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_523ca9f8(x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_31545b8d(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1939,7 +1939,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_3619cba9(dy, x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_5a029147(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1980,7 +1980,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_7a1131b2(x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_69894dfc(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2282,7 +2282,7 @@ _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_bwd_any(dy, seed0):
     """Dropout(0.25) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_bwd_any_6d710caa(dy, seed0)
+        return torch.ops.fusegen.dropout0p25_bwd_any_305701c1(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2309,7 +2309,7 @@ _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_fwd_any(x, seed0):
     """Dropout(0.25), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_fwd_any_e2153376(x, seed0)
+        return torch.ops.fusegen.dropout0p25_fwd_any_1975c754(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2384,7 +2384,7 @@ _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_bwd_any(dy, x):
     """GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_any_700bf751(dy, x)
+        return torch.ops.fusegen.gelu_bwd_any_7349f59d(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2469,7 +2469,7 @@ _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_fwd_any(x):
     """GELU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_any_05a515ad(x)
+        return torch.ops.fusegen.gelu_fwd_any_ffcb6959(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -3715,7 +3715,7 @@ _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_bwd_any(dy, x):
     """SiLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_bwd_any_759f3d88(dy, x)
+        return torch.ops.fusegen.silu_bwd_any_ee070dfd(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3745,7 +3745,7 @@ _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_fwd_any(x):
     """SiLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_fwd_any_d648da2e(x)
+        return torch.ops.fusegen.silu_fwd_any_fbdba3ec(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -3793,7 +3793,7 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     d_extra_in1.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_dae574b0(dy, x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_0d9deb24(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3834,7 +3834,7 @@ _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_cc0bfcf7(x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_b9aa39b7(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3932,7 +3932,7 @@ _SWIGLU_ADD_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4
 def swiglu_add_bwd_any(dy, x):
     """SwiGLU(), AddExtraInput() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_add_bwd_any_b4dede6a(dy, x)
+        return torch.ops.fusegen.swiglu_add_bwd_any_68471898(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3962,7 +3962,7 @@ _SWIGLU_ADD_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4
 def swiglu_add_fwd_any(x, extra_in1):
     """SwiGLU(), AddExtraInput(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_add_fwd_any_11d4b09e(x, extra_in1)
+        return torch.ops.fusegen.swiglu_add_fwd_any_7dbf6a2c(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3990,7 +3990,7 @@ _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_bwd_any(dy, x):
     """SwiGLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_any_0c21f2f5(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_any_1fd18e30(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4078,7 +4078,7 @@ _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_fwd_any(x):
     """SwiGLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_any_10a42665(x)
+        return torch.ops.fusegen.swiglu_fwd_any_c7d1729a(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4194,7 +4194,7 @@ _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_bwd_any_0e1f2199(dy, x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_bwd_any_82ee8e5a(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4235,7 +4235,7 @@ _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_fwd_any(x, extra_in1):
     """SwiGLU(), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_fwd_any_b3d8d2f2(x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_fwd_any_48245fbc(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4264,7 +4264,7 @@ _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_948e2314(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_1ca25e86(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4300,7 +4300,7 @@ _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_1cae743d(x)
+        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_41800349(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4330,7 +4330,7 @@ _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_d6e037dc(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_3849f87b(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4364,7 +4364,7 @@ _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_8e5575bf(x)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_ba903004(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4487,11 +4487,11 @@ register_op(
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
     add_rmsnorm_fwd_h256)
 register_op(
-    "add_scale0p5_tee_qgelu_bwd_any_from_add_de618fbb",
+    "add_scale0p5_tee_qgelu_bwd_any_from_add_0553db1f",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
 register_op(
-    "add_scale0p5_tee_qgelu_fwd_any_0a247efd", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
+    "add_scale0p5_tee_qgelu_fwd_any_f875eebc", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
     add_scale0p5_tee_qgelu_fwd_any, add_scale0p5_tee_qgelu_fwd_any)
 register_op(
     "add_tee_bwd_n256_ac32b56d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
@@ -4595,17 +4595,17 @@ register_op(
     "bias_swiglu_i32_bwd_n512_b9aaf9c2", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
 register_op(
-    "clamped_swiglu_l3p0_i16_bwd_any_145c363b", "(Tensor dy, Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_bwd_any_ee0cbaa9", "(Tensor dy, Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_bwd_any, clamped_swiglu_l3p0_i16_bwd_any)
 register_op(
-    "clamped_swiglu_l3p0_i16_fwd_any_523ca9f8", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_fwd_any_31545b8d", "(Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_fwd_any, clamped_swiglu_l3p0_i16_fwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_bwd_any_3619cba9",
+    "clamped_swiglu_l5p0_rowscale_bwd_any_5a029147",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     clamped_swiglu_l5p0_rowscale_bwd_any, clamped_swiglu_l5p0_rowscale_bwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_fwd_any_7a1131b2", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "clamped_swiglu_l5p0_rowscale_fwd_any_69894dfc", "(Tensor x, Tensor extra_in1) -> Tensor",
     clamped_swiglu_l5p0_rowscale_fwd_any, clamped_swiglu_l5p0_rowscale_fwd_any)
 register_op(
     "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_11bfc899", "(Tensor x) -> Tensor",
@@ -4653,10 +4653,10 @@ register_op(
     "dropout0p1_fwd_n512_a4b1daf0", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
     dropout0p1_fwd_n512)
 register_op(
-    "dropout0p25_bwd_any_6d710caa", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
+    "dropout0p25_bwd_any_305701c1", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
     dropout0p25_bwd_any)
 register_op(
-    "dropout0p25_fwd_any_e2153376", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
+    "dropout0p25_fwd_any_1975c754", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
     dropout0p25_fwd_any)
 register_op(
     "dropout0p2_swiglu_fwd_n512_5e26feb4", "(Tensor x, Tensor? seed0) -> Tensor",
@@ -4664,13 +4664,13 @@ register_op(
 register_op(
     "dropout0p3_bwd_n256_8c41c342", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
     dropout0p3_bwd_n256)
-register_op("gelu_bwd_any_700bf751", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
+register_op("gelu_bwd_any_7349f59d", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
 register_op(
     "gelu_bwd_n256_ed150235", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
 register_op(
     "gelu_dropout0p1_fwd_n512_4704da17", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
-register_op("gelu_fwd_any_05a515ad", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
+register_op("gelu_fwd_any_ffcb6959", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
 register_op("gelu_fwd_n256_4b18c61f", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
 register_op("gelu_fwd_n4096_cbaad824", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
 register_op("glu_fwd_n512_f0771d24", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
@@ -4767,17 +4767,17 @@ register_op(
 register_op(
     "rmsnorm_zc_fwd_h768_3065e76f", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768, rmsnorm_zc_fwd_h768)
-register_op("silu_bwd_any_759f3d88", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
-register_op("silu_fwd_any_d648da2e", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
+register_op("silu_bwd_any_ee070dfd", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
+register_op("silu_fwd_any_fbdba3ec", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
 register_op(
     "situglu_b2p0_c8p0_fwd_n512_1d45eb36", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
     situglu_b2p0_c8p0_fwd_n512)
 register_op(
-    "situglu_b2p0_i32_rowscale_bwd_any_dae574b0",
+    "situglu_b2p0_i32_rowscale_bwd_any_0d9deb24",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     situglu_b2p0_i32_rowscale_bwd_any, situglu_b2p0_i32_rowscale_bwd_any)
 register_op(
-    "situglu_b2p0_i32_rowscale_fwd_any_cc0bfcf7", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "situglu_b2p0_i32_rowscale_fwd_any_b9aa39b7", "(Tensor x, Tensor extra_in1) -> Tensor",
     situglu_b2p0_i32_rowscale_fwd_any, situglu_b2p0_i32_rowscale_fwd_any)
 register_op("sreglu_fwd_n512_4aed5859", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
 register_op("srelu_fwd_n2048_b39dd017", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
@@ -4785,19 +4785,19 @@ register_op(
     "srelu_rowscale_fwd_n512_d20276c3", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
 register_op(
-    "swiglu_add_bwd_any_b4dede6a", "(Tensor dy, Tensor x) -> Tensor", swiglu_add_bwd_any,
+    "swiglu_add_bwd_any_68471898", "(Tensor dy, Tensor x) -> Tensor", swiglu_add_bwd_any,
     swiglu_add_bwd_any)
 register_op(
-    "swiglu_add_fwd_any_11d4b09e", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_add_fwd_any,
+    "swiglu_add_fwd_any_7dbf6a2c", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_add_fwd_any,
     swiglu_add_fwd_any)
 register_op(
-    "swiglu_bwd_any_0c21f2f5", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
+    "swiglu_bwd_any_1fd18e30", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
 register_op(
     "swiglu_bwd_n384_49d4e54a", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(
     "swiglu_bwd_n4096_42099a41", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
     swiglu_bwd_n4096)
-register_op("swiglu_fwd_any_10a42665", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
+register_op("swiglu_fwd_any_c7d1729a", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
 register_op(
     "swiglu_fwd_n14336_2dc3d87e", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
 register_op("swiglu_fwd_n384_1efc197e", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
@@ -4806,23 +4806,23 @@ register_op(
     "swiglu_i32_fwd_n512_875754e7", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)
 register_op(
-    "swiglu_rowscale_bwd_any_0e1f2199",
+    "swiglu_rowscale_bwd_any_82ee8e5a",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any,
     swiglu_rowscale_bwd_any)
 register_op(
-    "swiglu_rowscale_fwd_any_b3d8d2f2", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "swiglu_rowscale_fwd_any_48245fbc", "(Tensor x, Tensor extra_in1) -> Tensor",
     swiglu_rowscale_fwd_any, swiglu_rowscale_fwd_any)
 register_op(
-    "swiglu_tee_gelu_bwd_any_948e2314", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_gelu_bwd_any_1ca25e86", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_gelu_bwd_any, swiglu_tee_gelu_bwd_any)
 register_op(
-    "swiglu_tee_gelu_fwd_any_1cae743d", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
+    "swiglu_tee_gelu_fwd_any_41800349", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
     swiglu_tee_gelu_fwd_any)
 register_op(
-    "swiglu_tee_scale0p5_bwd_any_d6e037dc", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_scale0p5_bwd_any_3849f87b", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_scale0p5_bwd_any, swiglu_tee_scale0p5_bwd_any)
 register_op(
-    "swiglu_tee_scale0p5_fwd_any_8e5575bf", "(Tensor x) -> (Tensor, Tensor)",
+    "swiglu_tee_scale0p5_fwd_any_ba903004", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any, swiglu_tee_scale0p5_fwd_any)
 register_op(
     "tee_bias_bwd_n64_fee6cae0", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",

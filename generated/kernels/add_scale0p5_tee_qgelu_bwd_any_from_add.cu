@@ -60,6 +60,23 @@ __device__ __forceinline__ void run(
   }
 }
 
+// The widest vectors n and the pointers allow: 16 bytes (MAX_VEC elements) or one element; the
+// branch is uniform across the grid.
+template <typename T, typename Math, int MAX_VEC>
+__device__ __forceinline__ void run_widest(
+    const T* __restrict__ dy,
+    const T* __restrict__ x,
+    const T* __restrict__ extra_in0,
+    const T* __restrict__ d_extra_out2,
+    T* __restrict__ dx,
+    int rows,
+    int n) {
+  const bool vectors = n % MAX_VEC == 0 &&
+      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(d_extra_out2) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
+  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
+  else run<T, Math, 1>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
+}
+
 namespace bf16 {
 using T = __nv_bfloat16;
 using Math = fg::FastMath;  // 16-bit tensors: approximate exp and division
@@ -73,10 +90,7 @@ extern "C" __global__ void __launch_bounds__(128) add_scale0p5_tee_qgelu_bwd_any
     T* __restrict__ dx,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(d_extra_out2) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
-  else run<T, Math, 1>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
 }
 }  // namespace bf16
 
@@ -93,10 +107,7 @@ extern "C" __global__ void __launch_bounds__(128) add_scale0p5_tee_qgelu_bwd_any
     T* __restrict__ dx,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(d_extra_out2) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
-  else run<T, Math, 1>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
 }
 }  // namespace fp16
 
@@ -113,9 +124,6 @@ extern "C" __global__ void __launch_bounds__(128) add_scale0p5_tee_qgelu_bwd_any
     T* __restrict__ dx,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(d_extra_out2) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
-  else run<T, Math, 1>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, extra_in0, d_extra_out2, dx, rows, n);
 }
 }  // namespace fp32

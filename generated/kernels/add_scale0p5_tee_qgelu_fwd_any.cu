@@ -47,6 +47,22 @@ __device__ __forceinline__ void run(
   }
 }
 
+// The widest vectors n and the pointers allow: 16 bytes (MAX_VEC elements) or one element; the
+// branch is uniform across the grid.
+template <typename T, typename Math, int MAX_VEC>
+__device__ __forceinline__ void run_widest(
+    const T* __restrict__ x,
+    const T* __restrict__ extra_in0,
+    T* __restrict__ extra_out2,
+    T* __restrict__ y,
+    int rows,
+    int n) {
+  const bool vectors = n % MAX_VEC == 0 &&
+      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(extra_out2) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
+  if (vectors) run<T, Math, MAX_VEC>(x, extra_in0, extra_out2, y, rows, n);
+  else run<T, Math, 1>(x, extra_in0, extra_out2, y, rows, n);
+}
+
 namespace bf16 {
 using T = __nv_bfloat16;
 using Math = fg::FastMath;  // 16-bit tensors: approximate exp and division
@@ -59,10 +75,7 @@ extern "C" __global__ void __launch_bounds__(128) add_scale0p5_tee_qgelu_fwd_any
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(extra_out2) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, extra_in0, extra_out2, y, rows, n);
-  else run<T, Math, 1>(x, extra_in0, extra_out2, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, extra_in0, extra_out2, y, rows, n);
 }
 }  // namespace bf16
 
@@ -78,10 +91,7 @@ extern "C" __global__ void __launch_bounds__(128) add_scale0p5_tee_qgelu_fwd_any
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(extra_out2) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, extra_in0, extra_out2, y, rows, n);
-  else run<T, Math, 1>(x, extra_in0, extra_out2, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, extra_in0, extra_out2, y, rows, n);
 }
 }  // namespace fp16
 
@@ -97,9 +107,6 @@ extern "C" __global__ void __launch_bounds__(128) add_scale0p5_tee_qgelu_fwd_any
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in0) | reinterpret_cast<unsigned long long>(extra_out2) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, extra_in0, extra_out2, y, rows, n);
-  else run<T, Math, 1>(x, extra_in0, extra_out2, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, extra_in0, extra_out2, y, rows, n);
 }
 }  // namespace fp32

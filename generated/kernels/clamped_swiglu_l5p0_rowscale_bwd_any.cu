@@ -65,6 +65,23 @@ __device__ __forceinline__ void run(
   }
 }
 
+// The widest vectors n and the pointers allow: 16 bytes (MAX_VEC elements) or one element; the
+// branch is uniform across the grid.
+template <typename T, typename Math, int MAX_VEC>
+__device__ __forceinline__ void run_widest(
+    const T* __restrict__ dy,
+    const T* __restrict__ x,
+    const T* __restrict__ extra_in1,
+    T* __restrict__ dx,
+    float* __restrict__ row_partials1,
+    int rows,
+    int n) {
+  const bool vectors = n % MAX_VEC == 0 &&
+      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(row_partials1)) % 16) == 0;
+  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in1, dx, row_partials1, rows, n);
+  else run<T, Math, 1>(dy, x, extra_in1, dx, row_partials1, rows, n);
+}
+
 namespace bf16 {
 using T = __nv_bfloat16;
 using Math = fg::FastMath;  // 16-bit tensors: approximate exp and division
@@ -78,10 +95,7 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l5p0_rowscale_b
     float* __restrict__ row_partials1,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(row_partials1)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in1, dx, row_partials1, rows, n);
-  else run<T, Math, 1>(dy, x, extra_in1, dx, row_partials1, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, extra_in1, dx, row_partials1, rows, n);
 }
 }  // namespace bf16
 
@@ -98,10 +112,7 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l5p0_rowscale_b
     float* __restrict__ row_partials1,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(row_partials1)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in1, dx, row_partials1, rows, n);
-  else run<T, Math, 1>(dy, x, extra_in1, dx, row_partials1, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, extra_in1, dx, row_partials1, rows, n);
 }
 }  // namespace fp16
 
@@ -118,9 +129,6 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l5p0_rowscale_b
     float* __restrict__ row_partials1,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(row_partials1)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, extra_in1, dx, row_partials1, rows, n);
-  else run<T, Math, 1>(dy, x, extra_in1, dx, row_partials1, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, extra_in1, dx, row_partials1, rows, n);
 }
 }  // namespace fp32

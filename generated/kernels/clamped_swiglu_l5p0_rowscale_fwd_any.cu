@@ -43,6 +43,21 @@ __device__ __forceinline__ void run(
   }
 }
 
+// The widest vectors n and the pointers allow: 16 bytes (MAX_VEC elements) or one element; the
+// branch is uniform across the grid.
+template <typename T, typename Math, int MAX_VEC>
+__device__ __forceinline__ void run_widest(
+    const T* __restrict__ x,
+    const T* __restrict__ extra_in1,
+    T* __restrict__ y,
+    int rows,
+    int n) {
+  const bool vectors = n % MAX_VEC == 0 &&
+      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
+  if (vectors) run<T, Math, MAX_VEC>(x, extra_in1, y, rows, n);
+  else run<T, Math, 1>(x, extra_in1, y, rows, n);
+}
+
 namespace bf16 {
 using T = __nv_bfloat16;
 using Math = fg::FastMath;  // 16-bit tensors: approximate exp and division
@@ -54,10 +69,7 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l5p0_rowscale_f
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, extra_in1, y, rows, n);
-  else run<T, Math, 1>(x, extra_in1, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, extra_in1, y, rows, n);
 }
 }  // namespace bf16
 
@@ -72,10 +84,7 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l5p0_rowscale_f
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, extra_in1, y, rows, n);
-  else run<T, Math, 1>(x, extra_in1, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, extra_in1, y, rows, n);
 }
 }  // namespace fp16
 
@@ -90,9 +99,6 @@ extern "C" __global__ void __launch_bounds__(128) clamped_swiglu_l5p0_rowscale_f
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(extra_in1) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, extra_in1, y, rows, n);
-  else run<T, Math, 1>(x, extra_in1, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, extra_in1, y, rows, n);
 }
 }  // namespace fp32

@@ -36,6 +36,21 @@ __device__ __forceinline__ void run(
   }
 }
 
+// The widest vectors n and the pointers allow: 16 bytes (MAX_VEC elements) or one element; the
+// branch is uniform across the grid.
+template <typename T, int MAX_VEC>
+__device__ __forceinline__ void run_widest(
+    const T* __restrict__ x,
+    const long long* __restrict__ seed0,
+    T* __restrict__ y,
+    int rows,
+    int n) {
+  const bool vectors = n % MAX_VEC == 0 &&
+      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(seed0) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
+  if (vectors) run<T, MAX_VEC>(x, seed0, y, rows, n);
+  else run<T, 1>(x, seed0, y, rows, n);
+}
+
 namespace bf16 {
 using T = __nv_bfloat16;
 constexpr int MAX_VEC = 8;  // elements per 16-byte access
@@ -46,10 +61,7 @@ extern "C" __global__ void __launch_bounds__(128) dropout0p25_fwd_any_bf16(
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(seed0) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, MAX_VEC>(x, seed0, y, rows, n);
-  else run<T, 1>(x, seed0, y, rows, n);
+  run_widest<T, MAX_VEC>(x, seed0, y, rows, n);
 }
 }  // namespace bf16
 
@@ -63,10 +75,7 @@ extern "C" __global__ void __launch_bounds__(128) dropout0p25_fwd_any_fp16(
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(seed0) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, MAX_VEC>(x, seed0, y, rows, n);
-  else run<T, 1>(x, seed0, y, rows, n);
+  run_widest<T, MAX_VEC>(x, seed0, y, rows, n);
 }
 }  // namespace fp16
 
@@ -80,9 +89,6 @@ extern "C" __global__ void __launch_bounds__(128) dropout0p25_fwd_any_fp32(
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(seed0) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, MAX_VEC>(x, seed0, y, rows, n);
-  else run<T, 1>(x, seed0, y, rows, n);
+  run_widest<T, MAX_VEC>(x, seed0, y, rows, n);
 }
 }  // namespace fp32

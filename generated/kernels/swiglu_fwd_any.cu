@@ -37,6 +37,20 @@ __device__ __forceinline__ void run(
   }
 }
 
+// The widest vectors n and the pointers allow: 16 bytes (MAX_VEC elements) or one element; the
+// branch is uniform across the grid.
+template <typename T, typename Math, int MAX_VEC>
+__device__ __forceinline__ void run_widest(
+    const T* __restrict__ x,
+    T* __restrict__ y,
+    int rows,
+    int n) {
+  const bool vectors = n % MAX_VEC == 0 &&
+      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
+  if (vectors) run<T, Math, MAX_VEC>(x, y, rows, n);
+  else run<T, Math, 1>(x, y, rows, n);
+}
+
 namespace bf16 {
 using T = __nv_bfloat16;
 using Math = fg::FastMath;  // 16-bit tensors: approximate exp and division
@@ -47,10 +61,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_fwd_any_bf16(
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, y, rows, n);
-  else run<T, Math, 1>(x, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, y, rows, n);
 }
 }  // namespace bf16
 
@@ -64,10 +75,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_fwd_any_fp16(
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, y, rows, n);
-  else run<T, Math, 1>(x, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, y, rows, n);
 }
 }  // namespace fp16
 
@@ -81,9 +89,6 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_fwd_any_fp32(
     T* __restrict__ y,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(x, y, rows, n);
-  else run<T, Math, 1>(x, y, rows, n);
+  run_widest<T, Math, MAX_VEC>(x, y, rows, n);
 }
 }  // namespace fp32

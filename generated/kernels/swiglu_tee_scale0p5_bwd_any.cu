@@ -58,6 +58,22 @@ __device__ __forceinline__ void run(
   }
 }
 
+// The widest vectors n and the pointers allow: 16 bytes (MAX_VEC elements) or one element; the
+// branch is uniform across the grid.
+template <typename T, typename Math, int MAX_VEC>
+__device__ __forceinline__ void run_widest(
+    const T* __restrict__ dy,
+    const T* __restrict__ x,
+    const T* __restrict__ d_extra_out1,
+    T* __restrict__ dx,
+    int rows,
+    int n) {
+  const bool vectors = n % MAX_VEC == 0 &&
+      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(d_extra_out1) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
+  if (vectors) run<T, Math, MAX_VEC>(dy, x, d_extra_out1, dx, rows, n);
+  else run<T, Math, 1>(dy, x, d_extra_out1, dx, rows, n);
+}
+
 namespace bf16 {
 using T = __nv_bfloat16;
 using Math = fg::FastMath;  // 16-bit tensors: approximate exp and division
@@ -70,10 +86,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_tee_scale0p5_bwd_any_bf
     T* __restrict__ dx,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(d_extra_out1) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, d_extra_out1, dx, rows, n);
-  else run<T, Math, 1>(dy, x, d_extra_out1, dx, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, d_extra_out1, dx, rows, n);
 }
 }  // namespace bf16
 
@@ -89,10 +102,7 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_tee_scale0p5_bwd_any_fp
     T* __restrict__ dx,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(d_extra_out1) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, d_extra_out1, dx, rows, n);
-  else run<T, Math, 1>(dy, x, d_extra_out1, dx, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, d_extra_out1, dx, rows, n);
 }
 }  // namespace fp16
 
@@ -108,9 +118,6 @@ extern "C" __global__ void __launch_bounds__(128) swiglu_tee_scale0p5_bwd_any_fp
     T* __restrict__ dx,
     int rows,
     int n) {
-  const bool vectors = n % MAX_VEC == 0 &&
-      ((reinterpret_cast<unsigned long long>(dy) | reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(d_extra_out1) | reinterpret_cast<unsigned long long>(dx)) % 16) == 0;
-  if (vectors) run<T, Math, MAX_VEC>(dy, x, d_extra_out1, dx, rows, n);
-  else run<T, Math, 1>(dy, x, d_extra_out1, dx, rows, n);
+  run_widest<T, Math, MAX_VEC>(dy, x, d_extra_out1, dx, rows, n);
 }
 }  // namespace fp32
