@@ -174,12 +174,12 @@ def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
     ``shared`` (the elementwise ones: the kernel's body, templated on the dtype) has it written
     once, before the dtypes' namespaces; it must render the same for every dtype."""
     family = env.get_template(f"{spec.family}.cu.j2")
-    modules = [(kn.DTYPES[dtype][0], family.make_module(spec.template_context(dtype))) for dtype in dtypes]
-    shared = {module.shared().strip("\n") for _, module in modules} if hasattr(modules[0][1], "shared") else {""}
-    if len(shared) != 1:
+    modules = {kn.DTYPES[dtype][0]: family.make_module(spec.template_context(dtype)) for dtype in dtypes}
+    shared = {module.shared().strip("\n") if hasattr(module, "shared") else "" for module in modules.values()}
+    if len(shared) > 1:  # the template's fault: its shared code reads something of one dtype
         raise AssertionError(f"{spec.family}.cu.j2: the macro shared of {spec.name} differs between dtypes")
-    bodies = [(suffix, str(module).strip("\n")) for suffix, module in modules]
-    return env.get_template("kernel_source.cu.j2").render(spec=spec, shared=shared.pop(), bodies=bodies)
+    bodies = [(suffix, str(module).strip("\n")) for suffix, module in modules.items()]
+    return env.get_template("kernel_source.cu.j2").render(spec=spec, shared=min(shared, default=""), bodies=bodies)
 
 
 def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
