@@ -149,10 +149,16 @@ def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
 
 def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
     """One kernel's CUDA source: its family template instantiated for each dtype, in one
-    translation unit (templates/kernel_source.cu.j2)."""
+    translation unit (templates/kernel_source.cu.j2). A family template that defines a macro
+    ``shared`` (the elementwise ones: the kernel's body, templated on the dtype) has it written
+    once, before the dtypes' namespaces; it must render the same for every dtype."""
     family = env.get_template(f"{spec.family}.cu.j2")
-    bodies = [(kn.DTYPES[dtype][0], family.render(**spec.template_context(dtype)).strip("\n")) for dtype in dtypes]
-    return env.get_template("kernel_source.cu.j2").render(spec=spec, bodies=bodies)
+    modules = {kn.DTYPES[dtype][0]: family.make_module(spec.template_context(dtype)) for dtype in dtypes}
+    shared = {module.shared().strip("\n") if hasattr(module, "shared") else "" for module in modules.values()}
+    if len(shared) > 1:  # the template's fault: its shared code reads something of one dtype
+        raise AssertionError(f"{spec.family}.cu.j2: the macro shared of {spec.name} differs between dtypes")
+    bodies = [(suffix, str(module).strip("\n")) for suffix, module in modules.items()]
+    return env.get_template("kernel_source.cu.j2").render(spec=spec, shared=min(shared, default=""), bodies=bodies)
 
 
 def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
