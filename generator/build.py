@@ -171,7 +171,8 @@ def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
 def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
     """One kernel's CUDA source: its family template instantiated for each dtype, in one
     translation unit (templates/kernel_source.cu.j2)."""
-    family = env.get_template(f"{spec.family}.cu.j2")
+    folder = {"norm_fwd": "norm", "norm_bwd": "norm", "column_sum": "column_sum"}.get(spec.family, "elementwise")
+    family = env.get_template(f"{folder}/{spec.family}.cu.j2")
     bodies = [(kn.DTYPES[dtype][0], family.render(**spec.template_context(dtype)).strip("\n")) for dtype in dtypes]
     return env.get_template("kernel_source.cu.j2").render(spec=spec, bodies=bodies)
 

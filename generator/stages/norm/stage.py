@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import kernels as kn
-from ..kernels import KernelParam as P
-from ..ops import OPS
-from . import elementwise as ew
-from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
+from ... import kernels as kn
+from ...kernels import KernelParam as P
+from ...ops import OPS
+from ..elementwise import stage as ew
+from ..base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
 
 
 NORM_KINDS = ("norm", "l2_normalization")  # LayerNorm, RMSNorm; L2Normalization (no gamma, a sum)

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 
-from .. import kernels as kn
-from ..ir import Sym
-from ..kernels import KernelParam as P
-from ..ops import OPS, elementwise_kinds
-from .base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name,
+from ... import kernels as kn
+from ...ir import Sym
+from ...kernels import KernelParam as P
+from ...ops import OPS, elementwise_kinds
+from ..base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name,
                    fixed, param_name, value_name)
 
 ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
