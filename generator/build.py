@@ -171,10 +171,13 @@ def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
 def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
     """One kernel's CUDA source: its family template instantiated for each dtype, in one
     translation unit (templates/kernel_source.cu.j2)."""
-    folder = {"norm_fwd": "norm", "norm_bwd": "norm", "column_sum": "column_sum"}.get(spec.family, "elementwise")
-    family = env.get_template(f"{folder}/{spec.family}.cu.j2")
+    family = env.get_template(f"{family_folder(spec)}/{spec.family}.cu.j2")
     bodies = [(kn.DTYPES[dtype][0], family.render(**spec.template_context(dtype)).strip("\n")) for dtype in dtypes]
     return env.get_template("kernel_source.cu.j2").render(spec=spec, bodies=bodies)
+
+
+def family_folder(spec: kn.KernelSpec) -> str:
+    return {"norm_fwd": "norm", "norm_bwd": "norm", "column_sum": "column_sum"}.get(spec.family, "elementwise")
 
 
 def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
@@ -518,7 +521,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     for name, path in headers.items():  # shipped so the sources rebuild as they stand
         if name not in ext.headers or name in shipped:
             files[f"kernels/{name}"] = path.read_text()
-    launchers = [dict(name=s.name, op=op_name(s, sources), family=s.family, ctx=s.ctx, summary=s.summary,
+    launchers = [dict(name=s.name, op=op_name(s, sources), family=s.family, ctx=s.ctx,
+                      launcher_template=f"{family_folder(s)}/{s.family}.py.j2", summary=s.summary,
                       geometry=geometry(s, config.dtypes), few_rows=few_rows(s, config.dtypes),
                       row_vectors=row_vectors(s, config.dtypes),
                       params=kn.kernel_abi(s), shared=s.shared_bytes, **kn.launcher_io(s))
