@@ -26,7 +26,7 @@ from .pipeline import Op
 from .plan import Plan
 from .source_text import py_string
 from .stages import Block, Emitter
-from .stages.elementwise.stage import random_ops
+from .stages.elementwise.steps import random_ops
 from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
