@@ -180,7 +180,7 @@ class KernelParam:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One kernel: its name, the template family that instantiates it, and its ABI as data.
+    """One kernel: its name, the kernel family that instantiates and launches it, and its ABI as data.
 
     ``params`` is the C signature in order; ``operands`` are the launcher's tensor arguments after
     its first (x or dy), ``returned`` what the launcher returns. Stage implementations build specs

@@ -5,6 +5,7 @@ CPU; what the plugin registers lasts one build; a bad family is a message at the
 
 import json
 import shutil
+import subprocess
 import sys
 import textwrap
 
@@ -151,3 +152,26 @@ def test_a_bad_family_is_a_message_at_the_plugin(tmp_path, monkeypatch, capsys, 
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert "bad_fwd" not in kernels.FAMILIES and not kernels.PLUGIN_TEMPLATES and "bad_ext" not in sys.modules
+
+
+def test_the_family_plugin_imports_outside_a_build_and_a_build_after_still_gets_its_family():
+    """Imported outside a build (a test, a notebook) the plugin's names are its objects, and no
+    family or template folder joins the registry; a build after it registers them for the build
+    only. In a process of its own: the registry is the process's."""
+    script = textwrap.dedent("""\
+        from pathlib import Path
+        from softmax_ext import FORWARD_ROW_SOFTMAX, ROW_SOFTMAX_FWD
+        from fusegen import build, kernels
+        from fusegen.config import Config
+
+        assert (ROW_SOFTMAX_FWD.name, FORWARD_ROW_SOFTMAX.name) == ("row_softmax_fwd", "row_softmax")
+        assert "row_softmax_fwd" not in kernels.FAMILIES and not kernels.PLUGIN_TEMPLATES
+        config = Config(specs=(Path("specs/softmax.py"),), out=Path("unused"), archs=(), root=Path.cwd(),
+                        plugins=("softmax_ext",))
+        _, per_plan = build.collect_kernels(build.load_plans(config))
+        assert [k.name for k in per_plan["row_softmax"][("forward", 0)]] == ["row_softmax_fwd_h256"]
+        assert "row_softmax_fwd" not in kernels.FAMILIES and not kernels.PLUGIN_TEMPLATES
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
