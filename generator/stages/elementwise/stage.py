@@ -21,7 +21,6 @@ from ...ops import elementwise_kinds
 from ..base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name,
                     fixed, value_name)
 from ..column_sum import column_sum
-from . import family  # noqa: F401 - registers the elementwise kernel families
 from .kernels import backward_kernel, forward_kernel
 from .steps import backward_aliases, forward_aliases, io_names, operand_width, random_ops, seed_name
 # the stage's methods keep the names these had when they were private to this module

@@ -17,7 +17,6 @@ from ...ops import OPS
 from ..base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
 from ..column_sum import column_sum
 from ..elementwise import steps as ew
-from . import family  # noqa: F401 - registers the norm kernel families
 # the stage's methods keep the names they had when the kernels' specs were in this module
 from .kernels import NORM_KINDS, norm_backward, norm_forward, norm_of
 from .kernels import kernel_ops_of as _kernel_ops, params_of as _params
