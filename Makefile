@@ -17,8 +17,9 @@ $(SETUP): pyproject.toml
 	touch $(SETUP)
 
 # The test fixtures are projects with their own packages, checked in like generated/: a user's
-# project with a plugin, and norms wider than the shipped specs' (for the GPU tests).
-FIXTURE_PROJECTS := tests/fixtures/plugin_project tests/fixtures/wide_norms
+# project with a plugin, norms wider than the shipped specs' (for the GPU tests), and a plugin that
+# adds a kernel family of its own.
+FIXTURE_PROJECTS := tests/fixtures/plugin_project tests/fixtures/wide_norms tests/fixtures/family_project
 
 generate: $(SETUP)  ## regenerate generated/ from specs/ (reuses binaries whose sources did not change)
 	$(VENV)/bin/fusegen generate

@@ -1,12 +1,12 @@
 """Device time of elementwise backwards with parameter grads (a Bias's column sums) for one
-package: how many rows their row loop should unroll (templates/elementwise_bwd.cu.j2,
-``#pragma unroll {{ row_unroll }}``; stages/elementwise.py: ``_row_unroll``, about 8 vectors in
+package: how many rows their row loop should unroll (templates/elementwise/elementwise_bwd.cu.j2,
+``#pragma unroll {{ row_unroll }}``; stages/elementwise/kernels.py: ``_row_unroll``, about 8 vectors in
 flight a thread). bench/NOTES.md (2026-11-25 and 2026-11-26) has the numbers.
 
 Each package is the shipped specs generated with the unroll fixed (sm_90 is enough on an H100 or
 H200), e.g. for 2:
 
-    sed -i 's/#pragma unroll {{ row_unroll }}/#pragma unroll 2/' templates/elementwise_bwd.cu.j2
+    sed -i 's/#pragma unroll {{ row_unroll }}/#pragma unroll 2/' templates/elementwise/elementwise_bwd.cu.j2
     fusegen generate --archs sm_90 --out /tmp/u2/generated     # then restore the template
 
 and each runs in its own process (the packages register the same op names), several times in

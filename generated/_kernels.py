@@ -35,7 +35,7 @@ _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def add_fwd_n4096(x, extra_in0):
     """AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_fwd_n4096_04d6e6c3(x, extra_in0)
+        return torch.ops.fusegen.add_fwd_n4096_87fbfa52(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -63,7 +63,7 @@ def add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta):
     mean, rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_6b6d4f29(
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h768_f7b6245b(
             x, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -118,7 +118,7 @@ _ADD_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.fl
 def add_rmsnorm_fwd_h256(x, residual, gamma):
     """residual add + RMSNorm(256): returns (y, residual_out, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_rmsnorm_fwd_h256_ea4d6849(x, residual, gamma)
+        return torch.ops.fusegen.add_rmsnorm_fwd_h256_edc6c124(x, residual, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -176,7 +176,7 @@ def add_scale0p5_tee_qgelu_bwd_any_from_add(dy, x, extra_in0, d_extra_out2):
     dx.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_0553db1f(
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_bwd_any_from_add_9c800a27(
             dy, x, extra_in0, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -219,7 +219,7 @@ def add_scale0p5_tee_qgelu_fwd_any(x, extra_in0):
     extra_out2.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_f875eebc(x, extra_in0)
+        return torch.ops.fusegen.add_scale0p5_tee_qgelu_fwd_any_6a6d2fa7(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -251,7 +251,7 @@ _ADD_TEE_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_bwd_n256(dy, d_extra_out1):
     """AddExtraInput(), MakeExtraOutput() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_bwd_n256_ac32b56d(dy, d_extra_out1)
+        return torch.ops.fusegen.add_tee_bwd_n256_3cc113e4(dy, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -276,7 +276,7 @@ _ADD_TEE_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def add_tee_fwd_n256(x, extra_in0):
     """AddExtraInput(), MakeExtraOutput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_tee_fwd_n256_f3bbd2ea(x, extra_in0)
+        return torch.ops.fusegen.add_tee_fwd_n256_70406cec(x, extra_in0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -302,7 +302,7 @@ _BIAS_ADD_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torc
 def bias_add_bwd_n4096(dy):
     """Bias(4096), AddExtraInput() backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_bwd_n4096_0f1dc1bc(dy)
+        return torch.ops.fusegen.bias_add_bwd_n4096_b0f01d58(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -343,7 +343,7 @@ _BIAS_ADD_TEE_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, tor
 def bias_add_tee_bwd_n256(dy, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_bwd_n256_48d021c6(dy, d_extra_out2)
+        return torch.ops.fusegen.bias_add_tee_bwd_n256_edaee847(dy, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -397,7 +397,7 @@ _BIAS_ADD_TEE_GELU_BWD_N256_FROM_BIAS_ROW_VECTORS = {
 def bias_add_tee_gelu_bwd_n256_from_bias(dy, x, bias0, extra_in1, d_extra_out2):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_ad5ab5bc(
+        return torch.ops.fusegen.bias_add_tee_gelu_bwd_n256_from_bias_5ee83025(
             dy, x, bias0, extra_in1, d_extra_out2)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -457,7 +457,7 @@ _BIAS_ADD_TEE_GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def bias_add_tee_gelu_fwd_n256(x, bias0, extra_in1):
     """Bias(256), AddExtraInput(), MakeExtraOutput(), GELU(): returns y, extra_out2."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_01de5dad(x, bias0, extra_in1)
+        return torch.ops.fusegen.bias_add_tee_gelu_fwd_n256_88314c65(x, bias0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -491,7 +491,7 @@ _BIAS_BWD_N1024_ROW_VECTORS = {torch.bfloat16: 128, torch.float16: 128, torch.fl
 def bias_bwd_n1024(dy):
     """Bias(1024) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n1024_60d0390a(dy)
+        return torch.ops.fusegen.bias_bwd_n1024_27d2f179(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -532,7 +532,7 @@ _BIAS_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, torch.float
 def bias_bwd_n256(dy):
     """Bias(256) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n256_ad358210(dy)
+        return torch.ops.fusegen.bias_bwd_n256_c1de501a(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -573,7 +573,7 @@ _BIAS_BWD_N32_ROW_VECTORS = {torch.bfloat16: 4, torch.float16: 4, torch.float32:
 def bias_bwd_n32(dy):
     """Bias(32) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n32_15b63863(dy)
+        return torch.ops.fusegen.bias_bwd_n32_ff6cf767(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -613,7 +613,7 @@ _BIAS_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, torch.fl
 def bias_bwd_n4096(dy):
     """Bias(4096) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n4096_0cef533d(dy)
+        return torch.ops.fusegen.bias_bwd_n4096_bd8e96f3(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -654,7 +654,7 @@ _BIAS_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float
 def bias_bwd_n512(dy):
     """Bias(512) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n512_25dc0ef7(dy)
+        return torch.ops.fusegen.bias_bwd_n512_ef4cea8f(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -695,7 +695,7 @@ _BIAS_BWD_N64_ROW_VECTORS = {torch.bfloat16: 8, torch.float16: 8, torch.float32:
 def bias_bwd_n64(dy):
     """Bias(64) backward: returns dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_bwd_n64_cbe35894(dy)
+        return torch.ops.fusegen.bias_bwd_n64_1d1831d0(dy)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -740,7 +740,7 @@ def bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048(dy, x):
     dbias0.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_1b18a611(dy, x)
+        return torch.ops.fusegen.bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_8083bbeb(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -794,7 +794,7 @@ _BIAS_DROPOUT0P1_ADD_BWD_N256_ROW_VECTORS = {
 def bias_dropout0p1_add_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1), AddExtraInput() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_69d8a3f2(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_add_bwd_n256_5d43ad99(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -842,7 +842,7 @@ def bias_dropout0p1_add_layernorm_fwd_h256(x, bias0, seed1, residual, gamma, bet
     rstd).
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_cba89399(
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_fwd_h256_859f4d7e(
             x, bias0, seed1, residual, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
@@ -910,7 +910,7 @@ _BIAS_DROPOUT0P1_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, 
 def bias_dropout0p1_bwd_n256(dy, seed1):
     """Bias(256), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_dc716824(dy, seed1)
+        return torch.ops.fusegen.bias_dropout0p1_bwd_n256_a260674a(dy, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -959,7 +959,7 @@ _BIAS_DROPOUT0P2_SWIGLU_BWD_N512_FROM_DROPOUT0P2_ROW_VECTORS = {
 def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     """Bias(1024), Dropout(0.2), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_a64785ec(
+        return torch.ops.fusegen.bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b6059b42(
             dy, x, seed1)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -1022,7 +1022,7 @@ _BIAS_GELU_BWD_N4096_ROW_VECTORS = {torch.bfloat16: 512, torch.float16: 512, tor
 def bias_gelu_bwd_n4096(dy, x):
     """Bias(4096), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_bwd_n4096_08edbd51(dy, x)
+        return torch.ops.fusegen.bias_gelu_bwd_n4096_dde1440c(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1072,7 +1072,7 @@ _BIAS_GELU_DROPOUT0P1_BWD_N512_ROW_VECTORS = {
 def bias_gelu_dropout0p1_bwd_n512(dy, x, seed2):
     """Bias(512), GELU(), Dropout(0.1) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_bcd29143(dy, x, seed2)
+        return torch.ops.fusegen.bias_gelu_dropout0p1_bwd_n512_a703bf49(dy, x, seed2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1127,7 +1127,7 @@ _BIAS_GLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.f
 def bias_glu_bwd_n512(dy, x):
     """Bias(1024), GLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_glu_bwd_n512_acdc2fff(dy, x)
+        return torch.ops.fusegen.bias_glu_bwd_n512_b91f1a9a(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1176,7 +1176,7 @@ _BIAS_QGEGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torc
 def bias_qgeglu_bwd_n512(dy, x):
     """Bias(1024), QGEGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgeglu_bwd_n512_1c8b9ec2(dy, x)
+        return torch.ops.fusegen.bias_qgeglu_bwd_n512_40d46432(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1225,7 +1225,7 @@ _BIAS_QGELU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch
 def bias_qgelu_bwd_n512(dy, x):
     """Bias(512), QGELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_qgelu_bwd_n512_d227658a(dy, x)
+        return torch.ops.fusegen.bias_qgelu_bwd_n512_1398c429(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1274,7 +1274,7 @@ _BIAS_REGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch
 def bias_reglu_bwd_n512(dy, x):
     """Bias(1024), ReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_reglu_bwd_n512_8a16aaee(dy, x)
+        return torch.ops.fusegen.bias_reglu_bwd_n512_b6ea93e7(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1324,7 +1324,7 @@ _BIAS_RELU_BWD_N512_FROM_OUTPUT_ROW_VECTORS = {
 def bias_relu_bwd_n512_from_output(dy, x):
     """Bias(512), ReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_da396c13(dy, x)
+        return torch.ops.fusegen.bias_relu_bwd_n512_from_output_d5d3a37f(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1376,7 +1376,7 @@ def bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384(x, bias0, extra_in4, bias6, ex
     GEGLU(), AddExtraInput(), SiLU(): returns y, extra_out3.
     """
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_9181ddfb(
+        return torch.ops.fusegen.bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_4fb2f7cb(
             x, bias0, extra_in4, bias6, extra_in8)
     rows = x.shape[0]
     if x.is_cuda:
@@ -1428,7 +1428,7 @@ def bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias(
     dbias6.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_3b8e939e(
+        return torch.ops.fusegen.bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_8566706b(
             dy, x, bias0, d_extra_out3, extra_in4, bias6, extra_in8)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -1523,7 +1523,7 @@ _BIAS_SCALE2P0_GELU_BWD_N256_ROW_VECTORS = {
 def bias_scale2p0_gelu_bwd_n256(dy, x):
     """Bias(256), ConstantScale(2.0), GELU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_244230b1(dy, x)
+        return torch.ops.fusegen.bias_scale2p0_gelu_bwd_n256_ed298129(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1574,7 +1574,7 @@ _BIAS_SITUGLU_B2P0_C8P0_BWD_N512_ROW_VECTORS = {
 def bias_situglu_b2p0_c8p0_bwd_n512(dy, x):
     """Bias(1024), SiTUGLU(beta1=2.0, beta2=8.0) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_64bf4de1(dy, x)
+        return torch.ops.fusegen.bias_situglu_b2p0_c8p0_bwd_n512_347fff98(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1625,7 +1625,7 @@ _BIAS_SREGLU_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torc
 def bias_sreglu_bwd_n512(dy, x):
     """Bias(1024), SReGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_sreglu_bwd_n512_e8f3d584(dy, x)
+        return torch.ops.fusegen.bias_sreglu_bwd_n512_0a3453f3(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1674,7 +1674,7 @@ _BIAS_SRELU_BWD_N2048_ROW_VECTORS = {torch.bfloat16: 256, torch.float16: 256, to
 def bias_srelu_bwd_n2048(dy, x):
     """Bias(2048), SReLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_bwd_n2048_61d51fd9(dy, x)
+        return torch.ops.fusegen.bias_srelu_bwd_n2048_cf2e7041(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1724,7 +1724,7 @@ _BIAS_SRELU_ROWSCALE_BWD_N512_ROW_VECTORS = {
 def bias_srelu_rowscale_bwd_n512(dy, x, extra_in2):
     """Bias(512), SReLU(), RowScale() backward: returns dx, dbias0, d_extra_in2."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_f3354d32(dy, x, extra_in2)
+        return torch.ops.fusegen.bias_srelu_rowscale_bwd_n512_b1632a0f(dy, x, extra_in2)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1786,7 +1786,7 @@ _BIAS_SWIGLU_BWD_N14336_ROW_VECTORS = {
 def bias_swiglu_bwd_n14336(dy, x):
     """Bias(28672), SwiGLU() backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_bwd_n14336_3b627c26(dy, x)
+        return torch.ops.fusegen.bias_swiglu_bwd_n14336_4b7a4ca5(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1835,7 +1835,7 @@ _BIAS_SWIGLU_I32_BWD_N512_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, 
 def bias_swiglu_i32_bwd_n512(dy, x):
     """Bias(1024), SwiGLU(glu_interleave_size=32) backward: returns dx, dbias0."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_b9aaf9c2(dy, x)
+        return torch.ops.fusegen.bias_swiglu_i32_bwd_n512_375e611f(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -1883,7 +1883,7 @@ _CLAMPED_SWIGLU_L3P0_I16_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_bwd_any(dy, x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_ee0cbaa9(dy, x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_bwd_any_24cdf8f6(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1913,7 +1913,7 @@ _CLAMPED_SWIGLU_L3P0_I16_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, tor
 def clamped_swiglu_l3p0_i16_fwd_any(x):
     """ClampedSwiGLU(glu_interleave_size=16, limit=3.0), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_31545b8d(x)
+        return torch.ops.fusegen.clamped_swiglu_l3p0_i16_fwd_any_fcdd39d1(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -1939,7 +1939,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_bwd_any(dy, x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_5a029147(dy, x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_bwd_any_e3618ce9(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -1980,7 +1980,7 @@ _CLAMPED_SWIGLU_L5P0_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8
 def clamped_swiglu_l5p0_rowscale_fwd_any(x, extra_in1):
     """ClampedSwiGLU(limit=5.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_69894dfc(x, extra_in1)
+        return torch.ops.fusegen.clamped_swiglu_l5p0_rowscale_fwd_any_4d8c612f(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -2009,7 +2009,7 @@ _CLAMPED_SWIGLU_L6P0_A1P5_O0P5_FWD_N2048_GRID_X = {
 def clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048(x):
     """ClampedSwiGLU(limit=6.0, alpha=1.5, glu_linear_offset=0.5): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_11bfc899(x)
+        return torch.ops.fusegen.clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_a17cb58f(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2034,7 +2034,7 @@ def column_sum_n1024(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n1024_add4b210(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1024_59676d23(partials, dtype)
     out = torch.empty(1024, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1024.launch(
@@ -2051,7 +2051,7 @@ def column_sum_n1536(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n1536_1d60eaf3(partials, dtype)
+        return torch.ops.fusegen.column_sum_n1536_de49019c(partials, dtype)
     out = torch.empty(1536, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N1536.launch(
@@ -2068,7 +2068,7 @@ def column_sum_n2048(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n2048_5ebbb102(partials, dtype)
+        return torch.ops.fusegen.column_sum_n2048_a488eef7(partials, dtype)
     out = torch.empty(2048, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N2048.launch(
@@ -2084,7 +2084,7 @@ def column_sum_n256(partials, dtype):
     """Sum fp32 partials [splits, 256] over splits, in a fixed order, into a 256-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n256_94bfc92e(partials, dtype)
+        return torch.ops.fusegen.column_sum_n256_b437bb7d(partials, dtype)
     out = torch.empty(256, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N256.launch(
@@ -2100,7 +2100,7 @@ def column_sum_n28(partials, dtype):
     """Sum fp32 partials [splits, 28] over splits, in a fixed order, into a 28-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n28_8cb4655b(partials, dtype)
+        return torch.ops.fusegen.column_sum_n28_d9034c49(partials, dtype)
     out = torch.empty(28, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N28.launch(
@@ -2118,7 +2118,7 @@ def column_sum_n28672(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n28672_d3f73361(partials, dtype)
+        return torch.ops.fusegen.column_sum_n28672_82ae8233(partials, dtype)
     out = torch.empty(28672, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N28672.launch(
@@ -2134,7 +2134,7 @@ def column_sum_n32(partials, dtype):
     """Sum fp32 partials [splits, 32] over splits, in a fixed order, into a 32-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n32_0502e66d(partials, dtype)
+        return torch.ops.fusegen.column_sum_n32_913e52e6(partials, dtype)
     out = torch.empty(32, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N32.launch(
@@ -2151,7 +2151,7 @@ def column_sum_n4096(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n4096_acb731e6(partials, dtype)
+        return torch.ops.fusegen.column_sum_n4096_4412e051(partials, dtype)
     out = torch.empty(4096, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N4096.launch(
@@ -2167,7 +2167,7 @@ def column_sum_n512(partials, dtype):
     """Sum fp32 partials [splits, 512] over splits, in a fixed order, into a 512-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n512_57f55976(partials, dtype)
+        return torch.ops.fusegen.column_sum_n512_771a0c86(partials, dtype)
     out = torch.empty(512, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N512.launch(
@@ -2183,7 +2183,7 @@ def column_sum_n64(partials, dtype):
     """Sum fp32 partials [splits, 64] over splits, in a fixed order, into a 64-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n64_7f948e9d(partials, dtype)
+        return torch.ops.fusegen.column_sum_n64_d472ab2a(partials, dtype)
     out = torch.empty(64, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N64.launch(
@@ -2199,7 +2199,7 @@ def column_sum_n768(partials, dtype):
     """Sum fp32 partials [splits, 768] over splits, in a fixed order, into a 768-vector of dtype."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n768_f584374b(partials, dtype)
+        return torch.ops.fusegen.column_sum_n768_5672d387(partials, dtype)
     out = torch.empty(768, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N768.launch(
@@ -2216,7 +2216,7 @@ def column_sum_n8192(partials, dtype):
     """
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and partials.device.type != "meta":
-        return torch.ops.fusegen.column_sum_n8192_96e85bb9(partials, dtype)
+        return torch.ops.fusegen.column_sum_n8192_87b20c6c(partials, dtype)
     out = torch.empty(8192, device=partials.device, dtype=dtype)
     splits = partials.shape[0]
     _COLUMN_SUM_N8192.launch(
@@ -2232,7 +2232,7 @@ _DROPOUT0P1_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def dropout0p1_add_fwd_n256(x, seed0, extra_in1):
     """Dropout(0.1), AddExtraInput(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_add_fwd_n256_eca5187c(x, seed0, extra_in1)
+        return torch.ops.fusegen.dropout0p1_add_fwd_n256_d8a82e17(x, seed0, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2258,7 +2258,7 @@ _DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p1_fwd_n512(x, seed0):
     """Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p1_fwd_n512_a4b1daf0(x, seed0)
+        return torch.ops.fusegen.dropout0p1_fwd_n512_6f3b1a92(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2282,7 +2282,7 @@ _DROPOUT0P25_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_bwd_any(dy, seed0):
     """Dropout(0.25) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_bwd_any_305701c1(dy, seed0)
+        return torch.ops.fusegen.dropout0p25_bwd_any_78158029(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2309,7 +2309,7 @@ _DROPOUT0P25_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 
 def dropout0p25_fwd_any(x, seed0):
     """Dropout(0.25), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p25_fwd_any_1975c754(x, seed0)
+        return torch.ops.fusegen.dropout0p25_fwd_any_b1bd2aed(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2335,7 +2335,7 @@ _DROPOUT0P2_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def dropout0p2_swiglu_fwd_n512(x, seed0):
     """Dropout(0.2), SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_5e26feb4(x, seed0)
+        return torch.ops.fusegen.dropout0p2_swiglu_fwd_n512_a7ff7e7f(x, seed0)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2359,7 +2359,7 @@ _DROPOUT0P3_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def dropout0p3_bwd_n256(dy, seed0):
     """Dropout(0.3) backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.dropout0p3_bwd_n256_8c41c342(dy, seed0)
+        return torch.ops.fusegen.dropout0p3_bwd_n256_708f8ee3(dy, seed0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2384,7 +2384,7 @@ _GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_bwd_any(dy, x):
     """GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_any_7349f59d(dy, x)
+        return torch.ops.fusegen.gelu_bwd_any_5f3d006e(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -2417,7 +2417,7 @@ _GELU_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_bwd_n256(dy, x):
     """GELU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_bwd_n256_ed150235(dy, x)
+        return torch.ops.fusegen.gelu_bwd_n256_041237f9(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -2444,7 +2444,7 @@ _GELU_DROPOUT0P1_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.f
 def gelu_dropout0p1_fwd_n512(x, seed1):
     """GELU(), Dropout(0.1): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_4704da17(x, seed1)
+        return torch.ops.fusegen.gelu_dropout0p1_fwd_n512_bd85d1e4(x, seed1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2469,7 +2469,7 @@ _GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def gelu_fwd_any(x):
     """GELU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_any_ffcb6959(x)
+        return torch.ops.fusegen.gelu_fwd_any_0b1a5a05(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -2496,7 +2496,7 @@ _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def gelu_fwd_n256(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n256_4b18c61f(x)
+        return torch.ops.fusegen.gelu_fwd_n256_7f1f4d66(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2518,7 +2518,7 @@ _GELU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 def gelu_fwd_n4096(x):
     """GELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.gelu_fwd_n4096_cbaad824(x)
+        return torch.ops.fusegen.gelu_fwd_n4096_1eb9fcb9(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2540,7 +2540,7 @@ _GLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def glu_fwd_n512(x):
     """GLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.glu_fwd_n512_f0771d24(x)
+        return torch.ops.fusegen.glu_fwd_n512_df48c354(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2562,7 +2562,7 @@ _L2NORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def l2norm_bwd_h256(dy, x, rstd):
     """L2Normalization() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_bwd_h256_8958a887(dy, x, rstd)
+        return torch.ops.fusegen.l2norm_bwd_h256_2fd3c389(dy, x, rstd)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2593,7 +2593,7 @@ _L2NORM_EPS1EM05_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torc
 def l2norm_eps1em05_fwd_h256(x):
     """L2Normalization(eps=1e-05): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_145c5422(x)
+        return torch.ops.fusegen.l2norm_eps1em05_fwd_h256_67b44df1(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2632,7 +2632,7 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     """LayerNorm(1024) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h1024_0d92f754(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h1024_607f3777(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2680,7 +2680,7 @@ def layernorm_bwd_h14(dy, x, mean, rstd, gamma):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h14_e540405a(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h14_0c6c627d(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2730,7 +2730,7 @@ def layernorm_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_3f1a3b4a(
+        return torch.ops.fusegen.layernorm_bwd_h256_add_dresidual_4eb720ff(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -2783,7 +2783,7 @@ def layernorm_bwd_h4096(dy, x, mean, rstd, gamma):
     """LayerNorm(4096) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_bwd_h4096_9ef5e83c(dy, x, mean, rstd, gamma)
+        return torch.ops.fusegen.layernorm_bwd_h4096_aec3ebc5(dy, x, mean, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -2829,7 +2829,7 @@ _LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h1024(x, gamma, beta):
     """LayerNorm(1024): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h1024_7523edbb(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h1024_790a919f(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2872,7 +2872,7 @@ _LAYERNORM_FWD_H14_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float
 def layernorm_fwd_h14(x, gamma, beta):
     """LayerNorm((7, 2)): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h14_7b9658b2(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h14_9899c036(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2915,7 +2915,7 @@ _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.f
 def layernorm_fwd_h4096(x, gamma, beta):
     """LayerNorm(4096): returns (y, mean, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_fwd_h4096_72a154f9(x, gamma, beta)
+        return torch.ops.fusegen.layernorm_fwd_h4096_8b340321(x, gamma, beta)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -2962,7 +2962,7 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     dbeta); the parameter grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_75bb81dd(
+        return torch.ops.fusegen.layernorm_zc_bwd_h768_add_dresidual_a97ae791(
             dy, x, mean, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -3015,7 +3015,7 @@ _QGEGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def qgeglu_fwd_n512(x):
     """QGEGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgeglu_fwd_n512_83c0e20c(x)
+        return torch.ops.fusegen.qgeglu_fwd_n512_2f36c7c9(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3037,7 +3037,7 @@ _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def qgelu_fwd_n512(x):
     """QGELU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.qgelu_fwd_n512_4239ce6f(x)
+        return torch.ops.fusegen.qgelu_fwd_n512_c4bbf851(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3059,7 +3059,7 @@ _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 def reglu_fwd_n512(x):
     """ReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.reglu_fwd_n512_037dbe84(x)
+        return torch.ops.fusegen.reglu_fwd_n512_68515910(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3081,7 +3081,7 @@ _RELU_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_bwd_n768(dy, x):
     """ReLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_bwd_n768_129afeee(dy, x)
+        return torch.ops.fusegen.relu_bwd_n768_8879dfa7(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -3108,7 +3108,7 @@ _RELU_FWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 def relu_fwd_n768(x):
     """ReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.relu_fwd_n768_787131e0(x)
+        return torch.ops.fusegen.relu_fwd_n768_d6deb41a(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3130,7 +3130,7 @@ _RMSNORM_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float
 def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
     """RMSNorm(1024) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h1024_582c52d4(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h1024_49c36fcd(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3176,7 +3176,7 @@ _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float3
 def rmsnorm_bwd_h256(dy, x, rstd, gamma):
     """RMSNorm(256) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_3d69c1a6(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h256_e2340e09(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3225,7 +3225,7 @@ def rmsnorm_bwd_h256_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_62f28872(
+        return torch.ops.fusegen.rmsnorm_bwd_h256_add_dresidual_13f41649(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -3279,7 +3279,7 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_3d2042a1(
+        return torch.ops.fusegen.rmsnorm_bwd_h4096_add_dresidual_1c324519(
             dy, x, rstd, gamma, dresidual)
     rows = dy.shape[0]
     if dy.is_cuda:
@@ -3331,7 +3331,7 @@ _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_bwd_h64(dy, x, rstd, gamma):
     """RMSNorm(64) backward: returns (dx, dgamma); the parameter grads are deterministic."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_bwd_h64_be99219e(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_bwd_h64_fc89c461(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3377,7 +3377,7 @@ _RMSNORM_DROPOUT0P3_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, t
 def rmsnorm_dropout0p3_fwd_h256(x, seed1, gamma):
     """RMSNorm(256) + Dropout(0.3): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_7ae46bbf(x, seed1, gamma)
+        return torch.ops.fusegen.rmsnorm_dropout0p3_fwd_h256_b14b2c3a(x, seed1, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3423,7 +3423,7 @@ _RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h1024(x, gamma):
     """RMSNorm(1024): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h1024_dc6f19e7(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h1024_2dd235af(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3462,7 +3462,7 @@ _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.flo
 def rmsnorm_fwd_h4096(x, gamma):
     """RMSNorm(4096): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h4096_fb8f6c69(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_0213660e(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3501,7 +3501,7 @@ _RMSNORM_FWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32
 def rmsnorm_fwd_h64(x, gamma):
     """RMSNorm(64): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_fwd_h64_6cdacac6(x, gamma)
+        return torch.ops.fusegen.rmsnorm_fwd_h64_7187cf87(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3542,7 +3542,7 @@ def rmsnorm_zc_bwd_h256(dy, x, rstd, gamma):
     grads are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_bwd_h256_baa0e16e(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h256_b551f3a5(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3590,7 +3590,7 @@ def rmsnorm_zc_bwd_h768(dy, x, rstd, gamma):
     are deterministic.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_1baadeb6(dy, x, rstd, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_bwd_h768_8982eafe(dy, x, rstd, gamma)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy, x = dy.contiguous(), x.contiguous()
@@ -3636,7 +3636,7 @@ _RMSNORM_ZC_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.flo
 def rmsnorm_zc_fwd_h256(x, gamma):
     """RMSNorm((4, 64), zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_fwd_h256_fe409059(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h256_868f07c1(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3675,7 +3675,7 @@ _RMSNORM_ZC_FWD_H768_THREADS = {torch.bfloat16: 96, torch.float16: 96, torch.flo
 def rmsnorm_zc_fwd_h768(x, gamma):
     """RMSNorm(768, zero_centered_gamma=True): returns (y, rstd)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_3065e76f(x, gamma)
+        return torch.ops.fusegen.rmsnorm_zc_fwd_h768_49c9e9f3(x, gamma)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3715,7 +3715,7 @@ _SILU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_bwd_any(dy, x):
     """SiLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_bwd_any_ee070dfd(dy, x)
+        return torch.ops.fusegen.silu_bwd_any_7a7ce727(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3745,7 +3745,7 @@ _SILU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def silu_fwd_any(x):
     """SiLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.silu_fwd_any_fbdba3ec(x)
+        return torch.ops.fusegen.silu_fwd_any_bb2d4e52(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1]
@@ -3768,7 +3768,7 @@ _SITUGLU_B2P0_C8P0_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch
 def situglu_b2p0_c8p0_fwd_n512(x):
     """SiTUGLU(beta1=2.0, beta2=8.0): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_1d45eb36(x)
+        return torch.ops.fusegen.situglu_b2p0_c8p0_fwd_n512_afd3671a(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3793,7 +3793,7 @@ def situglu_b2p0_i32_rowscale_bwd_any(dy, x, extra_in1):
     d_extra_in1.
     """
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_0d9deb24(dy, x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_bwd_any_f8b51106(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3834,7 +3834,7 @@ _SITUGLU_B2P0_I32_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, t
 def situglu_b2p0_i32_rowscale_fwd_any(x, extra_in1):
     """SiTUGLU(glu_interleave_size=32, beta1=2.0), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_b9aa39b7(x, extra_in1)
+        return torch.ops.fusegen.situglu_b2p0_i32_rowscale_fwd_any_b526af95(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3862,7 +3862,7 @@ _SREGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def sreglu_fwd_n512(x):
     """SReGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.sreglu_fwd_n512_4aed5859(x)
+        return torch.ops.fusegen.sreglu_fwd_n512_f951d866(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3884,7 +3884,7 @@ _SRELU_FWD_N2048_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4
 def srelu_fwd_n2048(x):
     """SReLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_fwd_n2048_b39dd017(x)
+        return torch.ops.fusegen.srelu_fwd_n2048_120fb573(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3906,7 +3906,7 @@ _SRELU_ROWSCALE_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.fl
 def srelu_rowscale_fwd_n512(x, extra_in1):
     """SReLU(), RowScale(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.srelu_rowscale_fwd_n512_d20276c3(x, extra_in1)
+        return torch.ops.fusegen.srelu_rowscale_fwd_n512_0d097abb(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -3932,7 +3932,7 @@ _SWIGLU_ADD_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4
 def swiglu_add_bwd_any(dy, x):
     """SwiGLU(), AddExtraInput() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_add_bwd_any_68471898(dy, x)
+        return torch.ops.fusegen.swiglu_add_bwd_any_45055abe(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -3962,7 +3962,7 @@ _SWIGLU_ADD_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4
 def swiglu_add_fwd_any(x, extra_in1):
     """SwiGLU(), AddExtraInput(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_add_fwd_any_7dbf6a2c(x, extra_in1)
+        return torch.ops.fusegen.swiglu_add_fwd_any_d851a335(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -3990,7 +3990,7 @@ _SWIGLU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_bwd_any(dy, x):
     """SwiGLU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_any_1fd18e30(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_any_33ba80c2(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4023,7 +4023,7 @@ _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_bwd_n384(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n384_49d4e54a(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n384_e7da8003(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -4050,7 +4050,7 @@ _SWIGLU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_bwd_n4096(dy, x):
     """SwiGLU() backward: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n4096_42099a41(dy, x)
+        return torch.ops.fusegen.swiglu_bwd_n4096_de13aa17(dy, x)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -4078,7 +4078,7 @@ _SWIGLU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float32: 4}
 def swiglu_fwd_any(x):
     """SwiGLU(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_any_c7d1729a(x)
+        return torch.ops.fusegen.swiglu_fwd_any_a7d2996d(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4105,7 +4105,7 @@ _SWIGLU_FWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float3
 def swiglu_fwd_n14336(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n14336_2dc3d87e(x)
+        return torch.ops.fusegen.swiglu_fwd_n14336_f84cf6eb(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4127,7 +4127,7 @@ _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1
 def swiglu_fwd_n384(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n384_1efc197e(x)
+        return torch.ops.fusegen.swiglu_fwd_n384_aad5aa3e(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4149,7 +4149,7 @@ _SWIGLU_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 
 def swiglu_fwd_n4096(x):
     """SwiGLU(): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n4096_0e2ee0eb(x)
+        return torch.ops.fusegen.swiglu_fwd_n4096_5a8e83aa(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4171,7 +4171,7 @@ _SWIGLU_I32_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float3
 def swiglu_i32_fwd_n512(x):
     """SwiGLU(glu_interleave_size=32): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_i32_fwd_n512_875754e7(x)
+        return torch.ops.fusegen.swiglu_i32_fwd_n512_f38281f1(x)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4194,7 +4194,7 @@ _SWIGLU_ROWSCALE_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_bwd_any(dy, x, extra_in1):
     """SwiGLU(), RowScale() backward, any width: returns dx, d_extra_in1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_bwd_any_82ee8e5a(dy, x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_bwd_any_5005e2fb(dy, x, extra_in1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4235,7 +4235,7 @@ _SWIGLU_ROWSCALE_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_rowscale_fwd_any(x, extra_in1):
     """SwiGLU(), RowScale(), any width: returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_rowscale_fwd_any_48245fbc(x, extra_in1)
+        return torch.ops.fusegen.swiglu_rowscale_fwd_any_6a16b5e9(x, extra_in1)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4264,7 +4264,7 @@ _SWIGLU_TEE_GELU_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), GELU() backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_1ca25e86(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_gelu_bwd_any_fa8e8aa9(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4300,7 +4300,7 @@ _SWIGLU_TEE_GELU_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.float
 def swiglu_tee_gelu_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), GELU(), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_41800349(x)
+        return torch.ops.fusegen.swiglu_tee_gelu_fwd_any_dd3518cb(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4330,7 +4330,7 @@ _SWIGLU_TEE_SCALE0P5_BWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_bwd_any(dy, x, d_extra_out1):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5) backward, any width: returns dx."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_3849f87b(dy, x, d_extra_out1)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_bwd_any_92cc4f88(dy, x, d_extra_out1)
     rows = dy.shape[0]
     if dy.is_cuda:
         n = dy.shape[1]
@@ -4364,7 +4364,7 @@ _SWIGLU_TEE_SCALE0P5_FWD_ANY_VEC = {torch.bfloat16: 8, torch.float16: 8, torch.f
 def swiglu_tee_scale0p5_fwd_any(x):
     """SwiGLU(), MakeExtraOutput(), ConstantScale(0.5), any width: returns y, extra_out1."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_ba903004(x)
+        return torch.ops.fusegen.swiglu_tee_scale0p5_fwd_any_b44b6f17(x)
     rows = x.shape[0]
     if x.is_cuda:
         n = x.shape[1] // 2  # the output: one half of each row
@@ -4395,7 +4395,7 @@ _TEE_BIAS_BWD_N64_ROW_VECTORS = {torch.bfloat16: 8, torch.float16: 8, torch.floa
 def tee_bias_bwd_n64(dy, d_extra_out0):
     """MakeExtraOutput(), Bias(64) backward: returns dx, dbias1."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_bwd_n64_fee6cae0(dy, d_extra_out0)
+        return torch.ops.fusegen.tee_bias_bwd_n64_58e7b5b3(dy, d_extra_out0)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
@@ -4444,7 +4444,7 @@ _TEE_BIAS_FWD_N64_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 
 def tee_bias_fwd_n64(x, bias1):
     """MakeExtraOutput(), Bias(64): returns y."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.tee_bias_fwd_n64_a22999ca(x, bias1)
+        return torch.ops.fusegen.tee_bias_fwd_n64_cd7aef1f(x, bias1)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
@@ -4476,357 +4476,357 @@ _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: sw
 # launchers run directly and the ops cost nothing.
 
 register_op(
-    "add_fwd_n4096_04d6e6c3", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
+    "add_fwd_n4096_87fbfa52", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
     add_fwd_n4096)
 register_op(
-    "add_layernorm_zc_eps1em06_fwd_h768_6b6d4f29",
+    "add_layernorm_zc_eps1em06_fwd_h768_f7b6245b",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768, add_layernorm_zc_eps1em06_fwd_h768)
 register_op(
-    "add_rmsnorm_fwd_h256_ea4d6849",
+    "add_rmsnorm_fwd_h256_edc6c124",
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
     add_rmsnorm_fwd_h256)
 register_op(
-    "add_scale0p5_tee_qgelu_bwd_any_from_add_0553db1f",
+    "add_scale0p5_tee_qgelu_bwd_any_from_add_9c800a27",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
 register_op(
-    "add_scale0p5_tee_qgelu_fwd_any_f875eebc", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
+    "add_scale0p5_tee_qgelu_fwd_any_6a6d2fa7", "(Tensor x, Tensor extra_in0) -> (Tensor, Tensor)",
     add_scale0p5_tee_qgelu_fwd_any, add_scale0p5_tee_qgelu_fwd_any)
 register_op(
-    "add_tee_bwd_n256_ac32b56d", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
+    "add_tee_bwd_n256_3cc113e4", "(Tensor dy, Tensor d_extra_out1) -> Tensor", add_tee_bwd_n256,
     add_tee_bwd_n256)
 register_op(
-    "add_tee_fwd_n256_f3bbd2ea", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
+    "add_tee_fwd_n256_70406cec", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
     add_tee_fwd_n256)
 register_op(
-    "bias_add_bwd_n4096_0f1dc1bc", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
+    "bias_add_bwd_n4096_b0f01d58", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
 register_op(
-    "bias_add_tee_bwd_n256_48d021c6", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
+    "bias_add_tee_bwd_n256_edaee847", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
     bias_add_tee_bwd_n256, bias_add_tee_bwd_n256)
 register_op(
-    "bias_add_tee_gelu_bwd_n256_from_bias_ad5ab5bc",
+    "bias_add_tee_gelu_bwd_n256_from_bias_5ee83025",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor extra_in1, Tensor d_extra_out2) -> (Tensor, "
     "Tensor)",
     bias_add_tee_gelu_bwd_n256_from_bias, bias_add_tee_gelu_bwd_n256_from_bias)
 register_op(
-    "bias_add_tee_gelu_fwd_n256_01de5dad",
+    "bias_add_tee_gelu_fwd_n256_88314c65",
     "(Tensor x, Tensor bias0, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_tee_gelu_fwd_n256,
     bias_add_tee_gelu_fwd_n256)
-register_op("bias_bwd_n1024_60d0390a", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
-register_op("bias_bwd_n256_ad358210", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
-register_op("bias_bwd_n32_15b63863", "(Tensor dy) -> Tensor", bias_bwd_n32, bias_bwd_n32)
-register_op("bias_bwd_n4096_0cef533d", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
-register_op("bias_bwd_n512_25dc0ef7", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
-register_op("bias_bwd_n64_cbe35894", "(Tensor dy) -> Tensor", bias_bwd_n64, bias_bwd_n64)
+register_op("bias_bwd_n1024_27d2f179", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
+register_op("bias_bwd_n256_c1de501a", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
+register_op("bias_bwd_n32_ff6cf767", "(Tensor dy) -> Tensor", bias_bwd_n32, bias_bwd_n32)
+register_op("bias_bwd_n4096_bd8e96f3", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
+register_op("bias_bwd_n512_ef4cea8f", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
+register_op("bias_bwd_n64_1d1831d0", "(Tensor dy) -> Tensor", bias_bwd_n64, bias_bwd_n64)
 register_op(
-    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_1b18a611",
+    "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_8083bbeb",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048,
     bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048)
 register_op(
-    "bias_dropout0p1_add_bwd_n256_69d8a3f2", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_add_bwd_n256_5d43ad99", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_add_bwd_n256, bias_dropout0p1_add_bwd_n256)
 register_op(
-    "bias_dropout0p1_add_layernorm_fwd_h256_cba89399",
+    "bias_dropout0p1_add_layernorm_fwd_h256_859f4d7e",
     "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256, bias_dropout0p1_add_layernorm_fwd_h256)
 register_op(
-    "bias_dropout0p1_bwd_n256_dc716824", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
+    "bias_dropout0p1_bwd_n256_a260674a", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_bwd_n256, bias_dropout0p1_bwd_n256)
 register_op(
-    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_a64785ec",
+    "bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2_b6059b42",
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
 register_op(
-    "bias_gelu_bwd_n4096_08edbd51", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_gelu_bwd_n4096_dde1440c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096, bias_gelu_bwd_n4096)
 register_op(
-    "bias_gelu_dropout0p1_bwd_n512_bcd29143",
+    "bias_gelu_dropout0p1_bwd_n512_a703bf49",
     "(Tensor dy, Tensor x, Tensor? seed2) -> (Tensor, Tensor)", bias_gelu_dropout0p1_bwd_n512,
     bias_gelu_dropout0p1_bwd_n512)
 register_op(
-    "bias_glu_bwd_n512_acdc2fff", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
+    "bias_glu_bwd_n512_b91f1a9a", "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_glu_bwd_n512,
     bias_glu_bwd_n512)
 register_op(
-    "bias_qgeglu_bwd_n512_1c8b9ec2", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgeglu_bwd_n512_40d46432", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgeglu_bwd_n512, bias_qgeglu_bwd_n512)
 register_op(
-    "bias_qgelu_bwd_n512_d227658a", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_qgelu_bwd_n512_1398c429", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgelu_bwd_n512, bias_qgelu_bwd_n512)
 register_op(
-    "bias_reglu_bwd_n512_8a16aaee", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_reglu_bwd_n512_b6ea93e7", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_reglu_bwd_n512, bias_reglu_bwd_n512)
 register_op(
-    "bias_relu_bwd_n512_from_output_da396c13", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_relu_bwd_n512_from_output_d5d3a37f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_relu_bwd_n512_from_output, bias_relu_bwd_n512_from_output)
 register_op(
-    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_9181ddfb",
+    "bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384_4fb2f7cb",
     "(Tensor x, Tensor bias0, Tensor extra_in4, Tensor bias6, Tensor extra_in8) -> (Tensor, "
     "Tensor)",
     bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384, bias_scale0p5_gelu_tee_add_x27ef9c64_fwd_n384)
 register_op(
-    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_3b8e939e",
+    "bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias_8566706b",
     "(Tensor dy, Tensor x, Tensor bias0, Tensor d_extra_out3, Tensor extra_in4, Tensor bias6, "
     "Tensor extra_in8) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias,
     bias_scale0p5_gelu_x3d12017c_bwd_n384_from_bias)
 register_op(
-    "bias_scale2p0_gelu_bwd_n256_244230b1", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_scale2p0_gelu_bwd_n256_ed298129", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_scale2p0_gelu_bwd_n256, bias_scale2p0_gelu_bwd_n256)
 register_op(
-    "bias_situglu_b2p0_c8p0_bwd_n512_64bf4de1", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_situglu_b2p0_c8p0_bwd_n512_347fff98", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_situglu_b2p0_c8p0_bwd_n512, bias_situglu_b2p0_c8p0_bwd_n512)
 register_op(
-    "bias_sreglu_bwd_n512_e8f3d584", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_sreglu_bwd_n512_0a3453f3", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_sreglu_bwd_n512, bias_sreglu_bwd_n512)
 register_op(
-    "bias_srelu_bwd_n2048_61d51fd9", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_srelu_bwd_n2048_cf2e7041", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_srelu_bwd_n2048, bias_srelu_bwd_n2048)
 register_op(
-    "bias_srelu_rowscale_bwd_n512_f3354d32",
+    "bias_srelu_rowscale_bwd_n512_b1632a0f",
     "(Tensor dy, Tensor x, Tensor extra_in2) -> (Tensor, Tensor, Tensor)",
     bias_srelu_rowscale_bwd_n512, bias_srelu_rowscale_bwd_n512)
 register_op(
-    "bias_swiglu_bwd_n14336_3b627c26", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_bwd_n14336_4b7a4ca5", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n14336, bias_swiglu_bwd_n14336)
 register_op(
-    "bias_swiglu_i32_bwd_n512_b9aaf9c2", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    "bias_swiglu_i32_bwd_n512_375e611f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
 register_op(
-    "clamped_swiglu_l3p0_i16_bwd_any_ee0cbaa9", "(Tensor dy, Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_bwd_any_24cdf8f6", "(Tensor dy, Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_bwd_any, clamped_swiglu_l3p0_i16_bwd_any)
 register_op(
-    "clamped_swiglu_l3p0_i16_fwd_any_31545b8d", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l3p0_i16_fwd_any_fcdd39d1", "(Tensor x) -> Tensor",
     clamped_swiglu_l3p0_i16_fwd_any, clamped_swiglu_l3p0_i16_fwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_bwd_any_5a029147",
+    "clamped_swiglu_l5p0_rowscale_bwd_any_e3618ce9",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     clamped_swiglu_l5p0_rowscale_bwd_any, clamped_swiglu_l5p0_rowscale_bwd_any)
 register_op(
-    "clamped_swiglu_l5p0_rowscale_fwd_any_69894dfc", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "clamped_swiglu_l5p0_rowscale_fwd_any_4d8c612f", "(Tensor x, Tensor extra_in1) -> Tensor",
     clamped_swiglu_l5p0_rowscale_fwd_any, clamped_swiglu_l5p0_rowscale_fwd_any)
 register_op(
-    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_11bfc899", "(Tensor x) -> Tensor",
+    "clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048_a17cb58f", "(Tensor x) -> Tensor",
     clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048, clamped_swiglu_l6p0_a1p5_o0p5_fwd_n2048)
 register_op(
-    "column_sum_n1024_add4b210", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024,
+    "column_sum_n1024_59676d23", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024,
     column_sum_n1024)
 register_op(
-    "column_sum_n1536_1d60eaf3", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536,
+    "column_sum_n1536_de49019c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536,
     column_sum_n1536)
 register_op(
-    "column_sum_n2048_5ebbb102", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048,
+    "column_sum_n2048_a488eef7", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n2048,
     column_sum_n2048)
 register_op(
-    "column_sum_n256_94bfc92e", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256,
+    "column_sum_n256_b437bb7d", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n256,
     column_sum_n256)
 register_op(
-    "column_sum_n28_8cb4655b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28,
+    "column_sum_n28_d9034c49", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n28,
     column_sum_n28)
 register_op(
-    "column_sum_n28672_d3f73361", "(Tensor partials, ScalarType dtype) -> Tensor",
+    "column_sum_n28672_82ae8233", "(Tensor partials, ScalarType dtype) -> Tensor",
     column_sum_n28672, column_sum_n28672)
 register_op(
-    "column_sum_n32_0502e66d", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n32,
+    "column_sum_n32_913e52e6", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n32,
     column_sum_n32)
 register_op(
-    "column_sum_n4096_acb731e6", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096,
+    "column_sum_n4096_4412e051", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n4096,
     column_sum_n4096)
 register_op(
-    "column_sum_n512_57f55976", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512,
+    "column_sum_n512_771a0c86", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n512,
     column_sum_n512)
 register_op(
-    "column_sum_n64_7f948e9d", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64,
+    "column_sum_n64_d472ab2a", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n64,
     column_sum_n64)
 register_op(
-    "column_sum_n768_f584374b", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768,
+    "column_sum_n768_5672d387", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n768,
     column_sum_n768)
 register_op(
-    "column_sum_n8192_96e85bb9", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192,
+    "column_sum_n8192_87b20c6c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n8192,
     column_sum_n8192)
 register_op(
-    "dropout0p1_add_fwd_n256_eca5187c", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
+    "dropout0p1_add_fwd_n256_d8a82e17", "(Tensor x, Tensor? seed0, Tensor extra_in1) -> Tensor",
     dropout0p1_add_fwd_n256, dropout0p1_add_fwd_n256)
 register_op(
-    "dropout0p1_fwd_n512_a4b1daf0", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
+    "dropout0p1_fwd_n512_6f3b1a92", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p1_fwd_n512,
     dropout0p1_fwd_n512)
 register_op(
-    "dropout0p25_bwd_any_305701c1", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
+    "dropout0p25_bwd_any_78158029", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p25_bwd_any,
     dropout0p25_bwd_any)
 register_op(
-    "dropout0p25_fwd_any_1975c754", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
+    "dropout0p25_fwd_any_b1bd2aed", "(Tensor x, Tensor? seed0) -> Tensor", dropout0p25_fwd_any,
     dropout0p25_fwd_any)
 register_op(
-    "dropout0p2_swiglu_fwd_n512_5e26feb4", "(Tensor x, Tensor? seed0) -> Tensor",
+    "dropout0p2_swiglu_fwd_n512_a7ff7e7f", "(Tensor x, Tensor? seed0) -> Tensor",
     dropout0p2_swiglu_fwd_n512, dropout0p2_swiglu_fwd_n512)
 register_op(
-    "dropout0p3_bwd_n256_8c41c342", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
+    "dropout0p3_bwd_n256_708f8ee3", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
     dropout0p3_bwd_n256)
-register_op("gelu_bwd_any_7349f59d", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
+register_op("gelu_bwd_any_5f3d006e", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
 register_op(
-    "gelu_bwd_n256_ed150235", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
+    "gelu_bwd_n256_041237f9", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)
 register_op(
-    "gelu_dropout0p1_fwd_n512_4704da17", "(Tensor x, Tensor? seed1) -> Tensor",
+    "gelu_dropout0p1_fwd_n512_bd85d1e4", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
-register_op("gelu_fwd_any_ffcb6959", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
-register_op("gelu_fwd_n256_4b18c61f", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
-register_op("gelu_fwd_n4096_cbaad824", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
-register_op("glu_fwd_n512_f0771d24", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
+register_op("gelu_fwd_any_0b1a5a05", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
+register_op("gelu_fwd_n256_7f1f4d66", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
+register_op("gelu_fwd_n4096_1eb9fcb9", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
+register_op("glu_fwd_n512_df48c354", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
 register_op(
-    "l2norm_bwd_h256_8958a887", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256,
+    "l2norm_bwd_h256_2fd3c389", "(Tensor dy, Tensor x, Tensor rstd) -> Tensor", l2norm_bwd_h256,
     l2norm_bwd_h256)
 register_op(
-    "l2norm_eps1em05_fwd_h256_145c5422", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256,
+    "l2norm_eps1em05_fwd_h256_67b44df1", "(Tensor x) -> (Tensor, Tensor)", l2norm_eps1em05_fwd_h256,
     l2norm_eps1em05_fwd_h256)
 register_op(
-    "layernorm_bwd_h1024_0d92f754",
+    "layernorm_bwd_h1024_607f3777",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h1024, layernorm_bwd_h1024)
 register_op(
-    "layernorm_bwd_h14_e540405a",
+    "layernorm_bwd_h14_0c6c627d",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h14, layernorm_bwd_h14)
 register_op(
-    "layernorm_bwd_h256_add_dresidual_3f1a3b4a",
+    "layernorm_bwd_h256_add_dresidual_4eb720ff",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_bwd_h256_add_dresidual, layernorm_bwd_h256_add_dresidual)
 register_op(
-    "layernorm_bwd_h4096_9ef5e83c",
+    "layernorm_bwd_h4096_aec3ebc5",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h4096, layernorm_bwd_h4096)
 register_op(
-    "layernorm_fwd_h1024_7523edbb",
+    "layernorm_fwd_h1024_790a919f",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h1024,
     layernorm_fwd_h1024)
 register_op(
-    "layernorm_fwd_h14_7b9658b2",
+    "layernorm_fwd_h14_9899c036",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h14,
     layernorm_fwd_h14)
 register_op(
-    "layernorm_fwd_h4096_72a154f9",
+    "layernorm_fwd_h4096_8b340321",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096,
     layernorm_fwd_h4096)
 register_op(
-    "layernorm_zc_bwd_h768_add_dresidual_75bb81dd",
+    "layernorm_zc_bwd_h768_add_dresidual_a97ae791",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual, layernorm_zc_bwd_h768_add_dresidual)
-register_op("qgeglu_fwd_n512_83c0e20c", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
-register_op("qgelu_fwd_n512_4239ce6f", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
-register_op("reglu_fwd_n512_037dbe84", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
+register_op("qgeglu_fwd_n512_2f36c7c9", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
+register_op("qgelu_fwd_n512_c4bbf851", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
+register_op("reglu_fwd_n512_68515910", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
 register_op(
-    "relu_bwd_n768_129afeee", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
-register_op("relu_fwd_n768_787131e0", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
+    "relu_bwd_n768_8879dfa7", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)
+register_op("relu_fwd_n768_d6deb41a", "(Tensor x) -> Tensor", relu_fwd_n768, relu_fwd_n768)
 register_op(
-    "rmsnorm_bwd_h1024_582c52d4",
+    "rmsnorm_bwd_h1024_49c36fcd",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024,
     rmsnorm_bwd_h1024)
 register_op(
-    "rmsnorm_bwd_h256_3d69c1a6",
+    "rmsnorm_bwd_h256_e2340e09",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256,
     rmsnorm_bwd_h256)
 register_op(
-    "rmsnorm_bwd_h256_add_dresidual_62f28872",
+    "rmsnorm_bwd_h256_add_dresidual_13f41649",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h256_add_dresidual, rmsnorm_bwd_h256_add_dresidual)
 register_op(
-    "rmsnorm_bwd_h4096_add_dresidual_3d2042a1",
+    "rmsnorm_bwd_h4096_add_dresidual_1c324519",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h4096_add_dresidual, rmsnorm_bwd_h4096_add_dresidual)
 register_op(
-    "rmsnorm_bwd_h64_be99219e",
+    "rmsnorm_bwd_h64_fc89c461",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64,
     rmsnorm_bwd_h64)
 register_op(
-    "rmsnorm_dropout0p3_fwd_h256_7ae46bbf",
+    "rmsnorm_dropout0p3_fwd_h256_b14b2c3a",
     "(Tensor x, Tensor? seed1, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_dropout0p3_fwd_h256,
     rmsnorm_dropout0p3_fwd_h256)
 register_op(
-    "rmsnorm_fwd_h1024_dc6f19e7", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024,
+    "rmsnorm_fwd_h1024_2dd235af", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024,
     rmsnorm_fwd_h1024)
 register_op(
-    "rmsnorm_fwd_h4096_fb8f6c69", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096,
+    "rmsnorm_fwd_h4096_0213660e", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096,
     rmsnorm_fwd_h4096)
 register_op(
-    "rmsnorm_fwd_h64_6cdacac6", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
+    "rmsnorm_fwd_h64_7187cf87", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
     rmsnorm_fwd_h64)
 register_op(
-    "rmsnorm_zc_bwd_h256_baa0e16e",
+    "rmsnorm_zc_bwd_h256_b551f3a5",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h256,
     rmsnorm_zc_bwd_h256)
 register_op(
-    "rmsnorm_zc_bwd_h768_1baadeb6",
+    "rmsnorm_zc_bwd_h768_8982eafe",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_zc_bwd_h768,
     rmsnorm_zc_bwd_h768)
 register_op(
-    "rmsnorm_zc_fwd_h256_fe409059", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    "rmsnorm_zc_fwd_h256_868f07c1", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h256, rmsnorm_zc_fwd_h256)
 register_op(
-    "rmsnorm_zc_fwd_h768_3065e76f", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
+    "rmsnorm_zc_fwd_h768_49c9e9f3", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)",
     rmsnorm_zc_fwd_h768, rmsnorm_zc_fwd_h768)
-register_op("silu_bwd_any_ee070dfd", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
-register_op("silu_fwd_any_fbdba3ec", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
+register_op("silu_bwd_any_7a7ce727", "(Tensor dy, Tensor x) -> Tensor", silu_bwd_any, silu_bwd_any)
+register_op("silu_fwd_any_bb2d4e52", "(Tensor x) -> Tensor", silu_fwd_any, silu_fwd_any)
 register_op(
-    "situglu_b2p0_c8p0_fwd_n512_1d45eb36", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
+    "situglu_b2p0_c8p0_fwd_n512_afd3671a", "(Tensor x) -> Tensor", situglu_b2p0_c8p0_fwd_n512,
     situglu_b2p0_c8p0_fwd_n512)
 register_op(
-    "situglu_b2p0_i32_rowscale_bwd_any_0d9deb24",
+    "situglu_b2p0_i32_rowscale_bwd_any_f8b51106",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)",
     situglu_b2p0_i32_rowscale_bwd_any, situglu_b2p0_i32_rowscale_bwd_any)
 register_op(
-    "situglu_b2p0_i32_rowscale_fwd_any_b9aa39b7", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "situglu_b2p0_i32_rowscale_fwd_any_b526af95", "(Tensor x, Tensor extra_in1) -> Tensor",
     situglu_b2p0_i32_rowscale_fwd_any, situglu_b2p0_i32_rowscale_fwd_any)
-register_op("sreglu_fwd_n512_4aed5859", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
-register_op("srelu_fwd_n2048_b39dd017", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
+register_op("sreglu_fwd_n512_f951d866", "(Tensor x) -> Tensor", sreglu_fwd_n512, sreglu_fwd_n512)
+register_op("srelu_fwd_n2048_120fb573", "(Tensor x) -> Tensor", srelu_fwd_n2048, srelu_fwd_n2048)
 register_op(
-    "srelu_rowscale_fwd_n512_d20276c3", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "srelu_rowscale_fwd_n512_0d097abb", "(Tensor x, Tensor extra_in1) -> Tensor",
     srelu_rowscale_fwd_n512, srelu_rowscale_fwd_n512)
 register_op(
-    "swiglu_add_bwd_any_68471898", "(Tensor dy, Tensor x) -> Tensor", swiglu_add_bwd_any,
+    "swiglu_add_bwd_any_45055abe", "(Tensor dy, Tensor x) -> Tensor", swiglu_add_bwd_any,
     swiglu_add_bwd_any)
 register_op(
-    "swiglu_add_fwd_any_7dbf6a2c", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_add_fwd_any,
+    "swiglu_add_fwd_any_d851a335", "(Tensor x, Tensor extra_in1) -> Tensor", swiglu_add_fwd_any,
     swiglu_add_fwd_any)
 register_op(
-    "swiglu_bwd_any_1fd18e30", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
+    "swiglu_bwd_any_33ba80c2", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
 register_op(
-    "swiglu_bwd_n384_49d4e54a", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
+    "swiglu_bwd_n384_e7da8003", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(
-    "swiglu_bwd_n4096_42099a41", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
+    "swiglu_bwd_n4096_de13aa17", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
     swiglu_bwd_n4096)
-register_op("swiglu_fwd_any_c7d1729a", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
+register_op("swiglu_fwd_any_a7d2996d", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
 register_op(
-    "swiglu_fwd_n14336_2dc3d87e", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
-register_op("swiglu_fwd_n384_1efc197e", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
-register_op("swiglu_fwd_n4096_0e2ee0eb", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
+    "swiglu_fwd_n14336_f84cf6eb", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
+register_op("swiglu_fwd_n384_aad5aa3e", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
+register_op("swiglu_fwd_n4096_5a8e83aa", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
 register_op(
-    "swiglu_i32_fwd_n512_875754e7", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
+    "swiglu_i32_fwd_n512_f38281f1", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)
 register_op(
-    "swiglu_rowscale_bwd_any_82ee8e5a",
+    "swiglu_rowscale_bwd_any_5005e2fb",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", swiglu_rowscale_bwd_any,
     swiglu_rowscale_bwd_any)
 register_op(
-    "swiglu_rowscale_fwd_any_48245fbc", "(Tensor x, Tensor extra_in1) -> Tensor",
+    "swiglu_rowscale_fwd_any_6a16b5e9", "(Tensor x, Tensor extra_in1) -> Tensor",
     swiglu_rowscale_fwd_any, swiglu_rowscale_fwd_any)
 register_op(
-    "swiglu_tee_gelu_bwd_any_1ca25e86", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_gelu_bwd_any_fa8e8aa9", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_gelu_bwd_any, swiglu_tee_gelu_bwd_any)
 register_op(
-    "swiglu_tee_gelu_fwd_any_41800349", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
+    "swiglu_tee_gelu_fwd_any_dd3518cb", "(Tensor x) -> (Tensor, Tensor)", swiglu_tee_gelu_fwd_any,
     swiglu_tee_gelu_fwd_any)
 register_op(
-    "swiglu_tee_scale0p5_bwd_any_3849f87b", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
+    "swiglu_tee_scale0p5_bwd_any_92cc4f88", "(Tensor dy, Tensor x, Tensor d_extra_out1) -> Tensor",
     swiglu_tee_scale0p5_bwd_any, swiglu_tee_scale0p5_bwd_any)
 register_op(
-    "swiglu_tee_scale0p5_fwd_any_ba903004", "(Tensor x) -> (Tensor, Tensor)",
+    "swiglu_tee_scale0p5_fwd_any_b44b6f17", "(Tensor x) -> (Tensor, Tensor)",
     swiglu_tee_scale0p5_fwd_any, swiglu_tee_scale0p5_fwd_any)
 register_op(
-    "tee_bias_bwd_n64_fee6cae0", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
+    "tee_bias_bwd_n64_58e7b5b3", "(Tensor dy, Tensor d_extra_out0) -> (Tensor, Tensor)",
     tee_bias_bwd_n64, tee_bias_bwd_n64)
 register_op(
-    "tee_bias_fwd_n64_a22999ca", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,
+    "tee_bias_fwd_n64_cd7aef1f", "(Tensor x, Tensor bias1) -> Tensor", tee_bias_fwd_n64,
     tee_bias_fwd_n64)

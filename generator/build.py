@@ -22,6 +22,7 @@ from .output import MANIFEST, manifest_bytes
 from .pipeline import build_pipeline
 from .plan import Plan, Rule, plan_pipeline
 from .progress import Progress
+from .stages.launchers import cuda_source, kernel_details, kernels_module
 from .toolchain import binary_name, compile_kernels, header_files, included_headers, sha256
 from .wrap import wrap_python
 
@@ -121,58 +122,6 @@ def fixed_sizes(unique: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpe
     return {name: sorted(specs, key=lambda s: s.ctx["width"]) for name, specs in fixed.items()}
 
 
-def by_dtype(size, dtypes: tuple[str, ...]) -> str:
-    """``{torch.<dtype>: size(itemsize), ...}`` as a Python dict literal (torch's dtype names)."""
-    return "{" + ", ".join(f"torch.{dtype}: {size(kn.DTYPES[dtype][2])}" for dtype in dtypes) + "}"
-
-
-def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
-    """The spec's per-dtype launch constant (KernelSpec.launch_size) as a dict literal; "" when
-    the launch does not depend on the dtype."""
-    if any(spec.launch_size(kn.DTYPES[dtype][2]) is None for dtype in dtypes):
-        return ""
-    return by_dtype(spec.launch_size, dtypes)
-
-
-def row_vectors(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
-    """A column-tiled backward's vectors a row per dtype (KernelSpec.row_vectors) as a dict
-    literal; "" for every other kernel."""
-    return by_dtype(spec.row_vectors, dtypes) if spec.ctx.get("column_tiled") else ""
-
-
-def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
-    """The dtypes whose kernel has a ``_few_rows`` entry (KernelSpec.few_rows) as a Python tuple
-    literal; "" when none has."""
-    having = [f"torch.{dtype}" for dtype in dtypes if spec.few_rows(kn.DTYPES[dtype][2])]
-    return f"({', '.join(having)},)" if having else ""
-
-
-def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
-    """One kernel's CUDA source: its family template instantiated for each dtype, in one
-    translation unit (templates/kernel_source.cu.j2). A family template that defines a macro
-    ``shared`` (the elementwise ones: the kernel's body, templated on the dtype) has it written
-    once, before the dtypes' namespaces; it must render the same for every dtype."""
-    family = env.get_template(f"{spec.family}.cu.j2")
-    modules = {kn.DTYPES[dtype][0]: family.make_module(spec.template_context(dtype)) for dtype in dtypes}
-    shared = {module.shared().strip("\n") if hasattr(module, "shared") else "" for module in modules.values()}
-    if len(shared) > 1:  # the template's fault: its shared code reads something of one dtype
-        raise AssertionError(f"{spec.family}.cu.j2: the macro shared of {spec.name} differs between dtypes")
-    bodies = [(suffix, str(module).strip("\n")) for suffix, module in modules.items()]
-    return env.get_template("kernel_source.cu.j2").render(spec=spec, shared=min(shared, default=""), bodies=bodies)
-
-
-def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
-    """A kernel's full (uncut) name, specialisation and entry points (its binaries' functions,
-    by dtype) for MANIFEST.json."""
-    entries = {}
-    for dtype in dtypes:
-        suffix, _, itemsize = kn.DTYPES[dtype]
-        symbol = f"{spec.name}_{suffix}"
-        entries[suffix] = [symbol, *([f"{symbol}_few_rows"] if spec.few_rows(itemsize) else [])]
-    return {"full_name": spec.full_name, "specialisation": spec.summary, "entries": entries}
-
-
-
 def plan_documents(config: Config) -> dict[str, str]:
     """{pipeline: its plan.md text}, without compiling anything (`fusegen plan`)."""
     with plugins.loaded(config.plugins, config.root) as ext:
@@ -207,14 +156,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     for name, path in headers.items():  # shipped so the sources rebuild as they stand
         if name not in ext.headers or name in shipped:
             files[f"kernels/{name}"] = path.read_text()
-    launchers = [dict(name=s.name, op=op_name(s, sources), family=s.family, ctx=s.ctx, summary=s.summary,
-                      geometry=geometry(s, config.dtypes), few_rows=few_rows(s, config.dtypes),
-                      row_vectors=row_vectors(s, config.dtypes),
-                      params=kn.kernel_abi(s), shared=s.shared_bytes, **kn.launcher_io(s))
-                 for s in unique.values()]
-    files["_kernels.py"] = env.get_template("kernels.py.j2").render(
-        kernels=launchers, fixed=fixed_sizes(unique), sums_in_kernel_splits=kn.SUMS_IN_KERNEL_SPLITS,
-        column_tiled_rows=kn.COLUMN_TILED_ROWS, column_tile_lanes=kn.COLUMN_TILE_LANES)
+    op_names = {name: op_name(spec, sources) for name, spec in unique.items()}
+    files["_kernels.py"] = kernels_module(env, unique, op_names, config.dtypes, fixed_sizes(unique))
     files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:

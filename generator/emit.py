@@ -22,11 +22,12 @@ from . import source_text
 from .diagram import flowchart
 from .errors import Location
 from .ir import Size, Sym, size_expr
+from .kernels import plugin_template
 from .pipeline import Op
 from .plan import Plan
 from .source_text import py_string
 from .stages import Block, Emitter
-from .stages.elementwise import random_ops
+from .stages.elementwise.steps import random_ops
 from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
 
@@ -48,7 +49,9 @@ def environment() -> jinja2.Environment:
     does not parse and compile every template again (two thirds of the builds' time in a profiled
     test run)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+        # fusegen's templates, then a build's plugins' kernel-family folders (kernels.plugin_template)
+        loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(TEMPLATES)), jinja2.FunctionLoader(plugin_template)]),
+        undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,
     )
     # A size (ir.Size: an int, or a Sym of a size-generic pipeline) as an expression in the

@@ -3,8 +3,12 @@
 A ``KernelSpec`` is a function of the stage alone (the stage implementations in stages/ build
 them), so its name (which spells out the op chain, the feature size and any non-default
 constant) is also its cache key: pipelines that share a stage share the kernel. Each spec names
-the CUDA template that instantiates it and the launcher family that calls it from Python, and
-holds its ABI as data; ``context`` fills both templates.
+its kernel family, and holds its ABI as data; ``context`` fills the family's templates.
+
+A ``KernelFamily`` is everything that differs between families: its ``.cu`` template and its
+launcher template, its launch geometry and entry points, its shared memory and its launcher's
+arguments. Each family's folder (stages/<family>/) registers its own (``register_family``); a
+plugin may register more (plugins.register_family). Nothing here branches on a family's name.
 
 Names are bounded (``kernel_name``): one longer than ``MAX_KERNEL_NAME`` keeps a readable prefix
 of its op chain, then ``x`` + a short hash of the full name, then its direction and size, so a
@@ -17,113 +21,14 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
 DTYPES = {"bfloat16": ("bf16", "__nv_bfloat16", 2), "float16": ("fp16", "__half", 2), "float32": ("fp32", "float", 4)}
-NORM_MAX_THREADS = 512  # threads per row of a norm forward (and a backward of rows over 1024 vectors)
-NORM_BWD_MAX_THREADS = 1024  # threads per row of a norm backward: one vector each up to 1024 a row
-NORM_FWD_VECTORS = 4  # vectors per thread a norm forward aims for: loads in flight across its barriers
-NORM_FWD_MIN_THREADS = 128
-# A norm backward sums its fp32 dgamma (and dbeta) partials in shared memory when they fit in this
-# many bytes a block: within the per-block limit of every GPU from sm_80 on (99 KB on sm_86, sm_89
-# and sm_120; more than 48 KB needs the opt-in the runtime makes, Kernel(shared=...)). Such a
-# backward gives each thread about NORM_BWD_VECTORS vectors, and a block of at most 512 threads
-# asks for NORM_BWD_MIN_BLOCKS blocks an SM (registers capped at 64 a thread to fit them).
-NORM_BWD_SHARED_BYTES = 96 * 1024
-NORM_BWD_VECTORS = 2
-NORM_BWD_MIN_BLOCKS = 2
 # Longest kernel name. Every name of the shipped specs but the long elementwise_chain run fits;
 # a file name ("<name>.compute_80.ptx") and a function's ("<name>_bf16_few_rows") stay under 64 bytes.
 MAX_KERNEL_NAME = 48
 NAME_HASH_CHARS = 8  # hex digits of sha256(full name) in a cut name: "x" + 8 hex
-
-
-# A backward of at most this many row splits (one block a row: as many rows) adds its fp32
-# parameter-grad partials into the grads itself, in the same cooperative launch
-# (templates/cuda/column_sum.cuh: finish_column_sums); with more, the column_sum kernel's second
-# launch costs less than each thread's longer sum. On an H100 (forward + backward of bench/'s norms
-# and bias chains, against two launches): 16 rows 0.79-0.97x the time, 32 rows 0.86-0.98x, 64 rows
-# 0.96-1.12x, 128 rows 1.11-1.78x (bench/NOTES.md).
-SUMS_IN_KERNEL_SPLITS = 32
-# An elementwise backward of at most this many rows whose reduced grads are all column sums runs
-# column-tiled: one block a tile of columns, its threads in row lanes that take every row of those
-# columns and add their sums in shared memory (templates/cuda/column_sum.cuh: sum_row_lanes). One
-# plain launch: no second kernel, no barrier across the grid. Row lanes (COLUMN_TILE_LANES): 16 up
-# to 16 rows (a row a thread), else 32 (at most 4 rows a thread: one unrolled batch of loads). On
-# an H100 (bf16, forward + backward of Bias + GELU and Bias + SwiGLU, widths 1024 to 28672) against
-# the row splits and column_sum: 16 rows 0.53-0.71x the time, 64 rows 0.54-0.79x, 128 rows
-# 0.58-0.91x, 192 rows 0.64-0.92x (bench/NOTES.md).
-COLUMN_TILED_ROWS = 128
-COLUMN_TILE_LANES = (16, 32)  # row lanes of a column-tiled block: up to 16 rows, above
-
-
-def sums_itself_up_to(spec: KernelSpec) -> int | None:
-    """The rows up to which a backward adds its parameter grads itself, in its one launch (a norm
-    backward's cooperative launch, an elementwise backward's column-tiled one); None: never."""
-    ctx = spec.ctx
-    return SUMS_IN_KERNEL_SPLITS if ctx.get("single_launch") else COLUMN_TILED_ROWS if ctx.get("column_tiled") else None
-
-
-def norm_bwd_shared_partials(grad_columns: int) -> bool:
-    """Whether a norm backward with ``grad_columns`` fp32 parameter-grad columns (H, or 2H for
-    LayerNorm; 0 for L2Normalization, which has none) sums them in shared memory: it then holds
-    only the row it is summing in registers, two blocks share an SM, and one block's reduction
-    overlaps the other's loads (templates/cuda/norm.cuh: row_norm_bwd_shared)."""
-    return 0 < 4 * grad_columns <= NORM_BWD_SHARED_BYTES
-
-
-def norm_threads(hidden: int, vec: int, backward: bool = False, shared_partials: bool = False) -> int:
-    """Threads per block of a norm kernel: a multiple of 32 covering the row's vectors, capped.
-
-    A backward with its partials in shared memory gives each thread about 2 vectors: at up to 512
-    threads, with 64 registers a thread, two blocks fit an SM. On the H100 (bf16, 16384 rows) that
-    beat or matched every other split tried, at every H from 1024 to 8192 (bench/NOTES.md).
-
-    Otherwise a backward of at most 1024 vectors a row gives each thread one (H=8192 in bf16): with
-    two, a thread of a 512-thread block took 94-118 registers on sm_90, and one such block filled an
-    SM; with one it takes 58-64, and the H100 ran the backward 13% faster (bench/NOTES.md).
-
-    A forward gives each thread about 4 vectors (at least 128 threads a block): a row's loads are
-    all in flight before its reductions' barriers, and fewer warps make those barriers cheaper.
-    LayerNorm in bf16 on the H100 went from 89-90% of copy to 95% (H=4096) and 97% (H=8192)."""
-    nvec = -(-hidden // vec)
-    covering = -(-nvec // 32) * 32
-    if backward and shared_partials:
-        return min(NORM_BWD_MAX_THREADS, -(-nvec // NORM_BWD_VECTORS // 32) * 32)
-    if backward:
-        return covering if covering <= NORM_BWD_MAX_THREADS else min(NORM_MAX_THREADS, covering)
-    aimed = -(-nvec // NORM_FWD_VECTORS // 32) * 32
-    return min(covering, NORM_MAX_THREADS, max(NORM_FWD_MIN_THREADS, aimed))
-
-
-def norm_fwd_holds(hidden: int, vec: int, threads: int, itemsize: int, params: int, residual: bool,
-                   writes_h: bool, few_rows: bool) -> tuple[bool, bool]:
-    """(HOLD_PARAMS, LOADS_FIRST) of a norm forward's entry point (templates/cuda/norm.cuh): whether
-    it holds its ``params`` (gamma, beta) in registers from the start, and whether a row that
-    writes the sum h issues all its loads before its first store. Each saves a round trip to
-    memory in a block's latency, which is the kernel's at a few rows, and costs registers.
-
-    The kernel's own entry holds the parameters where that costs a block at most 16 KB of
-    registers (8 KB where the residual's loads are in flight too): held at wider rows they take so
-    many that fewer blocks fit an SM, and many rows lose more than a few rows gain; the bounds are
-    the H100's (bench/NOTES.md). The ``few_rows`` entry, which runs a grid of at most one wave of
-    its blocks (no block waits for an SM), does both at every width. Neither where a thread holds
-    one vector: nothing to issue sooner."""
-    nvec = -(-hidden // vec)
-    nv = -(-nvec // threads)  # vectors a thread holds (norm.cuh: RowTiling::NV)
-    if nv < 2:
-        return False, False
-    if few_rows:
-        return params > 0, writes_h
-    return params > 0 and params * nv * vec * itemsize * threads <= (8192 if residual else 16384), False
-
-
-def norm_fwd_few_rows(hidden: int, vec: int, threads: int, itemsize: int, params: int, residual: bool,
-                      writes_h: bool) -> bool:
-    """Whether a norm forward has a second entry point for at most one wave of rows: where its
-    choices (norm_fwd_holds) differ from the kernel's own entry's."""
-    shape = (hidden, vec, threads, itemsize, params, residual, writes_h)
-    return norm_fwd_holds(*shape, few_rows=True) != norm_fwd_holds(*shape, few_rows=False)
 
 
 def kernel_name(chain: str, suffix: str, qualifier: str = "") -> tuple[str, str]:
@@ -153,6 +58,112 @@ def kernel_name(chain: str, suffix: str, qualifier: str = "") -> tuple[str, str]
     return (f"{prefix}_{tail}" if prefix else tail), full
 
 
+
+
+class KernelFamily:
+    """How the kernels of one family (``KernelSpec.family``) are instantiated and launched.
+
+    A family's folder (stages/<family>/) defines one subclass per family name it builds and
+    registers an instance (``register_family``); a plugin registers its own the same way
+    (plugins.register_family). Templates are named by their path under a template folder, whose
+    first part is the family's folder ("norm/norm_fwd.cu.j2"): fusegen's templates/<folder>/, or a
+    plugin's folder of that name. The defaults suit a kernel with a fixed launch shape."""
+
+    name = ""  # the KernelSpec.family it answers for, e.g. "norm_fwd"
+    template = ""  # its .cu.j2, instantiated once a dtype (templates/kernel_source.cu.j2 wraps them)
+    launcher_template = ""  # its section of the package's _kernels.py (templates/kernels.py.j2 includes it)
+    sums_partials = False  # True: it sums another kernel's fp32 partials, the second launch of a backward
+    # values of _kernels.py's head that its launchers read (kernels.py.j2 writes each one a family
+    # of the package uses): {template variable: value}
+    module_constants: dict[str, object] = {}
+
+    def launch_size(self, spec: KernelSpec, itemsize: int) -> int | None:
+        """The dtype-dependent launch constant of ``spec`` (its launcher's ``geometry`` literal);
+        None when its launch does not depend on the dtype."""
+        return None
+
+    def few_rows(self, spec: KernelSpec, itemsize: int) -> bool:
+        """Whether ``spec``'s kernel of that dtype has a second entry point, ``<symbol>_few_rows``,
+        for a grid of at most one wave of blocks (the runtime's Kernel.launch picks it)."""
+        return False
+
+    def shared_bytes(self, spec: KernelSpec) -> int:
+        """Dynamic shared memory a block needs (Kernel(shared=...) opts in above 48 KB)."""
+        return 0
+
+    def sums_itself_up_to(self, spec: KernelSpec) -> int | None:
+        """The rows up to which a backward adds its parameter grads itself, in its one launch
+        (above them a ``sums_partials`` kernel does); None: never."""
+        return None
+
+    def template_context(self, spec: KernelSpec, dtype: str, itemsize: int) -> dict:
+        """What its ``.cu`` template reads for one dtype beyond KernelSpec.template_context's."""
+        return {}
+
+    def launcher_io(self, spec: KernelSpec) -> dict:
+        """Its launcher's ``args`` (the whole argument list, in order) and ``outputs`` (how many
+        tensors it returns), and ``written`` where its kernel writes results besides ``y``. The
+        launcher's def and its custom op's schema under torch.compile both come from these."""
+        raise NotImplementedError(f"kernel family {self.name}: launcher_io")
+
+    def launcher_context(self, spec: KernelSpec, dtypes: tuple[str, ...]) -> dict:
+        """Whatever else its launcher template reads (``k.<key>``), for the package's dtypes."""
+        return {}
+
+
+FAMILIES: dict[str, KernelFamily] = {}  # by KernelSpec.family: fusegen's, then a build's plugins'
+
+
+def register_family(family: KernelFamily) -> KernelFamily:
+    """Make ``family`` the one that answers for specs of ``family.name``; a name is taken once."""
+    if not family.name or family.name in FAMILIES:
+        raise ValueError(f"kernel family {family.name!r} is {'already registered' if family.name else 'unnamed'}; "
+                         "give the family a name of its own")
+    FAMILIES[family.name] = family
+    return family
+
+
+def family_of(spec: KernelSpec) -> KernelFamily:
+    family = FAMILIES.get(spec.family)
+    assert family is not None, f"kernel {spec.name}: no kernel family {spec.family!r} is registered"
+    return family
+
+
+@dataclass(frozen=True)
+class TemplateFolder:
+    """A plugin's template folder: its files are named ``<folder name>/<file>``, as fusegen's own
+    family folders' are; ``shown`` is how a generated source names it (a path in the project)."""
+
+    path: Path
+    shown: str
+
+
+# A build's plugins' template folders by name (plugins.register_family); the jinja environment's
+# loader looks here for a template fusegen's own folder does not hold (plugin_template).
+PLUGIN_TEMPLATES: dict[str, TemplateFolder] = {}
+
+
+def plugin_template(name: str) -> tuple[str, str, Callable[[], bool]] | None:
+    """The (source, file, uptodate) of a plugin's template ``<folder>/<file>``; None when no
+    plugin folder of the build holds it (jinja then reports it missing). ``uptodate`` turns False
+    once the folder is another build's, or the file changed, so no build reuses another's."""
+    folder_name, _, rest = name.partition("/")
+    folder = PLUGIN_TEMPLATES.get(folder_name)
+    path = folder.path / rest if folder is not None and rest else None
+    if path is None or not path.is_file():
+        return None
+    mtime = path.stat().st_mtime_ns
+    return (path.read_text(), str(path),
+            lambda: PLUGIN_TEMPLATES.get(folder_name) == folder and path.is_file() and path.stat().st_mtime_ns == mtime)
+
+
+def template_shown(name: str) -> str:
+    """How a generated source names the template ``name`` it came from."""
+    folder_name, _, rest = name.partition("/")
+    folder = PLUGIN_TEMPLATES.get(folder_name)
+    return f"{folder.shown}/{rest}" if folder is not None else f"templates/{name}"
+
+
 @dataclass(frozen=True)
 class KernelParam:
     """One parameter of a kernel's C ABI. The ``.cu`` signature (templates/kernel_abi.j2) and the
@@ -169,7 +180,7 @@ class KernelParam:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One kernel: its name, the template family that instantiates it, and its ABI as data.
+    """One kernel: its name, the kernel family that instantiates and launches it, and its ABI as data.
 
     ``params`` is the C signature in order; ``operands`` are the launcher's tensor arguments after
     its first (x or dy), ``returned`` what the launcher returns. Stage implementations build specs
@@ -177,18 +188,24 @@ class KernelSpec:
 
     name: str  # e.g. "bias_swiglu_bwd_n14336" (its functions add the dtype suffix); bounded (kernel_name)
     full_name: str  # the name before bounding; equal to ``name`` unless that was cut
-    family: str  # norm_fwd | norm_bwd | column_sum | elementwise_fwd | elementwise_bwd
+    family: str  # its KernelFamily's name (FAMILIES): norm_fwd | norm_bwd | column_sum | elementwise_fwd | ...
     context: tuple[tuple[str, object], ...]  # template variables, hashable and ordered
     summary: str
     params: tuple[KernelParam, ...] = ()
     operands: tuple[str, ...] = ()
     returned: tuple[str, ...] = ()
     headers: tuple[str, ...] = ()  # the device headers its source includes, in order
-    # How the launch shape follows from the row: "row_threads" (a block per row, threads covering
-    # the row's vectors: norms), "row_vectors" (grid x covering the row's vectors with ``threads``
-    # per block: elementwise), "any_row_vectors" (the same for a size-generic kernel: the launcher
-    # computes grid x from the run-time n and the vector width) or "" (fixed: column sums).
+    # How the launch shape follows from the row, as its family reads it (KernelFamily.launch_size):
+    # "row_threads" (a block per row, threads covering the row's vectors: norms), "row_vectors"
+    # (grid x covering the row's vectors with ``threads`` per block: elementwise),
+    # "any_row_vectors" (the same for a size-generic kernel: the launcher computes grid x from the
+    # run-time n and the vector width) or "" (fixed: column sums).
     geometry: str = ""
+
+    @property
+    def kernel_family(self) -> KernelFamily:
+        """The family that instantiates and launches it (FAMILIES)."""
+        return family_of(self)
 
     @property
     def ctx(self) -> dict:
@@ -215,62 +232,36 @@ class KernelSpec:
     def launch_size(self, itemsize: int) -> int | None:
         """The dtype-dependent launch constant: threads per block ("row_threads"), blocks along
         the row ("row_vectors") or elements per vector ("any_row_vectors"); None when the launch
-        does not depend on the dtype."""
-        ctx, vec = self.ctx, self.vec(itemsize)
-        if self.geometry == "row_threads":
-            return norm_threads(ctx["hidden"], vec, backward=self.family == "norm_bwd",
-                                shared_partials=ctx.get("shared_partials", False))
-        if self.geometry == "row_vectors":
-            return -(-ctx["width"] // vec // ctx["threads"])
-        if self.geometry == "any_row_vectors":
-            return vec
-        return None
-
-    def _norm_fwd_shape(self, itemsize: int) -> tuple:
-        """A norm forward's arguments to norm_fwd_holds and norm_fwd_few_rows."""
-        ctx = self.ctx
-        params = 0 if ctx["l2"] else 2 if ctx["layernorm"] else 1
-        return (ctx["hidden"], self.vec(itemsize), self.launch_size(itemsize), itemsize, params, ctx["residual"],
-                ctx["writes_h"])
+        does not depend on the dtype (KernelFamily.launch_size)."""
+        return self.kernel_family.launch_size(self, itemsize)
 
     def few_rows(self, itemsize: int) -> bool:
-        """Whether this kernel has a ``_few_rows`` entry point (a norm forward's, norm_fwd_few_rows)."""
-        return self.family == "norm_fwd" and norm_fwd_few_rows(*self._norm_fwd_shape(itemsize))
-
-    def row_vectors(self, itemsize: int) -> int:
-        """16-byte (or narrower, ``vec``) vectors in one row of dy: a column-tiled launch's blocks
-        each take a tile of them (COLUMN_TILED_ROWS)."""
-        return self.ctx["width"] // self.vec(itemsize)
+        """Whether this kernel has a ``_few_rows`` entry point (KernelFamily.few_rows)."""
+        return self.kernel_family.few_rows(self, itemsize)
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory a block of this kernel needs: a norm backward's fp32 partials, a
-        column-tiled backward's lane sums (a thread's vector of fp32 sums, in the widest vectors
-        of any dtype). The latter's 4 KB a 128-thread block cost no occupancy."""
-        ctx = self.ctx
-        if ctx.get("column_tiled"):
-            return 4 * ctx["threads"] * max(self.vec(itemsize) for _, _, itemsize in DTYPES.values())
-        return 4 * ctx["grad_columns"] if ctx.get("shared_partials") else 0
+        """Dynamic shared memory a block of this kernel needs (KernelFamily.shared_bytes)."""
+        return self.kernel_family.shared_bytes(self)
 
     def template_context(self, dtype: str) -> dict:
-        """Everything the ``.cu`` template of one dtype reads: the spec's context, its ABI, and
-        the dtype's type, vector width, precision of exp and division and (per-row kernels)
-        threads. The template renders that dtype's namespace of the kernel's source
-        (templates/kernel_source.cu.j2)."""
+        """Everything the ``.cu`` template of one dtype reads: the spec's context, its ABI, the
+        dtype's type, vector width and precision of exp and division, and what its family adds
+        (per-row kernels: threads). The template renders that dtype's namespace of the kernel's
+        source (templates/kernel_source.cu.j2)."""
         suffix, ctype, itemsize = DTYPES[dtype]
         ctx = self.ctx
         ctx.update(kernel_name=f"{self.name}_{suffix}", ctype=ctype, vec=self.vec(itemsize),
                    math=("FastMath" if itemsize < 4 else "ExactMath") if self.uses_math else None,
                    params=self.params, operands=self.operands)
-        if self.geometry == "row_threads":
-            ctx["threads"] = self.launch_size(itemsize)
-        if self.family == "norm_fwd":  # (HOLD_PARAMS, LOADS_FIRST) of each entry point; None: no few-rows entry
-            shape = self._norm_fwd_shape(itemsize)
-            ctx["holds"] = norm_fwd_holds(*shape, few_rows=False)
-            ctx["few_rows_holds"] = norm_fwd_holds(*shape, few_rows=True) if norm_fwd_few_rows(*shape) else None
-        if ctx.get("shared_partials"):  # two blocks an SM where 64 registers a thread hold the row
-            ctx["min_blocks"] = NORM_BWD_MIN_BLOCKS if ctx["threads"] * NORM_BWD_MIN_BLOCKS <= 1024 else 1
+        ctx.update(self.kernel_family.template_context(self, dtype, itemsize))
         return ctx
+
+
+def sums_itself_up_to(spec: KernelSpec) -> int | None:
+    """The rows up to which a backward adds its parameter grads itself, in its one launch (a norm
+    backward's cooperative launch, an elementwise backward's column-tiled one); None: never."""
+    return spec.kernel_family.sums_itself_up_to(spec)
 
 
 def kernel_abi(spec: KernelSpec) -> tuple[KernelParam, ...]:
@@ -281,26 +272,9 @@ def kernel_abi(spec: KernelSpec) -> tuple[KernelParam, ...]:
 def launcher_io(spec: KernelSpec) -> dict:
     """A launcher's tensor operands (after x or dy) and results; ``written``: the results besides
     ``y`` that the kernel writes (an elementwise forward's extra outputs); ``args``: its whole
-    argument list and ``outputs``: how many tensors it returns (its def, and its custom op's
-    schema under torch.compile, both come from these)."""
-    ctx = spec.ctx
-    written = [name for name in spec.returned if name != "y"] if spec.family == "elementwise_fwd" else []
-    if spec.family == "norm_fwd":
-        args = ["x", *spec.operands] + (["residual"] if ctx["residual"] else []) + ([] if ctx["l2"] else ["gamma"])
-        args += ["beta"] if ctx["layernorm"] else []
-        outputs = 2 + ctx["writes_h"] + ctx["layernorm"]  # y, [h], [mean], rstd
-    elif spec.family == "norm_bwd":
-        args = ["dy", "x"] + (["mean"] if ctx["layernorm"] else []) + ["rstd"] + ([] if ctx["l2"] else ["gamma"])
-        args += ["dresidual"] if ctx["add_dresidual"] else []
-        outputs = 1 if ctx["l2"] else 2 + ctx["layernorm"]  # dx, [dgamma, [dbeta]]
-    elif spec.family == "column_sum":
-        args, outputs = ["partials", "dtype"], 1
-    elif spec.family == "elementwise_fwd":
-        args, outputs = ["x", *spec.operands], 1 + len(written)
-    else:
-        args, outputs = ["dy", *spec.operands], len(spec.returned)
-    return dict(operands=list(spec.operands), returned=list(spec.returned), written=written, args=args,
-                outputs=outputs)
+    argument list and ``outputs``: how many tensors it returns (KernelFamily.launcher_io)."""
+    return {"operands": list(spec.operands), "returned": list(spec.returned), "written": [],
+            **spec.kernel_family.launcher_io(spec)}
 
 
 def make_spec(name: tuple[str, str], family: str, summary: str, abi: Sequence[KernelParam] = (),
@@ -309,13 +283,3 @@ def make_spec(name: tuple[str, str], family: str, summary: str, abi: Sequence[Ke
     """A spec named by ``kernel_name``'s (name, full name); ``context`` fills its templates."""
     return KernelSpec(*name, family, tuple(sorted(context.items())), summary, tuple(abi), tuple(operands),
                       tuple(returned), tuple(headers), geometry)
-
-
-def column_sum(columns: int) -> KernelSpec:
-    P = KernelParam
-    return make_spec(kernel_name("column_sum", f"n{columns}"), "column_sum",
-                     f"sums fp32 per-block partials over blocks, {columns} columns",
-                     abi=(P("partials", "const float*"), P("out", "T*"), P("splits", "int")),
-                     returned=("out",), headers=("column_sum.cuh",), columns=columns, align=1)
-
-

@@ -1,4 +1,4 @@
-"""Plugins: modules of the user's own repository that add ops and fusion rules.
+"""Plugins: modules of the user's own repository that add ops, fusion rules and kernel families.
 
 ``[tool.fusegen] plugins = ["mypkg.fusegen_ext"]`` names modules that fusegen imports (with the
 project folder, where the pyproject.toml is, first on ``sys.path``) before it reads any spec. At
@@ -23,6 +23,14 @@ An op's reference functions follow the registry's rules (ops/shipped.py: they ma
 one, so a plugin never imports torch into the compiler). Its device functor lives in a ``.cuh``
 of the plugin's ``cuda`` folder, which kernels include by name and the build cache digests.
 A rule is checked against its stage implementation when it is made (plan.Rule).
+
+A whole kernel family takes three things: a stage implementation (a ``StageImpl`` whose
+``kernels`` builds ``KernelSpec``s of the family, named in the plugin's rules), a ``KernelFamily``
+per family name (its templates, launch geometry and launcher's arguments; kernels.py), and a
+template folder holding the family's ``.cu.j2`` and launcher ``.py.j2`` templates and its ``.cuh``
+headers: ``register_family(family, templates="row_softmax")``. Its templates are named
+``<folder name>/<file>``, as fusegen's own families' are (templates/norm/norm_fwd.cu.j2), so the
+folder's name must be one of its own. tests/fixtures/family_project is the example.
 """
 
 from __future__ import annotations
@@ -36,12 +44,15 @@ from pathlib import Path
 from typing import Iterator
 
 from . import fusion_rules
+from . import kernels as kn
 from .errors import UsageError
 from .emit import TEMPLATES
+from .kernels import KernelFamily, KernelParam, kernel_name, make_spec
 from .ops import OPS, SPEC_MODULES, Arg, OpDef, Operand, Param, register
 from .ops.lazy import torch
 from .plan import BACKWARD, FORWARD, Rule, RuleError
-from .stages import ELEMENTWISE, GEMM, NORM
+from .stages import ELEMENTWISE, GEMM, NORM, Saves, StageImpl
+from .stages.base import RowTraffic, value_name
 
 BUILTIN_HEADERS = TEMPLATES / "cuda"
 
@@ -54,6 +65,7 @@ class Extensions:
     backward_rules: list[Rule] = field(default_factory=lambda: list(fusion_rules.BACKWARD_RULES))
     headers: dict[str, Path] = field(default_factory=dict)  # header name -> file, plugins' only
     loading: str = ""  # the plugin module being imported
+    root: Path = Path()  # the project folder
 
 
 _active: Extensions | None = None
@@ -131,6 +143,53 @@ def register_rule(rule: Rule, *, before: str | None = None, after: str | None = 
     return rule
 
 
+def register_family(family: KernelFamily, templates: str | Path) -> KernelFamily:
+    """Add a plugin's kernel family for this build: ``family`` answers for the specs whose
+    ``family`` is ``family.name``, and ``templates`` (relative to the plugin module's file, or
+    absolute) is the folder of its templates and ``.cuh`` headers. ``family.template`` and
+    ``family.launcher_template`` are named ``<folder name>/<file>``; the headers are included by
+    file name (and digested by the build cache) like fusegen's own. Two families may share one
+    folder. Returns the family; outside a build registers nothing (families are for builds only)."""
+    ext = _current()
+    if ext is None:
+        return family
+    where = f"kernel family {family.name!r}"
+    if not family.name:
+        raise RuleError("a kernel family needs a name (KernelFamily.name), the family its KernelSpecs name")
+    if family.name in kn.FAMILIES:
+        raise RuleError(f"{where} already exists; give the family a name of its own")
+    folder = _plugin_path(templates, ext)
+    if not folder.is_dir():
+        raise RuleError(f"{where}: its template folder {folder} is not a folder")
+    known = kn.PLUGIN_TEMPLATES.get(folder.name)
+    if (TEMPLATES / folder.name).exists() or (known is not None and known.path != folder):
+        owner = "in fusegen's templates/" if known is None else f"{known.shown}, another plugin's"
+        raise RuleError(f"{where}: its template folder's name {folder.name!r} is taken ({owner}); give "
+                        "the plugin's folder a name of its own")
+    for what, name in (("template", family.template), ("launcher_template", family.launcher_template)):
+        first, _, rest = name.partition("/")
+        if first != folder.name or not (folder / rest).is_file():
+            raise RuleError(f"{where}: its {what} {name!r} is not a file of {folder}; name it "
+                            f"'{folder.name}/<file>', a file of that folder")
+    for header in sorted(folder.glob("*.cuh")):
+        if (BUILTIN_HEADERS / header.name).is_file() or ext.headers.get(header.name, header) != header:
+            raise RuleError(f"{where}: a device header named {header.name} already exists; give the "
+                            "plugin's header a name of its own")
+        ext.headers[header.name] = header
+    shown = folder.relative_to(ext.root).as_posix() if folder.is_relative_to(ext.root) else folder.name
+    kn.PLUGIN_TEMPLATES[folder.name] = kn.TemplateFolder(folder, shown)
+    return kn.register_family(family)
+
+
+def _plugin_path(path: str | Path, ext: Extensions) -> Path:
+    """``path`` as a plugin names it: relative to the module's file (or absolute)."""
+    module = sys.modules.get(ext.loading)
+    folder = Path(path)
+    if not folder.is_absolute() and module is not None and getattr(module, "__file__", None):
+        folder = Path(module.__file__).resolve().parent / folder
+    return folder.resolve()
+
+
 @contextlib.contextmanager
 def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
     """Import the plugin ``modules`` from ``root``; yield what they added; then remove it all (ops
@@ -138,12 +197,13 @@ def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
     global _active
     if _active is not None:
         raise RuntimeError("plugins are already loaded for a build in progress")
-    ext = Extensions()
+    ext = Extensions(root=root.resolve())
     # a plugin imported before, outside a build, is imported afresh, so it registers for this
     # build; the earlier import and its ops are put back after
     earlier = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_plugin(name, modules)}
     earlier_ops = {name: OPS.pop(name) for name in _outside_builds if name in OPS}
     ops_before = dict(OPS)
+    families_before, templates_before = dict(kn.FAMILIES), dict(kn.PLUGIN_TEMPLATES)
     modules_before = set(sys.modules)
     sys.path.insert(0, str(root))
     _active = ext
@@ -159,6 +219,10 @@ def loaded(modules: tuple[str, ...], root: Path) -> Iterator[Extensions]:
         OPS.clear()
         OPS.update(ops_before)
         OPS.update(earlier_ops)
+        kn.FAMILIES.clear()
+        kn.FAMILIES.update(families_before)
+        kn.PLUGIN_TEMPLATES.clear()
+        kn.PLUGIN_TEMPLATES.update(templates_before)
         for name in set(sys.modules) - modules_before:
             if _is_plugin_module(name, modules, root):  # fusegen's own lazy imports stay
                 del sys.modules[name]
@@ -200,5 +264,6 @@ def _where(err: BaseException) -> str:
     return f"{at}{type(err).__name__}: {err}"
 
 
-__all__ = ["BACKWARD", "ELEMENTWISE", "FORWARD", "GEMM", "NORM", "Arg", "OpDef", "Operand", "Param", "Rule",
-           "RuleError", "loaded", "register_op", "register_rule", "torch"]
+__all__ = ["BACKWARD", "ELEMENTWISE", "FORWARD", "GEMM", "NORM", "Arg", "KernelFamily", "KernelParam", "OpDef",
+           "Operand", "Param", "RowTraffic", "Rule", "RuleError", "Saves", "StageImpl", "kernel_name", "loaded", "make_spec",
+           "register_family", "register_op", "register_rule", "torch", "value_name"]

@@ -242,7 +242,7 @@ def register(op: OpDef) -> OpDef:
 # 256k outputs; 2**24 leaves 64 times that.
 MAX_FEATURES = 2 ** 24
 # A norm kernel is specialised for its hidden size and holds the whole row in registers, hidden/512
-# values per thread (templates/cuda/norm.cuh, kernels.norm_threads). NVRTC 13 for sm_90: the
+# values per thread (templates/cuda/norm.cuh, stages/norm/tuning.py: norm_threads). NVRTC 13 for sm_90: the
 # forward fits in registers up to 32768 and spills a little at 65536 (the backward, holding five
 # such arrays, spills from 16384); compiling takes ~1.5 s per kernel at 65536, ~4 s at 2**17 and
 # minutes at 10**6, growing faster than the size. The largest models' hidden sizes are below 32768.

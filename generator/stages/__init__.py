@@ -1,8 +1,11 @@
-"""Stage implementations: how each family of fused stages runs (one module each).
+"""Stage implementations: how each family of fused stages runs.
 
 A rule (fusion_rules/) produces a stage of one of these; everything about running it lives in
-its module: which op chains it can run (checked when a rule is defined), what it saves for
+its home: which op chains it can run (checked when a rule is defined), what it saves for
 backward, the kernels it needs, and the lines it writes into the generated forward and backward.
+A kernel family has a folder (elementwise/, norm/, column_sum/: its stage, its KernelSpecs and
+tuning, its KernelFamily objects; templates/<family>/ mirrors it); the stages that launch no
+generated kernel (gemm, opaque, module, reshape) are one module each.
 """
 
 from .base import Block, Emitter, Recompute, Saves, StageImpl

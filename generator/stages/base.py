@@ -122,7 +122,7 @@ class StageImpl:
             return "no kernel"
         # a backward that sums its parameter grads itself at a few rows launches the column sum only above
         few = sums_itself_up_to(kernels[0]) if kernels else None
-        return " + ".join(f"(`{k.name}` above {few} rows)" if few is not None and k.family == "column_sum"
+        return " + ".join(f"(`{k.name}` above {few} rows)" if few is not None and k.kernel_family.sums_partials
                           else f"`{k.name}`" for k in kernels)
 
     def forward(self, em: Emitter, stage: Stage, block: Block) -> str:

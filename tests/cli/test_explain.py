@@ -28,7 +28,7 @@ def test_explain_a_shipped_kernel(capsys, monkeypatch):
     for binary, size in binaries:
         assert int(size) == (ROOT / "generated" / "kernels" / f"layernorm_fwd_h4096.{binary}").stat().st_size
     # under each binary, its functions: every dtype's kernel, and fp32's few-rows entry point
-    # (LayerNorm(4096) in fp32 does not hold gamma and beta: kernels.norm_fwd_few_rows)
+    # (LayerNorm(4096) in fp32 does not hold gamma and beta: stages/norm/tuning.py: norm_fwd_few_rows)
     functions = re.findall(r"^  (layernorm_fwd_h4096_\w+) +(\S+) +(\S+(?: B)?)$", out, re.M)
     names = [f"layernorm_fwd_h4096_{entry}" for entry in ("bf16", "fp16", "fp32", "fp32_few_rows")]
     assert [name for name, _, _ in functions] == names * 5

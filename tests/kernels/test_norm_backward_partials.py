@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import kernels as kn
+from fusegen.stages.norm import tuning
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"generated": ROOT / "generated", "generated_wide": ROOT / "tests/fixtures/wide_norms/generated_wide"}
@@ -23,7 +23,7 @@ PACKAGES = {"generated": ROOT / "generated", "generated_wide": ROOT / "tests/fix
     (2 * 12288 + 1, False), (16384, True), (2 * 16384, False),
 ])
 def test_partials_go_to_shared_memory_where_they_fit(grad_columns, shared):
-    assert kn.norm_bwd_shared_partials(grad_columns) is shared
+    assert tuning.norm_bwd_shared_partials(grad_columns) is shared
 
 
 @pytest.mark.parametrize("hidden,vec,shared,threads", [
@@ -32,7 +32,7 @@ def test_partials_go_to_shared_memory_where_they_fit(grad_columns, shared):
     (8192, 8, False, 1024), (16384, 8, False, 512),  # registers: one vector a thread up to 1024
 ])
 def test_backward_threads(hidden, vec, shared, threads):
-    assert kn.norm_threads(hidden, vec, backward=True, shared_partials=shared) == threads
+    assert tuning.norm_threads(hidden, vec, backward=True, shared_partials=shared) == threads
 
 
 def _norm_backward_sources():
@@ -70,13 +70,13 @@ def test_generated_backwards_match_their_launchers(package, source):
     shared = _declared_shared_bytes(source.parent.parent / "_kernels.py", name)
     rows = 0 if "l2norm" in name else 2 if "layernorm" in name else 1
     if shared_partials:
-        assert shared == 4 * rows * hidden <= kn.NORM_BWD_SHARED_BYTES
+        assert shared == 4 * rows * hidden <= tuning.NORM_BWD_SHARED_BYTES
         min_blocks = int(re.search(r"constexpr int MIN_BLOCKS = (\d+);", text).group(1))
         assert min_blocks == (2 if threads <= 512 else 1)
         assert "__launch_bounds__(THREADS, MIN_BLOCKS)" in text
     else:
         assert shared is None and "__launch_bounds__(THREADS)" in text
-        assert rows == 0 or 4 * rows * hidden > kn.NORM_BWD_SHARED_BYTES
+        assert rows == 0 or 4 * rows * hidden > tuning.NORM_BWD_SHARED_BYTES
 
 
 def test_every_layout_is_generated():

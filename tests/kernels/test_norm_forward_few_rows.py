@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fusegen import kernels as kn
+from fusegen.stages.norm import tuning
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"generated": ROOT / "generated", "generated_wide": ROOT / "tests/fixtures/wide_norms/generated_wide"}
@@ -25,7 +26,7 @@ SUFFIX_DTYPE = {suffix: dtype for dtype, (suffix, *_) in kn.DTYPES.items()}
     (256, 8, 128, 2, 0, False, False, False),  # L2Normalization without a prologue: nothing
 ])
 def test_which_forwards_have_a_few_rows_entry(hidden, vec, threads, itemsize, params, residual, writes_h, entry):
-    assert kn.norm_fwd_few_rows(hidden, vec, threads, itemsize, params, residual, writes_h) is entry
+    assert tuning.norm_fwd_few_rows(hidden, vec, threads, itemsize, params, residual, writes_h) is entry
 
 
 def _declared_few_rows(launchers):

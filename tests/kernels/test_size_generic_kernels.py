@@ -1,4 +1,4 @@
-"""Kernels of size-generic runs (stages/elementwise.py): one kernel per run whatever the pipeline
+"""Kernels of size-generic runs (stages/elementwise/): one kernel per run whatever the pipeline
 around it, its sizes in terms of its own N; fixed-size kernels the launcher dispatches to."""
 
 from fusegen import build, fusion_rules

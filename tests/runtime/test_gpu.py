@@ -137,7 +137,7 @@ def test_norm_kernels(fwd, bwd, layernorm, hidden, dres, kernels, dtype, rows):
         assert torch.equal(g, h), "parameter grads must be deterministic run to run"
 
 
-# Norm forwards whose kernel has a _few_rows entry in some dtype (kernels.norm_fwd_few_rows): one
+# Norm forwards whose kernel has a _few_rows entry in some dtype (stages/norm/tuning.py: norm_fwd_few_rows): one
 # whose parameters the other entry loads after the reduction, or that writes the residual sum.
 FEW_ROWS_NORMS = [  # fwd kernel, H, residual added (zero-centred gamma), LayerNorm?, package's launchers
     ("layernorm_fwd_h4096", 4096, False, True, K),

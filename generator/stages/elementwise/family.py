@@ -1,0 +1,65 @@
+"""The elementwise kernel families, elementwise_fwd and elementwise_bwd: how their kernels are
+instantiated (templates/elementwise/*.cu.j2) and launched (templates/elementwise/*.py.j2), a grid
+of blocks along the row and row splits across it."""
+
+from __future__ import annotations
+
+from ...kernels import DTYPES, KernelFamily, register_family
+from ..launchers import by_dtype
+from .kernels import COLUMN_TILE_LANES, COLUMN_TILED_ROWS
+
+
+def by_row_vectors(spec, itemsize: int) -> int | None:
+    """Blocks along the row ("row_vectors"), or elements per vector of a size-generic kernel
+    ("any_row_vectors": its launcher computes the blocks from the run-time n)."""
+    vec = spec.vec(itemsize)
+    if spec.geometry == "row_vectors":
+        return -(-spec.ctx["width"] // vec // spec.ctx["threads"])
+    return vec if spec.geometry == "any_row_vectors" else None
+
+
+class ElementwiseForward(KernelFamily):
+    name = "elementwise_fwd"
+    template = "elementwise/elementwise_fwd.cu.j2"
+    launcher_template = "elementwise/elementwise_fwd.py.j2"
+
+    def launch_size(self, spec, itemsize):
+        return by_row_vectors(spec, itemsize)
+
+    def launcher_io(self, spec):
+        written = [name for name in spec.returned if name != "y"]  # extra outputs the kernel writes
+        return dict(args=["x", *spec.operands], outputs=1 + len(written), written=written)
+
+
+class ElementwiseBackward(KernelFamily):
+    name = "elementwise_bwd"
+    template = "elementwise/elementwise_bwd.cu.j2"
+    launcher_template = "elementwise/elementwise_bwd.py.j2"
+    module_constants = {"column_tiled_rows": COLUMN_TILED_ROWS, "column_tile_lanes": COLUMN_TILE_LANES}
+
+    def launch_size(self, spec, itemsize):
+        return by_row_vectors(spec, itemsize)
+
+    def shared_bytes(self, spec):
+        """A column-tiled backward's lane sums: a thread's vector of fp32 sums, in the widest
+        vectors of any dtype. Its 4 KB a 128-thread block cost no occupancy."""
+        if not spec.ctx["column_tiled"]:
+            return 0
+        return 4 * spec.ctx["threads"] * max(spec.vec(itemsize) for _, _, itemsize in DTYPES.values())
+
+    def sums_itself_up_to(self, spec):
+        return COLUMN_TILED_ROWS if spec.ctx["column_tiled"] else None
+
+    def launcher_io(self, spec):
+        return dict(args=["dy", *spec.operands], outputs=len(spec.returned))
+
+    def launcher_context(self, spec, dtypes):
+        """A column-tiled backward's 16-byte (or narrower) vectors in a row of dy, by dtype (a
+        launch's blocks each take a tile of them)."""
+        if not spec.ctx["column_tiled"]:
+            return dict(row_vectors="")
+        return dict(row_vectors=by_dtype(lambda itemsize: spec.ctx["width"] // spec.vec(itemsize), dtypes))
+
+
+ELEMENTWISE_FWD = register_family(ElementwiseForward())
+ELEMENTWISE_BWD = register_family(ElementwiseBackward())

@@ -1,0 +1,75 @@
+"""A package's kernels rendered: each kernel's CUDA source (its family's ``.cu.j2`` once a dtype)
+and the launchers module, ``_kernels.py`` (its family's launcher template once a kernel). What
+differs between families comes from the spec's KernelFamily (kernels.py); nothing here branches
+on one."""
+
+from __future__ import annotations
+
+from .. import kernels as kn
+
+
+def by_dtype(size, dtypes: tuple[str, ...]) -> str:
+    """``{torch.<dtype>: size(itemsize), ...}`` as a Python dict literal (torch's dtype names)."""
+    return "{" + ", ".join(f"torch.{dtype}: {size(kn.DTYPES[dtype][2])}" for dtype in dtypes) + "}"
+
+
+def geometry(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
+    """The spec's per-dtype launch constant (KernelSpec.launch_size) as a dict literal; "" when
+    the launch does not depend on the dtype."""
+    if any(spec.launch_size(kn.DTYPES[dtype][2]) is None for dtype in dtypes):
+        return ""
+    return by_dtype(spec.launch_size, dtypes)
+
+
+def few_rows(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> str:
+    """The dtypes whose kernel has a ``_few_rows`` entry (KernelSpec.few_rows) as a Python tuple
+    literal; "" when none has."""
+    having = [f"torch.{dtype}" for dtype in dtypes if spec.few_rows(kn.DTYPES[dtype][2])]
+    return f"({', '.join(having)},)" if having else ""
+
+
+def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
+    """One kernel's CUDA source: its family template instantiated for each dtype, in one
+    translation unit (templates/kernel_source.cu.j2). A family template that defines a macro
+    ``shared`` (the elementwise ones: the kernel's body, templated on the dtype) has it written
+    once, before the dtypes' namespaces; it must render the same for every dtype."""
+    template = spec.kernel_family.template
+    family = env.get_template(template)
+    modules = {kn.DTYPES[dtype][0]: family.make_module(spec.template_context(dtype)) for dtype in dtypes}
+    shared = {module.shared().strip("\n") if hasattr(module, "shared") else "" for module in modules.values()}
+    if len(shared) > 1:  # the template's fault: its shared code reads something of one dtype
+        raise AssertionError(f"{template}: the macro shared of {spec.name} differs between dtypes")
+    bodies = [(suffix, str(module).strip("\n")) for suffix, module in modules.items()]
+    return env.get_template("kernel_source.cu.j2").render(spec=spec, shared=min(shared, default=""), bodies=bodies,
+                                                          template=kn.template_shown(template))
+
+
+def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
+    """A kernel's full (uncut) name, specialisation and entry points (its binaries' functions,
+    by dtype) for MANIFEST.json."""
+    entries = {}
+    for dtype in dtypes:
+        suffix, _, itemsize = kn.DTYPES[dtype]
+        symbol = f"{spec.name}_{suffix}"
+        entries[suffix] = [symbol, *([f"{symbol}_few_rows"] if spec.few_rows(itemsize) else [])]
+    return {"full_name": spec.full_name, "specialisation": spec.summary, "entries": entries}
+
+
+def launcher(spec: kn.KernelSpec, op: str, dtypes: tuple[str, ...]) -> dict:
+    """What templates/kernels.py.j2 and the family's launcher template read of one kernel (``k``);
+    ``op``: its torch.library op's name."""
+    family = spec.kernel_family
+    return dict(name=spec.name, op=op, family=spec.family, launcher_template=family.launcher_template, ctx=spec.ctx,
+                summary=spec.summary, geometry=geometry(spec, dtypes), few_rows=few_rows(spec, dtypes),
+                params=kn.kernel_abi(spec), shared=spec.shared_bytes, **kn.launcher_io(spec),
+                **family.launcher_context(spec, dtypes))
+
+
+def kernels_module(env, specs: dict[str, kn.KernelSpec], ops: dict[str, str], dtypes: tuple[str, ...],
+                   fixed: dict[str, list[kn.KernelSpec]]) -> str:
+    """The package's ``_kernels.py``: a launcher for each of ``specs`` (by name; ``ops``: their
+    torch.library ops' names), ``fixed``: the fixed-size kernels a size-generic launcher hands
+    rows of their width to (build.fixed_sizes)."""
+    constants = {key: value for family in kn.FAMILIES.values() for key, value in family.module_constants.items()}
+    return env.get_template("kernels.py.j2").render(
+        kernels=[launcher(spec, ops[name], dtypes) for name, spec in specs.items()], fixed=fixed, **constants)
