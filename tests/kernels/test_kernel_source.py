@@ -1,5 +1,5 @@
-"""A kernel's source (build.cuda_source): an elementwise kernel's body is written once, templated
-on the dtype (templates/elementwise_*.cu.j2, macro ``shared``), and each dtype's namespace only
+"""A kernel's source (stages/launchers.cuda_source): an elementwise kernel's body is written once, templated
+on the dtype (templates/elementwise/*.cu.j2, macro ``shared``), and each dtype's namespace only
 instantiates it; the compiled entry points inline it."""
 
 import re
@@ -9,6 +9,7 @@ import jinja2
 import pytest
 
 from fusegen import build, emit
+from fusegen.stages.launchers import cuda_source
 from fusegen import kernels as kn
 from fusegen.config import load_config
 
@@ -61,16 +62,27 @@ def test_every_entry_point_inlines_the_shared_body(spec):
 def fake_environment(template: str) -> jinja2.Environment:
     env = emit.environment()
     return jinja2.Environment(
-        loader=jinja2.ChoiceLoader([jinja2.DictLoader({"fake.cu.j2": template}), env.loader]),
+        loader=jinja2.ChoiceLoader([jinja2.DictLoader({"fake/fake.cu.j2": template}), env.loader]),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
 FAKE = kn.make_spec(("fake_n8", "fake_n8"), "fake", "a family of the test's", align=8)
+
+
+class FakeFamily(kn.KernelFamily):
+    name = "fake"
+    template = "fake/fake.cu.j2"
+
+
+@pytest.fixture(autouse=True)
+def fake_family(monkeypatch):
+    """The test's family, registered for this test only."""
+    monkeypatch.setitem(kn.FAMILIES, "fake", FakeFamily())
 DTYPES = ("bfloat16", "float16", "float32")
 
 
 def test_a_family_without_shared_code_has_a_whole_namespace_a_dtype():
-    source = build.cuda_source(FAKE, DTYPES, fake_environment("using T = {{ ctype }};"))
+    source = cuda_source(FAKE, DTYPES, fake_environment("using T = {{ ctype }};"))
     assert source.endswith("a namespace each, whose kernels end in its suffix.\n"
                            "\nnamespace bf16 {\nusing T = __nv_bfloat16;\n}  // namespace bf16"
                            "\n\nnamespace fp16 {\nusing T = __half;\n}  // namespace fp16"
@@ -79,7 +91,7 @@ def test_a_family_without_shared_code_has_a_whole_namespace_a_dtype():
 
 def test_a_familys_shared_code_is_written_once_before_the_namespaces():
     template = "{% macro shared() %}\ntemplate <typename T> struct Twice {};\n{% endmacro %}using T = {{ ctype }};"
-    source = build.cuda_source(FAKE, DTYPES, fake_environment(template))
+    source = cuda_source(FAKE, DTYPES, fake_environment(template))
     assert source.count("template <typename T> struct Twice {};") == 1
     assert source.index("struct Twice") < source.index("namespace bf16 {")
     assert namespaces(source) == {"bf16": "using T = __nv_bfloat16;\n", "fp16": "using T = __half;\n",
@@ -88,5 +100,5 @@ def test_a_familys_shared_code_is_written_once_before_the_namespaces():
 
 def test_shared_code_that_differs_between_dtypes_is_an_internal_error():
     template = "{% macro shared() %}using Wrong = {{ ctype }};{% endmacro %}using T = {{ ctype }};"
-    with pytest.raises(AssertionError, match=r"fake\.cu\.j2: the macro shared of fake_n8 differs between dtypes"):
-        build.cuda_source(FAKE, DTYPES, fake_environment(template))
+    with pytest.raises(AssertionError, match=r"fake/fake\.cu\.j2: the macro shared of fake_n8 differs between dtypes"):
+        cuda_source(FAKE, DTYPES, fake_environment(template))
