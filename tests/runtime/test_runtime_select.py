@@ -1,15 +1,9 @@
 """Which prebuilt binary the run-time loader picks for a GPU (CPU only: pure file-name logic)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-# templates/runtime.py is not a package module (it is copied into generated packages), so load it by path.
-_spec = importlib.util.spec_from_file_location(
-    "fusegen_runtime_select", Path(__file__).resolve().parents[2] / "templates" / "runtime.py")
-runtime = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runtime)
+# templates/runtime/ is the package each output copies as its _runtime/: tested here as the template
+from fusegen.templates import runtime
 
 NAME = "rmsnorm_fwd_h4096"  # a kernel: one binary per arch holds its functions for every dtype
 # The source and other kernels' binaries (one whose name extends this one's) sit in the same
