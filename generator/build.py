@@ -525,7 +525,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     files["_kernels.py"] = env.get_template("kernels.py.j2").render(
         kernels=launchers, fixed=fixed_sizes(unique), sums_in_kernel_splits=kn.SUMS_IN_KERNEL_SPLITS,
         column_tiled_rows=kn.COLUMN_TILED_ROWS, column_tile_lanes=kn.COLUMN_TILE_LANES)
-    files["_runtime.py"] = (emit.TEMPLATES / "runtime" / "__init__.py").read_text()
+    for module in sorted((emit.TEMPLATES / "runtime").glob("*.py")):  # the runtime, a package of modules
+        files[f"_runtime/{module.name}"] = module.read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:
         ctx = emit.pipeline_context(plan, per_plan[plan.pipeline.name])
