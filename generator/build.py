@@ -158,7 +158,8 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
             files[f"kernels/{name}"] = path.read_text()
     op_names = {name: op_name(spec, sources) for name, spec in unique.items()}
     files["_kernels.py"] = kernels_module(env, unique, op_names, config.dtypes, fixed_sizes(unique))
-    files["_runtime.py"] = (emit.TEMPLATES / "runtime.py").read_text()
+    for module in sorted((emit.TEMPLATES / "runtime").glob("*.py")):  # the runtime, a package of modules
+        files[f"_runtime/{module.name}"] = module.read_text()
     files["_reference.py"] = ops.reference_source()  # the ops' reference math, copied by source
     for plan in plans:
         ctx = emit.pipeline_context(plan, per_plan[plan.pipeline.name])

@@ -4,6 +4,7 @@ refuses folders that are not plainly a generated package, and writes every file 
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -203,3 +204,33 @@ def test_check_output_folder_refuses_only_unowned_files(tmp_path):
     output.check_output_folder(out, (tmp_path / "spec.py",), tmp_path, {"block.py", "MANIFEST.json"})
     with pytest.raises(UsageError, match="refusing to overwrite .*extra.py: fusegen did not write it"):
         output.check_output_folder(out, (), tmp_path, {"block.py", "extra.py"})
+
+
+def test_a_folder_with_the_single_file_runtime_gets_the_runtime_package(tmp_path):
+    """An output of a fusegen before the runtime was a package holds ``_runtime.py``, which its
+    MANIFEST.json lists: the next run deletes it and writes ``_runtime/``, and the package then
+    imports and runs on the new runtime."""
+    out = tmp_path / "fused"
+    assert generate(tmp_path, out) == 0
+    package = {name: data for name, data in tree(out).items() if name.startswith("_runtime/")}
+    assert {"_runtime/__init__.py", "_runtime/loading.py", "_runtime/launch.py"} <= set(package)
+    # the folder as the previous fusegen left it: one runtime file, listed in the manifest
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    manifest["files"] = sorted([name for name in manifest["files"] if name not in package] + ["_runtime.py"])
+    (out / "MANIFEST.json").write_text(json.dumps(manifest))
+    for name in package:
+        (out / name).unlink()
+    (out / "_runtime").rmdir()
+    (out / "_runtime.py").write_text('"""The single-file runtime of an earlier fusegen."""\n')
+
+    assert generate(tmp_path, out) == 0
+    assert not (out / "_runtime.py").exists()
+    assert {name: data for name, data in tree(out).items() if name.startswith("_runtime")} == package
+    files = json.loads((out / "MANIFEST.json").read_text())["files"]
+    assert "_runtime.py" not in files and set(package) <= set(files)
+    use = ("import torch, fused\n"
+           "y = fused.Block()(torch.randn(3, 64))\n"
+           "print(fused._runtime.__file__, tuple(y.shape))\n")
+    run = subprocess.run([sys.executable, "-c", use], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(out / "_runtime" / "__init__.py"), "(3,", "64)"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import generated
-from generated import _runtime
+from generated._runtime import custom_ops
 from references import randomize_
 
 # one of each stage and calling convention: norm, GEMM (and the no-grad GELU epilogue),
@@ -125,10 +125,10 @@ def test_the_no_grad_op_hands_out_tensors_of_its_own():
     new): a pass that hands an input out, or the same tensor twice, gets copies."""
     x, y = torch.randn(4, 8), torch.randn(4, 8)
     view = y[:, :4]
-    out = _runtime._new_tensors((x, y, view, y), (x,))
+    out = custom_ops._new_tensors((x, y, view, y), (x,))
     assert all(torch.equal(o, w) for o, w in zip(out, (x, y, view, y)))
     assert out[0] is not x and out[1] is y and out[2]._base is None and out[3] is not y
-    assert _runtime._new_tensors(y, (x,)) is y
+    assert custom_ops._new_tensors(y, (x,)) is y
 
 
 @pytest.mark.cuda

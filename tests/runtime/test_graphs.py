@@ -1,4 +1,4 @@
-"""A module's no-grad forward replayed from CUDA graphs (templates/runtime.py: CudaGraphs).
+"""A module's no-grad forward replayed from CUDA graphs (templates/runtime/graphs.py: CudaGraphs).
 
 On a GPU: every module that replays graphs gives the results of its plain no-grad forward on new
 inputs, returns new tensors each call, follows in-place parameter updates, drops its graphs when a

@@ -14,6 +14,7 @@ import torch
 
 import generated
 from generated import _runtime
+from generated._runtime import loading
 
 PACKAGE = Path(generated.__path__[0])
 NAME = "gelu_fwd_n256"  # one binary per arch for every dtype
@@ -27,13 +28,13 @@ def copy(tmp_path, monkeypatch):
     shutil.copy(PACKAGE / "MANIFEST.json", tmp_path)
     for file in (PACKAGE / "kernels").glob(f"{NAME}.*"):
         shutil.copy(file, tmp_path / "kernels")
-    monkeypatch.setattr(_runtime, "KERNELS_DIR", tmp_path / "kernels")
-    monkeypatch.setattr(_runtime, "_MANIFEST", {})
+    monkeypatch.setattr(loading, "KERNELS_DIR", tmp_path / "kernels")
+    monkeypatch.setattr(loading, "_MANIFEST", {})
     return tmp_path
 
 
 def test_an_intact_binary_is_handed_over(copy):
-    assert _runtime.verified_binary(NAME, CUBIN) == (PACKAGE / "kernels" / CUBIN).read_bytes()
+    assert loading.verified_binary(NAME, CUBIN) == (PACKAGE / "kernels" / CUBIN).read_bytes()
 
 
 def test_a_damaged_binary_is_a_typed_error_naming_it(copy):
@@ -42,7 +43,7 @@ def test_a_damaged_binary_is_a_typed_error_naming_it(copy):
     data[len(data) // 2] ^= 0xFF  # one flipped byte
     cubin.write_bytes(bytes(data))
     with pytest.raises(_runtime.KernelIntegrityError) as info:
-        _runtime.verified_binary(NAME, CUBIN)
+        loading.verified_binary(NAME, CUBIN)
     message = str(info.value)
     assert f"kernel {NAME}: {cubin} is not the binary fusegen generated (its sha256 is " in message
     assert "MANIFEST.json records" in message and "regenerate the package with `fusegen generate`" in message
@@ -53,7 +54,7 @@ def test_a_binary_the_manifest_does_not_list_is_refused(copy):
     del manifest["kernels"][NAME]["binaries"]["sm_90"]
     (copy / "MANIFEST.json").write_text(json.dumps(manifest))
     with pytest.raises(_runtime.KernelIntegrityError, match="MANIFEST.json records no such binary"):
-        _runtime.verified_binary(NAME, CUBIN)
+        loading.verified_binary(NAME, CUBIN)
 
 
 RUN = """
@@ -98,18 +99,18 @@ def test_importing_and_running_on_a_gpu_never_reaches_nvrtc():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_damaged_cubin_stops_the_first_launch(copy):
     """Through the launch path: the check runs before cuLibraryLoadData."""
-    if _runtime.choose_binary(NAME, [CUBIN], torch.cuda.get_device_capability()) != CUBIN:
+    if loading.choose_binary(NAME, [CUBIN], torch.cuda.get_device_capability()) != CUBIN:
         pytest.skip("this GPU does not run the sm_90 cubin")
     cubin = copy / "kernels" / CUBIN
     data = bytearray(cubin.read_bytes())
     data[-1] ^= 0xFF
     cubin.write_bytes(bytes(data))
-    caches = (_runtime._FILES, _runtime._FUNCTIONS, _runtime._LIBRARIES)
+    caches = (loading._FILES, loading._FUNCTIONS, loading._LIBRARIES)
     saved = [dict(cache) for cache in caches]
     try:  # as if nothing were loaded yet: this kernel's binaries are the damaged copy's
         for cache in caches:
             cache.clear()
-        _runtime._FILES[NAME] = [CUBIN]
+        loading._FILES[NAME] = [CUBIN]
         with pytest.raises(_runtime.KernelIntegrityError, match=CUBIN):
             _runtime.Kernel(NAME, "ppi").launch(torch.bfloat16, (1, 1, 1), (128, 1, 1), (0, 0, 0), 0)
     finally:

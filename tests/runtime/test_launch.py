@@ -1,4 +1,4 @@
-"""The launch path on a GPU (templates/runtime.py): work goes on PyTorch's current stream, loading
+"""The launch path on a GPU (templates/runtime/launch.py): work goes on PyTorch's current stream, loading
 is lazy and thread-safe, launches from several threads at once get their own argument buffers,
 the forward + backward of every shipped pipeline can be captured in a CUDA graph and replayed on
 new inputs, and devices each get their own loaded functions. On CPU: what the launch path
@@ -12,6 +12,7 @@ import torch
 import generated
 import references as R
 from generated import _kernels, _runtime
+from generated._runtime import launch, loading
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -38,7 +39,7 @@ def _forward_backward(module, inputs, grads):
 
 def test_an_int_that_does_not_fit_is_a_clear_error_before_anything_loads(monkeypatch):
     kernel = _runtime.Kernel("probe", "pi")
-    ready = _runtime._Ready(("probe", torch.float32, 0), "probe_fp32", None, 0, "pi", 0)
+    ready = launch._Ready(("probe", torch.float32, 0), "probe_fp32", None, 0, "pi", 0)
     monkeypatch.setattr(kernel, "_ready", {(torch.float32, 0): ready})
     with pytest.raises(ValueError, match=r"kernel probe_fp32: arguments \(0, 2147483648\) do not fit its parameters"):
         kernel.launch(torch.float32, (1, 1, 1), (1, 1, 1), (0, 2**31), 0)
@@ -75,9 +76,9 @@ def test_threads_load_and_launch_at_once():
     per_thread = [_inputs(module, 33, gen)[0] for _ in range(8)]
     want = [module(x) for x in per_thread]
     torch.cuda.synchronize()
-    with _runtime._LOCK:
-        _runtime._FUNCTIONS.clear()
-        _runtime._LIBRARIES.clear()
+    with loading._LOCK:
+        loading._FUNCTIONS.clear()
+        loading._LIBRARIES.clear()
     for value in vars(_kernels).values():
         if isinstance(value, _runtime.Kernel):
             value._ready.clear()
@@ -213,7 +214,7 @@ def test_two_devices_each_get_their_own_functions():
             # the backward too: its grids are sized from each device's own occupancy
             got = torch.autograd.grad(sum(t.sum() for t in outputs), [*inputs, *module.parameters()])
             grads.append([g.cpu() for g in got])
-    assert {index for (_, index) in _runtime._FUNCTIONS} >= {0, 1}
+    assert {index for (_, index) in loading._FUNCTIONS} >= {0, 1}
     for a, b in zip(*results):
         assert torch.equal(a, b)
     for a, b in zip(*grads):  # the same GPU model twice: the same grids, the same sums

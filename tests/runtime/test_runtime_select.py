@@ -1,15 +1,9 @@
 """Which prebuilt binary the run-time loader picks for a GPU (CPU only: pure file-name logic)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-# templates/runtime.py is not a package module (it is copied into generated packages), so load it by path.
-_spec = importlib.util.spec_from_file_location(
-    "fusegen_runtime_select", Path(__file__).resolve().parents[2] / "templates" / "runtime.py")
-runtime = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runtime)
+# templates/runtime/ is the package each output copies as its _runtime/: tested here as the template
+from fusegen.templates.runtime import launch, loading
 
 NAME = "rmsnorm_fwd_h4096"  # a kernel: one binary per arch holds its functions for every dtype
 # The source and other kernels' binaries (one whose name extends this one's) sit in the same
@@ -30,12 +24,12 @@ FILES = [f"{NAME}.cu", f"{NAME}.sm_80.cubin", f"{NAME}.sm_90.cubin", f"{NAME}.co
     ((9, 0), [f"{NAME}.compute_80.ptx", f"{NAME}.compute_90.ptx"], f"{NAME}.compute_90.ptx"),
 ])
 def test_choose_binary(capability, files, chosen):
-    assert runtime.choose_binary(NAME, files, capability) == chosen
+    assert loading.choose_binary(NAME, files, capability) == chosen
 
 
 def test_older_gpu_than_every_binary_is_a_clear_error():
-    with pytest.raises(runtime.KernelNotAvailableError) as info:
-        runtime.choose_binary(NAME, FILES, (7, 5))
+    with pytest.raises(loading.KernelNotAvailableError) as info:
+        loading.choose_binary(NAME, FILES, (7, 5))
     message = str(info.value)
     assert NAME in message and "sm_75" in message
     assert f"found: {NAME}.compute_80.ptx, {NAME}.sm_80.cubin, {NAME}.sm_90.cubin in " in message
@@ -44,16 +38,16 @@ def test_older_gpu_than_every_binary_is_a_clear_error():
 
 
 def test_cubin_of_a_newer_minor_or_other_major_is_not_used():
-    with pytest.raises(runtime.KernelNotAvailableError, match="found: none"):
-        runtime.choose_binary(NAME, [], (9, 0))
-    with pytest.raises(runtime.KernelNotAvailableError, match="sm_80"):
-        runtime.choose_binary(NAME, [f"{NAME}.sm_86.cubin", f"{NAME}.sm_90.cubin"], (8, 0))
+    with pytest.raises(loading.KernelNotAvailableError, match="found: none"):
+        loading.choose_binary(NAME, [], (9, 0))
+    with pytest.raises(loading.KernelNotAvailableError, match="sm_80"):
+        loading.choose_binary(NAME, [f"{NAME}.sm_86.cubin", f"{NAME}.sm_90.cubin"], (8, 0))
 
 
 def test_kernel_is_lazy_and_rejects_unknown_dtypes():
     import torch
 
-    kernel = runtime.Kernel("rmsnorm_fwd_h4096", "pppppppppi")  # constructing loads nothing (and needs no GPU)
+    kernel = launch.Kernel("rmsnorm_fwd_h4096", "pppppppppi")  # constructing loads nothing (and needs no GPU)
     assert kernel._full_name(torch.bfloat16) == "rmsnorm_fwd_h4096_bf16"
     with pytest.raises(TypeError, match="kernel rmsnorm_fwd_h4096: unsupported dtype torch.float64"):
         kernel.launch(torch.float64, (1, 1, 1), (1, 1, 1), (), 0)

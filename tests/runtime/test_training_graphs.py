@@ -1,5 +1,6 @@
 """A module's forward and backward under autograd, replayed from CUDA graphs at a few rows
-(templates/runtime.py: CudaGraphs.training, replay_forward, replay_backward, backward_done).
+(templates/runtime/: graphs.py CudaGraphs.training, training_graphs.py replay_forward,
+replay_backward, backward_done).
 
 On a GPU: every module that replays graphs gives the grads of its plain path on new inputs and
 output grads; its outputs and grads are its own (a parameter's ``.grad`` is never a graph buffer,

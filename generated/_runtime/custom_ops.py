@@ -1,0 +1,65 @@
+"""torch.compile integration: the custom ops, ``fusegen::<name>``, that a compiled graph calls
+for a launcher or a graph-replaying no-grad forward (part of a fusegen output's runtime:
+templates/runtime/, copied verbatim; do not edit).
+"""
+
+import torch
+
+_LIBRARY = []  # the torch.library fragment of fusegen's ops, made on the first registration
+
+
+def register_op(name, schema, run, fake_source):
+    """Registers ``fusegen::<name>``, a custom op that torch.compile calls (a launcher, so the
+    compiled graph holds one opaque node per kernel; a graph-replaying pipeline's no-grad forward,
+    one node per pass). ``run`` is its implementation, its outputs made tensors of their own as an
+    op's schema promises; its fake (shapes and dtypes, what tracing runs) is ``fake_source`` run on
+    meta tensors. A name another package registered already is the same op (the name holds a
+    digest of what it runs): that package's serves both."""
+    if not _LIBRARY:
+        _LIBRARY.append(torch.library.Library("fusegen", "FRAGMENT"))
+    library = _LIBRARY[0]
+    try:
+        library.define(name + schema)
+    except RuntimeError:
+        return
+    library.impl(name, lambda *args: _new_tensors(run(*args), args), "CompositeExplicitAutograd")
+    library.impl(name, fake_on_meta(fake_source), "Meta")  # cheaper to register than register_fake
+
+
+def register_no_grad_op(name, schema, forward, graphs):
+    """Registers ``fusegen::<name>`` for ``forward`` (a generated no-grad forward): at run time the
+    op replays it from ``graphs`` (CudaGraphs by parameters) where that pays, as the module's own
+    call does."""
+    register_op(name, schema, lambda *args: graphs.no_grad(forward, args), forward)
+
+
+def fake_on_meta(function):
+    """A custom op's fake (its outputs' shapes and dtypes, what tracing runs): ``function`` (a
+    launcher, a generated pass) run on meta tensors, whose CPU path is the reference math."""
+
+    def fake(*args):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        meta = [
+            torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
+        outputs = function(*meta)
+        if isinstance(outputs, tuple):
+            return tuple(torch.empty_like(o, device=device) for o in outputs)
+        return torch.empty_like(outputs, device=device)
+
+    return fake
+
+
+def _new_tensors(outputs, inputs):
+    """A custom op's outputs as tensors of their own, as an op's schema promises: copies of those
+    that are views, inputs, or another output (a pass that hands an input out as an extra
+    output)."""
+    if not isinstance(outputs, tuple):
+        return _new_tensors((outputs,), inputs)[0]
+    seen = {id(a) for a in inputs}
+    fresh = []
+    for o in outputs:
+        if o._is_view() or id(o) in seen:
+            o = o.clone()
+        seen.add(id(o))
+        fresh.append(o)
+    return tuple(fresh)

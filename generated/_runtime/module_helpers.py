@@ -1,0 +1,90 @@
+"""What a generated module holds and calls around its stages: its ops' holders, its inputs as
+rows and its results in the caller's shape, the guard against second derivatives (part of a
+fusegen output's runtime: templates/runtime/, copied verbatim; do not edit).
+"""
+
+import functools
+
+import torch
+
+from .training_graphs import saved_tensors
+
+
+class SpecOp(torch.nn.Module):
+    """One op of the spec's Sequential, holding its parameters under the Sequential's index (so
+    state_dict keys match the eager module's); its repr is the op as the spec writes it."""
+
+    def __init__(self, call):
+        super().__init__()
+        self.call = call  # "Linear(4096, 28672)"
+
+    def _get_name(self):
+        return self.call[:self.call.index("(")]
+
+    def extra_repr(self):
+        return self.call[self.call.index("(") + 1:-1]
+
+
+def as_rows(tensor, features):
+    """``tensor`` as a dense [rows, features] tensor: the tensor itself when it is one already
+    (no new view object: at a few rows each op's dispatch is a measurable part of a call)."""
+    if tensor.dim() == 2 and tensor.is_contiguous():
+        return tensor
+    return tensor.reshape(-1, features).contiguous()
+
+
+def with_shape(tensor, shape):
+    """A module's [rows, n] result in ``shape``, x's (an elementwise pipeline's results have its
+    shape, 0-D included): as it is when it has it already."""
+    return tensor if tensor.shape == shape else tensor.reshape(shape)
+
+
+def with_lead(tensor, lead, features):
+    """A module's [rows, features] result in the caller's leading dims ``lead``: as it is for a
+    2-D call (then not a view either, so hooks on views, FSDP's among them, have nothing to warn
+    of)."""
+    return tensor if len(lead) == 1 else tensor.reshape(*lead, features)
+
+
+class _SecondDerivative(torch.autograd.Function):
+    """Hands first-order grads through unchanged; differentiating them again raises."""
+
+    @staticmethod
+    def forward(ctx, module, count, *tensors):
+        ctx.module = module
+        return tuple(t.clone() for t in tensors[:count])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.module}: second derivatives (double backward, gradgradcheck) are "
+                           "not supported: its backward is fused and not itself differentiable")
+
+
+def first_order_only(module):
+    """Decorates a generated backward so that a second derivative raises instead of being wrong.
+
+    Like torch's once_differentiable the backward runs without building a graph; unlike it, the
+    guard node also hangs off the saved tensors, so it is reached (and raises) even when
+    torch.autograd.grad differentiates with respect to an input whose only path is through them."""
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def guarded(ctx, *grad_outputs):
+            if not torch.is_grad_enabled():  # the usual case, no create_graph: nothing to guard
+                return backward(ctx, *grad_outputs)
+            with torch.no_grad():
+                grads = backward(ctx, *grad_outputs)
+            anchors = [
+                t for t in (*grad_outputs, *saved_tensors(ctx)) if t is not None and t.requires_grad
+            ]
+            # nothing the grads depend on is differentiable: their derivative is zero
+            if not anchors:
+                return grads
+            grads = grads if isinstance(grads, tuple) else (grads,)
+            present = [g for g in grads if g is not None]
+            passed = iter(_SecondDerivative.apply(module, len(present), *present, *anchors))
+            return tuple(None if g is None else next(passed) for g in grads)
+
+        return guarded
+
+    return decorate

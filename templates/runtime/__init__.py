@@ -1,0 +1,31 @@
+"""Kernel loading and launching for a fusegen output package, and what its generated modules call
+around them. Copied verbatim from fusegen's templates/runtime/; do not edit.
+
+Needs torch, plus cuda-bindings for CUDA tensors only (imported on first launch). Its modules, by
+subject, each importing only those listed above it:
+- loading: a kernel's prebuilt binary for the device, sha256-checked, loaded once per process
+  (KernelNotAvailableError, KernelIntegrityError);
+- launch: Kernel, a launch on PyTorch's current stream (never synchronising, never allocating);
+- checks: a generated module's run-time checks of its inputs and parameters;
+- capture: a run captured into a CUDA graph on a stream of its own;
+- training_graphs: a forward and backward under autograd replayed from CUDA graphs;
+- module_helpers: SpecOp, inputs as rows, results in the caller's shape, first_order_only;
+- graphs: CudaGraphs, a module's graphs per input shape;
+- custom_ops: the ``fusegen::`` custom ops that torch.compile calls.
+Here: the names the generated modules (and the package's users) import from ``_runtime``.
+"""
+
+from .checks import check_input, check_parameters, check_row_input
+from .custom_ops import register_no_grad_op, register_op
+from .graphs import CudaGraphs
+from .launch import Kernel, pointer
+from .loading import KernelIntegrityError, KernelNotAvailableError
+from .module_helpers import SpecOp, as_rows, first_order_only, with_lead, with_shape
+from .training_graphs import backward_done, replay_backward, replay_forward, saved_tensors
+
+__all__ = [
+    "CudaGraphs", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "SpecOp", "as_rows",
+    "backward_done", "check_input", "check_parameters", "check_row_input", "first_order_only",
+    "pointer", "register_no_grad_op", "register_op", "replay_backward", "replay_forward",
+    "saved_tensors", "with_lead", "with_shape",
+]
