@@ -20,6 +20,7 @@ MAX_NAME_LENGTH = 64  # far under the 255-byte file-name limit, with room for ".
 # Modules the generated package ships beside the pipelines (build_package), and what Python
 # itself gives a meaning to; a pipeline module of that name would replace or shadow them.
 PACKAGE_MODULES = frozenset({"_runtime", "_kernels", "_reference", "kernels", "__init__", "__main__"})
+PACKAGE_FOLDERS = frozenset({"_runtime", "kernels"})  # of PACKAGE_MODULES, those that are folders
 # Windows refuses these file names whatever the extension (con.py cannot be created there).
 WINDOWS_DEVICE_NAMES = frozenset({"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)),
                                   *(f"lpt{i}" for i in range(10))})
@@ -61,8 +62,9 @@ def check_name(name: str, location: Location) -> None:
                         f"rename it, e.g. '{name}_block'", location)
     suggestion = f"{name.strip('_') or 'pipeline'}_block"
     if name in PACKAGE_MODULES:
-        raise SpecError(f"pipeline name '{name}' is taken by the generated package itself (its module "
-                        f"{module_file(name)}); rename the pipeline, e.g. '{suggestion}'", location)
+        own = f"folder {name}/" if name in PACKAGE_FOLDERS else f"module {module_file(name)}"
+        raise SpecError(f"pipeline name '{name}' is taken by the generated package itself (its {own}); rename the "
+                        f"pipeline, e.g. '{suggestion}'", location)
     if len(name) > 4 and name.startswith("__") and name.endswith("__"):
         raise SpecError(f"pipeline name '{name}' is a dunder name, which Python reserves for itself (as in "
                         f"__init__.py and __main__.py); rename the pipeline, e.g. '{suggestion}'", location)

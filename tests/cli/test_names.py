@@ -43,11 +43,11 @@ def test_class_names(name, cls):
     ("a" * (MAX_NAME_LENGTH + 1), f"pipeline name 'aaaaaaaaaaaaaaaa...' is {MAX_NAME_LENGTH + 1} characters long; it "
                                   f"becomes a module file name, so keep it to at most {MAX_NAME_LENGTH}"),
     # the package's own modules, and dunder names Python gives a meaning to
-    ("_runtime", "pipeline name '_runtime' is taken by the generated package itself (its module _runtime.py); "
+    ("_runtime", "pipeline name '_runtime' is taken by the generated package itself (its folder _runtime/); "
                  "rename the pipeline, e.g. 'runtime_block'"),
     ("_kernels", "taken by the generated package itself (its module _kernels.py)"),
     ("_reference", "taken by the generated package itself"),
-    ("kernels", "taken by the generated package itself"),
+    ("kernels", "taken by the generated package itself (its folder kernels/)"),
     ("__init__", "taken by the generated package itself (its module __init__.py); rename the pipeline, "
                  "e.g. 'init_block'"),
     ("__main__", "taken by the generated package itself"),
