@@ -5,7 +5,8 @@ its module: which op chains it can run (checked when a rule is defined), what it
 backward, the kernels it needs, and the lines it writes into the generated forward and backward.
 """
 
-from .base import Block, Emitter, Recompute, Saves, StageImpl
+from ..planned import Recompute, Saves
+from .base import Block, Emitter, StageImpl
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM

@@ -11,35 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ..kernels import sums_itself_up_to
-from ..pipeline import ops_cited
-
-if TYPE_CHECKING:  # the planner imports this module; these are for annotations only
-    from ..kernels import KernelSpec
-    from ..pipeline import Op, Pipeline
-    from ..plan import Plan, Stage
-
-
-@dataclass(frozen=True)
-class Recompute:
-    """How an elementwise backward stage gets the forward values it needs."""
-
-    saved_position: int  # the saved forward value the kernel starts from
-    last: int  # the last op whose input is needed: ops [saved_position, last) are applied again
-    # the op just before saved_position whose input the saved value (its output) stands for, where
-    # nothing before it was materialised (OpDef.backward_from_output: a ReLU in a GEMM's epilogue)
-    output_for: int | None = None
-
-
-@dataclass(frozen=True)
-class Saves:
-    """What one backward stage needs kept from the forward pass."""
-
-    values: frozenset[int] = frozenset()  # forward value positions
-    extra_inputs: frozenset[int] = frozenset()  # extra-input indices
-    recompute: Recompute | None = None  # an elementwise run that recomputes forward values
+from ..kernels import KernelSpec
+from ..pipeline import Op, Pipeline, ops_cited
+from ..planned import Plan, Recompute, Saves, Stage
 
 
 @dataclass(frozen=True)
