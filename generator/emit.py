@@ -28,7 +28,8 @@ from .source_text import py_string
 from .stages import Block, Emitter
 from .stages.elementwise import random_ops
 from .stages.module import lead_name, module_name
-from .stages.base import extra_input_name, extra_output_name, param_name, stage_label, value_name
+from .stages.base import extra_input_name, extra_output_name, param_name, stage_label
+from .values import Role
 
 
 def _templates_dir() -> Path:
@@ -71,22 +72,22 @@ def forward_blocks(em: Emitter, stages=None, label: str = "forward") -> list[Blo
     for n, stage in enumerate(em.plan.forward if stages is None else stages):
         block = Block(f"{label} stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
                       + (" · no kernel" if stage.kind == "passthrough" else ""))
-        em.values[stage.end] = stage.rule.stage.forward(em, stage, block)
+        em.names[stage.output] = stage.rule.stage.forward(em, stage, block)
         blocks.append(block)
     return blocks
 
 
 def backward_blocks(em: Emitter) -> tuple[list[Block], dict[int, str]]:
-    """Blocks of the backward (last stage first) and the name of the grad at each value position
-    where a stage starts (0: the pipeline input's)."""
+    """Blocks of the backward (last stage first) and the name of the grad of each value a stage
+    reads (0: the pipeline input's)."""
     p = em.pipeline
-    grads: dict[int, str] = {len(p.ops): "d_" + em.values[len(p.ops)]}
+    grads: dict[int, str] = {p.output: "d_" + em.name(p.output)}
     blocks = []
     for n, stage in reversed(list(enumerate(em.plan.backward))):
         block = Block(f"backward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
                       + (" · no kernel" if stage.kind == "passthrough" else ""))
-        d_in = "d_" + em.values.get(stage.start, value_name(p, stage.start))
-        grads[stage.start] = stage.rule.stage.backward(em, stage, block, grads[stage.end], d_in)
+        d_in = "d_" + em.name(stage.input)
+        grads[stage.input] = stage.rule.stage.backward(em, stage, block, grads[stage.output], d_in)
         blocks.append(block)
     return blocks, grads
 
@@ -204,8 +205,8 @@ def takes_any_shape(pipeline) -> bool:
     """Whether x may have any shape, 0-D included, as TE's elementwise ops take: a size-generic
     pipeline in which every value is as wide as x (no GLU halves it). Its results before any
     Reshape have x's shape."""
-    return pipeline.generic and all(pipeline.width(position) == pipeline.in_features
-                                    for position in range(len(pipeline.ops) + 1))
+    return pipeline.generic and all(value.features == pipeline.in_features for value in pipeline.values
+                                    if value.role is Role.ACTIVATION)
 
 
 def user_modules(pipeline) -> list:
@@ -258,9 +259,8 @@ def saved_table(plan: Plan, em: Emitter, saved: list[str], params: list) -> list
     inputs are [rows, features] in x's dtype; the stages say what their own results are."""
     p = plan.pipeline
     shapes: dict[str, tuple[str, str]] = {}
-    for pos in plan.saved_values:
-        features = p.ops[pos].in_features if pos < len(p.ops) else p.out_features
-        shapes[em.values[pos]] = (f"[rows, {features}]", "x's dtype")
+    for value in plan.saved_values:
+        shapes[em.name(value)] = (f"[rows, {p.features(value)}]", "x's dtype")
     for op in p.ops:
         if op.extra_input is not None:
             shapes[extra_input_name(op)] = (f"[rows, {op.in_features}]", "x's dtype")
@@ -339,19 +339,20 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
             steps.append([(stage, block)])
     functions = []
     for k, run in enumerate(step for step in steps if isinstance(step, list)):
-        start, end = run[0][0].start, run[-1][0].end
+        start, end = run[0][0].start, run[-1][0].end  # the run's ops
         blocks = [block for _, block in run]
         backward = [block for stage, block in backward_of if start <= stage.start < end]
         forward_code = _code(blocks)
-        outputs = [em.values[end]] + [extra_output_name(op) for op in tees if start <= op.index < end]
-        args = [em.values[start]] + [name for name in inputs[1:] if _uses(name, forward_code)]
-        grad_inputs = [grads[start]] + ["None" if name == "training" else "d_" + name for name in args[1:]]
+        first, last = run[0][0], run[-1][0]
+        outputs = [em.name(last.output)] + [extra_output_name(op) for op in tees if start <= op.index < end]
+        args = [em.name(first.input)] + [name for name in inputs[1:] if _uses(name, forward_code)]
+        grad_inputs = [grads[first.input]] + ["None" if name == "training" else "d_" + name for name in args[1:]]
         copies = own_memory(em, [g for g in grad_inputs if g != "None"])
         backward += [copies] if copies else []
         backward_code = _code(backward)
         takes_n = _uses("ctx.n", backward_code)
         functions.append(dict(
-            name=f"{p.class_name}Function{k}", first=p.ops[start].number, last=p.ops[end - 1].number,
+            name=f"{p.class_name}Function{k}", first=first.ops[0].number, last=last.ops[-1].number,
             forward=blocks, backward=backward,
             inputs=args + (["n"] if takes_n else []), takes_n=takes_n, outputs=outputs,
             returns=distinct_returns(outputs, em.aliases), saved=[name for name in saved if _uses(name, backward_code)],
@@ -379,15 +380,15 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     fwd = forward_blocks(em)
     bwd, grads = backward_blocks(em)
     d_x = grads[0]
-    values = em.values
+    output = em.name(p.output)
     extra_inputs = [extra_input_name(op) for op in p.ops if op.extra_input is not None]
     # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
     tees = sorted((op for op in p.ops if op.extra_output is not None), key=lambda op: op.extra_output)
     extra_outputs = [extra_output_name(op) for op in tees]
     params = [(op, attr, key, shape, init, param_name(op, attr)) for op, attr, key, shape, init in p.params]
-    saved = [values[pos] for pos in plan.saved_values]
+    saved = [em.name(value) for value in plan.saved_values]
     saved += [name for stage in plan.backward for name in stage.rule.stage.saved_names(em, stage)]
-    saved += [extra_input_name(op) for op in p.ops if op.extra_input in plan.saved_extra_inputs]
+    saved += [extra_input_name(op) for op in p.ops if op.extra_in in plan.saved_extra_inputs]
     backward_code = "\n".join(line for block in bwd for line in block.lines + [e for _, e in block.weight_grads])
     saved += [name for *_, name in params if re.search(rf"\b{name}\b", backward_code)]
     modules = {}
@@ -397,7 +398,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     modules_run, per_row = user_modules(p), row_inputs(p)
     takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
     cells = runs_as(plan, stage_kernels)
-    grad_outputs = ["d_" + values[len(p.ops)]] + ["d_" + e for e in extra_outputs]
+    grad_outputs = ["d_" + output] + ["d_" + e for e in extra_outputs]
     grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
                    + (["None"] if takes_training else [])  # training is a flag, not a tensor
                    + ["None", "None"] * len(modules_run))  # a user module and its leading dims
@@ -414,15 +415,16 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved, tees, function_inputs) if between else ([], [])
     return dict(
         traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
-        pipeline=p, plan=plan, forward=fwd, backward=bwd, output=values[len(p.ops)],
-        function_returns=distinct_returns([values[len(p.ops)]] + extra_outputs, em.aliases),
+        pipeline=p, plan=plan, forward=fwd, backward=bwd, output=output,
+        function_returns=distinct_returns([output] + extra_outputs, em.aliases),
         no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],
         # the extra inputs written back, and those the backward reads (the forward gets a copy of
         # them: the caller's tensor changes after it)
         written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],
-        copied_extra_inputs={op.writes_back_to for op in p.written_back if op.writes_back_to in plan.saved_extra_inputs},
+        copied_extra_inputs={op.writes_back_to for op in p.written_back
+                             if p.extra_input_values[op.writes_back_to] in plan.saved_extra_inputs},
         param_names=[name for *_, name in params],
         extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
                                             for op in p.ops if op.extra_input is not None),
@@ -441,7 +443,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         functions=functions, grad_steps=grad_steps,
         takes_training=takes_training, cuda_graphs=graphs, function_inputs=function_inputs,
-        no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [values[len(p.ops)]] + extra_outputs) if graphs else None,
+        no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [output] + extra_outputs) if graphs else None,
         leads=leads, lead_lines=lead_lines, any_shape=takes_any_shape(p),
         # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
         parameter_check=[_tuple_literal(f'"{key}"' for _, _, key, *_ in params),

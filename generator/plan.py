@@ -140,7 +140,7 @@ def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[S
 
 
 def materialized_values(forward: Sequence[Stage]) -> frozenset[int]:
-    """Positions of forward values that exist as tensors after the forward pass."""
+    """Forward values that exist as tensors after the forward pass."""
     values: set[int] = set()
     for stage in forward:
         values.update(stage.rule.stage.materialises(stage))
@@ -161,5 +161,5 @@ def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_ru
         saved_extra |= saves.extra_inputs
         if saves.recompute is not None:
             recompute[stage.start] = saves.recompute
-    return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)),
-                inference)
+    return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values, key=pipeline.chain_order)),
+                tuple(sorted(saved_extra)), inference)

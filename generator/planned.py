@@ -17,9 +17,10 @@ from .pipeline import Op, Pipeline
 class Recompute:
     """How an elementwise backward stage gets the forward values it needs."""
 
-    saved_position: int  # the saved forward value the kernel starts from
-    last: int  # the last op whose input is needed: ops [saved_position, last) are applied again
-    # the op just before saved_position whose input the saved value (its output) stands for, where
+    saved: int  # the saved forward value the kernel starts from
+    replay_from: int  # the op that reads it: ops [replay_from, last) are applied again
+    last: int  # the last op whose input is needed
+    # the op just before replay_from whose input the saved value (its output) stands for, where
     # nothing before it was materialised (OpDef.backward_from_output: a ReLU in a GEMM's epilogue)
     output_for: int | None = None
 
@@ -28,8 +29,8 @@ class Recompute:
 class Saves:
     """What one backward stage needs kept from the forward pass."""
 
-    values: frozenset[int] = frozenset()  # forward value positions
-    extra_inputs: frozenset[int] = frozenset()  # extra-input indices
+    values: frozenset[int] = frozenset()  # forward values (running values, by id)
+    extra_inputs: frozenset[int] = frozenset()  # extra inputs' values
     recompute: Recompute | None = None  # an elementwise run that recomputes forward values
 
 
@@ -41,11 +42,23 @@ class Stage:
 
     @property
     def start(self) -> int:
+        """The position of its first op: where the stage comes in its pass, and its key."""
         return self.ops[0].index
 
     @property
     def end(self) -> int:
+        """One past the position of its last op."""
         return self.ops[-1].index + 1
+
+    @property
+    def input(self) -> int:
+        """The running value it reads."""
+        return self.ops[0].input
+
+    @property
+    def output(self) -> int:
+        """The running value it writes."""
+        return self.ops[-1].output
 
     def first(self, kind: str) -> Op | None:
         return next((op for op in self.ops if op.kind == kind), None)
@@ -57,6 +70,6 @@ class Plan:
     forward: tuple[Stage, ...]
     backward: tuple[Stage, ...]  # in forward order; the generated backward runs it reversed
     recompute: dict[int, Recompute] = field(default_factory=dict)  # backward stage start -> recompute
-    saved_values: tuple[int, ...] = ()  # positions saved for backward
-    saved_extra_inputs: tuple[int, ...] = ()  # extra-input indices saved for backward
+    saved_values: tuple[int, ...] = ()  # running values saved for backward, in chain order
+    saved_extra_inputs: tuple[int, ...] = ()  # extra inputs' values saved for backward
     inference: tuple[Stage, ...] = ()  # the no-grad forward: every forward rule, inference_only ones too

@@ -17,6 +17,7 @@ from ..kernels import sums_itself_up_to
 from ..kernels import KernelSpec
 from ..pipeline import Op, Pipeline, ops_cited
 from ..planned import Plan, Recompute, Saves, Stage
+from ..values import ValueTable, extra_input_name, extra_output_name, param_name
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ class StageImpl:
         return self.name
 
     def materialises(self, stage: Stage) -> set[int]:
-        """Forward value positions that exist as tensors after this forward stage."""
-        return {stage.start, stage.end}
+        """Forward values that exist as tensors after this forward stage."""
+        return {stage.input, stage.output}
 
     def saves(self, pipeline: Pipeline, stage: Stage, have: frozenset[int]) -> Saves:
         """What this backward stage reads from the forward pass (``have``: what it materialised)."""
@@ -111,33 +112,7 @@ class StageImpl:
         raise NotImplementedError
 
 
-# --- names in generated code --------------------------------------------------------------------
-
-def value_name(pipeline: Pipeline, position: int) -> str:
-    """Name of forward value ``position`` (the input of op ``position``)."""
-    if position == 0:
-        return "x"
-    op = pipeline.ops[position - 1]
-    if position < len(pipeline.ops) and pipeline.ops[position].module_index == op.module_index:
-        return f"{op.hint}_pre_{pipeline.ops[position].kind}"  # inside a container: Linear's matmul output
-    return f"{op.hint}_out"
-
-
-def param_name(op: Op, attr: str) -> str:
-    return f"{op.hint}_{attr}"
-
-
-def extra_input_name(op: Op) -> str:
-    """Public: named by order among the pipeline's extra inputs, so inserting an op elsewhere in
-    the spec never renames a caller's keyword argument."""
-    return f"extra_input{op.extra_input}"
-
-
-def extra_output_name(op: Op) -> str:
-    if op.writes_back_to is not None:  # hidden: the new value of a caller's extra input
-        return f"new_extra_input{op.writes_back_to}"
-    return f"extra_output{op.extra_output}"
-
+# --- text in generated code --------------------------------------------------------------------
 
 def stage_label(stage: Stage) -> str:
     """The stage's ops as a comment cites them: "ops 1a, 1b: BasicLinear(1024, 4096), Bias(4096)"."""
@@ -163,8 +138,10 @@ class Emitter:
 
     plan: Plan
     stage_kernels: dict  # (pass, stage start) -> [KernelSpec]
-    values: dict[int, str] = field(default_factory=lambda: {0: "x"})  # forward value position -> name
-    stats: dict[int, list[str]] = field(default_factory=dict)  # norm op index -> its saved statistics
+    # value id -> the name of the tensor that holds it, where that is not the value's own name
+    # (a stage that changes nothing hands its input on: its output is that tensor)
+    names: dict[int, str] = field(default_factory=dict)
+    stats: dict[int, list[int]] = field(default_factory=dict)  # norm op index -> its statistics' values
     # False: the no-grad forward, which keeps nothing for a backward (no ctx)
     saving: bool = True
     # a size-generic pipeline's input width in the backward: the ctx's, or backward_stages' argument
@@ -174,6 +151,7 @@ class Emitter:
     grad_memory: dict[str, str] = field(default_factory=dict)
     # a grad named by grad_alias -> (its block, its line there, the grad it names, why)
     grad_aliases: dict[str, tuple[Block, int, str, str]] = field(default_factory=dict)
+    table: ValueTable | None = None  # the pipeline's values, and those the stages add (statistics)
 
     def alias(self, block: Block, name: str, of: str) -> None:
         """``name = of`` in the forward: one tensor under a second name (an extra output that is
@@ -196,6 +174,14 @@ class Emitter:
     def memory_of(self, name: str) -> str:
         """The grad whose memory backward name ``name`` uses."""
         return self.grad_memory.get(name, name)
+
+    def __post_init__(self):
+        if self.table is None:
+            self.table = ValueTable(self.plan.pipeline.values)
+
+    def name(self, value: int) -> str:
+        """The name of the tensor that holds ``value`` at this point of the generated code."""
+        return self.names.get(value, self.table[value].name)
 
     @property
     def pipeline(self) -> Pipeline:

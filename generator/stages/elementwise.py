@@ -23,8 +23,9 @@ from .. import kernels as kn
 from ..ir import Sym
 from ..kernels import KernelParam as P
 from ..ops import OPS, elementwise_kinds
+from ..values import seed_name
 from .base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name,
-                   fixed, param_name, value_name)
+                   fixed, param_name)
 
 ELEMENTWISE_THREADS = 128  # threads per block along the row; each thread moves 16-byte vectors
 
@@ -53,22 +54,25 @@ class ElementwiseStage(StageImpl):
             return Saves()
         # extra inputs the backward functors read (a product's operand), and the forward values
         # they need, recomputed from the nearest one the forward materialised
-        extra = {op.extra_input for op in stage.ops if _reads_operand(op) and op.extra_input is not None}
+        extra = {op.extra_in for op in stage.ops if _reads_operand(op) and op.extra_in is not None}
         needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward]
         if not needing:
             return Saves(extra_inputs=frozenset(extra))
-        if not any(stage.start <= p <= needing[0] for p in have):
+        # the ops up to the first that needs its input whose input the forward materialised
+        readers = [op for op in stage.ops if op.index <= needing[0] and op.input in have]
+        if not readers:
             # nothing before the op is materialised (a GEMM epilogue ran it): its output serves
             # when its backward reads that as well as its input (OpDef.backward_from_output)
             op = pipeline.ops[needing[0]]
-            assert op.opdef.backward_from_output and op.index + 1 in have, \
+            assert op.opdef.backward_from_output and op.output in have, \
                 f"{op.describe()}: its backward needs a value no stage materialised (a rule bug)"
-            extra |= {o.extra_input for o in pipeline.ops[op.index + 1:needing[-1]] if o.extra_input is not None}
-            return Saves(values=frozenset({op.index + 1}), extra_inputs=frozenset(extra),
-                         recompute=Recompute(op.index + 1, needing[-1], output_for=op.index))
-        start = max(p for p in have if stage.start <= p <= needing[0])
-        extra |= {op.extra_input for op in pipeline.ops[start:needing[-1]] if op.extra_input is not None}
-        return Saves(values=frozenset({start}), extra_inputs=frozenset(extra), recompute=Recompute(start, needing[-1]))
+            extra |= {o.extra_in for o in pipeline.ops[op.index + 1:needing[-1]] if o.extra_in is not None}
+            return Saves(values=frozenset({op.output}), extra_inputs=frozenset(extra),
+                         recompute=Recompute(op.output, op.index + 1, needing[-1], output_for=op.index))
+        start = readers[-1]  # the nearest
+        extra |= {op.extra_in for op in pipeline.ops[start.index:needing[-1]] if op.extra_in is not None}
+        return Saves(values=frozenset({start.input}), extra_inputs=frozenset(extra),
+                     recompute=Recompute(start.input, start.index, needing[-1]))
 
     def saved_names(self, em, stage):
         """The keys of the random ops this backward stage replays (their masks are regenerated)."""
@@ -96,19 +100,19 @@ class ElementwiseStage(StageImpl):
         p = plan.pipeline
         if pass_ == "backward":
             spec, recompute = backward_kernel(plan, stage), plan.recompute.get(stage.start)
-            widths = {"dy": p.width(stage.end), "dx": p.width(stage.start),
-                      "x": p.width(recompute.saved_position) if recompute is not None else None}
+            widths = {"dy": p.features(stage.output), "dx": p.features(stage.input),
+                      "x": p.features(recompute.saved) if recompute is not None else None}
             names = ["dy", *spec.operands, *spec.returned]
         else:
             spec = forward_kernel(p, stage)
-            widths = {"x": p.width(stage.start), "y": p.width(stage.end)}
+            widths = {"x": p.features(stage.input), "y": p.features(stage.output)}
             names = ["x", *spec.operands, *spec.returned]
         sizes = [widths[name] if name in widths else operand_width(p, stage, name) for name in names]
         return RowTraffic(sum(sizes)) if fixed(*sizes) else None
 
     def forward(self, em, stage, block):
         p = em.pipeline
-        x_in, out = em.values[stage.start], value_name(p, stage.end)
+        x_in, out = em.name(stage.input), em.table[stage.output].name
         if stage.kind == "passthrough":  # MakeExtraOutput hands out its input as is
             for op in stage.ops:
                 if op.extra_output is not None:
@@ -138,7 +142,7 @@ class ElementwiseStage(StageImpl):
         names = {"dx": d_in, **io_names(stage)}
         recompute = em.plan.recompute.get(stage.start)
         if recompute is not None:
-            names["x"] = em.values[recompute.saved_position]
+            names["x"] = em.name(recompute.saved)
         block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
                            f"kernels.{spec.name}({', '.join([dy] + [names[o] for o in spec.operands])})")
         for index, alias in backward_aliases(stage).items():
@@ -190,11 +194,6 @@ def operand_width(pipeline, stage, name: str, kernel_ops=None):
         broadcast = op.opdef.operand.broadcast if kind == "extra_in" else op.opdef.operand.grad
         return {"element": pipeline.width(op.index), "row": 1}.get(broadcast, 0)
     return 0  # bias3 / dbias3 / seed3
-
-
-def seed_name(op) -> str:
-    """The generated module's name for a random op's key, drawn once per call (Operand "random")."""
-    return f"{op.hint}_seed"
 
 
 def random_ops(ops):
@@ -352,7 +351,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     steps, grad_columns = [], 0
     output_for = recompute.output_for if recompute is not None else None  # Saves: backward_from_output
     for op in stage.ops:
-        replays = recompute is not None and recompute.saved_position <= op.index <= recompute.last
+        replays = recompute is not None and recompute.replay_from <= op.index <= recompute.last
         replays = replays or op.index == output_for  # its input: its saved output
         steps.append(dict(op_step(
             stage, op, glu, write=aliases.get(op.index) == "write", grad_offset=_relative(grad_columns, width),
@@ -391,10 +390,10 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     qualifier = ""
     if output_for is not None:
         qualifier = "from_output"
-    elif recompute is not None and recompute.saved_position != first_needing:
-        qualifier = f"from_{pipeline.ops[recompute.saved_position].tag}"
+    elif recompute is not None and recompute.replay_from != first_needing:
+        qualifier = f"from_{pipeline.ops[recompute.replay_from].tag}"
     tags = "_".join(op.tag for op in stage.ops)
-    saved_two_lanes = recompute is not None and glu is not None and recompute.saved_position <= glu
+    saved_two_lanes = recompute is not None and glu is not None and recompute.replay_from <= glu
     return kn.make_spec(
         kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
         ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
@@ -404,7 +403,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
         steps=tuple(tuple(sorted(s.items())) for s in steps),
         threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier),
         **{**size, **_interleave(stage, size)},
-        saved_offset=None if recompute is None else recompute.saved_position - stage.start,
+        saved_offset=None if recompute is None else recompute.replay_from - stage.start,
         saved_two_lanes=saved_two_lanes, grad_columns=_relative(grad_columns, width), column_tiled=column_tiled,
         row_unroll=_row_unroll(steps, recompute is not None, saved_two_lanes) if grads & {"column", "scalar"} else 1,
     )

@@ -19,7 +19,7 @@ fails when it is defined.
 
 from __future__ import annotations
 
-from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
+from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name
 
 FORMS = {
     "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue",
@@ -49,13 +49,13 @@ class GemmStage(StageImpl):
         return f"a {'no-grad forward' if pass_ == 'inference' else pass_} GEMM stage runs only these op chains: {can}"
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({stage.first("linear").index}))  # wgrad reads the GEMM input
+        return Saves(values=frozenset({stage.first("linear").input}))  # wgrad reads the GEMM input
 
     def runs_as(self, pass_, stage, kernels):
         return "cuBLAS GEMM (torch)" if pass_ == "forward" else "cuBLAS dgrad + wgrad GEMMs (torch)"
 
     def row_traffic(self, plan, pass_, stage):
-        x, y = plan.pipeline.width(stage.start), plan.pipeline.width(stage.end)
+        x, y = plan.pipeline.features(stage.input), plan.pipeline.features(stage.output)
         if not fixed(x, y):
             return None
         if pass_ == "backward":  # dgrad reads dy, writes dx (+ reads the extra output's grad); wgrad reads dy, x
@@ -64,7 +64,7 @@ class GemmStage(StageImpl):
 
     def forward(self, em, stage, block):
         linear, bias, scale, add = (stage.first(kind) for kind in ("linear", "bias", "scale", "add_extra_input"))
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
+        x_in, out = em.name(stage.input), em.table[stage.output].name
         w = param_name(linear, "weight")
         if stage.first("relu") is not None:
             block.lines.append(f"{out} = torch._addmm_activation({param_name(bias, 'bias')}, {x_in}, {w}.t())")
@@ -90,7 +90,7 @@ class GemmStage(StageImpl):
         if scale is not None:  # d(x W^T) = s dy: the scale as both GEMMs' alpha
             s = scale.args["scale"]
             block.lines.append(f"{d_in} = torch.addmm({dy}.new_zeros(()), {dy}, {w}, beta=0, alpha={s!r})")
-            x = em.values[linear.index]
+            x = em.name(linear.input)
             if linear.args["accumulate_into_main_grad"]:
                 self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {x}, alpha={s!r})")
             else:
@@ -101,9 +101,9 @@ class GemmStage(StageImpl):
         else:
             block.lines.append(f"{d_in} = {dy}.mm({w})")
         if linear.args["accumulate_into_main_grad"]:  # TE's option: dW goes into weight.main_grad
-            self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {em.values[linear.index]})")
+            self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {em.name(linear.input)})")
         else:
-            self.weight_grad(block, dy, w, f"ref.weight_grad(ctx, {w}, {dy}, {em.values[linear.index]})")
+            self.weight_grad(block, dy, w, f"ref.weight_grad(ctx, {w}, {dy}, {em.name(linear.input)})")
         return d_in
 
     @staticmethod

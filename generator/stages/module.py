@@ -12,15 +12,10 @@ module's own backward between the Functions' backwards.
 from __future__ import annotations
 
 from ..source_text import py_string
-from .base import StageImpl, value_name
+from ..values import lead_name, module_name
+from .base import StageImpl
 
-
-def module_name(op) -> str:
-    return f"{op.hint}_module"
-
-
-def lead_name(op) -> str:
-    return f"{op.hint}_lead"
+__all__ = ["MODULE", "lead_name", "module_name"]
 
 
 def _where(em, op) -> str:
@@ -42,7 +37,7 @@ class ModuleStage(StageImpl):
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
+        x_in, out = em.name(stage.input), em.table[stage.output].name
         block.lines.append(f"{out} = ref.run_module({_where(em, op)}, {module_name(op)}, {x_in}, {lead_name(op)})")
         return out
 

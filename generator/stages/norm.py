@@ -19,7 +19,8 @@ from .. import kernels as kn
 from ..kernels import KernelParam as P
 from ..ops import OPS
 from . import elementwise as ew
-from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
+from ..values import Role
+from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name
 
 
 NORM_KINDS = ("norm", "l2_normalization")  # LayerNorm, RMSNorm; L2Normalization (no gamma, a sum)
@@ -201,10 +202,10 @@ class NormStage(StageImpl):
                 f"{', '.join(sorted(epilogue_kinds()))}")
 
     def materialises(self, stage):
-        return {stage.start, stage.end, norm_of(stage).index}  # the (summed) norm input is written
+        return {stage.input, stage.output, norm_of(stage).input}  # the (summed) norm input is written
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({norm_of(stage).index}))
+        return Saves(values=frozenset({norm_of(stage).input}))
 
     def kernels(self, plan, stage, pass_):
         if pass_ == "forward":
@@ -230,7 +231,7 @@ class NormStage(StageImpl):
 
     def forward(self, em, stage, block):
         p, spec = em.pipeline, em.kernel("forward", stage)
-        x_in, out = em.values[stage.start], value_name(p, stage.end)
+        x_in, out = em.name(stage.input), em.table[stage.output].name
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         for op in ew.random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
             block.lines.append(f"{ew.seed_name(op)} = ref.new_seed({x_in}) if training else None")
@@ -239,30 +240,30 @@ class NormStage(StageImpl):
         args += _param_args(norm, _params(norm))
         results = [out]
         if spec.ctx["writes_h"] and (meo or em.saving):  # the sum: an extra output, or read by the backward
-            summed = extra_output_name(meo) if meo else value_name(p, norm.index)
-            em.values[norm.index] = summed
+            summed = extra_output_name(meo) if meo else em.table[norm.input].name
+            em.names[norm.input] = summed
             results.append(summed)
         elif not spec.ctx["writes_h"]:
             # nothing before the norm changes x: the norm's input (which its backward reads) is x,
             # also where a MakeExtraOutput stands between them and the stage starts at it
-            em.values[norm.index] = x_in
+            em.names[norm.input] = x_in
             if meo:  # the extra output is x itself
                 em.alias(block, extra_output_name(meo), x_in)
         if not em.saving:  # no backward: neither the statistics nor a sum no one returns are written
             keep = [f"keep_sum={bool(meo)}"] if spec.ctx["writes_h"] else []
             block.lines.append(f"{', '.join(results)} = kernels.{spec.name}_no_grad({', '.join(args + keep)})")
             return out
-        if spec.ctx["layernorm"]:
-            results.append(f"{norm.hint}_mean")
-        results.append(f"{norm.hint}_rstd")
-        em.stats[norm.index] = results[1 + spec.ctx["writes_h"]:]
+        # the fp32 statistics, one per row: values this lowering makes
+        em.stats[norm.index] = [em.table.add(Role.STATISTIC, "float32", f"{norm.hint}_{stat}")
+                                for stat in (["mean"] if spec.ctx["layernorm"] else []) + ["rstd"]]
+        results += [em.table[stat].name for stat in em.stats[norm.index]]
         block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
         return out
 
     def backward(self, em, stage, block, dy, d_in):
         spec = em.kernel("backward", stage)
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
-        args = [dy, em.values[norm.index], *em.stats[norm.index]]
+        args = [dy, em.name(norm.input), *(em.table[stat].name for stat in em.stats[norm.index])]
         args += _param_args(norm, ["weight"]) if "weight" in _params(norm) else []  # gamma (L2 has none)
         args += [f"d_{extra_output_name(meo)}"] if meo else []
         results = [d_in] + [f"d_{param_name(norm, attr)}" for attr in _params(norm)]
@@ -273,10 +274,10 @@ class NormStage(StageImpl):
         return d_in
 
     def saved_names(self, em, stage):
-        return em.stats[norm_of(stage).index]  # the forward's fp32 statistics
+        return [em.table[stat].name for stat in em.stats[norm_of(stage).index]]  # the forward's fp32 statistics
 
     def saved_shapes(self, em, stage):
-        return {name: ("[rows]", "float32") for name in em.stats[norm_of(stage).index]}
+        return {em.table[stat].name: ("[rows]", em.table[stat].dtype) for stat in em.stats[norm_of(stage).index]}
 
 
 NORM = NormStage()

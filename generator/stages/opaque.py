@@ -9,7 +9,7 @@ its input for the backward.
 
 from __future__ import annotations
 
-from .base import Saves, StageImpl, param_name, value_name
+from .base import Saves, StageImpl, param_name
 
 
 def _arguments(op) -> list[str]:
@@ -25,21 +25,21 @@ class OpaqueStage(StageImpl):
         return None if len(chain) == 1 else "an opaque stage runs one op"
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({stage.start}))
+        return Saves(values=frozenset({stage.input}))
 
     def runs_as(self, pass_, stage, kernels):
         return f"PyTorch: the op's reference {pass_} (`ref.{stage.ops[0].opdef.reference_names[pass_ == 'backward']}`)"
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
+        x_in, out = em.name(stage.input), em.table[stage.output].name
         args = ", ".join([f"ref.compute({x_in})", *_arguments(op)])
         block.lines.append(f"{out} = ref.{op.opdef.reference_names[0]}({args}).to({x_in}.dtype)")
         return out
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
-        x_in = em.values[stage.start]
+        x_in = em.name(stage.input)
         grads = [d_in] + [f"d_{param_name(op, p.name)}" for p in op.opdef.params]
         args = ", ".join([f"ref.compute({x_in})", f"ref.compute({dy})", *_arguments(op)])
         unpack = ", ".join(grads) + ("," if len(grads) == 1 else "")  # the backward returns (dx, *dparams)

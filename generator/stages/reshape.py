@@ -14,7 +14,7 @@ import math
 from fractions import Fraction
 
 from ..ir import Sym, size_expr
-from .base import NO_TRAFFIC, StageImpl, fixed, value_name
+from .base import NO_TRAFFIC, StageImpl, fixed
 
 
 class ReshapeStage(StageImpl):
@@ -36,7 +36,7 @@ class ReshapeStage(StageImpl):
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
+        x_in, out = em.name(stage.input), em.table[stage.output].name
         if isinstance(op.out_features, Sym) and not op.out_features.of_input:  # a -1 last dim known at run time
             rows = math.prod(op.opdef.reshape(op.args)[:-1])  # the leading dims, all given
             block.lines.append(f"{out} = {x_in}.reshape({rows}, -1)")
