@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import re
 from fractions import Fraction
 from pathlib import Path
 from typing import NamedTuple
@@ -29,7 +28,11 @@ from .stages import Block, Emitter
 from .stages.elementwise import random_ops
 from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label
+from .calls import Alias, TorchCall, literal
 from .values import Role
+
+# the roles of values that have grads (a flag, an object or metadata has none: its grad input is None)
+GRAD_ROLES = (Role.ACTIVATION, Role.ROWWISE, Role.PARAMETER)
 
 
 def _templates_dir() -> Path:
@@ -71,7 +74,7 @@ def forward_blocks(em: Emitter, stages=None, label: str = "forward") -> list[Blo
     blocks = []
     for n, stage in enumerate(em.plan.forward if stages is None else stages):
         block = Block(f"{label} stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
-                      + (" · no kernel" if stage.kind == "passthrough" else ""))
+                      + (" · no kernel" if stage.kind == "passthrough" else ""), name=em.name)
         em.names[stage.output] = stage.rule.stage.forward(em, stage, block)
         blocks.append(block)
     return blocks
@@ -85,7 +88,7 @@ def backward_blocks(em: Emitter) -> tuple[list[Block], dict[int, str]]:
     blocks = []
     for n, stage in reversed(list(enumerate(em.plan.backward))):
         block = Block(f"backward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
-                      + (" · no kernel" if stage.kind == "passthrough" else ""))
+                      + (" · no kernel" if stage.kind == "passthrough" else ""), name=em.name)
         d_in = "d_" + em.name(stage.input)
         grads[stage.input] = stage.rule.stage.backward(em, stage, block, grads[stage.output], d_in)
         blocks.append(block)
@@ -105,12 +108,12 @@ def own_memory(em: Emitter, returned: list[str]) -> Block | None:
         if memory not in owners:
             owners[memory] = name
         elif name in em.grad_aliases:
-            alias_block, line, of, why = em.grad_aliases[name]
+            alias_block, index, of, why = em.grad_aliases[name]
             reason = f"{why}, in memory of its own" if why else "in memory of its own (.grad accumulates in place)"
-            alias_block.lines[line] = f"{name} = {of}.clone()  # {reason}"
+            alias_block.calls[index] = Alias(name, of, reason, clone=True)
         else:
-            block.lines.append(f"{name} = {name}.clone()  # a copy, not {owners[memory]}'s memory")
-    return block if block.lines else None
+            block.add(Alias(name, name, f"a copy, not {owners[memory]}'s memory", clone=True))
+    return block if block.calls else None
 
 
 def no_grad_blocks(plan: Plan, stage_kernels: dict) -> list[Block]:
@@ -312,16 +315,32 @@ def no_grad_op(name: str, inputs: list[str], blocks: list[Block], outputs: list[
     return f"{name}_no_grad_{hashlib.sha256(text.encode()).hexdigest()[:8]}", f"({schema}) -> {returns}"
 
 
-def _uses(name: str, code: str) -> bool:
-    return re.search(rf"\b{re.escape(name)}\b", code) is not None
+def _reads(blocks: list[Block]) -> list[int]:
+    """The values ``blocks``' calls read, in order, each once."""
+    return list(dict.fromkeys(value for block in blocks for value in block.reads()))
 
 
-def _code(blocks: list[Block]) -> str:
-    return "\n".join(line for block in blocks for line in block.lines + [e for _, e in block.weight_grads])
+def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
+    """What the forward keeps for the backward: the forward values the backward's calls read, in
+    ctx.save_for_backward's order: running values in chain order, the stages' own results (a
+    norm's statistics, a random op's key) as the backward stages read them in forward order,
+    extra inputs, parameters (their values, not copies)."""
+    p = plan.pipeline
+    reads = _reads(list(reversed(bwd)))  # backward_blocks runs the last stage first
+    running = {0, *(op.output for op in p.ops)}
+    free = set(p.extra_input_values) | {value for op in p.ops for _, value in op.param_ids}
+    values = sorted((v for v in reads if v in running), key=p.chain_order)
+    extra = [v for v in p.extra_input_values if v in reads]
+    # the planner decided what the forward materialises for these (Saves): the calls must agree
+    assert set(values) == set(plan.saved_values) and set(extra) == set(plan.saved_extra_inputs), \
+        f"{p.name}: the backward reads {values} + {extra}, the plan saves {plan.saved_values} + {plan.saved_extra_inputs}"
+    own = [v for v in reads if v not in running and v not in free and v != p.input_width]
+    params = [value for op in p.ops for _, value in op.param_ids if value in reads]
+    return values + own + extra + params
 
 
-def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, str], saved: list[str],
-             tees: list, inputs: list[str]) -> tuple[list[dict], list[Block]]:
+def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, str], saved: list[int],
+             tees: list, inputs: list[int]) -> tuple[list[dict], list[Block]]:
     """A pipeline that runs user modules, under autograd: its fused stages between them as autograd
     Functions of their own (one a run of stages), the modules between them in ``grad_forward``,
     so autograd records each module as eager PyTorch does (stages/module.py). Returns each
@@ -342,20 +361,22 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         start, end = run[0][0].start, run[-1][0].end  # the run's ops
         blocks = [block for _, block in run]
         backward = [block for stage, block in backward_of if start <= stage.start < end]
-        forward_code = _code(blocks)
         first, last = run[0][0], run[-1][0]
         outputs = [em.name(last.output)] + [extra_output_name(op) for op in tees if start <= op.index < end]
-        args = [em.name(first.input)] + [name for name in inputs[1:] if _uses(name, forward_code)]
-        grad_inputs = [grads[first.input]] + ["None" if name == "training" else "d_" + name for name in args[1:]]
+        forward_reads = _reads(blocks)
+        taken = [value for value in inputs[1:] if value in forward_reads]  # the free values the run reads
+        args = [em.name(first.input)] + [em.name(value) for value in taken]
+        grad_inputs = [grads[first.input]] + [("d_" + em.name(v)) if em.table[v].role in GRAD_ROLES else "None"
+                                              for v in taken]
         copies = own_memory(em, [g for g in grad_inputs if g != "None"])
         backward += [copies] if copies else []
-        backward_code = _code(backward)
-        takes_n = _uses("ctx.n", backward_code)
+        backward_reads = _reads(backward)
+        takes_n = p.input_width is not None and p.input_width in backward_reads
         functions.append(dict(
             name=f"{p.class_name}Function{k}", first=first.ops[0].number, last=last.ops[-1].number,
             forward=blocks, backward=backward,
             inputs=args + (["n"] if takes_n else []), takes_n=takes_n, outputs=outputs,
-            returns=distinct_returns(outputs, em.aliases), saved=[name for name in saved if _uses(name, backward_code)],
+            returns=distinct_returns(outputs, em.aliases), saved=[em.name(v) for v in saved if v in backward_reads],
             grad_outputs=["d_" + name for name in outputs],
             grad_inputs=grad_inputs + (["None"] if takes_n else []),
         ))
@@ -368,7 +389,7 @@ def _call_block(function: dict) -> Block:
     outputs = function["outputs"]
     args = ["x.shape[1]" if name == "n" else name for name in function["inputs"]]
     block = Block(f"ops {function['first']} to {function['last']}, fused")
-    block.lines.append(f"{', '.join(outputs)} = {function['name']}.apply({', '.join(args)})")
+    block.add(TorchCall(literal(f"{', '.join(outputs)} = {function['name']}.apply({', '.join(args)})")))
     return block
 
 
@@ -386,11 +407,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     tees = sorted((op for op in p.ops if op.extra_output is not None), key=lambda op: op.extra_output)
     extra_outputs = [extra_output_name(op) for op in tees]
     params = [(op, attr, key, shape, init, param_name(op, attr)) for op, attr, key, shape, init in p.params]
-    saved = [em.name(value) for value in plan.saved_values]
-    saved += [name for stage in plan.backward for name in stage.rule.stage.saved_names(em, stage)]
-    saved += [extra_input_name(op) for op in p.ops if op.extra_in in plan.saved_extra_inputs]
-    backward_code = "\n".join(line for block in bwd for line in block.lines + [e for _, e in block.weight_grads])
-    saved += [name for *_, name in params if re.search(rf"\b{name}\b", backward_code)]
+    saved_values = saved_for_backward(plan, em, bwd)
+    saved = [em.name(value) for value in saved_values]
     modules = {}
     for op, attr, key, shape, init, name in params:
         modules.setdefault(op.module_index, []).append((attr, shape, init, name, *placement(op)))
@@ -407,12 +425,15 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         copies = own_memory(em, [g for g in grad_inputs if g != "None"])
         bwd += [copies] if copies else []
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
-    saved = list(dict.fromkeys(saved))
     # the Function's forward and the no-grad forward take the same arguments
-    function_inputs = (["x", *extra_inputs, *(name for *_, name in params)] + (["training"] if takes_training else [])
-                       + [name for op in modules_run for name in (module_name(op), lead_name(op))])
+    input_values = ([0, *(op.extra_in for op in p.ops if op.extra_in is not None),
+                     *(value for op in p.ops for _, value in op.param_ids)]
+                    + ([p.training] if takes_training else [])
+                    + [value for op in modules_run for value in (op.module_object, op.lead)])
+    function_inputs = [em.name(value) for value in input_values]
     no_grad = no_grad_blocks(plan, stage_kernels)
-    functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved, tees, function_inputs) if between else ([], [])
+    functions, grad_steps = (segments(plan, em, fwd, bwd, grads, saved_values, tees, input_values) if between
+                             else ([], []))
     return dict(
         traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=output,

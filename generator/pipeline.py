@@ -96,6 +96,7 @@ class Pipeline:
     specialise: tuple[int, ...] = ()  # input sizes a size-generic pipeline also has fixed-size kernels for
     values: tuple[Value, ...] = ()  # every value the pipeline's code handles, by id (values.py)
     training: int | None = None  # the training FLAG, where the forward depends on it (a Dropout)
+    input_width: int | None = None  # a size-generic pipeline's input width n (a backward's reshape reads it)
 
     def value(self, id: int) -> Value:
         return self.values[id]
@@ -222,16 +223,16 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             ))
             n_hidden += 1
     ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
-    ops, values, training = _values(graph, ops)
+    ops, values, training, width = _values(graph, ops)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
-                    len(graph.outputs) - 1, graph, tuple(specialise), values, training)
+                    len(graph.outputs) - 1, graph, tuple(specialise), values, training, width)
 
 
-def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], int | None]:
+def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], int | None, int | None]:
     """The pipeline's value table and each op's value ids. The graph numbers the input, each
     op's output and the extra inputs (ir.build_graph); the rest get ids after the graph's: the
     value a hidden tee writes (it has no graph node), extra outputs, parameters, random keys, the
-    training flag, user modules and their leading dims."""
+    training flag, user modules and their leading dims, a size-generic pipeline's input width."""
     table: dict[int, Value] = {}
     next_id = len(graph.values)
 
@@ -268,5 +269,6 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
         running = output
     random = any(op.seed is not None for op in with_ids)  # the forward depends on the training mode
     training = add(Role.FLAG, "bool", "training") if random else None
+    width = add(Role.METADATA, "int64", "n") if isinstance(graph.features(0), Sym) else None
     assert sorted(table) == list(range(len(table))), "value ids are the table's positions"
-    return with_ids, tuple(table[id] for id in sorted(table)), training
+    return with_ids, tuple(table[id] for id in sorted(table)), training, width

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..kernels import sums_itself_up_to
+from ..calls import Alias, Call
 from ..kernels import KernelSpec
 from ..pipeline import Op, Pipeline, ops_cited
 from ..planned import Plan, Recompute, Saves, Stage
@@ -71,12 +72,9 @@ class StageImpl:
         """What this backward stage reads from the forward pass (``have``: what it materialised)."""
         return Saves()
 
-    def saved_names(self, em: Emitter, stage: Stage) -> list[str]:
-        """Names of forward results (beyond values and parameters) this backward stage reads."""
-        return []
-
     def saved_shapes(self, em: Emitter, stage: Stage) -> dict[str, tuple[str, str]]:
-        """{name: (shape, dtype)} of what ``saved_names`` lists, as the plan shows them."""
+        """{name: (shape, dtype)} of the forward results (beyond running values, extra inputs and
+        parameters) this backward stage reads, as the plan shows them."""
         return {}
 
     def row_traffic(self, plan: Plan, pass_: str, stage: Stage) -> RowTraffic | None:
@@ -104,11 +102,13 @@ class StageImpl:
                           else f"`{k.name}`" for k in kernels)
 
     def forward(self, em: Emitter, stage: Stage, block: Block) -> str:
-        """Append the stage's forward lines to ``block``; returns the name of its output value."""
+        """Lower the stage's forward into calls over values (calls.py), added to ``block``;
+        returns the name of the tensor that holds its output value."""
         raise NotImplementedError
 
     def backward(self, em: Emitter, stage: Stage, block: Block, dy: str, d_in: str) -> str:
-        """Append the stage's backward lines; returns the name of its input's grad."""
+        """Lower the stage's backward into calls (the grads ``dy``, ``d_in`` are names); returns
+        the name of its input's grad."""
         raise NotImplementedError
 
 
@@ -119,17 +119,38 @@ def stage_label(stage: Stage) -> str:
     return f"{ops_cited(stage.ops)}: " + ", ".join(op.describe() for op in stage.ops)
 
 
+def _no_values(value: int) -> str:
+    raise AssertionError(f"a block with no names rendered a call over value {value}")
+
+
 @dataclass
 class Block:
-    """One stage's lines in the generated forward or backward."""
+    """One stage's calls in the generated forward or backward."""
 
     title: str
-    lines: list[str] = field(default_factory=list)
-    # backward only: the GEMM weight grads, as (name, expression), which may run after every
-    # stage (a backward replayed from a CUDA graph runs them after its replay), and the grads
-    # they read that the stages compute
-    weight_grads: list[tuple[str, str]] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    # backward only: the GEMM weight grads, as (name, the call's expression), which may run
+    # after every stage (a backward replayed from a CUDA graph runs them after its replay), and
+    # the grads they read that the stages compute
+    weight_grad_calls: list[tuple[str, Call]] = field(default_factory=list)
     weight_grad_reads: list[str] = field(default_factory=list)
+    name: Callable[[int], str] = _no_values  # the names of values where the block runs (Emitter.name)
+
+    def add(self, call: Call) -> None:
+        self.calls.append(call)
+
+    @property
+    def lines(self) -> list[str]:
+        return [call.render(self.name) for call in self.calls]
+
+    @property
+    def weight_grads(self) -> list[tuple[str, str]]:
+        return [(grad, call.render(self.name)) for grad, call in self.weight_grad_calls]
+
+    def reads(self) -> list[int]:
+        """The values the block's calls read, in order (its weight grads' last), each once."""
+        calls = self.calls + [call for _, call in self.weight_grad_calls]
+        return list(dict.fromkeys(value for call in calls for value in call.reads.values()))
 
 
 @dataclass
@@ -153,17 +174,18 @@ class Emitter:
     grad_aliases: dict[str, tuple[Block, int, str, str]] = field(default_factory=dict)
     table: ValueTable | None = None  # the pipeline's values, and those the stages add (statistics)
 
-    def alias(self, block: Block, name: str, of: str) -> None:
-        """``name = of`` in the forward: one tensor under a second name (an extra output that is
+    def alias(self, block: Block, value: int, of: int) -> None:
+        """``value = of`` in the forward: one tensor under a second name (an extra output that is
         the value itself)."""
-        block.lines.append(f"{name} = {of}")
-        self.aliases[name] = self.aliases.get(of, of)
+        block.add(Alias(value, of))
+        name, of_name = self.name(value), self.name(of)
+        self.aliases[name] = self.aliases.get(of_name, of_name)
 
     def grad_alias(self, block: Block, name: str, of: str, why: str = "") -> None:
         """``name = of`` in the backward: one grad handed to two inputs (an addend's). Where both
-        are returned, emit.own_memory makes the line a copy."""
-        self.grad_aliases[name] = (block, len(block.lines), of, why)
-        block.lines.append(f"{name} = {of}" + (f"  # {why}" if why else ""))
+        are returned, emit.own_memory makes the call a copy."""
+        self.grad_aliases[name] = (block, len(block.calls), of, why)
+        block.add(Alias(name, of, why))
         self.shares_memory(name, of)
 
     def shares_memory(self, name: str, of: str) -> None:
@@ -178,6 +200,8 @@ class Emitter:
     def __post_init__(self):
         if self.table is None:
             self.table = ValueTable(self.plan.pipeline.values)
+        if self.plan.pipeline.input_width is not None:  # the backward's input width: ctx's, or an argument's
+            self.names.setdefault(self.plan.pipeline.input_width, self.width)
 
     def name(self, value: int) -> str:
         """The name of the tensor that holds ``value`` at this point of the generated code."""

@@ -23,6 +23,7 @@ from .. import kernels as kn
 from ..ir import Sym
 from ..kernels import KernelParam as P
 from ..ops import OPS, elementwise_kinds
+from ..calls import Launch, TorchCall
 from ..values import seed_name
 from .base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name,
                    fixed, param_name)
@@ -74,10 +75,6 @@ class ElementwiseStage(StageImpl):
         return Saves(values=frozenset({start.input}), extra_inputs=frozenset(extra),
                      recompute=Recompute(start.input, start.index, needing[-1]))
 
-    def saved_names(self, em, stage):
-        """The keys of the random ops this backward stage replays (their masks are regenerated)."""
-        return [seed_name(op) for op in random_ops(stage.ops)]
-
     def saved_shapes(self, em, stage):
         return {seed_name(op): ("[1]", "int64") for op in random_ops(stage.ops)}  # one key per call
 
@@ -112,22 +109,21 @@ class ElementwiseStage(StageImpl):
 
     def forward(self, em, stage, block):
         p = em.pipeline
-        x_in, out = em.name(stage.input), em.table[stage.output].name
         if stage.kind == "passthrough":  # MakeExtraOutput hands out its input as is
             for op in stage.ops:
                 if op.extra_output is not None:
-                    em.alias(block, extra_output_name(op), x_in)
-            return x_in
+                    em.alias(block, op.extra_out, stage.input)
+            return em.name(stage.input)
         spec = em.kernel("forward", stage)
-        for op in random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
-            block.lines.append(f"{seed_name(op)} = ref.new_seed({x_in}) if training else None")
-        names = {"y": out, **io_names(stage)}
-        block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
-                           f"kernels.{spec.name}({', '.join([x_in] + [names[o] for o in spec.operands])})")
+        for op in random_ops(stage.ops):
+            block.add(new_seed(p, op, stage.input))
+        operands = {"y": stage.output, **io_names(stage)}
+        block.add(Launch(spec.name, [stage.input] + [operands[o] for o in spec.operands],
+                         [operands[r] for r in spec.returned]))
         for index, alias in forward_aliases(stage).items():
             if alias != "write":
-                em.alias(block, extra_output_name(p.ops[index]), x_in if alias == "input" else out)
-        return out
+                em.alias(block, p.ops[index].extra_out, stage.input if alias == "input" else stage.output)
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         p = em.pipeline
@@ -139,12 +135,11 @@ class ElementwiseStage(StageImpl):
         spec = em.kernel("backward", stage)
         if not spec.ctx["writes_dx"]:
             d_in = dy
-        names = {"dx": d_in, **io_names(stage)}
+        operands = {"dx": d_in, **io_names(stage)}
         recompute = em.plan.recompute.get(stage.start)
         if recompute is not None:
-            names["x"] = em.name(recompute.saved)
-        block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
-                           f"kernels.{spec.name}({', '.join([dy] + [names[o] for o in spec.operands])})")
+            operands["x"] = recompute.saved
+        block.add(Launch(spec.name, [dy] + [operands[o] for o in spec.operands], [operands[r] for r in spec.returned]))
         for index, alias in backward_aliases(stage).items():
             if alias != "write":
                 em.grad_alias(block, f"d_{extra_input_name(p.ops[index])}", dy if alias == "dy" else d_in)
@@ -201,6 +196,12 @@ def random_ops(ops):
     return [op for op in ops if op.opdef.operand is not None and op.opdef.operand.source == "random"]
 
 
+def new_seed(pipeline, op, x: int) -> TorchCall:
+    """A random op's key: a fresh one per call (on ``x``'s device); None in eval mode (keep all)."""
+    return TorchCall("{seed} = ref.new_seed({x}) if {training} else None", dict(x=x, training=pipeline.training),
+                     dict(seed=op.seed))
+
+
 def operand_ctypes(steps) -> dict[str, str]:
     """{operand: its C type}: a random operand is its 64-bit key, any other a T tensor (a missing
     name: the saved run input or an extra output's grad, both T)."""
@@ -218,26 +219,28 @@ def kernel_number(stage, op, kernel_ops=None) -> int:
     return [o.index for o in kernel_ops].index(op.index)
 
 
-def io_names(stage, kernel_ops=None) -> dict[str, str]:
-    """{launcher operand or result: the generated module's name for it} for a run's ops (or for
-    ``kernel_ops``: ``kernel_number``)."""
-    names = {}
+def io_names(stage, kernel_ops=None) -> dict[str, int | str]:
+    """{launcher operand or result: what the generated module passes} for a run's ops (or for
+    ``kernel_ops``: ``kernel_number``): a value (a parameter, a random key, an extra input or
+    output), or a grad's name."""
+    operands: dict[str, int | str] = {}
     for op in stage.ops if kernel_ops is None else kernel_ops:
         rel = kernel_number(stage, op, kernel_ops)
         if op.opdef.operand is not None:
             operand, grad = _operand_names(op, rel)
             if op.opdef.operand.source == "param":
-                names[operand] = param_name(op, op.opdef.params[0].name)
+                operands[operand] = op.param(op.opdef.params[0].name)
+                name = param_name(op, op.opdef.params[0].name)
             elif op.opdef.operand.source == "random":
-                names[operand] = seed_name(op)
+                operands[operand], name = op.seed, seed_name(op)
             else:
-                names[operand] = extra_input_name(op)
+                operands[operand], name = op.extra_in, extra_input_name(op)
             if grad:
-                names[grad] = "d_" + names[operand]
+                operands[grad] = "d_" + name
         if op.extra_output is not None:
-            names[f"extra_out{rel}"] = extra_output_name(op)
-            names[f"d_extra_out{rel}"] = "d_" + extra_output_name(op)
-    return names
+            operands[f"extra_out{rel}"] = op.extra_out
+            operands[f"d_extra_out{rel}"] = "d_" + extra_output_name(op)
+    return operands
 
 
 def _glu_index(ops) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..source_text import py_string
 from ..values import lead_name, module_name
+from ..calls import ModuleCall
 from .base import StageImpl
 
 __all__ = ["MODULE", "lead_name", "module_name"]
@@ -37,9 +38,8 @@ class ModuleStage(StageImpl):
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.name(stage.input), em.table[stage.output].name
-        block.lines.append(f"{out} = ref.run_module({_where(em, op)}, {module_name(op)}, {x_in}, {lead_name(op)})")
-        return out
+        block.add(ModuleCall(_where(em, op), op.module_object, stage.input, op.lead, stage.output))
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         return d_in  # autograd runs it; d_in is the grad output of the Function before it

@@ -14,6 +14,7 @@ import math
 from fractions import Fraction
 
 from ..ir import Sym, size_expr
+from ..calls import TorchCall, literal
 from .base import NO_TRAFFIC, StageImpl, fixed
 
 
@@ -36,17 +37,20 @@ class ReshapeStage(StageImpl):
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.name(stage.input), em.table[stage.output].name
         if isinstance(op.out_features, Sym) and not op.out_features.of_input:  # a -1 last dim known at run time
             rows = math.prod(op.opdef.reshape(op.args)[:-1])  # the leading dims, all given
-            block.lines.append(f"{out} = {x_in}.reshape({rows}, -1)")
+            text = f"{{y}} = {{x}}.reshape({rows}, -1)"
         else:
-            block.lines.append(f"{out} = {x_in}.reshape(-1, {size_expr(op.out_features, 'ctx.n', '//')})")
-        return out
+            text = f"{{y}} = {{x}}.reshape(-1, {literal(size_expr(op.out_features, 'ctx.n', '//'))})"
+        block.add(TorchCall(text, dict(x=stage.input), dict(y=stage.output)))
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
-        block.lines.append(f"{d_in} = {dy}.reshape(-1, {size_expr(op.in_features, em.width, '//')})")
+        # the input width a size-generic pipeline's backward reads: a value (em.width's name)
+        width = {"n": em.pipeline.input_width} if isinstance(op.in_features, Sym) and op.in_features.of_input else {}
+        block.add(TorchCall(f"{literal(d_in)} = {literal(dy)}.reshape(-1, {size_expr(op.in_features, '{n}', '//')})",
+                            width))
         em.shares_memory(d_in, dy)  # a view
         return d_in
 
