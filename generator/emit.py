@@ -25,14 +25,11 @@ from .pipeline import Op
 from .plan import Plan
 from .source_text import py_string
 from .stages import Block, Emitter
-from .stages.elementwise import random_ops
 from .stages.module import lead_name, module_name
 from .stages.base import extra_input_name, extra_output_name, param_name, stage_label
+from . import convention
 from .calls import Alias, TorchCall, literal
 from .values import Role
-
-# the roles of values that have grads (a flag, an object or metadata has none: its grad input is None)
-GRAD_ROLES = (Role.ACTIVATION, Role.ROWWISE, Role.PARAMETER)
 
 
 def _templates_dir() -> Path:
@@ -304,15 +301,14 @@ def replays_graphs(plan: Plan) -> bool:
     return len(launching) >= 2 and all(s.rule.stage.replayable for s in every)
 
 
-def no_grad_op(name: str, inputs: list[str], blocks: list[Block], outputs: list[str]) -> tuple[str, str]:
+def no_grad_op(name: str, args: list[convention.Argument], blocks: list[Block], outputs: list[str]) -> tuple[str, str]:
     """torch.compile's custom op for a graph-replaying pipeline's no-grad forward (in the "fusegen"
     namespace): its name, the pipeline's and a digest of the function's arguments, lines and
     returns (packages that hold the same pass share its op, and a changed pass gets a new one),
     and its schema."""
-    schema = ", ".join(("bool " if arg == "training" else "Tensor ") + arg for arg in inputs)
-    returns = "Tensor" if len(outputs) == 1 else "(" + ", ".join(["Tensor"] * len(outputs)) + ")"
-    text = "\n".join([schema, *(line for block in blocks for line in block.lines), *outputs])
-    return f"{name}_no_grad_{hashlib.sha256(text.encode()).hexdigest()[:8]}", f"({schema}) -> {returns}"
+    text = "\n".join([convention.schema_arguments(args), *(line for block in blocks for line in block.lines), *outputs])
+    return (f"{name}_no_grad_{hashlib.sha256(text.encode()).hexdigest()[:8]}",
+            convention.schema(args, len(outputs)))
 
 
 def _reads(blocks: list[Block]) -> list[int]:
@@ -366,8 +362,8 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         forward_reads = _reads(blocks)
         taken = [value for value in inputs[1:] if value in forward_reads]  # the free values the run reads
         args = [em.name(first.input)] + [em.name(value) for value in taken]
-        grad_inputs = [grads[first.input]] + [("d_" + em.name(v)) if em.table[v].role in GRAD_ROLES else "None"
-                                              for v in taken]
+        grad_inputs = [grads[first.input]] + [("d_" + em.name(v)) if em.table[v].role in convention.TENSOR_ROLES
+                                              else "None" for v in taken]
         copies = own_memory(em, [g for g in grad_inputs if g != "None"])
         backward += [copies] if copies else []
         backward_reads = _reads(backward)
@@ -414,26 +410,23 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         modules.setdefault(op.module_index, []).append((attr, shape, init, name, *placement(op)))
     leads, lead_lines = leading_dims(p)
     modules_run, per_row = user_modules(p), row_inputs(p)
-    takes_training = bool(random_ops(p.ops))  # the forward depends on the training mode (Dropout)
     cells = runs_as(plan, stage_kernels)
     grad_outputs = ["d_" + output] + ["d_" + e for e in extra_outputs]
-    grad_inputs = ([d_x] + ["d_" + e for e in extra_inputs] + ["d_" + name for *_, name in params]
-                   + (["None"] if takes_training else [])  # training is a flag, not a tensor
-                   + ["None", "None"] * len(modules_run))  # a user module and its leading dims
+    # the Function's forward and the no-grad forward take the pipeline's free values (convention.py);
+    # an extra input written back that the backward reads is a copy (the caller's tensor changes after it)
+    copied = {p.extra_input_values[op.writes_back_to] for op in p.written_back
+              if p.extra_input_values[op.writes_back_to] in plan.saved_extra_inputs}
+    args = convention.arguments(p, leads, copied)
+    grad_inputs = convention.grad_inputs(args, d_x)
     between = any(stage.rule.stage.between_functions for stage in plan.forward)
     if not between:  # one Function returns every grad (segments gives each Function its own copies)
         copies = own_memory(em, [g for g in grad_inputs if g != "None"])
         bwd += [copies] if copies else []
     weight_grads = {name for block in bwd for name, _ in block.weight_grads}
-    # the Function's forward and the no-grad forward take the same arguments
-    input_values = ([0, *(op.extra_in for op in p.ops if op.extra_in is not None),
-                     *(value for op in p.ops for _, value in op.param_ids)]
-                    + ([p.training] if takes_training else [])
-                    + [value for op in modules_run for value in (op.module_object, op.lead)])
-    function_inputs = [em.name(value) for value in input_values]
+    function_inputs = [arg.name for arg in args]
     no_grad = no_grad_blocks(plan, stage_kernels)
-    functions, grad_steps = (segments(plan, em, fwd, bwd, grads, saved_values, tees, input_values) if between
-                             else ([], []))
+    functions, grad_steps = (segments(plan, em, fwd, bwd, grads, saved_values, tees, [arg.value for arg in args])
+                             if between else ([], []))
     return dict(
         traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
         pipeline=p, plan=plan, forward=fwd, backward=bwd, output=output,
@@ -441,12 +434,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],
-        # the extra inputs written back, and those the backward reads (the forward gets a copy of
-        # them: the caller's tensor changes after it)
-        written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],
-        copied_extra_inputs={op.writes_back_to for op in p.written_back
-                             if p.extra_input_values[op.writes_back_to] in plan.saved_extra_inputs},
-        param_names=[name for *_, name in params],
+        written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],  # the extra inputs written back
+        caller_tensors=convention.caller_tensors(args), passed_lines=convention.passed_lines(args),
+        tensor_arguments=[arg.name for arg in args if arg.tensor],
         extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
                                             for op in p.ops if op.extra_input is not None),
         row_inputs=per_row,
@@ -463,8 +453,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         backward_stages_inputs=grad_outputs + saved + (["n"] if p.generic and lead_lines else []),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         functions=functions, grad_steps=grad_steps,
-        takes_training=takes_training, cuda_graphs=graphs, function_inputs=function_inputs,
-        no_grad_op=no_grad_op(p.name, function_inputs, no_grad, [output] + extra_outputs) if graphs else None,
+        cuda_graphs=graphs, function_inputs=function_inputs,
+        no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
         leads=leads, lead_lines=lead_lines, any_shape=takes_any_shape(p),
         # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
         parameter_check=[_tuple_literal(f'"{key}"' for _, _, key, *_ in params),

@@ -20,6 +20,10 @@ from ..pipeline import Op, Pipeline, ops_cited
 from ..planned import Plan, Recompute, Saves, Stage
 from ..values import ValueTable, extra_input_name, extra_output_name, param_name
 
+# the plan model's and the names' parts the stage modules take from here too
+__all__ = ["NO_TRAFFIC", "Block", "Emitter", "Recompute", "RowTraffic", "Saves", "StageImpl", "extra_input_name",
+           "extra_output_name", "fixed", "param_name", "stage_label"]
+
 
 @dataclass(frozen=True)
 class RowTraffic:
