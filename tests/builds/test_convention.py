@@ -1,9 +1,9 @@
 """The generated calling convention derived from the roles of a pipeline's free values
-(generator/convention.py)."""
+(generator/emit/convention.py)."""
 
 import pytest
 
-from fusegen import convention
+from fusegen.emit import convention
 from fusegen.frontend import parse_spec
 from fusegen.pipeline import build_pipeline
 from fusegen.values import Role

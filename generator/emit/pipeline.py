@@ -17,25 +17,25 @@ from typing import NamedTuple
 
 import jinja2
 
-from . import source_text
-from .diagram import flowchart
-from .errors import Location
-from .ir import Size, Sym, size_expr
-from .pipeline import Op
-from .plan import Plan
-from .source_text import py_string
-from .stages import Block, Emitter
-from .stages.module import lead_name, module_name
-from .stages.base import extra_input_name, extra_output_name, param_name, stage_label
+from .. import source_text
+from ..diagram import flowchart
+from ..errors import Location
+from ..ir import Size, Sym, size_expr
+from ..pipeline import Op
+from ..plan import Plan
+from ..source_text import py_string
+from ..stages import Block, Emitter
+from ..stages.module import lead_name, module_name
+from ..stages.base import extra_input_name, extra_output_name, param_name, stage_label
 from . import convention
-from .calls import Alias, TorchCall, literal
-from .values import Role
+from ..calls import Alias, TorchCall, literal
+from ..values import Role
 
 
 def _templates_dir() -> Path:
     """templates/ as installed: the folder fusegen.templates maps to (beside generator/ in a
     checkout installed in editable mode, fusegen/templates in a wheel)."""
-    spec = importlib.util.find_spec(f"{__package__}.templates")
+    spec = importlib.util.find_spec(f"{__package__.rpartition('.')[0]}.templates")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

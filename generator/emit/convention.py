@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ir import size_expr
-from .source_text import comment_text
-from .values import Role
+from ..ir import size_expr
+from ..source_text import comment_text
+from ..values import Role
 
 # the roles of values that are tensors with grads (a flag, an object or metadata has none: the
 # Function returns None for it, and a custom op's schema has no tensor for it)
