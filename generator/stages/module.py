@@ -3,7 +3,7 @@
 Forward: the module runs on the running tensor with its leading dims (``{hint}_lead``, handed in
 by the generated module; ``ref.run_module`` checks that it keeps the shape). Under autograd the
 fused ops on either side of it are autograd Functions of their own and the module runs between
-them in the generated ``grad_forward`` (emit.py's segments), so autograd records it as eager
+them in the generated ``grad_forward`` (emit/segments.py), so autograd records it as eager
 PyTorch does: its parameters' grads, an in-place module, ``retain_graph``, gradcheck and
 torch.compile work as they do for the module alone. Backward: nothing to emit; autograd runs the
 module's own backward between the Functions' backwards.
