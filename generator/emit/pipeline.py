@@ -13,7 +13,9 @@ from ..stages.base import extra_input_name, extra_output_name, param_name
 from ..stages.module import lead_name, module_name
 from ..values import Role
 from . import convention
-from .blocks import backward_blocks, distinct_returns, forward_blocks, no_grad_blocks, own_memory, saved_for_backward
+from .blocks import (backward_blocks, distinct_returns, forward_blocks, no_grad_blocks, own_memory, reads_of,
+                     saved_for_backward)
+from .function import function_parts
 from .plan_doc import diagrams, runs_as, saved_table, spec_rows, traffic_cells
 from .segments import segments
 
@@ -120,8 +122,7 @@ def no_grad_op(name: str, args: list[convention.Argument], blocks: list[Block], 
 def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     p = plan.pipeline
     graphs = replays_graphs(plan)
-    # with graphs, the stages are functions of their own (forward_stages, backward_stages)
-    em = Emitter(plan, stage_kernels, width="n" if graphs else "ctx.n")
+    em = Emitter(plan, stage_kernels)  # the stages run in functions of their own (function.py)
     fwd = forward_blocks(em)
     bwd, grads = backward_blocks(em)
     d_x = grads[0]
@@ -150,16 +151,23 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     if not between:  # one Function returns every grad (segments gives each Function its own copies)
         copies = own_memory(em, [g for g in grad_inputs if g != "None"])
         bwd += [copies] if copies else []
-    weight_grads = {name for block in bwd for name, _ in block.weight_grads}
     function_inputs = [arg.name for arg in args]
     no_grad = no_grad_blocks(plan, stage_kernels)
-    functions, grad_steps = (segments(plan, em, fwd, bwd, grads, saved_values, tees, [arg.value for arg in args])
-                             if between else ([], []))
+    if between:
+        functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved_values, tees, [arg.value for arg in args])
+    else:
+        doc = ("The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's\n    "
+               "CudaGraphs.training, or None)." if graphs else "The stages above (``graph``: None, the module replays "
+               "no CUDA graphs).")
+        takes_n = p.input_width is not None and p.input_width in reads_of(bwd)
+        functions = [function_parts(
+            f"{p.class_name}Function", f"`{p.name}`", doc, "", function_inputs, fwd,
+            distinct_returns([output] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs,
+            "args[0].shape[1]" if takes_n else None)]
+        grad_steps = []
     return dict(
         traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
-        pipeline=p, plan=plan, forward=fwd, backward=bwd, output=output,
-        function_returns=distinct_returns([output] + extra_outputs, em.aliases),
-        no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,
+        pipeline=p, plan=plan, output=output, no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,
         extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],
         written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],  # the extra inputs written back
@@ -169,16 +177,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                                             for op in p.ops if op.extra_input is not None),
         row_inputs=per_row,
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
-        saved=saved, children=children(p, modules, modules_run),
-        saved_table=saved_table(plan, em, saved, params),
-        grad_outputs=grad_outputs, grad_inputs=grad_inputs,
-        # with graphs: what backward_stages returns (the grads but the weight grads, then what the
-        # weight-grad GEMMs after it read) and takes (the input width last, in a size-generic
-        # pipeline that reshapes)
-        stage_grads=[g for g in grad_inputs if g != "None" and g not in weight_grads],
-        weight_grad_operands=list(dict.fromkeys(r for block in bwd for r in block.weight_grad_reads
-                                                if r not in grad_outputs)),
-        backward_stages_inputs=grad_outputs + saved + (["n"] if p.generic and lead_lines else []),
+        children=children(p, modules, modules_run), saved_table=saved_table(plan, em, saved, params),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         functions=functions, grad_steps=grad_steps,
         cuda_graphs=graphs, function_inputs=function_inputs,

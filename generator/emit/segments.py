@@ -10,6 +10,7 @@ from ..stages import Block, Emitter
 from ..stages.base import extra_output_name
 from . import convention
 from .blocks import distinct_returns, own_memory, reads_of
+from .function import function_parts
 
 
 def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, str], saved: list[int],
@@ -45,14 +46,14 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         backward += [copies] if copies else []
         backward_reads = reads_of(backward)
         takes_n = p.input_width is not None and p.input_width in backward_reads
-        functions.append(dict(
-            name=f"{p.class_name}Function{k}", first=first.ops[0].number, last=last.ops[-1].number,
-            forward=blocks, backward=backward,
-            inputs=args + (["n"] if takes_n else []), takes_n=takes_n, outputs=outputs,
-            returns=distinct_returns(outputs, em.aliases), saved=[em.name(v) for v in saved if v in backward_reads],
-            grad_outputs=["d_" + name for name in outputs],
-            grad_inputs=grad_inputs + (["None"] if takes_n else []),
-        ))
+        span = f"ops {first.ops[0].number} to {last.ops[-1].number}"
+        functions.append(dict(function_parts(
+            f"{p.class_name}Function{k}", f"{span} of `{p.name}`",
+            "grad_forward runs the user modules between such Functions (``graph``: None).", str(k),
+            args + (["n"] if takes_n else []), blocks, distinct_returns(outputs, em.aliases),
+            [em.name(v) for v in saved if v in backward_reads], ["d_" + name for name in outputs], backward,
+            grad_inputs + (["None"] if takes_n else []), "args[-1]" if takes_n else None),
+            span=span, outputs=outputs))
     calls = iter(functions)
     return functions, [step if isinstance(step, Block) else _call_block(next(calls)) for step in steps]
 
@@ -60,7 +61,7 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
 def _call_block(function: dict) -> Block:
     """grad_forward's step that applies one of the Functions of ``segments``."""
     outputs = function["outputs"]
-    args = ["x.shape[1]" if name == "n" else name for name in function["inputs"]]
-    block = Block(f"ops {function['first']} to {function['last']}, fused")
+    args = ["None"] + ["x.shape[1]" if name == "n" else name for name in function["inputs"]]  # no CUDA graphs
+    block = Block(f"{function['span']}, fused")
     block.add(TorchCall(literal(f"{', '.join(outputs)} = {function['name']}.apply({', '.join(args)})")))
     return block

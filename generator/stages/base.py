@@ -169,8 +169,8 @@ class Emitter:
     stats: dict[int, list[int]] = field(default_factory=dict)  # norm op index -> its statistics' values
     # False: the no-grad forward, which keeps nothing for a backward (no ctx)
     saving: bool = True
-    # a size-generic pipeline's input width in the backward: the ctx's, or backward_stages' argument
-    width: str = "ctx.n"
+    # a size-generic pipeline's input width in the backward: backward_stages' argument (emit/function.py)
+    width: str = "n"
     aliases: dict[str, str] = field(default_factory=dict)  # a forward name -> the tensor it names
     # a backward grad's name -> the grad whose memory it names (itself, a second name, or a view)
     grad_memory: dict[str, str] = field(default_factory=dict)
@@ -204,7 +204,7 @@ class Emitter:
     def __post_init__(self):
         if self.table is None:
             self.table = ValueTable(self.plan.pipeline.values)
-        if self.plan.pipeline.input_width is not None:  # the backward's input width: ctx's, or an argument's
+        if self.plan.pipeline.input_width is not None:  # the backward's input width
             self.names.setdefault(self.plan.pipeline.input_width, self.width)
 
     def name(self, value: int) -> str:

@@ -3,7 +3,7 @@
 Forward: the running tensor viewed as [-1, shape[-1]] (torch.reshape: a view when the memory
 allows, as TE's); backward: the grad viewed back as [-1, input features]. No kernel. The leading
 dims the reshape makes are the generated module's business (its outputs take them: emit/pipeline.py).
-An input size no op fixes is ``em.width`` (``ctx.n``), the width the forward saw (a size-generic
+An input size no op fixes is ``em.width`` (``n``), the width the forward saw (a size-generic
 pipeline). A -1 last dim no op after it fixes is known at run time: the forward views the tensor
 as the rows its leading dims make, torch inferring the width.
 """
