@@ -2,7 +2,8 @@
 
 A rule (fusion_rules/) produces a stage of one of these; everything about running it lives in
 its module: which op chains it can run (checked when a rule is defined), what it saves for
-backward, the kernels it needs, and the lines it writes into the generated forward and backward.
+backward, the kernels it needs, and the calls over values it lowers the stage's forward and
+backward into (emit renders them).
 """
 
 from ..planned import Recompute, Saves

@@ -1,5 +1,6 @@
-"""What every stage implementation shares: the interface a rule's stage implements, the names of
-values in generated code, and the emitter state the stages write their lines into.
+"""What every stage implementation shares: the interface a rule's stage implements, and the
+emitter state the stages lower into: blocks of calls over values (calls.py), the names values have
+where they run (values.py names them).
 
 A ``StageImpl`` is how one family of stages runs (``gemm``, ``norm``, ``elementwise``). A rule
 names the implementation it produces (fusion_rules/); the planner, the kernel list, the generated
