@@ -40,8 +40,9 @@ class ReshapeStage(StageImpl):
         if isinstance(op.out_features, Sym) and not op.out_features.of_input:  # a -1 last dim known at run time
             rows = math.prod(op.opdef.reshape(op.args)[:-1])  # the leading dims, all given
             text = f"{{y}} = {{x}}.reshape({rows}, -1)"
-        else:
-            text = f"{{y}} = {{x}}.reshape(-1, {literal(size_expr(op.out_features, 'ctx.n', '//'))})"
+        else:  # a last dim the spec gives (ir.py: a Reshape's output width is given or known at run time)
+            assert isinstance(op.out_features, int), f"{op.describe()}: output width {op.out_features}"
+            text = f"{{y}} = {{x}}.reshape(-1, {op.out_features})"
         block.add(TorchCall(text, dict(x=stage.input), dict(y=stage.output)))
         return em.table[stage.output].name
 
