@@ -15,27 +15,48 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead, with_shape
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
+    saved_tensors, with_lead, with_shape)
+
+
+def forward_stages(x, training):
+    """The forward of `dropout_any` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · op 0: Dropout(0.25)
+    dropout0_seed = ref.new_seed(x) if training else None
+    dropout0_out = kernels.dropout0p25_fwd_any(x, dropout0_seed)
+    return dropout0_out, (dropout0_seed,)
+
+
+def backward_stages(d_dropout0_out, dropout0_seed):
+    """The backward of `dropout_any` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule elementwise_backward · op 0: Dropout(0.25)
+    d_x = kernels.dropout0p25_bwd_any(d_dropout0_out, dropout0_seed)
+    return (d_x,), ()
 
 
 class DropoutAnyFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `dropout_any` on 2-D [rows, features] tensors."""
+    """Forward and backward of `dropout_any` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, training):
-        # forward stage 0 · rule elementwise · op 0: Dropout(0.25)
-        dropout0_seed = ref.new_seed(x) if training else None
-        dropout0_out = kernels.dropout0p25_fwd_any(x, dropout0_seed)
-        ctx.save_for_backward(dropout0_seed)
-        return dropout0_out
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("DropoutAny")  # a double backward raises instead of being wrong
     def backward(ctx, d_dropout0_out):
-        dropout0_seed, = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · op 0: Dropout(0.25)
-        d_x = kernels.dropout0p25_bwd_any(d_dropout0_out, dropout0_seed)
-        return d_x, None
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_dropout0_out, *saved))
+        d_x, = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, None
 
 
 def no_grad_forward(x, training):
@@ -84,7 +105,7 @@ class DropoutAny(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            outputs = DropoutAnyFunction.apply(*args)
+            outputs = DropoutAnyFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_shape(outputs, x.shape)

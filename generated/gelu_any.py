@@ -15,26 +15,47 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead, with_shape
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
+    saved_tensors, with_lead, with_shape)
+
+
+def forward_stages(x):
+    """The forward of `gelu_any` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · op 0: GELU()
+    gelu0_out = kernels.gelu_fwd_any(x)
+    return gelu0_out, (x,)
+
+
+def backward_stages(d_gelu0_out, x):
+    """The backward of `gelu_any` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule elementwise_backward · op 0: GELU()
+    d_x = kernels.gelu_bwd_any(d_gelu0_out, x)
+    return (d_x,), ()
 
 
 class GeluAnyFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `gelu_any` on 2-D [rows, features] tensors."""
+    """Forward and backward of `gelu_any` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x):
-        # forward stage 0 · rule elementwise · op 0: GELU()
-        gelu0_out = kernels.gelu_fwd_any(x)
-        ctx.save_for_backward(x)
-        return gelu0_out
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("GeluAny")  # a double backward raises instead of being wrong
     def backward(ctx, d_gelu0_out):
-        x, = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · op 0: GELU()
-        d_x = kernels.gelu_bwd_any(d_gelu0_out, x)
-        return d_x
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_gelu0_out, *saved))
+        d_x, = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x
 
 
 def no_grad_forward(x):
@@ -81,7 +102,7 @@ class GeluAny(torch.nn.Module):
             as_rows(x, n),
         )
         if torch.is_grad_enabled():
-            outputs = GeluAnyFunction.apply(*args)
+            outputs = GeluAnyFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_shape(outputs, x.shape)

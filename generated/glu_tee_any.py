@@ -17,28 +17,50 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
+    saved_tensors, with_lead)
+
+
+def forward_stages(x):
+    """The forward of `glu_tee_any` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · ops 0, 1, 2: SwiGLU(), MakeExtraOutput(),
+    # ConstantScale(0.5)
+    constantscale2_out, extra_output0 = kernels.swiglu_tee_scale0p5_fwd_any(x)
+    return (constantscale2_out, extra_output0), (x,)
+
+
+def backward_stages(d_constantscale2_out, d_extra_output0, x):
+    """The backward of `glu_tee_any` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule elementwise_backward · ops 0, 1, 2: SwiGLU(), MakeExtraOutput(),
+    # ConstantScale(0.5)
+    d_x = kernels.swiglu_tee_scale0p5_bwd_any(d_constantscale2_out, x, d_extra_output0)
+    return (d_x,), ()
 
 
 class GluTeeAnyFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `glu_tee_any` on 2-D [rows, features] tensors."""
+    """Forward and backward of `glu_tee_any` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x):
-        # forward stage 0 · rule elementwise · ops 0, 1, 2: SwiGLU(), MakeExtraOutput(),
-        # ConstantScale(0.5)
-        constantscale2_out, extra_output0 = kernels.swiglu_tee_scale0p5_fwd_any(x)
-        ctx.save_for_backward(x)
-        return constantscale2_out, extra_output0
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("GluTeeAny")  # a double backward raises instead of being wrong
     def backward(ctx, d_constantscale2_out, d_extra_output0):
-        x, = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · ops 0, 1, 2: SwiGLU(), MakeExtraOutput(),
-        # ConstantScale(0.5)
-        d_x = kernels.swiglu_tee_scale0p5_bwd_any(d_constantscale2_out, x, d_extra_output0)
-        return d_x
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(
+            ctx, backward_stages, (d_constantscale2_out, d_extra_output0, *saved))
+        d_x, = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x
 
 
 def no_grad_forward(x):
@@ -87,7 +109,7 @@ class GluTeeAny(torch.nn.Module):
             as_rows(x, n),
         )
         if torch.is_grad_enabled():
-            outputs = GluTeeAnyFunction.apply(*args)
+            outputs = GluTeeAnyFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return (

@@ -16,20 +16,43 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead, with_shape
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
+    saved_tensors, with_lead, with_shape)
+
+
+def forward_stages(x):
+    """The forward of `identity_only` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    return x, ()
+
+
+def backward_stages(d_x):
+    """The backward of `identity_only` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    return (d_x,), ()
 
 
 class IdentityOnlyFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `identity_only` on 2-D [rows, features] tensors."""
+    """Forward and backward of `identity_only` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x):
-        return x
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("IdentityOnly")  # a double backward raises instead of being wrong
     def backward(ctx, d_x):
-        return d_x
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_x, *saved))
+        d_x, = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x
 
 
 def no_grad_forward(x):
@@ -75,7 +98,7 @@ class IdentityOnly(torch.nn.Module):
             as_rows(x, n),
         )
         if torch.is_grad_enabled():
-            outputs = IdentityOnlyFunction.apply(*args)
+            outputs = IdentityOnlyFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_shape(outputs, x.shape)

@@ -18,31 +18,52 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead)
+
+
+def forward_stages(x, extra_input0, bias0_bias):
+    """The forward of `in_place_mid` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · ops 0, 1a, 1b, 2: Bias(256),
+    # AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
+    gelu2_out, new_extra_input0 = kernels.bias_add_tee_gelu_fwd_n256(x, bias0_bias, extra_input0)
+    return (gelu2_out, new_extra_input0), (x, extra_input0, bias0_bias)
+
+
+def backward_stages(d_gelu2_out, d_new_extra_input0, x, extra_input0, bias0_bias):
+    """The backward of `in_place_mid` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule elementwise_backward · ops 0, 1a, 1b, 2: Bias(256),
+    # AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
+    d_x, d_bias0_bias = kernels.bias_add_tee_gelu_bwd_n256_from_bias(
+        d_gelu2_out, x, bias0_bias, extra_input0, d_new_extra_input0)
+    d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
+    return (d_x, d_extra_input0, d_bias0_bias), ()
 
 
 class InPlaceMidFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `in_place_mid` on 2-D [rows, features] tensors."""
+    """Forward and backward of `in_place_mid` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, bias0_bias):
-        # forward stage 0 · rule elementwise · ops 0, 1a, 1b, 2: Bias(256),
-        # AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
-        gelu2_out, new_extra_input0 = kernels.bias_add_tee_gelu_fwd_n256(
-            x, bias0_bias, extra_input0)
-        ctx.save_for_backward(x, extra_input0, bias0_bias)
-        return gelu2_out, new_extra_input0
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("InPlaceMid")  # a double backward raises instead of being wrong
     def backward(ctx, d_gelu2_out, d_new_extra_input0):
-        x, extra_input0, bias0_bias = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · ops 0, 1a, 1b, 2: Bias(256),
-        # AddExtraInput(in_place=True), MakeExtraOutput(), GELU()
-        d_x, d_bias0_bias = kernels.bias_add_tee_gelu_bwd_n256_from_bias(
-            d_gelu2_out, x, bias0_bias, extra_input0, d_new_extra_input0)
-        d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
-        return d_x, d_extra_input0, d_bias0_bias
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(
+            ctx, backward_stages, (d_gelu2_out, d_new_extra_input0, *saved))
+        d_x, d_extra_input0, d_bias0_bias = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, d_extra_input0, d_bias0_bias
 
 
 def no_grad_forward(x, extra_input0, bias0_bias):
@@ -99,7 +120,7 @@ class InPlaceMid(torch.nn.Module):
             bias0_bias,
         )
         if torch.is_grad_enabled():
-            outputs = InPlaceMidFunction.apply(*args)
+            outputs = InPlaceMidFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         # AddExtraInput(in_place=True), op 1 at line 14: the caller's extra_input0 becomes the sum

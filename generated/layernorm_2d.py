@@ -15,40 +15,62 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead)
+
+
+def forward_stages(x, layernorm0_weight, layernorm0_bias):
+    """The forward of `layernorm_2d` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule reshape · op 0a: FlattenRows((7, 2))
+    layernorm0_pre_norm = x.reshape(-1, 14)
+    # forward stage 1 · rule norm · op 0b: LayerNorm((7, 2))
+    layernorm0_pre_reshape, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h14(
+        layernorm0_pre_norm, layernorm0_weight.view(-1), layernorm0_bias.view(-1))
+    # forward stage 2 · rule reshape · op 0c: UnflattenRows((7, 2))
+    layernorm0_out = layernorm0_pre_reshape.reshape(-1, 2)
+    return layernorm0_out, (
+        layernorm0_pre_norm, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
+
+
+def backward_stages(
+        d_layernorm0_out, layernorm0_pre_norm, layernorm0_mean, layernorm0_rstd, layernorm0_weight):
+    """The backward of `layernorm_2d` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 2 · rule reshape_backward · op 0c: UnflattenRows((7, 2))
+    d_layernorm0_pre_reshape = d_layernorm0_out.reshape(-1, 14)
+    # backward stage 1 · rule norm_backward · op 0b: LayerNorm((7, 2))
+    d_layernorm0_pre_norm, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h14(
+        d_layernorm0_pre_reshape, layernorm0_pre_norm, layernorm0_mean, layernorm0_rstd,
+        layernorm0_weight.view(-1))
+    d_layernorm0_weight = d_layernorm0_weight.view(7, 2)
+    d_layernorm0_bias = d_layernorm0_bias.view(7, 2)
+    # backward stage 0 · rule reshape_backward · op 0a: FlattenRows((7, 2))
+    d_x = d_layernorm0_pre_norm.reshape(-1, 2)
+    return (d_x, d_layernorm0_weight, d_layernorm0_bias), ()
 
 
 class Layernorm2dFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `layernorm_2d` on 2-D [rows, features] tensors."""
+    """Forward and backward of `layernorm_2d` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, layernorm0_weight, layernorm0_bias):
-        # forward stage 0 · rule reshape · op 0a: FlattenRows((7, 2))
-        layernorm0_pre_norm = x.reshape(-1, 14)
-        # forward stage 1 · rule norm · op 0b: LayerNorm((7, 2))
-        layernorm0_pre_reshape, layernorm0_mean, layernorm0_rstd = kernels.layernorm_fwd_h14(
-            layernorm0_pre_norm, layernorm0_weight.view(-1), layernorm0_bias.view(-1))
-        # forward stage 2 · rule reshape · op 0c: UnflattenRows((7, 2))
-        layernorm0_out = layernorm0_pre_reshape.reshape(-1, 2)
-        ctx.save_for_backward(
-            layernorm0_pre_norm, layernorm0_mean, layernorm0_rstd, layernorm0_weight)
-        return layernorm0_out
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("Layernorm2d")  # a double backward raises instead of being wrong
     def backward(ctx, d_layernorm0_out):
-        layernorm0_pre_norm, layernorm0_mean, layernorm0_rstd, layernorm0_weight = ctx.saved_tensors
-        # backward stage 2 · rule reshape_backward · op 0c: UnflattenRows((7, 2))
-        d_layernorm0_pre_reshape = d_layernorm0_out.reshape(-1, 14)
-        # backward stage 1 · rule norm_backward · op 0b: LayerNorm((7, 2))
-        d_layernorm0_pre_norm, d_layernorm0_weight, d_layernorm0_bias = kernels.layernorm_bwd_h14(
-            d_layernorm0_pre_reshape, layernorm0_pre_norm, layernorm0_mean, layernorm0_rstd,
-            layernorm0_weight.view(-1))
-        d_layernorm0_weight = d_layernorm0_weight.view(7, 2)
-        d_layernorm0_bias = d_layernorm0_bias.view(7, 2)
-        # backward stage 0 · rule reshape_backward · op 0a: FlattenRows((7, 2))
-        d_x = d_layernorm0_pre_norm.reshape(-1, 2)
-        return d_x, d_layernorm0_weight, d_layernorm0_bias
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_layernorm0_out, *saved))
+        d_x, d_layernorm0_weight, d_layernorm0_bias = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, d_layernorm0_weight, d_layernorm0_bias
 
 
 def no_grad_forward(x, layernorm0_weight, layernorm0_bias):
@@ -113,7 +135,7 @@ class Layernorm2d(torch.nn.Module):
             layernorm0_weight, layernorm0_bias,
         )
         if torch.is_grad_enabled():
-            outputs = Layernorm2dFunction.apply(*args)
+            outputs = Layernorm2dFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_lead(outputs, lead2, 2)

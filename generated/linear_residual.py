@@ -19,36 +19,64 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead)
+
+
+def forward_stages(x, extra_input0, basiclinear0_weight):
+    """The forward of `linear_residual` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_scale_add · ops 0, 1a: BasicLinear(256, 256),
+    # AddExtraInput(in_place=True)
+    addextrainput1_pre_make_extra_output = torch.addmm(extra_input0, x, basiclinear0_weight.t())
+    # forward stage 1 · rule elementwise · op 1b: MakeExtraOutput() · no kernel
+    new_extra_input0 = addextrainput1_pre_make_extra_output
+    return (addextrainput1_pre_make_extra_output, new_extra_input0.view_as(new_extra_input0)), (
+        x, basiclinear0_weight)
+
+
+def backward_stages(
+        d_addextrainput1_pre_make_extra_output, d_new_extra_input0, x, basiclinear0_weight):
+    """The backward of `linear_residual` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 1 · rule elementwise_backward · ops 1a, 1b: AddExtraInput(in_place=True),
+    # MakeExtraOutput()
+    d_basiclinear0_out = kernels.add_tee_bwd_n256(
+        d_addextrainput1_pre_make_extra_output, d_new_extra_input0)
+    d_extra_input0 = d_basiclinear0_out
+    # backward stage 0 · rule linear_backward · op 0: BasicLinear(256, 256)
+    d_x = d_basiclinear0_out.mm(basiclinear0_weight)
+    return (d_x, d_extra_input0), (d_basiclinear0_out,)
 
 
 class LinearResidualFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `linear_residual` on 2-D [rows, features] tensors."""
+    """Forward and backward of `linear_residual` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, basiclinear0_weight):
-        # forward stage 0 · rule linear_scale_add · ops 0, 1a: BasicLinear(256, 256),
-        # AddExtraInput(in_place=True)
-        addextrainput1_pre_make_extra_output = torch.addmm(extra_input0, x, basiclinear0_weight.t())
-        # forward stage 1 · rule elementwise · op 1b: MakeExtraOutput() · no kernel
-        new_extra_input0 = addextrainput1_pre_make_extra_output
-        ctx.save_for_backward(x, basiclinear0_weight)
-        return addextrainput1_pre_make_extra_output, new_extra_input0.view_as(new_extra_input0)
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("LinearResidual")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput1_pre_make_extra_output, d_new_extra_input0):
-        x, basiclinear0_weight = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · ops 1a, 1b: AddExtraInput(in_place=True),
-        # MakeExtraOutput()
-        d_basiclinear0_out = kernels.add_tee_bwd_n256(
-            d_addextrainput1_pre_make_extra_output, d_new_extra_input0)
-        d_extra_input0 = d_basiclinear0_out
-        # backward stage 0 · rule linear_backward · op 0: BasicLinear(256, 256)
-        d_x = d_basiclinear0_out.mm(basiclinear0_weight)
-        d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        saved = saved_tensors(ctx)
+        stage_grads, operands = replay_backward(
+            ctx, backward_stages,
+            (d_addextrainput1_pre_make_extra_output, d_new_extra_input0, *saved))
+        d_x, d_extra_input0 = stage_grads
+        d_basiclinear0_out, = operands
+        x, basiclinear0_weight = saved
+        # backward stage 0 · rule linear_backward · op 0: BasicLinear(256, 256) · weight grad
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
             ctx, basiclinear0_weight, d_basiclinear0_out, x)
-        return d_x, d_extra_input0, d_basiclinear0_weight
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_extra_input0, d_basiclinear0_weight
 
 
 def no_grad_forward(x, extra_input0, basiclinear0_weight):
@@ -107,7 +135,7 @@ class LinearResidual(torch.nn.Module):
             basiclinear0_weight,
         )
         if torch.is_grad_enabled():
-            outputs = LinearResidualFunction.apply(*args)
+            outputs = LinearResidualFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         # AddExtraInput(in_place=True), op 1 at line 11: the caller's extra_input0 becomes the sum

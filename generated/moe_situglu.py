@@ -16,29 +16,50 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, check_row_input, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, check_row_input, first_order_only, replay_backward,
+    replay_forward, saved_tensors, with_lead)
+
+
+def forward_stages(x, extra_input0):
+    """The forward of `moe_situglu` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · ops 0a, 0b: SiTUGLU(glu_interleave_size=32, beta1=2.0),
+    # RowScale()
+    scaledsituglu0_out = kernels.situglu_b2p0_i32_rowscale_fwd_any(x, extra_input0)
+    return scaledsituglu0_out, (x, extra_input0)
+
+
+def backward_stages(d_scaledsituglu0_out, x, extra_input0):
+    """The backward of `moe_situglu` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule elementwise_backward · ops 0a, 0b: SiTUGLU(glu_interleave_size=32,
+    # beta1=2.0), RowScale()
+    d_x, d_extra_input0 = kernels.situglu_b2p0_i32_rowscale_bwd_any(
+        d_scaledsituglu0_out, x, extra_input0)
+    return (d_x, d_extra_input0), ()
 
 
 class MoeSitugluFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `moe_situglu` on 2-D [rows, features] tensors."""
+    """Forward and backward of `moe_situglu` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0):
-        # forward stage 0 · rule elementwise · ops 0a, 0b: SiTUGLU(glu_interleave_size=32,
-        # beta1=2.0), RowScale()
-        scaledsituglu0_out = kernels.situglu_b2p0_i32_rowscale_fwd_any(x, extra_input0)
-        ctx.save_for_backward(x, extra_input0)
-        return scaledsituglu0_out
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("MoeSituglu")  # a double backward raises instead of being wrong
     def backward(ctx, d_scaledsituglu0_out):
-        x, extra_input0 = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · ops 0a, 0b: SiTUGLU(glu_interleave_size=32,
-        # beta1=2.0), RowScale()
-        d_x, d_extra_input0 = kernels.situglu_b2p0_i32_rowscale_bwd_any(
-            d_scaledsituglu0_out, x, extra_input0)
-        return d_x, d_extra_input0
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_scaledsituglu0_out, *saved))
+        d_x, d_extra_input0 = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, d_extra_input0
 
 
 def no_grad_forward(x, extra_input0):
@@ -87,7 +108,7 @@ class MoeSituglu(torch.nn.Module):
             extra_input0.reshape(-1).contiguous(),
         )
         if torch.is_grad_enabled():
-            outputs = MoeSitugluFunction.apply(*args)
+            outputs = MoeSitugluFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_lead(outputs, lead, n // 2)

@@ -18,31 +18,54 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead)
+
+
+def forward_stages(x, extra_input0, rmsnorm1_weight):
+    """The forward of `prenorm_in_place` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule add_norm · ops 0a, 0b, 1: AddExtraInput(in_place=True),
+    # MakeExtraOutput(), RMSNorm(256)
+    rmsnorm1_out, new_extra_input0, rmsnorm1_rstd = kernels.add_rmsnorm_fwd_h256(
+        x, extra_input0, rmsnorm1_weight)
+    return (rmsnorm1_out, new_extra_input0), (new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight)
+
+
+def backward_stages(
+        d_rmsnorm1_out, d_new_extra_input0, new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight):
+    """The backward of `prenorm_in_place` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule norm_residual_grad · ops 0a, 0b, 1: AddExtraInput(in_place=True),
+    # MakeExtraOutput(), RMSNorm(256)
+    d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h256_add_dresidual(
+        d_rmsnorm1_out, new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight, d_new_extra_input0)
+    d_extra_input0 = d_x.clone()  # the residual's grad is the sum's grad, in memory of its own
+    return (d_x, d_extra_input0, d_rmsnorm1_weight), ()
 
 
 class PrenormInPlaceFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `prenorm_in_place` on 2-D [rows, features] tensors."""
+    """Forward and backward of `prenorm_in_place` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, rmsnorm1_weight):
-        # forward stage 0 · rule add_norm · ops 0a, 0b, 1: AddExtraInput(in_place=True),
-        # MakeExtraOutput(), RMSNorm(256)
-        rmsnorm1_out, new_extra_input0, rmsnorm1_rstd = kernels.add_rmsnorm_fwd_h256(
-            x, extra_input0, rmsnorm1_weight)
-        ctx.save_for_backward(new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight)
-        return rmsnorm1_out, new_extra_input0
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("PrenormInPlace")  # a double backward raises instead of being wrong
     def backward(ctx, d_rmsnorm1_out, d_new_extra_input0):
-        new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight = ctx.saved_tensors
-        # backward stage 0 · rule norm_residual_grad · ops 0a, 0b, 1: AddExtraInput(in_place=True),
-        # MakeExtraOutput(), RMSNorm(256)
-        d_x, d_rmsnorm1_weight = kernels.rmsnorm_bwd_h256_add_dresidual(
-            d_rmsnorm1_out, new_extra_input0, rmsnorm1_rstd, rmsnorm1_weight, d_new_extra_input0)
-        d_extra_input0 = d_x.clone()  # the residual's grad is the sum's grad, in memory of its own
-        return d_x, d_extra_input0, d_rmsnorm1_weight
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(
+            ctx, backward_stages, (d_rmsnorm1_out, d_new_extra_input0, *saved))
+        d_x, d_extra_input0, d_rmsnorm1_weight = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, d_extra_input0, d_rmsnorm1_weight
 
 
 def no_grad_forward(x, extra_input0, rmsnorm1_weight):
@@ -100,7 +123,7 @@ class PrenormInPlace(torch.nn.Module):
             rmsnorm1_weight,
         )
         if torch.is_grad_enabled():
-            outputs = PrenormInPlaceFunction.apply(*args)
+            outputs = PrenormInPlaceFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         # AddExtraInput(in_place=True), op 0 at line 12: the caller's extra_input0 becomes the sum

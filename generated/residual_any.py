@@ -18,30 +18,52 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead, with_shape
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
+    saved_tensors, with_lead, with_shape)
+
+
+def forward_stages(x, extra_input0):
+    """The forward of `residual_any` under autograd.
+
+    Returns its outputs, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · ops 0, 1, 2, 3: AddExtraInput(), ConstantScale(0.5),
+    # MakeExtraOutput(), QGELU()
+    qgelu3_out, extra_output0 = kernels.add_scale0p5_tee_qgelu_fwd_any(x, extra_input0)
+    return (qgelu3_out, extra_output0), (x, extra_input0)
+
+
+def backward_stages(d_qgelu3_out, d_extra_output0, x, extra_input0):
+    """The backward of `residual_any` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule elementwise_backward · ops 0, 1, 2, 3: AddExtraInput(),
+    # ConstantScale(0.5), MakeExtraOutput(), QGELU()
+    d_x = kernels.add_scale0p5_tee_qgelu_bwd_any_from_add(
+        d_qgelu3_out, x, extra_input0, d_extra_output0)
+    d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
+    return (d_x, d_extra_input0), ()
 
 
 class ResidualAnyFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `residual_any` on 2-D [rows, features] tensors."""
+    """Forward and backward of `residual_any` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0):
-        # forward stage 0 · rule elementwise · ops 0, 1, 2, 3: AddExtraInput(), ConstantScale(0.5),
-        # MakeExtraOutput(), QGELU()
-        qgelu3_out, extra_output0 = kernels.add_scale0p5_tee_qgelu_fwd_any(x, extra_input0)
-        ctx.save_for_backward(x, extra_input0)
-        return qgelu3_out, extra_output0
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("ResidualAny")  # a double backward raises instead of being wrong
     def backward(ctx, d_qgelu3_out, d_extra_output0):
-        x, extra_input0 = ctx.saved_tensors
-        # backward stage 0 · rule elementwise_backward · ops 0, 1, 2, 3: AddExtraInput(),
-        # ConstantScale(0.5), MakeExtraOutput(), QGELU()
-        d_x = kernels.add_scale0p5_tee_qgelu_bwd_any_from_add(
-            d_qgelu3_out, x, extra_input0, d_extra_output0)
-        d_extra_input0 = d_x.clone()  # in memory of its own (.grad accumulates in place)
-        return d_x, d_extra_input0
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(
+            ctx, backward_stages, (d_qgelu3_out, d_extra_output0, *saved))
+        d_x, d_extra_input0 = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, d_extra_input0
 
 
 def no_grad_forward(x, extra_input0):
@@ -95,7 +117,7 @@ class ResidualAny(torch.nn.Module):
             as_rows(extra_input0, n),
         )
         if torch.is_grad_enabled():
-            outputs = ResidualAnyFunction.apply(*args)
+            outputs = ResidualAnyFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return (

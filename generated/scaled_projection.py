@@ -16,33 +16,57 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead)
+
+
+def forward_stages(x, basiclinear0_weight):
+    """The forward of `scaled_projection` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_bias_scale · ops 0, 1: BasicLinear(256, 128),
+    # ConstantScale(0.25)
+    constantscale1_out = torch.addmm(
+        x.new_zeros(()), x, basiclinear0_weight.t(), beta=0, alpha=0.25)
+    return constantscale1_out, (x, basiclinear0_weight)
+
+
+def backward_stages(d_constantscale1_out, x, basiclinear0_weight):
+    """The backward of `scaled_projection` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 0 · rule linear_scale_backward · ops 0, 1: BasicLinear(256, 128),
+    # ConstantScale(0.25)
+    d_x = torch.addmm(
+        d_constantscale1_out.new_zeros(()), d_constantscale1_out, basiclinear0_weight, beta=0,
+        alpha=0.25)
+    return (d_x,), ()
 
 
 class ScaledProjectionFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `scaled_projection` on 2-D [rows, features] tensors."""
+    """Forward and backward of `scaled_projection` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, basiclinear0_weight):
-        # forward stage 0 · rule linear_bias_scale · ops 0, 1: BasicLinear(256, 128),
-        # ConstantScale(0.25)
-        constantscale1_out = torch.addmm(
-            x.new_zeros(()), x, basiclinear0_weight.t(), beta=0, alpha=0.25)
-        ctx.save_for_backward(x, basiclinear0_weight)
-        return constantscale1_out
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("ScaledProjection")  # a double backward raises instead of being wrong
     def backward(ctx, d_constantscale1_out):
-        x, basiclinear0_weight = ctx.saved_tensors
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_constantscale1_out, *saved))
+        d_x, = stage_grads
+        x, basiclinear0_weight = saved
         # backward stage 0 · rule linear_scale_backward · ops 0, 1: BasicLinear(256, 128),
-        # ConstantScale(0.25)
-        d_x = torch.addmm(
-            d_constantscale1_out.new_zeros(()), d_constantscale1_out, basiclinear0_weight, beta=0,
-            alpha=0.25)
-        d_basiclinear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
+        # ConstantScale(0.25) · weight grad
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
             ctx, basiclinear0_weight, d_constantscale1_out, x, alpha=0.25)
-        return d_x, d_basiclinear0_weight
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_basiclinear0_weight
 
 
 def no_grad_forward(x, basiclinear0_weight):
@@ -95,7 +119,7 @@ class ScaledProjection(torch.nn.Module):
             basiclinear0_weight,
         )
         if torch.is_grad_enabled():
-            outputs = ScaledProjectionFunction.apply(*args)
+            outputs = ScaledProjectionFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_lead(outputs, lead, 128)

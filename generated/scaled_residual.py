@@ -17,34 +17,58 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, check_parameters, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead)
+
+
+def forward_stages(x, extra_input0, basiclinear0_weight):
+    """The forward of `scaled_residual` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule linear_scale_add · ops 0, 1, 2: BasicLinear(256, 256),
+    # ConstantScale(0.5), AddExtraInput()
+    addextrainput2_out = torch.addmm(extra_input0, x, basiclinear0_weight.t(), alpha=0.5)
+    return addextrainput2_out, (x, basiclinear0_weight)
+
+
+def backward_stages(d_addextrainput2_out, x, basiclinear0_weight):
+    """The backward of `scaled_residual` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 1 · rule elementwise_backward · op 2: AddExtraInput() · no kernel
+    d_extra_input0 = d_addextrainput2_out
+    # backward stage 0 · rule linear_scale_backward · ops 0, 1: BasicLinear(256, 256),
+    # ConstantScale(0.5)
+    d_x = torch.addmm(
+        d_addextrainput2_out.new_zeros(()), d_addextrainput2_out, basiclinear0_weight, beta=0,
+        alpha=0.5)
+    return (d_x, d_extra_input0), ()
 
 
 class ScaledResidualFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `scaled_residual` on 2-D [rows, features] tensors."""
+    """Forward and backward of `scaled_residual` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0, basiclinear0_weight):
-        # forward stage 0 · rule linear_scale_add · ops 0, 1, 2: BasicLinear(256, 256),
-        # ConstantScale(0.5), AddExtraInput()
-        addextrainput2_out = torch.addmm(extra_input0, x, basiclinear0_weight.t(), alpha=0.5)
-        ctx.save_for_backward(x, basiclinear0_weight)
-        return addextrainput2_out
+    def forward(ctx, graph, *args):
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("ScaledResidual")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput2_out):
-        x, basiclinear0_weight = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · op 2: AddExtraInput() · no kernel
-        d_extra_input0 = d_addextrainput2_out
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(ctx, backward_stages, (d_addextrainput2_out, *saved))
+        d_x, d_extra_input0 = stage_grads
+        x, basiclinear0_weight = saved
         # backward stage 0 · rule linear_scale_backward · ops 0, 1: BasicLinear(256, 256),
-        # ConstantScale(0.5)
-        d_x = torch.addmm(
-            d_addextrainput2_out.new_zeros(()), d_addextrainput2_out, basiclinear0_weight, beta=0,
-            alpha=0.5)
-        d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        # ConstantScale(0.5) · weight grad
+        d_basiclinear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
             ctx, basiclinear0_weight, d_addextrainput2_out, x, alpha=0.5)
-        return d_x, d_extra_input0, d_basiclinear0_weight
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        return None, d_x, d_extra_input0, d_basiclinear0_weight
 
 
 def no_grad_forward(x, extra_input0, basiclinear0_weight):
@@ -100,7 +124,7 @@ class ScaledResidual(torch.nn.Module):
             basiclinear0_weight,
         )
         if torch.is_grad_enabled():
-            outputs = ScaledResidualFunction.apply(*args)
+            outputs = ScaledResidualFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_lead(outputs, lead, 256)

@@ -17,32 +17,54 @@ import torch
 # Lower-case module names: pipeline classes always start with a capital, so they never shadow these.
 from . import _kernels as kernels
 from . import _reference as ref
-from ._runtime import SpecOp, as_rows, check_input, first_order_only, with_lead
+from ._runtime import (
+    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
+    saved_tensors, with_lead)
+
+
+def forward_stages(x, extra_input0):
+    """The forward of `split_rows` under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule reshape · op 0: Reshape((2, 3, -1))
+    reshape0_out = x.reshape(6, -1)
+    # forward stage 1 · rule elementwise · ops 1, 2: SwiGLU(), AddExtraInput()
+    addextrainput2_out = kernels.swiglu_add_fwd_any(reshape0_out, extra_input0)
+    return addextrainput2_out, (reshape0_out,)
+
+
+def backward_stages(d_addextrainput2_out, reshape0_out, n):
+    """The backward of `split_rows` but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 1 · rule elementwise_backward · ops 1, 2: SwiGLU(), AddExtraInput()
+    d_reshape0_out = kernels.swiglu_add_bwd_any(d_addextrainput2_out, reshape0_out)
+    d_extra_input0 = d_addextrainput2_out
+    # backward stage 0 · rule reshape_backward · op 0: Reshape((2, 3, -1))
+    d_x = d_reshape0_out.reshape(-1, n)
+    return (d_x, d_extra_input0), ()
 
 
 class SplitRowsFunction(torch.autograd.Function):
-    """Straight-line forward and backward of `split_rows` on 2-D [rows, features] tensors."""
+    """Forward and backward of `split_rows` on 2-D [rows, features] tensors.
+
+    The stages above (``graph``: None, the module replays no CUDA graphs)."""
 
     @staticmethod
-    def forward(ctx, x, extra_input0):
-        ctx.n = x.shape[1]  # the input width, for the backward's reshapes
-        # forward stage 0 · rule reshape · op 0: Reshape((2, 3, -1))
-        reshape0_out = x.reshape(6, -1)
-        # forward stage 1 · rule elementwise · ops 1, 2: SwiGLU(), AddExtraInput()
-        addextrainput2_out = kernels.swiglu_add_fwd_any(reshape0_out, extra_input0)
-        ctx.save_for_backward(reshape0_out)
-        return addextrainput2_out
+    def forward(ctx, graph, *args):
+        ctx.n = args[0].shape[1]  # the input width, for the backward's reshapes
+        return replay_forward(graph, ctx, forward_stages, args)
 
     @staticmethod
     @first_order_only("SplitRows")  # a double backward raises instead of being wrong
     def backward(ctx, d_addextrainput2_out):
-        reshape0_out, = ctx.saved_tensors
-        # backward stage 1 · rule elementwise_backward · ops 1, 2: SwiGLU(), AddExtraInput()
-        d_reshape0_out = kernels.swiglu_add_bwd_any(d_addextrainput2_out, reshape0_out)
-        d_extra_input0 = d_addextrainput2_out
-        # backward stage 0 · rule reshape_backward · op 0: Reshape((2, 3, -1))
-        d_x = d_reshape0_out.reshape(-1, ctx.n)
-        return d_x, d_extra_input0
+        saved = saved_tensors(ctx)
+        stage_grads, _ = replay_backward(
+            ctx, backward_stages, (d_addextrainput2_out, *saved, ctx.n))
+        d_x, d_extra_input0 = stage_grads
+        backward_done(ctx)  # another forward may use the graph
+        return None, d_x, d_extra_input0
 
 
 def no_grad_forward(x, extra_input0):
@@ -101,7 +123,7 @@ class SplitRows(torch.nn.Module):
             as_rows(extra_input0, reshape0_width // 2),
         )
         if torch.is_grad_enabled():
-            outputs = SplitRowsFunction.apply(*args)
+            outputs = SplitRowsFunction.apply(None, *args)  # no CUDA graphs
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)
         return with_lead(outputs, lead1, reshape0_width // 2)

@@ -22,11 +22,14 @@ from .errors import Location
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, OpDef
+from .values import (X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
+                     module_name, param_name, seed_name)
 
 
 @dataclass(frozen=True)
 class Op:
-    """One basic op of a pipeline. Its input is value ``index``, its output value ``index + 1``."""
+    """One basic op of a pipeline: ``index`` is its position in the chain (the order ops run
+    in), ``input`` and ``output`` the ids of the values it reads and writes (values.py)."""
 
     index: int
     opdef: OpDef
@@ -42,6 +45,18 @@ class Op:
     # input of the caller's after the forward (OpDef.writes_back)
     writes_back_to: int | None = None
     number: str = ""  # how plans, code and kernels' launch comments cite it (spec_numbers)
+    input: int = 0  # the running value it reads
+    output: int = 0  # the value it writes
+    extra_in: int | None = None  # the value of its extra input
+    extra_out: int | None = None  # the value of its extra output
+    param_ids: tuple[tuple[str, int], ...] = ()  # (attribute, value) of each parameter
+    seed: int | None = None  # a random op's key, drawn once per call
+    module_object: int | None = None  # a user module op's module, handed in by the generated module
+    lead: int | None = None  # ... and the leading dims it runs at
+
+    def param(self, attr: str) -> int:
+        """The value of parameter ``attr``."""
+        return dict(self.param_ids)[attr]
 
     @property
     def kind(self) -> str:
@@ -79,6 +94,31 @@ class Pipeline:
     num_extra_outputs: int
     graph: Graph  # what this chain is a view of
     specialise: tuple[int, ...] = ()  # input sizes a size-generic pipeline also has fixed-size kernels for
+    values: tuple[Value, ...] = ()  # every value the pipeline's code handles, by id (values.py)
+    training: int | None = None  # the training FLAG, where the forward depends on it (a Dropout)
+    input_width: int | None = None  # a size-generic pipeline's input width n (a backward's reshape reads it)
+
+    def value(self, id: int) -> Value:
+        return self.values[id]
+
+    @property
+    def output(self) -> int:
+        """The pipeline output's value (the chain's last; x where no op runs)."""
+        return self.ops[-1].output if self.ops else 0
+
+    @property
+    def extra_input_values(self) -> tuple[int, ...]:
+        """The extra inputs' values in order (``extra_input0``, ...)."""
+        return self.graph.inputs[1:]
+
+    def features(self, value: int, n: int | None = None) -> Size:
+        """Feature size of activation ``value``; at input size ``n`` if given."""
+        return size_at(self.values[value].features, n)
+
+    def chain_order(self, value: int) -> int:
+        """Where a running value comes in the chain (0: x; k: op k-1's output): saved values are
+        kept in this order."""
+        return 0 if value == 0 else next(op.index + 1 for op in self.ops if op.output == value)
 
     @property
     def class_name(self) -> str:
@@ -127,7 +167,8 @@ class Pipeline:
         return [op for op in self.ops if op.writes_back_to is not None]
 
     def width(self, position: int, n: int | None = None) -> Size:
-        """Feature size of value ``position`` (0 = pipeline input); at input size ``n`` if given."""
+        """Feature size at chain position ``position`` (op ``position``'s input; 0 = the pipeline
+        input, ``len(ops)`` its output); at input size ``n`` if given."""
         size = self.ops[position].in_features if position < len(self.ops) else self.out_features
         return size_at(size, n)
 
@@ -182,5 +223,52 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             ))
             n_hidden += 1
     ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
+    ops, values, training, width = _values(graph, ops)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
-                    len(graph.outputs) - 1, graph, tuple(specialise))
+                    len(graph.outputs) - 1, graph, tuple(specialise), values, training, width)
+
+
+def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], int | None, int | None]:
+    """The pipeline's value table and each op's value ids. The graph numbers the input, each
+    op's output and the extra inputs (ir.build_graph); the rest get ids after the graph's: the
+    value a hidden tee writes (it has no graph node), extra outputs, parameters, random keys, the
+    training flag, user modules and their leading dims, a size-generic pipeline's input width."""
+    table: dict[int, Value] = {}
+    next_id = len(graph.values)
+
+    def add(role: Role, dtype: str, name: str, features=None, id: int | None = None) -> int:
+        nonlocal next_id
+        if id is None:
+            id, next_id = next_id, next_id + 1
+        table[id] = Value(id, role, dtype, name, features)
+        return id
+
+    add(Role.ACTIVATION, X_DTYPE, "x", graph.features(0), id=0)
+    graph_nodes = iter(node for node in graph.nodes if not node.opdef.view)
+    with_ids, running = [], 0
+    for op in ops:
+        node = None if op.writes_back_to is not None else next(graph_nodes)  # a hidden tee has none
+        reader = ops[op.index + 1] if op.index + 1 < len(ops) else None
+        output = add(Role.ACTIVATION, X_DTYPE, activation_name(op, reader), op.out_features,
+                     id=None if node is None else node.outputs[0])
+        fields = dict(input=running, output=output)
+        if op.extra_input is not None:
+            per_row = op.opdef.operand is not None and op.opdef.operand.broadcast == "row"
+            fields["extra_in"] = add(Role.ROWWISE if per_row else Role.ACTIVATION, X_DTYPE, extra_input_name(op),
+                                     1 if per_row else op.in_features, id=node.inputs[1])
+        if op.extra_output is not None:
+            fields["extra_out"] = add(Role.ACTIVATION, X_DTYPE, extra_output_name(op), op.in_features)
+        fields["param_ids"] = tuple((attr, add(Role.PARAMETER, "param", param_name(op, attr)))
+                                    for attr, *_ in op.params)
+        if op.opdef.operand is not None and op.opdef.operand.source == "random":
+            fields["seed"] = add(Role.METADATA, "int64", seed_name(op))
+        if op.opdef.user_module:
+            fields["module_object"] = add(Role.OBJECT, "object", module_name(op))
+            fields["lead"] = add(Role.METADATA, "object", lead_name(op))
+        with_ids.append(replace(op, **fields))
+        running = output
+    random = any(op.seed is not None for op in with_ids)  # the forward depends on the training mode
+    training = add(Role.FLAG, "bool", "training") if random else None
+    width = add(Role.METADATA, "int64", "n") if isinstance(graph.features(0), Sym) else None
+    assert sorted(table) == list(range(len(table))), "value ids are the table's positions"
+    return with_ids, tuple(table[id] for id in sorted(table)), training, width

@@ -15,13 +15,16 @@ epilogue loses the pre-activation its backward reads).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .errors import SpecError
 from .ops import OPS
 from .pipeline import Op, Pipeline
-from .stages import Recompute, StageImpl
+from .planned import Plan, Recompute, Stage
+from .stages import StageImpl
+
+__all__ = ["BACKWARD", "FORWARD", "INFERENCE", "Plan", "Rule", "RuleError", "Stage", "apply_rules", "plan_pipeline"]
 
 FORWARD, BACKWARD = "forward", "backward"
 INFERENCE = "inference"  # what an inference_only rule's stage is checked for: a forward with no backward
@@ -110,35 +113,6 @@ def _match_pattern(kinds: tuple[str, ...], ops: Sequence[Op]) -> int:
     return n
 
 
-@dataclass(frozen=True)
-class Stage:
-    rule: Rule
-    ops: tuple[Op, ...]
-    kind: str  # the implementation's name, or passthrough (no kernel: values or grads pass as is)
-
-    @property
-    def start(self) -> int:
-        return self.ops[0].index
-
-    @property
-    def end(self) -> int:
-        return self.ops[-1].index + 1
-
-    def first(self, kind: str) -> Op | None:
-        return next((op for op in self.ops if op.kind == kind), None)
-
-
-@dataclass(frozen=True)
-class Plan:
-    pipeline: Pipeline
-    forward: tuple[Stage, ...]
-    backward: tuple[Stage, ...]  # in forward order; the generated backward runs it reversed
-    recompute: dict[int, Recompute] = field(default_factory=dict)  # backward stage start -> recompute
-    saved_values: tuple[int, ...] = ()  # positions saved for backward
-    saved_extra_inputs: tuple[int, ...] = ()  # extra-input indices saved for backward
-    inference: tuple[Stage, ...] = ()  # the no-grad forward: every forward rule, inference_only ones too
-
-
 def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[Stage, ...]:
     items: list[Op | Stage] = list(ops)
     for rule in rules:
@@ -166,7 +140,7 @@ def apply_rules(ops: Sequence[Op], rules: Sequence[Rule], pass_: str) -> tuple[S
 
 
 def materialized_values(forward: Sequence[Stage]) -> frozenset[int]:
-    """Positions of forward values that exist as tensors after the forward pass."""
+    """Forward values that exist as tensors after the forward pass."""
     values: set[int] = set()
     for stage in forward:
         values.update(stage.rule.stage.materialises(stage))
@@ -187,5 +161,5 @@ def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_ru
         saved_extra |= saves.extra_inputs
         if saves.recompute is not None:
             recompute[stage.start] = saves.recompute
-    return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values)), tuple(sorted(saved_extra)),
-                inference)
+    return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values, key=pipeline.chain_order)),
+                tuple(sorted(saved_extra)), inference)

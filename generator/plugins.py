@@ -45,6 +45,7 @@ from typing import Iterator
 
 from . import fusion_rules
 from . import kernels as kn
+from .calls import Launch, TorchCall
 from .errors import UsageError
 from .emit import TEMPLATES
 from .kernels import KernelFamily, KernelParam, kernel_name, make_spec
@@ -52,7 +53,7 @@ from .ops import OPS, SPEC_MODULES, Arg, OpDef, Operand, Param, register
 from .ops.lazy import torch
 from .plan import BACKWARD, FORWARD, Rule, RuleError
 from .stages import ELEMENTWISE, GEMM, NORM, Saves, StageImpl
-from .stages.base import RowTraffic, value_name
+from .stages.base import RowTraffic
 
 BUILTIN_HEADERS = TEMPLATES / "cuda"
 
@@ -264,6 +265,6 @@ def _where(err: BaseException) -> str:
     return f"{at}{type(err).__name__}: {err}"
 
 
-__all__ = ["BACKWARD", "ELEMENTWISE", "FORWARD", "GEMM", "NORM", "Arg", "KernelFamily", "KernelParam", "OpDef",
-           "Operand", "Param", "RowTraffic", "Rule", "RuleError", "Saves", "StageImpl", "kernel_name", "loaded", "make_spec",
-           "register_family", "register_op", "register_rule", "torch", "value_name"]
+__all__ = ["BACKWARD", "ELEMENTWISE", "FORWARD", "GEMM", "NORM", "Arg", "KernelFamily", "KernelParam", "Launch", "OpDef",
+           "Operand", "Param", "RowTraffic", "Rule", "RuleError", "Saves", "StageImpl", "TorchCall", "kernel_name", "loaded",
+           "make_spec", "register_family", "register_op", "register_rule", "torch"]

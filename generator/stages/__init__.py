@@ -2,13 +2,15 @@
 
 A rule (fusion_rules/) produces a stage of one of these; everything about running it lives in
 its home: which op chains it can run (checked when a rule is defined), what it saves for
-backward, the kernels it needs, and the lines it writes into the generated forward and backward.
-A kernel family has a folder (elementwise/, norm/, column_sum/: its stage, its KernelSpecs and
-tuning, its KernelFamily objects; templates/<family>/ mirrors it); the stages that launch no
-generated kernel (gemm, opaque, module, reshape) are one module each.
+backward, the kernels it needs, and the calls over values it lowers the stage's forward and
+backward into (emit renders them). A kernel family has a folder (elementwise/, norm/,
+column_sum/: its stage, its KernelSpecs and tuning, its KernelFamily objects; templates/<family>/
+mirrors it); the stages that launch no generated kernel (gemm, opaque, module, reshape) are one
+module each.
 """
 
-from .base import Block, Emitter, Recompute, Saves, StageImpl
+from ..planned import Recompute, Saves
+from .base import Block, Emitter, StageImpl
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM

@@ -1,5 +1,6 @@
-"""What every stage implementation shares: the interface a rule's stage implements, the names of
-values in generated code, and the emitter state the stages write their lines into.
+"""What every stage implementation shares: the interface a rule's stage implements, and the
+emitter state the stages lower into: blocks of calls over values (calls.py), the names values have
+where they run (values.py names them).
 
 A ``StageImpl`` is how one family of stages runs (``gemm``, ``norm``, ``elementwise``). A rule
 names the implementation it produces (fusion_rules/); the planner, the kernel list, the generated
@@ -11,35 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Sequence
 
 from ..kernels import sums_itself_up_to
-from ..pipeline import ops_cited
+from ..calls import Alias, Call
+from ..kernels import KernelSpec
+from ..pipeline import Op, Pipeline, ops_cited
+from ..planned import Plan, Recompute, Saves, Stage
+from ..values import ValueTable, extra_input_name, extra_output_name, param_name
 
-if TYPE_CHECKING:  # the planner imports this module; these are for annotations only
-    from ..kernels import KernelSpec
-    from ..pipeline import Op, Pipeline
-    from ..plan import Plan, Stage
-
-
-@dataclass(frozen=True)
-class Recompute:
-    """How an elementwise backward stage gets the forward values it needs."""
-
-    saved_position: int  # the saved forward value the kernel starts from
-    last: int  # the last op whose input is needed: ops [saved_position, last) are applied again
-    # the op just before saved_position whose input the saved value (its output) stands for, where
-    # nothing before it was materialised (OpDef.backward_from_output: a ReLU in a GEMM's epilogue)
-    output_for: int | None = None
-
-
-@dataclass(frozen=True)
-class Saves:
-    """What one backward stage needs kept from the forward pass."""
-
-    values: frozenset[int] = frozenset()  # forward value positions
-    extra_inputs: frozenset[int] = frozenset()  # extra-input indices
-    recompute: Recompute | None = None  # an elementwise run that recomputes forward values
+# the plan model's and the names' parts the stage modules take from here too
+__all__ = ["NO_TRAFFIC", "Block", "Emitter", "Recompute", "RowTraffic", "Saves", "StageImpl", "extra_input_name",
+           "extra_output_name", "fixed", "param_name", "stage_label"]
 
 
 @dataclass(frozen=True)
@@ -86,19 +70,16 @@ class StageImpl:
         return self.name
 
     def materialises(self, stage: Stage) -> set[int]:
-        """Forward value positions that exist as tensors after this forward stage."""
-        return {stage.start, stage.end}
+        """Forward values that exist as tensors after this forward stage."""
+        return {stage.input, stage.output}
 
     def saves(self, pipeline: Pipeline, stage: Stage, have: frozenset[int]) -> Saves:
         """What this backward stage reads from the forward pass (``have``: what it materialised)."""
         return Saves()
 
-    def saved_names(self, em: Emitter, stage: Stage) -> list[str]:
-        """Names of forward results (beyond values and parameters) this backward stage reads."""
-        return []
-
     def saved_shapes(self, em: Emitter, stage: Stage) -> dict[str, tuple[str, str]]:
-        """{name: (shape, dtype)} of what ``saved_names`` lists, as the plan shows them."""
+        """{name: (shape, dtype)} of the forward results (beyond running values, extra inputs and
+        parameters) this backward stage reads, as the plan shows them."""
         return {}
 
     def row_traffic(self, plan: Plan, pass_: str, stage: Stage) -> RowTraffic | None:
@@ -126,58 +107,55 @@ class StageImpl:
                           else f"`{k.name}`" for k in kernels)
 
     def forward(self, em: Emitter, stage: Stage, block: Block) -> str:
-        """Append the stage's forward lines to ``block``; returns the name of its output value."""
+        """Lower the stage's forward into calls over values (calls.py), added to ``block``;
+        returns the name of the tensor that holds its output value."""
         raise NotImplementedError
 
     def backward(self, em: Emitter, stage: Stage, block: Block, dy: str, d_in: str) -> str:
-        """Append the stage's backward lines; returns the name of its input's grad."""
+        """Lower the stage's backward into calls (the grads ``dy``, ``d_in`` are names); returns
+        the name of its input's grad."""
         raise NotImplementedError
 
 
-# --- names in generated code --------------------------------------------------------------------
-
-def value_name(pipeline: Pipeline, position: int) -> str:
-    """Name of forward value ``position`` (the input of op ``position``)."""
-    if position == 0:
-        return "x"
-    op = pipeline.ops[position - 1]
-    if position < len(pipeline.ops) and pipeline.ops[position].module_index == op.module_index:
-        return f"{op.hint}_pre_{pipeline.ops[position].kind}"  # inside a container: Linear's matmul output
-    return f"{op.hint}_out"
-
-
-def param_name(op: Op, attr: str) -> str:
-    return f"{op.hint}_{attr}"
-
-
-def extra_input_name(op: Op) -> str:
-    """Public: named by order among the pipeline's extra inputs, so inserting an op elsewhere in
-    the spec never renames a caller's keyword argument."""
-    return f"extra_input{op.extra_input}"
-
-
-def extra_output_name(op: Op) -> str:
-    if op.writes_back_to is not None:  # hidden: the new value of a caller's extra input
-        return f"new_extra_input{op.writes_back_to}"
-    return f"extra_output{op.extra_output}"
-
+# --- text in generated code --------------------------------------------------------------------
 
 def stage_label(stage: Stage) -> str:
     """The stage's ops as a comment cites them: "ops 1a, 1b: BasicLinear(1024, 4096), Bias(4096)"."""
     return f"{ops_cited(stage.ops)}: " + ", ".join(op.describe() for op in stage.ops)
 
 
+def _no_values(value: int) -> str:
+    raise AssertionError(f"a block with no names rendered a call over value {value}")
+
+
 @dataclass
 class Block:
-    """One stage's lines in the generated forward or backward."""
+    """One stage's calls in the generated forward or backward."""
 
     title: str
-    lines: list[str] = field(default_factory=list)
-    # backward only: the GEMM weight grads, as (name, expression), which may run after every
-    # stage (a backward replayed from a CUDA graph runs them after its replay), and the grads
-    # they read that the stages compute
-    weight_grads: list[tuple[str, str]] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    # backward only: the GEMM weight grads, as (name, the call's expression), which may run
+    # after every stage (a backward replayed from a CUDA graph runs them after its replay), and
+    # the grads they read that the stages compute
+    weight_grad_calls: list[tuple[str, Call]] = field(default_factory=list)
     weight_grad_reads: list[str] = field(default_factory=list)
+    name: Callable[[int], str] = _no_values  # the names of values where the block runs (Emitter.name)
+
+    def add(self, call: Call) -> None:
+        self.calls.append(call)
+
+    @property
+    def lines(self) -> list[str]:
+        return [call.render(self.name) for call in self.calls]
+
+    @property
+    def weight_grads(self) -> list[tuple[str, str]]:
+        return [(grad, call.render(self.name)) for grad, call in self.weight_grad_calls]
+
+    def reads(self) -> list[int]:
+        """The values the block's calls read, in order (its weight grads' last), each once."""
+        calls = self.calls + [call for _, call in self.weight_grad_calls]
+        return list(dict.fromkeys(value for call in calls for value in call.reads.values()))
 
 
 @dataclass
@@ -186,29 +164,33 @@ class Emitter:
 
     plan: Plan
     stage_kernels: dict  # (pass, stage start) -> [KernelSpec]
-    values: dict[int, str] = field(default_factory=lambda: {0: "x"})  # forward value position -> name
-    stats: dict[int, list[str]] = field(default_factory=dict)  # norm op index -> its saved statistics
+    # value id -> the name of the tensor that holds it, where that is not the value's own name
+    # (a stage that changes nothing hands its input on: its output is that tensor)
+    names: dict[int, str] = field(default_factory=dict)
+    stats: dict[int, list[int]] = field(default_factory=dict)  # norm op index -> its statistics' values
     # False: the no-grad forward, which keeps nothing for a backward (no ctx)
     saving: bool = True
-    # a size-generic pipeline's input width in the backward: the ctx's, or backward_stages' argument
-    width: str = "ctx.n"
+    # a size-generic pipeline's input width in the backward: backward_stages' argument (emit/function.py)
+    width: str = "n"
     aliases: dict[str, str] = field(default_factory=dict)  # a forward name -> the tensor it names
     # a backward grad's name -> the grad whose memory it names (itself, a second name, or a view)
     grad_memory: dict[str, str] = field(default_factory=dict)
     # a grad named by grad_alias -> (its block, its line there, the grad it names, why)
     grad_aliases: dict[str, tuple[Block, int, str, str]] = field(default_factory=dict)
+    table: ValueTable | None = None  # the pipeline's values, and those the stages add (statistics)
 
-    def alias(self, block: Block, name: str, of: str) -> None:
-        """``name = of`` in the forward: one tensor under a second name (an extra output that is
+    def alias(self, block: Block, value: int, of: int) -> None:
+        """``value = of`` in the forward: one tensor under a second name (an extra output that is
         the value itself)."""
-        block.lines.append(f"{name} = {of}")
-        self.aliases[name] = self.aliases.get(of, of)
+        block.add(Alias(value, of))
+        name, of_name = self.name(value), self.name(of)
+        self.aliases[name] = self.aliases.get(of_name, of_name)
 
     def grad_alias(self, block: Block, name: str, of: str, why: str = "") -> None:
         """``name = of`` in the backward: one grad handed to two inputs (an addend's). Where both
-        are returned, emit.own_memory makes the line a copy."""
-        self.grad_aliases[name] = (block, len(block.lines), of, why)
-        block.lines.append(f"{name} = {of}" + (f"  # {why}" if why else ""))
+        are returned, emit.own_memory makes the call a copy."""
+        self.grad_aliases[name] = (block, len(block.calls), of, why)
+        block.add(Alias(name, of, why))
         self.shares_memory(name, of)
 
     def shares_memory(self, name: str, of: str) -> None:
@@ -219,6 +201,16 @@ class Emitter:
     def memory_of(self, name: str) -> str:
         """The grad whose memory backward name ``name`` uses."""
         return self.grad_memory.get(name, name)
+
+    def __post_init__(self):
+        if self.table is None:
+            self.table = ValueTable(self.plan.pipeline.values)
+        if self.plan.pipeline.input_width is not None:  # the backward's input width
+            self.names.setdefault(self.plan.pipeline.input_width, self.width)
+
+    def name(self, value: int) -> str:
+        """The name of the tensor that holds ``value`` at this point of the generated code."""
+        return self.names.get(value, self.table[value].name)
 
     @property
     def pipeline(self) -> Pipeline:

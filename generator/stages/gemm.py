@@ -19,7 +19,8 @@ fails when it is defined.
 
 from __future__ import annotations
 
-from .base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
+from ..calls import TorchCall, literal
+from .base import RowTraffic, Saves, StageImpl, extra_output_name, fixed
 
 FORMS = {
     "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue",
@@ -49,13 +50,13 @@ class GemmStage(StageImpl):
         return f"a {'no-grad forward' if pass_ == 'inference' else pass_} GEMM stage runs only these op chains: {can}"
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({stage.first("linear").index}))  # wgrad reads the GEMM input
+        return Saves(values=frozenset({stage.first("linear").input}))  # wgrad reads the GEMM input
 
     def runs_as(self, pass_, stage, kernels):
         return "cuBLAS GEMM (torch)" if pass_ == "forward" else "cuBLAS dgrad + wgrad GEMMs (torch)"
 
     def row_traffic(self, plan, pass_, stage):
-        x, y = plan.pipeline.width(stage.start), plan.pipeline.width(stage.end)
+        x, y = plan.pipeline.features(stage.input), plan.pipeline.features(stage.output)
         if not fixed(x, y):
             return None
         if pass_ == "backward":  # dgrad reads dy, writes dx (+ reads the extra output's grad); wgrad reads dy, x
@@ -64,52 +65,49 @@ class GemmStage(StageImpl):
 
     def forward(self, em, stage, block):
         linear, bias, scale, add = (stage.first(kind) for kind in ("linear", "bias", "scale", "add_extra_input"))
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
-        w = param_name(linear, "weight")
+        io = dict(x=stage.input, w=linear.param("weight"))
+        out = dict(y=stage.output)
         if stage.first("relu") is not None:
-            block.lines.append(f"{out} = torch._addmm_activation({param_name(bias, 'bias')}, {x_in}, {w}.t())")
-            return out
+            block.add(TorchCall("{y} = torch._addmm_activation({b}, {x}, {w}.t())", dict(io, b=bias.param("bias")), out))
+            return em.table[stage.output].name
         if stage.first("gelu") is not None:  # cuBLASLt's bias + GELU epilogue on CUDA (ops/activations.py)
-            block.lines.append(f"{out} = ref.addmm_gelu({param_name(bias, 'bias')}, {x_in}, {w})")
-            return out
+            block.add(TorchCall("{y} = ref.addmm_gelu({b}, {x}, {w})", dict(io, b=bias.param("bias")), out))
+            return em.table[stage.output].name
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
         if add is not None:  # beta = 1: the GEMM accumulates into the residual
-            block.lines.append(f"{out} = torch.addmm({extra_input_name(add)}, {x_in}, {w}.t(){alpha})")
+            block.add(TorchCall("{y} = torch.addmm({r}, {x}, {w}.t()" + alpha + ")", dict(io, r=add.extra_in), out))
         elif bias is not None:
             beta = f", beta={scale.args['scale']!r}" if scale is not None else ""  # s (x W^T + b)
-            block.lines.append(f"{out} = torch.addmm({param_name(bias, 'bias')}, {x_in}, {w}.t(){beta}{alpha})")
+            block.add(TorchCall("{y} = torch.addmm({b}, {x}, {w}.t()" + beta + alpha + ")",
+                                dict(io, b=bias.param("bias")), out))
         elif scale is not None:  # beta = 0: C is never read
-            block.lines.append(f"{out} = torch.addmm({x_in}.new_zeros(()), {x_in}, {w}.t(), beta=0{alpha})")
+            block.add(TorchCall("{y} = torch.addmm({x}.new_zeros(()), {x}, {w}.t(), beta=0" + alpha + ")", io, out))
         else:
-            block.lines.append(f"{out} = {x_in}.mm({w}.t())")
-        return out
+            block.add(TorchCall("{y} = {x}.mm({w}.t())", io, out))
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         linear, meo, scale = stage.first("linear"), stage.first("make_extra_output"), stage.first("scale")
-        w = param_name(linear, "weight")
+        weight = linear.param("weight")
+        g_in, g_out = literal(d_in), literal(dy)  # grads are names, not values
+        alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
         if scale is not None:  # d(x W^T) = s dy: the scale as both GEMMs' alpha
-            s = scale.args["scale"]
-            block.lines.append(f"{d_in} = torch.addmm({dy}.new_zeros(()), {dy}, {w}, beta=0, alpha={s!r})")
-            x = em.values[linear.index]
-            if linear.args["accumulate_into_main_grad"]:
-                self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {x}, alpha={s!r})")
-            else:
-                self.weight_grad(block, dy, w, f"ref.weight_grad(ctx, {w}, {dy}, {x}, alpha={s!r})")
-            return d_in
-        if meo is not None:
-            block.lines.append(f"{d_in} = torch.addmm(d_{extra_output_name(meo)}, {dy}, {w})")
+            text = f"{g_in} = torch.addmm({g_out}.new_zeros(()), {g_out}, {{w}}, beta=0{alpha})"
+        elif meo is not None:
+            text = f"{g_in} = torch.addmm({literal('d_' + extra_output_name(meo))}, {g_out}, {{w}})"
         else:
-            block.lines.append(f"{d_in} = {dy}.mm({w})")
-        if linear.args["accumulate_into_main_grad"]:  # TE's option: dW goes into weight.main_grad
-            self.weight_grad(block, dy, w, f"ref.accumulate_into_main_grad({w}, {dy}, {em.values[linear.index]})")
-        else:
-            self.weight_grad(block, dy, w, f"ref.weight_grad(ctx, {w}, {dy}, {em.values[linear.index]})")
+            text = f"{g_in} = {g_out}.mm({{w}})"
+        block.add(TorchCall(text, dict(w=weight)))
+        # TE's option accumulate_into_main_grad: dW goes into weight.main_grad
+        helper = "accumulate_into_main_grad(" if linear.args["accumulate_into_main_grad"] else "weight_grad(ctx, "
+        wgrad = TorchCall(f"ref.{helper}{{w}}, {g_out}, {{x}}{alpha})", dict(w=weight, x=linear.input))
+        self.weight_grad(block, dy, f"d_{em.table[weight].name}", wgrad)
         return d_in
 
     @staticmethod
-    def weight_grad(block, dy, w, expression):
-        """The wgrad GEMM, kept apart from the stage's other lines: it may run after every stage."""
-        block.weight_grads.append((f"d_{w}", expression))
+    def weight_grad(block, dy, grad, call):
+        """The wgrad GEMM, kept apart from the stage's other calls: it may run after every stage."""
+        block.weight_grad_calls.append((grad, call))
         block.weight_grad_reads.append(dy)
 
 

@@ -3,7 +3,7 @@
 Forward: the module runs on the running tensor with its leading dims (``{hint}_lead``, handed in
 by the generated module; ``ref.run_module`` checks that it keeps the shape). Under autograd the
 fused ops on either side of it are autograd Functions of their own and the module runs between
-them in the generated ``grad_forward`` (emit.py's segments), so autograd records it as eager
+them in the generated ``grad_forward`` (emit/segments.py), so autograd records it as eager
 PyTorch does: its parameters' grads, an in-place module, ``retain_graph``, gradcheck and
 torch.compile work as they do for the module alone. Backward: nothing to emit; autograd runs the
 module's own backward between the Functions' backwards.
@@ -12,15 +12,11 @@ module's own backward between the Functions' backwards.
 from __future__ import annotations
 
 from ..source_text import py_string
-from .base import StageImpl, value_name
+from ..values import lead_name, module_name
+from ..calls import ModuleCall
+from .base import StageImpl
 
-
-def module_name(op) -> str:
-    return f"{op.hint}_module"
-
-
-def lead_name(op) -> str:
-    return f"{op.hint}_lead"
+__all__ = ["MODULE", "lead_name", "module_name"]
 
 
 def _where(em, op) -> str:
@@ -42,9 +38,8 @@ class ModuleStage(StageImpl):
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
-        block.lines.append(f"{out} = ref.run_module({_where(em, op)}, {module_name(op)}, {x_in}, {lead_name(op)})")
-        return out
+        block.add(ModuleCall(_where(em, op), op.module_object, stage.input, op.lead, stage.output))
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         return d_in  # autograd runs it; d_in is the grad output of the Function before it

@@ -9,12 +9,16 @@ its input for the backward.
 
 from __future__ import annotations
 
-from .base import Saves, StageImpl, param_name, value_name
+from ..calls import TorchCall, literal
+from .base import Saves, StageImpl, param_name
 
 
-def _arguments(op) -> list[str]:
-    params = [f"ref.compute({param_name(op, p.name)})" for p in op.opdef.params]
-    return params + [repr(c) for c in op.opdef.reference_arguments(op.args)]
+def _arguments(op) -> tuple[list[str], dict[str, int]]:
+    """The reference function's arguments after x (and dy): its parameters, its constants; and
+    the parameters' values."""
+    params = {f"p{k}": op.param(p.name) for k, p in enumerate(op.opdef.params)}
+    return ([f"ref.compute({{{slot}}})" for slot in params]
+            + [literal(repr(c)) for c in op.opdef.reference_arguments(op.args)]), params
 
 
 class OpaqueStage(StageImpl):
@@ -25,26 +29,27 @@ class OpaqueStage(StageImpl):
         return None if len(chain) == 1 else "an opaque stage runs one op"
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({stage.start}))
+        return Saves(values=frozenset({stage.input}))
 
     def runs_as(self, pass_, stage, kernels):
         return f"PyTorch: the op's reference {pass_} (`ref.{stage.ops[0].opdef.reference_names[pass_ == 'backward']}`)"
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
-        args = ", ".join([f"ref.compute({x_in})", *_arguments(op)])
-        block.lines.append(f"{out} = ref.{op.opdef.reference_names[0]}({args}).to({x_in}.dtype)")
-        return out
+        rest, params = _arguments(op)
+        args = ", ".join(["ref.compute({x})", *rest])
+        block.add(TorchCall(f"{{y}} = ref.{op.opdef.reference_names[0]}({args}).to({{x}}.dtype)",
+                            dict(params, x=stage.input), dict(y=stage.output)))
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
-        x_in = em.values[stage.start]
-        grads = [d_in] + [f"d_{param_name(op, p.name)}" for p in op.opdef.params]
-        args = ", ".join([f"ref.compute({x_in})", f"ref.compute({dy})", *_arguments(op)])
+        grads = [literal(g) for g in [d_in] + [f"d_{param_name(op, p.name)}" for p in op.opdef.params]]
+        rest, params = _arguments(op)
+        args = ", ".join(["ref.compute({x})", f"ref.compute({literal(dy)})", *rest])
         unpack = ", ".join(grads) + ("," if len(grads) == 1 else "")  # the backward returns (dx, *dparams)
-        block.lines.append(f"{unpack} = ref.{op.opdef.reference_names[1]}({args})")
-        block.lines.append(f"{', '.join(grads)} = {', '.join(f'{g}.to({dy}.dtype)' for g in grads)}")
+        block.add(TorchCall(f"{unpack} = ref.{op.opdef.reference_names[1]}({args})", dict(params, x=stage.input)))
+        block.add(TorchCall(f"{', '.join(grads)} = {', '.join(f'{g}.to({literal(dy)}.dtype)' for g in grads)}"))
         em.shares_memory(d_in, dy)  # a reference backward may hand dy itself on (an identity's)
         return d_in
 

@@ -2,8 +2,8 @@
 
 Forward: the running tensor viewed as [-1, shape[-1]] (torch.reshape: a view when the memory
 allows, as TE's); backward: the grad viewed back as [-1, input features]. No kernel. The leading
-dims the reshape makes are the generated module's business (its outputs take them: emit.py).
-An input size no op fixes is ``em.width`` (``ctx.n``), the width the forward saw (a size-generic
+dims the reshape makes are the generated module's business (its outputs take them: emit/pipeline.py).
+An input size no op fixes is ``em.width`` (``n``), the width the forward saw (a size-generic
 pipeline). A -1 last dim no op after it fixes is known at run time: the forward views the tensor
 as the rows its leading dims make, torch inferring the width.
 """
@@ -14,7 +14,8 @@ import math
 from fractions import Fraction
 
 from ..ir import Sym, size_expr
-from .base import NO_TRAFFIC, StageImpl, fixed, value_name
+from ..calls import TorchCall, literal
+from .base import NO_TRAFFIC, StageImpl, fixed
 
 
 class ReshapeStage(StageImpl):
@@ -36,17 +37,21 @@ class ReshapeStage(StageImpl):
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        x_in, out = em.values[stage.start], value_name(em.pipeline, stage.end)
         if isinstance(op.out_features, Sym) and not op.out_features.of_input:  # a -1 last dim known at run time
             rows = math.prod(op.opdef.reshape(op.args)[:-1])  # the leading dims, all given
-            block.lines.append(f"{out} = {x_in}.reshape({rows}, -1)")
-        else:
-            block.lines.append(f"{out} = {x_in}.reshape(-1, {size_expr(op.out_features, 'ctx.n', '//')})")
-        return out
+            text = f"{{y}} = {{x}}.reshape({rows}, -1)"
+        else:  # a last dim the spec gives (ir.py: a Reshape's output width is given or known at run time)
+            assert isinstance(op.out_features, int), f"{op.describe()}: output width {op.out_features}"
+            text = f"{{y}} = {{x}}.reshape(-1, {op.out_features})"
+        block.add(TorchCall(text, dict(x=stage.input), dict(y=stage.output)))
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
-        block.lines.append(f"{d_in} = {dy}.reshape(-1, {size_expr(op.in_features, em.width, '//')})")
+        # the input width a size-generic pipeline's backward reads: a value (em.width's name)
+        width = {"n": em.pipeline.input_width} if isinstance(op.in_features, Sym) and op.in_features.of_input else {}
+        block.add(TorchCall(f"{literal(d_in)} = {literal(dy)}.reshape(-1, {size_expr(op.in_features, '{n}', '//')})",
+                            width))
         em.shares_memory(d_in, dy)  # a view
         return d_in
 

@@ -53,7 +53,7 @@ def test_te_mlp():
     }
     assert plan.inference == plan.forward
     # the SwiGLU backward recomputes from its input (the GEMM + bias output), nothing else
-    assert plan.recompute[2].saved_position == 3
+    assert plan.recompute[2].saved == 3
     assert plan.saved_values == (0, 1, 3, 4)
 
 
@@ -162,7 +162,7 @@ def test_recompute_from_an_earlier_value_when_the_gemm_does_not_take_the_bias():
             "p = Sequential(LayerNorm(64), Bias(64), GELU())\n")
     plan = plan_pipeline(build_pipeline(parse_spec(text, "t.py")[0]), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
     # the GELU input (after the bias) is never materialised: backward recomputes from the norm output
-    assert plan.recompute[1].saved_position == 1
+    assert plan.recompute[1].saved == 1
     assert kernel_names(plan)[("backward", 1)] == ["bias_gelu_bwd_n64_from_bias", "column_sum_n64"]
 
 

@@ -87,7 +87,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     steps, grad_columns = [], 0
     output_for = recompute.output_for if recompute is not None else None  # Saves: backward_from_output
     for op in stage.ops:
-        replays = recompute is not None and recompute.saved_position <= op.index <= recompute.last
+        replays = recompute is not None and recompute.replay_from <= op.index <= recompute.last
         replays = replays or op.index == output_for  # its input: its saved output
         steps.append(dict(op_step(
             stage, op, glu, write=aliases.get(op.index) == "write", grad_offset=_relative(grad_columns, width),
@@ -126,10 +126,10 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     qualifier = ""
     if output_for is not None:
         qualifier = "from_output"
-    elif recompute is not None and recompute.saved_position != first_needing:
-        qualifier = f"from_{pipeline.ops[recompute.saved_position].tag}"
+    elif recompute is not None and recompute.replay_from != first_needing:
+        qualifier = f"from_{pipeline.ops[recompute.replay_from].tag}"
     tags = "_".join(op.tag for op in stage.ops)
-    saved_two_lanes = recompute is not None and glu is not None and recompute.saved_position <= glu
+    saved_two_lanes = recompute is not None and glu is not None and recompute.replay_from <= glu
     return kn.make_spec(
         kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
         ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
@@ -139,7 +139,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
         steps=tuple(tuple(sorted(s.items())) for s in steps),
         threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier),
         **{**size, **_interleave(stage, size)},
-        saved_offset=None if recompute is None else recompute.saved_position - stage.start,
+        saved_offset=None if recompute is None else recompute.replay_from - stage.start,
         saved_two_lanes=saved_two_lanes, grad_columns=_relative(grad_columns, width), column_tiled=column_tiled,
         row_unroll=_row_unroll(steps, recompute is not None, saved_two_lanes) if grads & {"column", "scalar"} else 1,
     )

@@ -17,12 +17,14 @@ that operand's grad is reduced; the templates compose them with no per-op code.
 
 from __future__ import annotations
 
+from ...calls import Launch
 from ...ops import elementwise_kinds
-from ..base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name,
-                    fixed, value_name)
+from ...values import seed_name
+from ..base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name,
+                    fixed)
 from ..column_sum import column_sum
 from .kernels import backward_kernel, forward_kernel
-from .steps import backward_aliases, forward_aliases, io_names, operand_width, random_ops, seed_name
+from .steps import backward_aliases, forward_aliases, io_names, new_seed, operand_width, random_ops
 # the stage's methods keep the names these had when they were private to this module
 from .steps import grad_is_reduced as _reduced, reads_operand as _reads_operand
 from .steps import width_halving_kinds as _width_halving_kinds
@@ -52,26 +54,25 @@ class ElementwiseStage(StageImpl):
             return Saves()
         # extra inputs the backward functors read (a product's operand), and the forward values
         # they need, recomputed from the nearest one the forward materialised
-        extra = {op.extra_input for op in stage.ops if _reads_operand(op) and op.extra_input is not None}
+        extra = {op.extra_in for op in stage.ops if _reads_operand(op) and op.extra_in is not None}
         needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward]
         if not needing:
             return Saves(extra_inputs=frozenset(extra))
-        if not any(stage.start <= p <= needing[0] for p in have):
+        # the ops up to the first that needs its input whose input the forward materialised
+        readers = [op for op in stage.ops if op.index <= needing[0] and op.input in have]
+        if not readers:
             # nothing before the op is materialised (a GEMM epilogue ran it): its output serves
             # when its backward reads that as well as its input (OpDef.backward_from_output)
             op = pipeline.ops[needing[0]]
-            assert op.opdef.backward_from_output and op.index + 1 in have, \
+            assert op.opdef.backward_from_output and op.output in have, \
                 f"{op.describe()}: its backward needs a value no stage materialised (a rule bug)"
-            extra |= {o.extra_input for o in pipeline.ops[op.index + 1:needing[-1]] if o.extra_input is not None}
-            return Saves(values=frozenset({op.index + 1}), extra_inputs=frozenset(extra),
-                         recompute=Recompute(op.index + 1, needing[-1], output_for=op.index))
-        start = max(p for p in have if stage.start <= p <= needing[0])
-        extra |= {op.extra_input for op in pipeline.ops[start:needing[-1]] if op.extra_input is not None}
-        return Saves(values=frozenset({start}), extra_inputs=frozenset(extra), recompute=Recompute(start, needing[-1]))
-
-    def saved_names(self, em, stage):
-        """The keys of the random ops this backward stage replays (their masks are regenerated)."""
-        return [seed_name(op) for op in random_ops(stage.ops)]
+            extra |= {o.extra_in for o in pipeline.ops[op.index + 1:needing[-1]] if o.extra_in is not None}
+            return Saves(values=frozenset({op.output}), extra_inputs=frozenset(extra),
+                         recompute=Recompute(op.output, op.index + 1, needing[-1], output_for=op.index))
+        start = readers[-1]  # the nearest
+        extra |= {op.extra_in for op in pipeline.ops[start.index:needing[-1]] if op.extra_in is not None}
+        return Saves(values=frozenset({start.input}), extra_inputs=frozenset(extra),
+                     recompute=Recompute(start.input, start.index, needing[-1]))
 
     def saved_shapes(self, em, stage):
         return {seed_name(op): ("[1]", "int64") for op in random_ops(stage.ops)}  # one key per call
@@ -95,34 +96,33 @@ class ElementwiseStage(StageImpl):
         p = plan.pipeline
         if pass_ == "backward":
             spec, recompute = backward_kernel(plan, stage), plan.recompute.get(stage.start)
-            widths = {"dy": p.width(stage.end), "dx": p.width(stage.start),
-                      "x": p.width(recompute.saved_position) if recompute is not None else None}
+            widths = {"dy": p.features(stage.output), "dx": p.features(stage.input),
+                      "x": p.features(recompute.saved) if recompute is not None else None}
             names = ["dy", *spec.operands, *spec.returned]
         else:
             spec = forward_kernel(p, stage)
-            widths = {"x": p.width(stage.start), "y": p.width(stage.end)}
+            widths = {"x": p.features(stage.input), "y": p.features(stage.output)}
             names = ["x", *spec.operands, *spec.returned]
         sizes = [widths[name] if name in widths else operand_width(p, stage, name) for name in names]
         return RowTraffic(sum(sizes)) if fixed(*sizes) else None
 
     def forward(self, em, stage, block):
         p = em.pipeline
-        x_in, out = em.values[stage.start], value_name(p, stage.end)
         if stage.kind == "passthrough":  # MakeExtraOutput hands out its input as is
             for op in stage.ops:
                 if op.extra_output is not None:
-                    em.alias(block, extra_output_name(op), x_in)
-            return x_in
+                    em.alias(block, op.extra_out, stage.input)
+            return em.name(stage.input)
         spec = em.kernel("forward", stage)
-        for op in random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
-            block.lines.append(f"{seed_name(op)} = ref.new_seed({x_in}) if training else None")
-        names = {"y": out, **io_names(stage)}
-        block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
-                           f"kernels.{spec.name}({', '.join([x_in] + [names[o] for o in spec.operands])})")
+        for op in random_ops(stage.ops):
+            block.add(new_seed(p, op, stage.input))
+        operands = {"y": stage.output, **io_names(stage)}
+        block.add(Launch(spec.name, [stage.input] + [operands[o] for o in spec.operands],
+                         [operands[r] for r in spec.returned]))
         for index, alias in forward_aliases(stage).items():
             if alias != "write":
-                em.alias(block, extra_output_name(p.ops[index]), x_in if alias == "input" else out)
-        return out
+                em.alias(block, p.ops[index].extra_out, stage.input if alias == "input" else stage.output)
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         p = em.pipeline
@@ -134,12 +134,11 @@ class ElementwiseStage(StageImpl):
         spec = em.kernel("backward", stage)
         if not spec.ctx["writes_dx"]:
             d_in = dy
-        names = {"dx": d_in, **io_names(stage)}
+        operands = {"dx": d_in, **io_names(stage)}
         recompute = em.plan.recompute.get(stage.start)
         if recompute is not None:
-            names["x"] = em.values[recompute.saved_position]
-        block.lines.append(f"{', '.join(names[r] for r in spec.returned)} = "
-                           f"kernels.{spec.name}({', '.join([dy] + [names[o] for o in spec.operands])})")
+            operands["x"] = recompute.saved
+        block.add(Launch(spec.name, [dy] + [operands[o] for o in spec.operands], [operands[r] for r in spec.returned]))
         for index, alias in backward_aliases(stage).items():
             if alias != "write":
                 em.grad_alias(block, f"d_{extra_input_name(p.ops[index])}", dy if alias == "dy" else d_in)

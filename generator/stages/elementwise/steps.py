@@ -5,7 +5,9 @@ and the norm kernels (their ops before and after the norm) are built from."""
 
 from __future__ import annotations
 
+from ...calls import TorchCall
 from ...ops import OPS
+from ...values import seed_name
 from ..base import extra_input_name, extra_output_name, param_name
 
 def width_halving_kinds() -> set[str]:
@@ -48,14 +50,15 @@ def operand_width(pipeline, stage, name: str, kernel_ops=None):
     return 0  # bias3 / dbias3 / seed3
 
 
-def seed_name(op) -> str:
-    """The generated module's name for a random op's key, drawn once per call (Operand "random")."""
-    return f"{op.hint}_seed"
-
-
 def random_ops(ops):
     """The ops drawing random operands (Dropout): their forward depends on the training mode."""
     return [op for op in ops if op.opdef.operand is not None and op.opdef.operand.source == "random"]
+
+
+def new_seed(pipeline, op, x: int) -> TorchCall:
+    """A random op's key: a fresh one per call (on ``x``'s device); None in eval mode (keep all)."""
+    return TorchCall("{seed} = ref.new_seed({x}) if {training} else None", dict(x=x, training=pipeline.training),
+                     dict(seed=op.seed))
 
 
 def operand_ctypes(steps) -> dict[str, str]:
@@ -75,26 +78,28 @@ def kernel_number(stage, op, kernel_ops=None) -> int:
     return [o.index for o in kernel_ops].index(op.index)
 
 
-def io_names(stage, kernel_ops=None) -> dict[str, str]:
-    """{launcher operand or result: the generated module's name for it} for a run's ops (or for
-    ``kernel_ops``: ``kernel_number``)."""
-    names = {}
+def io_names(stage, kernel_ops=None) -> dict[str, int | str]:
+    """{launcher operand or result: what the generated module passes} for a run's ops (or for
+    ``kernel_ops``: ``kernel_number``): a value (a parameter, a random key, an extra input or
+    output), or a grad's name."""
+    operands: dict[str, int | str] = {}
     for op in stage.ops if kernel_ops is None else kernel_ops:
         rel = kernel_number(stage, op, kernel_ops)
         if op.opdef.operand is not None:
             operand, grad = _operand_names(op, rel)
             if op.opdef.operand.source == "param":
-                names[operand] = param_name(op, op.opdef.params[0].name)
+                operands[operand] = op.param(op.opdef.params[0].name)
+                name = param_name(op, op.opdef.params[0].name)
             elif op.opdef.operand.source == "random":
-                names[operand] = seed_name(op)
+                operands[operand], name = op.seed, seed_name(op)
             else:
-                names[operand] = extra_input_name(op)
+                operands[operand], name = op.extra_in, extra_input_name(op)
             if grad:
-                names[grad] = "d_" + names[operand]
+                operands[grad] = "d_" + name
         if op.extra_output is not None:
-            names[f"extra_out{rel}"] = extra_output_name(op)
-            names[f"d_extra_out{rel}"] = "d_" + extra_output_name(op)
-    return names
+            operands[f"extra_out{rel}"] = op.extra_out
+            operands[f"d_extra_out{rel}"] = "d_" + extra_output_name(op)
+    return operands
 
 
 def glu_index(ops) -> int | None:

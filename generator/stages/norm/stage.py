@@ -13,8 +13,10 @@ are an elementwise backward stage of their own.
 
 from __future__ import annotations
 
+from ...calls import Expr, Launch, TorchCall, literal
 from ...ops import OPS
-from ..base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name, value_name
+from ...values import Role
+from ..base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name
 from ..column_sum import column_sum
 from ..elementwise import steps as ew
 # the stage's methods keep the names they had when the kernels' specs were in this module
@@ -22,19 +24,19 @@ from .kernels import NORM_KINDS, norm_backward, norm_forward, norm_of
 from .kernels import kernel_ops_of as _kernel_ops, params_of as _params
 
 
-def _param_args(norm, attrs) -> list[str]:
+def _param_args(norm, attrs) -> list:
     """The norm's parameters as its kernels take them: one row of features, a parameter of a
     multi-dim normalized_shape viewed flat (its memory is that row)."""
     shapes = {attr: shape for attr, _, shape, _ in norm.params}
-    return [param_name(norm, a) + (".view(-1)" if len(shapes[a]) > 1 else "") for a in attrs]
+    return [Expr("{p}.view(-1)", p=norm.param(a)) if len(shapes[a]) > 1 else norm.param(a) for a in attrs]
 
 
 def _param_grads_shaped(norm, block) -> None:
-    """The lines that give a multi-dim norm's parameter grads their parameter's shape back."""
+    """The calls that give a multi-dim norm's parameter grads their parameter's shape back."""
     for attr, _, shape, _ in norm.params:
         if len(shape) > 1:
-            grad = f"d_{param_name(norm, attr)}"
-            block.lines.append(f"{grad} = {grad}.view{tuple(shape)!r}")
+            grad = literal(f"d_{param_name(norm, attr)}")
+            block.add(TorchCall(f"{grad} = {grad}.view{literal(repr(tuple(shape)))}"))
 
 
 def _kinds(fits) -> set[str]:
@@ -104,10 +106,10 @@ class NormStage(StageImpl):
                 f"{', '.join(sorted(epilogue_kinds()))}")
 
     def materialises(self, stage):
-        return {stage.start, stage.end, norm_of(stage).index}  # the (summed) norm input is written
+        return {stage.input, stage.output, norm_of(stage).input}  # the (summed) norm input is written
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({norm_of(stage).index}))
+        return Saves(values=frozenset({norm_of(stage).input}))
 
     def kernels(self, plan, stage, pass_):
         if pass_ == "forward":
@@ -133,53 +135,48 @@ class NormStage(StageImpl):
 
     def forward(self, em, stage, block):
         p, spec = em.pipeline, em.kernel("forward", stage)
-        x_in, out = em.values[stage.start], value_name(p, stage.end)
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
-        for op in ew.random_ops(stage.ops):  # a fresh key per call; None in eval mode (keep all)
-            block.lines.append(f"{ew.seed_name(op)} = ref.new_seed({x_in}) if training else None")
-        names = ew.io_names(stage, _kernel_ops(stage))
-        args = [x_in] + [names[o] for o in spec.operands] + ([extra_input_name(add)] if add else [])
+        for op in ew.random_ops(stage.ops):
+            block.add(ew.new_seed(p, op, stage.input))
+        operands = ew.io_names(stage, _kernel_ops(stage))
+        args = [stage.input] + [operands[o] for o in spec.operands] + ([add.extra_in] if add else [])
         args += _param_args(norm, _params(norm))
-        results = [out]
+        results = [stage.output]
         if spec.ctx["writes_h"] and (meo or em.saving):  # the sum: an extra output, or read by the backward
-            summed = extra_output_name(meo) if meo else value_name(p, norm.index)
-            em.values[norm.index] = summed
+            summed = meo.extra_out if meo else norm.input
+            em.names[norm.input] = em.table[summed].name
             results.append(summed)
         elif not spec.ctx["writes_h"]:
             # nothing before the norm changes x: the norm's input (which its backward reads) is x,
             # also where a MakeExtraOutput stands between them and the stage starts at it
-            em.values[norm.index] = x_in
+            em.names[norm.input] = em.name(stage.input)
             if meo:  # the extra output is x itself
-                em.alias(block, extra_output_name(meo), x_in)
+                em.alias(block, meo.extra_out, stage.input)
         if not em.saving:  # no backward: neither the statistics nor a sum no one returns are written
             keep = [f"keep_sum={bool(meo)}"] if spec.ctx["writes_h"] else []
-            block.lines.append(f"{', '.join(results)} = kernels.{spec.name}_no_grad({', '.join(args + keep)})")
-            return out
-        if spec.ctx["layernorm"]:
-            results.append(f"{norm.hint}_mean")
-        results.append(f"{norm.hint}_rstd")
-        em.stats[norm.index] = results[1 + spec.ctx["writes_h"]:]
-        block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
-        return out
+            block.add(Launch(f"{spec.name}_no_grad", args + keep, results))
+            return em.table[stage.output].name
+        # the fp32 statistics, one per row: values this lowering makes
+        em.stats[norm.index] = [em.table.add(Role.STATISTIC, "float32", f"{norm.hint}_{stat}")
+                                for stat in (["mean"] if spec.ctx["layernorm"] else []) + ["rstd"]]
+        block.add(Launch(spec.name, args, results + em.stats[norm.index]))
+        return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         spec = em.kernel("backward", stage)
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
-        args = [dy, em.values[norm.index], *em.stats[norm.index]]
+        args = [dy, norm.input, *em.stats[norm.index]]
         args += _param_args(norm, ["weight"]) if "weight" in _params(norm) else []  # gamma (L2 has none)
         args += [f"d_{extra_output_name(meo)}"] if meo else []
         results = [d_in] + [f"d_{param_name(norm, attr)}" for attr in _params(norm)]
-        block.lines.append(f"{', '.join(results)} = kernels.{spec.name}({', '.join(args)})")
+        block.add(Launch(spec.name, args, results))
         _param_grads_shaped(norm, block)
         if add:
             em.grad_alias(block, f"d_{extra_input_name(add)}", d_in, "the residual's grad is the sum's grad")
         return d_in
 
-    def saved_names(self, em, stage):
-        return em.stats[norm_of(stage).index]  # the forward's fp32 statistics
-
     def saved_shapes(self, em, stage):
-        return {name: ("[rows]", "float32") for name in em.stats[norm_of(stage).index]}
+        return {em.table[stat].name: ("[rows]", em.table[stat].dtype) for stat in em.stats[norm_of(stage).index]}
 
 
 NORM = NormStage()

@@ -1,0 +1,100 @@
+"""The blocks of a pipeline's generated forward, backward and no-grad forward: each stage's
+implementation lowers it into calls (stages/), rendered with the names values have where they run
+(``Emitter.name``); what the forward saves, from what the backward's calls read; each returned grad
+in memory of its own."""
+
+from __future__ import annotations
+
+from ..calls import Alias
+from ..plan import Plan
+from ..stages import Block, Emitter
+from ..stages.base import stage_label
+
+
+def forward_blocks(em: Emitter, stages=None, label: str = "forward") -> list[Block]:
+    """Blocks of the forward (``stages``: the plan's forward, or its no-grad forward)."""
+    blocks = []
+    for n, stage in enumerate(em.plan.forward if stages is None else stages):
+        block = Block(f"{label} stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
+                      + (" · no kernel" if stage.kind == "passthrough" else ""), name=em.name)
+        em.names[stage.output] = stage.rule.stage.forward(em, stage, block)
+        blocks.append(block)
+    return blocks
+
+
+def backward_blocks(em: Emitter) -> tuple[list[Block], dict[int, str]]:
+    """Blocks of the backward (last stage first) and the name of the grad of each value a stage
+    reads (0: the pipeline input's)."""
+    p = em.pipeline
+    grads: dict[int, str] = {p.output: "d_" + em.name(p.output)}
+    blocks = []
+    for n, stage in reversed(list(enumerate(em.plan.backward))):
+        block = Block(f"backward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
+                      + (" · no kernel" if stage.kind == "passthrough" else ""), name=em.name)
+        d_in = "d_" + em.name(stage.input)
+        grads[stage.input] = stage.rule.stage.backward(em, stage, block, grads[stage.output], d_in)
+        blocks.append(block)
+    return blocks, grads
+
+
+def own_memory(em: Emitter, returned: list[str]) -> Block | None:
+    """Gives each returned grad that shares memory with one returned before it (an addend's grad
+    is the sum's: one tensor for two inputs, or a view of it) a copy: its alias line becomes a
+    clone, or a last backward block (returned, else None) copies it. Autograd may keep a returned
+    grad as a leaf's ``.grad`` and accumulate the next one into it in place: two leaves with one
+    memory would each get the other's grads too."""
+    block = Block("each returned grad its own memory (a leaf's .grad accumulates in place)")
+    owners: dict[str, str] = {}
+    for name in dict.fromkeys(returned):
+        memory = em.memory_of(name)
+        if memory not in owners:
+            owners[memory] = name
+        elif name in em.grad_aliases:
+            alias_block, index, of, why = em.grad_aliases[name]
+            reason = f"{why}, in memory of its own" if why else "in memory of its own (.grad accumulates in place)"
+            alias_block.calls[index] = Alias(name, of, reason, clone=True)
+        else:
+            block.add(Alias(name, name, f"a copy, not {owners[memory]}'s memory", clone=True))
+    return block if block.calls else None
+
+
+def no_grad_blocks(plan: Plan, stage_kernels: dict) -> list[Block]:
+    """Blocks of the no-grad forward: its stages, writing nothing for a backward."""
+    kernels = {("forward", start): specs for (pass_, start), specs in stage_kernels.items() if pass_ == "inference"}
+    return forward_blocks(Emitter(plan, kernels, saving=False), plan.inference, "no-grad")
+
+
+def reads_of(blocks: list[Block]) -> list[int]:
+    """The values ``blocks``' calls read, in order, each once."""
+    return list(dict.fromkeys(value for block in blocks for value in block.reads()))
+
+
+def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
+    """What the forward keeps for the backward: the forward values the backward's calls read, in
+    ctx.save_for_backward's order: running values in chain order, the stages' own results (a
+    norm's statistics, a random op's key) as the backward stages read them in forward order,
+    extra inputs, parameters (their values, not copies)."""
+    p = plan.pipeline
+    reads = reads_of(list(reversed(bwd)))  # backward_blocks runs the last stage first
+    running = {0, *(op.output for op in p.ops)}
+    free = set(p.extra_input_values) | {value for op in p.ops for _, value in op.param_ids}
+    values = sorted((v for v in reads if v in running), key=p.chain_order)
+    extra = [v for v in p.extra_input_values if v in reads]
+    # the planner decided what the forward materialises for these (Saves): the calls must agree
+    assert set(values) == set(plan.saved_values) and set(extra) == set(plan.saved_extra_inputs), \
+        f"{p.name}: the backward reads {values} + {extra}, the plan saves {plan.saved_values} + {plan.saved_extra_inputs}"
+    own = [v for v in reads if v not in running and v not in free and v != p.input_width]
+    params = [value for op in p.ops for _, value in op.param_ids if value in reads]
+    return values + own + extra + params
+
+
+def distinct_returns(names: list[str], aliases: dict[str, str]) -> list[str]:
+    """The Function's outputs, a tensor returned twice (an extra output that is the output itself)
+    the second time as a view of it: torch.compile cannot trace one tensor as two outputs."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        tensor = aliases.get(name, name)
+        out.append(f"{name}.view_as({name})" if tensor in seen else name)
+        seen.add(tensor)
+    return out

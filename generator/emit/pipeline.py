@@ -1,0 +1,191 @@
+"""The context of a pipeline's files (pipeline.py.j2, plan.md.j2): its blocks, its calling
+convention, its saved tensors, its module's children and checks, whether it replays CUDA graphs."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..ir import Sym, size_expr
+from ..plan import Plan
+from ..source_text import py_string
+from ..stages import Block, Emitter
+from ..stages.base import extra_input_name, extra_output_name, param_name
+from ..stages.module import lead_name, module_name
+from ..values import Role
+from . import convention
+from .blocks import (backward_blocks, distinct_returns, forward_blocks, no_grad_blocks, own_memory, reads_of,
+                     saved_for_backward)
+from .function import function_parts
+from .plan_doc import diagrams, runs_as, saved_table, spec_rows, traffic_cells
+from .segments import segments
+
+
+def placement(op) -> tuple[str, str]:
+    """The device= and dtype= expressions for ``op``'s parameters: the module's own arguments, or
+    where the spec placed the op (TE's device=/dtype=) when the module is given none."""
+    device, dtype = op.args.get("device"), op.args.get("dtype")
+    return ("device" if device is None else f"device if device is not None else {device!r}",
+            "dtype" if dtype is None else f"dtype if dtype is not None else {dtype!r}")
+
+
+def leading_dims(p) -> tuple[dict[int, str], list[str]]:
+    """The name of the leading dims in effect at each op's input in the generated module (its
+    extra inputs and outputs have them), and the lines that compute them: ``x.shape[:-1]``, then
+    a new ``leadK`` after each Reshape (and each view around a multi-dim norm, named by the
+    spec's call)."""
+    calls = {node.module_index: node.module_call for node in p.graph.nodes}
+    current, names, lines = "lead", {}, []
+    for op in p.ops:
+        names[op.index] = current
+        new = f"lead{len(lines) + 1}"
+        if op.opdef.reshape is not None:
+            shape, numel = op.opdef.reshape(op.args), f"{current}.numel() * {size_expr(op.in_features, 'n', '//')}"
+            # a -1 last dim: the size the ops after it fix, or a run-time width of its own
+            out, inferred = op.out_features, shape[-1] == -1
+            width = out.width if isinstance(out, Sym) and not out.of_input else ""
+            checks = (f", last={out}" if inferred and not width else
+                      f", multiple_of={p.divisor_of(width)}" if width and p.divisor_of(width) > 1 else "")
+            where = py_string(f"{op.describe()} (op {op.number} at {op.location})")
+            lines.append(f'{new} = ref.reshaped_lead("{p.class_name}", {where}, {shape!r}, {numel}{checks})')
+            if width:
+                lines.append(f"{width} = {numel} // {new}.numel()")
+            current = new
+        elif op.opdef.new_lead is not None:
+            helper, dims = op.opdef.new_lead(op.args)
+            call = py_string(f"{calls[op.module_index]} (op {op.module_index} at {op.location})")
+            where = f'"{p.class_name}", {call}, ' if helper == "flattened_lead" else ""
+            lines.append(f"{new} = ref.{helper}({where}{current}, {dims!r})")
+            current = new
+    names[len(p.ops)] = current
+    return names, lines
+
+
+def takes_any_shape(pipeline) -> bool:
+    """Whether x may have any shape, 0-D included, as TE's elementwise ops take: a size-generic
+    pipeline in which every value is as wide as x (no GLU halves it). Its results before any
+    Reshape have x's shape."""
+    return pipeline.generic and all(value.features == pipeline.in_features for value in pipeline.values
+                                    if value.role is Role.ACTIVATION)
+
+
+def user_modules(pipeline) -> list:
+    """The ops that run a module of the user's code (ops/module.py)."""
+    return [op for op in pipeline.ops if op.opdef.user_module]
+
+
+def row_inputs(pipeline) -> list:
+    """The ops whose extra input holds one value per row (a row-scaled activation's scales)."""
+    return [op for op in pipeline.ops if op.opdef.operand is not None and op.opdef.operand.broadcast == "row"]
+
+
+def _tuple_literal(items) -> str:
+    """A tuple literal of the given expressions: (a, b), (a,)."""
+    items = list(items)
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _sizes_literal(sizes) -> str:
+    """A tuple literal of feature sizes: ints, "rows" (one value per row), (size-generic) their
+    expressions in n, 'n // 2', or None after a Reshape whose last dim is known only at run time."""
+    return repr(tuple(size if isinstance(size, (int, str)) else size_expr(size, "n", "//") if size.of_input else None
+                      for size in sizes))
+
+
+def children(pipeline, params: dict, modules_run: list) -> list:
+    """The module's children, one per op of the spec's Sequential in order: (index, the op's call
+    as the spec writes it, its parameters, the Op when it is a module of the user's code)."""
+    calls: dict[int, str] = {}
+    for node in pipeline.graph.nodes:
+        calls.setdefault(node.module_index, node.module_call)
+    users = {op.module_index: op for op in modules_run}
+    return [(index, call, params.get(index, []), users.get(index)) for index, call in sorted(calls.items())]
+
+
+def replays_graphs(plan: Plan) -> bool:
+    """Whether the module replays its forward and backward from CUDA graphs at a few rows (the
+    runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage."""
+    launching = [s for s in plan.inference if s.rule.stage.launches and s.kind != "passthrough"]
+    every = [*plan.inference, *plan.forward, *plan.backward]
+    return len(launching) >= 2 and all(s.rule.stage.replayable for s in every)
+
+
+def no_grad_op(name: str, args: list[convention.Argument], blocks: list[Block], outputs: list[str]) -> tuple[str, str]:
+    """torch.compile's custom op for a graph-replaying pipeline's no-grad forward (in the "fusegen"
+    namespace): its name, the pipeline's and a digest of the function's arguments, lines and
+    returns (packages that hold the same pass share its op, and a changed pass gets a new one),
+    and its schema."""
+    text = "\n".join([convention.schema_arguments(args), *(line for block in blocks for line in block.lines), *outputs])
+    return (f"{name}_no_grad_{hashlib.sha256(text.encode()).hexdigest()[:8]}",
+            convention.schema(args, len(outputs)))
+
+
+def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
+    p = plan.pipeline
+    graphs = replays_graphs(plan)
+    em = Emitter(plan, stage_kernels)  # the stages run in functions of their own (function.py)
+    fwd = forward_blocks(em)
+    bwd, grads = backward_blocks(em)
+    d_x = grads[0]
+    output = em.name(p.output)
+    extra_inputs = [extra_input_name(op) for op in p.ops if op.extra_input is not None]
+    # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
+    tees = sorted((op for op in p.ops if op.extra_output is not None), key=lambda op: op.extra_output)
+    extra_outputs = [extra_output_name(op) for op in tees]
+    params = [(op, attr, key, shape, init, param_name(op, attr)) for op, attr, key, shape, init in p.params]
+    saved_values = saved_for_backward(plan, em, bwd)
+    saved = [em.name(value) for value in saved_values]
+    modules = {}
+    for op, attr, key, shape, init, name in params:
+        modules.setdefault(op.module_index, []).append((attr, shape, init, name, *placement(op)))
+    leads, lead_lines = leading_dims(p)
+    modules_run, per_row = user_modules(p), row_inputs(p)
+    cells = runs_as(plan, stage_kernels)
+    grad_outputs = ["d_" + output] + ["d_" + e for e in extra_outputs]
+    # the Function's forward and the no-grad forward take the pipeline's free values (convention.py);
+    # an extra input written back that the backward reads is a copy (the caller's tensor changes after it)
+    copied = {p.extra_input_values[op.writes_back_to] for op in p.written_back
+              if p.extra_input_values[op.writes_back_to] in plan.saved_extra_inputs}
+    args = convention.arguments(p, leads, copied)
+    grad_inputs = convention.grad_inputs(args, d_x)
+    between = any(stage.rule.stage.between_functions for stage in plan.forward)
+    if not between:  # one Function returns every grad (segments gives each Function its own copies)
+        copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+        bwd += [copies] if copies else []
+    function_inputs = [arg.name for arg in args]
+    no_grad = no_grad_blocks(plan, stage_kernels)
+    if between:
+        functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved_values, tees, [arg.value for arg in args])
+    else:
+        doc = ("The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's\n    "
+               "CudaGraphs.training, or None)." if graphs else "The stages above (``graph``: None, the module replays "
+               "no CUDA graphs).")
+        takes_n = p.input_width is not None and p.input_width in reads_of(bwd)
+        functions = [function_parts(
+            f"{p.class_name}Function", f"`{p.name}`", doc, "", function_inputs, fwd,
+            distinct_returns([output] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs,
+            "args[0].shape[1]" if takes_n else None)]
+        grad_steps = []
+    return dict(
+        traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
+        pipeline=p, plan=plan, output=output, no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,
+        extra_inputs=extra_inputs, extra_outputs=extra_outputs, params=params,
+        public_extra_outputs=[op for op in tees if op.writes_back_to is None],
+        written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],  # the extra inputs written back
+        caller_tensors=convention.caller_tensors(args), passed_lines=convention.passed_lines(args),
+        tensor_arguments=[arg.name for arg in args if arg.tensor],
+        extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
+                                            for op in p.ops if op.extra_input is not None),
+        row_inputs=per_row,
+        extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
+        children=children(p, modules, modules_run), saved_table=saved_table(plan, em, saved, params),
+        user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
+        functions=functions, grad_steps=grad_steps,
+        cuda_graphs=graphs, function_inputs=function_inputs,
+        no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
+        leads=leads, lead_lines=lead_lines, any_shape=takes_any_shape(p),
+        # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
+        parameter_check=[_tuple_literal(f'"{key}"' for _, _, key, *_ in params),
+                         _tuple_literal(repr(tuple(shape)) for *_, shape, _, _ in params),
+                         _tuple_literal(name for *_, name in params)],
+        kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
+    )

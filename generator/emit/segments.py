@@ -1,0 +1,67 @@
+"""A pipeline that runs user modules, under autograd: its fused stages as autograd Functions of
+their own around the modules (stages/module.py), each taking, saving and returning what its calls
+read and write."""
+
+from __future__ import annotations
+
+from ..calls import TorchCall, literal
+from ..plan import Plan
+from ..stages import Block, Emitter
+from ..stages.base import extra_output_name
+from . import convention
+from .blocks import distinct_returns, own_memory, reads_of
+from .function import function_parts
+
+
+def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, str], saved: list[int],
+             tees: list, inputs: list[int]) -> tuple[list[dict], list[Block]]:
+    """A pipeline that runs user modules, under autograd: its fused stages between them as autograd
+    Functions of their own (one a run of stages), the modules between them in ``grad_forward``,
+    so autograd records each module as eager PyTorch does (stages/module.py). Returns each
+    Function's parts (``inputs``: its arguments, of the names the pipeline's forward has, with
+    ``n`` for the input width a size-generic backward reshapes with) and grad_forward's steps."""
+    p = plan.pipeline
+    backward_of = list(zip(reversed(plan.backward), bwd))  # backward_blocks runs the last stage first
+    steps = []
+    for stage, block in zip(plan.forward, fwd):
+        if stage.rule.stage.between_functions:
+            steps.append(block)
+        elif steps and isinstance(steps[-1], list):
+            steps[-1].append((stage, block))
+        else:
+            steps.append([(stage, block)])
+    functions = []
+    for k, run in enumerate(step for step in steps if isinstance(step, list)):
+        start, end = run[0][0].start, run[-1][0].end  # the run's ops
+        blocks = [block for _, block in run]
+        backward = [block for stage, block in backward_of if start <= stage.start < end]
+        first, last = run[0][0], run[-1][0]
+        outputs = [em.name(last.output)] + [extra_output_name(op) for op in tees if start <= op.index < end]
+        forward_reads = reads_of(blocks)
+        taken = [value for value in inputs[1:] if value in forward_reads]  # the free values the run reads
+        args = [em.name(first.input)] + [em.name(value) for value in taken]
+        grad_inputs = [grads[first.input]] + [("d_" + em.name(v)) if em.table[v].role in convention.TENSOR_ROLES
+                                              else "None" for v in taken]
+        copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+        backward += [copies] if copies else []
+        backward_reads = reads_of(backward)
+        takes_n = p.input_width is not None and p.input_width in backward_reads
+        span = f"ops {first.ops[0].number} to {last.ops[-1].number}"
+        functions.append(dict(function_parts(
+            f"{p.class_name}Function{k}", f"{span} of `{p.name}`",
+            "grad_forward runs the user modules between such Functions (``graph``: None).", str(k),
+            args + (["n"] if takes_n else []), blocks, distinct_returns(outputs, em.aliases),
+            [em.name(v) for v in saved if v in backward_reads], ["d_" + name for name in outputs], backward,
+            grad_inputs + (["None"] if takes_n else []), "args[-1]" if takes_n else None),
+            span=span, outputs=outputs))
+    calls = iter(functions)
+    return functions, [step if isinstance(step, Block) else _call_block(next(calls)) for step in steps]
+
+
+def _call_block(function: dict) -> Block:
+    """grad_forward's step that applies one of the Functions of ``segments``."""
+    outputs = function["outputs"]
+    args = ["None"] + ["x.shape[1]" if name == "n" else name for name in function["inputs"]]  # no CUDA graphs
+    block = Block(f"{function['span']}, fused")
+    block.add(TorchCall(literal(f"{', '.join(outputs)} = {function['name']}.apply({', '.join(args)})")))
+    return block
