@@ -149,7 +149,6 @@ def test_no_module_of_generator_imports_itself_through_others():
     assert not found, "import circles in generator/: " + "; ".join(" -> ".join(circle) for circle in found)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37 in progress")
 def test_no_module_of_generator_is_over_the_line_limit():
     over = {name: n for name, path in module_files(GENERATOR, PACKAGE).items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
