@@ -10,6 +10,7 @@ import os
 import signal
 import tempfile
 import textwrap
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -126,6 +127,11 @@ def test_the_worker_context_lists_the_pools_processes_and_a_second_ctrl_c_kills_
         compile_jobs._kill_workers(context.processes)
         for process in context.processes:
             process.join(timeout=30)
+            # the pool's own thread reaps a dead worker too: where it does so first, this join
+            # returns before that thread has recorded the exit code (waitpid raced), so wait for it
+            deadline = time.monotonic() + 30
+            while process.exitcode is None and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert process.exitcode == -signal.SIGKILL
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
