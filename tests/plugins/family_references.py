@@ -20,11 +20,11 @@ def row_softmax(p, x):
 
 
 def softmax_head(p, x):
-    return (F.linear(softmax64(F.linear(x, p["0.weight"], p["0.bias"])), p["2.weight"], p["2.bias"]),)
+    return (F.linear(softmax64(x), p["1.weight"], p["1.bias"]),)
 
 
 # pipeline -> (class, reference, input features, whether it holds a GEMM)
 PIPELINES = {
     "row_softmax": ("RowSoftmax", row_softmax, 256, False),
-    "softmax_head": ("SoftmaxHead", softmax_head, 64, True),
+    "softmax_head": ("SoftmaxHead", softmax_head, 1000, True),
 }
