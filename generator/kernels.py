@@ -102,8 +102,11 @@ class KernelFamily:
 
     def launcher_io(self, spec: KernelSpec) -> dict:
         """Its launcher's ``args`` (the whole argument list, in order) and ``outputs`` (how many
-        tensors it returns), and ``written`` where its kernel writes results besides ``y``. The
-        launcher's def and its custom op's schema under torch.compile both come from these."""
+        tensors it returns), and where they apply: ``written``, the results besides ``y`` its
+        kernel writes; ``random``, the operands passed as ``pointer(t)`` (a Dropout's key, None in
+        eval mode); ``types``, the custom op's schema type of an argument that is no ``Tensor``
+        (e.g. ``{"dtype": "ScalarType"}``). The launcher's def and its custom op's schema under
+        torch.compile both come from these (``launcher_io``)."""
         raise NotImplementedError(f"kernel family {self.name}: launcher_io")
 
     def launcher_context(self, spec: KernelSpec, dtypes: tuple[str, ...]) -> dict:
@@ -271,10 +274,15 @@ def kernel_abi(spec: KernelSpec) -> tuple[KernelParam, ...]:
 
 def launcher_io(spec: KernelSpec) -> dict:
     """A launcher's tensor operands (after x or dy) and results; ``written``: the results besides
-    ``y`` that the kernel writes (an elementwise forward's extra outputs); ``args``: its whole
-    argument list and ``outputs``: how many tensors it returns (KernelFamily.launcher_io)."""
-    return {"operands": list(spec.operands), "returned": list(spec.returned), "written": [],
-            **spec.kernel_family.launcher_io(spec)}
+    ``y`` that the kernel writes (an elementwise forward's extra outputs); ``random``: the operands
+    passed as pointers that may be null; ``args``: its whole argument list and ``outputs``: how
+    many tensors it returns (KernelFamily.launcher_io); ``schema``: each argument with its custom
+    op's type, a ``Tensor`` unless ``types`` says otherwise, a ``Tensor?`` where it is random."""
+    io = {"operands": list(spec.operands), "returned": list(spec.returned), "written": [], "random": [],
+          "types": {}, **spec.kernel_family.launcher_io(spec)}
+    types = {**{name: "Tensor?" for name in io["random"]}, **io["types"]}
+    io["schema"] = [f"{types.get(arg, 'Tensor')} {arg}" for arg in io["args"]]
+    return io
 
 
 def make_spec(name: tuple[str, str], family: str, summary: str, abi: Sequence[KernelParam] = (),

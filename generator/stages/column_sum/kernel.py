@@ -21,7 +21,7 @@ class ColumnSum(KernelFamily):
     sums_partials = True
 
     def launcher_io(self, spec):
-        return dict(args=["partials", "dtype"], outputs=1)
+        return dict(args=["partials", "dtype"], outputs=1, types={"dtype": "ScalarType"})
 
 
 COLUMN_SUM = register_family(ColumnSum())

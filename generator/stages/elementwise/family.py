@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...kernels import DTYPES, KernelFamily, register_family
 from ..launchers import by_dtype
 from .kernels import COLUMN_TILE_LANES, COLUMN_TILED_ROWS
+from .steps import random_operands
 
 
 def by_row_vectors(spec, itemsize: int) -> int | None:
@@ -28,7 +29,8 @@ class ElementwiseForward(KernelFamily):
 
     def launcher_io(self, spec):
         written = [name for name in spec.returned if name != "y"]  # extra outputs the kernel writes
-        return dict(args=["x", *spec.operands], outputs=1 + len(written), written=written)
+        return dict(args=["x", *spec.operands], outputs=1 + len(written), written=written,
+                    random=random_operands(spec.ctx["steps"]))
 
 
 class ElementwiseBackward(KernelFamily):
@@ -51,7 +53,7 @@ class ElementwiseBackward(KernelFamily):
         return COLUMN_TILED_ROWS if spec.ctx["column_tiled"] else None
 
     def launcher_io(self, spec):
-        return dict(args=["dy", *spec.operands], outputs=len(spec.returned))
+        return dict(args=["dy", *spec.operands], outputs=len(spec.returned), random=random_operands(spec.ctx["steps"]))
 
     def launcher_context(self, spec, dtypes):
         """A column-tiled backward's 16-byte (or narrower) vectors in a row of dy, by dtype (a

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ...kernels import KernelFamily, KernelSpec, register_family
+from ..elementwise.steps import random_operands
 from .tuning import NORM_BWD_MIN_BLOCKS, SUMS_IN_KERNEL_SPLITS, norm_fwd_few_rows, norm_fwd_holds, norm_threads
 
 
@@ -36,7 +37,8 @@ class NormForward(KernelFamily):
         ctx = spec.ctx
         args = ["x", *spec.operands] + (["residual"] if ctx["residual"] else []) + ([] if ctx["l2"] else ["gamma"])
         args += ["beta"] if ctx["layernorm"] else []
-        return dict(args=args, outputs=2 + ctx["writes_h"] + ctx["layernorm"])  # y, [h], [mean], rstd
+        return dict(args=args, outputs=2 + ctx["writes_h"] + ctx["layernorm"],  # y, [h], [mean], rstd
+                    random=random_operands(ctx["steps"]))  # its prologue's and epilogue's
 
 
 class NormBackward(KernelFamily):
