@@ -73,8 +73,15 @@ class KernelFamily:
     template = ""  # its .cu.j2, instantiated once a dtype (templates/kernel_source.cu.j2 wraps them)
     launcher_template = ""  # its section of the package's _kernels.py (templates/kernels.py.j2 includes it)
     sums_partials = False  # True: it sums another kernel's fp32 partials, the second launch of a backward
-    # values of _kernels.py's head that its launchers read (kernels.py.j2 writes each one a family
-    # of the package uses): {template variable: value}
+    # Its lines of _kernels.py's head (module constants its launchers read): a template of its
+    # folder, rendered once a package for every registered family, given ``kernels`` (the
+    # package's launchers of this family, maybe none) and its module_constants; "": none.
+    head_template = ""
+    # Where its head lines go: the head holds the families' lines sorted by head_position, a tie
+    # in registration order. fusegen's families take 10 to 40 (the order the head always had:
+    # elementwise_fwd, norm_bwd, elementwise_bwd, column_sum), so a plugin's go after them.
+    head_position = 100
+    # values its head template and launcher template read: {template variable: value}
     module_constants: dict[str, object] = {}
 
     def launch_size(self, spec: KernelSpec, itemsize: int) -> int | None:
@@ -108,6 +115,12 @@ class KernelFamily:
         (e.g. ``{"dtype": "ScalarType"}``). The launcher's def and its custom op's schema under
         torch.compile both come from these (``launcher_io``)."""
         raise NotImplementedError(f"kernel family {self.name}: launcher_io")
+
+    def runtime_names(self, spec: KernelSpec) -> tuple[str, ...]:
+        """What its launcher imports from the package's ``_runtime`` besides ``Kernel`` and
+        ``register_op`` (every launcher's): ``pointer`` where it passes random operands (the
+        launch tuple, kernels.py.j2's abi_args, writes ``pointer(t)`` for them)."""
+        return ("pointer",) if launcher_io(spec)["random"] else ()
 
     def launcher_context(self, spec: KernelSpec, dtypes: tuple[str, ...]) -> dict:
         """Whatever else its launcher template reads (``k.<key>``), for the package's dtypes."""

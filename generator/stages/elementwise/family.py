@@ -23,6 +23,8 @@ class ElementwiseForward(KernelFamily):
     name = "elementwise_fwd"
     template = "elementwise/elementwise_fwd.cu.j2"
     launcher_template = "elementwise/elementwise_fwd.py.j2"
+    head_template = "elementwise/elementwise_fwd_head.py.j2"
+    head_position = 10  # kernels.KernelFamily.head_position
 
     def launch_size(self, spec, itemsize):
         return by_row_vectors(spec, itemsize)
@@ -37,6 +39,8 @@ class ElementwiseBackward(KernelFamily):
     name = "elementwise_bwd"
     template = "elementwise/elementwise_bwd.cu.j2"
     launcher_template = "elementwise/elementwise_bwd.py.j2"
+    head_template = "elementwise/elementwise_bwd_head.py.j2"
+    head_position = 30  # kernels.KernelFamily.head_position
     module_constants = {"column_tiled_rows": COLUMN_TILED_ROWS, "column_tile_lanes": COLUMN_TILE_LANES}
 
     def launch_size(self, spec, itemsize):

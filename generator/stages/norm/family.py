@@ -45,6 +45,8 @@ class NormBackward(KernelFamily):
     name = "norm_bwd"
     template = "norm/norm_bwd.cu.j2"
     launcher_template = "norm/norm_bwd.py.j2"
+    head_template = "norm/norm_bwd_head.py.j2"
+    head_position = 20  # kernels.KernelFamily.head_position
     module_constants = {"sums_in_kernel_splits": SUMS_IN_KERNEL_SPLITS}
 
     def launch_size(self, spec, itemsize):
