@@ -6,8 +6,8 @@ constant) is also its cache key: pipelines that share a stage share the kernel. 
 its kernel family, and holds its ABI as data; ``context`` fills the family's templates.
 
 A ``KernelFamily`` is everything that differs between families: its ``.cu`` template and its
-launcher template, its launch geometry and entry points, its shared memory and its launcher's
-arguments. Each family's folder (stages/<family>/) registers its own (``register_family``); a
+launcher template, its launch geometry and entry points, its shared memory, its launcher's
+arguments and its lines of ``_kernels.py``'s head (constants, imports from ``_runtime``). Each family's folder (stages/<family>/) registers its own (``register_family``); a
 plugin may register more (plugins.register_family). Nothing here branches on a family's name.
 
 Names are bounded (``kernel_name``): one longer than ``MAX_KERNEL_NAME`` keeps a readable prefix
