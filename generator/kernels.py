@@ -130,11 +130,21 @@ class KernelFamily:
 FAMILIES: dict[str, KernelFamily] = {}  # by KernelSpec.family: fusegen's, then a build's plugins'
 
 
+def constant_owner(name: str) -> str | None:
+    """The registered family whose module_constants hold ``name``; None: no family's."""
+    return next((family.name for family in FAMILIES.values() if name in family.module_constants), None)
+
+
 def register_family(family: KernelFamily) -> KernelFamily:
-    """Make ``family`` the one that answers for specs of ``family.name``; a name is taken once."""
+    """Make ``family`` the one that answers for specs of ``family.name``; a name is taken once, and
+    so is a module constant's (the launcher templates read every family's by name)."""
     if not family.name or family.name in FAMILIES:
         raise ValueError(f"kernel family {family.name!r} is {'already registered' if family.name else 'unnamed'}; "
                          "give the family a name of its own")
+    for constant in family.module_constants:
+        if constant_owner(constant) is not None:
+            raise ValueError(f"kernel family {family.name!r}: its module constant {constant!r} is kernel family "
+                             f"{constant_owner(constant)!r}'s; give the constant a name of its own")
     FAMILIES[family.name] = family
     return family
 

@@ -122,3 +122,16 @@ def test_the_launchers_module_and_its_renderer_name_no_familys_constants():
         for path, text in shared.items():
             for name in (family.name, *constants, *family.module_constants):
                 assert name not in text, f"{path} names {name} of {family.name}"
+
+
+def test_a_module_constant_is_one_familys(monkeypatch):
+    """Launcher templates read every family's module constants by name: a second family may not
+    take one."""
+    monkeypatch.setattr(kn, "FAMILIES", dict(kn.FAMILIES))
+    taken = type("Taken", (FakeFamily,), {"module_constants": {"sums_in_kernel_splits": 1}})()
+    with pytest.raises(ValueError, match="kernel family 'fake': its module constant 'sums_in_kernel_splits' is "
+                                         "kernel family 'norm_bwd''s; give the constant a name of its own"):
+        kn.register_family(taken)
+    assert "fake" not in kn.FAMILIES
+    kn.register_family(FakeFamily())  # a constant of its own
+    assert kn.constant_owner("fake_blocks") == "fake"
