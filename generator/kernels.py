@@ -6,8 +6,8 @@ constant) is also its cache key: pipelines that share a stage share the kernel. 
 its kernel family, and holds its ABI as data; ``context`` fills the family's templates.
 
 A ``KernelFamily`` is everything that differs between families: its ``.cu`` template and its
-launcher template, its launch geometry and entry points, its shared memory and its launcher's
-arguments. Each family's folder (stages/<family>/) registers its own (``register_family``); a
+launcher template, its launch geometry and entry points, its shared memory, its launcher's
+arguments and its lines of ``_kernels.py``'s head (constants, imports from ``_runtime``). Each family's folder (stages/<family>/) registers its own (``register_family``); a
 plugin may register more (plugins.register_family). Nothing here branches on a family's name.
 
 Names are bounded (``kernel_name``): one longer than ``MAX_KERNEL_NAME`` keeps a readable prefix
@@ -73,8 +73,15 @@ class KernelFamily:
     template = ""  # its .cu.j2, instantiated once a dtype (templates/kernel_source.cu.j2 wraps them)
     launcher_template = ""  # its section of the package's _kernels.py (templates/kernels.py.j2 includes it)
     sums_partials = False  # True: it sums another kernel's fp32 partials, the second launch of a backward
-    # values of _kernels.py's head that its launchers read (kernels.py.j2 writes each one a family
-    # of the package uses): {template variable: value}
+    # Its lines of _kernels.py's head (module constants its launchers read): a template of its
+    # folder, rendered once a package for every registered family, given ``kernels`` (the
+    # package's launchers of this family, maybe none) and its module_constants; "": none.
+    head_template = ""
+    # Where its head lines go: the head holds the families' lines sorted by head_position, a tie
+    # in registration order. fusegen's families take 10 to 40 (the order the head always had:
+    # elementwise_fwd, norm_bwd, elementwise_bwd, column_sum), so a plugin's go after them.
+    head_position = 100
+    # values its head template and launcher template read: {template variable: value}
     module_constants: dict[str, object] = {}
 
     def launch_size(self, spec: KernelSpec, itemsize: int) -> int | None:
@@ -102,9 +109,18 @@ class KernelFamily:
 
     def launcher_io(self, spec: KernelSpec) -> dict:
         """Its launcher's ``args`` (the whole argument list, in order) and ``outputs`` (how many
-        tensors it returns), and ``written`` where its kernel writes results besides ``y``. The
-        launcher's def and its custom op's schema under torch.compile both come from these."""
+        tensors it returns), and where they apply: ``written``, the results besides ``y`` its
+        kernel writes; ``random``, the operands passed as ``pointer(t)`` (a Dropout's key, None in
+        eval mode); ``types``, the custom op's schema type of an argument that is no ``Tensor``
+        (e.g. ``{"dtype": "ScalarType"}``). The launcher's def and its custom op's schema under
+        torch.compile both come from these (``launcher_io``)."""
         raise NotImplementedError(f"kernel family {self.name}: launcher_io")
+
+    def runtime_names(self, spec: KernelSpec) -> tuple[str, ...]:
+        """What its launcher imports from the package's ``_runtime`` besides ``Kernel`` and
+        ``register_op`` (every launcher's): ``pointer`` where it passes random operands (the
+        launch tuple, kernels.py.j2's abi_args, writes ``pointer(t)`` for them)."""
+        return ("pointer",) if launcher_io(spec)["random"] else ()
 
     def launcher_context(self, spec: KernelSpec, dtypes: tuple[str, ...]) -> dict:
         """Whatever else its launcher template reads (``k.<key>``), for the package's dtypes."""
@@ -114,11 +130,21 @@ class KernelFamily:
 FAMILIES: dict[str, KernelFamily] = {}  # by KernelSpec.family: fusegen's, then a build's plugins'
 
 
+def constant_owner(name: str) -> str | None:
+    """The registered family whose module_constants hold ``name``; None: no family's."""
+    return next((family.name for family in FAMILIES.values() if name in family.module_constants), None)
+
+
 def register_family(family: KernelFamily) -> KernelFamily:
-    """Make ``family`` the one that answers for specs of ``family.name``; a name is taken once."""
+    """Make ``family`` the one that answers for specs of ``family.name``; a name is taken once, and
+    so is a module constant's (the launcher templates read every family's by name)."""
     if not family.name or family.name in FAMILIES:
         raise ValueError(f"kernel family {family.name!r} is {'already registered' if family.name else 'unnamed'}; "
                          "give the family a name of its own")
+    for constant in family.module_constants:
+        if constant_owner(constant) is not None:
+            raise ValueError(f"kernel family {family.name!r}: its module constant {constant!r} is kernel family "
+                             f"{constant_owner(constant)!r}'s; give the constant a name of its own")
     FAMILIES[family.name] = family
     return family
 
@@ -271,10 +297,15 @@ def kernel_abi(spec: KernelSpec) -> tuple[KernelParam, ...]:
 
 def launcher_io(spec: KernelSpec) -> dict:
     """A launcher's tensor operands (after x or dy) and results; ``written``: the results besides
-    ``y`` that the kernel writes (an elementwise forward's extra outputs); ``args``: its whole
-    argument list and ``outputs``: how many tensors it returns (KernelFamily.launcher_io)."""
-    return {"operands": list(spec.operands), "returned": list(spec.returned), "written": [],
-            **spec.kernel_family.launcher_io(spec)}
+    ``y`` that the kernel writes (an elementwise forward's extra outputs); ``random``: the operands
+    passed as pointers that may be null; ``args``: its whole argument list and ``outputs``: how
+    many tensors it returns (KernelFamily.launcher_io); ``schema``: each argument with its custom
+    op's type, a ``Tensor`` unless ``types`` says otherwise, a ``Tensor?`` where it is random."""
+    io = {"operands": list(spec.operands), "returned": list(spec.returned), "written": [], "random": [],
+          "types": {}, **spec.kernel_family.launcher_io(spec)}
+    types = {**{name: "Tensor?" for name in io["random"]}, **io["types"]}
+    io["schema"] = [f"{types.get(arg, 'Tensor')} {arg}" for arg in io["args"]]
+    return io
 
 
 def make_spec(name: tuple[str, str], family: str, summary: str, abi: Sequence[KernelParam] = (),

@@ -148,7 +148,7 @@ def register_family(family: KernelFamily, templates: str | Path) -> KernelFamily
     """Add a plugin's kernel family for this build: ``family`` answers for the specs whose
     ``family`` is ``family.name``, and ``templates`` (relative to the plugin module's file, or
     absolute) is the folder of its templates and ``.cuh`` headers. ``family.template`` and
-    ``family.launcher_template`` are named ``<folder name>/<file>``; the headers are included by
+    ``family.launcher_template`` (and a ``head_template``) are named ``<folder name>/<file>``; the headers are included by
     file name (and digested by the build cache) like fusegen's own. Two families may share one
     folder. Returns the family; outside a build registers nothing (families are for builds only)."""
     ext = _current()
@@ -167,11 +167,17 @@ def register_family(family: KernelFamily, templates: str | Path) -> KernelFamily
         owner = "in fusegen's templates/" if known is None else f"{known.shown}, another plugin's"
         raise RuleError(f"{where}: its template folder's name {folder.name!r} is taken ({owner}); give "
                         "the plugin's folder a name of its own")
-    for what, name in (("template", family.template), ("launcher_template", family.launcher_template)):
+    templates_named = [("template", family.template), ("launcher_template", family.launcher_template)]
+    templates_named += [("head_template", family.head_template)] if family.head_template else []
+    for what, name in templates_named:
         first, _, rest = name.partition("/")
         if first != folder.name or not (folder / rest).is_file():
             raise RuleError(f"{where}: its {what} {name!r} is not a file of {folder}; name it "
                             f"'{folder.name}/<file>', a file of that folder")
+    for constant in sorted(family.module_constants):  # launcher templates read every family's by name
+        if kn.constant_owner(constant) is not None:
+            raise RuleError(f"{where}: its module constant {constant!r} is kernel family "
+                            f"{kn.constant_owner(constant)!r}'s; give the constant a name of its own")
     for header in sorted(folder.glob("*.cuh")):
         if (BUILTIN_HEADERS / header.name).is_file() or ext.headers.get(header.name, header) != header:
             raise RuleError(f"{where}: a device header named {header.name} already exists; give the "

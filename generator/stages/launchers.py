@@ -61,15 +61,38 @@ def launcher(spec: kn.KernelSpec, op: str, dtypes: tuple[str, ...]) -> dict:
     family = spec.kernel_family
     return dict(name=spec.name, op=op, family=spec.family, launcher_template=family.launcher_template, ctx=spec.ctx,
                 summary=spec.summary, geometry=geometry(spec, dtypes), few_rows=few_rows(spec, dtypes),
-                params=kn.kernel_abi(spec), shared=spec.shared_bytes, **kn.launcher_io(spec),
-                **family.launcher_context(spec, dtypes))
+                params=kn.kernel_abi(spec), shared=spec.shared_bytes, runtime_names=family.runtime_names(spec),
+                **kn.launcher_io(spec), **family.launcher_context(spec, dtypes))
+
+
+# What every launcher imports from the package's _runtime; a family adds its own (runtime_names).
+RUNTIME_NAMES = ("Kernel", "register_op")
+
+
+def module_head(env, launchers: list[dict]) -> list[str]:
+    """The families' lines of ``_kernels.py``'s head: each registered family's head template,
+    rendered with the package's ``launchers`` of that family and its module_constants, in the
+    order of (head_position, registration); a family that writes nothing adds nothing."""
+    entries = []
+    for registered, family in enumerate(kn.FAMILIES.values()):
+        if not family.head_template:
+            continue
+        mine = [k for k in launchers if k["family"] == family.name]
+        text = env.get_template(family.head_template).render(kernels=mine, **family.module_constants).strip("\n")
+        if text:
+            entries.append((family.head_position, registered, text))
+    return [text for _, _, text in sorted(entries)]
 
 
 def kernels_module(env, specs: dict[str, kn.KernelSpec], ops: dict[str, str], dtypes: tuple[str, ...],
                    fixed: dict[str, list[kn.KernelSpec]]) -> str:
-    """The package's ``_kernels.py``: a launcher for each of ``specs`` (by name; ``ops``: their
+    """The package's ``_kernels.py``: its head (the runtime's names the launchers use, the
+    families' constants), then a launcher for each of ``specs`` (by name; ``ops``: their
     torch.library ops' names), ``fixed``: the fixed-size kernels a size-generic launcher hands
-    rows of their width to (build.fixed_sizes)."""
+    rows of their width to (build.fixed_sizes). A launcher template reads its family's
+    module_constants (all families' are given: their names must not clash)."""
+    launchers = [launcher(spec, ops[name], dtypes) for name, spec in specs.items()]
+    runtime_names = sorted({*RUNTIME_NAMES, *(name for k in launchers for name in k["runtime_names"])})
     constants = {key: value for family in kn.FAMILIES.values() for key, value in family.module_constants.items()}
     return env.get_template("kernels.py.j2").render(
-        kernels=[launcher(spec, ops[name], dtypes) for name, spec in specs.items()], fixed=fixed, **constants)
+        runtime_names=runtime_names, head=module_head(env, launchers), kernels=launchers, fixed=fixed, **constants)

@@ -107,17 +107,21 @@ FAMILY = """\
         name = {name!r}
         template = {template!r}
         launcher_template = "bad_rows/fwd.py.j2"
+        head_template = {head!r}
+        module_constants = {constants!r}
 
     register_family(Fwd(), templates={folder!r})
 """
 
 
-def _project_with_family(tmp_path, name="bad_fwd", template="bad_rows/fwd.cu.j2", folder="bad_rows", header=""):
+def _project_with_family(tmp_path, name="bad_fwd", template="bad_rows/fwd.cu.j2", folder="bad_rows", header="",
+                         head="", constants=None):
     project = tmp_path / "p"
     (project / "specs").mkdir(parents=True)
     (project / "pyproject.toml").write_text('[tool.fusegen]\nspecs = ["specs/*.py"]\npackage = "out"\n'
                                             'plugins = ["bad_ext"]\n')
-    (project / "bad_ext.py").write_text(textwrap.dedent(FAMILY.format(name=name, template=template, folder=folder)))
+    (project / "bad_ext.py").write_text(textwrap.dedent(FAMILY.format(name=name, template=template, folder=folder, head=head,
+                                                                                constants=constants or {})))
     (project / "specs" / "s.py").write_text("from transformer_engine.pytorch.ops import Linear, Sequential\n"
                                             "m = Sequential(Linear(8, 8))\n")
     (project / folder).mkdir()
@@ -138,11 +142,17 @@ BAD_FAMILIES = [
     (dict(folder="missing"), "plugin bad_ext: kernel family 'bad_fwd': its template folder "),
     (dict(header="common.cuh"), "plugin bad_ext: kernel family 'bad_fwd': a device header named common.cuh already "
                                 "exists; give the plugin's header a name of its own"),
+    (dict(head="bad_rows/head.py.j2"), "plugin bad_ext: kernel family 'bad_fwd': its head_template "
+                                       "'bad_rows/head.py.j2' is not a file of "),
+    (dict(constants={"column_tiled_rows": 1}), "plugin bad_ext: kernel family 'bad_fwd': its module constant "
+                                               "'column_tiled_rows' is kernel family 'elementwise_bwd''s; give the "
+                                               "constant a name of its own"),
 ]
 
 
 @pytest.mark.parametrize("change, message", BAD_FAMILIES, ids=["taken", "missing-template", "unprefixed",
-                                                                "builtin-folder", "no-folder", "header"])
+                                                                "builtin-folder", "no-folder", "header",
+                                                                "missing-head", "taken-constant"])
 def test_a_bad_family_is_a_message_at_the_plugin(tmp_path, monkeypatch, capsys, change, message):
     project = _project_with_family(tmp_path, **change)
     if change.get("folder") == "missing":

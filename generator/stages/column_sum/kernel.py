@@ -18,10 +18,12 @@ class ColumnSum(KernelFamily):
     name = "column_sum"
     template = "column_sum/column_sum.cu.j2"
     launcher_template = "column_sum/column_sum.py.j2"
+    head_template = "column_sum/column_sum_head.py.j2"
+    head_position = 40  # kernels.KernelFamily.head_position
     sums_partials = True
 
     def launcher_io(self, spec):
-        return dict(args=["partials", "dtype"], outputs=1)
+        return dict(args=["partials", "dtype"], outputs=1, types={"dtype": "ScalarType"})
 
 
 COLUMN_SUM = register_family(ColumnSum())

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...kernels import DTYPES, KernelFamily, register_family
 from ..launchers import by_dtype
 from .kernels import COLUMN_TILE_LANES, COLUMN_TILED_ROWS
+from .steps import random_operands
 
 
 def by_row_vectors(spec, itemsize: int) -> int | None:
@@ -22,19 +23,24 @@ class ElementwiseForward(KernelFamily):
     name = "elementwise_fwd"
     template = "elementwise/elementwise_fwd.cu.j2"
     launcher_template = "elementwise/elementwise_fwd.py.j2"
+    head_template = "elementwise/elementwise_fwd_head.py.j2"
+    head_position = 10  # kernels.KernelFamily.head_position
 
     def launch_size(self, spec, itemsize):
         return by_row_vectors(spec, itemsize)
 
     def launcher_io(self, spec):
         written = [name for name in spec.returned if name != "y"]  # extra outputs the kernel writes
-        return dict(args=["x", *spec.operands], outputs=1 + len(written), written=written)
+        return dict(args=["x", *spec.operands], outputs=1 + len(written), written=written,
+                    random=random_operands(spec.ctx["steps"]))
 
 
 class ElementwiseBackward(KernelFamily):
     name = "elementwise_bwd"
     template = "elementwise/elementwise_bwd.cu.j2"
     launcher_template = "elementwise/elementwise_bwd.py.j2"
+    head_template = "elementwise/elementwise_bwd_head.py.j2"
+    head_position = 30  # kernels.KernelFamily.head_position
     module_constants = {"column_tiled_rows": COLUMN_TILED_ROWS, "column_tile_lanes": COLUMN_TILE_LANES}
 
     def launch_size(self, spec, itemsize):
@@ -51,7 +57,7 @@ class ElementwiseBackward(KernelFamily):
         return COLUMN_TILED_ROWS if spec.ctx["column_tiled"] else None
 
     def launcher_io(self, spec):
-        return dict(args=["dy", *spec.operands], outputs=len(spec.returned))
+        return dict(args=["dy", *spec.operands], outputs=len(spec.returned), random=random_operands(spec.ctx["steps"]))
 
     def launcher_context(self, spec, dtypes):
         """A column-tiled backward's 16-byte (or narrower) vectors in a row of dy, by dtype (a

@@ -61,6 +61,12 @@ def new_seed(pipeline, op, x: int) -> TorchCall:
                      dict(seed=op.seed))
 
 
+def random_operands(steps) -> list[str]:
+    """The operands of a kernel's random steps (a Dropout's key tensor, None in eval mode): its
+    launcher passes them as ``pointer(t)`` and its custom op takes them as ``Tensor?``."""
+    return [step["operand"] for step in steps if step["broadcast"] == "random"]
+
+
 def operand_ctypes(steps) -> dict[str, str]:
     """{operand: its C type}: a random operand is its 64-bit key, any other a T tensor (a missing
     name: the saved run input or an extra output's grad, both T)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ...kernels import KernelFamily, KernelSpec, register_family
+from ..elementwise.steps import random_operands
 from .tuning import NORM_BWD_MIN_BLOCKS, SUMS_IN_KERNEL_SPLITS, norm_fwd_few_rows, norm_fwd_holds, norm_threads
 
 
@@ -36,13 +37,16 @@ class NormForward(KernelFamily):
         ctx = spec.ctx
         args = ["x", *spec.operands] + (["residual"] if ctx["residual"] else []) + ([] if ctx["l2"] else ["gamma"])
         args += ["beta"] if ctx["layernorm"] else []
-        return dict(args=args, outputs=2 + ctx["writes_h"] + ctx["layernorm"])  # y, [h], [mean], rstd
+        return dict(args=args, outputs=2 + ctx["writes_h"] + ctx["layernorm"],  # y, [h], [mean], rstd
+                    random=random_operands(ctx["steps"]))  # its prologue's and epilogue's
 
 
 class NormBackward(KernelFamily):
     name = "norm_bwd"
     template = "norm/norm_bwd.cu.j2"
     launcher_template = "norm/norm_bwd.py.j2"
+    head_template = "norm/norm_bwd_head.py.j2"
+    head_position = 20  # kernels.KernelFamily.head_position
     module_constants = {"sums_in_kernel_splits": SUMS_IN_KERNEL_SPLITS}
 
     def launch_size(self, spec, itemsize):
