@@ -1,14 +1,15 @@
 """Typed calls: what a stage lowers a planned stage to, and all that emit renders.
 
 A call is one line of the generated forward or backward. It reads and writes values by id
-(values.py); what it does not hold as a value (a grad's name, a constant, ``ctx``) is literal text.
+(values.py), a backward's grads among them (``ValueTable.grad``); what it does not hold as a value
+(a constant, ``ctx``, a keyword argument) is literal text.
 Each call keeps its line as text with a named placeholder for each value (``"{y} = torch.addmm({b},
 {x}, {w}.t())"``) and renders it by looking the names up: the name a value has where the line
 runs (``Emitter.name``), so a value handed on by a stage that changes nothing is written under
 the tensor that holds it.
 
-What a backward reads, and so what the forward saves and which parameters a backward takes,
-follows from its calls' ``reads``; which free values (extra inputs, parameters, the training
+What a backward reads of the forward's values (its reads that are not grads), and so what the
+forward saves and which parameters a backward takes, follows from its calls' ``reads``; which free values (extra inputs, parameters, the training
 flag, user modules) a run of forward stages takes follows from theirs. A new kind of call (a
 collective: all-gather, reduce-scatter) is one more class here with its reads and writes.
 """
@@ -24,7 +25,7 @@ class Expr:
         self.text, self.reads = text, reads
 
 
-Operand = int | str | Expr  # a value's id, literal text (a grad's name, a constant, a keyword), an expression
+Operand = int | str | Expr  # a value's id (a grad's too), literal text (a constant, a keyword), an expression
 
 
 def literal(text: str) -> str:

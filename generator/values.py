@@ -4,7 +4,8 @@ generated code names.
 Every tensor, parameter, flag or object a pipeline's generated code handles is a ``Value``: an id
 (the graph's for the values it numbers, ir.py: the input, each op's output, the extra inputs;
 new ids for the rest), a ``Role``, a dtype and its name in generated code. A value read twice (a
-residual) is one value with two readers. The names are derived from the spec (``x``,
+residual) is one value with two readers. A backward's grads are values too (``ValueTable.grad``):
+the grad of a value has its role, dtype and width, ``grad_of`` its id, and the name ``d_<name>``. The names are derived from the spec (``x``,
 ``linear1_out``, ``extra_input0``, ``linear1_weight``), so a change to a spec or a rule shows up
 as a readable diff of generated code.
 """
@@ -38,6 +39,7 @@ class Value:
     dtype: str  # X_DTYPE, "float32", "int64", "bool", "param" (the parameter's own), "object"
     name: str  # its name in generated code
     features: Size | None = None  # an activation's width (a statistic or a flag has none)
+    grad_of: int | None = None  # a grad: the id of the value it is the grad of (None: not a grad)
 
 
 class ValueTable:
@@ -47,11 +49,22 @@ class ValueTable:
 
     def __init__(self, values=()):
         self._values: dict[int, Value] = {value.id: value for value in values}
+        self._grads: dict[int, int] = {}  # a value's id -> its grad's
 
-    def add(self, role: Role, dtype: str, name: str, features: Size | None = None) -> int:
-        value = Value(max(self._values, default=-1) + 1, role, dtype, name, features)
+    def add(self, role: Role, dtype: str, name: str, features: Size | None = None, grad_of: int | None = None) -> int:
+        value = Value(max(self._values, default=-1) + 1, role, dtype, name, features, grad_of)
         self._values[value.id] = value
         return value.id
+
+    def grad(self, of: int, name: str | None = None) -> int:
+        """The id of the grad of value ``of``, added the first time it is asked for: of its role,
+        dtype and width, named ``name`` (``d_`` and the value's name unless given: the backward
+        names a grad after the tensor that holds its value, Emitter.grad)."""
+        if of not in self._grads:
+            value = self._values[of]
+            assert value.grad_of is None, f"{value.name}: a grad of a grad (the backward is first order)"
+            self._grads[of] = self.add(value.role, value.dtype, name or f"d_{value.name}", value.features, grad_of=of)
+        return self._grads[of]
 
     def __getitem__(self, id: int) -> Value:
         return self._values[id]

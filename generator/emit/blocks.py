@@ -22,39 +22,39 @@ def forward_blocks(em: Emitter, stages=None, label: str = "forward") -> list[Blo
     return blocks
 
 
-def backward_blocks(em: Emitter) -> tuple[list[Block], dict[int, str]]:
-    """Blocks of the backward (last stage first) and the name of the grad of each value a stage
-    reads (0: the pipeline input's)."""
+def backward_blocks(em: Emitter) -> tuple[list[Block], dict[int, int]]:
+    """Blocks of the backward (last stage first) and, for each value a stage reads (0: the
+    pipeline input), the grad value that holds its grad (its own, or one handed on to it)."""
     p = em.pipeline
-    grads: dict[int, str] = {p.output: "d_" + em.name(p.output)}
+    grads: dict[int, int] = {p.output: em.grad(p.output)}
     blocks = []
     for n, stage in reversed(list(enumerate(em.plan.backward))):
         block = Block(f"backward stage {n} · rule {stage.rule.name} · {stage_label(stage)}"
                       + (" · no kernel" if stage.kind == "passthrough" else ""), name=em.name)
-        d_in = "d_" + em.name(stage.input)
+        d_in = em.grad(stage.input)
         grads[stage.input] = stage.rule.stage.backward(em, stage, block, grads[stage.output], d_in)
         blocks.append(block)
     return blocks, grads
 
 
-def own_memory(em: Emitter, returned: list[str]) -> Block | None:
+def own_memory(em: Emitter, returned: list[int]) -> Block | None:
     """Gives each returned grad that shares memory with one returned before it (an addend's grad
     is the sum's: one tensor for two inputs, or a view of it) a copy: its alias line becomes a
     clone, or a last backward block (returned, else None) copies it. Autograd may keep a returned
     grad as a leaf's ``.grad`` and accumulate the next one into it in place: two leaves with one
-    memory would each get the other's grads too."""
-    block = Block("each returned grad its own memory (a leaf's .grad accumulates in place)")
-    owners: dict[str, str] = {}
-    for name in dict.fromkeys(returned):
-        memory = em.memory_of(name)
+    memory would each get the other's grads too. ``returned``: grad values."""
+    block = Block("each returned grad its own memory (a leaf's .grad accumulates in place)", name=em.name)
+    owners: dict[int, int] = {}
+    for grad in dict.fromkeys(returned):
+        memory = em.memory_of(grad)
         if memory not in owners:
-            owners[memory] = name
-        elif name in em.grad_aliases:
-            alias_block, index, of, why = em.grad_aliases[name]
+            owners[memory] = grad
+        elif grad in em.grad_aliases:
+            alias_block, index, of, why = em.grad_aliases[grad]
             reason = f"{why}, in memory of its own" if why else "in memory of its own (.grad accumulates in place)"
-            alias_block.calls[index] = Alias(name, of, reason, clone=True)
+            alias_block.calls[index] = Alias(grad, of, reason, clone=True)
         else:
-            block.add(Alias(name, name, f"a copy, not {owners[memory]}'s memory", clone=True))
+            block.add(Alias(grad, grad, f"a copy, not {em.name(owners[memory])}'s memory", clone=True))
     return block if block.calls else None
 
 
@@ -75,7 +75,8 @@ def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
     norm's statistics, a random op's key) as the backward stages read them in forward order,
     extra inputs, parameters (their values, not copies)."""
     p = plan.pipeline
-    reads = reads_of(list(reversed(bwd)))  # backward_blocks runs the last stage first
+    # backward_blocks runs the last stage first; the grads the calls read are the backward's own
+    reads = [value for value in reads_of(list(reversed(bwd))) if not em.is_grad(value)]
     running = {0, *(op.output for op in p.ops)}
     free = set(p.extra_input_values) | {value for op in p.ops for _, value in op.param_ids}
     values = sorted((v for v in reads if v in running), key=p.chain_order)

@@ -11,25 +11,31 @@ Function's backward, after the stages, each only where its parameter needs a gra
 
 from __future__ import annotations
 
-from ..stages import Block
+from ..stages import Block, Emitter
 
 
-def function_parts(name: str, title: str, doc: str, suffix: str, inputs: list[str], forward: list[Block],
-                   returns: list[str], saved: list[str], grad_outputs: list[str], backward: list[Block],
-                   grad_inputs: list[str], width: str | None) -> dict:
+def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, inputs: list[str],
+                   forward: list[Block], returns: list[str], saved: list[str], grad_outputs: list[int],
+                   backward: list[Block], grad_inputs: list[int | None], width: str | None) -> dict:
     """What pipeline.py.j2's ``function`` macro renders. ``inputs``: the Function's arguments
-    (after ``graph``); ``grad_inputs``: the grad it returns for each; ``width``: where the
-    Function finds the input width its backward reshapes with (None: it has none to find)."""
-    weight_grads = {grad for block in backward for grad, _ in block.weight_grads}
+    (after ``graph``); ``grad_outputs``: the grad values its backward takes, one per output;
+    ``grad_inputs``: the grad value it returns for each input (None: no grad); ``width``: where
+    the Function finds the input width its backward reshapes with (None: it has none to find).
+    The grads are values until here, where they take their names (``em.name``)."""
+    weight_grads = {grad for block in backward for grad, _ in block.weight_grad_calls}
+    # what backward_stages returns: the grads but the weight grads, then the grads the weight-grad
+    # GEMMs after it read that it computes (not those it takes)
+    stage_grads = [grad for grad in grad_inputs if grad is not None and grad not in weight_grads]
+    operands = dict.fromkeys(read for block in backward for _, call in block.weight_grad_calls
+                             for read in call.reads.values() if em.is_grad(read) and read not in grad_outputs)
+    grad_output_names = [em.name(grad) for grad in grad_outputs]
     return dict(
         name=name, title=title, doc=doc, forward_stages=f"forward_stages{suffix}",
         backward_stages=f"backward_stages{suffix}", inputs=inputs, forward=forward, returns=returns, saved=saved,
-        grad_outputs=grad_outputs, backward=backward, grad_inputs=grad_inputs, width=width,
-        # what backward_stages returns: the grads but the weight grads, then what the weight-grad
-        # GEMMs after it read; and what it takes (the input width last, where it reshapes)
-        stage_grads=[grad for grad in grad_inputs if grad != "None" and grad not in weight_grads],
-        weight_grad_operands=list(dict.fromkeys(read for block in backward for read in block.weight_grad_reads
-                                                if read not in grad_outputs)),
-        backward_stages_inputs=grad_outputs + saved + (["n"] if width is not None else []),
+        grad_outputs=grad_output_names, backward=backward, width=width,
+        grad_inputs=["None" if grad is None else em.name(grad) for grad in grad_inputs],
+        stage_grads=[em.name(grad) for grad in stage_grads], weight_grad_operands=[em.name(grad) for grad in operands],
+        # what backward_stages takes (the input width last, where it reshapes)
+        backward_stages_inputs=grad_output_names + saved + (["n"] if width is not None else []),
         weight_grad_blocks=[block for block in backward if block.weight_grads],
     )

@@ -125,7 +125,6 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     em = Emitter(plan, stage_kernels)  # the stages run in functions of their own (function.py)
     fwd = forward_blocks(em)
     bwd, grads = backward_blocks(em)
-    d_x = grads[0]
     output = em.name(p.output)
     extra_inputs = [extra_input_name(op) for op in p.ops if op.extra_input is not None]
     # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
@@ -140,16 +139,17 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     leads, lead_lines = leading_dims(p)
     modules_run, per_row = user_modules(p), row_inputs(p)
     cells = runs_as(plan, stage_kernels)
-    grad_outputs = ["d_" + output] + ["d_" + e for e in extra_outputs]
+    grad_outputs = [em.grad(p.output)] + [em.grad(op.extra_out) for op in tees]
     # the Function's forward and the no-grad forward take the pipeline's free values (convention.py);
     # an extra input written back that the backward reads is a copy (the caller's tensor changes after it)
     copied = {p.extra_input_values[op.writes_back_to] for op in p.written_back
               if p.extra_input_values[op.writes_back_to] in plan.saved_extra_inputs}
     args = convention.arguments(p, leads, copied)
-    grad_inputs = convention.grad_inputs(args, d_x)
+    # the grad the Function returns for each argument: x's is what the backward left it in
+    grad_inputs = [grads[0] if arg.value == 0 else em.grad(arg.value) if arg.tensor else None for arg in args]
     between = any(stage.rule.stage.between_functions for stage in plan.forward)
     if not between:  # one Function returns every grad (segments gives each Function its own copies)
-        copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+        copies = own_memory(em, [g for g in grad_inputs if g is not None])
         bwd += [copies] if copies else []
     function_inputs = [arg.name for arg in args]
     no_grad = no_grad_blocks(plan, stage_kernels)
@@ -161,7 +161,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
                "no CUDA graphs).")
         takes_n = p.input_width is not None and p.input_width in reads_of(bwd)
         functions = [function_parts(
-            f"{p.class_name}Function", f"`{p.name}`", doc, "", function_inputs, fwd,
+            em, f"{p.class_name}Function", f"`{p.name}`", doc, "", function_inputs, fwd,
             distinct_returns([output] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs,
             "args[0].shape[1]" if takes_n else None)]
         grad_steps = []

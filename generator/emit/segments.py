@@ -13,7 +13,7 @@ from .blocks import distinct_returns, own_memory, reads_of
 from .function import function_parts
 
 
-def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, str], saved: list[int],
+def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, int], saved: list[int],
              tees: list, inputs: list[int]) -> tuple[list[dict], list[Block]]:
     """A pipeline that runs user modules, under autograd: its fused stages between them as autograd
     Functions of their own (one a run of stages), the modules between them in ``grad_forward``,
@@ -40,19 +40,20 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         forward_reads = reads_of(blocks)
         taken = [value for value in inputs[1:] if value in forward_reads]  # the free values the run reads
         args = [em.name(first.input)] + [em.name(value) for value in taken]
-        grad_inputs = [grads[first.input]] + [("d_" + em.name(v)) if em.table[v].role in convention.TENSOR_ROLES
-                                              else "None" for v in taken]
-        copies = own_memory(em, [g for g in grad_inputs if g != "None"])
+        grad_inputs = [grads[first.input]] + [em.grad(v) if em.table[v].role in convention.TENSOR_ROLES
+                                              else None for v in taken]
+        copies = own_memory(em, [g for g in grad_inputs if g is not None])
         backward += [copies] if copies else []
         backward_reads = reads_of(backward)
         takes_n = p.input_width is not None and p.input_width in backward_reads
         span = f"ops {first.ops[0].number} to {last.ops[-1].number}"
         functions.append(dict(function_parts(
-            f"{p.class_name}Function{k}", f"{span} of `{p.name}`",
+            em, f"{p.class_name}Function{k}", f"{span} of `{p.name}`",
             "grad_forward runs the user modules between such Functions (``graph``: None).", str(k),
             args + (["n"] if takes_n else []), blocks, distinct_returns(outputs, em.aliases),
-            [em.name(v) for v in saved if v in backward_reads], ["d_" + name for name in outputs], backward,
-            grad_inputs + (["None"] if takes_n else []), "args[-1]" if takes_n else None),
+            [em.name(v) for v in saved if v in backward_reads],
+            [em.grad(last.output)] + [em.grad(op.extra_out) for op in tees if start <= op.index < end], backward,
+            grad_inputs + ([None] if takes_n else []), "args[-1]" if takes_n else None),
             span=span, outputs=outputs))
     calls = iter(functions)
     return functions, [step if isinstance(step, Block) else _call_block(next(calls)) for step in steps]

@@ -111,9 +111,10 @@ class StageImpl:
         returns the name of the tensor that holds its output value."""
         raise NotImplementedError
 
-    def backward(self, em: Emitter, stage: Stage, block: Block, dy: str, d_in: str) -> str:
-        """Lower the stage's backward into calls (the grads ``dy``, ``d_in`` are names); returns
-        the name of its input's grad."""
+    def backward(self, em: Emitter, stage: Stage, block: Block, dy: int, d_in: int) -> int:
+        """Lower the stage's backward into calls over values, grads among them (``dy``: the grad
+        value that holds its output's grad; ``d_in``: its input's, ``em.grad(stage.input)``);
+        returns the grad value that holds its input's grad (``d_in``, or ``dy`` handed on)."""
         raise NotImplementedError
 
 
@@ -134,11 +135,9 @@ class Block:
 
     title: str
     calls: list[Call] = field(default_factory=list)
-    # backward only: the GEMM weight grads, as (name, the call's expression), which may run
-    # after every stage (a backward replayed from a CUDA graph runs them after its replay), and
-    # the grads they read that the stages compute
-    weight_grad_calls: list[tuple[str, Call]] = field(default_factory=list)
-    weight_grad_reads: list[str] = field(default_factory=list)
+    # backward only: the GEMM weight grads, as (the grad's value, the call's expression), which
+    # may run after every stage (a backward replayed from a CUDA graph runs them after its replay)
+    weight_grad_calls: list[tuple[int, Call]] = field(default_factory=list)
     name: Callable[[int], str] = _no_values  # the names of values where the block runs (Emitter.name)
 
     def add(self, call: Call) -> None:
@@ -150,7 +149,8 @@ class Block:
 
     @property
     def weight_grads(self) -> list[tuple[str, str]]:
-        return [(grad, call.render(self.name)) for grad, call in self.weight_grad_calls]
+        """(the grad's name, the call's expression) of each weight grad."""
+        return [(self.name(grad), call.render(self.name)) for grad, call in self.weight_grad_calls]
 
     def reads(self) -> list[int]:
         """The values the block's calls read, in order (its weight grads' last), each once."""
@@ -173,10 +173,10 @@ class Emitter:
     # a size-generic pipeline's input width in the backward: backward_stages' argument (emit/function.py)
     width: str = "n"
     aliases: dict[str, str] = field(default_factory=dict)  # a forward name -> the tensor it names
-    # a backward grad's name -> the grad whose memory it names (itself, a second name, or a view)
-    grad_memory: dict[str, str] = field(default_factory=dict)
+    # a backward grad value -> the grad whose memory it names (itself, a second name, or a view)
+    grad_memory: dict[int, int] = field(default_factory=dict)
     # a grad named by grad_alias -> (its block, its line there, the grad it names, why)
-    grad_aliases: dict[str, tuple[Block, int, str, str]] = field(default_factory=dict)
+    grad_aliases: dict[int, tuple[Block, int, int, str]] = field(default_factory=dict)
     table: ValueTable | None = None  # the pipeline's values, and those the stages add (statistics)
 
     def alias(self, block: Block, value: int, of: int) -> None:
@@ -186,21 +186,29 @@ class Emitter:
         name, of_name = self.name(value), self.name(of)
         self.aliases[name] = self.aliases.get(of_name, of_name)
 
-    def grad_alias(self, block: Block, name: str, of: str, why: str = "") -> None:
-        """``name = of`` in the backward: one grad handed to two inputs (an addend's). Where both
-        are returned, emit.own_memory makes the call a copy."""
-        self.grad_aliases[name] = (block, len(block.calls), of, why)
-        block.add(Alias(name, of, why))
-        self.shares_memory(name, of)
+    def grad(self, value: int) -> int:
+        """The grad of ``value`` (a value id), named after the tensor that holds the value at the
+        end of the forward: ``d_`` and ``self.name(value)``."""
+        return self.table.grad(value, f"d_{self.name(value)}")
 
-    def shares_memory(self, name: str, of: str) -> None:
-        """Records that backward grad ``name`` is ``of`` or a view of it (emit.own_memory gives a
+    def grad_alias(self, block: Block, grad: int, of: int, why: str = "") -> None:
+        """``grad = of`` in the backward (grad values): one grad handed to two inputs (an
+        addend's). Where both are returned, emit.own_memory makes the call a copy."""
+        self.grad_aliases[grad] = (block, len(block.calls), of, why)
+        block.add(Alias(grad, of, why))
+        self.shares_memory(grad, of)
+
+    def shares_memory(self, grad: int, of: int) -> None:
+        """Records that grad value ``grad`` is ``of`` or a view of it (emit.own_memory gives a
         returned grad that shares memory with another its own)."""
-        self.grad_memory[name] = self.memory_of(of)
+        self.grad_memory[grad] = self.memory_of(of)
 
-    def memory_of(self, name: str) -> str:
-        """The grad whose memory backward name ``name`` uses."""
-        return self.grad_memory.get(name, name)
+    def memory_of(self, grad: int) -> int:
+        """The grad value whose memory grad value ``grad`` uses."""
+        return self.grad_memory.get(grad, grad)
+
+    def is_grad(self, value: int) -> bool:
+        return self.table[value].grad_of is not None
 
     def __post_init__(self):
         if self.table is None:

@@ -19,8 +19,8 @@ fails when it is defined.
 
 from __future__ import annotations
 
-from ..calls import TorchCall, literal
-from .base import RowTraffic, Saves, StageImpl, extra_output_name, fixed
+from ..calls import TorchCall
+from .base import RowTraffic, Saves, StageImpl, fixed
 
 FORMS = {
     "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue",
@@ -89,26 +89,22 @@ class GemmStage(StageImpl):
     def backward(self, em, stage, block, dy, d_in):
         linear, meo, scale = stage.first("linear"), stage.first("make_extra_output"), stage.first("scale")
         weight = linear.param("weight")
-        g_in, g_out = literal(d_in), literal(dy)  # grads are names, not values
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
+        reads = dict(dy=dy, w=weight)
         if scale is not None:  # d(x W^T) = s dy: the scale as both GEMMs' alpha
-            text = f"{g_in} = torch.addmm({g_out}.new_zeros(()), {g_out}, {{w}}, beta=0{alpha})"
-        elif meo is not None:
-            text = f"{g_in} = torch.addmm({literal('d_' + extra_output_name(meo))}, {g_out}, {{w}})"
+            text = "{dx} = torch.addmm({dy}.new_zeros(()), {dy}, {w}, beta=0" + alpha + ")"
+        elif meo is not None:  # beta = 1: dgrad accumulates into the extra output's grad
+            text = "{dx} = torch.addmm({d_extra}, {dy}, {w})"
+            reads["d_extra"] = em.grad(meo.extra_out)
         else:
-            text = f"{g_in} = {g_out}.mm({{w}})"
-        block.add(TorchCall(text, dict(w=weight)))
+            text = "{dx} = {dy}.mm({w})"
+        block.add(TorchCall(text, reads, dict(dx=d_in)))
         # TE's option accumulate_into_main_grad: dW goes into weight.main_grad
         helper = "accumulate_into_main_grad(" if linear.args["accumulate_into_main_grad"] else "weight_grad(ctx, "
-        wgrad = TorchCall(f"ref.{helper}{{w}}, {g_out}, {{x}}{alpha})", dict(w=weight, x=linear.input))
-        self.weight_grad(block, dy, f"d_{em.table[weight].name}", wgrad)
+        wgrad = TorchCall(f"ref.{helper}{{w}}, {{dy}}, {{x}}{alpha})", dict(w=weight, dy=dy, x=linear.input))
+        # kept apart from the stage's other calls: it may run after every stage
+        block.weight_grad_calls.append((em.grad(weight), wgrad))
         return d_in
-
-    @staticmethod
-    def weight_grad(block, dy, grad, call):
-        """The wgrad GEMM, kept apart from the stage's other calls: it may run after every stage."""
-        block.weight_grad_calls.append((grad, call))
-        block.weight_grad_reads.append(dy)
 
 
 GEMM = GemmStage()

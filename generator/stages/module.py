@@ -42,7 +42,7 @@ class ModuleStage(StageImpl):
         return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
-        return d_in  # autograd runs it; d_in is the grad output of the Function before it
+        return d_in  # autograd runs it; d_in (its input's grad value) is the grad output of the Function before it
 
 
 MODULE = ModuleStage()

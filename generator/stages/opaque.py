@@ -10,7 +10,7 @@ its input for the backward.
 from __future__ import annotations
 
 from ..calls import TorchCall, literal
-from .base import Saves, StageImpl, param_name
+from .base import Saves, StageImpl
 
 
 def _arguments(op) -> tuple[list[str], dict[str, int]]:
@@ -44,12 +44,18 @@ class OpaqueStage(StageImpl):
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
-        grads = [literal(g) for g in [d_in] + [f"d_{param_name(op, p.name)}" for p in op.opdef.params]]
+        # dx, then each parameter's grad: what the reference backward returns
+        grads = {f"g{k}": grad for k, grad in enumerate([d_in] + [em.grad(op.param(p.name)) for p in op.opdef.params])}
         rest, params = _arguments(op)
-        args = ", ".join(["ref.compute({x})", f"ref.compute({literal(dy)})", *rest])
-        unpack = ", ".join(grads) + ("," if len(grads) == 1 else "")  # the backward returns (dx, *dparams)
-        block.add(TorchCall(f"{unpack} = ref.{op.opdef.reference_names[1]}({args})", dict(params, x=stage.input)))
-        block.add(TorchCall(f"{', '.join(grads)} = {', '.join(f'{g}.to({literal(dy)}.dtype)' for g in grads)}"))
+        args = ", ".join(["ref.compute({x})", "ref.compute({dy})", *rest])
+        slots = ["{" + slot + "}" for slot in grads]
+        unpack = ", ".join(slots) + ("," if len(slots) == 1 else "")  # the backward returns (dx, *dparams)
+        block.add(TorchCall(f"{unpack} = ref.{op.opdef.reference_names[1]}({args})", dict(params, x=stage.input, dy=dy),
+                            grads))
+        # each to dy's dtype: the line reads the grads it writes, under slots of their own
+        cast = {f"r{slot}": grad for slot, grad in grads.items()}
+        block.add(TorchCall(f"{', '.join(slots)} = " + ", ".join(f"{{r{slot}}}.to({{dy}}.dtype)" for slot in grads),
+                            dict(cast, dy=dy), grads))
         em.shares_memory(d_in, dy)  # a reference backward may hand dy itself on (an identity's)
         return d_in
 

@@ -14,7 +14,7 @@ import math
 from fractions import Fraction
 
 from ..ir import Sym, size_expr
-from ..calls import TorchCall, literal
+from ..calls import TorchCall
 from .base import NO_TRAFFIC, StageImpl, fixed
 
 
@@ -50,8 +50,8 @@ class ReshapeStage(StageImpl):
         op = stage.ops[0]
         # the input width a size-generic pipeline's backward reads: a value (em.width's name)
         width = {"n": em.pipeline.input_width} if isinstance(op.in_features, Sym) and op.in_features.of_input else {}
-        block.add(TorchCall(f"{literal(d_in)} = {literal(dy)}.reshape(-1, {size_expr(op.in_features, '{n}', '//')})",
-                            width))
+        block.add(TorchCall(f"{{dx}} = {{dy}}.reshape(-1, {size_expr(op.in_features, '{n}', '//')})",
+                            dict(width, dy=dy), dict(dx=d_in)))
         em.shares_memory(d_in, dy)  # a view
         return d_in
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 from ...calls import Launch
 from ...ops import elementwise_kinds
 from ...values import seed_name
-from ..base import (NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, extra_input_name,
-                    fixed)
+from ..base import NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, fixed
 from ..column_sum import column_sum
 from .kernels import backward_kernel, forward_kernel
 from .steps import backward_aliases, forward_aliases, io_names, new_seed, operand_width, random_ops
@@ -129,19 +128,19 @@ class ElementwiseStage(StageImpl):
         if stage.kind == "passthrough":  # AddExtraInput hands its grad to both inputs
             for op in stage.ops:
                 if op.extra_input is not None:
-                    em.grad_alias(block, f"d_{extra_input_name(op)}", dy)
+                    em.grad_alias(block, em.grad(op.extra_in), dy)
             return dy
         spec = em.kernel("backward", stage)
         if not spec.ctx["writes_dx"]:
             d_in = dy
-        operands = {"dx": d_in, **io_names(stage)}
+        operands = {"dx": d_in, **io_names(stage, grad=em.grad)}
         recompute = em.plan.recompute.get(stage.start)
         if recompute is not None:
             operands["x"] = recompute.saved
         block.add(Launch(spec.name, [dy] + [operands[o] for o in spec.operands], [operands[r] for r in spec.returned]))
         for index, alias in backward_aliases(stage).items():
             if alias != "write":
-                em.grad_alias(block, f"d_{extra_input_name(p.ops[index])}", dy if alias == "dy" else d_in)
+                em.grad_alias(block, em.grad(p.ops[index].extra_in), dy if alias == "dy" else d_in)
         return d_in
 
 

@@ -5,10 +5,10 @@ and the norm kernels (their ops before and after the norm) are built from."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ...calls import TorchCall
 from ...ops import OPS
-from ...values import seed_name
-from ..base import extra_input_name, extra_output_name, param_name
 
 def width_halving_kinds() -> set[str]:
     return {op.kind for op in OPS.values() if op.halves_width}
@@ -84,27 +84,27 @@ def kernel_number(stage, op, kernel_ops=None) -> int:
     return [o.index for o in kernel_ops].index(op.index)
 
 
-def io_names(stage, kernel_ops=None) -> dict[str, int | str]:
-    """{launcher operand or result: what the generated module passes} for a run's ops (or for
-    ``kernel_ops``: ``kernel_number``): a value (a parameter, a random key, an extra input or
-    output), or a grad's name."""
-    operands: dict[str, int | str] = {}
+def io_names(stage, kernel_ops=None, grad: Callable[[int], int] | None = None) -> dict[str, int]:
+    """{launcher operand or result: the value the generated module passes} for a run's ops (or
+    for ``kernel_ops``: ``kernel_number``): a parameter, a random key, an extra input or output;
+    and, given ``grad`` (a backward's: the grad value of a value, Emitter.grad), their grads."""
+    operands: dict[str, int] = {}
     for op in stage.ops if kernel_ops is None else kernel_ops:
         rel = kernel_number(stage, op, kernel_ops)
         if op.opdef.operand is not None:
-            operand, grad = _operand_names(op, rel)
+            operand, operand_grad = _operand_names(op, rel)
             if op.opdef.operand.source == "param":
                 operands[operand] = op.param(op.opdef.params[0].name)
-                name = param_name(op, op.opdef.params[0].name)
             elif op.opdef.operand.source == "random":
-                operands[operand], name = op.seed, seed_name(op)
+                operands[operand] = op.seed
             else:
-                operands[operand], name = op.extra_in, extra_input_name(op)
-            if grad:
-                operands[grad] = "d_" + name
+                operands[operand] = op.extra_in
+            if operand_grad and grad is not None:
+                operands[operand_grad] = grad(operands[operand])
         if op.extra_output is not None:
             operands[f"extra_out{rel}"] = op.extra_out
-            operands[f"d_extra_out{rel}"] = "d_" + extra_output_name(op)
+            if grad is not None:
+                operands[f"d_extra_out{rel}"] = grad(op.extra_out)
     return operands
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ...calls import Expr, Launch, TorchCall, literal
 from ...ops import OPS
 from ...values import Role
-from ..base import RowTraffic, Saves, StageImpl, extra_input_name, extra_output_name, fixed, param_name
+from ..base import RowTraffic, Saves, StageImpl, fixed
 from ..column_sum import column_sum
 from ..elementwise import steps as ew
 # the stage's methods keep the names they had when the kernels' specs were in this module
@@ -31,12 +31,12 @@ def _param_args(norm, attrs) -> list:
     return [Expr("{p}.view(-1)", p=norm.param(a)) if len(shapes[a]) > 1 else norm.param(a) for a in attrs]
 
 
-def _param_grads_shaped(norm, block) -> None:
+def _param_grads_shaped(em, norm, block) -> None:
     """The calls that give a multi-dim norm's parameter grads their parameter's shape back."""
     for attr, _, shape, _ in norm.params:
         if len(shape) > 1:
-            grad = literal(f"d_{param_name(norm, attr)}")
-            block.add(TorchCall(f"{grad} = {grad}.view{literal(repr(tuple(shape)))}"))
+            grad = em.grad(norm.param(attr))
+            block.add(TorchCall("{shaped} = {flat}.view" + literal(repr(tuple(shape))), dict(flat=grad), dict(shaped=grad)))
 
 
 def _kinds(fits) -> set[str]:
@@ -167,12 +167,12 @@ class NormStage(StageImpl):
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         args = [dy, norm.input, *em.stats[norm.index]]
         args += _param_args(norm, ["weight"]) if "weight" in _params(norm) else []  # gamma (L2 has none)
-        args += [f"d_{extra_output_name(meo)}"] if meo else []
-        results = [d_in] + [f"d_{param_name(norm, attr)}" for attr in _params(norm)]
+        args += [em.grad(meo.extra_out)] if meo else []
+        results = [d_in] + [em.grad(norm.param(attr)) for attr in _params(norm)]
         block.add(Launch(spec.name, args, results))
-        _param_grads_shaped(norm, block)
+        _param_grads_shaped(em, norm, block)
         if add:
-            em.grad_alias(block, f"d_{extra_input_name(add)}", d_in, "the residual's grad is the sum's grad")
+            em.grad_alias(block, em.grad(add.extra_in), d_in, "the residual's grad is the sum's grad")
         return d_in
 
     def saved_shapes(self, em, stage):
