@@ -1,16 +1,20 @@
-"""Typed calls (generator/calls.py): stages lower to calls over value ids, emit renders them, and
-what a backward saves follows from its calls' reads (emit.saved_for_backward)."""
+"""Typed calls (generator/calls.py): stages lower to calls over value ids, a backward's grads
+among them (values of the table: ValueTable.grad), emit renders them, and what a backward saves
+follows from its calls' reads (emit.saved_for_backward)."""
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
 from fusegen import emit, fusion_rules
 from fusegen.calls import Alias, Expr, Launch, ModuleCall, TorchCall, literal
-from fusegen.frontend import parse_spec
+from fusegen.frontend import parse_spec, parse_spec_file
 from fusegen.pipeline import build_pipeline
 from fusegen.plan import plan_pipeline
 from fusegen.stages import Emitter, stage_kernels
+from fusegen.values import Role
 
 NAMES = {0: "x", 1: "linear0_out", 2: "linear0_weight", 3: "layernorm1_rstd"}.__getitem__
 
@@ -59,3 +63,101 @@ def test_a_plan_that_saves_other_values_than_the_backward_reads_is_an_internal_e
     wrong = dataclasses.replace(plan, saved_values=(0,))  # the GELU's input is read, not saved
     with pytest.raises(AssertionError, match="the backward reads"):
         emit.saved_for_backward(wrong, em, bwd)
+
+
+RESIDUAL_MLP = ("m = Sequential(MakeExtraOutput(), LayerNorm(64), Linear(64, 64), GELU(), Linear(64, 64), "
+                "AddExtraInput())\n")
+
+
+def grad_of(em, grad):
+    """The value a grad value is the grad of, by its name, checking it is a grad."""
+    value = em.table[grad]
+    assert value.grad_of is not None, f"{value.name} is not a grad"
+    return em.table[value.grad_of].name
+
+
+def test_a_backwards_calls_read_and_write_grad_values():
+    plan, em = plan_and_emitter(RESIDUAL_MLP)
+    emit.forward_blocks(em)
+    bwd, grads = emit.backward_blocks(em)
+    p = plan.pipeline
+    # the last GEMM's backward: dgrad reads the output's grad (handed on by the Bias + add stage,
+    # which writes no dx) and writes its input's; its wgrad writes the weight's grad
+    (dgrad,) = bwd[1].calls
+    assert {slot: grad_of(em, g) for slot, g in dgrad.writes.items()} == {"dx": "gelu3_out"}
+    assert grad_of(em, dgrad.reads["dy"]) == "addextrainput5_out" and dgrad.reads["dy"] == grads[p.output]
+    assert em.table[dgrad.reads["w"]].grad_of is None  # the weight: a forward value
+    ((weight_grad, wgrad),) = bwd[1].weight_grad_calls
+    weight = em.table[em.table[weight_grad].grad_of]
+    assert weight.name == "linear4_weight" and em.table[weight_grad].role is Role.PARAMETER
+    assert em.table[weight_grad].dtype == "param"
+    assert wgrad.reads["dy"] == dgrad.reads["dy"] and em.table[wgrad.reads["x"]].name == "gelu3_out"
+    # an activation's grad is an activation, in x's dtype, as wide as its value
+    dx = em.table[dgrad.writes["dx"]]
+    assert dx.role is Role.ACTIVATION and dx.dtype == "x" and dx.features == 64
+    # the norm's backward: reads its output's grad and the extra output's, writes x's and its parameters'
+    (norm,) = bwd[-1].calls
+    assert [grad_of(em, g) for g in norm.reads.values() if em.is_grad(g)] == ["layernorm1_out", "extra_output0"]
+    assert [grad_of(em, g) for g in norm.writes.values()] == ["x", "layernorm1_weight", "layernorm1_bias"]
+    assert grads[0] == norm.writes["w0"]
+    # the add's grad handed to the extra input: an alias between two grad values
+    alias = bwd[0].calls[1]
+    assert isinstance(alias, Alias) and grad_of(em, alias.writes["w0"]) == "extra_input0"
+    assert alias.reads["r0"] == grads[p.output]
+    # a value's grad is made once: asking again gives the same id
+    assert em.grad(0) == grads[0] and em.grad(p.output) == grads[p.output]
+
+
+def test_the_grads_keep_their_generated_names():
+    plan, em = plan_and_emitter(RESIDUAL_MLP)
+    emit.forward_blocks(em)
+    bwd, _ = emit.backward_blocks(em)
+    assert [line for block in bwd for line in block.lines] == [
+        "d_linear4_bias = kernels.bias_add_bwd_n64(d_addextrainput5_out)",
+        "d_extra_input0 = d_addextrainput5_out",
+        "d_gelu3_out = d_addextrainput5_out.mm(linear4_weight)",
+        "d_linear2_pre_bias, d_linear2_bias = kernels.bias_gelu_bwd_n64(d_gelu3_out, linear2_out)",
+        "d_layernorm1_out = d_linear2_pre_bias.mm(linear2_weight)",
+        "d_x, d_layernorm1_weight, d_layernorm1_bias = kernels.layernorm_bwd_h64_add_dresidual(d_layernorm1_out, "
+        "x, layernorm1_mean, layernorm1_rstd, layernorm1_weight, d_extra_output0)"]
+    assert [weight_grad for block in bwd for weight_grad in block.weight_grads] == [
+        ("d_linear4_weight", "ref.weight_grad(ctx, linear4_weight, d_addextrainput5_out, gelu3_out)"),
+        ("d_linear2_weight", "ref.weight_grad(ctx, linear2_weight, d_linear2_pre_bias, layernorm1_out)")]
+
+
+def test_returned_grads_that_share_memory_get_copies_by_grad_value():
+    # AddExtraInput alone hands dy to both its inputs: x's grad and the extra input's are one tensor
+    plan, em = plan_and_emitter("m = Sequential(AddExtraInput(), Linear(64, 64))\n")
+    emit.forward_blocks(em)
+    bwd, grads = emit.backward_blocks(em)
+    extra = em.grad(plan.pipeline.extra_input_values[0])
+    assert grads[0] == grads[plan.pipeline.ops[0].output] and em.memory_of(extra) == grads[0]
+    assert em.table[extra].grad_of == plan.pipeline.extra_input_values[0]
+    assert emit.own_memory(em, [grads[0], extra]) is None  # the extra input's alias line itself became the copy
+    (alias,) = [call for block in bwd for call in block.calls if isinstance(call, Alias)]
+    assert alias.writes == {"w0": extra} and alias.reads == {"r0": grads[0]}
+    assert alias.render(em.name) == "d_extra_input0 = d_addextrainput0_out.clone()  # in memory of its own " \
+                                    "(.grad accumulates in place)"
+
+
+SPECS = sorted((Path(__file__).resolve().parents[2] / "specs").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda path: path.stem)
+def test_no_backward_call_of_a_shipped_spec_holds_a_grad_as_text(path):
+    """What a backward's call does not hold as a value is a constant, ``ctx`` or a keyword: every
+    grad is a value it reads or writes, so no ``d_`` name stands in its text (comments aside)."""
+    for spec in parse_spec_file(path):
+        plan = plan_pipeline(build_pipeline(spec), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+        em = Emitter(plan, stage_kernels(plan))
+        emit.forward_blocks(em)
+        bwd, _ = emit.backward_blocks(em)
+        calls = [call for block in bwd for call in block.calls + [c for _, c in block.weight_grad_calls]]
+        for call in calls:
+            code = call.text.split("  # ")[0]
+            assert not re.search(r"\bd_\w", re.sub(r"\{\w+\}", "", code)), f"{spec.name}: {call!r}"
+        grads = [value for call in calls for value in {**call.reads, **call.writes}.values() if em.is_grad(value)]
+        assert grads or not calls, spec.name  # an Identity alone has no backward calls
+        for grad in grads:  # named after the value it is the grad of, of its role
+            value = em.table[em.table[grad].grad_of]
+            assert em.table[grad].role is value.role and em.table[grad].name == f"d_{em.name(value.id)}"

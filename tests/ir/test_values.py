@@ -1,10 +1,12 @@
 """A pipeline's value table (generator/values.py, pipeline._values): each value typed and named by
-id, the graph's ids for the values it numbers, each op reading and writing value ids."""
+id, the graph's ids for the values it numbers, each op reading and writing value ids, a grad a value of the table too."""
+
+import pytest
 
 from fusegen.frontend import parse_spec
 from fusegen.ir import build_graph
 from fusegen.pipeline import chain
-from fusegen.values import Role
+from fusegen.values import Role, ValueTable
 
 HEAD = "from transformer_engine.pytorch.ops import *\n"
 
@@ -54,3 +56,22 @@ def test_a_row_scaled_input_is_rowwise_and_a_user_module_an_object():
     assert (p.value(module.module_object).name, p.value(module.lead).name) == ("module1_module", "module1_lead")
     assert p.value(scaled.extra_in).role is Role.ROWWISE and p.value(scaled.extra_in).features == 1
     assert p.features(scaled.output) == 4
+
+
+def test_a_grad_is_a_value_of_the_table_made_once_of_its_values_role():
+    p = pipeline("m = Sequential(LayerNorm(16), Linear(16, 32))\n")
+    table = ValueTable(p.values)
+    norm, linear, _bias = p.ops
+    weight = linear.param("weight")
+    d_out, d_weight = table.grad(p.output), table.grad(weight)
+    assert table.grad(p.output) == d_out and table.grad(weight) == d_weight  # made the first time only
+    assert d_out not in {value.id for value in p.values}  # a new id; the pipeline's own table is as it was
+    out = table[d_out]
+    assert (out.role, out.dtype, out.features, out.grad_of, out.name) == \
+        (Role.ACTIVATION, "x", 32, p.output, "d_linear1_out")
+    w = table[d_weight]
+    assert (w.role, w.dtype, w.grad_of, w.name) == (Role.PARAMETER, "param", weight, "d_linear1_weight")
+    assert table[table.grad(norm.input, "d_input")].name == "d_input"  # the emitter names it after its tensor
+    assert all(value.grad_of is None for value in p.values)
+    with pytest.raises(AssertionError, match="a grad of a grad"):
+        table.grad(d_out)
