@@ -1,5 +1,6 @@
 """A pipeline's value table (generator/values.py, pipeline._values): each value typed and named by
-id, the graph's ids for the values it numbers, each op reading and writing value ids, a grad a value of the table too."""
+id, the graph's ids for the values it numbers, each op reading and writing value ids; a backward's
+grads values of the table too."""
 
 import pytest
 
