@@ -153,7 +153,8 @@ class Block:
         return [(self.name(grad), call.render(self.name)) for grad, call in self.weight_grad_calls]
 
     def reads(self) -> list[int]:
-        """The values the block's calls read, in order (its weight grads' last), each once."""
+        """The values the block's calls read, in order (its weight grads' last), each once: forward
+        values and, in the backward, grads."""
         calls = self.calls + [call for _, call in self.weight_grad_calls]
         return list(dict.fromkeys(value for call in calls for value in call.reads.values()))
 
@@ -177,7 +178,7 @@ class Emitter:
     grad_memory: dict[int, int] = field(default_factory=dict)
     # a grad named by grad_alias -> (its block, its line there, the grad it names, why)
     grad_aliases: dict[int, tuple[Block, int, int, str]] = field(default_factory=dict)
-    table: ValueTable | None = None  # the pipeline's values, and those the stages add (statistics)
+    table: ValueTable | None = None  # the pipeline's values, and those the stages add (statistics, grads)
 
     def alias(self, block: Block, value: int, of: int) -> None:
         """``value = of`` in the forward: one tensor under a second name (an extra output that is
@@ -208,6 +209,7 @@ class Emitter:
         return self.grad_memory.get(grad, grad)
 
     def is_grad(self, value: int) -> bool:
+        """Whether ``value`` is a backward's grad (not a forward value the backward reads)."""
         return self.table[value].grad_of is not None
 
     def __post_init__(self):
