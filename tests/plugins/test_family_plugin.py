@@ -14,10 +14,11 @@ import torch
 
 import references as R
 from family_references import PIPELINES, PROJECT, softmax64
-from fusegen import build, kernels, output
+from fusegen import build, emit, kernels, output, plugins
 from fusegen.cli import main
 from fusegen.config import Config
 from fusegen.ops import OPS
+from fusegen.stages import Emitter, stage_kernels
 from plugin_references import import_package
 
 PACKAGE = PROJECT / "generated_softmax"
@@ -185,3 +186,23 @@ def test_the_family_plugin_imports_outside_a_build_and_a_build_after_still_gets_
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def test_the_familys_backward_reads_and_writes_grad_values():
+    """RowSoftmaxStage.backward lowers into a Launch over values: dy and dx are grad values of
+    the table (of the softmax's output and input), y the forward value its forward saves."""
+    config = Config(specs=(PROJECT / "specs" / "softmax.py",), out=PACKAGE, archs=(), root=PROJECT,
+                    plugins=("softmax_ext",))
+    with plugins.loaded(config.plugins, config.root) as ext:
+        plan = build.plans_with(config, ext)[0]
+        em = Emitter(plan, stage_kernels(plan))
+        emit.forward_blocks(em)
+        (block,), grads = emit.backward_blocks(em)
+    p = plan.pipeline
+    (launch,) = block.calls
+    dy, y = launch.reads.values()
+    (dx,) = launch.writes.values()
+    assert (em.table[dy].grad_of, em.table[dx].grad_of, em.table[y].grad_of) == (p.output, 0, None)
+    assert dy == grads[p.output] and dx == grads[0] and em.table[dx].role is em.table[0].role
+    assert emit.saved_for_backward(plan, em, [block]) == [p.output]  # y only: grads are not saved
+    assert block.lines == ["d_x = kernels.row_softmax_bwd_h256(d_rowsoftmax0_out, rowsoftmax0_out)"]
