@@ -63,7 +63,7 @@ class ValueTable:
         if of not in self._grads:
             value = self._values[of]
             assert value.grad_of is None, f"{value.name}: a grad of a grad (the backward is first order)"
-            self._grads[of] = self.add(value.role, value.dtype, name or f"d_{value.name}", value.features, grad_of=of)
+            self._grads[of] = self.add(value.role, value.dtype, name or grad_name(value.name), value.features, grad_of=of)
         return self._grads[of]
 
     def __getitem__(self, id: int) -> Value:
@@ -99,6 +99,11 @@ def extra_output_name(op) -> str:
     if op.writes_back_to is not None:  # hidden: the new value of a caller's extra input
         return f"new_extra_input{op.writes_back_to}"
     return f"extra_output{op.extra_output}"
+
+
+def grad_name(name: str) -> str:
+    """The name of the grad of the tensor named ``name``: ``d_linear1_out``, ``d_extra_input0``."""
+    return f"d_{name}"
 
 
 def seed_name(op) -> str:

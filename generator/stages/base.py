@@ -19,7 +19,7 @@ from ..calls import Alias, Call
 from ..kernels import KernelSpec
 from ..pipeline import Op, Pipeline, ops_cited
 from ..planned import Plan, Recompute, Saves, Stage
-from ..values import ValueTable, extra_input_name, extra_output_name, param_name
+from ..values import ValueTable, extra_input_name, extra_output_name, grad_name, param_name
 
 # the plan model's and the names' parts the stage modules take from here too
 __all__ = ["NO_TRAFFIC", "Block", "Emitter", "Recompute", "RowTraffic", "Saves", "StageImpl", "extra_input_name",
@@ -190,7 +190,7 @@ class Emitter:
     def grad(self, value: int) -> int:
         """The grad of ``value`` (a value id), named after the tensor that holds the value at the
         end of the forward: ``d_`` and ``self.name(value)``."""
-        return self.table.grad(value, f"d_{self.name(value)}")
+        return self.table.grad(value, grad_name(self.name(value)))
 
     def grad_alias(self, block: Block, grad: int, of: int, why: str = "") -> None:
         """``grad = of`` in the backward (grad values): one grad handed to two inputs (an
