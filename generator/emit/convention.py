@@ -64,7 +64,7 @@ def free_values(pipeline) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Forward:
+class ModuleForward:
     """What the module's forward renders its arguments' passing and checks by."""
 
     module: str  # the module's class name, which a failed check's error names
@@ -98,17 +98,19 @@ def _tuple_literal(items) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
-def _forward(pipeline, leads: dict[int, str], copied: set[int], lead_lines) -> Forward:
+def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_lines) -> ModuleForward:
+    """What the pipeline's module forward renders its arguments by."""
     p = pipeline
     params = [(key, shape, p.value(value).name)
-              for op in p.ops for (attr, value), (_, key, shape, _) in zip(op.param_ids, op.params)]
+              for op in p.ops for (_, value), (_, key, shape, _) in zip(op.param_ids, op.params)]
     check = ""
     if params:  # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
         keys = _tuple_literal(f'"{key}"' for key, _, _ in params)
         shapes = _tuple_literal(repr(tuple(shape)) for _, shape, _ in params)
         check = f'check_parameters("{p.class_name}", {keys}, {shapes}, {_tuple_literal(name for _, _, name in params)})'
-    return Forward(p.class_name, leads, bool(lead_lines), frozenset(copied), p.generic, takes_any_shape(p),
-                   p.divisor if p.generic else 1, p.in_features, params[0][2] if params else "x", check)
+    return ModuleForward(p.class_name, leads, reshapes=bool(lead_lines), copied=frozenset(copied), generic=p.generic,
+                         any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
+                         in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check)
 
 
 def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=()) -> list[Argument]:
@@ -120,11 +122,11 @@ def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=()) 
     for op in pipeline.ops:
         for value in (op.extra_in, *(v for _, v in op.param_ids), op.module_object, op.lead):
             owner.setdefault(value, op)
-    forward = _forward(pipeline, leads, copied, lead_lines)
+    forward = _module_forward(pipeline, leads, copied, lead_lines)
     return [argument(forward, pipeline.value(value), owner.get(value)) for value in free_values(pipeline)]
 
 
-def argument(f: Forward, value: Value, op) -> Argument:
+def argument(f: ModuleForward, value: Value, op) -> Argument:
     """How the module's forward passes and checks ``value`` (of ``op``; x has none), by its role."""
     name, like, like_is = value.name, f.like, f.like_is
     where = f'"{f.module}", "{name}", {name}'  # what a check's error names
@@ -161,7 +163,7 @@ def argument(f: Forward, value: Value, op) -> Argument:
     raise AssertionError(f"{f.module}: no argument for the {value.role.value} value {name}")
 
 
-def _x_check(f: Forward) -> tuple[str, ...]:
+def _x_check(f: ModuleForward) -> tuple[str, ...]:
     """x's check, and its width ``n`` where that is known at run time only."""
     check = f'check_input("{f.module}", "x", x, '
     if f.any_shape:
@@ -173,7 +175,7 @@ def _x_check(f: Forward) -> tuple[str, ...]:
     return (f"{check}{f.in_features}, {f.like}{f.like_is})",)
 
 
-def _lead(f: Forward, op) -> str:
+def _lead(f: ModuleForward, op) -> str:
     """The leading dims an extra input of ``op`` must have: where an op reshapes, their name
     (computed after x's check); else x's, as ``lead`` is named after the checks."""
     return f.leads[op.index] if f.reshapes else "x.shape[:-1]"

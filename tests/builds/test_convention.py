@@ -108,7 +108,7 @@ ROLES = [
 
 
 def test_every_role_renders_its_passing_grad_schema_and_check_without_a_spec():
-    forward = convention.Forward("M", leads={1: "lead1"}, reshapes=True, generic=True, divisor=8, like="w",
+    forward = convention.ModuleForward("M", leads={1: "lead1"}, reshapes=True, generic=True, divisor=8, like="w",
                                  parameters_check="check_parameters(...)")
     for value, op, passed, grad, schema, check in ROLES:
         arg = convention.argument(forward, value, op)
