@@ -5,8 +5,10 @@ change (a copy of its generated/, loaded as ``generated_before``) and of the tre
 turns in one process on the same parameters and inputs.
 
 - a training step: forward + backward, steps run back to back, CUDA events around ``steps`` of
-  them, µs per step; the median over ``rounds`` turns of each package;
-- at 16 rows (the host's time: the device waits on it) and at 8192 rows (the device's).
+  them, µs per step; the median over ``rounds`` turns of each package; at 16 rows (the host's
+  time: the device waits on it) and at 8192 rows (the device's);
+- the host's µs per training step at 16 rows, the steps queued behind a sleep kernel (so the host
+  never waits on the device): what the generated Python costs, without the device's noise.
 
     python3 bench/bench_function_shape.py --before bench/build/generated_before [--out FILE]
 """
@@ -15,6 +17,7 @@ import argparse
 import importlib.util
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -63,6 +66,23 @@ def step_us(module, x, extra, steps: int) -> float:
     return start.elapsed_time(end) * 1000 / steps
 
 
+CYCLES_PER_US = 2000  # torch.cuda._sleep spins about this many cycles per µs (~2 GHz)
+
+
+def host_us(module, x, extra, steps: int) -> float:
+    """The host's µs per training step, ``steps`` of them queued behind a sleep kernel long enough
+    that the host never waits for the device."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000 * CYCLES_PER_US)  # 100 ms
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = module(x, *[e.clone() for e in extra])
+        (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e6 / steps
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", type=Path, required=True)
@@ -89,6 +109,14 @@ def main():
             b, a = statistics.median(times["before"]), statistics.median(times["after"])
             lines.append(f"| {cls} | {rows} | {b:.1f} | {a:.1f} | {a - b:+.1f} ({(a / b - 1) * 100:+.1f}%) |")
             print(lines[-1], flush=True)
+            if rows == 16:
+                host = {"before": [], "after": []}
+                for _ in range(args.rounds):
+                    for name, module in (("before", before), ("after", after)):
+                        host[name].append(host_us(module, x, extra, 40))
+                b, a = statistics.median(host["before"]), statistics.median(host["after"])
+                lines.append(f"| {cls} | 16, host only | {b:.1f} | {a:.1f} | {a - b:+.1f} ({(a / b - 1) * 100:+.1f}%) |")
+                print(lines[-1], flush=True)
     table = "\n".join(lines)
     print(table)
     if args.out:

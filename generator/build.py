@@ -22,7 +22,7 @@ from .output import MANIFEST, manifest_bytes
 from .pipeline import build_pipeline
 from .plan import Plan, Rule, plan_pipeline
 from .progress import Progress
-from .stages.launchers import cuda_source, kernel_details, kernels_module
+from .stages.launchers import cuda_source, fixed_sizes, kernel_details, kernels_module
 from .toolchain import binary_name, compile_kernels, header_files, included_headers, sha256
 from .wrap import wrap_python
 
@@ -108,18 +108,6 @@ def op_name(spec: kn.KernelSpec, sources: dict[str, str]) -> str:
     changes gets a new one (two packages never register different kernels under one name), and
     a change to one kernel changes no other launcher's lines."""
     return f"{spec.name}_{sha256(sources[spec.name].encode())[:8]}"
-
-
-def fixed_sizes(unique: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpec]]:
-    """{size-generic kernel: the package's fixed-size kernels of the same run, by width}: a
-    size-generic launcher dispatches to them (a fixed-size pipeline's kernel counts too: same ops,
-    same constants, so the same computation)."""
-    fixed: dict[str, list[kn.KernelSpec]] = {}
-    for spec in unique.values():
-        generic = spec.ctx.get("generic_name")
-        if generic is not None and not spec.ctx["generic"] and generic in unique:
-            fixed.setdefault(generic, []).append(spec)
-    return {name: sorted(specs, key=lambda s: s.ctx["width"]) for name, specs in fixed.items()}
 
 
 def plan_documents(config: Config) -> dict[str, str]:

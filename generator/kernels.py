@@ -126,6 +126,14 @@ class KernelFamily:
         """Whatever else its launcher template reads (``k.<key>``), for the package's dtypes."""
         return {}
 
+    def fixed_size_variant(self, spec: KernelSpec) -> tuple[str, int] | None:
+        """Where ``spec`` is a fixed-size kernel of a run that a size-generic kernel also computes:
+        that kernel's name and the width ``spec`` was built for. The size-generic launcher hands
+        rows of that width to it when they start on 16-byte boundaries (``_kernels.py``'s
+        ``aligned`` and ``_<NAME>_FIXED``, stages/launchers.fixed_sizes). None: it is none (the
+        default: a family without fixed-size variants)."""
+        return None
+
 
 FAMILIES: dict[str, KernelFamily] = {}  # by KernelSpec.family: fusegen's, then a build's plugins'
 

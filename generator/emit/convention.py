@@ -4,23 +4,28 @@ A pipeline's free values are what its code takes rather than computes: x, the ex
 parameters, the training flag, each user module and the leading dims it runs at (values.py). In
 that order they are the autograd Function's inputs (and the no-grad forward's, and a segment
 Function's where it reads them); each role says how the module's ``forward`` passes the value,
-whether the Function returns a grad for it, and its type in the no-grad custom op's schema. A new
-kind of input is one role here and its rendering in ``_passed``.
+whether the Function returns a grad for it, its type in the no-grad custom op's schema, and how the
+module's ``forward`` checks it before the call (``check_lines``). A new kind of input is one role
+here and its rendering in ``argument`` (what is passed and checked), ``TENSOR_ROLES`` (whether it
+has a grad) and ``Argument.schema``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from ..ir import size_expr
+from ..ir import Size, size_expr
 from ..source_text import comment_text
-from ..values import Role
+from ..values import Role, Value, module_name
 
 # the roles of values that are tensors with grads (a flag, an object or metadata has none: the
 # Function returns None for it, and a custom op's schema has no tensor for it)
 TENSOR_ROLES = (Role.ACTIVATION, Role.ROWWISE, Role.PARAMETER)
 # the roles of the tensors the caller hands the module (a CUDA graph is captured per their shapes)
 CALLER_ROLES = (Role.ACTIVATION, Role.ROWWISE)
+# the roles checked before the others: the tensors the caller hands must have their dtype and device
+CHECKED_FIRST = (Role.PARAMETER,)
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,10 @@ class Argument:
     passed: str  # what the module's forward passes for it (its ``args``)
     line: str  # the args line it shares with the arguments of the same key (parameters; a module and its dims)
     comment: str = ""  # the line's comment
+    # the module forward's lines that check it before the call, which arguments of the same ``line``
+    # share (the parameters' one check_parameters); None: nothing to check (a flag, an object, metadata)
+    check: tuple[str, ...] | None = None
+    checked_by: str = ""  # the runtime's function its check calls, which the module imports
 
     @property
     def tensor(self) -> bool:
@@ -55,40 +64,147 @@ def free_values(pipeline) -> list[int]:
             + ([p.training] if p.training is not None else []) + modules)
 
 
-def arguments(pipeline, leads: dict[int, str], copied: set[int]) -> list[Argument]:
+@dataclass(frozen=True)
+class ModuleForward:
+    """What the module's forward renders its arguments' passing and checks by."""
+
+    module: str  # the module's class name, which a failed check's error names
+    leads: dict[int, str]  # the leading dims' name at each op's input (emit.leading_dims)
+    reshapes: bool  # whether any op changes the leading dims (lines of its own compute them, after x's check)
+    copied: frozenset[int] = frozenset()  # extra inputs passed as a copy (see ``arguments``)
+    generic: bool = False  # x of any width n, taken at run time
+    any_shape: bool = False  # x of any shape, 0-D included (takes_any_shape)
+    divisor: int = 1  # what a size-generic x's width must be a multiple of
+    in_features: Size = 0  # a fixed-size x's width
+    like: str = "x"  # the tensor whose dtype and device the inputs must have: the first parameter, or x
+    parameters_check: str = ""  # the parameters' one check line
+
+    @property
+    def like_is(self) -> str:
+        """check_input's like_is argument: "" for the parameters (its default), else x's."""
+        return "" if self.like != "x" else ', like_is="x is"'
+
+
+def takes_any_shape(pipeline) -> bool:
+    """Whether x may have any shape, 0-D included, as TE's elementwise ops take: a size-generic
+    pipeline in which every value is as wide as x (no GLU halves it). Its results before any
+    Reshape have x's shape."""
+    return pipeline.generic and all(value.features == pipeline.in_features for value in pipeline.values
+                                    if value.role is Role.ACTIVATION)
+
+
+def _tuple_literal(items) -> str:
+    """A tuple literal of the given expressions: (a, b), (a,)."""
+    items = list(items)
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_lines) -> ModuleForward:
+    """What the pipeline's module forward renders its arguments by."""
+    p = pipeline
+    params = [(key, shape, p.value(value).name)
+              for op in p.ops for (_, value), (_, key, shape, _) in zip(op.param_ids, op.params)]
+    check = ""
+    if params:  # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
+        keys = _tuple_literal(f'"{key}"' for key, _, _ in params)
+        shapes = _tuple_literal(repr(tuple(shape)) for _, shape, _ in params)
+        check = f'check_parameters("{p.class_name}", {keys}, {shapes}, {_tuple_literal(name for _, _, name in params)})'
+    return ModuleForward(p.class_name, leads, reshapes=bool(lead_lines), copied=frozenset(copied), generic=p.generic,
+                         any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
+                         in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check)
+
+
+def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=()) -> list[Argument]:
     """Each free value as an argument. ``leads``: the leading dims' name at each op's input
-    (emit.leading_dims); ``copied``: extra inputs the forward gets a copy of (the caller's tensor
-    changes after it: a written-back one the backward reads)."""
+    (emit.leading_dims), ``lead_lines`` the lines that compute them; ``copied``: extra inputs the
+    forward gets a copy of (the caller's tensor changes after it: a written-back one the backward
+    reads)."""
     owner = {}
     for op in pipeline.ops:
         for value in (op.extra_in, *(v for _, v in op.param_ids), op.module_object, op.lead):
             owner.setdefault(value, op)
-    return [_passed(pipeline, pipeline.value(value), owner.get(value), leads, copied) for value in free_values(pipeline)]
+    forward = _module_forward(pipeline, leads, copied, lead_lines)
+    return [argument(forward, pipeline.value(value), owner.get(value)) for value in free_values(pipeline)]
 
 
-def _passed(pipeline, value, op, leads, copied) -> Argument:
-    """How the module's forward passes ``value`` (of ``op``), by its role."""
-    name = value.name
-    if value.role is Role.ACTIVATION:  # x, an extra input: [rows, features], dense
+def argument(f: ModuleForward, value: Value, op) -> Argument:
+    """How the module's forward passes and checks ``value`` (of ``op``; x has none), by its role."""
+    name, like, like_is = value.name, f.like, f.like_is
+    where = f'"{f.module}", "{name}", {name}'  # what a check's error names
+    if value.role is Role.ACTIVATION and op is None:  # x: [rows, features], dense
         features = size_expr(value.features, "n", "//")
-        if value.id in copied:
+        return Argument(value.id, value.role, name, f"as_rows({name}, {features})", line=name, check=_x_check(f),
+                        checked_by="check_input")
+    if value.role is Role.ACTIVATION:  # an extra input: [rows, features], dense
+        features = size_expr(value.features, "n", "//")
+        if value.id in f.copied:
             passed = f"{name}.reshape(-1, {features}).clone(memory_format=torch.contiguous_format)"
         else:
             passed = f"as_rows({name}, {features})"
-        return Argument(value.id, value.role, name, passed, line=name)
+        if f.any_shape and f.leads[op.index] == "lead":  # x's shape, whatever it is
+            check = f"check_input({where}, None, {like}{like_is}, shape=x.shape)"
+        else:
+            check = f"check_input({where}, {features}, {like}, {_lead(f, op)}{like_is})"
+        return Argument(value.id, value.role, name, passed, line=name, check=(check,), checked_by="check_input")
     if value.role is Role.ROWWISE:  # one value per row
-        return Argument(value.id, value.role, name, f"{name}.reshape(-1).contiguous()", line=name)
-    if value.role is Role.PARAMETER:  # the parameters, on one line
-        return Argument(value.id, value.role, name, name, line="parameters")
+        check = f"check_row_input({where}, {like}, {_lead(f, op)}{like_is})"
+        return Argument(value.id, value.role, name, f"{name}.reshape(-1).contiguous()", line=name, check=(check,),
+                        checked_by="check_row_input")
+    if value.role is Role.PARAMETER:  # the parameters, on one line, checked on one line
+        return Argument(value.id, value.role, name, name, line="parameters", check=(f.parameters_check,),
+                        checked_by="check_parameters")
     if value.role is Role.FLAG:
         return Argument(value.id, value.role, name, "self.training", line=name,
                         comment="Dropout draws its masks in training only")
     if value.role is Role.OBJECT:  # a user's module, on one line with the leading dims it runs at
         return Argument(value.id, value.role, name, f'self._modules["{op.module_index}"]', line=name)
     if value.role is Role.METADATA and op is not None and op.lead == value.id:
-        return Argument(value.id, value.role, name, leads[op.index], line=pipeline.value(op.module_object).name,
+        return Argument(value.id, value.role, name, f.leads[op.index], line=module_name(op),
                         comment=f"{comment_text(op.args['call'])}: run as it is")
-    raise AssertionError(f"{pipeline.name}: no argument for the {value.role.value} value {name}")
+    raise AssertionError(f"{f.module}: no argument for the {value.role.value} value {name}")
+
+
+def _x_check(f: ModuleForward) -> tuple[str, ...]:
+    """x's check, and its width ``n`` where that is known at run time only."""
+    check = f'check_input("{f.module}", "x", x, '
+    if f.any_shape:
+        return ("# TE's elementwise ops take any shape: a 0-D x is one row of one value",
+                f"{check}None, {f.like}{f.like_is}, any_shape=True)", "n = x.shape[-1] if x.dim() else 1")
+    if f.generic:
+        multiple = f", multiple_of={f.divisor}" if f.divisor > 1 else ""
+        return f"{check}None, {f.like}{multiple}{f.like_is})", "n = x.shape[-1]"
+    return (f"{check}{f.in_features}, {f.like}{f.like_is})",)
+
+
+def _lead(f: ModuleForward, op) -> str:
+    """The leading dims an extra input of ``op`` must have: where an op reshapes, their name
+    (computed after x's check); else x's, as ``lead`` is named after the checks."""
+    return f.leads[op.index] if f.reshapes else "x.shape[:-1]"
+
+
+def check_lines(args: list[Argument], lead_lines: list[str]) -> list[str]:
+    """The module forward's lines before its call: each argument's check once (the parameters'
+    first: the tensors the caller hands must have their dtype and device), and ``lead``, the
+    leading dims of x: with the lines after it that compute those each Reshape makes
+    (``lead_lines``, emit.leading_dims) right after x's check, as the extra inputs' checks read
+    them; where nothing reshapes, last."""
+    ordered = ([arg for arg in args if arg.role in CHECKED_FIRST]
+               + [arg for arg in args if arg.role not in CHECKED_FIRST])
+    lines, shared = [], set()
+    for arg in ordered:
+        if arg.check is None or (arg.line, arg.check) in shared:
+            continue
+        shared.add((arg.line, arg.check))
+        lines += arg.check
+        if arg.value == 0 and lead_lines:
+            lines += ["# the leading dims of the running tensor, which each Reshape changes",
+                      "lead = x.shape[:-1]", *lead_lines]
+    return lines + ([] if lead_lines else ["lead = x.shape[:-1]"])
+
+
+def check_helpers(args: list[Argument]) -> list[str]:
+    """The runtime's functions the checks call, in name order (the module imports them)."""
+    return sorted({arg.checked_by for arg in args if arg.checked_by})
 
 
 def passed_lines(args: list[Argument]) -> list[str]:
@@ -103,10 +219,11 @@ def passed_lines(args: list[Argument]) -> list[str]:
             for _, group in lines]
 
 
-def grad_inputs(args: list[Argument], d_x: str) -> list[str]:
-    """What the Function's backward returns for each input: x's grad (``d_x``: the name the
-    backward gives it), ``d_<name>`` for a tensor, None for the rest."""
-    return [d_x if arg.value == 0 else f"d_{arg.name}" if arg.tensor else "None" for arg in args]
+def grad_inputs(args: list[Argument], x_grad, grad: Callable) -> list:
+    """What the Function's backward returns for each input, as grad values: x's is ``x_grad`` (the
+    grad the backward leaves it in), a tensor's ``grad(value)``, the rest's None (a flag, an
+    object, metadata have no grad)."""
+    return [x_grad if arg.value == 0 else grad(arg.value) if arg.tensor else None for arg in args]
 
 
 def caller_tensors(args: list[Argument]) -> list[str]:

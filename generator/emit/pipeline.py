@@ -11,7 +11,6 @@ from ..source_text import py_string
 from ..stages import Block, Emitter
 from ..stages.base import extra_input_name, extra_output_name, param_name
 from ..stages.module import lead_name, module_name
-from ..values import Role
 from . import convention
 from .blocks import (backward_blocks, distinct_returns, forward_blocks, no_grad_blocks, own_memory, reads_of,
                      saved_for_backward)
@@ -60,14 +59,6 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
     return names, lines
 
 
-def takes_any_shape(pipeline) -> bool:
-    """Whether x may have any shape, 0-D included, as TE's elementwise ops take: a size-generic
-    pipeline in which every value is as wide as x (no GLU halves it). Its results before any
-    Reshape have x's shape."""
-    return pipeline.generic and all(value.features == pipeline.in_features for value in pipeline.values
-                                    if value.role is Role.ACTIVATION)
-
-
 def user_modules(pipeline) -> list:
     """The ops that run a module of the user's code (ops/module.py)."""
     return [op for op in pipeline.ops if op.opdef.user_module]
@@ -76,12 +67,6 @@ def user_modules(pipeline) -> list:
 def row_inputs(pipeline) -> list:
     """The ops whose extra input holds one value per row (a row-scaled activation's scales)."""
     return [op for op in pipeline.ops if op.opdef.operand is not None and op.opdef.operand.broadcast == "row"]
-
-
-def _tuple_literal(items) -> str:
-    """A tuple literal of the given expressions: (a, b), (a,)."""
-    items = list(items)
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def _sizes_literal(sizes) -> str:
@@ -144,9 +129,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     # an extra input written back that the backward reads is a copy (the caller's tensor changes after it)
     copied = {p.extra_input_values[op.writes_back_to] for op in p.written_back
               if p.extra_input_values[op.writes_back_to] in plan.saved_extra_inputs}
-    args = convention.arguments(p, leads, copied)
-    # the grad the Function returns for each argument: x's is what the backward left it in
-    grad_inputs = [grads[0] if arg.value == 0 else em.grad(arg.value) if arg.tensor else None for arg in args]
+    args = convention.arguments(p, leads, copied, lead_lines)
+    grad_inputs = convention.grad_inputs(args, grads[0], em.grad)
     between = any(stage.rule.stage.between_functions for stage in plan.forward)
     if not between:  # one Function returns every grad (segments gives each Function its own copies)
         copies = own_memory(em, [g for g in grad_inputs if g is not None])
@@ -175,17 +159,14 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         tensor_arguments=[arg.name for arg in args if arg.tensor],
         extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
                                             for op in p.ops if op.extra_input is not None),
-        row_inputs=per_row,
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
         children=children(p, modules, modules_run), saved_table=saved_table(plan, em, saved, params),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         functions=functions, grad_steps=grad_steps,
         cuda_graphs=graphs, function_inputs=function_inputs,
         no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
-        leads=leads, lead_lines=lead_lines, any_shape=takes_any_shape(p),
-        # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
-        parameter_check=[_tuple_literal(f'"{key}"' for _, _, key, *_ in params),
-                         _tuple_literal(repr(tuple(shape)) for *_, shape, _, _ in params),
-                         _tuple_literal(name for *_, name in params)],
+        leads=leads, any_shape=convention.takes_any_shape(p),
+        check_lines=convention.check_lines(args, lead_lines),  # the module forward's checks of its arguments
+        check_helpers=convention.check_helpers(args),
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )

@@ -84,15 +84,31 @@ def module_head(env, launchers: list[dict]) -> list[str]:
     return [text for _, _, text in sorted(entries)]
 
 
+def fixed_sizes(specs: dict[str, kn.KernelSpec]) -> dict[str, list[kn.KernelSpec]]:
+    """{size-generic kernel: the package's fixed-size kernels of the same run, by width}, as
+    their families report them (KernelFamily.fixed_size_variant): a size-generic launcher
+    dispatches to them (a fixed-size pipeline's kernel counts too: same ops, same constants, so
+    the same computation)."""
+    fixed: dict[str, list[tuple[int, kn.KernelSpec]]] = {}
+    for spec in specs.values():
+        variant = spec.kernel_family.fixed_size_variant(spec)
+        if variant is not None and variant[0] in specs:
+            fixed.setdefault(variant[0], []).append((variant[1], spec))
+    return {name: [spec for _, spec in sorted(sized, key=lambda pair: pair[0])] for name, sized in fixed.items()}
+
+
 def kernels_module(env, specs: dict[str, kn.KernelSpec], ops: dict[str, str], dtypes: tuple[str, ...],
                    fixed: dict[str, list[kn.KernelSpec]]) -> str:
     """The package's ``_kernels.py``: its head (the runtime's names the launchers use, the
     families' constants), then a launcher for each of ``specs`` (by name; ``ops``: their
-    torch.library ops' names), ``fixed``: the fixed-size kernels a size-generic launcher hands
-    rows of their width to (build.fixed_sizes). A launcher template reads its family's
-    module_constants (all families' are given: their names must not clash)."""
+    torch.library ops' names), then for each size-generic kernel with fixed-size ones (``fixed``:
+    ``fixed_sizes``) the dict its launcher dispatches rows of their width by. A launcher template
+    reads its family's module_constants (all families' are given: their names must not clash)
+    and ``fixed``, those dicts' entries (width, fixed-size kernel's name) by size-generic kernel."""
     launchers = [launcher(spec, ops[name], dtypes) for name, spec in specs.items()]
     runtime_names = sorted({*RUNTIME_NAMES, *(name for k in launchers for name in k["runtime_names"])})
     constants = {key: value for family in kn.FAMILIES.values() for key, value in family.module_constants.items()}
+    sizes = {name: [(spec.kernel_family.fixed_size_variant(spec)[1], spec.name) for spec in sized]
+             for name, sized in fixed.items()}
     return env.get_template("kernels.py.j2").render(
-        runtime_names=runtime_names, head=module_head(env, launchers), kernels=launchers, fixed=fixed, **constants)
+        runtime_names=runtime_names, head=module_head(env, launchers), kernels=launchers, fixed=sizes, **constants)

@@ -12,7 +12,7 @@ import pytest
 
 from fusegen import emit
 from fusegen import kernels as kn
-from fusegen.stages.launchers import kernels_module
+from fusegen.stages.launchers import fixed_sizes, kernels_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,3 +135,38 @@ def test_a_module_constant_is_one_familys(monkeypatch):
     assert "fake" not in kn.FAMILIES
     kn.register_family(FakeFamily())  # a constant of its own
     assert kn.constant_owner("fake_blocks") == "fake"
+
+
+ANY = kn.make_spec(("fake_any", "fake_any"), "fake", "a size-generic kernel of the test's family",
+                   abi=FAKE.params, operands=("key",), returned=("y",), align=8)
+
+
+def test_a_family_that_reports_fixed_size_variants_gets_the_dispatch_dicts(monkeypatch):
+    """The size-generic -> fixed-size dispatch goes by what a family reports
+    (KernelFamily.fixed_size_variant), whatever its kernels' context holds."""
+    register_fake(monkeypatch, fixed_size_variant=lambda self, spec: ("fake_any", 8) if spec is FAKE else None)
+    specs = {"fake_any": ANY, "fake_n8": FAKE}
+    fixed = fixed_sizes(specs)
+    assert fixed == {"fake_any": [FAKE]}
+    module = kernels_module(fake_environment(), specs, {**OPS, "fake_any": "fake_any_0123abcd"}, ("float32",), fixed)
+    ast.parse(module)
+    assert "\ndef aligned(*tensors):\n" in module
+    assert "\n_FAKE_ANY_FIXED = {8: fake_n8}\n" in module
+    # a fixed-size kernel whose size-generic one the package lacks is no variant
+    assert fixed_sizes({"fake_n8": FAKE}) == {}
+
+
+def test_a_family_without_fixed_size_variants_gets_no_dispatch(monkeypatch):
+    register_fake(monkeypatch)  # KernelFamily.fixed_size_variant's default: none
+    specs = {"fake_any": ANY, "fake_n8": FAKE}
+    assert fixed_sizes(specs) == {}
+    module = kernels_module(fake_environment(), specs, {**OPS, "fake_any": "fake_any_0123abcd"}, ("float32",), {})
+    assert "aligned" not in module and "_FIXED" not in module
+
+
+def test_the_dispatch_reads_no_familys_kernel_context():
+    """kernels.py.j2, build.py and stages/launchers.py read no key of a kernel's context (a
+    family's own): the fixed-size dispatch comes from KernelFamily.fixed_size_variant."""
+    for path in ("templates/kernels.py.j2", "generator/build.py", "generator/stages/launchers.py"):
+        text = (ROOT / path).read_text()
+        assert not re.search(r"\bctx(\.\w|\[|\.get)|\bc\.\w", text), path

@@ -19,6 +19,12 @@ def by_row_vectors(spec, itemsize: int) -> int | None:
     return vec if spec.geometry == "any_row_vectors" else None
 
 
+def fixed_size_variant(spec) -> tuple[str, int] | None:
+    """A fixed-size elementwise kernel: the size-generic kernel of its run (by name; a package may
+    not have it) and its width."""
+    return None if spec.ctx["generic"] else (spec.ctx["generic_name"], spec.ctx["width"])
+
+
 class ElementwiseForward(KernelFamily):
     name = "elementwise_fwd"
     template = "elementwise/elementwise_fwd.cu.j2"
@@ -28,6 +34,9 @@ class ElementwiseForward(KernelFamily):
 
     def launch_size(self, spec, itemsize):
         return by_row_vectors(spec, itemsize)
+
+    def fixed_size_variant(self, spec):
+        return fixed_size_variant(spec)
 
     def launcher_io(self, spec):
         written = [name for name in spec.returned if name != "y"]  # extra outputs the kernel writes
@@ -45,6 +54,9 @@ class ElementwiseBackward(KernelFamily):
 
     def launch_size(self, spec, itemsize):
         return by_row_vectors(spec, itemsize)
+
+    def fixed_size_variant(self, spec):
+        return fixed_size_variant(spec)
 
     def shared_bytes(self, spec):
         """A column-tiled backward's lane sums: a thread's vector of fp32 sums, in the widest
