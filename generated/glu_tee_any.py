@@ -59,7 +59,7 @@ class GluTeeAnyFunction(torch.autograd.Function):
         stage_grads, _ = replay_backward(
             ctx, backward_stages, (d_constantscale2_out, d_extra_output0, *saved))
         d_x, = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x
 
 

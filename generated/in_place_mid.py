@@ -62,7 +62,7 @@ class InPlaceMidFunction(torch.autograd.Function):
         stage_grads, _ = replay_backward(
             ctx, backward_stages, (d_gelu2_out, d_new_extra_input0, *saved))
         d_x, d_extra_input0, d_bias0_bias = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_extra_input0, d_bias0_bias
 
 

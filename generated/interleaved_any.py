@@ -57,7 +57,7 @@ class InterleavedAnyFunction(torch.autograd.Function):
         saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(ctx, backward_stages, (d_clampedswiglu0_out, *saved))
         d_x, = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x
 
 

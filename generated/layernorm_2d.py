@@ -69,7 +69,7 @@ class Layernorm2dFunction(torch.autograd.Function):
         saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(ctx, backward_stages, (d_layernorm0_out, *saved))
         d_x, d_layernorm0_weight, d_layernorm0_bias = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_layernorm0_weight, d_layernorm0_bias
 
 

@@ -75,7 +75,7 @@ class LinearResidualFunction(torch.autograd.Function):
         # backward stage 0 · rule linear_backward · op 0: BasicLinear(256, 256) · weight grad
         d_basiclinear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
             ctx, basiclinear0_weight, d_basiclinear0_out, x)
-        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_extra_input0, d_basiclinear0_weight
 
 

@@ -57,7 +57,7 @@ class MoeGegluFunction(torch.autograd.Function):
         saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(ctx, backward_stages, (d_scaledclampedqgeglu0_out, *saved))
         d_x, d_extra_input0 = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_extra_input0
 
 

@@ -55,7 +55,7 @@ class MoeSwigluFunction(torch.autograd.Function):
         saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(ctx, backward_stages, (d_scaledswiglu0_out, *saved))
         d_x, d_extra_input0 = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_extra_input0
 
 

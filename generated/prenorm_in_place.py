@@ -64,7 +64,7 @@ class PrenormInPlaceFunction(torch.autograd.Function):
         stage_grads, _ = replay_backward(
             ctx, backward_stages, (d_rmsnorm1_out, d_new_extra_input0, *saved))
         d_x, d_extra_input0, d_rmsnorm1_weight = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_extra_input0, d_rmsnorm1_weight
 
 

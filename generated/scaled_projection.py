@@ -65,7 +65,7 @@ class ScaledProjectionFunction(torch.autograd.Function):
         # ConstantScale(0.25) · weight grad
         d_basiclinear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
             ctx, basiclinear0_weight, d_constantscale1_out, x, alpha=0.25)
-        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_basiclinear0_weight
 
 

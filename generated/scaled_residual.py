@@ -67,7 +67,7 @@ class ScaledResidualFunction(torch.autograd.Function):
         # ConstantScale(0.5) · weight grad
         d_basiclinear0_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
             ctx, basiclinear0_weight, d_addextrainput2_out, x, alpha=0.5)
-        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_extra_input0, d_basiclinear0_weight
 
 

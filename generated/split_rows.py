@@ -63,7 +63,7 @@ class SplitRowsFunction(torch.autograd.Function):
         stage_grads, _ = replay_backward(
             ctx, backward_stages, (d_addextrainput2_out, *saved, ctx.n))
         d_x, d_extra_input0 = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_extra_input0
 
 

@@ -54,7 +54,7 @@ class SwigluAnyFunction(torch.autograd.Function):
         saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(ctx, backward_stages, (d_swiglu0_out, *saved))
         d_x, = stage_grads
-        backward_done(ctx)  # another forward may use the graph
+        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x
 
 

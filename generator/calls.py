@@ -9,8 +9,9 @@ runs (``Emitter.name``), so a value handed on by a stage that changes nothing is
 the tensor that holds it.
 
 What a backward reads of the forward's values (its reads that are not grads), and so what the
-forward saves and which parameters a backward takes, follows from its calls' ``reads``; which free values (extra inputs, parameters, the training
-flag, user modules) a run of forward stages takes follows from theirs. A new kind of call (a
+forward saves and which parameters a backward takes, follows from its calls' ``reads``; which
+free values (extra inputs, parameters, the training flag, user modules) a run of forward stages
+takes follows from theirs. A new kind of call (a
 collective: all-gather, reduce-scatter) is one more class here with its reads and writes.
 """
 

@@ -7,8 +7,9 @@ its kernel family, and holds its ABI as data; ``context`` fills the family's tem
 
 A ``KernelFamily`` is everything that differs between families: its ``.cu`` template and its
 launcher template, its launch geometry and entry points, its shared memory, its launcher's
-arguments and its lines of ``_kernels.py``'s head (constants, imports from ``_runtime``). Each family's folder (stages/<family>/) registers its own (``register_family``); a
-plugin may register more (plugins.register_family). Nothing here branches on a family's name.
+arguments and its lines of ``_kernels.py``'s head (constants, imports from ``_runtime``). Each
+family's folder (stages/<family>/) registers its own (``register_family``); a plugin may register
+more (plugins.register_family). Nothing here branches on a family's name.
 
 Names are bounded (``kernel_name``): one longer than ``MAX_KERNEL_NAME`` keeps a readable prefix
 of its op chain, then ``x`` + a short hash of the full name, then its direction and size, so a
@@ -56,8 +57,6 @@ def kernel_name(chain: str, suffix: str, qualifier: str = "") -> tuple[str, str]
             break
         prefix = longer
     return (f"{prefix}_{tail}" if prefix else tail), full
-
-
 
 
 class KernelFamily:

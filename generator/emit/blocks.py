@@ -83,7 +83,8 @@ def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
     extra = [v for v in p.extra_input_values if v in reads]
     # the planner decided what the forward materialises for these (Saves): the calls must agree
     assert set(values) == set(plan.saved_values) and set(extra) == set(plan.saved_extra_inputs), \
-        f"{p.name}: the backward reads {values} + {extra}, the plan saves {plan.saved_values} + {plan.saved_extra_inputs}"
+        (f"{p.name}: the backward reads {values} + {extra}, the plan saves {plan.saved_values} + "
+         f"{plan.saved_extra_inputs}")
     own = [v for v in reads if v not in running and v not in free and v != p.input_width]
     params = [value for op in p.ops for _, value in op.param_ids if value in reads]
     return values + own + extra + params

@@ -23,10 +23,8 @@ from ...values import seed_name
 from ..base import NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, fixed
 from ..column_sum import column_sum
 from .kernels import backward_kernel, forward_kernel
-from .steps import backward_aliases, forward_aliases, io_names, new_seed, operand_width, random_ops
-# the stage's methods keep the names these had when they were private to this module
-from .steps import grad_is_reduced as _reduced, reads_operand as _reads_operand
-from .steps import width_halving_kinds as _width_halving_kinds
+from .steps import (backward_aliases, forward_aliases, grad_is_reduced, io_names, new_seed, operand_width, random_ops,
+                    reads_operand, width_halving_kinds)
 
 
 class ElementwiseStage(StageImpl):
@@ -37,7 +35,7 @@ class ElementwiseStage(StageImpl):
         other = [kind for kind in chain if kind not in kinds]
         if other:
             return f"an elementwise stage runs only elementwise ops ({', '.join(sorted(kinds))}), not {other[0]}"
-        if sum(kind in _width_halving_kinds() for kind in chain) > 1:
+        if sum(kind in width_halving_kinds() for kind in chain) > 1:
             return "an elementwise stage holds at most one GLU (it halves the width)"
         return None
 
@@ -45,7 +43,7 @@ class ElementwiseStage(StageImpl):
         if pass_ == "forward":
             active = any(op.opdef.changes_value for op in ops)
         else:
-            active = any(op.opdef.changes_grad or _reduced(op) for op in ops)
+            active = any(op.opdef.changes_grad or grad_is_reduced(op) for op in ops)
         return self.name if active else "passthrough"
 
     def saves(self, pipeline, stage, have):
@@ -53,7 +51,7 @@ class ElementwiseStage(StageImpl):
             return Saves()
         # extra inputs the backward functors read (a product's operand), and the forward values
         # they need, recomputed from the nearest one the forward materialised
-        extra = {op.extra_in for op in stage.ops if _reads_operand(op) and op.extra_in is not None}
+        extra = {op.extra_in for op in stage.ops if reads_operand(op) and op.extra_in is not None}
         needing = [op.index for op in stage.ops if op.opdef.needs_input_in_backward]
         if not needing:
             return Saves(extra_inputs=frozenset(extra))

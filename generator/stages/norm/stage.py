@@ -19,9 +19,7 @@ from ...values import Role
 from ..base import RowTraffic, Saves, StageImpl, fixed
 from ..column_sum import column_sum
 from ..elementwise import steps as ew
-# the stage's methods keep the names they had when the kernels' specs were in this module
-from .kernels import NORM_KINDS, norm_backward, norm_forward, norm_of
-from .kernels import kernel_ops_of as _kernel_ops, params_of as _params
+from .kernels import NORM_KINDS, kernel_ops_of, norm_backward, norm_forward, norm_of, params_of
 
 
 def _param_args(norm, attrs) -> list:
@@ -126,7 +124,7 @@ class NormStage(StageImpl):
         stats = 2 if spec.ctx["layernorm"] else 1  # mean and rstd, or rstd
         if pass_ == "backward":  # dy, the saved sum, the statistics (+ the extra output's grad) -> dx
             return RowTraffic(3 * h + (h if meo else 0), stats)
-        kernel_ops = _kernel_ops(stage)
+        kernel_ops = kernel_ops_of(stage)
         operands = sum(ew.operand_width(plan.pipeline, stage, name, kernel_ops) for name in spec.operands)
         sum_written = spec.ctx["writes_h"] and (meo is not None or pass_ == "forward")
         # x (+ the residual, + per-row operands) -> y (+ the sum; + the statistics, for a backward)
@@ -138,9 +136,9 @@ class NormStage(StageImpl):
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         for op in ew.random_ops(stage.ops):
             block.add(ew.new_seed(p, op, stage.input))
-        operands = ew.io_names(stage, _kernel_ops(stage))
+        operands = ew.io_names(stage, kernel_ops_of(stage))
         args = [stage.input] + [operands[o] for o in spec.operands] + ([add.extra_in] if add else [])
-        args += _param_args(norm, _params(norm))
+        args += _param_args(norm, params_of(norm))
         results = [stage.output]
         if spec.ctx["writes_h"] and (meo or em.saving):  # the sum: an extra output, or read by the backward
             summed = meo.extra_out if meo else norm.input
@@ -166,9 +164,9 @@ class NormStage(StageImpl):
         spec = em.kernel("backward", stage)
         norm, add, meo = norm_of(stage), stage.first("add_extra_input"), stage.first("make_extra_output")
         args = [dy, norm.input, *em.stats[norm.index]]
-        args += _param_args(norm, ["weight"]) if "weight" in _params(norm) else []  # gamma (L2 has none)
+        args += _param_args(norm, ["weight"]) if "weight" in params_of(norm) else []  # gamma (L2 has none)
         args += [em.grad(meo.extra_out)] if meo else []
-        results = [d_in] + [em.grad(norm.param(attr)) for attr in _params(norm)]
+        results = [d_in] + [em.grad(norm.param(attr)) for attr in params_of(norm)]
         block.add(Launch(spec.name, args, results))
         _param_grads_shaped(em, norm, block)
         if add:
