@@ -92,9 +92,9 @@ __device__ __forceinline__ void finish_column_sums(const float* partials, T* gra
   }
 }
 
-// A column-tiled backward's parameter grads (templates/elementwise_bwd.cu.j2, launched for a few rows
-// with blockDim.y row lanes and one block a column tile): lane y has summed rows y, y + blockDim.y,
-// ... of the thread's VEC columns; the lanes' sums meet in shared memory (blockDim.x * blockDim.y *
+// A column-tiled backward's parameter grads (templates/elementwise/elementwise_bwd.cu.j2,
+// launched for a few rows with blockDim.y row lanes and one block a column tile): lane y has
+// summed rows y, y + blockDim.y, ... of the thread's VEC columns; the lanes' sums meet in shared memory (blockDim.x * blockDim.y *
 // VEC floats of dynamic shared memory) and lane 0 adds them in lane order and writes the grads, so
 // no barrier across the grid and no second launch is needed. Deterministic. Every thread of the
 // block must call this (it has barriers); ``active``: the thread's columns lie in the row.

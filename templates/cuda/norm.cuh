@@ -6,12 +6,12 @@
 // fp32. The backward gives each block a fixed, strided set of rows and sums dgamma/dbeta for its
 // columns, then writes one fp32 partial row per block; a column-sum kernel adds the partials in
 // block order. No atomics, so the parameter grads are identical run to run.
-// Where the backward sums its partials (generator/kernels.py: norm_bwd_shared_partials): in
-// shared memory when they fit in 96 KB (row_norm_bwd_shared: about 2 vectors a thread, x and dy
+// Where the backward sums its partials (generator/stages/norm/tuning.py:
+// norm_bwd_shared_partials): in shared memory when they fit in 96 KB (row_norm_bwd_shared: about 2 vectors a thread, x and dy
 // read again after the row's reduction, two blocks an SM), else in registers
 // (row_norm_bwd_registers: wider rows, and L2Normalization, which has none).
-// Threads per block (generator/kernels.py: norm_threads): the forward's give each thread about 4
-// of the row's H / VEC vectors (128 to 512 threads: the row's loads in flight together, cheaper
+// Threads per block (generator/stages/norm/tuning.py: norm_threads): the forward's give each
+// thread about 4 of the row's H / VEC vectors (128 to 512 threads: the row's loads in flight together, cheaper
 // barriers); the shared-memory backward's about 2, the register backward's one, up to 1024
 // threads. Each thread holds NV = ceil(H / VEC / THREADS) vectors, the last ones guarded when
 // THREADS does not divide.
@@ -73,7 +73,7 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
   // LOADS_FIRST: a row that writes h issues all its loads before its first store (the compiler
   // keeps a load after a store in order, so each of a thread's vectors would otherwise be a round
   // trip of its own). Both shorten a block's latency, the kernel's at a few rows, and both cost
-  // registers; where each pays is the generator's choice (kernels.py: norm_fwd_holds).
+  // registers; where each pays is the generator's choice (stages/norm/tuning.py: norm_fwd_holds).
   static_assert(!HOLD_PARAMS || KIND != Norm::L2, "HOLD_PARAMS: a norm with parameters");
   Vec<T, VEC> gamma_early[HOLD_PARAMS ? Tile::NV : 1], beta_early[HOLD_PARAMS && LAYERNORM ? Tile::NV : 1];
   if (HOLD_PARAMS) {
@@ -257,8 +257,8 @@ __device__ __forceinline__ void row_norm_bwd_registers(const T* __restrict__ dy,
 }
 
 // Backward, parameter-grad partials in shared memory (SHARED_PARTIALS: rows whose fp32 dgamma and
-// dbeta fit, generator/kernels.py: norm_bwd_shared_partials). A thread holds its ~2 vectors of x
-// and dy only while it sums the row; after the row's reduction it loads them again (L1 hits: the
+// dbeta fit, generator/stages/norm/tuning.py: norm_bwd_shared_partials). A thread holds its ~2
+// vectors of x and dy only while it sums the row; after the row's reduction it loads them again (L1 hits: the
 // block just read them) rather than keeping them in registers across the barriers, and it adds its
 // columns' dgamma/dbeta into shared memory, not registers. About 64 registers a thread at 512
 // threads, so two blocks share an SM and one's reduction overlaps the other's loads: H=8192 bf16 on
