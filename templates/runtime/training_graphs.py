@@ -70,6 +70,9 @@ def replay_forward(graph, ctx, stages, args):
                 outputs = [out.clone() for out in graph.outputs]
                 return outputs[0] if graph.single else tuple(outputs)
     outputs, saved = stages(*args)
+    if any(type(s) is int for s in saved):  # a host int the backward reads (max_seqlen): no tensor to save
+        ctx.host_values = {i: s for i, s in enumerate(saved) if type(s) is int}
+        saved = [None if type(s) is int else s for s in saved]
     ctx.save_for_backward(*saved)
     return outputs
 
@@ -79,7 +82,12 @@ def saved_tensors(ctx):
     the graph's buffers (and the call's parameters). (A Function of a module without graphs
     records no ``replayed``.)"""
     replayed = getattr(ctx, "replayed", None)
-    return ctx.saved_tensors if replayed is None else replayed.saved
+    if replayed is not None:
+        return replayed.saved
+    host = getattr(ctx, "host_values", None)
+    if host is None:
+        return ctx.saved_tensors
+    return tuple(host.get(i, s) for i, s in enumerate(ctx.saved_tensors))
 
 
 def replay_backward(ctx, stages, args):
