@@ -22,7 +22,7 @@ from .errors import Location
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, OpDef
-from .values import (X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
+from .values import (HOST_INT, X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
                      module_name, param_name, seed_name)
 
 
@@ -274,7 +274,7 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
             fields["seed"] = add(Role.METADATA, "int64", seed_name(op))
         if op.opdef.reads_sequences:  # one pair for the pipeline, made at the first op that reads it
             sequences = sequences or (add(Role.METADATA, "int32", "cu_seqlens"),
-                                      add(Role.METADATA, "int64", "max_seqlen"))
+                                      add(Role.METADATA, HOST_INT, "max_seqlen"))
             fields["cu_seqlens"], fields["max_seqlen"] = sequences
         if op.opdef.user_module:
             fields["module_object"] = add(Role.OBJECT, "object", module_name(op))
