@@ -5,11 +5,14 @@ per-sequence mean subtraction scaled by 1 / max_seqlen, run as its reference mat
 stage), so the offsets and the bound reach it as the pipeline's values, on CPU, end to end."""
 
 import importlib
+import inspect
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import generated
 from fusegen import build, output
 from references import assert_close_to_reference
 
@@ -46,19 +49,23 @@ plain = te.Sequential(te.Linear(8, 4), te.GELU())
 '''
 
 
-@pytest.fixture(scope="module")
-def pkg(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("packed")
+def packed_package(folder, package, archs=()):
+    """The spec above, built with the plugin op (``archs``: the binaries' targets; none on CPU)."""
     (folder / "seq_ops.py").write_text(PLUGIN)
     (folder / "spec.py").write_text(SPEC)
-    config = build.Config((folder / "spec.py",), folder / "packed_pkg", archs=(), dtypes=("float32",), root=folder,
+    config = build.Config((folder / "spec.py",), folder / package, archs=archs, dtypes=("float32",), root=folder,
                           plugins=("seq_ops",))
     output.write_package(build.build_package(config), config.out)
     sys.path.insert(0, str(folder))
     try:
-        yield importlib.import_module("packed_pkg")
+        return importlib.import_module(package)
     finally:
         sys.path.remove(str(folder))
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    return packed_package(tmp_path_factory.mktemp("packed"), "packed_pkg")
 
 
 def silu(x):
@@ -154,6 +161,26 @@ def test_a_pipeline_that_reads_no_sequences_accepts_and_ignores_them(pkg):
         module(x[None], torch.tensor([5]))
 
 
+def test_every_generated_module_takes_the_call_form_and_none_of_today_s_computes_it(pkg):
+    modules = [getattr(generated, name) for name in generated.__all__]
+    modules += [pkg.Packed, pkg.PackedExtra, pkg.Plain]
+    assert len(modules) > 40
+    for module in modules:
+        parameters = inspect.signature(module.forward).parameters
+        tensors = [p for name, p in parameters.items() if name != "self" and p.default is inspect.Parameter.empty]
+        seq_lens, max_seqlen = parameters["seq_lens"], parameters["max_seqlen"]
+        assert seq_lens.default is None and max_seqlen.default is None, module.__name__
+        assert max_seqlen.kind is inspect.Parameter.KEYWORD_ONLY, module.__name__
+        # positional m(x, seq_lens) only where x is the only tensor the caller hands
+        want = inspect.Parameter.POSITIONAL_OR_KEYWORD if len(tensors) == 1 else inspect.Parameter.KEYWORD_ONLY
+        assert seq_lens.kind is want, module.__name__
+    # no op of today's pipelines reads sequences: no module computes them (no cost), each ignores them
+    for path in Path(generated.__file__).parent.glob("*.py"):
+        assert "packed_sequences" not in path.read_text() or path.name.startswith("_"), path.name
+    assert "packed_sequences(" in Path(pkg.__file__).with_name("packed.py").read_text()
+    assert "packed_sequences(" not in Path(pkg.__file__).with_name("plain.py").read_text()
+
+
 @pytest.mark.parametrize("seq_lens, max_seqlen, error, message", [
     (torch.tensor([2.0, 5.0]), None, TypeError,
      r"Packed: seq_lens must have dtype int32 or int64 .*, got torch.float32"),
@@ -184,16 +211,17 @@ def test_a_3d_x_with_seq_lens_and_a_short_bound_are_errors(pkg):
 
 
 @pytest.mark.cuda
-def test_device_seq_lens_and_another_gpu(pkg):
-    module = seeded(pkg.Packed(dtype=torch.float32, device="cuda"))
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_with_device_and_cpu_seq_lens(tmp_path):
+    major, minor = torch.cuda.get_device_capability()
+    gpu_pkg = packed_package(tmp_path, "packed_gpu_pkg", archs=(f"sm_{major}{minor}",))
+    module = seeded(gpu_pkg.Packed(dtype=torch.float32, device="cuda"))
     x = torch.randn(sum(LENGTHS), 8, device="cuda")
     lengths = torch.tensor(LENGTHS, device="cuda")
-    with torch.no_grad():
-        a = module(x, lengths)  # the longest length from the device (a sync)
-        b = module(x, lengths, max_seqlen=max(LENGTHS))  # no sync: checked on the device
-        c = module(x, lengths.cpu())
-    torch.testing.assert_close(a, c)
-    torch.testing.assert_close(b, c)
+    compare(module, lambda m, t: m(t, lengths), x, LENGTHS, max(LENGTHS))  # the longest from the device: a sync
+    compare(module, lambda m, t: m(t, lengths, max_seqlen=9), x, LENGTHS, 9)  # no sync: checked on the device
+    compare(module, lambda m, t: m(t, lengths.cpu().int()), x, LENGTHS, max(LENGTHS))
+    compare(module, lambda m, t: m(t), torch.randn(2, 5, 8, device="cuda"), [5, 5], 5)
     if torch.cuda.device_count() > 1:
         with pytest.raises(ValueError, match="seq_lens is on cuda:1 but x on cuda:0"):
             module(x, lengths.to("cuda:1"))
