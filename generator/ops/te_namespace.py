@@ -33,6 +33,10 @@ MODULES_NOT_YET = dict.fromkeys(
     "(LayerNormLinear: te.LayerNorm(...), te.Linear(...))")
 
 
+# What to write instead, where te.ops' op has the argument under another name
+INSTEAD = {"params_dtype": "give dtype= instead", "hidden_size": "give the size as normalized_shape instead"}
+
+
 def module_only_argument(module: str, attribute: str, argument: str) -> str | None:
     """Why ``argument`` of ``<module>.<attribute>(...)`` is refused (it belongs to TE's monolithic
     module of that name, not to the te.ops op fusegen reads the spelling as), or None."""
@@ -40,4 +44,4 @@ def module_only_argument(module: str, attribute: str, argument: str) -> str | No
         return None
     return (f"te.{attribute}(): '{argument}' is an argument of Transformer Engine's monolithic module "
             f"te.{attribute}, which fusegen does not support yet (issue 39); fusegen reads te.{attribute} as "
-            f"te.ops.{attribute}, whose arguments it takes (device=, dtype=, ...): leave '{argument}' out")
+            f"te.ops.{attribute}, whose arguments it takes: {INSTEAD.get(argument, f'leave {argument!r} out')}")
