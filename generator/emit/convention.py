@@ -3,13 +3,14 @@
 A pipeline's free values are what its code takes rather than computes: x, the extra inputs, the
 parameters, the training flag, the packed sequences where an op reads them (``cu_seqlens``,
 ``max_seqlen``: made by the module's forward from its call form), each user module and the
-leading dims it runs at (values.py). In
-that order they are the autograd Function's inputs (and the no-grad forward's, and a segment
-Function's where it reads them); each role says how the module's ``forward`` passes the value,
-whether the Function returns a grad for it, its type in the no-grad custom op's schema, and how the
-module's ``forward`` checks it before the call (``check_lines``). A new kind of input is one role
-here and its rendering in ``argument`` (what is passed and checked), ``TENSOR_ROLES`` (whether it
-has a grad) and ``Argument.schema``.
+leading dims it runs at (values.py). In that order they are the autograd Function's inputs (and
+the no-grad forward's, and a segment Function's where it reads them); each role says how the
+module's ``forward`` passes the value, whether the Function returns a grad for it, its type in the
+no-grad custom op's schema, and how the module's ``forward`` checks it before the call
+(``check_lines``). A new kind of input is one role here and its rendering in ``argument`` (what is
+passed and checked), ``TENSOR_ROLES`` (whether it has a grad) and ``Argument.schema``. Every
+module's forward also takes the packed-sequence call form (``forward_parameters``), and ignores it
+where no op reads the sequences (``ignored_sequences_lines``).
 """
 
 from __future__ import annotations
@@ -219,8 +220,10 @@ def check_lines(args: list[Argument], lead_lines: list[str]) -> list[str]:
 
 def check_helpers(args: list[Argument]) -> list[str]:
     """The runtime's functions the checks call, in name order (the module imports them)."""
-    return sorted({arg.checked_by for arg in args if arg.checked_by} | ({"check_packed_form"} if ignores_sequences(args)
-                                                                         else set()))
+    helpers = {arg.checked_by for arg in args if arg.checked_by}
+    if ignores_sequences(args):  # the packed-sequence call form's check (ignored_sequences_lines)
+        helpers.add("check_packed_form")
+    return sorted(helpers)
 
 
 def forward_parameters(args: list[Argument]) -> str:
