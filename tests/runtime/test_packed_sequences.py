@@ -225,3 +225,15 @@ def test_on_a_gpu_with_device_and_cpu_seq_lens(tmp_path):
     if torch.cuda.device_count() > 1:
         with pytest.raises(ValueError, match="seq_lens is on cuda:1 but x on cuda:0"):
             module(x, lengths.to("cuda:1"))
+
+
+def test_the_ignored_call_form_compiles_without_graph_breaks(pkg):
+    module = seeded(pkg.Plain())
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        want = module(x)
+        torch.testing.assert_close(compiled(x, torch.tensor([2, 3]), max_seqlen=3), want, rtol=0, atol=0)
+        torch.testing.assert_close(compiled(x), want, rtol=0, atol=0)
+    y = compiled(x.requires_grad_(), torch.tensor([5]))  # under autograd too
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
