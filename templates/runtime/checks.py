@@ -175,7 +175,9 @@ def packed_sequences(module, x, seq_lens, max_seqlen):
     _check_lengths(module, x, seq_lens)
     rows = x.shape[0]
     cu_seqlens = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int64), (1, 0))
-    if seq_lens.device.type == "cpu" or max_seqlen is None:  # a sync only for a device seq_lens
+    # the lengths read on the host: a CPU seq_lens, or to find the longest (a device one: a sync);
+    # under torch.compile with max_seqlen, checked on the device instead (no data-dependent guard)
+    if (seq_lens.device.type == "cpu" and not torch.compiler.is_compiling()) or max_seqlen is None:
         lowest, total, longest = torch.stack(
             [seq_lens.min().long(), cu_seqlens[-1], seq_lens.max().long()]).tolist()
         if lowest < 0:

@@ -237,3 +237,18 @@ def test_the_ignored_call_form_compiles_without_graph_breaks(pkg):
         torch.testing.assert_close(compiled(x), want, rtol=0, atol=0)
     y = compiled(x.requires_grad_(), torch.tensor([5]))  # under autograd too
     torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+def test_the_sequences_compile_without_graph_breaks_given_max_seqlen(pkg):
+    from packed_pkg._runtime import packed_sequences  # (the fixture's package is imported by then)
+
+    def sequences(x, seq_lens):
+        return packed_sequences("Packed", x, seq_lens, 8)
+
+    compiled = torch.compile(sequences, fullgraph=True, backend="eager")
+    x = torch.randn(11, 8)
+    for seq_lens in (torch.tensor(LENGTHS), torch.tensor(LENGTHS, dtype=torch.int32)):
+        cu_seqlens, max_seqlen = compiled(x, seq_lens)
+        assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == [0, 1, 3, 3, 8, 11] and max_seqlen == 8
+    with pytest.raises(RuntimeError, match="seq_lens must be lengths of 0 or more summing to x's 11 rows"):
+        compiled(x, torch.tensor([1, 2, 3]))  # checked on the device (here the CPU) without a guard
