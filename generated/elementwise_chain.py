@@ -33,8 +33,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -245,7 +246,8 @@ class ElementwiseChain(torch.nn.Module):
         ref.init_parameter(self._modules["15"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["16"].weight, "zeros")
 
-    def forward(self, x, extra_input0, extra_input1, extra_input2):
+    def forward(
+            self, x, extra_input0, extra_input1, extra_input2, *, seq_lens=None, max_seqlen=None):
         layernorm3_weight = self._modules["3"].weight
         layernorm3_bias = self._modules["3"].bias
         bias4_bias = self._modules["4"].bias
@@ -278,6 +280,9 @@ class ElementwiseChain(torch.nn.Module):
         check_input(
             "ElementwiseChain", "extra_input2", extra_input2, 384, layernorm3_weight, x.shape[:-1])
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("ElementwiseChain", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

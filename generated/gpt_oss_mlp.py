@@ -19,8 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
@@ -165,7 +166,7 @@ class GptOssMlp(torch.nn.Module):
         ref.init_parameter(self._modules["3"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["3"].bias, "zeros")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         rmsnorm0_weight = self._modules["0"].weight
         linear1_weight = self._modules["1"].weight
         linear1_bias = self._modules["1"].bias
@@ -186,6 +187,9 @@ class GptOssMlp(torch.nn.Module):
             (rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias))
         check_input("GptOssMlp", "x", x, 1024, rmsnorm0_weight)
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("GptOssMlp", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

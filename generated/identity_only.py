@@ -17,8 +17,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
-    saved_tensors, with_lead, with_shape)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead, with_shape)
 
 
 def forward_stages(x):
@@ -83,7 +83,7 @@ class IdentityOnly(torch.nn.Module):
     def reset_parameters(self):
         pass  # the pipeline has no parameters
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
@@ -92,6 +92,9 @@ class IdentityOnly(torch.nn.Module):
         check_input("IdentityOnly", "x", x, None, x, like_is="x is", any_shape=True)
         n = x.shape[-1] if x.dim() else 1
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("IdentityOnly", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

@@ -18,8 +18,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
-    saved_tensors, with_lead)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x):
@@ -90,7 +90,7 @@ class InterleavedAny(torch.nn.Module):
     def reset_parameters(self):
         pass  # the pipeline has no parameters
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
@@ -98,6 +98,9 @@ class InterleavedAny(torch.nn.Module):
         check_input("InterleavedAny", "x", x, None, x, multiple_of=32, like_is="x is")
         n = x.shape[-1]
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("InterleavedAny", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

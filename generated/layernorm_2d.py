@@ -16,8 +16,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, layernorm0_weight, layernorm0_bias):
@@ -111,7 +111,7 @@ class Layernorm2d(torch.nn.Module):
         ref.init_parameter(self._modules["0"].weight, "ones")
         ref.init_parameter(self._modules["0"].bias, "zeros")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         layernorm0_weight = self._modules["0"].weight
         layernorm0_bias = self._modules["0"].bias
         if ref.autocasting(x):
@@ -128,6 +128,9 @@ class Layernorm2d(torch.nn.Module):
         lead1 = ref.flattened_lead(
             "Layernorm2d", "LayerNorm((7, 2)) (op 0 at specs/te_norms.py:12:34)", lead, (7, 2))
         lead2 = ref.unflattened_lead(lead1, (7, 2))
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("Layernorm2d", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

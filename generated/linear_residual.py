@@ -20,8 +20,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, basiclinear0_weight):
@@ -113,7 +113,7 @@ class LinearResidual(torch.nn.Module):
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"].weight, "kaiming_uniform")
 
-    def forward(self, x, extra_input0):
+    def forward(self, x, extra_input0, *, seq_lens=None, max_seqlen=None):
         basiclinear0_weight = self._modules["0"].weight
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
@@ -127,6 +127,9 @@ class LinearResidual(torch.nn.Module):
         check_input(
             "LinearResidual", "extra_input0", extra_input0, 256, basiclinear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("LinearResidual", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

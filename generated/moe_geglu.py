@@ -17,8 +17,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, check_row_input, first_order_only, replay_backward,
-    replay_forward, saved_tensors, with_lead)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, check_row_input,
+    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0):
@@ -90,7 +90,7 @@ class MoeGeglu(torch.nn.Module):
     def reset_parameters(self):
         pass  # the pipeline has no parameters
 
-    def forward(self, x, extra_input0):
+    def forward(self, x, extra_input0, *, seq_lens=None, max_seqlen=None):
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
@@ -99,6 +99,9 @@ class MoeGeglu(torch.nn.Module):
         n = x.shape[-1]
         check_row_input("MoeGeglu", "extra_input0", extra_input0, x, x.shape[:-1], like_is="x is")
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("MoeGeglu", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

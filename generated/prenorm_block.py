@@ -18,8 +18,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
@@ -143,7 +144,7 @@ class PrenormBlock(torch.nn.Module):
         ref.init_parameter(self._modules["2"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["2"].bias, "zeros")
 
-    def forward(self, x, extra_input0):
+    def forward(self, x, extra_input0, *, seq_lens=None, max_seqlen=None):
         rmsnorm1_weight = self._modules["1"].weight
         linear2_weight = self._modules["2"].weight
         linear2_bias = self._modules["2"].bias
@@ -159,6 +160,9 @@ class PrenormBlock(torch.nn.Module):
         check_input(
             "PrenormBlock", "extra_input0", extra_input0, 4096, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("PrenormBlock", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

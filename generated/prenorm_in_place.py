@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, rmsnorm1_weight):
@@ -101,7 +101,7 @@ class PrenormInPlace(torch.nn.Module):
     def reset_parameters(self):
         ref.init_parameter(self._modules["1"].weight, "ones")
 
-    def forward(self, x, extra_input0):
+    def forward(self, x, extra_input0, *, seq_lens=None, max_seqlen=None):
         rmsnorm1_weight = self._modules["1"].weight
         # AddExtraInput(in_place=True) writes the sum into this tensor
         caller_extra_input0 = extra_input0
@@ -115,6 +115,9 @@ class PrenormInPlace(torch.nn.Module):
         check_input(
             "PrenormInPlace", "extra_input0", extra_input0, 256, rmsnorm1_weight, x.shape[:-1])
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("PrenormInPlace", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

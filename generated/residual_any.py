@@ -19,8 +19,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, first_order_only, replay_backward, replay_forward,
-    saved_tensors, with_lead, with_shape)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, first_order_only,
+    replay_backward, replay_forward, saved_tensors, with_lead, with_shape)
 
 
 def forward_stages(x, extra_input0):
@@ -99,7 +99,7 @@ class ResidualAny(torch.nn.Module):
     def reset_parameters(self):
         pass  # the pipeline has no parameters
 
-    def forward(self, x, extra_input0):
+    def forward(self, x, extra_input0, *, seq_lens=None, max_seqlen=None):
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
@@ -110,6 +110,9 @@ class ResidualAny(torch.nn.Module):
         check_input(
             "ResidualAny", "extra_input0", extra_input0, None, x, like_is="x is", shape=x.shape)
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("ResidualAny", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

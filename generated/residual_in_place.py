@@ -20,8 +20,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, extra_input0, linear0_weight, linear0_bias):
@@ -134,7 +135,7 @@ class ResidualInPlace(torch.nn.Module):
         ref.init_parameter(self._modules["0"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["0"].bias, "zeros")
 
-    def forward(self, x, extra_input0):
+    def forward(self, x, extra_input0, *, seq_lens=None, max_seqlen=None):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
         # AddExtraInput(in_place=True) writes the sum into this tensor
@@ -151,6 +152,9 @@ class ResidualInPlace(torch.nn.Module):
         check_input(
             "ResidualInPlace", "extra_input0", extra_input0, 256, linear0_weight, x.shape[:-1])
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("ResidualInPlace", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

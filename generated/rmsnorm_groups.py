@@ -21,8 +21,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, rmsnorm1_weight, linear2_weight, linear2_bias):
@@ -171,7 +172,7 @@ class RmsnormGroups(torch.nn.Module):
         ref.init_parameter(self._modules["2"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["2"].bias, "zeros")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
         rmsnorm1_weight = self._modules["1"].weight
@@ -198,6 +199,9 @@ class RmsnormGroups(torch.nn.Module):
             "RMSNorm((4, 64), zero_centered_gamma=True) (op 1 at specs/te_norms.py:14:28)", lead,
             (4, 64))
         lead2 = ref.unflattened_lead(lead1, (4, 64))
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("RmsnormGroups", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

@@ -19,8 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, bias3_bias):
@@ -125,7 +126,7 @@ class RowsOf64(torch.nn.Module):
     def reset_parameters(self):
         ref.init_parameter(self._modules["3"].bias, "zeros")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         bias3_bias = self._modules["3"].bias
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
@@ -139,6 +140,9 @@ class RowsOf64(torch.nn.Module):
         lead1 = ref.reshaped_lead(
             "RowsOf64", "Reshape((-1, 64)) (op 1 at specs/te_reshape.py:17:47)", (-1, 64),
             lead.numel() * n)
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("RowsOf64", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

@@ -17,8 +17,8 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    replay_backward, replay_forward, saved_tensors, with_lead)
+    SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, basiclinear0_weight):
@@ -103,7 +103,7 @@ class ScaledProjection(torch.nn.Module):
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"].weight, "kaiming_uniform")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         basiclinear0_weight = self._modules["0"].weight
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
@@ -112,6 +112,9 @@ class ScaledProjection(torch.nn.Module):
         check_parameters("ScaledProjection", ("0.weight",), ((128, 256),), (basiclinear0_weight,))
         check_input("ScaledProjection", "x", x, 256, basiclinear0_weight)
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("ScaledProjection", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

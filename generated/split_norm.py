@@ -18,8 +18,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, rmsnorm2_weight):
@@ -122,7 +123,7 @@ class SplitNorm(torch.nn.Module):
     def reset_parameters(self):
         ref.init_parameter(self._modules["2"].weight, "ones")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         rmsnorm2_weight = self._modules["2"].weight
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
@@ -136,6 +137,9 @@ class SplitNorm(torch.nn.Module):
         lead1 = ref.reshaped_lead(
             "SplitNorm", "Reshape((2, 3, -1)) (op 1 at specs/te_reshape.py:21:47)", (2, 3, -1),
             lead.numel() * n, last=64)
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("SplitNorm", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

@@ -18,8 +18,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -141,7 +142,7 @@ class SregluMlp(torch.nn.Module):
         ref.init_parameter(self._modules["2"].weight, "kaiming_uniform")
         ref.init_parameter(self._modules["2"].bias, "zeros")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
         linear2_weight = self._modules["2"].weight
@@ -157,6 +158,9 @@ class SregluMlp(torch.nn.Module):
             (linear0_weight, linear0_bias, linear2_weight, linear2_bias))
         check_input("SregluMlp", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("SregluMlp", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

@@ -19,8 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, first_order_only,
-    register_no_grad_op, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight, training):
@@ -146,7 +147,7 @@ class TeeNormDropout(torch.nn.Module):
         ref.init_parameter(self._modules["0"].bias, "zeros")
         ref.init_parameter(self._modules["2"].weight, "ones")
 
-    def forward(self, x):
+    def forward(self, x, seq_lens=None, *, max_seqlen=None):
         linear0_weight = self._modules["0"].weight
         linear0_bias = self._modules["0"].bias
         rmsnorm2_weight = self._modules["2"].weight
@@ -160,6 +161,9 @@ class TeeNormDropout(torch.nn.Module):
             (linear0_weight, linear0_bias, rmsnorm2_weight))
         check_input("TeeNormDropout", "x", x, 256, linear0_weight)
         lead = x.shape[:-1]
+        # no op reads packed sequences: the call form is checked, then ignored
+        if seq_lens is not None:
+            check_packed_form("TeeNormDropout", x)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

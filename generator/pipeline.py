@@ -22,7 +22,7 @@ from .errors import Location
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, OpDef
-from .values import (X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
+from .values import (HOST_INT, X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
                      module_name, param_name, seed_name)
 
 
@@ -53,6 +53,10 @@ class Op:
     seed: int | None = None  # a random op's key, drawn once per call
     module_object: int | None = None  # a user module op's module, handed in by the generated module
     lead: int | None = None  # ... and the leading dims it runs at
+    # the call's packed sequences, for an op that reads them (OpDef.reads_sequences): the
+    # pipeline's int32 offsets cu_seqlens [batch + 1] on x's device and its host int max_seqlen
+    cu_seqlens: int | None = None
+    max_seqlen: int | None = None
 
     def param(self, attr: str) -> int:
         """The value of parameter ``attr``."""
@@ -97,6 +101,9 @@ class Pipeline:
     values: tuple[Value, ...] = ()  # every value the pipeline's code handles, by id (values.py)
     training: int | None = None  # the training FLAG, where the forward depends on it (a Dropout)
     input_width: int | None = None  # a size-generic pipeline's input width n (a backward's reshape reads it)
+    # (cu_seqlens, max_seqlen): the call's packed sequences, made once in the module's forward
+    # where an op reads them (OpDef.reads_sequences); None elsewhere (no cost)
+    sequences: tuple[int, int] | None = None
 
     def value(self, id: int) -> Value:
         return self.values[id]
@@ -223,16 +230,18 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             ))
             n_hidden += 1
     ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
-    ops, values, training, width = _values(graph, ops)
+    ops, values, training, width, sequences = _values(graph, ops)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
-                    len(graph.outputs) - 1, graph, tuple(specialise), values, training, width)
+                    len(graph.outputs) - 1, graph, tuple(specialise), values, training, width, sequences)
 
 
-def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], int | None, int | None]:
+def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], int | None, int | None,
+                                                  tuple[int, int] | None]:
     """The pipeline's value table and each op's value ids. The graph numbers the input, each
     op's output and the extra inputs (ir.build_graph); the rest get ids after the graph's: the
     value a hidden tee writes (it has no graph node), extra outputs, parameters, random keys, the
-    training flag, user modules and their leading dims, a size-generic pipeline's input width."""
+    training flag, the packed sequences, user modules and their leading dims, a size-generic
+    pipeline's input width."""
     table: dict[int, Value] = {}
     next_id = len(graph.values)
 
@@ -244,6 +253,7 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
         return id
 
     add(Role.ACTIVATION, X_DTYPE, "x", graph.features(0), id=0)
+    sequences = None
     graph_nodes = iter(node for node in graph.nodes if not node.opdef.view)
     with_ids, running = [], 0
     for op in ops:
@@ -262,6 +272,10 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
                                     for attr, *_ in op.params)
         if op.opdef.operand is not None and op.opdef.operand.source == "random":
             fields["seed"] = add(Role.METADATA, "int64", seed_name(op))
+        if op.opdef.reads_sequences:  # one pair for the pipeline, made at the first op that reads it
+            sequences = sequences or (add(Role.METADATA, "int32", "cu_seqlens"),
+                                      add(Role.METADATA, HOST_INT, "max_seqlen"))
+            fields["cu_seqlens"], fields["max_seqlen"] = sequences
         if op.opdef.user_module:
             fields["module_object"] = add(Role.OBJECT, "object", module_name(op))
             fields["lead"] = add(Role.METADATA, "object", lead_name(op))
@@ -271,4 +285,4 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
     training = add(Role.FLAG, "bool", "training") if random else None
     width = add(Role.METADATA, "int64", "n") if isinstance(graph.features(0), Sym) else None
     assert sorted(table) == list(range(len(table))), "value ids are the table's positions"
-    return with_ids, tuple(table[id] for id in sorted(table)), training, width
+    return with_ids, tuple(table[id] for id in sorted(table)), training, width, sequences

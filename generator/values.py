@@ -30,13 +30,14 @@ class Role(Enum):
 
 
 X_DTYPE = "x"  # a value's dtype: the pipeline input's, whatever it is at run time
+HOST_INT = "host int"  # a value's dtype: a Python int, no tensor (max_seqlen), kept beside a backward's tensors
 
 
 @dataclass(frozen=True)
 class Value:
     id: int
     role: Role
-    dtype: str  # X_DTYPE, "float32", "int64", "bool", "param" (the parameter's own), "object"
+    dtype: str  # X_DTYPE, "float32", "int64", "bool", "param" (the parameter's own), "object", HOST_INT
     name: str  # its name in generated code
     features: Size | None = None  # an activation's width (a statistic or a flag has none)
     grad_of: int | None = None  # a grad: the id of the value it is the grad of (None: not a grad)

@@ -15,7 +15,8 @@ subject, each importing only those listed above it:
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
 """
 
-from .checks import check_input, check_parameters, check_row_input
+from .checks import (check_input, check_packed_form, check_parameters, check_row_input,
+                     packed_sequences)
 from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
 from .launch import Kernel, pointer
@@ -25,7 +26,7 @@ from .training_graphs import backward_done, replay_backward, replay_forward, sav
 
 __all__ = [
     "CudaGraphs", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "SpecOp", "as_rows",
-    "backward_done", "check_input", "check_parameters", "check_row_input", "first_order_only",
-    "pointer", "register_no_grad_op", "register_op", "replay_backward", "replay_forward",
-    "saved_tensors", "with_lead", "with_shape",
+    "backward_done", "check_input", "check_packed_form", "check_parameters", "check_row_input",
+    "first_order_only", "packed_sequences", "pointer", "register_no_grad_op", "register_op",
+    "replay_backward", "replay_forward", "saved_tensors", "with_lead", "with_shape",
 ]

@@ -132,3 +132,89 @@ def check_row_input(module, name, tensor, like, lead, like_is="the module's para
         raise ValueError(f"{module}: {name} holds one scale per row: it must have shape "
                          f"{list(lead)}, got {list(tensor.shape)}")
     check_input(module, name, tensor.unsqueeze(-1), 1, like, None, like_is=like_is)
+
+
+
+def check_packed_form(module, x):
+    """The packed-sequence call form of a module none of whose ops reads sequences: seq_lens is
+    taken and ignored, but ``m(x, seq_lens)`` takes x [total, hidden], never [batch, seq,
+    hidden]."""
+    if getattr(x, "dim", None) is not None and x.dim() == 3:
+        raise ValueError(f"{module}: seq_lens was given with a 3-D x {list(x.shape)}; packed "
+                         "sequences take x [total_tokens, hidden] with seq_lens [batch]: pass "
+                         "x.flatten(0, 1), or leave seq_lens out (a 3-D x is batch sequences of "
+                         "x.shape[1] tokens)")
+
+
+def packed_sequences(module, x, seq_lens, max_seqlen):
+    """(cu_seqlens, max_seqlen) of a call: int32 offsets [batch + 1] on x's device and the host
+    int bounding the longest sequence. Call forms: ``m(x, seq_lens)`` with x [total, hidden] and
+    seq_lens [batch] (int32 or int64, on x's device or the CPU); ``m(x)`` with a 2-D x (one
+    sequence) or a 3-D x [batch, seq, hidden] (batch-major: batch sequences of seq tokens).
+    ``max_seqlen``: at least the longest length; without it a CPU seq_lens gives it without a
+    device sync, a device one with one (.tolist()). One quick pass a call; errors say what to
+    pass."""
+    if max_seqlen is not None and (type(max_seqlen) is not int or max_seqlen < 0):  # (not a bool)
+        raise TypeError(f"{module}: max_seqlen must be None or an int of 0 or more (the longest "
+                        f"sequence's length, or more), got {max_seqlen!r}")
+    dims = x.dim()
+    if seq_lens is None:
+        if dims not in (2, 3):
+            raise ValueError(f"{module}: x must be 2-D [tokens, hidden] (one sequence) or 3-D "
+                             f"[batch, seq, hidden] (batch sequences of seq tokens), got "
+                             f"{list(x.shape)}")
+        batch, seq = (1, x.shape[0]) if dims == 2 else (x.shape[0], x.shape[1])
+        _check_bound(module, max_seqlen, seq, "x's sequence length")
+        cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=x.device) * seq
+        return cu_seqlens, seq if max_seqlen is None else max_seqlen
+    if dims == 3:
+        check_packed_form(module, x)
+    if dims != 2:
+        raise ValueError(f"{module}: with seq_lens, x must be 2-D [total_tokens, hidden], got "
+                         f"{list(x.shape)}")
+    _check_lengths(module, x, seq_lens)
+    rows = x.shape[0]
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int64), (1, 0))
+    # the lengths read on the host: a CPU seq_lens, or to find the longest (a device one: a sync);
+    # under torch.compile with max_seqlen, checked on the device instead (no data-dependent guard)
+    if (seq_lens.device.type == "cpu" and not torch.compiler.is_compiling()) or max_seqlen is None:
+        lowest, total, longest = torch.stack(
+            [seq_lens.min().long(), cu_seqlens[-1], seq_lens.max().long()]).tolist()
+        if lowest < 0:
+            raise ValueError(f"{module}: seq_lens holds a negative length ({lowest}); lengths are "
+                             "0 or more")
+        if total != rows:
+            raise ValueError(f"{module}: seq_lens sums to {total} tokens but x has {rows} rows; "
+                             "the lengths of the packed sequences must add up to x.shape[0]")
+        _check_bound(module, max_seqlen, longest, "the longest of seq_lens")
+        max_seqlen = longest if max_seqlen is None else max_seqlen
+    else:  # no sync: the device checks it before anything reads the offsets
+        torch._assert_async(
+            (seq_lens.min() >= 0) & (cu_seqlens[-1] == rows) & (seq_lens.max() <= max_seqlen),
+            f"{module}: seq_lens must be lengths of 0 or more summing to x's {rows} rows, the "
+            f"longest at most max_seqlen={max_seqlen}")
+    return cu_seqlens.to(device=x.device, dtype=torch.int32, non_blocking=True), max_seqlen
+
+
+def _check_lengths(module, x, seq_lens):
+    """seq_lens' type, dtype, shape and device (its values: packed_sequences)."""
+    if not isinstance(seq_lens, torch.Tensor):
+        raise TypeError(f"{module}: seq_lens must be a torch.Tensor of int32 or int64 lengths "
+                        f"[batch], got {type(seq_lens).__name__}; e.g. "
+                        "torch.tensor(lengths, dtype=torch.int32)")
+    if seq_lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{module}: seq_lens must have dtype int32 or int64 (the sequences' "
+                        f"lengths), got {seq_lens.dtype}; convert it, e.g. seq_lens.int()")
+    if seq_lens.dim() != 1 or seq_lens.numel() == 0:
+        raise ValueError(f"{module}: seq_lens must be 1-D [batch] with one length a sequence, at "
+                         f"least one, got shape {list(seq_lens.shape)}")
+    if seq_lens.device.type != "cpu" and seq_lens.device != x.device:
+        raise ValueError(f"{module}: seq_lens is on {seq_lens.device} but x on {x.device}; put it "
+                         "on x's device or on the CPU (a CPU seq_lens gives the longest length "
+                         "without a device sync)")
+
+
+def _check_bound(module, max_seqlen, longest, what):
+    if max_seqlen is not None and max_seqlen < longest:
+        raise ValueError(f"{module}: max_seqlen={max_seqlen} is less than {what}, {longest}; give "
+                         "the longest length or more, or leave max_seqlen out")

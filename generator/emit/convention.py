@@ -1,13 +1,16 @@
 """The generated calling convention, derived from the roles of a pipeline's free values.
 
 A pipeline's free values are what its code takes rather than computes: x, the extra inputs, the
-parameters, the training flag, each user module and the leading dims it runs at (values.py). In
-that order they are the autograd Function's inputs (and the no-grad forward's, and a segment
-Function's where it reads them); each role says how the module's ``forward`` passes the value,
-whether the Function returns a grad for it, its type in the no-grad custom op's schema, and how the
-module's ``forward`` checks it before the call (``check_lines``). A new kind of input is one role
-here and its rendering in ``argument`` (what is passed and checked), ``TENSOR_ROLES`` (whether it
-has a grad) and ``Argument.schema``.
+parameters, the training flag, the packed sequences where an op reads them (``cu_seqlens``,
+``max_seqlen``: made by the module's forward from its call form), each user module and the
+leading dims it runs at (values.py). In that order they are the autograd Function's inputs (and
+the no-grad forward's, and a segment Function's where it reads them); each role says how the
+module's ``forward`` passes the value, whether the Function returns a grad for it, its type in the
+no-grad custom op's schema, and how the module's ``forward`` checks it before the call
+(``check_lines``). A new kind of input is one role here and its rendering in ``argument`` (what is
+passed and checked), ``TENSOR_ROLES`` (whether it has a grad) and ``Argument.schema``. Every
+module's forward also takes the packed-sequence call form (``forward_parameters``), and ignores it
+where no op reads the sequences (``ignored_sequences_lines``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Argument:
     # share (the parameters' one check_parameters); None: nothing to check (a flag, an object, metadata)
     check: tuple[str, ...] | None = None
     checked_by: str = ""  # the runtime's function its check calls, which the module imports
+    typed: str = ""  # its type in a custom op's schema where its role does not say (the sequences')
 
     @property
     def tensor(self) -> bool:
@@ -50,6 +54,8 @@ class Argument:
     @property
     def schema(self) -> str:
         """Its type in a custom op's schema."""
+        if self.typed:
+            return self.typed
         if self.role is Role.FLAG:
             return "bool"
         assert self.tensor, f"{self.name}: a {self.role.value} value has no type in a custom op's schema"
@@ -61,7 +67,7 @@ def free_values(pipeline) -> list[int]:
     p = pipeline
     modules = [value for op in p.ops if op.module_object is not None for value in (op.module_object, op.lead)]
     return ([0, *p.extra_input_values, *(value for op in p.ops for _, value in op.param_ids)]
-            + ([p.training] if p.training is not None else []) + modules)
+            + ([p.training] if p.training is not None else []) + list(p.sequences or ()) + modules)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class ModuleForward:
     in_features: Size = 0  # a fixed-size x's width
     like: str = "x"  # the tensor whose dtype and device the inputs must have: the first parameter, or x
     parameters_check: str = ""  # the parameters' one check line
+    sequences: tuple[int, int] | None = None  # (cu_seqlens, max_seqlen) where an op reads them
 
     @property
     def like_is(self) -> str:
@@ -111,7 +118,8 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
         check = f'check_parameters("{p.class_name}", {keys}, {shapes}, {_tuple_literal(name for _, _, name in params)})'
     return ModuleForward(p.class_name, leads, reshapes=bool(lead_lines), copied=frozenset(copied), generic=p.generic,
                          any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
-                         in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check)
+                         in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
+                         sequences=p.sequences)
 
 
 def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=()) -> list[Argument]:
@@ -158,6 +166,14 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
                         comment="Dropout draws its masks in training only")
     if value.role is Role.OBJECT:  # a user's module, on one line with the leading dims it runs at
         return Argument(value.id, value.role, name, f'self._modules["{op.module_index}"]', line=name)
+    if value.role is Role.METADATA and f.sequences is not None and value.id in f.sequences:
+        # the packed sequences, made once from the call form (x's rows; seq_lens=, max_seqlen=) and
+        # checked there, on one line: int32 offsets on x's device, and a host int
+        check = f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen)'
+        first = value.id == f.sequences[0]
+        return Argument(value.id, value.role, name, name, line="sequences", check=(check,),
+                        checked_by="packed_sequences", typed="Tensor" if first else "int",
+                        comment="the packed sequences: offsets [batch + 1], the longest length" if not first else "")
     if value.role is Role.METADATA and op is not None and op.lead == value.id:
         return Argument(value.id, value.role, name, f.leads[op.index], line=module_name(op),
                         comment=f"{comment_text(op.args['call'])}: run as it is")
@@ -204,7 +220,34 @@ def check_lines(args: list[Argument], lead_lines: list[str]) -> list[str]:
 
 def check_helpers(args: list[Argument]) -> list[str]:
     """The runtime's functions the checks call, in name order (the module imports them)."""
-    return sorted({arg.checked_by for arg in args if arg.checked_by})
+    helpers = {arg.checked_by for arg in args if arg.checked_by}
+    if ignores_sequences(args):  # the packed-sequence call form's check (ignored_sequences_lines)
+        helpers.add("check_packed_form")
+    return sorted(helpers)
+
+
+def forward_parameters(args: list[Argument]) -> str:
+    """The module forward's parameters: the tensors the caller hands, then the packed-sequence call
+    form, which every module takes: ``seq_lens`` (positional where x is the only tensor,
+    ``m(x, seq_lens)``) and ``max_seqlen``, keyword-only."""
+    tensors = caller_tensors(args)
+    if len(tensors) == 1:
+        return f"{tensors[0]}, seq_lens=None, *, max_seqlen=None"
+    return f"{', '.join(tensors)}, *, seq_lens=None, max_seqlen=None"
+
+
+def ignores_sequences(args: list[Argument]) -> bool:
+    """Whether no op of the pipeline reads the packed sequences: the module takes and ignores them."""
+    return not any(arg.checked_by == "packed_sequences" for arg in args)
+
+
+def ignored_sequences_lines(module: str, args: list[Argument]) -> list[str]:
+    """Where no op reads the packed sequences, the module forward's lines that take them: only the
+    call form is checked (a 3-D x with seq_lens is an error), and only where seq_lens is given."""
+    if not ignores_sequences(args):
+        return []
+    return ["if seq_lens is not None:  # no op reads packed sequences: the call form is checked, then ignored",
+            f'    check_packed_form("{module}", x)']
 
 
 def passed_lines(args: list[Argument]) -> list[str]:

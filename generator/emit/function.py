@@ -12,6 +12,7 @@ Function's backward, after the stages, each only where its parameter needs a gra
 from __future__ import annotations
 
 from ..stages import Block, Emitter
+from ..values import HOST_INT
 
 
 def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, inputs: list[str],
@@ -29,6 +30,8 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
     operands = dict.fromkeys(read for block in backward for _, call in block.weight_grad_calls
                              for read in call.reads.values() if em.is_grad(read) and read not in grad_outputs)
     grad_output_names = [em.name(grad) for grad in grad_outputs]
+    # the saved values that are host ints (max_seqlen): replay_forward keeps them on the ctx
+    host_ints = {value.name for value in em.table if value.dtype == HOST_INT}
     return dict(
         name=name, title=title, doc=doc, forward_stages=f"forward_stages{suffix}",
         backward_stages=f"backward_stages{suffix}", inputs=inputs, forward=forward, returns=returns, saved=saved,
@@ -38,4 +41,5 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
         # what backward_stages takes (the input width last, where it reshapes)
         backward_stages_inputs=grad_output_names + saved + (["n"] if width is not None else []),
         weight_grad_blocks=[block for block in backward if block.weight_grads],
+        host=tuple(i for i, name in enumerate(saved) if name in host_ints),
     )

@@ -88,7 +88,11 @@ def children(pipeline, params: dict, modules_run: list) -> list:
 
 def replays_graphs(plan: Plan) -> bool:
     """Whether the module replays its forward and backward from CUDA graphs at a few rows (the
-    runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage."""
+    runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage.
+    Not where an op reads the packed sequences: a graph would keep the captured call's max_seqlen
+    (sequence offsets in graph buffers and a bound per captured shape are issue 38's next step)."""
+    if plan.pipeline.sequences is not None:
+        return False
     launching = [s for s in plan.inference if s.rule.stage.launches and s.kind != "passthrough"]
     every = [*plan.inference, *plan.forward, *plan.backward]
     return len(launching) >= 2 and all(s.rule.stage.replayable for s in every)
@@ -166,7 +170,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         cuda_graphs=graphs, function_inputs=function_inputs,
         no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
         leads=leads, any_shape=convention.takes_any_shape(p),
-        check_lines=convention.check_lines(args, lead_lines),  # the module forward's checks of its arguments
+        forward_parameters=convention.forward_parameters(args),
+        # the module forward's checks of its arguments
+        check_lines=convention.check_lines(args, lead_lines) + convention.ignored_sequences_lines(p.class_name, args),
         check_helpers=convention.check_helpers(args),
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )

@@ -15,6 +15,7 @@ import libcst as cst
 from ..errors import Location, SpecError
 from ..ops import NOT_YET, OPS, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, basic_ops, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
+from ..ops.te_namespace import MODULES_NOT_YET, TE_NAMESPACE, module_only_argument
 from .scope import Scope, _dotted, _ident
 from .source import SpecSource
 from .values import ConstantFolder
@@ -93,6 +94,11 @@ class OpBinder:
                                 f"out; signature: {op.signature()}", self.source.loc(arg))
         positional = [arg.value for arg in call.args if arg.keyword is None]
         keywords = [(_ident(arg.keyword.value), arg.keyword, arg.value) for arg in call.args if arg.keyword is not None]
+        module, attribute = self.scope.resolve(call.func) or ("", "")
+        for name, name_at, _ in keywords:
+            refused = module_only_argument(module, attribute, name)  # te.Linear(..., params_dtype=...)
+            if refused:
+                raise SpecError(refused, self.source.loc(name_at))
 
         def value(spec_arg: Arg, node: cst.BaseExpression) -> object:
             return check_value(op, spec_arg, self.folder.evaluate(node, f"argument '{spec_arg.name}' of {op.name}"))
@@ -148,6 +154,8 @@ class OpBinder:
             return SpecError(f"{target[1]} is a te.ops operation fusegen does not generate: {NOT_YET[target[1]]}; "
                              "leave it out of the pipeline (run it before or after the generated module)",
                              self.source.loc(func))
+        if target is not None and target[0] == TE_NAMESPACE and target[1] in MODULES_NOT_YET:
+            return SpecError(f"te.{target[1]}: {MODULES_NOT_YET[target[1]]}", self.source.loc(func))
         if target is None:
             why = (f" ('{spelled}' is not imported from {' or '.join(op_modules())})"
                    if _dotted(func) else "")

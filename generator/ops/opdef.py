@@ -10,12 +10,12 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from . import shipped
+from . import shipped, te_namespace
 
 REQUIRED = object()  # marker: argument has no default
-# Where a spec imports the shipped ops (and Sequential) from: Transformer Engine, or fusegen's
-# eager module. A plugin's ops are imported from the plugin's own module (OpDef.modules).
-SPEC_MODULES = ("transformer_engine.pytorch.ops", "fusegen.eager")
+# Where a spec imports the shipped ops (and Sequential) from: te.ops, the note's te. (ops/te_namespace.py:
+# the same ops and arguments) or fusegen's eager module; a plugin's ops from its module (OpDef.modules).
+SPEC_MODULES = ("transformer_engine.pytorch.ops", te_namespace.TE_NAMESPACE, "fusegen.eager")
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ class Arg:
     keyword_only: bool = False
     check: Callable[[object], str | None] | None = None  # returns an error text, or None
     in_kernel: bool = True  # False: no part of what a kernel computes (placement, TE's no-op hints)
-    # True: one of TE's arguments accepted only at its default, for TE compatibility (parallelism):
-    # left out of the signatures error messages show
+    # True: one of TE's arguments accepted only at its default (parallelism), left out of signatures shown
     te_only: bool = False
 
 
@@ -125,6 +124,7 @@ class OpDef:
     # the features and back (ir.build_graph)
     row_shape: Callable[[dict], tuple[int, ...] | None] = lambda a: None
     user_module: bool = False  # a module of the user's code, run as it is (ops/module.py)
+    reads_sequences: bool = False  # reads the call's packed sequences (Op.cu_seqlens, Op.max_seqlen)
     # A GLU's glu_interleave_size: its input rows alternate blocks [a(k), b(k), a(k), ...]; None: [a | b]
     interleave: Callable[[dict], int | None] = lambda a: None
     tag: Callable[[dict], str] = lambda a: ""

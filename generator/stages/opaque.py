@@ -4,7 +4,9 @@ An op registered with ``opaque=True`` (a plugin's module fusegen has no kernel f
 any other; its stage calls the op's shipped reference forward ``f(x, *params, *constants)`` and
 backward ``f_bwd(x, dy, *params, *constants) -> (dx, *dparams)`` from ``_reference.py``, in fp32
 (float64 for float64) with one rounding to the storage dtype, on CPU and GPU alike. The stage saves
-its input for the backward.
+its input for the backward. An op that reads the packed sequences (``OpDef.reads_sequences``)
+gets them after its parameters: ``f(x, *params, cu_seqlens, max_seqlen, *constants)``, and its
+backward ``f_bwd(x, dy, *params, cu_seqlens, max_seqlen, *constants)``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ def _arguments(op) -> tuple[list[str], dict[str, int]]:
     """The reference function's arguments after x (and dy): its parameters, its constants; and
     the parameters' values."""
     params = {f"p{k}": op.param(p.name) for k, p in enumerate(op.opdef.params)}
-    return ([f"ref.compute({{{slot}}})" for slot in params]
-            + [literal(repr(c)) for c in op.opdef.reference_arguments(op.args)]), params
+    sequences = {"cu_seqlens": op.cu_seqlens, "max_seqlen": op.max_seqlen} if op.opdef.reads_sequences else {}
+    return ([f"ref.compute({{{slot}}})" for slot in params] + [f"{{{slot}}}" for slot in sequences]
+            + [literal(repr(c)) for c in op.opdef.reference_arguments(op.args)]), {**params, **sequences}
 
 
 class OpaqueStage(StageImpl):

@@ -52,11 +52,13 @@ class _Replay:
             self.entry.lease = None
 
 
-def replay_forward(graph, ctx, stages, args):
+def replay_forward(graph, ctx, stages, args, host=()):
     """The outputs of ``stages(*args)`` (a generated forward_stages: the outputs, then what the
     backward reads, which go to ``ctx.save_for_backward``), or of its replay from ``graph``
     (CudaGraphs.training; None: as usual), whose buffers the backward reads instead (no autograd
-    bookkeeping for them); ``ctx`` records which for replay_backward."""
+    bookkeeping for them); ``ctx`` records which for replay_backward. ``host``: the positions of
+    the saved values that are host ints (max_seqlen), kept on the ctx (saved_tensors puts them
+    back)."""
     ctx.replayed = None
     if graph is not None:
         with graph.lock:
@@ -70,6 +72,9 @@ def replay_forward(graph, ctx, stages, args):
                 outputs = [out.clone() for out in graph.outputs]
                 return outputs[0] if graph.single else tuple(outputs)
     outputs, saved = stages(*args)
+    if host:  # host ints are no tensors for save_for_backward
+        ctx.host_values = {i: saved[i] for i in host}
+        saved = [None if i in ctx.host_values else s for i, s in enumerate(saved)]
     ctx.save_for_backward(*saved)
     return outputs
 
@@ -79,7 +84,12 @@ def saved_tensors(ctx):
     the graph's buffers (and the call's parameters). (A Function of a module without graphs
     records no ``replayed``.)"""
     replayed = getattr(ctx, "replayed", None)
-    return ctx.saved_tensors if replayed is None else replayed.saved
+    if replayed is not None:
+        return replayed.saved
+    host = getattr(ctx, "host_values", None)
+    if host is None:
+        return ctx.saved_tensors
+    return tuple(host.get(i, s) for i, s in enumerate(ctx.saved_tensors))
 
 
 def replay_backward(ctx, stages, args):

@@ -62,7 +62,7 @@ def test_the_checks_come_from_the_arguments_parameters_first_and_lead_last_witho
         'check_input("M", "extra_input0", extra_input0, 16, linear0_weight, x.shape[:-1])',
         'check_row_input("M", "extra_input1", extra_input1, linear0_weight, x.shape[:-1])',
         "lead = x.shape[:-1]"]  # the flag has no check
-    assert helpers == ["check_input", "check_parameters", "check_row_input"]
+    assert helpers == ["check_input", "check_packed_form", "check_parameters", "check_row_input"]
 
 
 def test_the_leading_dims_a_reshape_makes_come_after_x_check_and_before_the_extra_inputs():
@@ -73,7 +73,7 @@ def test_the_leading_dims_a_reshape_makes_come_after_x_check_and_before_the_extr
         "lead = x.shape[:-1]",
         'lead1 = ref.reshaped_lead("M", "Reshape((-1, 4)) (op 1 at spec.py:3:31)", (-1, 4), lead.numel() * 16)',
         'check_input("M", "extra_input0", extra_input0, 4, linear0_weight, lead1)']
-    assert helpers == ["check_input", "check_parameters"]
+    assert helpers == ["check_input", "check_packed_form", "check_parameters"]
 
 
 def test_without_parameters_the_inputs_are_checked_like_x_of_any_shape():
@@ -84,7 +84,7 @@ def test_without_parameters_the_inputs_are_checked_like_x_of_any_shape():
         "n = x.shape[-1] if x.dim() else 1",
         'check_input("M", "extra_input0", extra_input0, None, x, like_is="x is", shape=x.shape)',
         "lead = x.shape[:-1]"]
-    assert helpers == ["check_input"]
+    assert helpers == ["check_input", "check_packed_form"]
 
 
 # Every role, rendered without a spec: (the value, its op, what the forward passes, whether the Function

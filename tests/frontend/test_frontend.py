@@ -222,11 +222,13 @@ ERRORS = [
      3, 23, "torch.nn.utils", "unknown op 'torch.nn.utils' (torch.nn modules stand for te.ops where fusegen has "
                               "the op: Linear, LayerNorm, RMSNorm, GELU, SiLU, ReLU, Dropout, Identity, and other torch.nn "
                               f"modules run as they are; torch.nn.utils is not a module class); {KNOWN}"),
-    ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.Linear(4, 4))\n",
-     2, 23, "te.Linear", "unknown op 'te.Linear' (it is transformer_engine.pytorch.Linear, not an op of"),
+    ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.Linaer(4, 4))\n",
+     2, 23, "te.Linaer", "unknown op 'te.Linaer'; did you mean 'te.Linear'?"),
+    ("import transformer_engine.pytorch as te\nm = te.Sequential(te.LayerNormMLP(4, 4))\n",
+     2, 19, "te.LayerNormMLP", "te.LayerNormMLP: TE's monolithic modules are not supported yet (issue 39)"),
     (EAGER + "m = Sequential(RMSNorm(4))\n",
      2, 16, "RMSNorm", "unknown op 'RMSNorm' ('RMSNorm' is not imported from transformer_engine.pytorch.ops or "
-                       "fusegen.eager or torch.nn); import it: from transformer_engine.pytorch.ops import RMSNorm"),
+                       "transformer_engine.pytorch or fusegen.eager or torch.nn); import it: from transformer_engine.pytorch.ops import RMSNorm"),
     # a mistyped op name: the op it most likely means (issue 36), case aside
     ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.Linaer(4, 4))\n",
      2, 23, "te.ops.Linaer", "unknown op 'te.ops.Linaer'; did you mean 'te.ops.Linear'?"),
@@ -234,7 +236,7 @@ ERRORS = [
      2, 23, "te.ops.layernorm", "unknown op 'te.ops.layernorm'; did you mean 'te.ops.LayerNorm'?"),
     (EAGER + "m = Sequential(SwiGlu())\n",
      2, 16, "SwiGlu", "unknown op 'SwiGlu' ('SwiGlu' is not imported from transformer_engine.pytorch.ops or "
-                      "fusegen.eager or torch.nn); did you mean 'SwiGLU'?"),
+                      "transformer_engine.pytorch or fusegen.eager or torch.nn); did you mean 'SwiGLU'?"),
     # a misspelt, unimported or foreign container beside a pipeline: not skipped without a word (issue 36)
     ("import transformer_engine.pytorch as te\nfc1 = te.ops.Sequential(te.ops.Linear(4, 4))\n"
      "fc2 = te.ops.Sequental(te.ops.Linear(4, 4))\n",
@@ -244,9 +246,10 @@ ERRORS = [
      2, 7, "Sequential", "'Sequential(...)' is not a Sequential ('Sequential' is not imported), so fusegen would skip "
                          "this pipeline; import it: from transformer_engine.pytorch.ops import Sequential"),
     ("import transformer_engine.pytorch as te\nfc1 = te.ops.Sequential(te.ops.Linear(4, 4))\n"
-     "fc2: object = te.Sequential(te.ops.Linear(4, 4))\n",
-     3, 15, "te.Sequential", "'te.Sequential(...)' is not a Sequential (it is transformer_engine.pytorch.Sequential, "
-                             "not the Sequential of transformer_engine.pytorch.ops or fusegen.eager or torch.nn)"),
+     "fc2: object = te.nn.Sequential(te.ops.Linear(4, 4))\n",
+     3, 15, "te.nn.Sequential", "'te.nn.Sequential(...)' is not a Sequential (it is transformer_engine.pytorch.nn.Sequential, "
+                                "not the Sequential of transformer_engine.pytorch.ops or transformer_engine.pytorch or "
+                                "fusegen.eager or torch.nn)"),
     ("import transformer_engine.pytorch as te\nfrom transformer_engine.pytorch.ops import Sequential\n"
      "fc1 = te.ops.Sequential(te.ops.Linear(4, 4))\nif True:\n    Sequential = None\nfc2 = Sequential(te.ops.GELU())\n",
      6, 7, "Sequential(te", "'Sequential(...)' is not a Sequential ('Sequential' is not imported here: line 4 binds "

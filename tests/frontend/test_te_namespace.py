@@ -1,0 +1,97 @@
+"""The design note's spellings: ``import transformer_engine.pytorch as te`` and ``te.Sequential``,
+``te.RMSNorm``, ``te.Linear``, ``te.SwiGLU``, ... mean the te.ops ops of the same names, with their
+arguments; an argument only TE's monolithic module takes (issue 39) is refused where it is written."""
+
+import pytest
+
+from fusegen.errors import SpecError
+from fusegen.frontend import parse_spec
+
+NOTE_MLP = """\
+import torch
+import transformer_engine.pytorch as te
+mlp = te.Sequential(
+    te.RMSNorm(64, eps=1e-6),
+    te.Linear(64, 2 * 96, bias=False),
+    te.SwiGLU(),
+    te.Linear(96, 64, bias=False),
+    te.LayerNorm(64, zero_centered_gamma=True, dtype=torch.bfloat16),
+    te.Linear(64, 64, device="cpu"),
+    te.GELU(),
+    te.Dropout(0.25),
+    te.ConstantScale(0.5),
+)
+"""
+
+
+def calls(text):
+    (spec,) = parse_spec(text, "spec.py")
+    return [(call.op, call.args) for call in spec.calls]
+
+
+def test_the_note_spelling_means_the_te_ops_ops_with_their_arguments():
+    as_te_ops = NOTE_MLP.replace("te.", "te.ops.").replace("te.ops.ops.", "te.ops.")
+    assert "te.ops.Sequential(" in as_te_ops and "te.ops.SwiGLU()" in as_te_ops
+    got, want = calls(NOTE_MLP), calls(as_te_ops)
+    assert got == want
+    assert [op for op, _ in got] == ["RMSNorm", "Linear", "SwiGLU", "Linear", "LayerNorm", "Linear", "GELU",
+                                     "Dropout", "ConstantScale"]
+    assert got[1][1]["bias"] is False and got[1][1]["out_features"] == 192
+    assert got[4][1]["zero_centered_gamma"] is True and got[5][1]["device"] == "cpu"
+
+
+def test_the_note_spelling_imports_by_name_and_by_star():
+    named = calls("from transformer_engine.pytorch import Sequential, RMSNorm, Linear, GELU\n"
+                  "m = Sequential(RMSNorm(32), Linear(32, 16), GELU())\n")
+    star = calls("from transformer_engine.pytorch import *\nm = Sequential(RMSNorm(32), Linear(32, 16), GELU())\n")
+    te_ops = calls("import transformer_engine.pytorch as te\n"
+                   "m = te.ops.Sequential(te.ops.RMSNorm(32), te.ops.Linear(32, 16), te.ops.GELU())\n")
+    assert named == star == te_ops
+    assert [op for op, _ in named] == ["RMSNorm", "Linear", "GELU"]
+
+
+def error(text):
+    with pytest.raises(SpecError) as info:
+        parse_spec("import transformer_engine.pytorch as te\n" + text, "spec.py")
+    return info.value
+
+
+@pytest.mark.parametrize("call, argument", [
+    ("te.Linear(64, 64, bias=False, params_dtype=None)", "params_dtype"),
+    ("te.Linear(64, 64, return_bias=True)", "return_bias"),
+    ("te.Linear(64, 64, parallel_mode='column')", "parallel_mode"),
+    ("te.Linear(64, 64, tp_size=1)", "tp_size"),
+    ("te.LayerNorm(64, sequence_parallel=False)", "sequence_parallel"),
+    ("te.LayerNorm(64, params_dtype=None)", "params_dtype"),
+    ("te.RMSNorm(hidden_size=64)", "hidden_size"),
+])
+def test_an_argument_of_te_s_monolithic_module_is_refused_at_it(call, argument):
+    err = error(f"m = te.Sequential({call})\n")
+    assert f"te.{call.split('(')[0][3:]}(): '{argument}' is an argument of Transformer Engine's monolithic module" \
+        in err.message
+    instead = {"params_dtype": "give dtype= instead", "hidden_size": "give the size as normalized_shape instead"}
+    assert "not support yet (issue 39)" in err.message
+    assert err.message.endswith(instead.get(argument, f"leave '{argument}' out")), err.message
+    assert (err.location.line, err.location.col) == (2, 19 + call.index(argument))
+
+
+def test_te_ops_keeps_its_own_arguments_and_errors():
+    # te.ops.Linear takes TE's parallel arguments at their defaults; spelled from te.ops, they are not refused
+    assert calls("import transformer_engine.pytorch as te\n"
+                 "m = te.ops.Sequential(te.ops.Linear(8, 4, sequence_parallel=False))\n")[0][0] == "Linear"
+    # params_dtype is no te.ops argument: the binder's error, not the issue-39 one
+    err = error("m = te.ops.Sequential(te.ops.Linear(8, 4, params_dtype=None))\n")
+    assert "Linear() got an unexpected keyword argument 'params_dtype'" in err.message
+
+
+def test_te_linear_s_bias_is_keyword_only_as_in_te_ops():
+    # TE's module takes sequence_parallel third: a positional bias would mean something else there
+    err = error("m = te.Sequential(te.Linear(64, 64, False))\n")
+    assert "Linear() takes 2 positional arguments but 3 were given; pass bias" in err.message
+    assert (err.location.line, err.location.col) == (2, 37)
+
+
+def test_te_s_monolithic_modules_without_a_te_ops_op_say_issue_39():
+    err = error("m = te.Sequential(te.LayerNormLinear(64, 64))\n")
+    assert err.message.startswith("te.LayerNormLinear: TE's monolithic modules are not supported yet (issue 39)")
+    assert (err.location.line, err.location.col) == (2, 19)
