@@ -108,9 +108,11 @@ class OpBinder:
         for op_call in inner:
             if op_call.op == RESIDUAL:  # checked when it was read
                 continue
-            if op_call.op == "Module" or any(sub.extra_inputs or sub.extra_outputs
-                                             for sub, _ in basic_ops(op_call.op, op_call.args)):
+            basic = [] if op_call.op == "Module" else [sub for sub, _ in basic_ops(op_call.op, op_call.args)]
+            # a Reshape's rows and leading dims differ from the Residual input's it is added to
+            if op_call.op == "Module" or any(sub.extra_inputs or sub.extra_outputs or sub.reshape for sub in basic):
                 what = ("a module of your code" if op_call.op == "Module"
+                        else f"{op_call.op}() (a reshape of the running value)" if any(sub.reshape for sub in basic)
                         else f"{op_call.op}() (an extra input or output of the pipeline)")
                 raise SpecError(f"{spelled}(...) cannot hold {what} yet; move it out of the Residual "
                                 "(before or after it in the Sequential)", op_call.location)

@@ -67,6 +67,9 @@ E = "from fusegen.eager import Sequential, Residual, LayerNorm, Linear, GELU, Ad
      "Residual(...) cannot hold MakeExtraOutput()"),
     ("import torch\n" + E + "m = Sequential(Residual(torch.nn.Softmax(dim=-1)))\n", 3, 25, "torch.nn.Softmax",
      "Residual(...) cannot hold a module of your code yet"),
+    ("from fusegen.eager import Sequential, Residual, Reshape, GELU\n"
+     "m = Sequential(Residual(Reshape((-1, 16)), GELU(), Reshape((-1, 8))))\n", 2, 25, "Reshape((-1, 16))",
+     "Residual(...) cannot hold Reshape() (a reshape of the running value) yet"),
     (E + "m = Sequential(Residual(LayerNorm(8), Linear(8, 16)))\n", 2, 16, "Residual(",
      "Residual(...) adds its ops' output to its input, so they must give back the 8 features they receive, "
      "but they make 16"),

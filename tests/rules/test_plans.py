@@ -287,3 +287,16 @@ def test_nested_residual_adds_into_elementwise_and_norm_kernels():
     assert ("elementwise_backward", ("1.1.1b", "1.1b", "1.2")) in numbers(plan.backward)
     add_gelu = next(s for s in plan.forward if s.ops[0].number == "1.1b")
     assert kernel_names(plan)[("forward", add_gelu.start)] == ["add_gelu_fwd_n1024"]
+
+
+def test_a_residual_of_elementwise_ops_splits_its_run_at_the_add():
+    """A Residual's tee and its add never share an elementwise kernel (one kernel would read the
+    value it writes): the add starts the next run, reading the residual from memory."""
+    from fusegen.frontend import parse_spec
+
+    spec = parse_spec("from fusegen.eager import Sequential, Residual, GELU\n"
+                      "m = Sequential(GELU(), Residual(GELU(), Residual(GELU())), GELU())\n", "spec.py")[0]
+    plan = plan_pipeline(build_pipeline(spec), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+    runs = [tuple(op.number for op in s.ops) for s in plan.forward]
+    assert runs == [("0", "1a", "1.0", "1.1a", "1.1.0"), ("1.1b", "1b", "2")]
+    assert [tuple(op.number for op in s.ops) for s in plan.backward] == runs

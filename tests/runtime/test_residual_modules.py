@@ -7,7 +7,8 @@ import torch
 
 import generated
 from fusegen import eager
-from references import PIPELINES, as64, randomize_
+from references import PIPELINES, as64, layer_norm, randomize_, run_and_compare
+from spec_packages import imported_package
 
 
 def eager_residual_blocks(dtype):
@@ -80,6 +81,61 @@ def test_eager_residual_bad_contents_are_errors():
         eager.Residual(eager.AddExtraInput())
 
 
+SPEC = """\
+from fusegen.eager import Sequential, Residual, GELU, LayerNorm, RMSNorm, Linear
+
+# no op fixes the width: a size-generic pipeline (kernels take n at run time)
+generic_residual = Sequential(Residual(GELU()), GELU())
+# a norm over the last two dims inside a Residual (it runs between views that flatten its rows)
+two_dim_norm = Sequential(Residual(LayerNorm((2, 4))), RMSNorm(4))
+# Residuals back to back and one that is a whole Sequential's only op
+only_residuals = Sequential(Residual(Linear(8, 8)), Residual(Linear(8, 8, bias=False), Residual(GELU())))
+"""
+
+
+def gelu(t):
+    return torch.nn.functional.gelu(t, approximate="tanh")
+
+
+def rms(t, w):
+    return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+
+REFERENCES = {
+    "generic_residual": (lambda p, x: (gelu(x + gelu(x)),), (2, 3, 6)),
+    "two_dim_norm": (lambda p, x: (rms(x + torch.nn.functional.layer_norm(x, (2, 4), p["0.0.weight"],
+                                                                          p["0.0.bias"]), p["1.weight"]),), (5, 2, 4)),
+    "only_residuals": (lambda p, x: ((lambda h: h + (lambda g: g + gelu(g))(h @ p["1.0.weight"].t()))(
+        x + x @ p["0.0.weight"].t() + p["0.0.bias"]),), (7, 8)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_residual_shapes_on_cpu_against_float64_and_the_eager_spec(tmp_path, dtype):
+    """Residuals where no op fixes the width, around a multi-dim norm and nested back to back:
+    output and grads of x and every parameter against float64 (and the no-grad forward); the spec
+    run eagerly (its own fusegen.eager Sequential) loads the generated module's weights and agrees."""
+    eager_models = {}
+    exec(compile(SPEC, "residual_spec.py", "exec"), eager_models)
+    with imported_package(tmp_path, "residual_spec.py", SPEC, "residual_pkg", dtypes=("float32", "bfloat16")) as pkg:
+        for name, (reference, shape) in REFERENCES.items():
+            module = getattr(pkg, "".join(part.capitalize() for part in name.split("_")))(dtype=dtype)
+            randomize_(module, torch.Generator().manual_seed(3))
+            gemm = name != "generic_residual"
+            run_and_compare(module, name, shape, dtype, "cpu", seed=4, reference=reference, gemm=gemm)
+            run_and_compare(module, name, shape, dtype, "cpu", seed=4, reference=reference, gemm=gemm,
+                            no_grad=(torch.no_grad, torch.inference_mode))
+            model = eager_models[name].to(dtype)
+            model.load_state_dict(module.state_dict())
+            x = torch.randn(shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+            expected = reference({k: as64(v, "cpu") for k, v in module.state_dict().items()}, as64(x, "cpu"))[0]
+            scale = expected.abs().max().item()
+            for got in (module(x), model(x)):
+                assert got.shape == x.shape[:-1] + expected.shape[-1:]
+                assert (got.double() - expected).abs().max().item() <= 4 * (2.0**-8 if dtype == torch.bfloat16
+                                                                              else 2.0**-11) * scale
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("rows", [3, 2048], ids=["graphs", "no graphs"])
 @pytest.mark.parametrize("name", sorted(EAGER))
@@ -87,8 +143,6 @@ def test_gpu_generated_matches_the_eager_oracle_and_float64(name, rows):
     """On the GPU in bf16, a few rows (CUDA-graph replay) and many (column-sum partials): the
     generated module's output and grads (x and every parameter) against float64, and the eager
     model loaded with its weights computes the same output."""
-    from references import run_and_compare
-
     module = getattr(generated, PIPELINES[name][0])(device="cuda", dtype=torch.bfloat16)
     randomize_(module, torch.Generator().manual_seed(8))
     run_and_compare(module, name, (rows, 1024), torch.bfloat16, "cuda", seed=9, ref_device="cuda")
