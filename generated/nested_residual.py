@@ -4,15 +4,15 @@ edit.
     nested_residual = Sequential(  # as basic ops (Linear is BasicLinear + Bias), numbered as the
     plan
         BasicLinear(1024, 1024),  # op 0
-        MakeExtraOutput(),  # op 1a
+        Residual: keeps x,  # op 1a: opens it, x kept as `residual1`
         LayerNorm(1024),  # op 1.0
-        MakeExtraOutput(),  # op 1.1a
+        Residual: keeps x,  # op 1.1a: opens it, x kept as `residual1_1`
         RMSNorm(1024),  # op 1.1.0
         BasicLinear(1024, 1024),  # op 1.1.1a
         Bias(1024),  # op 1.1.1b
-        AddExtraInput(),  # op 1.1b
+        Residual: x + ops(x),  # op 1.1b: closes it, x read from `residual1_1`
         GELU(),  # op 1.2
-        AddExtraInput(),  # op 1b
+        Residual: x + ops(x),  # op 1b: closes it, x read from `residual1`
         RMSNorm(1024),  # op 2
     )
 
@@ -38,21 +38,21 @@ def forward_stages(
     Returns its output, then the tensors its backward reads."""
     # forward stage 0 · rule linear · op 0: BasicLinear(1024, 1024)
     linear0_out = x.mm(linear0_weight.t())
-    # forward stage 1 · rule elementwise · op 1a: MakeExtraOutput() · no kernel
+    # forward stage 1 · rule elementwise · op 1a: Residual: keeps x · no kernel
     residual1 = linear0_out
     # forward stage 2 · rule norm · op 1.0: LayerNorm(1024)
     layernorm1_0_out, layernorm1_0_mean, layernorm1_0_rstd = kernels.layernorm_fwd_h1024(
         linear0_out, layernorm1_0_weight, layernorm1_0_bias)
-    # forward stage 3 · rule elementwise · op 1.1a: MakeExtraOutput() · no kernel
+    # forward stage 3 · rule elementwise · op 1.1a: Residual: keeps x · no kernel
     residual1_1 = layernorm1_0_out
     # forward stage 4 · rule norm · op 1.1.0: RMSNorm(1024)
     rmsnorm1_1_0_out, rmsnorm1_1_0_rstd = kernels.rmsnorm_fwd_h1024(
         layernorm1_0_out, rmsnorm1_1_0_weight)
     # forward stage 5 · rule linear_bias · ops 1.1.1a, 1.1.1b: BasicLinear(1024, 1024), Bias(1024)
     linear1_1_1_out = torch.addmm(linear1_1_1_bias, rmsnorm1_1_0_out, linear1_1_1_weight.t())
-    # forward stage 6 · rule elementwise · ops 1.1b, 1.2: AddExtraInput(), GELU()
+    # forward stage 6 · rule elementwise · ops 1.1b, 1.2: Residual: x + ops(x), GELU()
     gelu1_2_out = kernels.add_gelu_fwd_n1024(linear1_1_1_out, residual1_1)
-    # forward stage 7 · rule add_norm · ops 1b, 2: AddExtraInput(), RMSNorm(1024)
+    # forward stage 7 · rule add_norm · ops 1b, 2: Residual: x + ops(x), RMSNorm(1024)
     rmsnorm2_out, residual1_out, rmsnorm2_rstd = kernels.add_rmsnorm_fwd_h1024(
         gelu1_2_out, residual1, rmsnorm2_weight)
     return rmsnorm2_out, (
@@ -71,21 +71,21 @@ def backward_stages(
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
-    # backward stage 5 · rule norm_residual_grad · ops 1b, 2: AddExtraInput(), RMSNorm(1024)
+    # backward stage 5 · rule norm_residual_grad · ops 1b, 2: Residual: x + ops(x), RMSNorm(1024)
     d_gelu1_2_out, d_rmsnorm2_weight = kernels.rmsnorm_bwd_h1024(
         d_rmsnorm2_out, residual1_out, rmsnorm2_rstd, rmsnorm2_weight)
     d_residual1 = d_gelu1_2_out  # the residual's grad is the sum's grad
-    # backward stage 4 · rule elementwise_backward · ops 1.1.1b, 1.1b, 1.2: Bias(1024),
-    # AddExtraInput(), GELU()
+    # backward stage 4 · rule elementwise_backward · ops 1.1.1b, 1.1b, 1.2: Bias(1024), Residual: x
+    # + ops(x), GELU()
     d_linear1_1_1_pre_bias, d_linear1_1_1_bias = kernels.bias_add_gelu_bwd_n1024_from_add(
         d_gelu1_2_out, linear1_1_1_out, residual1_1)
     d_residual1_1 = d_linear1_1_1_pre_bias
     # backward stage 3 · rule linear_backward · op 1.1.1a: BasicLinear(1024, 1024)
     d_rmsnorm1_1_0_out = d_linear1_1_1_pre_bias.mm(linear1_1_1_weight)
-    # backward stage 2 · rule norm_residual_grad · ops 1.1a, 1.1.0: MakeExtraOutput(), RMSNorm(1024)
+    # backward stage 2 · rule norm_residual_grad · ops 1.1a, 1.1.0: Residual: keeps x, RMSNorm(1024)
     d_layernorm1_0_out, d_rmsnorm1_1_0_weight = kernels.rmsnorm_bwd_h1024_add_dresidual(
         d_rmsnorm1_1_0_out, layernorm1_0_out, rmsnorm1_1_0_rstd, rmsnorm1_1_0_weight, d_residual1_1)
-    # backward stage 1 · rule norm_residual_grad · ops 1a, 1.0: MakeExtraOutput(), LayerNorm(1024)
+    # backward stage 1 · rule norm_residual_grad · ops 1a, 1.0: Residual: keeps x, LayerNorm(1024)
     (
         d_linear0_out, d_layernorm1_0_weight,
         d_layernorm1_0_bias
@@ -147,20 +147,20 @@ def no_grad_forward(
             linear1_1_1_weight, linear1_1_1_bias, rmsnorm2_weight)
     # no-grad stage 0 · rule linear · op 0: BasicLinear(1024, 1024)
     linear0_out = x.mm(linear0_weight.t())
-    # no-grad stage 1 · rule elementwise · op 1a: MakeExtraOutput() · no kernel
+    # no-grad stage 1 · rule elementwise · op 1a: Residual: keeps x · no kernel
     residual1 = linear0_out
     # no-grad stage 2 · rule norm · op 1.0: LayerNorm(1024)
     layernorm1_0_out = kernels.layernorm_fwd_h1024_no_grad(
         linear0_out, layernorm1_0_weight, layernorm1_0_bias)
-    # no-grad stage 3 · rule elementwise · op 1.1a: MakeExtraOutput() · no kernel
+    # no-grad stage 3 · rule elementwise · op 1.1a: Residual: keeps x · no kernel
     residual1_1 = layernorm1_0_out
     # no-grad stage 4 · rule norm · op 1.1.0: RMSNorm(1024)
     rmsnorm1_1_0_out = kernels.rmsnorm_fwd_h1024_no_grad(layernorm1_0_out, rmsnorm1_1_0_weight)
     # no-grad stage 5 · rule linear_bias · ops 1.1.1a, 1.1.1b: BasicLinear(1024, 1024), Bias(1024)
     linear1_1_1_out = torch.addmm(linear1_1_1_bias, rmsnorm1_1_0_out, linear1_1_1_weight.t())
-    # no-grad stage 6 · rule elementwise · ops 1.1b, 1.2: AddExtraInput(), GELU()
+    # no-grad stage 6 · rule elementwise · ops 1.1b, 1.2: Residual: x + ops(x), GELU()
     gelu1_2_out = kernels.add_gelu_fwd_n1024(linear1_1_1_out, residual1_1)
-    # no-grad stage 7 · rule add_norm · ops 1b, 2: AddExtraInput(), RMSNorm(1024)
+    # no-grad stage 7 · rule add_norm · ops 1b, 2: Residual: x + ops(x), RMSNorm(1024)
     rmsnorm2_out = kernels.add_rmsnorm_fwd_h1024_no_grad(
         gelu1_2_out, residual1, rmsnorm2_weight, keep_sum=False)
     return rmsnorm2_out

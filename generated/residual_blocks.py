@@ -3,18 +3,18 @@ edit.
 
     residual_blocks = Sequential(  # as basic ops (Linear is BasicLinear + Bias), numbered as the
     plan
-        MakeExtraOutput(),  # op 0a
+        Residual: keeps x,  # op 0a: opens it, x kept as `residual0`
         RMSNorm(1024),  # op 0.0
         BasicLinear(1024, 4096),  # op 0.1a
         Bias(4096),  # op 0.1b
         GELU(),  # op 0.2
         BasicLinear(4096, 1024),  # op 0.3a
         Bias(1024),  # op 0.3b
-        AddExtraInput(),  # op 0b
-        MakeExtraOutput(),  # op 1a
+        Residual: x + ops(x),  # op 0b: closes it, x read from `residual0`
+        Residual: keeps x,  # op 1a: opens it, x kept as `residual1`
         LayerNorm(1024),  # op 1.0
         BasicLinear(1024, 1024),  # op 1.1
-        AddExtraInput(),  # op 1b
+        Residual: x + ops(x),  # op 1b: closes it, x read from `residual1`
     )
 
 Inputs are [..., 1024] tensors of any row count, on CUDA (prebuilt kernels) or CPU
@@ -37,7 +37,7 @@ def forward_stages(
     """The forward of `residual_blocks` under autograd.
 
     Returns its output, then the tensors its backward reads."""
-    # forward stage 0 · rule elementwise · op 0a: MakeExtraOutput() · no kernel
+    # forward stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # forward stage 1 · rule norm · op 0.0: RMSNorm(1024)
     rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h1024(x, rmsnorm0_0_weight)
@@ -47,15 +47,15 @@ def forward_stages(
     gelu0_2_out = kernels.gelu_fwd_n4096(linear0_1_out)
     # forward stage 4 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(4096, 1024), Bias(1024)
     linear0_3_out = torch.addmm(linear0_3_bias, gelu0_2_out, linear0_3_weight.t())
-    # forward stage 5 · rule add_norm · ops 0b, 1a, 1.0: AddExtraInput(), MakeExtraOutput(),
+    # forward stage 5 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,
     # LayerNorm(1024)
     (
         layernorm1_0_out, residual1, layernorm1_0_mean,
         layernorm1_0_rstd
     ) = kernels.add_layernorm_fwd_h1024(
         linear0_3_out, residual0, layernorm1_0_weight, layernorm1_0_bias)
-    # forward stage 6 · rule linear_scale_add · ops 1.1, 1b: BasicLinear(1024, 1024),
-    # AddExtraInput()
+    # forward stage 6 · rule linear_scale_add · ops 1.1, 1b: BasicLinear(1024, 1024), Residual: x +
+    # ops(x)
     residual1_out = torch.addmm(residual1, layernorm1_0_out, linear1_1_weight.t())
     return residual1_out, (
         x, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out, rmsnorm0_0_rstd,
@@ -71,12 +71,12 @@ def backward_stages(
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
-    # backward stage 7 · rule elementwise_backward · op 1b: AddExtraInput() · no kernel
+    # backward stage 7 · rule elementwise_backward · op 1b: Residual: x + ops(x) · no kernel
     d_residual1 = d_residual1_out
     # backward stage 6 · rule linear_backward · op 1.1: BasicLinear(1024, 1024)
     d_layernorm1_0_out = d_residual1_out.mm(linear1_1_weight)
-    # backward stage 5 · rule norm_residual_grad · ops 0b, 1a, 1.0: AddExtraInput(),
-    # MakeExtraOutput(), LayerNorm(1024)
+    # backward stage 5 · rule norm_residual_grad · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual:
+    # keeps x, LayerNorm(1024)
     (
         d_linear0_3_out, d_layernorm1_0_weight,
         d_layernorm1_0_bias
@@ -93,7 +93,7 @@ def backward_stages(
         d_gelu0_2_out, linear0_1_out)
     # backward stage 1 · rule linear_backward · op 0.1a: BasicLinear(1024, 4096)
     d_rmsnorm0_0_out = d_linear0_1_pre_bias.mm(linear0_1_weight)
-    # backward stage 0 · rule norm_residual_grad · ops 0a, 0.0: MakeExtraOutput(), RMSNorm(1024)
+    # backward stage 0 · rule norm_residual_grad · ops 0a, 0.0: Residual: keeps x, RMSNorm(1024)
     d_x, d_rmsnorm0_0_weight = kernels.rmsnorm_bwd_h1024_add_dresidual(
         d_rmsnorm0_0_out, x, rmsnorm0_0_rstd, rmsnorm0_0_weight, d_residual0)
     return (
@@ -151,7 +151,7 @@ def no_grad_forward(
         return torch.ops.fusegen.residual_blocks_no_grad_c6277230(
             x, rmsnorm0_0_weight, linear0_1_weight, linear0_1_bias, linear0_3_weight,
             linear0_3_bias, layernorm1_0_weight, layernorm1_0_bias, linear1_1_weight)
-    # no-grad stage 0 · rule elementwise · op 0a: MakeExtraOutput() · no kernel
+    # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # no-grad stage 1 · rule norm · op 0.0: RMSNorm(1024)
     rmsnorm0_0_out = kernels.rmsnorm_fwd_h1024_no_grad(x, rmsnorm0_0_weight)
@@ -160,12 +160,12 @@ def no_grad_forward(
     gelu0_2_out = ref.addmm_gelu(linear0_1_bias, rmsnorm0_0_out, linear0_1_weight)
     # no-grad stage 3 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(4096, 1024), Bias(1024)
     linear0_3_out = torch.addmm(linear0_3_bias, gelu0_2_out, linear0_3_weight.t())
-    # no-grad stage 4 · rule add_norm · ops 0b, 1a, 1.0: AddExtraInput(), MakeExtraOutput(),
+    # no-grad stage 4 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,
     # LayerNorm(1024)
     layernorm1_0_out, residual1 = kernels.add_layernorm_fwd_h1024_no_grad(
         linear0_3_out, residual0, layernorm1_0_weight, layernorm1_0_bias, keep_sum=True)
-    # no-grad stage 5 · rule linear_scale_add · ops 1.1, 1b: BasicLinear(1024, 1024),
-    # AddExtraInput()
+    # no-grad stage 5 · rule linear_scale_add · ops 1.1, 1b: BasicLinear(1024, 1024), Residual: x +
+    # ops(x)
     residual1_out = torch.addmm(residual1, layernorm1_0_out, linear1_1_weight.t())
     return residual1_out
 

@@ -84,7 +84,10 @@ class Op:
         ]
 
     def describe(self, kernel: bool = False) -> str:
-        """The basic op as a spec would write it (OpDef.describe)."""
+        """The basic op as a spec would write it (OpDef.describe); a Residual's tee and add, which
+        the spec does not write, as what they do there (a kernel names them by their op)."""
+        if self.residual and not kernel:
+            return "Residual: keeps x" if self.opdef.extra_outputs else "Residual: x + ops(x)"
         return self.opdef.describe(self.args, kernel)
 
 

@@ -46,9 +46,9 @@ def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
             note = (f"the sum of op {added.number}, written into the caller's "
                     f"{extra_inputs[op.writes_back_to]} (`in_place=True`)")
         elif op.residual and op.extra_out is not None:
-            note = f"opens the Residual: keeps its input as `{pipeline.value(op.extra_out).name}`"
+            note = f"opens it, x kept as `{pipeline.value(op.extra_out).name}`"
         elif op.residual:
-            note = f"closes the Residual: adds `{pipeline.value(op.extra_in).name}`"
+            note = f"closes it, x read from `{pipeline.value(op.extra_in).name}`"
         rows.append((op.node, SpecRow(op.number, op.describe(), note, op.in_features, op.out_features,
                                               op.location, op)))
     graph = pipeline.graph
