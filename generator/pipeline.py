@@ -188,8 +188,9 @@ class Pipeline:
 def spec_numbers(ops: list[Op]) -> list[str]:
     """Each basic op's number, the one numbering plans and generated code use: its spec op's
     position in the Sequential as written (the eager Sequential's child index, the state_dict
-    prefix; views count), lettered where that op runs as several basic ops: "1a", "1b" for a
-    Linear's BasicLinear and Bias, or an in-place AddExtraInput's add and its write-back."""
+    prefix; views count; inside a Residual its path, "0.1"), lettered where that op runs as several
+    basic ops: "1a", "1b" for a Linear's BasicLinear and Bias, an in-place AddExtraInput's add and
+    its write-back, or a Residual's tee and add."""
     parts = Counter(op.module_index for op in ops)
     seen: Counter[str] = Counter()
     numbers = []
