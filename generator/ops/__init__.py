@@ -45,7 +45,7 @@ SEQUENTIAL_MODULES = (*SPEC_MODULES, "torch.nn")
 # between a tee and an add joined by one value); torch.nn has none. Transformer Engine's design
 # note spells it te.Residual too.
 RESIDUAL = "Residual"
-RESIDUAL_MODULES = (*SPEC_MODULES, "transformer_engine.pytorch")
+RESIDUAL_MODULES = tuple(dict.fromkeys((*SPEC_MODULES, "transformer_engine.pytorch")))
 
 
 
