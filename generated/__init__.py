@@ -10,6 +10,8 @@ from .relu2_mlp import Relu2Mlp
 from .elementwise_chain import ElementwiseChain
 from .gpt2_mlp import Gpt2Mlp
 from .prenorm_block import PrenormBlock
+from .residual_blocks import ResidualBlocks
+from .nested_residual import NestedResidual
 from .fc1 import Fc1
 from .fc2 import Fc2
 from .gelu_any import GeluAny
@@ -54,11 +56,11 @@ from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
 
 __all__ = [
-    "GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "Fc1", "Fc2", "GeluAny",
-    "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp",
-    "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
-    "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual",
-    "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace",
-    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "Layernorm2d",
-    "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu",
-    "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "ResidualBlocks",
+    "NestedResidual", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny",
+    "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp",
+    "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "TeeNormDropout",
+    "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp",
+    "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp",
+    "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
+    "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

@@ -52,6 +52,85 @@ def add_fwd_n4096(x, extra_in0):
     return a.to(x.dtype)
 
 
+_ADD_GELU_FWD_N1024 = Kernel("add_gelu_fwd_n1024", "pppi")
+_ADD_GELU_FWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+
+
+def add_gelu_fwd_n1024(x, extra_in0):
+    """AddExtraInput(), GELU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_gelu_fwd_n1024_e5779b1c(x, extra_in0)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        extra_in0 = extra_in0.contiguous()
+        y = torch.empty((rows, 1024), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_ADD_GELU_FWD_N1024_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _ADD_GELU_FWD_N1024.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.add_extra_input(a, ref.compute(extra_in0))
+    a = ref.gelu(a)
+    return a.to(x.dtype)
+
+
+_ADD_LAYERNORM_FWD_H1024 = Kernel("add_layernorm_fwd_h1024", "ppppppppi", few_rows=(torch.float32,))
+_ADD_LAYERNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 128}
+
+
+def add_layernorm_fwd_h1024(x, residual, gamma, beta):
+    """residual add + LayerNorm(1024): returns (y, residual_out, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_layernorm_fwd_h1024_1865cffe(x, residual, gamma, beta)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_LAYERNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, mean, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
+    return y, residual_out, mean, rstd
+
+
+def add_layernorm_fwd_h1024_no_grad(x, residual, gamma, beta, keep_sum):
+    """residual add + LayerNorm(1024), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_LAYERNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_layernorm_fwd_h1024(x, residual, gamma, beta)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel(
     "add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi", few_rows=(torch.float32,))
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {
@@ -108,6 +187,59 @@ def add_layernorm_zc_eps1em06_fwd_h768_no_grad(x, residual, gamma, beta, keep_su
         return (y, residual_out) if keep_sum else y
     # CPU and torch.compile: the whole launcher
     y, residual_out = add_layernorm_zc_eps1em06_fwd_h768(x, residual, gamma, beta)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
+_ADD_RMSNORM_FWD_H1024 = Kernel("add_rmsnorm_fwd_h1024", "ppppppppi", few_rows=(torch.float32,))
+_ADD_RMSNORM_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 128}
+
+
+def add_rmsnorm_fwd_h1024(x, residual, gamma):
+    """residual add + RMSNorm(1024): returns (y, residual_out, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_rmsnorm_fwd_h1024_f8af5f9e(x, residual, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_RMSNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    residual_out.data_ptr(), 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, residual_out, rstd
+
+
+def add_rmsnorm_fwd_h1024_no_grad(x, residual, gamma, keep_sum):
+    """residual add + RMSNorm(1024), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_RMSNORM_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_rmsnorm_fwd_h1024(x, residual, gamma)[:2]
     return (y, residual_out) if keep_sum else y
 
 
@@ -332,6 +464,65 @@ def bias_add_bwd_n4096(dy):
     g, dt = ref.bias_bwd(None, None, g)
     dbias0 = dt.sum(0).to(dy.dtype)
     return dbias0
+
+
+_BIAS_ADD_GELU_BWD_N1024_FROM_ADD = Kernel(
+    "bias_add_gelu_bwd_n1024_from_add", "ppppppi", shared=4096)
+_BIAS_ADD_GELU_BWD_N1024_FROM_ADD_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+# vectors a row, by dtype
+_BIAS_ADD_GELU_BWD_N1024_FROM_ADD_ROW_VECTORS = {
+    torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def bias_add_gelu_bwd_n1024_from_add(dy, x, extra_in1):
+    """Bias(1024), AddExtraInput(), GELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_add_gelu_bwd_n1024_from_add_c4f1a7c8(dy, x, extra_in1)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
+            _BIAS_ADD_GELU_BWD_N1024_FROM_ADD.launch(
+                dy.dtype,
+                (-(-_BIAS_ADD_GELU_BWD_N1024_FROM_ADD_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(), 0,
+                    column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_ADD_GELU_BWD_N1024_FROM_ADD_GRID_X[dy.dtype]
+            resident = _BIAS_ADD_GELU_BWD_N1024_FROM_ADD.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+            _BIAS_ADD_GELU_BWD_N1024_FROM_ADD.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), extra_in1.data_ptr(), dx.data_ptr(),
+                    partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    a = ref.add_extra_input(a, ref.compute(extra_in1))
+    in2 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in2, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
 
 
 _BIAS_ADD_TEE_BWD_N256 = Kernel("bias_add_tee_bwd_n256", "pppppi", shared=4096)
@@ -2671,6 +2862,62 @@ def layernorm_bwd_h1024(dy, x, mean, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
+_LAYERNORM_BWD_H1024_ADD_DRESIDUAL = Kernel(
+    "layernorm_bwd_h1024_add_dresidual", "pppppppppi", shared=8192)
+_LAYERNORM_BWD_H1024_ADD_DRESIDUAL_THREADS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
+
+
+def layernorm_bwd_h1024_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
+    """LayerNorm(1024) backward, + residual grad: returns (dx, dgamma, dbeta); the parameter grads
+    are deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_bwd_h1024_add_dresidual_ebf34b1e(
+            dy, x, mean, rstd, gamma, dresidual)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dresidual = dresidual.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_BWD_H1024_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_BWD_H1024_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(2048, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(2048, device=dy.device, dtype=dy.dtype)
+            _LAYERNORM_BWD_H1024_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_BWD_H1024_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _LAYERNORM_BWD_H1024_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_BWD_H1024_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n2048(partials, dy.dtype)
+        return dx, grads[:1024], grads[1024:]
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    dx = dx + ref.compute(dresidual)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
 _LAYERNORM_BWD_H14 = Kernel("layernorm_bwd_h14", "pppppppppi", shared=112)
 _LAYERNORM_BWD_H14_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
@@ -3166,6 +3413,62 @@ def rmsnorm_bwd_h1024(dy, x, rstd, gamma):
             grads = column_sum_n1024(partials, dy.dtype)
         return dx, grads
     dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
+_RMSNORM_BWD_H1024_ADD_DRESIDUAL = Kernel(
+    "rmsnorm_bwd_h1024_add_dresidual", "pppppppppi", shared=4096)
+_RMSNORM_BWD_H1024_ADD_DRESIDUAL_THREADS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
+
+
+def rmsnorm_bwd_h1024_add_dresidual(dy, x, rstd, gamma, dresidual):
+    """RMSNorm(1024) backward, + residual grad: returns (dx, dgamma); the parameter grads are
+    deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_bwd_h1024_add_dresidual_8d9628d8(
+            dy, x, rstd, gamma, dresidual)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dresidual = dresidual.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H1024_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H1024_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(1024, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
+            _RMSNORM_BWD_H1024_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_RMSNORM_BWD_H1024_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _RMSNORM_BWD_H1024_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_RMSNORM_BWD_H1024_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n1024(partials, dy.dtype)
+        return dx, grads
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    dx = dx + ref.compute(dresidual)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
@@ -4479,9 +4782,20 @@ register_op(
     "add_fwd_n4096_87fbfa52", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
     add_fwd_n4096)
 register_op(
+    "add_gelu_fwd_n1024_e5779b1c", "(Tensor x, Tensor extra_in0) -> Tensor", add_gelu_fwd_n1024,
+    add_gelu_fwd_n1024)
+register_op(
+    "add_layernorm_fwd_h1024_1865cffe",
+    "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
+    add_layernorm_fwd_h1024, add_layernorm_fwd_h1024)
+register_op(
     "add_layernorm_zc_eps1em06_fwd_h768_f7b6245b",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768, add_layernorm_zc_eps1em06_fwd_h768)
+register_op(
+    "add_rmsnorm_fwd_h1024_f8af5f9e",
+    "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h1024,
+    add_rmsnorm_fwd_h1024)
 register_op(
     "add_rmsnorm_fwd_h256_edc6c124",
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
@@ -4501,6 +4815,10 @@ register_op(
     add_tee_fwd_n256)
 register_op(
     "bias_add_bwd_n4096_b0f01d58", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
+register_op(
+    "bias_add_gelu_bwd_n1024_from_add_c4f1a7c8",
+    "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_gelu_bwd_n1024_from_add,
+    bias_add_gelu_bwd_n1024_from_add)
 register_op(
     "bias_add_tee_bwd_n256_edaee847", "(Tensor dy, Tensor d_extra_out2) -> (Tensor, Tensor)",
     bias_add_tee_bwd_n256, bias_add_tee_bwd_n256)
@@ -4685,6 +5003,11 @@ register_op(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h1024, layernorm_bwd_h1024)
 register_op(
+    "layernorm_bwd_h1024_add_dresidual_ebf34b1e",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
+    "Tensor, Tensor)",
+    layernorm_bwd_h1024_add_dresidual, layernorm_bwd_h1024_add_dresidual)
+register_op(
     "layernorm_bwd_h14_0c6c627d",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h14, layernorm_bwd_h14)
@@ -4724,6 +5047,10 @@ register_op(
     "rmsnorm_bwd_h1024_49c36fcd",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h1024,
     rmsnorm_bwd_h1024)
+register_op(
+    "rmsnorm_bwd_h1024_add_dresidual_8d9628d8",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
+    rmsnorm_bwd_h1024_add_dresidual, rmsnorm_bwd_h1024_add_dresidual)
 register_op(
     "rmsnorm_bwd_h256_e2340e09",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256,

@@ -103,7 +103,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     """Every registered op: its signature, what it computes, where a spec imports it from."""
-    from .ops import OPS
+    from .ops import OPS, RESIDUAL, RESIDUAL_MODULES
 
     pyproject = Path.cwd() / args.config if args.config else cfg.find_pyproject(Path.cwd())
     if args.config and not pyproject.is_file():
@@ -113,6 +113,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
         for op in OPS.values():
             if op.modules:  # fusegen's internal basic ops (RowScale) are for containers only
                 say(f"{op.signature()}\n    {op.summary}  (from {' or '.join(op.modules)})")
+        modules = " or ".join(RESIDUAL_MODULES)
+        say(f"{RESIDUAL}(*ops)\n    y = x + ops(x): a container of ops, nestable  (from {modules})")
     return 0
 
 

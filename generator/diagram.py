@@ -12,6 +12,11 @@ def _label(text: str) -> str:
     return '"' + text.replace('"', "#quot;").replace("`", "") + '"'
 
 
+def _id(number: str) -> str:
+    """An op's number as part of a Mermaid node id ("0.1a" inside a Residual: no dots)."""
+    return number.replace(".", "_")
+
+
 def flowchart(prefix: str, stages, runs_as: dict, pass_: str, extra_inputs: list[str],
               extra_outputs: list[str]) -> str:
     """One pass as a Mermaid flowchart: ``stages`` as (number in the plan's table, stage) in the
@@ -19,14 +24,16 @@ def flowchart(prefix: str, stages, runs_as: dict, pass_: str, extra_inputs: list
     backward = pass_ == "backward"
     lines = ["flowchart LR", f"  {prefix}_in([{'dy' if backward else 'x'}])"]
     previous = f"{prefix}_in"
+    tees: dict[str, str] = {}  # a Residual's path: the step of its tee, which keeps its input
+    adds: dict[str, str] = {}  # ... and of its add, which reads it
     for n, stage in stages:
         box = f"{prefix}{n}"
         title = f"stage {n} · {stage.rule.name}: {runs_as[(pass_, stage.start)]}"
         lines.append(f"  subgraph {box} [{_label(title)}]")
         ops = list(reversed(stage.ops)) if backward else list(stage.ops)
         for op in ops:
-            lines.append(f"    {box}_{op.number}[{_label(f'{op.number}: {op.describe()}')}]")
-        lines += [f"    {box}_{a.number} --> {box}_{b.number}" for a, b in zip(ops, ops[1:])]
+            lines.append(f"    {box}_{_id(op.number)}[{_label(f'{op.number}: {op.describe()}')}]")
+        lines += [f"    {box}_{_id(a.number)} --> {box}_{_id(b.number)}" for a, b in zip(ops, ops[1:])]
         lines.append("  end")
         lines.append(f"  {previous} --> {box}")
         previous = box
@@ -34,11 +41,17 @@ def flowchart(prefix: str, stages, runs_as: dict, pass_: str, extra_inputs: list
             # an extra input comes in (its grad goes out); an extra output goes out (its grad comes in)
             if op.extra_input is not None:
                 name = ("d_" if backward else "") + extra_inputs[op.extra_input]
-                node, step = f"{prefix}_{name}([{name}])", f"{box}_{op.number}"
+                node, step = f"{prefix}_{name}([{name}])", f"{box}_{_id(op.number)}"
                 lines.append(f"  {step} --> {node}" if backward else f"  {node} --> {step}")
             if op.extra_output is not None and op.writes_back_to is None:
                 name = ("d_" if backward else "") + extra_outputs[op.extra_output]
-                node, step = f"{prefix}_{name}([{name}])", f"{box}_{op.number}"
+                node, step = f"{prefix}_{name}([{name}])", f"{box}_{_id(op.number)}"
                 lines.append(f"  {node} --> {step}" if backward else f"  {step} --> {node}")
+            if op.residual:  # the Residual's value, from its tee to its add (its grad the other way)
+                (tees if op.extra_out is not None else adds)[op.residual] = f"{box}_{_id(op.number)}"
+    for path, tee in tees.items():
+        name = f"residual {path}"
+        lines.append(f"  {adds[path]} -.->|{_label('d ' + name)}| {tee}" if backward
+                     else f"  {tee} -.->|{_label(name)}| {adds[path]}")
     lines.append(f"  {previous} --> {prefix}_out([{'dx' if backward else 'y'}])")
     return "\n".join(lines)

@@ -118,6 +118,30 @@ def _op_class(name: str) -> type:
 globals().update({name: _op_class(name) for name, op in OPS.items() if __name__ in op.modules})
 
 
+class Residual(torch.nn.Sequential):
+    """``y = x + ops(x)``: its ops run in order on x and their output is added to x (one rounding,
+    as the generated add). Nests in a Sequential and in another Residual; its ops are its children
+    ("0.1.weight": the first Residual's second op), as the generated module's."""
+
+    def __init__(self, *ops):
+        if not ops:
+            raise TypeError("Residual() needs at least one op: the residual branch, as in Residual(RMSNorm(n), "
+                            "Linear(n, n))")
+        for op in ops:
+            if isinstance(op, torch.nn.Sequential) and not isinstance(op, Residual):
+                raise TypeError("a Sequential cannot be nested in a Residual; list its ops in the Residual")
+            if isinstance(op, FusibleOp) and any(b.extra_inputs or b.extra_outputs for b, _ in op.basic):
+                raise ValueError(f"Residual() cannot hold {op.op_name}() (an extra input or output of the pipeline); "
+                                 "move it out of the Residual")
+        super().__init__(*ops)
+
+    def forward(self, x):
+        y = x
+        for module in self:
+            y = module(y)
+        return (compute(x) + compute(y)).to(x.dtype)
+
+
 class Sequential(torch.nn.Sequential):
     """Runs its ops in order: ``y = seq(x, *extra_inputs)``; returns ``y`` or ``(y, *extra_outputs)``."""
 
@@ -136,4 +160,4 @@ class Sequential(torch.nn.Sequential):
         return (x, *outputs) if outputs else x
 
 
-__all__ = ["Sequential", *(name for name, op in OPS.items() if __name__ in op.modules)]
+__all__ = ["Residual", "Sequential", *(name for name, op in OPS.items() if __name__ in op.modules)]

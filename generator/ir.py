@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
-from .ops import MAX_FEATURES, OPS, OpDef, basic_ops
+from .ops import MAX_FEATURES, OPS, RESIDUAL, OpDef, basic_ops
 from .ops.identity import around_rows
 
 
@@ -112,10 +112,13 @@ class Node:
     args: dict
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
-    module_index: int  # position in the spec's Sequential: the state_dict prefix
+    # the spec-level op's path in the eager module, its state_dict prefix: its position in the
+    # Sequential ("3"), inside a Residual its position there too ("0.1": the first Residual's second op)
+    module_index: str
     module_name: str  # the spec-level op as spelled ("Linear" for its BasicLinear and Bias; nn.Linear's too)
     location: Location
     module_call: str = ""  # the spec-level op's call, as the spec would write it: "Linear(4096, 28672)"
+    residual: str = ""  # a Residual's tee and add: the Residual's path (their module_index too)
 
 
 @dataclass(frozen=True)
@@ -230,34 +233,96 @@ def _infer_sizes(spec: SequentialSpec, ops: list[tuple[OpDef, dict, OpCall]], hi
     return sizes  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class _Expanded:
+    """One basic op of the spec, Residuals opened: a Residual is its ops between a tee (OPEN, a
+    MakeExtraOutput that keeps the Residual's input) and an add (CLOSE, an AddExtraInput of it)."""
+
+    op: OpDef
+    args: dict
+    call: OpCall  # the spec-level call (the Residual's, for its tee and add)
+    path: str  # module_index
+    residual: str = ""  # OPEN or CLOSE a Residual's tee and add
+
+
+OPEN, CLOSE = "open", "close"
+
+
+def _expand(calls: tuple[OpCall, ...], prefix: str = "") -> list[_Expanded]:
+    """The spec's basic ops in the order they run, each with its path in the eager module."""
+    expanded = []
+    for position, call in enumerate(calls):
+        path = f"{prefix}{position}"
+        if call.op == RESIDUAL:
+            plain = {"in_place": False}
+            expanded.append(_Expanded(OPS["MakeExtraOutput"], plain, call, path, OPEN))
+            expanded += _expand(call.inner, f"{path}.")
+            expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE))
+            continue
+        expanded += [_Expanded(op, args, call, path) for basic, basic_args in basic_ops(call.op, call.args)
+                     for op, args in around_rows(basic, basic_args)]
+    return expanded
+
+
+def _check_residuals(expanded: list[_Expanded], sizes: list[Size]) -> None:
+    """A Residual adds its ops' output to its input: they must give back the width they receive."""
+    opened: dict[str, int] = {}
+    for i, step in enumerate(expanded):
+        if step.residual == OPEN:
+            opened[step.path] = i
+        elif step.residual == CLOSE and sizes[i] != sizes[opened[step.path]]:
+            raise SpecError(
+                f"Residual(...) adds its ops' output to its input, so they must give back the "
+                f"{sizes[opened[step.path]]} features they receive, but they make {sizes[i]}; make the last "
+                "op's output size the Residual's input size", step.call.location)
+
+
+def _module_call(call: OpCall) -> str:
+    """A spec-level op's call as the generated module's child prints it (a Residual's children
+    print its ops)."""
+    if call.op == RESIDUAL:
+        return f"{RESIDUAL}()"
+    return OPS[call.op].describe(call.args, name=OPS[call.op].attribute)
+
+
 def build_graph(spec: SequentialSpec) -> Graph:
     if not spec.calls:
         raise SpecError(f"pipeline '{spec.name}' is empty; give Sequential at least one op", spec.location)
-    expanded = [(op, args, call, module_index)
-                for module_index, call in enumerate(spec.calls) for basic, basic_args in basic_ops(call.op, call.args)
-                for op, args in around_rows(basic, basic_args)]
-    sizes = _infer_sizes(spec, [(op, args, call) for op, args, call, _ in expanded],
-                         [f"{OPS[call.op].attribute.lower()}{module_index}" for _, _, call, module_index in expanded])
+    expanded = _expand(spec.calls)
+    sizes = _infer_sizes(spec, [(step.op, step.args, step.call) for step in expanded],
+                         [f"{step.call.op.lower() if step.residual else OPS[step.call.op].attribute.lower()}"
+                          f"{step.path.replace('.', '_')}" for step in expanded])
+    _check_residuals(expanded, sizes)
     values = [Value(0, sizes[0], None)]
     inputs, extra_outputs, nodes, written_back = [0], [], [], []
     running = 0
+    kept: dict[str, int] = {}  # an open Residual's path: the value its tee keeps
 
     def new_value(features: Size, producer: int | None) -> int:
         values.append(Value(len(values), features, producer))
         return len(values) - 1
 
-    for i, (op, args, call, module_index) in enumerate(expanded):
+    for i, step in enumerate(expanded):
+        op, args, call = step.op, step.args, step.call
         reads = [running]
-        for _ in range(op.extra_inputs):  # an extra input: a graph input of the running value's width
-            reads.append(new_value(sizes[i], None))
-            inputs.append(reads[-1])
+        if step.residual == CLOSE:  # the add reads the value the tee kept: internal, no graph input
+            reads.append(kept.pop(step.path))
+        else:
+            for _ in range(op.extra_inputs):  # an extra input: a graph input of the running value's width
+                reads.append(new_value(sizes[i], None))
+                inputs.append(reads[-1])
         out = running if op.view else new_value(sizes[i + 1], len(nodes))
-        extra_outputs += [running] * op.extra_outputs  # an extra output hands out the value it reads
+        writes = (out,)
+        if step.residual == OPEN:  # the tee's second output: the Residual's input, kept for its add
+            kept[step.path] = new_value(sizes[i], len(nodes))
+            writes = (out, kept[step.path])
+        else:
+            extra_outputs += [running] * op.extra_outputs  # an extra output hands out the value it reads
         if op.writes_back(args):
             written_back.append((out, reads[1]))
-        spelled = OPS[call.op].attribute
-        nodes.append(Node(len(nodes), op, args, tuple(reads), (out,), module_index, spelled, call.location,
-                          OPS[call.op].describe(call.args, name=spelled)))
+        spelled = RESIDUAL if step.residual else OPS[call.op].attribute
+        nodes.append(Node(len(nodes), op, args, tuple(reads), writes, step.path, spelled, call.location,
+                          _module_call(call), "" if not step.residual else step.path))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
                  (running, *extra_outputs), tuple(written_back))

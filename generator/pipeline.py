@@ -23,7 +23,7 @@ from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, OpDef
 from .values import (HOST_INT, X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
-                     module_name, param_name, seed_name)
+                     module_name, param_name, residual_name, seed_name)
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Op:
     args: dict
     in_features: Size
     out_features: Size
-    module_index: int  # position in the spec's Sequential: the state_dict prefix
+    module_index: str  # the spec-level op's path in the eager module, the state_dict prefix: "3", "0.1" (ir.Node)
     module_name: str  # the spec-level op ("Linear" for its BasicLinear and Bias)
     location: Location
     extra_input: int | None = None  # index among the pipeline's extra inputs
@@ -57,6 +57,10 @@ class Op:
     # pipeline's int32 offsets cu_seqlens [batch + 1] on x's device and its host int max_seqlen
     cu_seqlens: int | None = None
     max_seqlen: int | None = None
+    # a Residual's tee (its extra_out) and add (its extra_in): the Residual's path; the two are
+    # joined by one internal value, neither an extra input nor an extra output of the pipeline
+    residual: str = ""
+    node: int = 0  # the graph node it runs (a hidden tee: its add's), the spec's order of ops
 
     def param(self, attr: str) -> int:
         """The value of parameter ``attr``."""
@@ -73,7 +77,7 @@ class Op:
     @property
     def hint(self) -> str:
         """A readable, unique stem for names in generated code, e.g. ``linear1``."""
-        return f"{self.module_name.lower()}{self.module_index}"
+        return f"{self.module_name.lower()}{self.module_index.replace('.', '_')}"
 
     @property
     def params(self) -> list[tuple[str, str, tuple[int, ...], str]]:
@@ -84,7 +88,10 @@ class Op:
         ]
 
     def describe(self, kernel: bool = False) -> str:
-        """The basic op as a spec would write it (OpDef.describe)."""
+        """The basic op as a spec would write it (OpDef.describe); a Residual's tee and add, which
+        the spec does not write, as what they do there (a kernel names them by their op)."""
+        if self.residual and not kernel:
+            return "Residual: keeps x" if self.opdef.extra_outputs else "Residual: x + ops(x)"
         return self.opdef.describe(self.args, kernel)
 
 
@@ -122,10 +129,15 @@ class Pipeline:
         """Feature size of activation ``value``; at input size ``n`` if given."""
         return size_at(self.values[value].features, n)
 
+    @property
+    def residual_values(self) -> tuple[int, ...]:
+        """The values Residuals' tees keep for their adds (internal: no extra input or output)."""
+        return tuple(op.extra_out for op in self.ops if op.residual and op.extra_out is not None)
+
     def chain_order(self, value: int) -> int:
-        """Where a running value comes in the chain (0: x; k: op k-1's output): saved values are
-        kept in this order."""
-        return 0 if value == 0 else next(op.index + 1 for op in self.ops if op.output == value)
+        """Where a running value comes in the chain (0: x; k: op k-1's output, or the value op
+        k-1, a Residual's tee, keeps): saved values are kept in this order."""
+        return 0 if value == 0 else next(op.index + 1 for op in self.ops if value in (op.output, op.extra_out))
 
     @property
     def class_name(self) -> str:
@@ -183,10 +195,11 @@ class Pipeline:
 def spec_numbers(ops: list[Op]) -> list[str]:
     """Each basic op's number, the one numbering plans and generated code use: its spec op's
     position in the Sequential as written (the eager Sequential's child index, the state_dict
-    prefix; views count), lettered where that op runs as several basic ops: "1a", "1b" for a
-    Linear's BasicLinear and Bias, or an in-place AddExtraInput's add and its write-back."""
+    prefix; views count; inside a Residual its path, "0.1"), lettered where that op runs as several
+    basic ops: "1a", "1b" for a Linear's BasicLinear and Bias, an in-place AddExtraInput's add and
+    its write-back, or a Residual's tee and add."""
     parts = Counter(op.module_index for op in ops)
-    seen: Counter[int] = Counter()
+    seen: Counter[str] = Counter()
     numbers = []
     for op in ops:
         letter = string.ascii_lowercase[seen[op.module_index]] if parts[op.module_index] > 1 else ""
@@ -207,26 +220,29 @@ def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = ()) -> Pi
 def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
     """The planner's view of a graph: its nodes in order, views left out, each op reading the
     running value its predecessor wrote; extra inputs and outputs numbered by their order among
-    the graph's inputs and outputs."""
+    the graph's inputs and outputs (a Residual's tee and add have neither: ir.build_graph joins
+    them by a value of their own)."""
     ops: list[Op] = []
     n_out, n_hidden = 0, len(graph.outputs) - 1
     for node in graph.nodes:
         if node.opdef.view:
             continue
-        extra_input = graph.inputs.index(node.inputs[1]) - 1 if node.opdef.extra_inputs else None
+        public = not node.residual
+        extra_input = graph.inputs.index(node.inputs[1]) - 1 if node.opdef.extra_inputs and public else None
         ops.append(Op(
             index=len(ops), opdef=node.opdef, args=node.args, in_features=graph.features(node.inputs[0]),
             out_features=graph.features(node.outputs[0]), module_index=node.module_index,
             module_name=node.module_name, location=node.location, extra_input=extra_input,
-            extra_output=n_out if node.opdef.extra_outputs else None,
+            extra_output=n_out if node.opdef.extra_outputs and public else None, residual=node.residual,
+            node=node.index,
         ))
-        n_out += node.opdef.extra_outputs
+        n_out += node.opdef.extra_outputs if public else 0
         if node.opdef.writes_back(node.args):  # its value handed out by a tee the spec does not show
             size = graph.features(node.outputs[0])
             ops.append(Op(
                 index=len(ops), opdef=OPS["MakeExtraOutput"], args={"in_place": False}, in_features=size,
                 out_features=size, module_index=node.module_index, module_name=node.module_name,
-                location=node.location, extra_output=n_hidden, writes_back_to=extra_input,
+                location=node.location, extra_output=n_hidden, writes_back_to=extra_input, node=node.index,
             ))
             n_hidden += 1
     ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
@@ -241,7 +257,8 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
     op's output and the extra inputs (ir.build_graph); the rest get ids after the graph's: the
     value a hidden tee writes (it has no graph node), extra outputs, parameters, random keys, the
     training flag, the packed sequences, user modules and their leading dims, a size-generic
-    pipeline's input width."""
+    pipeline's input width. A Residual's value is the graph's too: its tee writes it, its add
+    reads it."""
     table: dict[int, Value] = {}
     next_id = len(graph.values)
 
@@ -262,6 +279,10 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
         output = add(Role.ACTIVATION, X_DTYPE, activation_name(op, reader), op.out_features,
                      id=None if node is None else node.outputs[0])
         fields = dict(input=running, output=output)
+        if op.residual and op.opdef.extra_inputs:  # a Residual's add reads the value its tee kept
+            fields["extra_in"] = node.inputs[1]
+        if op.residual and op.opdef.extra_outputs:  # a Residual's tee keeps its input for the add
+            fields["extra_out"] = add(Role.ACTIVATION, X_DTYPE, residual_name(op), op.in_features, id=node.outputs[1])
         if op.extra_input is not None:
             per_row = op.opdef.operand is not None and op.opdef.operand.broadcast == "row"
             fields["extra_in"] = add(Role.ROWWISE if per_row else Role.ACTIVATION, X_DTYPE, extra_input_name(op),

@@ -158,7 +158,9 @@ def plan_pipeline(pipeline: Pipeline, forward_rules: Sequence[Rule], backward_ru
     for stage in backward:
         saves = stage.rule.stage.saves(pipeline, stage, have)
         saved_values |= saves.values
-        saved_extra |= saves.extra_inputs
+        # a Residual's value is the pipeline's own (its tee wrote it): saved as a running value
+        saved_values |= saves.extra_inputs & set(pipeline.residual_values)
+        saved_extra |= saves.extra_inputs - set(pipeline.residual_values)
         if saves.recompute is not None:
             recompute[stage.start] = saves.recompute
     return Plan(pipeline, forward, backward, recompute, tuple(sorted(saved_values, key=pipeline.chain_order)),

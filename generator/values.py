@@ -81,6 +81,8 @@ class ValueTable:
 
 def activation_name(producer, reader) -> str:
     """Name of the value op ``producer`` writes, ``reader`` (the next op, or None) reads."""
+    if producer.residual and producer.opdef.extra_outputs:  # a Residual's tee: its input, into its ops
+        return f"{producer.hint}_in"
     if reader is not None and reader.module_index == producer.module_index:
         return f"{producer.hint}_pre_{reader.kind}"  # inside a container: Linear's matmul output
     return f"{producer.hint}_out"
@@ -100,6 +102,11 @@ def extra_output_name(op) -> str:
     if op.writes_back_to is not None:  # hidden: the new value of a caller's extra input
         return f"new_extra_input{op.writes_back_to}"
     return f"extra_output{op.extra_output}"
+
+
+def residual_name(op) -> str:
+    """The value a Residual's tee keeps for its add (its input): ``residual0``, ``residual0_1``."""
+    return op.hint
 
 
 def grad_name(name: str) -> str:

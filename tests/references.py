@@ -119,6 +119,22 @@ def l2_normalization(t, eps):
 
 
 # name -> (generated class name, reference, number of extra inputs)
+def residual_blocks(p, x):
+    """specs/residual_blocks.py: two pre-norm Residuals, y = x + ops(x) each."""
+    mlp = linear(F.gelu(linear(rms_norm(x, p["0.0.weight"]), p["0.1.weight"], p["0.1.bias"]), approximate="tanh"),
+                 p["0.3.weight"], p["0.3.bias"])
+    h = x + mlp
+    return (h + linear(layer_norm(h, p["1.0.weight"], p["1.0.bias"]), p["1.1.weight"]),)
+
+
+def nested_residual(p, x):
+    """specs/residual_blocks.py: a Residual inside a Residual, between a GEMM and a norm."""
+    a = linear(x, p["0.weight"])
+    n = layer_norm(a, p["1.0.weight"], p["1.0.bias"])
+    inner = n + linear(rms_norm(n, p["1.1.0.weight"]), p["1.1.1.weight"], p["1.1.1.bias"])
+    return (rms_norm(a + F.gelu(inner, approximate="tanh"), p["2.weight"]),)
+
+
 PIPELINES = {
     "elementwise_chain": ("ElementwiseChain", elementwise_chain, 3),
     "te_mlp": ("TeMlp", te_mlp, 0),
@@ -133,6 +149,8 @@ PIPELINES = {
        for name, gate in GLU_GATES.items()},
     "situglu_mlp": ("SitugluMlp", mlp(lambda t: situglu(t, beta1=2.0, beta2=8.0)), 0),
     "l2norm_block": ("L2normBlock", mlp(lambda t: l2_normalization(t, 1e-5)), 0),
+    "residual_blocks": ("ResidualBlocks", residual_blocks, 0),
+    "nested_residual": ("NestedResidual", nested_residual, 0),
 }
 
 

@@ -44,6 +44,12 @@ def _templates_dir() -> Path:
 TEMPLATES = _templates_dir()
 
 
+def child_module(path: str) -> str:
+    """The generated module's child at ``path`` (an op's ``module_index``: "3", or "0.1" inside the
+    first Residual, whose children nest as the eager module's do), as an expression."""
+    return "self" + "".join(f'._modules["{part}"]' for part in path.split(".") if path)
+
+
 @functools.cache
 def environment() -> jinja2.Environment:
     """The templates' environment, one a process: it keeps each template compiled (jinja2 reloads
@@ -61,6 +67,7 @@ def environment() -> jinja2.Environment:
     env.filters["cexpr"] = lambda size: size_expr(size, "N", "/")
     env.filters["pyexpr"] = lambda size: size_expr(size, "n", "//")
     # a spec's own text (a user module's call, a file name) where it lands (source_text.py)
+    env.filters["module"] = child_module
     env.filters["pystr"] = source_text.py_string
     env.filters["comment"] = source_text.comment_text
     env.filters["docstring"] = source_text.docstring_text

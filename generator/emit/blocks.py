@@ -77,7 +77,7 @@ def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
     p = plan.pipeline
     # backward_blocks runs the last stage first; the grads the calls read are the backward's own
     reads = [value for value in reads_of(list(reversed(bwd))) if not em.is_grad(value)]
-    running = {0, *(op.output for op in p.ops)}
+    running = {0, *(op.output for op in p.ops), *p.residual_values}
     free = set(p.extra_input_values) | {value for op in p.ops for _, value in op.param_ids}
     values = sorted((v for v in reads if v in running), key=p.chain_order)
     extra = [v for v in p.extra_input_values if v in reads]

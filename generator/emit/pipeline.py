@@ -76,14 +76,27 @@ def _sizes_literal(sizes) -> str:
                       for size in sizes))
 
 
+def spec_position(path: str) -> tuple[int, ...]:
+    """An op's ``module_index`` ("0.1") as a sort key: a Residual before its ops, "2" before "10"."""
+    return tuple(int(part) for part in path.split("."))
+
+
 def children(pipeline, params: dict, modules_run: list) -> list:
-    """The module's children, one per op of the spec's Sequential in order: (index, the op's call
-    as the spec writes it, its parameters, the Op when it is a module of the user's code)."""
-    calls: dict[int, str] = {}
+    """The module's children, one per op of the spec's Sequential in order, a Residual's ops its
+    own children (as the eager module nests them): (path, the op's call as the spec writes it,
+    its parameters, the Op when it is a module of the user's code, the parent's path, its name
+    in the parent), parents first."""
+    calls: dict[str, str] = {}
     for node in pipeline.graph.nodes:
         calls.setdefault(node.module_index, node.module_call)
     users = {op.module_index: op for op in modules_run}
-    return [(index, call, params.get(index, []), users.get(index)) for index, call in sorted(calls.items())]
+    return [(path, call, params.get(path, []), users.get(path), *_parent_and_name(path))
+            for path, call in sorted(calls.items(), key=lambda item: spec_position(item[0]))]
+
+
+def _parent_and_name(path: str) -> tuple[str, str]:
+    parent, _, name = path.rpartition(".")
+    return parent, name
 
 
 def replays_graphs(plan: Plan) -> bool:

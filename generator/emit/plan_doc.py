@@ -45,14 +45,19 @@ def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
             added = pipeline.ops[op.index - 1]
             note = (f"the sum of op {added.number}, written into the caller's "
                     f"{extra_inputs[op.writes_back_to]} (`in_place=True`)")
-        rows.append((op.module_index, SpecRow(op.number, op.describe(), note, op.in_features, op.out_features,
+        elif op.residual and op.extra_out is not None:
+            note = f"opens it, x kept as `{pipeline.value(op.extra_out).name}`"
+        elif op.residual:
+            note = f"closes it, x read from `{pipeline.value(op.extra_in).name}`"
+        rows.append((op.node, SpecRow(op.number, op.describe(), note, op.in_features, op.out_features,
                                               op.location, op)))
     graph = pipeline.graph
-    rows += [(node.module_index, SpecRow(str(node.module_index), node.opdef.describe(node.args), "a view, nothing runs",
+    rows += [(node.index, SpecRow(str(node.module_index), node.opdef.describe(node.args), "a view, nothing runs",
                                          graph.features(node.inputs[0]), graph.features(node.outputs[0]),
                                          node.location, None))
              for node in graph.nodes if node.opdef.view]
-    return [row for _, row in sorted(rows, key=lambda pair: pair[0])]  # stable: a spec op's parts stay in order
+    # in the order the spec's ops run (graph nodes); stable: a spec op's parts stay in order
+    return [row for _, row in sorted(rows, key=lambda pair: pair[0])]
 
 
 def saved_table(plan: Plan, em: Emitter, saved: list[str], params: list) -> list[tuple[str, str, str]]:

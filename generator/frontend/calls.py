@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ..errors import Location, SpecError
-from ..ops import NOT_YET, OPS, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, basic_ops, op_modules
+from ..ops import NOT_YET, OPS, RESIDUAL, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, basic_ops, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
 from ..ops.te_namespace import MODULES_NOT_YET, TE_NAMESPACE, module_only_argument
 from .scope import Scope, _dotted, _ident
@@ -44,6 +44,7 @@ class OpCall:
     args: dict[str, object]  # every argument of the op by name, defaults filled in
     location: Location  # the call
     arg_locations: dict[str, Location]  # where each explicitly given argument is written
+    inner: tuple[OpCall, ...] = ()  # a Residual's ops (op RESIDUAL), in order
 
 
 @dataclass(frozen=True)
@@ -64,18 +65,29 @@ class OpBinder:
         self.folder = folder
 
     def sequential(self, name: str, name_location: Location, call: cst.Call) -> SequentialSpec:
+        self.pipeline, self.counted = name, 0  # ops counted over the Residuals too
+        calls = self.op_calls(call, "Sequential(...)")
+        return SequentialSpec(name, self.source.display, self.source.loc(call), calls, name_location)
+
+    def op_calls(self, call: cst.Call, container: str) -> tuple[OpCall, ...]:
+        """The op calls a Sequential(...) or a Residual(...) holds, in order (a Residual's own,
+        read the same way: Residuals nest)."""
         calls = []
-        if len(call.args) > MAX_OPS:
-            raise SpecError(f"pipeline '{name}' has {len(call.args)} ops; fusegen plans at most {MAX_OPS} ops "
-                            "per pipeline, so split it into several pipelines", self.source.loc(call.args[MAX_OPS]))
         for arg in call.args:
+            self.counted += 1
+            if self.counted > MAX_OPS:
+                raise SpecError(f"pipeline '{self.pipeline}' has {self.counted} ops; fusegen plans at most "
+                                f"{MAX_OPS} ops per pipeline, so split it into several pipelines", self.source.loc(arg))
             if arg.star or arg.keyword is not None or not isinstance(arg.value, cst.Call):
-                raise SpecError("Sequential(...) takes op calls like te.ops.Linear(4096, 4096); got "
+                raise SpecError(f"{container} takes op calls like te.ops.Linear(4096, 4096); got "
                                 f"'{self.source.code(arg)}'", self.source.loc(arg))
             op = self.scope.op_name(arg.value)
             if op == SEQUENTIAL:
-                raise SpecError("Sequential(...) cannot be nested; list the inner ops directly in the outer one",
-                                self.source.loc(arg.value))
+                raise SpecError(f"Sequential(...) cannot be nested in {container}; list the inner ops directly "
+                                "in the outer one", self.source.loc(arg.value))
+            if op == RESIDUAL:
+                calls.append(self.residual(arg.value))
+                continue
             if op is None:
                 target = self.scope.resolve(arg.value.func)
                 if target is None or not user_module(target):
@@ -83,7 +95,29 @@ class OpBinder:
                 calls.append(self.module_call(target, arg.value))
                 continue
             calls.append(self.bind(OPS[op], arg.value))
-        return SequentialSpec(name, self.source.display, self.source.loc(call), tuple(calls), name_location)
+        return tuple(calls)
+
+    def residual(self, call: cst.Call) -> OpCall:
+        """``Residual(op, ...)``: y = x + ops(x), its ops read as a Sequential's; the pipeline's
+        extra inputs and outputs and the user's modules stay outside it (ir.py expands it)."""
+        spelled = self.source.code(call.func)
+        if not call.args:
+            raise SpecError(f"{spelled}() is empty; give it the ops of the residual branch, as in "
+                            f"{spelled}(te.ops.RMSNorm(4096), te.ops.Linear(4096, 4096)), or leave it out",
+                            self.source.loc(call))
+        inner = self.op_calls(call, f"{spelled}(...)")
+        for op_call in inner:
+            if op_call.op == RESIDUAL:  # checked when it was read
+                continue
+            basic = [] if op_call.op == "Module" else [sub for sub, _ in basic_ops(op_call.op, op_call.args)]
+            # a Reshape's rows and leading dims differ from the Residual input's it is added to
+            if op_call.op == "Module" or any(sub.extra_inputs or sub.extra_outputs or sub.reshape for sub in basic):
+                what = ("a module of your code" if op_call.op == "Module"
+                        else f"{op_call.op}() (a reshape of the running value)" if any(sub.reshape for sub in basic)
+                        else f"{op_call.op}() (an extra input or output of the pipeline)")
+                raise SpecError(f"{spelled}(...) cannot hold {what} yet; move it out of the Residual "
+                                "(before or after it in the Sequential)", op_call.location)
+        return OpCall(RESIDUAL, {}, self.source.loc(call), {}, inner)
 
     def bind(self, op: OpDef, call: cst.Call) -> OpCall:
         """Match a call's arguments to ``op``'s signature (ops.binding, the one binder), each value

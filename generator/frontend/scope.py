@@ -12,7 +12,7 @@ import unicodedata
 
 import libcst as cst
 
-from ..ops import OPS, SEQUENTIAL, SEQUENTIAL_MODULES, op_modules, op_named
+from ..ops import OPS, RESIDUAL, SEQUENTIAL, SEQUENTIAL_MODULES, op_modules, op_named
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
@@ -64,7 +64,7 @@ class Scope:
             # An op module exports its ops and Sequential; what any other module binds is unknown,
             # and names it would bind stay unresolved ("unknown op").
             if base in op_modules() or base in SEQUENTIAL_MODULES:
-                spelled = [op.attribute for op in OPS.values() if base in op.modules] + [SEQUENTIAL]
+                spelled = [op.attribute for op in OPS.values() if base in op.modules] + [SEQUENTIAL, RESIDUAL]
                 for name in [name for name in spelled if op_named(base, name)]:
                     self.forget(name, f"line {line} imports it")
                     self.aliases[name] = f"{base}.{name}"

@@ -41,6 +41,11 @@ FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
 # Spellings a spec may use for the pipeline container, and the modules it comes from.
 SEQUENTIAL = "Sequential"
 SEQUENTIAL_MODULES = (*SPEC_MODULES, "torch.nn")
+# The residual container, y = x + ops(x): data flow, not an op (ir.py expands it into its ops
+# between a tee and an add joined by one value); torch.nn has none. Transformer Engine's design
+# note spells it te.Residual too.
+RESIDUAL = "Residual"
+RESIDUAL_MODULES = tuple(dict.fromkeys((*SPEC_MODULES, "transformer_engine.pytorch")))
 
 
 
@@ -66,9 +71,11 @@ def op_modules() -> tuple[str, ...]:
 
 def op_named(module: str, attribute: str) -> str | None:
     """The registry name of the op ``from <module> import <attribute>`` gives a spec (SEQUENTIAL
-    for the container), or None."""
+    for the container, RESIDUAL for the residual container), or None."""
     if attribute == SEQUENTIAL:
         return SEQUENTIAL if module in SEQUENTIAL_MODULES else None
+    if attribute == RESIDUAL:
+        return RESIDUAL if module in RESIDUAL_MODULES else None
     return next((name for name, op in OPS.items() if op.attribute == attribute and module in op.modules), None)
 
 
@@ -88,7 +95,8 @@ def reference_source() -> str:
 
 
 __all__ = [
-    "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "SEQUENTIAL", "Arg",
+    "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "RESIDUAL",
+    "RESIDUAL_MODULES", "SEQUENTIAL", "Arg",
     "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "elementwise_kinds", "float_tag", "op_named",
     "op_modules", "reference_source", "register",
 ]

@@ -231,8 +231,72 @@ def test_plans_draw_forward_and_backward_with_each_op_in_its_stage():
                 row = rows[int(number)]
                 assert number == shown and row[2].startswith(f"`{rule}`") and runs_as == row[3].replace("`", "")
                 body = re.search(rf"subgraph [fb]{number} \[.*?\n(.*?)\n  end", chart, re.S).group(1)
-                # the nodes inside the stage's subgraph, by the ops' numbers in the spec ("1a": a Linear's BasicLinear)
-                ops = re.findall(r"^    [fb]\d+_(\d+[a-z]?)\[", body, re.M)
-                assert sorted(ops, key=lambda op: (int(re.match(r"\d+", op).group()), op)) == row[1].split(", "), (plan_file.name, number)
+                # the nodes inside the stage's subgraph, by the ops' numbers in the spec ("1a": a Linear's
+                # BasicLinear; "0.1a" inside a Residual, drawn as 0_1a), in the order they run
+                ops = [op.replace("_", ".") for op in re.findall(r"^    [fb]\d+_(\d+(?:_\d+)*[a-z]?)\[", body, re.M)]
+                ops = ops[::-1] if section == "## Backward" else ops
+                assert ops == row[1].split(", "), (plan_file.name, number)
             numbers = [int(n) for n, *_ in order]
             assert numbers == (sorted(numbers) if section == "## Forward" else sorted(numbers, reverse=True))
+
+
+def test_residual_blocks_fuse_across_the_residuals():
+    """A Residual is data flow: the add that closes the first fuses into the second's LayerNorm
+    (forward), its grad into that norm's backward, the first tee's grad into the RMSNorm's dx, and
+    the second Residual's GEMM adds into the residual with beta = 1."""
+    plan = plan_of("residual_blocks.py", "residual_blocks")
+    numbers = lambda stages: [(s.rule.name, tuple(op.number for op in s.ops)) for s in stages]  # noqa: E731
+    assert numbers(plan.forward) == [
+        ("elementwise", ("0a",)),
+        ("norm", ("0.0",)),
+        ("linear_bias", ("0.1a", "0.1b")),
+        ("elementwise", ("0.2",)),
+        ("linear_bias", ("0.3a", "0.3b")),
+        ("add_norm", ("0b", "1a", "1.0")),
+        ("linear_scale_add", ("1.1", "1b")),
+    ]
+    assert plan.forward[0].kind == "passthrough"
+    assert numbers(plan.backward) == [
+        ("norm_residual_grad", ("0a", "0.0")),
+        ("linear_backward", ("0.1a",)),
+        ("elementwise_backward", ("0.1b", "0.2")),
+        ("linear_backward", ("0.3a",)),
+        ("elementwise_backward", ("0.3b",)),
+        ("norm_residual_grad", ("0b", "1a", "1.0")),
+        ("linear_backward", ("1.1",)),
+        ("elementwise_backward", ("1b",)),
+    ]
+    kernels = kernel_names(plan)  # by (pass, the stage's first op's index)
+    assert kernels[("forward", plan.forward[5].start)] == ["add_layernorm_fwd_h1024"]
+    assert kernels[("backward", plan.backward[0].start)][0] == "rmsnorm_bwd_h1024_add_dresidual"
+    assert kernels[("backward", plan.backward[5].start)][0] == "layernorm_bwd_h1024_add_dresidual"
+    assert ("forward", plan.forward[6].start) not in kernels  # the residual add is the GEMM's beta = 1
+    p = plan.pipeline
+    # the second Residual's value: written by the add_norm kernel (the sum), read by the GEMM
+    second = p.residual_values[1]
+    assert plan.forward[5].ops[1].extra_out == second == plan.forward[6].ops[1].extra_in
+    assert (p.num_extra_inputs, p.num_extra_outputs) == (0, 0)
+
+
+def test_nested_residual_adds_into_elementwise_and_norm_kernels():
+    plan = plan_of("residual_blocks.py", "nested_residual")
+    numbers = lambda stages: [(s.rule.name, tuple(op.number for op in s.ops)) for s in stages]  # noqa: E731
+    assert ("elementwise", ("1.1b", "1.2")) in numbers(plan.forward)  # the inner add, then the GELU: one kernel
+    assert numbers(plan.forward)[-1] == ("add_norm", ("1b", "2"))  # the outer add into the last RMSNorm
+    assert ("norm_residual_grad", ("1.1a", "1.1.0")) in numbers(plan.backward)
+    assert ("elementwise_backward", ("1.1.1b", "1.1b", "1.2")) in numbers(plan.backward)
+    add_gelu = next(s for s in plan.forward if s.ops[0].number == "1.1b")
+    assert kernel_names(plan)[("forward", add_gelu.start)] == ["add_gelu_fwd_n1024"]
+
+
+def test_a_residual_of_elementwise_ops_splits_its_run_at_the_add():
+    """A Residual's tee and its add never share an elementwise kernel (one kernel would read the
+    value it writes): the add starts the next run, reading the residual from memory."""
+    from fusegen.frontend import parse_spec
+
+    spec = parse_spec("from fusegen.eager import Sequential, Residual, GELU\n"
+                      "m = Sequential(GELU(), Residual(GELU(), Residual(GELU())), GELU())\n", "spec.py")[0]
+    plan = plan_pipeline(build_pipeline(spec), fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+    runs = [tuple(op.number for op in s.ops) for s in plan.forward]
+    assert runs == [("0", "1a", "1.0", "1.1a", "1.1.0"), ("1.1b", "1b", "2")]
+    assert [tuple(op.number for op in s.ops) for s in plan.backward] == runs

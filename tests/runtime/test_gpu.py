@@ -458,6 +458,11 @@ def test_every_kernel_has_a_test():
     # specs/te_in_place.py's, checked through test_in_place.py
     tested |= {"add_rmsnorm_fwd_h256", "add_tee_fwd_n256", "bias_add_tee_bwd_n256", "bias_add_tee_gelu_bwd_n256_from_bias",
                "bias_add_tee_gelu_fwd_n256", "rmsnorm_bwd_h256_add_dresidual"}
+    # specs/residual_blocks.py's (a Residual's add fused into the next norm or elementwise kernel, its
+    # tee's grad into a norm's dx), checked through its pipeline tests (test_pipeline, ...) and test_residual_modules.py
+    tested |= {"add_gelu_fwd_n1024", "add_layernorm_fwd_h1024", "add_rmsnorm_fwd_h1024",
+               "bias_add_gelu_bwd_n1024_from_add", "layernorm_bwd_h1024_add_dresidual",
+               "rmsnorm_bwd_h1024_add_dresidual"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above

@@ -107,7 +107,7 @@ class ElementwiseStage(StageImpl):
         p = em.pipeline
         if stage.kind == "passthrough":  # MakeExtraOutput hands out its input as is
             for op in stage.ops:
-                if op.extra_output is not None:
+                if op.extra_out is not None:
                     em.alias(block, op.extra_out, stage.input)
             return em.name(stage.input)
         spec = em.kernel("forward", stage)
@@ -125,7 +125,7 @@ class ElementwiseStage(StageImpl):
         p = em.pipeline
         if stage.kind == "passthrough":  # AddExtraInput hands its grad to both inputs
             for op in stage.ops:
-                if op.extra_input is not None:
+                if op.extra_in is not None:
                     em.grad_alias(block, em.grad(op.extra_in), dy)
             return dy
         spec = em.kernel("backward", stage)

@@ -101,7 +101,7 @@ def io_names(stage, kernel_ops=None, grad: Callable[[int], int] | None = None) -
                 operands[operand] = op.extra_in
             if operand_grad and grad is not None:
                 operands[operand_grad] = grad(operands[operand])
-        if op.extra_output is not None:
+        if op.extra_out is not None:  # a public extra output or a Residual's value
             operands[f"extra_out{rel}"] = op.extra_out
             if grad is not None:
                 operands[f"d_extra_out{rel}"] = grad(op.extra_out)
@@ -148,7 +148,7 @@ def op_step(stage, op, glu: int | None, kernel_ops=None, **extra) -> tuple[tuple
                 reference=op.opdef.reference_names, operand=names[0], operand_grad=names[1],
                 broadcast=operand.broadcast if operand else "", grad=operand.grad if operand else "",
                 reads_operand=bool(operand and operand.read_in_backward),
-                tee=f"extra_out{rel}" if op.extra_output is not None else "",
+                tee=f"extra_out{rel}" if op.extra_out is not None else "",
                 interleave=op.opdef.interleave(op.args), **extra)
     return tuple(sorted(step.items()))
 
