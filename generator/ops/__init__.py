@@ -42,11 +42,10 @@ FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
 SEQUENTIAL = "Sequential"
 SEQUENTIAL_MODULES = (*SPEC_MODULES, "torch.nn")
 # The residual container, y = x + ops(x): data flow, not an op (ir.py expands it into its ops
-# between a tee and an add joined by one value); torch.nn has none. Transformer Engine's design
-# note spells it te.Residual too.
+# between a tee and an add joined by one value); spelled where the ops are (te.ops, te. as
+# Transformer Engine's design note writes it, fusegen.eager); torch.nn has none.
 RESIDUAL = "Residual"
-RESIDUAL_MODULES = tuple(dict.fromkeys((*SPEC_MODULES, "transformer_engine.pytorch")))
-
+RESIDUAL_MODULES = SPEC_MODULES
 
 
 def elementwise_kinds() -> frozenset[str]:

@@ -449,4 +449,4 @@ def test_ops_lists_every_registered_op_with_its_signature(capsys):
     assert "RowScale" not in out and "ScaledSwiGLU(glu_interleave_size=None, *, " in out
     assert "nn.Linear(in_features, out_features, bias=True, *, device=None, dtype=None)\n" in out
     assert out.endswith("Residual(*ops)\n    y = x + ops(x): a container of ops, nestable  (from "
-                        "transformer_engine.pytorch.ops or fusegen.eager or transformer_engine.pytorch)\n")
+                        "transformer_engine.pytorch.ops or transformer_engine.pytorch or fusegen.eager)\n")
