@@ -87,7 +87,12 @@ def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
          f"{plan.saved_extra_inputs}")
     own = [v for v in reads if v not in running and v not in free and v != p.input_width]
     params = [value for op in p.ops for _, value in op.param_ids if value in reads]
-    return values + own + extra + params
+    # two values one tensor holds (a stage that hands its input on: MakeExtraOutput's output is
+    # its input) are saved once, as the backward names them once
+    tensors = {}
+    for value in values + own + extra + params:
+        tensors.setdefault(em.name(value), value)
+    return list(tensors.values())
 
 
 def distinct_returns(names: list[str], aliases: dict[str, str]) -> list[str]:

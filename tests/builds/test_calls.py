@@ -14,6 +14,7 @@ from fusegen.frontend import parse_spec, parse_spec_file
 from fusegen.pipeline import build_pipeline
 from fusegen.plan import plan_pipeline
 from fusegen.stages import Emitter, stage_kernels
+from spec_packages import imported_package
 from fusegen.values import Role
 
 NAMES = {0: "x", 1: "linear0_out", 2: "linear0_weight", 3: "layernorm1_rstd"}.__getitem__
@@ -161,3 +162,40 @@ def test_no_backward_call_of_a_shipped_spec_holds_a_grad_as_text(path):
         for grad in grads:  # named after the value it is the grad of, of its role
             value = em.table[em.table[grad].grad_of]
             assert em.table[grad].role is value.role and em.table[grad].name == f"d_{em.name(value.id)}"
+
+
+TEE_OF_A_PASSED_ON_VALUE = """\
+from transformer_engine.pytorch.ops import BasicLinear, Linear, MakeExtraOutput, ReLU, Sequential, SReGLU
+
+tee_after_relu = Sequential(Linear(16, 32, bias=True), ReLU(), MakeExtraOutput(), BasicLinear(32, 32), SReGLU())
+"""
+
+
+def test_two_values_one_tensor_holds_are_saved_once(tmp_path):
+    """MakeExtraOutput hands its input on (no kernel): its output and the ReLU's are one tensor,
+    which the backward reads as both. It is saved once (a second time was a duplicate argument of
+    backward_stages, a SyntaxError on import), and the module still computes the spec's math."""
+    import torch
+    import torch.nn.functional as F
+
+    with imported_package(tmp_path, "spec.py", TEE_OF_A_PASSED_ON_VALUE, "tee_pkg") as pkg:
+        module = pkg.TeeAfterRelu(dtype=torch.float64)
+        torch.manual_seed(0)
+        for p in module.parameters():
+            torch.nn.init.normal_(p)
+        x = torch.randn(5, 16, dtype=torch.float64, requires_grad=True)
+        y, tee = module(x)
+        (y.sum() * 3 + (tee * tee).sum()).backward()
+        w0, b0, w3 = (p.detach().clone().requires_grad_() for p in (module._modules["0"].weight,
+                                                                     module._modules["0"].bias,
+                                                                     module._modules["3"].weight))
+        x64 = x.detach().clone().requires_grad_()
+        h = F.relu(F.linear(x64, w0, b0))
+        a, b = F.linear(h, w3).chunk(2, dim=-1)
+        want_y = F.relu(a) ** 2 * b  # SReGLU: squared ReLU gate
+        (want_y.sum() * 3 + (h * h).sum()).backward()
+        torch.testing.assert_close(y, want_y)
+        torch.testing.assert_close(tee, h)
+        torch.testing.assert_close(x.grad, x64.grad)
+        torch.testing.assert_close(module._modules["3"].weight.grad, w3.grad)
+        torch.testing.assert_close(module._modules["0"].bias.grad, b0.grad)
