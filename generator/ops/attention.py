@@ -274,7 +274,7 @@ def _tag(a) -> str:
 
 
 _attention("MultiHeadedSelfAttention", (HIDDEN, HEADS, BACKEND_ARG, MASK, ROTARY), lambda a: a["heads"],
-           "softmax(q k^T / sqrt(d)) v per sequence, heads q, k and v heads", HELPERS)
+           "softmax(q k^T / sqrt(d)) v per sequence, a k and v head for each q head", HELPERS)
 _attention("GroupedQueryAttention", (HIDDEN, HEADS, Arg("kv_heads", "int", check=_positive), BACKEND_ARG, MASK, ROTARY),
            lambda a: a["kv_heads"], "softmax(q k^T / sqrt(d)) v per sequence, kv_heads k and v heads shared by groups",
            HELPERS)

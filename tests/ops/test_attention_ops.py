@@ -239,3 +239,24 @@ def test_spec_errors_at_the_call(call, col, problem):
         parse_spec(text, "s.py")
     assert (err.value.location.line, err.value.location.col) == (2, col)
     assert problem in err.value.message
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_eager_module_on_cuda_matches_float64(dtype):
+    """fusegen.eager's module on CUDA (the reference math in fp32, one rounding): packed sequences."""
+    gen = torch.Generator().manual_seed(5)
+    lengths = [1, 2, 9, 130]
+    module = eager.GroupedQueryAttention(256, 4, 2, rotary_base=10000.0)
+    x = torch.randn(sum(lengths), 512, generator=gen).to(dtype)
+    dy = torch.randn(sum(lengths), 256, generator=gen).to(dtype)
+    x64 = x.double().requires_grad_()
+    ref = attention64(x64, lengths, 4, 2, True, 10000.0)
+    (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
+    xc = x.cuda().requires_grad_()
+    y = module(xc, cu_seqlens=offsets(lengths).cuda())
+    y.backward(dy.cuda())
+    # one rounding of an fp32 result: TE's single-op tolerances
+    tol = dict(rtol=1.6e-2, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(y.detach().cpu().double(), ref.detach(), **tol)
+    torch.testing.assert_close(xc.grad.cpu().double(), dx_ref, **tol)
