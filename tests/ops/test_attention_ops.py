@@ -260,3 +260,58 @@ def test_eager_module_on_cuda_matches_float64(dtype):
     tol = dict(rtol=1.6e-2, atol=1e-5) if dtype == torch.bfloat16 else dict(rtol=1e-3, atol=1e-5)
     torch.testing.assert_close(y.detach().cpu().double(), ref.detach(), **tol)
     torch.testing.assert_close(xc.grad.cpu().double(), dx_ref, **tol)
+
+
+def fake_flash_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *, scale=None):
+    """FA2 varlen's contract, on the CPU in float64 (so the glue around it is tested without a GPU):
+    out [total, heads, d] in q's dtype, the log-sum-exp [heads, total] in fp32, rng state, unused."""
+    assert q.dtype == k.dtype == v.dtype and cu_q.dtype == cu_k.dtype == torch.int32 and q.is_contiguous()
+    assert dropout_p == 0.0 and not return_debug_mask and max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max())
+    lengths = (cu_q[1:] - cu_q[:-1]).tolist()
+    heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
+    assert scale == pytest.approx(1 / math.sqrt(d))
+    x = torch.cat([q, k, v], dim=1).reshape(q.shape[0], -1).double()
+    out = attention64(x, lengths, heads, kv_heads, is_causal, None).reshape(q.shape)
+    return out.to(q.dtype), torch.zeros(heads, q.shape[0]), torch.zeros(2, dtype=torch.int64), torch.empty(0), None
+
+
+def fake_flash_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, rng_state, unused, *,
+                        scale=None):
+    assert dout.shape == out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0]) and rng_state.shape == (2,)
+    lengths = (cu_q[1:] - cu_q[:-1]).tolist()
+    heads, kv_heads = q.shape[1], k.shape[1]
+    x = torch.cat([q, k, v], dim=1).reshape(q.shape[0], -1).double().requires_grad_()
+    y = attention64(x, lengths, heads, kv_heads, is_causal, None)
+    (dx,) = torch.autograd.grad(y, x, dout.reshape(y.shape).double())
+    dq, dk, dv = dx.reshape(q.shape[0], heads + 2 * kv_heads, -1).split([heads, kv_heads, kv_heads], dim=1)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_path_glue_around_the_kernels(monkeypatch, causal):
+    """attention_forward / attention_backward on the FA2 path with FA2 stood in for by its contract
+    on the CPU: the split, the rotary and its transpose, the layouts, the dtype and the arguments
+    the kernels get (bf16 inputs; float64 reference at bf16's attention tolerance)."""
+    class FakeAten:
+        _flash_attention_forward = staticmethod(fake_flash_forward)
+        _flash_attention_backward = staticmethod(fake_flash_backward)
+
+    class FakeOps:
+        aten = FakeAten
+
+    monkeypatch.setattr(ops_attention, "attention_on_flash", lambda x: True)
+    monkeypatch.setattr(ops_attention.torch, "ops", FakeOps, raising=False)
+    gen = torch.Generator().manual_seed(13)
+    lengths, heads, kv_heads = [1, 2, 7, 20], 4, 2
+    x = torch.randn(sum(lengths), (heads + 2 * kv_heads) * 16, generator=gen).to(torch.bfloat16)
+    dy = torch.randn(sum(lengths), heads * 16, generator=gen).to(torch.bfloat16)
+    x64 = x.double().requires_grad_()
+    ref = attention64(x64, lengths, heads, kv_heads, causal, 10000.0)
+    (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
+    y, q, k, v, lse, rng, unused = ops_attention.attention_forward(x, offsets(lengths), 20, heads, kv_heads, causal,
+                                                                   10000.0)
+    assert rng is not None and lse.shape == (heads, sum(lengths)), "the (stood-in) FA2 kernels ran"
+    dx = ops_attention.attention_backward(dy, y, q, k, v, lse, rng, unused, offsets(lengths), 20, causal, 10000.0)
+    assert y.dtype == dx.dtype == q.dtype == torch.bfloat16 and y.shape == (sum(lengths), heads * 16)
+    torch.testing.assert_close(y.double(), ref.detach(), rtol=2.5e-2, atol=2.5e-2)
+    torch.testing.assert_close(dx.double(), dx_ref, rtol=3.5e-2, atol=3.5e-2)
