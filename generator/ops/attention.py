@@ -30,7 +30,7 @@ MASK_TYPES = ("causal", "no_mask")
 BACKEND = "DotProductAttention"
 
 
-# --- reference math (shipped) ----------------------------------------------------------------------
+# --- reference math (shipped) -------------------------------------------------------------------
 
 def attention_positions(cu_seqlens, total, device):
     """Each row's position inside its sequence (0 at each sequence's first row), int64."""
@@ -41,7 +41,8 @@ def attention_positions(cu_seqlens, total, device):
 
 
 def attention_rotary_angles(cu_seqlens, total, head_dim, base, like):
-    """cos and sin [total, 1, head_dim] of the rotary angles pos * base^(-2i/d), each half repeated."""
+    """cos and sin [total, 1, head_dim] of the rotary angles pos * base^(-2i/d), each half
+    repeated."""
     position = attention_positions(cu_seqlens, total, like.device).to(like.dtype)
     exponent = torch.arange(0, head_dim, 2, device=like.device, dtype=like.dtype) / head_dim
     angle = position[:, None] * torch.pow(torch.full_like(exponent, base), -exponent)[None, :]
@@ -63,7 +64,8 @@ def attention_rotary(t, cu_seqlens, base, inverse):
 def attention_split(x, heads, kv_heads):
     """q [total, heads, d], k and v [total, kv_heads, d] of the fused projection."""
     head_dim = x.shape[-1] // (heads + 2 * kv_heads)
-    q, k, v = x.reshape(x.shape[0], heads + 2 * kv_heads, head_dim).split([heads, kv_heads, kv_heads], dim=1)
+    heads_in_x = x.reshape(x.shape[0], heads + 2 * kv_heads, head_dim)
+    q, k, v = heads_in_x.split([heads, kv_heads, kv_heads], dim=1)
     return q, k, v
 
 
@@ -90,7 +92,8 @@ def attention_core(q, k, v, cu_seqlens, causal):
 
 
 def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
-    """dq, dk, dv of ``attention_core``'s out (a kv head's grads summed over the q heads that read it)."""
+    """dq, dk, dv of ``attention_core``'s out (a kv head's grads summed over the q heads that
+    read it)."""
     kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -121,14 +124,16 @@ def attention_inputs(x, cu_seqlens, heads, kv_heads, rotary_base):
     """q, k, v [total, heads, d] of the fused projection, rotary applied to q and k."""
     q, k, v = attention_split(x, heads, kv_heads)
     if rotary_base is not None:
-        q, k = attention_rotary(q, cu_seqlens, rotary_base, False), attention_rotary(k, cu_seqlens, rotary_base, False)
+        q = attention_rotary(q, cu_seqlens, rotary_base, False)
+        k = attention_rotary(k, cu_seqlens, rotary_base, False)
     return q, k, v
 
 
 def attention_inputs_bwd(dq, dk, dv, cu_seqlens, rotary_base):
     """The fused projection's grad [total, (heads + 2 kv_heads) d] from q's, k's and v's."""
     if rotary_base is not None:
-        dq, dk = attention_rotary(dq, cu_seqlens, rotary_base, True), attention_rotary(dk, cu_seqlens, rotary_base, True)
+        dq = attention_rotary(dq, cu_seqlens, rotary_base, True)
+        dk = attention_rotary(dk, cu_seqlens, rotary_base, True)
     return torch.cat([dq, dk, dv], dim=1).reshape(dq.shape[0], -1)
 
 
@@ -145,7 +150,7 @@ def self_attention_bwd(x, dy, cu_seqlens, heads, kv_heads, causal, rotary_base):
     return attention_inputs_bwd(dq, dk, dv, cu_seqlens, rotary_base)
 
 
-# --- what the generated stage calls (shipped): FA2 on CUDA bf16/fp16, the reference math otherwise --
+# --- what the generated stage calls (shipped): FA2 on CUDA 16-bit, the reference math otherwise -
 
 def attention_on_flash(x):
     """Whether ``x`` runs on PyTorch's FlashAttention-2 kernels (CUDA, bf16 or fp16)."""
@@ -165,21 +170,26 @@ def attention_forward(x, cu_seqlens, max_seqlen, heads, kv_heads, causal, rotary
     q, k, v = attention_inputs(x.float(), cu_seqlens, heads, kv_heads, rotary_base)
     q, k, v = q.to(x.dtype).contiguous(), k.to(x.dtype).contiguous(), v.to(x.dtype).contiguous()
     cu = cu_seqlens.to(device=x.device, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu, cu, max_seqlen, max_seqlen, 0.0, causal, False, scale=1.0 / math.sqrt(q.shape[-1]))
+        q, k, v, cu, cu, max_seqlen, max_seqlen, 0.0, causal, False, scale=scale)
     return out.reshape(x.shape[0], -1), q, k, v, lse, rng_state, unused
 
 
-def attention_backward(dy, y, q, k, v, lse, rng_state, unused, cu_seqlens, max_seqlen, causal, rotary_base):
+def attention_backward(dy, y, q, k, v, lse, rng_state, unused, cu_seqlens, max_seqlen, causal,
+                       rotary_base):
     """dx of ``attention_forward`` from what it returned, in dy's dtype."""
     if rng_state is None:  # the reference path: q, k, v in compute's precision
         dq, dk, dv = attention_core_bwd(compute(dy).reshape(q.shape), q, k, v, cu_seqlens, causal)
         return attention_inputs_bwd(dq, dk, dv, cu_seqlens, rotary_base).to(dy.dtype)
     cu = cu_seqlens.to(device=dy.device, dtype=torch.int32)
+    dout, out = dy.reshape(q.shape).contiguous(), y.reshape(q.shape)
+    scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
-        dy.reshape(q.shape).contiguous(), q, k, v, y.reshape(q.shape), lse, cu, cu, max_seqlen, max_seqlen, 0.0,
-        causal, rng_state, unused, scale=1.0 / math.sqrt(q.shape[-1]))
-    return attention_inputs_bwd(dq.float(), dk.float(), dv.float(), cu_seqlens, rotary_base).to(dy.dtype)
+        dout, q, k, v, out, lse, cu, cu, max_seqlen, max_seqlen, 0.0, causal, rng_state, unused,
+        scale=scale)
+    dx = attention_inputs_bwd(dq.float(), dk.float(), dv.float(), cu_seqlens, rotary_base)
+    return dx.to(dy.dtype)
 
 
 def sequences_of(x2d, lead):
@@ -191,7 +201,7 @@ def sequences_of(x2d, lead):
     return torch.arange(0, count + 1, dtype=torch.int32, device=x2d.device) * length
 
 
-# --- the ops ---------------------------------------------------------------------------------------
+# --- the ops ------------------------------------------------------------------------------------
 
 def _backend(v):
     return None if v == BACKEND else (f"must be te.{BACKEND} (the one attention backend fusegen runs: "
@@ -251,10 +261,9 @@ HELPERS = (attention_positions, attention_rotary_angles, attention_rotary, atten
 def _attention(name, args, kv_heads, summary, helpers):
     register(OpDef(
         name, "attention", args=args,
-        fixed_in=lambda a: (a["heads"] + 2 * kv_heads(a)) * _head_dim(a) if not _validate(_full(a, kv_heads)) else None,
+        fixed_in=lambda a: (a["heads"] + 2 * kv_heads(a)) * _head_dim(a),
         out_features=lambda a, n: a["hidden"],
-        check_sizes=lambda a, n_in, n_out: None,
-        validate=lambda a: _validate(_full(a, kv_heads)),
+            validate=lambda a: _validate(_full(a, kv_heads)),
         tag=lambda a: _tag(_full(a, kv_heads)),
         reference=(self_attention, self_attention_bwd), reference_helpers=helpers,
         reference_args=lambda a: _sequence_args(_full(a, kv_heads)),
