@@ -17,6 +17,7 @@ import torch
 
 from .ops import OPS, OpDef, basic_ops
 from .ops.binding import ArgumentError, bind, check_value
+from .ops.attention import sequences_of
 from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
 
 
@@ -59,8 +60,10 @@ class FusibleOp(torch.nn.Module):
     def num_extra_inputs(self) -> int:
         return sum(b.extra_inputs for b, _ in self.basic)
 
-    def forward(self, x, extra_inputs=(), extra_outputs=None):
-        """Apply the basic ops in order; extra inputs are consumed, extra outputs appended."""
+    def forward(self, x, extra_inputs=(), extra_outputs=None, cu_seqlens=None):
+        """Apply the basic ops in order; extra inputs are consumed, extra outputs appended.
+        ``cu_seqlens``: the packed sequences' offsets (int [batch + 1]) for an op that reads them
+        (attention); without it a 3-D x is batch sequences and any other x one sequence."""
         extra_inputs = list(extra_inputs)
         for basic, a in self.basic:
             if basic.reshape is not None:  # TE's Reshape: torch.reshape (a view where it can be); autograd
@@ -84,6 +87,12 @@ class FusibleOp(torch.nn.Module):
                     x = y.reshape(x.shape)
                     continue
                 lead = x.shape[:-1]
+                if basic.reads_sequences:  # attention: per sequence, in compute's precision, one rounding
+                    rows = x.reshape(-1, x.shape[-1])
+                    sequences = sequences_of(rows, lead) if cu_seqlens is None else cu_seqlens
+                    y = forward(compute(rows), sequences, *basic.reference_arguments(a)).to(x.dtype)
+                    x = y.reshape(*lead, y.shape[-1])
+                    continue
                 y = forward(x.reshape(-1, x.shape[-1]), *params, *basic.reference_arguments(a))
                 y = y[0] if isinstance(y, tuple) else y
                 x = y.reshape(*lead, y.shape[-1])

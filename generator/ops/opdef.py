@@ -1,7 +1,6 @@
 """What an op is: ``OpDef`` and its ``Arg``s and ``Param``s, the argument checks and limits the
-family modules share, and the registry table ``OPS`` that ``register`` fills.
-
-Semantics follow Transformer Engine's ``te.ops`` (see shared/reference/te_ops_catalog.md).
+family modules share, and the registry table ``OPS`` that ``register`` fills. Semantics follow
+Transformer Engine's ``te.ops`` (see shared/reference/te_ops_catalog.md).
 """
 
 from __future__ import annotations
@@ -124,7 +123,7 @@ class OpDef:
     # the features and back (ir.build_graph)
     row_shape: Callable[[dict], tuple[int, ...] | None] = lambda a: None
     user_module: bool = False  # a module of the user's code, run as it is (ops/module.py)
-    reads_sequences: bool = False  # reads the call's packed sequences (Op.cu_seqlens, Op.max_seqlen)
+    reads_sequences: bool = False  # reads the call's packed sequences (Op.cu_seqlens, Op.max_seqlen: attention)
     # A GLU's glu_interleave_size: its input rows alternate blocks [a(k), b(k), a(k), ...]; None: [a | b]
     interleave: Callable[[dict], int | None] = lambda a: None
     tag: Callable[[dict], str] = lambda a: ""
@@ -153,7 +152,7 @@ class OpDef:
     # where x > 0), so a stage that materialised only the output (a GEMM epilogue) serves it
     backward_from_output: bool = False
     changes_value: bool = True  # forward output differs from input (identity-like ops don't)
-    changes_grad: bool = True  # backward grad differs from incoming grad
+    changes_grad: bool = True  # backward grad differs from incoming grad (False: identity-like ops)
 
     def describe(self, args: dict, kernel: bool = False, name: str = "") -> str:
         """A call of the op as a spec would write it (``name``: as spelled there, else the op's

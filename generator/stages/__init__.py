@@ -5,11 +5,12 @@ its home: which op chains it can run (checked when a rule is defined), what it s
 backward, the kernels it needs, and the calls over values it lowers the stage's forward and
 backward into (emit renders them). A kernel family has a folder (elementwise/, norm/,
 column_sum/: its stage, its KernelSpecs and tuning, its KernelFamily objects; templates/<family>/
-mirrors it); the stages that launch no generated kernel (gemm, opaque, module, reshape) are one
+mirrors it); the stages that launch no generated kernel (attention, gemm, opaque, module, reshape) are one
 module each.
 """
 
 from ..planned import Recompute, Saves
+from .attention import ATTENTION
 from .base import Block, Emitter, StageImpl
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
@@ -18,7 +19,7 @@ from .module import MODULE
 from .opaque import OPAQUE
 from .reshape import RESHAPE
 
-__all__ = ["ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ATTENTION", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:

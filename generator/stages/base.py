@@ -168,7 +168,8 @@ class Emitter:
     # value id -> the name of the tensor that holds it, where that is not the value's own name
     # (a stage that changes nothing hands its input on: its output is that tensor)
     names: dict[int, str] = field(default_factory=dict)
-    stats: dict[int, list[int]] = field(default_factory=dict)  # norm op index -> its statistics' values
+    # op index -> the values its forward makes for its backward (a norm's statistics; attention's q, k, v, lse, ...)
+    stats: dict[int, list[int]] = field(default_factory=dict)
     # False: the no-grad forward, which keeps nothing for a backward (no ctx)
     saving: bool = True
     # a size-generic pipeline's input width in the backward: backward_stages' argument (emit/function.py)

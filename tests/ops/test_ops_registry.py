@@ -82,6 +82,11 @@ def reference_calls(op: OpDef, x, dy):
         constants = op.device_args(bind_args(op, SAMPLE_ARGS.get(op.name, ()), {}))
         dy = dy[:, : x.shape[1] // 2] if op.kind == "glu" else dy
         return [(forward, (x, *constants)), (backward, (x, dy, *constants))]
+    if op.kind == "attention":  # f(x, cu_seqlens, *constants), f_bwd(x, dy, cu_seqlens, *constants)
+        args = bind_args(op, (8, 1, 1) if op.name == "GroupedQueryAttention" else (8, 1), {"rotary_base": 100.0})
+        qkv, sequences = torch.cat([x, x.flip(0), -x], dim=1), torch.tensor([0, 2, 5], dtype=torch.int32)
+        constants = op.reference_arguments(args)
+        return [(forward, (qkv, sequences, *constants)), (backward, (qkv, dy, sequences, *constants))]
     w, b = torch.randn(6, 8, dtype=x.dtype), torch.randn(8, dtype=x.dtype)
     if op.name == "BasicLinear":
         return [(forward, (x, w)), (backward, (dy[:, :6], x, w))]
@@ -167,8 +172,9 @@ def test_registry_order_is_the_family_order():
     assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "L2Normalization", "GELU", "ReLU", "SiLU", "SReLU",
                          "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
                          "RowScale", "ScaledSwiGLU", "ScaledSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU",
-                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "FlattenRows", "UnflattenRows", "nn.Linear",
+                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "FlattenRows", "UnflattenRows",
+                         "MultiHeadedSelfAttention", "GroupedQueryAttention", "MultiQuerySelfAttention", "nn.Linear",
                          "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity", "Module"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
         "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
-        "torch_nn", "module"]
+        "attention", "torch_nn", "module"]
