@@ -178,7 +178,7 @@ def test_two_values_one_tensor_holds_are_saved_once(tmp_path):
     import torch
     import torch.nn.functional as F
 
-    with imported_package(tmp_path, "spec.py", TEE_OF_A_PASSED_ON_VALUE, "tee_pkg") as pkg:
+    with imported_package(tmp_path, "spec.py", TEE_OF_A_PASSED_ON_VALUE, "saved_once_pkg") as pkg:
         module = pkg.TeeAfterRelu(dtype=torch.float64)
         torch.manual_seed(0)
         for p in module.parameters():
