@@ -32,7 +32,10 @@ class _Shifted(Progress):
 
 
 def _key(job: toolchain.Compile, headers_digest: str) -> tuple:
-    options = (*nvrtc.LANGUAGE_OPTIONS, *nvrtc.SPEED_OPTIONS, nvrtc.nvrtc_version(), ptxas.version())
+    """What a job's binaries are a function of: ptxas's version only where the job assembles (a
+    machine without the nvidia-cuda-nvcc package builds the other jobs, as the build itself does)."""
+    assembler = ptxas.version() if job.assembled else None
+    options = (*nvrtc.LANGUAGE_OPTIONS, *nvrtc.SPEED_OPTIONS, nvrtc.nvrtc_version(), assembler)
     return job.source, job.arch, job.with_ptx, job.assembled, headers_digest, options
 
 
