@@ -15,7 +15,7 @@ attention_block = te.Sequential(
     te.Residual(
         te.RMSNorm(HIDDEN),
         te.Linear(HIDDEN, 512, bias=False),  # q, k, v: (4 + 2 * 2) heads of 64
-        te.GroupedQueryAttention(HIDDEN, 4, 2, rotary_base=10000.0),
+        te.GroupedQueryAttention(HIDDEN, 4, 2, te.DotProductAttention, rotary_base=10000.0),
         te.Linear(HIDDEN, HIDDEN, bias=False),
     ),
     te.Residual(

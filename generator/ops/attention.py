@@ -26,8 +26,10 @@ from .opdef import Arg, OpDef, register
 MAX_HEAD_DIM = 256
 MASK_TYPES = ("causal", "no_mask")
 # The backend argument: TE's DotProductAttention is the one this op family runs (as FA2). A spec's
-# te.DotProductAttention reaches the binder as its name; fusegen.eager takes the name or nothing.
+# te.DotProductAttention (or the name imported from transformer_engine.pytorch) reaches the binder
+# as its name (Arg.objects); fusegen.eager takes the name or nothing.
 BACKEND = "DotProductAttention"
+BACKEND_OBJECTS = (f"transformer_engine.pytorch.{BACKEND}",)
 
 
 # --- reference math (shipped) -------------------------------------------------------------------
@@ -250,7 +252,7 @@ def _sequence_args(a) -> tuple:
 
 HIDDEN = Arg("hidden", "int", check=_positive)
 HEADS = Arg("heads", "int", check=_positive)
-BACKEND_ARG = Arg("backend", "str", BACKEND, check=_backend, in_kernel=False)
+BACKEND_ARG = Arg("backend", "str", BACKEND, check=_backend, in_kernel=False, objects=BACKEND_OBJECTS)
 MASK = Arg("attn_mask_type", "str", "causal", keyword_only=True, check=_mask)
 ROTARY = Arg("rotary_base", "float", None, keyword_only=True, check=_rotary_base)
 HELPERS = (attention_positions, attention_rotary_angles, attention_rotary, attention_split, attention_core,
