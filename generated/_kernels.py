@@ -320,6 +320,60 @@ def add_rmsnorm_fwd_h256_no_grad(x, residual, gamma, keep_sum):
     return (y, residual_out) if keep_sum else y
 
 
+_ADD_RMSNORM_FWD_H4096 = Kernel(
+    "add_rmsnorm_fwd_h4096", "ppppppppi", few_rows=(torch.bfloat16, torch.float16, torch.float32,))
+_ADD_RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def add_rmsnorm_fwd_h4096(x, residual, gamma):
+    """residual add + RMSNorm(4096): returns (y, residual_out, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_rmsnorm_fwd_h4096_9069c09f(x, residual, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_RMSNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    residual_out.data_ptr(), 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, residual_out, rstd
+
+
+def add_rmsnorm_fwd_h4096_no_grad(x, residual, gamma, keep_sum):
+    """residual add + RMSNorm(4096), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_RMSNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_rmsnorm_fwd_h4096(x, residual, gamma)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
 _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel(
     "add_scale0p5_tee_qgelu_bwd_any_from_add", "pppppii")
 # elements per 16-byte vector, by dtype
@@ -4507,6 +4561,33 @@ def swiglu_bwd_any(dy, x):
     return dx
 
 
+_SWIGLU_BWD_N14336 = Kernel("swiglu_bwd_n14336", "pppi")
+_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
+
+
+def swiglu_bwd_n14336(dy, x):
+    """SwiGLU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_bwd_n14336_d389d894(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 28672), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _SWIGLU_BWD_N14336.launch(
+                dy.dtype, (_SWIGLU_BWD_N14336_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
 _SWIGLU_BWD_N384 = Kernel("swiglu_bwd_n384", "pppi")
 _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -5005,7 +5086,8 @@ def tee_bias_fwd_n64(x, bias1):
 # launcher hands rows of that width to them.
 _GELU_BWD_ANY_FIXED = {256: gelu_bwd_n256}
 _GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 4096: gelu_fwd_n4096}
-_SWIGLU_BWD_ANY_FIXED = {384: swiglu_bwd_n384, 512: swiglu_bwd_n512, 4096: swiglu_bwd_n4096}
+_SWIGLU_BWD_ANY_FIXED = {
+    384: swiglu_bwd_n384, 512: swiglu_bwd_n512, 4096: swiglu_bwd_n4096, 14336: swiglu_bwd_n14336}
 _SWIGLU_FWD_ANY_FIXED = {
     384: swiglu_fwd_n384, 512: swiglu_fwd_n512, 4096: swiglu_fwd_n4096, 14336: swiglu_fwd_n14336}
 
@@ -5040,6 +5122,10 @@ register_op(
     "add_rmsnorm_fwd_h256_edc6c124",
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
     add_rmsnorm_fwd_h256)
+register_op(
+    "add_rmsnorm_fwd_h4096_9069c09f",
+    "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h4096,
+    add_rmsnorm_fwd_h4096)
 register_op(
     "add_scale0p5_tee_qgelu_bwd_any_from_add_9c800a27",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
@@ -5369,6 +5455,9 @@ register_op(
     swiglu_add_fwd_any)
 register_op(
     "swiglu_bwd_any_33ba80c2", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
+register_op(
+    "swiglu_bwd_n14336_d389d894", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n14336,
+    swiglu_bwd_n14336)
 register_op(
     "swiglu_bwd_n384_e7da8003", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(

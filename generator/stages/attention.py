@@ -51,7 +51,8 @@ class AttentionStage(StageImpl):
         return {q: (f"[rows, {heads}, {head_dim}]", "x's dtype"), k: (f"[rows, {kv_heads}, {head_dim}]", "x's dtype"),
                 v: (f"[rows, {kv_heads}, {head_dim}]", "x's dtype"),
                 lse: (f"[{heads}, rows] (FA2; [rows, {heads}] off it)", "float32 (FA2)"),
-                rng_state: (f"FA2's rng state; {off_fa2}", "FA2's"), unused: (f"FA2's fourth output; {off_fa2}", "FA2's"),
+                rng_state: (f"FA2's rng state; {off_fa2}", "FA2's"),
+                unused: (f"FA2's fourth output; {off_fa2}", "FA2's"),
                 em.name(op.cu_seqlens): ("[batch + 1]", "int32"),
                 em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int")}
 

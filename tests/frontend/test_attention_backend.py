@@ -73,6 +73,7 @@ def test_an_unimported_name_is_a_spec_error_at_it():
 def test_other_arguments_do_not_read_objects():
     """Only an argument with Arg.objects reads names as objects: hidden=te.DotProductAttention is
     the folder's error, as before."""
-    text = "import transformer_engine.pytorch as te\nm = te.Sequential(te.GroupedQueryAttention(te.DotProductAttention, 4, 2))\n"
+    text = ("import transformer_engine.pytorch as te\n"
+            "m = te.Sequential(te.GroupedQueryAttention(te.DotProductAttention, 4, 2))\n")
     with pytest.raises(SpecError, match="unsupported expression in argument 'hidden'"):
         parse_spec(text, "spec.py")

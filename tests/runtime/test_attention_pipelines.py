@@ -253,3 +253,21 @@ def test_the_plan_fuses_around_the_attention_stage():
         "elementwise_backward", "linear_backward", "elementwise_backward", "linear_backward", "norm_residual_grad",
         "linear_backward", "attention_backward", "linear_backward", "norm_residual_grad"]
     assert [s.rule.name for s in plan.inference if s.rule.name == "attention"] == ["attention"]
+
+
+def test_llama_layer_takes_the_bench_peers_weights():
+    """specs/llama_layer.py (issue 38's example layer): bench/bench_layer.py loads its eager peer's
+    weights into generated.LlamaLayer by GENERATED_KEYS; every key and shape matches (on meta: the
+    layer holds 218M parameters). Its numerics are those of AttentionBlock's structure, tested above."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_layer.py"
+    spec = importlib.util.spec_from_file_location("bench_layer", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    eager = bench.EagerLlamaLayer("meta", torch.bfloat16)
+    module = generated.LlamaLayer(device="meta", dtype=torch.bfloat16)
+    mapped = {bench.GENERATED_KEYS[k]: tuple(v.shape) for k, v in eager.state_dict().items()}
+    assert mapped == {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    module.load_state_dict({bench.GENERATED_KEYS[k]: v for k, v in eager.state_dict().items()})
