@@ -258,7 +258,8 @@ def test_the_plan_fuses_around_the_attention_stage():
 def test_llama_layer_takes_the_bench_peers_weights():
     """specs/llama_layer.py (issue 38's example layer): bench/bench_layer.py loads its eager peer's
     weights into generated.LlamaLayer by GENERATED_KEYS; every key and shape matches (on meta: the
-    layer holds 218M parameters). Its numerics are those of AttentionBlock's structure, tested above."""
+    layer holds 218M parameters), and shapes propagate on meta. Its numerics are those of
+    AttentionBlock's structure, tested above."""
     import importlib.util
     from pathlib import Path
 
@@ -271,3 +272,9 @@ def test_llama_layer_takes_the_bench_peers_weights():
     mapped = {bench.GENERATED_KEYS[k]: tuple(v.shape) for k, v in eager.state_dict().items()}
     assert mapped == {k: tuple(v.shape) for k, v in module.state_dict().items()}
     module.load_state_dict({bench.GENERATED_KEYS[k]: v for k, v in eager.state_dict().items()})
+    # shapes through the packed call form, forward and backward (the reference path's meta shapes)
+    x = torch.empty(23, 4096, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    y = module(x, seq_lens=torch.tensor([5, 18]), max_seqlen=18)
+    assert y.is_meta and y.shape == (23, 4096)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and all(p.grad.shape == p.shape for p in module.parameters())
