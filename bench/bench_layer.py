@@ -2,8 +2,10 @@
 GQA self-attention of 32 query and 8 key/value heads of 128 with rotary base 500000 over packed
 sequences, output Linear, residual; RMSNorm, Linear 4096 -> 2 x 14336, SwiGLU, Linear 14336 -> 4096,
 residual; no biases; bf16) as eager PyTorch (attention through torch.nn.attention.varlen.varlen_attn,
-FlashAttention-2 varlen) and as torch.compile of that module, side by side in one run; the
-generated layer joins as a third peer once the package has it (``generated.LlamaLayer``).
+FlashAttention-2 varlen) and as torch.compile of that module, and the generated layer
+(``generated.LlamaLayer``, specs/llama_layer.py) with the eager module's weights, called as the note
+calls it: ``module(x, seq_lens=..., max_seqlen=...)`` (lengths on the GPU and the bound given: no
+sync), side by side in one run; first the generated layer's output is checked against the eager one.
 
 - a training step (forward + backward) and a no-grad forward, steps run back to back under CUDA
   events (``steps`` of them, the median of ``rounds`` turns, the modules taking turns);
@@ -106,6 +108,47 @@ def check_attention(device, dtype):
         torch.testing.assert_close(got[start:end].float(), want, atol=2e-2, rtol=2e-2)
 
 
+# the eager peer's parameters → the generated module's state_dict keys, which follow the spec's
+# nesting "<Sequential index>.<Residual index>.<name>"
+GENERATED_KEYS = {"norm1.weight": "0.0.weight", "qkv.weight": "0.1.weight", "proj.weight": "0.3.weight",
+                  "norm2.weight": "1.0.weight", "fc1.weight": "1.1.weight", "fc2.weight": "1.3.weight"}
+
+
+def generated_layer(eager, device, dtype):
+    """generated.LlamaLayer holding the eager peer's weights, or None where the package lacks it."""
+    try:
+        import generated
+    except ImportError:
+        return None
+    if not hasattr(generated, "LlamaLayer"):
+        return None
+    module = generated.LlamaLayer(device=device, dtype=dtype)
+    module.load_state_dict({GENERATED_KEYS[k]: v for k, v in eager.state_dict().items()})
+    return module
+
+
+def check_generated(module, eager, device, dtype):
+    """The generated layer computes the eager one's function: output and x's grad on a small packed
+    batch, within a few bf16 roundings of the largest value (the two round differently)."""
+    lengths = (5, 1, 17, 40)
+    cu, max_len, positions = packed(lengths, device)
+    seq_lens = torch.tensor(lengths, device=device, dtype=torch.int32)
+    x = torch.randn(sum(lengths), HIDDEN, device=device, dtype=dtype)
+    dy = torch.randn_like(x)
+    results = []
+    calls = (lambda x: eager(x, cu, max_len, positions), lambda x: module(x, seq_lens=seq_lens, max_seqlen=max_len))
+    for call in calls:
+        xi = x.clone().requires_grad_()
+        y = call(xi)
+        y.backward(dy)
+        results.append((y.detach().float(), xi.grad.float()))
+    for what, want, got in zip(("y", "dx"), results[0], results[1]):
+        err, scale = (got - want).abs().max().item(), want.abs().max().item()
+        if not err <= 4 * 2.0**-8 * scale:
+            raise AssertionError(f"generated LlamaLayer {what} differs from the eager layer's: max |err| {err:.3e}, "
+                                 f"max |eager| {scale:.3e}")
+
+
 def timed(step, steps: int) -> float:
     """ms per step, ``steps`` of them back to back under CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -152,30 +195,38 @@ def main():
             if p.dim() > 1:  # the Linears' weights; the norms' stay ones
                 p.normal_(std=1 / math.sqrt(p.shape[-1]))
     modules = {"eager": eager, "torch.compile": torch.compile(eager)}
-    try:
-        import generated
-
-        if hasattr(generated, "LlamaLayer"):
-            modules["fusegen"] = generated.LlamaLayer(device=device, dtype=dtype)
-    except ImportError:
-        pass
+    fused = generated_layer(eager, device, dtype)
+    if fused is not None:
+        check_generated(fused, eager, device, dtype)
+        modules["fusegen"] = fused
     lines = [f"GPU: {torch.cuda.get_device_name()} · torch {torch.__version__} · bf16 · ms per step, steps back to "
              f"back under CUDA events, median of {args.rounds} turns", "",
              "| tokens | pass | " + " | ".join(modules) + " |", "|---|---|" + "---|" * len(modules)]
     profiles = []
     for lengths, steps in ((DOCUMENTS, 10), (DECODE, 50)):
         cu, max_len, positions = packed(lengths, device)
+        seq_lens = torch.tensor(lengths, device=device, dtype=torch.int32)
         tokens = sum(lengths)
         x = torch.randn(tokens, HIDDEN, device=device, dtype=dtype, requires_grad=True)
         dy = torch.randn(tokens, HIDDEN, device=device, dtype=dtype)
 
+        def call(module):
+            """The module's call: the eager peers take offsets and positions, the generated layer
+            the note's form (lengths and their bound)."""
+            if module is fused:
+                return lambda: module(x, seq_lens=seq_lens, max_seqlen=max_len)
+            return lambda: module(x, cu, max_len, positions)
+
         def train(module):
-            return lambda: module(x, cu, max_len, positions).backward(dy)
+            forward = call(module)
+            return lambda: forward().backward(dy)
 
         def no_grad(module):
+            forward = call(module)
+
             def step():
                 with torch.no_grad():
-                    module(x, cu, max_len, positions)
+                    forward()
             return step
 
         for label, make in (("forward + backward", train), ("no-grad forward", no_grad)):

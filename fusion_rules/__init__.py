@@ -7,6 +7,7 @@ passes. To add a rule: one file named after the op chain it matches, then one li
 """
 
 from .add_norm import FORWARD_ADD_NORM
+from .attention import BACKWARD_ATTENTION, FORWARD_ATTENTION
 from .dropout_norm import FORWARD_DROPOUT_ADD_NORM, FORWARD_NORM_DROPOUT
 from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
 from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
@@ -34,6 +35,7 @@ FORWARD_RULES = (
     FORWARD_LINEAR_BIAS,  # BasicLinear Bias: one GEMM with the bias in its epilogue
     FORWARD_LINEAR,  # BasicLinear: one GEMM
     FORWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel
+    FORWARD_ATTENTION,  # a self-attention op: FlashAttention-2 varlen (torch), the reference math off it
     FORWARD_OPAQUE,  # an op registered opaque: its reference math in PyTorch
     FORWARD_RESHAPE,  # Reshape: a view, no kernel
     FORWARD_MODULE,  # a module of the user's code: run as it is
@@ -47,6 +49,7 @@ BACKWARD_RULES = (
     BACKWARD_LINEAR_SCALE,  # BasicLinear ConstantScale: the scale as the GEMMs' alpha
     BACKWARD_LINEAR,  # BasicLinear: dgrad and wgrad GEMMs
     BACKWARD_ELEMENTWISE,  # a maximal run of elementwise ops: one kernel, dbias fused
+    BACKWARD_ATTENTION,  # a self-attention op: FlashAttention-2 varlen backward (torch)
     BACKWARD_OPAQUE,  # an op registered opaque: its reference backward in PyTorch
     BACKWARD_RESHAPE,  # Reshape: the grad viewed back, no kernel
     BACKWARD_MODULE,  # a module of the user's code: its own backward

@@ -7,8 +7,12 @@ time.
 
 from .gpt_oss_mlp import GptOssMlp
 from .relu2_mlp import Relu2Mlp
+from .attention_block import AttentionBlock
+from .mha_block import MhaBlock
+from .mqa_block import MqaBlock
 from .elementwise_chain import ElementwiseChain
 from .gpt2_mlp import Gpt2Mlp
+from .llama_layer import LlamaLayer
 from .prenorm_block import PrenormBlock
 from .residual_blocks import ResidualBlocks
 from .nested_residual import NestedResidual
@@ -56,11 +60,12 @@ from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
 
 __all__ = [
-    "GptOssMlp", "Relu2Mlp", "ElementwiseChain", "Gpt2Mlp", "PrenormBlock", "ResidualBlocks",
-    "NestedResidual", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny",
-    "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp",
-    "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "TeeNormDropout",
-    "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp",
-    "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp",
-    "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
-    "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
+    "Gpt2Mlp", "LlamaLayer", "PrenormBlock", "ResidualBlocks", "NestedResidual", "Fc1", "Fc2",
+    "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp",
+    "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
+    "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual",
+    "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace",
+    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "Layernorm2d",
+    "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu",
+    "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

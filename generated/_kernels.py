@@ -28,6 +28,30 @@ def aligned(*tensors):
     return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
+_ADD_FWD_N256 = Kernel("add_fwd_n256", "pppi")
+_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def add_fwd_n256(x, extra_in0):
+    """AddExtraInput(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_fwd_n256_b7b5aa2f(x, extra_in0)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        extra_in0 = extra_in0.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_ADD_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _ADD_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.add_extra_input(a, ref.compute(extra_in0))
+    return a.to(x.dtype)
+
+
 _ADD_FWD_N4096 = Kernel("add_fwd_n4096", "pppi")
 _ADD_FWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 
@@ -296,6 +320,60 @@ def add_rmsnorm_fwd_h256_no_grad(x, residual, gamma, keep_sum):
     return (y, residual_out) if keep_sum else y
 
 
+_ADD_RMSNORM_FWD_H4096 = Kernel(
+    "add_rmsnorm_fwd_h4096", "ppppppppi", few_rows=(torch.bfloat16, torch.float16, torch.float32,))
+_ADD_RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def add_rmsnorm_fwd_h4096(x, residual, gamma):
+    """residual add + RMSNorm(4096): returns (y, residual_out, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_rmsnorm_fwd_h4096_9069c09f(x, residual, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_RMSNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    residual_out.data_ptr(), 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, residual_out, rstd
+
+
+def add_rmsnorm_fwd_h4096_no_grad(x, residual, gamma, keep_sum):
+    """residual add + RMSNorm(4096), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_RMSNORM_FWD_H4096.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H4096_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_rmsnorm_fwd_h4096(x, residual, gamma)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
 _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel(
     "add_scale0p5_tee_qgelu_bwd_any_from_add", "pppppii")
 # elements per 16-byte vector, by dtype
@@ -423,6 +501,47 @@ def add_tee_fwd_n256(x, extra_in0):
     a = ref.compute(x)
     a = ref.add_extra_input(a, ref.compute(extra_in0))
     return a.to(x.dtype)
+
+
+_BIAS_ADD_BWD_N256 = Kernel("bias_add_bwd_n256", "pppi", shared=4096)
+_BIAS_ADD_BWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_ADD_BWD_N256_ROW_VECTORS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def bias_add_bwd_n256(dy):
+    """Bias(256), AddExtraInput() backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_add_bwd_n256_eef080b2(dy)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(256, device=dy.device, dtype=dy.dtype)
+            _BIAS_ADD_BWD_N256.launch(
+                dy.dtype, (-(-_BIAS_ADD_BWD_N256_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_ADD_BWD_N256_GRID_X[dy.dtype]
+            resident = _BIAS_ADD_BWD_N256.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 256), device=dy.device, dtype=torch.float32)
+            _BIAS_ADD_BWD_N256.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n256(partials, dy.dtype)
+        dbias0 = column_grads[0:256]
+        return dbias0
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    return dbias0
 
 
 _BIAS_ADD_BWD_N4096 = Kernel("bias_add_bwd_n4096", "pppi", shared=4096)
@@ -910,6 +1029,47 @@ def bias_bwd_n64(dy):
                 (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
             column_grads = column_sum_n64(partials, dy.dtype)
         dbias0 = column_grads[0:64]
+        return dbias0
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    return dbias0
+
+
+_BIAS_BWD_N768 = Kernel("bias_bwd_n768", "pppi", shared=4096)
+_BIAS_BWD_N768_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+# vectors a row, by dtype
+_BIAS_BWD_N768_ROW_VECTORS = {torch.bfloat16: 96, torch.float16: 96, torch.float32: 192}
+
+
+def bias_bwd_n768(dy):
+    """Bias(768) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_bwd_n768_921b34d7(dy)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(768, device=dy.device, dtype=dy.dtype)
+            _BIAS_BWD_N768.launch(
+                dy.dtype, (-(-_BIAS_BWD_N768_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N768_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N768.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 768), device=dy.device, dtype=torch.float32)
+            _BIAS_BWD_N768.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n768(partials, dy.dtype)
+        dbias0 = column_grads[0:768]
         return dbias0
     g = ref.compute(dy)
     g, dt = ref.bias_bwd(None, None, g)
@@ -3155,6 +3315,49 @@ def layernorm_fwd_h14_no_grad(x, gamma, beta):
     return layernorm_fwd_h14(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
+_LAYERNORM_FWD_H256 = Kernel("layernorm_fwd_h256", "ppppppppi")
+_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def layernorm_fwd_h256(x, gamma, beta):
+    """LayerNorm(256): returns (y, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_fwd_h256_c404aeb0(x, gamma, beta)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _LAYERNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0,
+                    mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
+        return y, mean, rstd
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
+    return y, mean, rstd
+
+
+def layernorm_fwd_h256_no_grad(x, gamma, beta):
+    """LayerNorm(256), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _LAYERNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows),
+                x.get_device())
+        return y
+    return layernorm_fwd_h256(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
+
+
 _LAYERNORM_FWD_H4096 = Kernel("layernorm_fwd_h4096", "ppppppppi", few_rows=(torch.float32,))
 _LAYERNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
@@ -3758,6 +3961,45 @@ def rmsnorm_fwd_h1024_no_grad(x, gamma):
     return rmsnorm_fwd_h1024(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
+_RMSNORM_FWD_H256 = Kernel("rmsnorm_fwd_h256", "ppppppppi")
+_RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def rmsnorm_fwd_h256(x, gamma):
+    """RMSNorm(256): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_fwd_h256_1a87ef08(x, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, rstd
+
+
+def rmsnorm_fwd_h256_no_grad(x, gamma):
+    """RMSNorm(256), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_fwd_h256(x, gamma)[0]  # CPU and torch.compile: the whole launcher
+
+
 _RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096", "ppppppppi")
 _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
@@ -4319,6 +4561,33 @@ def swiglu_bwd_any(dy, x):
     return dx
 
 
+_SWIGLU_BWD_N14336 = Kernel("swiglu_bwd_n14336", "pppi")
+_SWIGLU_BWD_N14336_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
+
+
+def swiglu_bwd_n14336(dy, x):
+    """SwiGLU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_bwd_n14336_d389d894(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 28672), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _SWIGLU_BWD_N14336.launch(
+                dy.dtype, (_SWIGLU_BWD_N14336_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
 _SWIGLU_BWD_N384 = Kernel("swiglu_bwd_n384", "pppi")
 _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -4363,6 +4632,33 @@ def swiglu_bwd_n4096(dy, x):
         if rows:
             _SWIGLU_BWD_N4096.launch(
                 dy.dtype, (_SWIGLU_BWD_N4096_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_SWIGLU_BWD_N512 = Kernel("swiglu_bwd_n512", "pppi")
+_SWIGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_bwd_n512(dy, x):
+    """SwiGLU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_bwd_n512_62adb937(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _SWIGLU_BWD_N512.launch(
+                dy.dtype, (_SWIGLU_BWD_N512_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
         return dx
     a = ref.compute(x)
@@ -4460,6 +4756,28 @@ def swiglu_fwd_n4096(x):
         if rows:
             grid = (_SWIGLU_FWD_N4096_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
             _SWIGLU_FWD_N4096.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    return a.to(x.dtype)
+
+
+_SWIGLU_FWD_N512 = Kernel("swiglu_fwd_n512", "ppi")
+_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_fwd_n512(x):
+    """SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_fwd_n512_d5382d44(x)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SWIGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_FWD_N512.launch(
                 x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
@@ -4768,8 +5086,10 @@ def tee_bias_fwd_n64(x, bias1):
 # launcher hands rows of that width to them.
 _GELU_BWD_ANY_FIXED = {256: gelu_bwd_n256}
 _GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 4096: gelu_fwd_n4096}
-_SWIGLU_BWD_ANY_FIXED = {384: swiglu_bwd_n384, 4096: swiglu_bwd_n4096}
-_SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: swiglu_fwd_n14336}
+_SWIGLU_BWD_ANY_FIXED = {
+    384: swiglu_bwd_n384, 512: swiglu_bwd_n512, 4096: swiglu_bwd_n4096, 14336: swiglu_bwd_n14336}
+_SWIGLU_FWD_ANY_FIXED = {
+    384: swiglu_fwd_n384, 512: swiglu_fwd_n512, 4096: swiglu_fwd_n4096, 14336: swiglu_fwd_n14336}
 
 
 # --- torch.compile: each launcher a custom op ---------------------------------------------------
@@ -4778,6 +5098,8 @@ _SWIGLU_FWD_ANY_FIXED = {384: swiglu_fwd_n384, 4096: swiglu_fwd_n4096, 14336: sw
 # dtypes, for tracing) is the launcher's reference path run on meta tensors. Outside compile the
 # launchers run directly and the ops cost nothing.
 
+register_op(
+    "add_fwd_n256_b7b5aa2f", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n256, add_fwd_n256)
 register_op(
     "add_fwd_n4096_87fbfa52", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
     add_fwd_n4096)
@@ -4801,6 +5123,10 @@ register_op(
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h256,
     add_rmsnorm_fwd_h256)
 register_op(
+    "add_rmsnorm_fwd_h4096_9069c09f",
+    "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h4096,
+    add_rmsnorm_fwd_h4096)
+register_op(
     "add_scale0p5_tee_qgelu_bwd_any_from_add_9c800a27",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
@@ -4813,6 +5139,8 @@ register_op(
 register_op(
     "add_tee_fwd_n256_70406cec", "(Tensor x, Tensor extra_in0) -> Tensor", add_tee_fwd_n256,
     add_tee_fwd_n256)
+register_op(
+    "bias_add_bwd_n256_eef080b2", "(Tensor dy) -> Tensor", bias_add_bwd_n256, bias_add_bwd_n256)
 register_op(
     "bias_add_bwd_n4096_b0f01d58", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
 register_op(
@@ -4837,6 +5165,7 @@ register_op("bias_bwd_n32_ff6cf767", "(Tensor dy) -> Tensor", bias_bwd_n32, bias
 register_op("bias_bwd_n4096_bd8e96f3", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
 register_op("bias_bwd_n512_ef4cea8f", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
 register_op("bias_bwd_n64_1d1831d0", "(Tensor dy) -> Tensor", bias_bwd_n64, bias_bwd_n64)
+register_op("bias_bwd_n768_921b34d7", "(Tensor dy) -> Tensor", bias_bwd_n768, bias_bwd_n768)
 register_op(
     "bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048_8083bbeb",
     "(Tensor dy, Tensor x) -> (Tensor, Tensor)", bias_clamped_swiglu_l6p0_a1p5_o0p5_bwd_n2048,
@@ -5029,6 +5358,10 @@ register_op(
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h14,
     layernorm_fwd_h14)
 register_op(
+    "layernorm_fwd_h256_c404aeb0",
+    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h256,
+    layernorm_fwd_h256)
+register_op(
     "layernorm_fwd_h4096_8b340321",
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096,
     layernorm_fwd_h4096)
@@ -5075,6 +5408,9 @@ register_op(
     "rmsnorm_fwd_h1024_2dd235af", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024,
     rmsnorm_fwd_h1024)
 register_op(
+    "rmsnorm_fwd_h256_1a87ef08", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h256,
+    rmsnorm_fwd_h256)
+register_op(
     "rmsnorm_fwd_h4096_0213660e", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096,
     rmsnorm_fwd_h4096)
 register_op(
@@ -5120,15 +5456,21 @@ register_op(
 register_op(
     "swiglu_bwd_any_33ba80c2", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_any, swiglu_bwd_any)
 register_op(
+    "swiglu_bwd_n14336_d389d894", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n14336,
+    swiglu_bwd_n14336)
+register_op(
     "swiglu_bwd_n384_e7da8003", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(
     "swiglu_bwd_n4096_de13aa17", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
     swiglu_bwd_n4096)
+register_op(
+    "swiglu_bwd_n512_62adb937", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n512, swiglu_bwd_n512)
 register_op("swiglu_fwd_any_a7d2996d", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
 register_op(
     "swiglu_fwd_n14336_f84cf6eb", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
 register_op("swiglu_fwd_n384_aad5aa3e", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
 register_op("swiglu_fwd_n4096_5a8e83aa", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
+register_op("swiglu_fwd_n512_d5382d44", "(Tensor x) -> Tensor", swiglu_fwd_n512, swiglu_fwd_n512)
 register_op(
     "swiglu_i32_fwd_n512_f38281f1", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)

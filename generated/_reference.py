@@ -601,7 +601,7 @@ def attention_core(q, k, v, cu_seqlens, causal):
     heads, group = q.shape[1], q.shape[1] // k.shape[1]
     out = torch.zeros_like(q)
     lse = torch.zeros(q.shape[:2], dtype=q.dtype, device=q.device)
-    bounds = cu_seqlens.tolist()
+    bounds = [] if q.is_meta else cu_seqlens.tolist()  # meta tensors: the shapes alone
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
             continue
@@ -623,7 +623,7 @@ def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
     kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    bounds = cu_seqlens.tolist()
+    bounds = [] if q.is_meta else cu_seqlens.tolist()  # meta tensors: the shapes alone
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
             continue

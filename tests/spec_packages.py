@@ -22,3 +22,6 @@ def imported_package(folder, spec_name, spec_text, package, dtypes=("float32",),
         yield importlib.import_module(package)
     finally:
         sys.path.remove(str(folder))
+        # forgotten, so another test's package of the same name (in another folder) imports afresh
+        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+            del sys.modules[name]

@@ -135,7 +135,9 @@ class OpBinder:
                 raise SpecError(refused, self.source.loc(name_at))
 
         def value(spec_arg: Arg, node: cst.BaseExpression) -> object:
-            return check_value(op, spec_arg, self.folder.evaluate(node, f"argument '{spec_arg.name}' of {op.name}"))
+            named = self.named_object(spec_arg, node)
+            folded = self.folder.evaluate(node, f"argument '{spec_arg.name}' of {op.name}") if named is None else named
+            return check_value(op, spec_arg, folded)
 
         try:
             args, given = bind(op, positional, keywords, value)
@@ -147,6 +149,18 @@ class OpBinder:
             raise SpecError(f"{op.name}(): {problem}", self.source.loc(call))
         self.check_expansion(op, args, given, call)
         return OpCall(op.name, args, self.source.loc(call), where)
+
+    def named_object(self, spec_arg: Arg, node: cst.BaseExpression) -> str | None:
+        """For an argument that takes objects of other modules (``Arg.objects``), what a name the
+        file imports gives: one of those objects as its last name (``te.DotProductAttention``), any
+        other as its import path, which the argument's check refuses; None for all else (folded)."""
+        if not spec_arg.objects or not isinstance(node, (cst.Name, cst.Attribute)):
+            return None
+        target = self.scope.resolve(node)
+        if target is None:
+            return None
+        path = ".".join(target)
+        return target[1] if path in spec_arg.objects else path
 
     def check_expansion(self, op: OpDef, args: dict[str, object], given: dict[str, cst.CSTNode],
                         call: cst.Call) -> None:

@@ -26,8 +26,10 @@ from .opdef import Arg, OpDef, register
 MAX_HEAD_DIM = 256
 MASK_TYPES = ("causal", "no_mask")
 # The backend argument: TE's DotProductAttention is the one this op family runs (as FA2). A spec's
-# te.DotProductAttention reaches the binder as its name; fusegen.eager takes the name or nothing.
+# te.DotProductAttention (or the name imported from transformer_engine.pytorch) reaches the binder
+# as its name (Arg.objects); fusegen.eager takes the name or nothing.
 BACKEND = "DotProductAttention"
+BACKEND_OBJECTS = (f"transformer_engine.pytorch.{BACKEND}",)
 
 
 # --- reference math (shipped) -------------------------------------------------------------------
@@ -75,7 +77,7 @@ def attention_core(q, k, v, cu_seqlens, causal):
     heads, group = q.shape[1], q.shape[1] // k.shape[1]
     out = torch.zeros_like(q)
     lse = torch.zeros(q.shape[:2], dtype=q.dtype, device=q.device)
-    bounds = cu_seqlens.tolist()
+    bounds = [] if q.is_meta else cu_seqlens.tolist()  # meta tensors: the shapes alone
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
             continue
@@ -97,7 +99,7 @@ def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
     kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    bounds = cu_seqlens.tolist()
+    bounds = [] if q.is_meta else cu_seqlens.tolist()  # meta tensors: the shapes alone
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
             continue
@@ -250,7 +252,7 @@ def _sequence_args(a) -> tuple:
 
 HIDDEN = Arg("hidden", "int", check=_positive)
 HEADS = Arg("heads", "int", check=_positive)
-BACKEND_ARG = Arg("backend", "str", BACKEND, check=_backend, in_kernel=False)
+BACKEND_ARG = Arg("backend", "str", BACKEND, check=_backend, in_kernel=False, objects=BACKEND_OBJECTS)
 MASK = Arg("attn_mask_type", "str", "causal", keyword_only=True, check=_mask)
 ROTARY = Arg("rotary_base", "float", None, keyword_only=True, check=_rotary_base)
 HELPERS = (attention_positions, attention_rotary_angles, attention_rotary, attention_split, attention_core,

@@ -46,6 +46,7 @@ class Arg:
     in_kernel: bool = True  # False: no part of what a kernel computes (placement, TE's no-op hints)
     # True: one of TE's arguments accepted only at its default (parallelism), left out of signatures shown
     te_only: bool = False
+    objects: tuple[str, ...] = ()  # import paths of objects a spec may pass, read as their last name
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,20 @@ class AttentionStage(StageImpl):
     def saves(self, pipeline, stage, have):
         return Saves(values=frozenset({stage.output}))  # FA2's backward reads the output
 
+    def saved_shapes(self, em, stage):
+        op = stage.ops[0]
+        heads, kv_heads = op.opdef.reference_arguments(op.args)[:2]
+        head_dim = op.args["hidden"] // heads
+        q, k, v, lse, rng_state, unused = (em.table[value].name for value in em.stats[op.index])
+        off_fa2 = "None off FA2"
+        return {q: (f"[rows, {heads}, {head_dim}]", "x's dtype"), k: (f"[rows, {kv_heads}, {head_dim}]", "x's dtype"),
+                v: (f"[rows, {kv_heads}, {head_dim}]", "x's dtype"),
+                lse: (f"[{heads}, rows] (FA2; [rows, {heads}] off it)", "float32 (FA2)"),
+                rng_state: (f"FA2's rng state; {off_fa2}", "FA2's"),
+                unused: (f"FA2's fourth output; {off_fa2}", "FA2's"),
+                em.name(op.cu_seqlens): ("[batch + 1]", "int32"),
+                em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int")}
+
     def runs_as(self, pass_, stage, kernels):
         fa2 = "_flash_attention_forward" if pass_ == "forward" else "_flash_attention_backward"
         return (f"PyTorch: FlashAttention-2 varlen (`aten.{fa2}`) on CUDA bf16/fp16, split and rotary by torch "

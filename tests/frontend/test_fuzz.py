@@ -98,9 +98,7 @@ def assert_both_outcomes(counts: Counter, total: int, at_least: float) -> None:
 # --- random specs from the registry -------------------------------------------------------------
 
 # the ops the headers' modules (TE's, fusegen.eager) export; torch.nn's spellings are tested apart.
-# Attention ops read packed sequences, which their plans get once that plumbing merges (issue 38):
-# until then tests/ops/test_attention_ops.py and tests/rules/test_attention_stage.py cover them.
-TE_OPS = [name for name, op in OPS.items() if "fusegen.eager" in op.modules and not op.reads_sequences]
+TE_OPS = [name for name, op in OPS.items() if "fusegen.eager" in op.modules]
 HEADERS = [  # (import lines, prefix of every op call)
     ("import transformer_engine.pytorch as te\n", "te.ops."),
     ("from transformer_engine.pytorch import ops\n", "ops."),

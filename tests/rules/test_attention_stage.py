@@ -1,10 +1,8 @@
 """The attention rule and stage (fusion_rules/attention.py, stages/attention.py): an attention op
-planned as its own stage both ways, and lowered into the calls of ops/attention.py's shipped
-helpers over the packed sequences' values.
-
-The packed-sequence plumbing (the METADATA values ``op.cu_seqlens`` and ``op.max_seqlen`` that
-pipeline.chain gives an op with ``OpDef.reads_sequences``) is built apart (issue 38); until it
-merges, ``with_sequences`` stands in for it, giving the op those two values in the table."""
+planned as its own stage both ways by the shipped rule lists, and lowered into the calls of
+ops/attention.py's shipped helpers over the packed sequences' values (the METADATA values
+``op.cu_seqlens`` and ``op.max_seqlen``, a host int, that pipeline.chain gives an op with
+``OpDef.reads_sequences``: the pipeline's one pair, ``Pipeline.sequences``)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ from fusegen.calls import TorchCall
 from fusegen.frontend import parse_spec
 from fusegen.names import NameTable
 from fusegen.stages import ATTENTION, Block, Emitter
-from fusegen.values import Role
 from fusegen.fusion_rules.attention import BACKWARD_ATTENTION, FORWARD_ATTENTION
+from fusegen.values import HOST_INT, Role
 
 SPEC = """\
 from transformer_engine.pytorch import ops as te
@@ -28,16 +26,23 @@ layer = te.Sequential(te.RMSNorm(64), te.Linear(64, 128, bias=False),
 
 
 def plan_layer():
-    (plan,) = plan_specs(parse_spec(SPEC, "layer.py"), NameTable(),
-                         (*fusion_rules.FORWARD_RULES, FORWARD_ATTENTION),
-                         (*fusion_rules.BACKWARD_RULES, BACKWARD_ATTENTION))
+    (plan,) = plan_specs(parse_spec(SPEC, "layer.py"), NameTable(), fusion_rules.FORWARD_RULES,
+                         fusion_rules.BACKWARD_RULES)
     return plan
 
 
-def with_sequences(em, op):
-    """The plumbing's interface, stood in for: op.cu_seqlens and op.max_seqlen as values."""
-    object.__setattr__(op, "cu_seqlens", em.table.add(Role.METADATA, "int32", "cu_seqlens"))
-    object.__setattr__(op, "max_seqlen", em.table.add(Role.METADATA, "int", "max_seqlen"))
+def test_the_rules_are_in_the_shipped_lists():
+    assert FORWARD_ATTENTION in fusion_rules.FORWARD_RULES and BACKWARD_ATTENTION in fusion_rules.BACKWARD_RULES
+
+
+def test_the_op_reads_the_pipelines_packed_sequences():
+    plan = plan_layer()
+    (stage,) = [s for s in plan.forward if s.rule.stage is ATTENTION]
+    (op,) = stage.ops
+    assert (op.cu_seqlens, op.max_seqlen) == plan.pipeline.sequences
+    table = {value.id: value for value in plan.pipeline.values}
+    assert (table[op.cu_seqlens].role, table[op.cu_seqlens].dtype) == (Role.METADATA, "int32")
+    assert (table[op.max_seqlen].role, table[op.max_seqlen].dtype) == (Role.METADATA, HOST_INT)
 
 
 def test_attention_is_planned_as_its_own_stage_both_ways():
@@ -61,7 +66,6 @@ def test_lowering_reads_the_sequences_and_saves_what_the_backward_reads():
     (stage,) = [s for s in plan.forward if s.rule.stage is ATTENTION]
     (op,) = stage.ops
     em = Emitter(plan, {})
-    with_sequences(em, op)
     fwd = Block("forward", name=em.name)
     assert ATTENTION.forward(em, stage, fwd) == em.table[stage.output].name
     (call,) = fwd.calls
@@ -88,7 +92,6 @@ def test_no_grad_lowering_keeps_nothing():
     plan = plan_layer()
     (stage,) = [s for s in plan.forward if s.rule.stage is ATTENTION]
     em = Emitter(plan, {}, saving=False)
-    with_sequences(em, stage.ops[0])
     block = Block("no grad", name=em.name)
     ATTENTION.forward(em, stage, block)
     (call,) = block.calls
