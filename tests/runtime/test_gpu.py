@@ -463,6 +463,10 @@ def test_every_kernel_has_a_test():
     tested |= {"add_gelu_fwd_n1024", "add_layernorm_fwd_h1024", "add_rmsnorm_fwd_h1024",
                "bias_add_gelu_bwd_n1024_from_add", "layernorm_bwd_h1024_add_dresidual",
                "rmsnorm_bwd_h1024_add_dresidual"}
+    # specs/attention_block.py's and specs/llama_layer.py's, checked through test_attention_pipelines.py
+    # (bf16 on the GPU: the layers against float64, every parameter's grad)
+    tested |= {"add_fwd_n256", "add_rmsnorm_fwd_h4096", "bias_add_bwd_n256", "bias_bwd_n768", "layernorm_fwd_h256",
+               "rmsnorm_fwd_h256", "swiglu_bwd_n14336", "swiglu_bwd_n512", "swiglu_fwd_n512"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
