@@ -595,13 +595,28 @@ def attention_split(x, heads, kv_heads):
     return q, k, v
 
 
+def attention_bounds(cu_seqlens, q):
+    """The sequences' offsets as host ints, which the per-sequence math loops over: none on meta
+    tensors (the shapes alone). Reading them is a copy to the host, which a CUDA graph cannot
+    capture: an fp32 layer on CUDA runs this math, a bf16 or fp16 one FlashAttention-2, which
+    can."""
+    if q.is_meta:
+        return []
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("attention in float32 on CUDA runs its reference math sequence by "
+                           "sequence, reading the offsets on the host, which a CUDA graph cannot "
+                           "capture; capture the module in bfloat16 or float16 (FlashAttention-2), "
+                           "or run it uncaptured")
+    return cu_seqlens.tolist()
+
+
 def attention_core(q, k, v, cu_seqlens, causal):
     """Softmax(q k^T / sqrt(d) + mask) v per sequence: out [total, heads, d] and the softmax's
     log-sum-exp [total, heads]."""
     heads, group = q.shape[1], q.shape[1] // k.shape[1]
     out = torch.zeros_like(q)
     lse = torch.zeros(q.shape[:2], dtype=q.dtype, device=q.device)
-    bounds = [] if q.is_meta else cu_seqlens.tolist()  # meta tensors: the shapes alone
+    bounds = attention_bounds(cu_seqlens, q)
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
             continue
@@ -623,7 +638,7 @@ def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
     kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    bounds = [] if q.is_meta else cu_seqlens.tolist()  # meta tensors: the shapes alone
+    bounds = attention_bounds(cu_seqlens, q)
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:
             continue

@@ -4,6 +4,7 @@ the forward + backward of every shipped pipeline can be captured in a CUDA graph
 new inputs, and devices each get their own loaded functions. On CPU: what the launch path
 rejects without a GPU."""
 
+import inspect
 import threading
 
 import pytest
@@ -135,6 +136,13 @@ def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
     graph = torch.cuda.CUDAGraph()
     for t in static:
         t.grad = None
+    if "packed_sequences" in inspect.getsource(type(module)):
+        # attention in fp32 runs its reference math per sequence, reading the offsets on the host:
+        # a capture is refused with a message before anything is copied (bf16/fp16 run FA2)
+        with pytest.raises(RuntimeError, match="which a CUDA graph cannot capture"):
+            with torch.cuda.graph(graph):
+                module(*static)
+        return
     with torch.cuda.graph(graph):
         outputs = module(*static)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
