@@ -282,3 +282,54 @@ def test_llama_layer_takes_the_bench_peers_weights():
     assert y.is_meta and y.shape == (23, 4096)
     y.sum().backward()
     assert x.grad.shape == x.shape and all(p.grad.shape == p.shape for p in module.parameters())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_a_bf16_layer_is_captured_in_a_cuda_graph_and_replays_new_tokens(name):
+    """Your CUDA graph of the layer's forward + backward in bf16 (FlashAttention-2; the offsets and
+    the rotary positions computed on the device, max_seqlen a fixed bound): replayed on new tokens
+    of the same lengths, the output and every grad match an uncaptured run on those tokens (FA2's
+    backward sums dq with atomics, so within bf16's attention tolerance, not bit for bit)."""
+    heads, kv_heads = LAYERS[name][:2]
+    tol = bf16_tolerance(kv_heads, heads)
+    module = make_module(name).cuda().to(torch.bfloat16)
+    lengths = [3, 17, 1, 40]
+    seq_lens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
+    gen = torch.Generator().manual_seed(7)
+    static = torch.randn(sum(lengths), HIDDEN, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+    dy = torch.randn(sum(lengths), HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+
+    def step(x):
+        module(x, seq_lens, max_seqlen=max(lengths)).backward(dy)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        for _ in range(2):
+            step(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    static.grad = None
+    with torch.cuda.graph(graph):
+        y = module(static, seq_lens, max_seqlen=max(lengths))
+        y.backward(dy)
+    fresh = torch.randn(sum(lengths), HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        static.copy_(fresh)
+        for p in module.parameters():
+            p.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = {"y": y.detach().clone(), "dx": static.grad.clone(),
+                **{k: p.grad.clone() for k, p in module.named_parameters()}}
+    for p in module.parameters():
+        p.grad = None
+    x = fresh.clone().requires_grad_()
+    want_y = module(x, seq_lens, max_seqlen=max(lengths))
+    want_y.backward(dy)
+    want = {"y": want_y.detach(), "dx": x.grad, **{k: p.grad for k, p in module.named_parameters()}}
+    for key, got in replayed.items():
+        assert_close_scaled(f"{name} {key}", got, want[key].double().cpu(), tol)
