@@ -52,11 +52,10 @@ def attention_rotary_angles(cu_seqlens, total, head_dim, base, like):
     return torch.cos(angle), torch.sin(angle)
 
 
-def attention_rotary(t, cu_seqlens, base, inverse):
+def attention_rotary(t, cos, sin, inverse):
     """Rotate-half rotary embedding of t [total, heads, head_dim]: t cos + rotate_half(t) sin, with
-    rotate_half([a | b]) = [-b | a]. ``inverse``: its transpose (the backward: the same rotation
-    by the negated angle)."""
-    cos, sin = attention_rotary_angles(cu_seqlens, t.shape[0], t.shape[-1], base, t)
+    rotate_half([a | b]) = [-b | a] (``cos``, ``sin``: attention_rotary_angles', shared by q and
+    k). ``inverse``: its transpose (the backward: the same rotation by the negated angle)."""
     if inverse:
         sin = -sin
     a, b = t.chunk(2, dim=-1)
@@ -139,17 +138,17 @@ def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
 def attention_inputs(x, cu_seqlens, heads, kv_heads, rotary_base):
     """q, k, v [total, heads, d] of the fused projection, rotary applied to q and k."""
     q, k, v = attention_split(x, heads, kv_heads)
-    if rotary_base is not None:
-        q = attention_rotary(q, cu_seqlens, rotary_base, False)
-        k = attention_rotary(k, cu_seqlens, rotary_base, False)
+    if rotary_base is not None:  # one table of angles for q and k
+        cos, sin = attention_rotary_angles(cu_seqlens, q.shape[0], q.shape[-1], rotary_base, q)
+        q, k = attention_rotary(q, cos, sin, False), attention_rotary(k, cos, sin, False)
     return q, k, v
 
 
 def attention_inputs_bwd(dq, dk, dv, cu_seqlens, rotary_base):
     """The fused projection's grad [total, (heads + 2 kv_heads) d] from q's, k's and v's."""
-    if rotary_base is not None:
-        dq = attention_rotary(dq, cu_seqlens, rotary_base, True)
-        dk = attention_rotary(dk, cu_seqlens, rotary_base, True)
+    if rotary_base is not None:  # one table of angles for q's and k's grads
+        cos, sin = attention_rotary_angles(cu_seqlens, dq.shape[0], dq.shape[-1], rotary_base, dq)
+        dq, dk = attention_rotary(dq, cos, sin, True), attention_rotary(dk, cos, sin, True)
     return torch.cat([dq, dk, dv], dim=1).reshape(dq.shape[0], -1)
 
 
