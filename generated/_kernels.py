@@ -3502,6 +3502,254 @@ def qgelu_fwd_n512(x):
     return a.to(x.dtype)
 
 
+_QKV_PREP_BWD_H4_KV4_D64 = Kernel("qkv_prep_bwd_h4_kv4_d64", "pppppiiii")
+_QKV_PREP_BWD_H4_KV4_D64_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_BWD_H4_KV4_D64_ROWS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 8}
+
+
+def qkv_prep_bwd_h4_kv4_d64(dq, dk, dv, cu_seqlens):
+    """attention prep backward: dq, dk, dv copied (4 + 2 x 4 heads of 64).
+
+    dq [rows, 4, 64], dk and dv [rows, 4, 64], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 768] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_bwd_h4_kv4_d64_5f2b5fac(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 768, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 256
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_BWD_H4_KV4_D64_ROWS[dq.dtype])
+            _QKV_PREP_BWD_H4_KV4_D64.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H4_KV4_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, None)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_ROPE10000_BWD_H4_KV1_D64 = Kernel("qkv_prep_rope10000_bwd_h4_kv1_d64", "pppppiiii")
+_QKV_PREP_ROPE10000_BWD_H4_KV1_D64_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_ROPE10000_BWD_H4_KV1_D64_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 16}
+
+
+def qkv_prep_rope10000_bwd_h4_kv1_d64(dq, dk, dv, cu_seqlens):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (4 + 2 x 1 heads of
+    64).
+
+    dq [rows, 4, 64], dk and dv [rows, 1, 64], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 384] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_rope10000_bwd_h4_kv1_d64_3a71345d(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 384, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 64
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_ROPE10000_BWD_H4_KV1_D64_ROWS[dq.dtype])
+            _QKV_PREP_ROPE10000_BWD_H4_KV1_D64.launch(
+                dq.dtype, (grid, 1, 1),
+                (_QKV_PREP_ROPE10000_BWD_H4_KV1_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, 10000.0)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_ROPE10000_BWD_H4_KV2_D64 = Kernel("qkv_prep_rope10000_bwd_h4_kv2_d64", "pppppiiii")
+_QKV_PREP_ROPE10000_BWD_H4_KV2_D64_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_ROPE10000_BWD_H4_KV2_D64_ROWS = {torch.bfloat16: 24, torch.float16: 24, torch.float32: 12}
+
+
+def qkv_prep_rope10000_bwd_h4_kv2_d64(dq, dk, dv, cu_seqlens):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (4 + 2 x 2 heads of
+    64).
+
+    dq [rows, 4, 64], dk and dv [rows, 2, 64], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 512] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_rope10000_bwd_h4_kv2_d64_96d41f74(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 512, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 128
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_ROPE10000_BWD_H4_KV2_D64_ROWS[dq.dtype])
+            _QKV_PREP_ROPE10000_BWD_H4_KV2_D64.launch(
+                dq.dtype, (grid, 1, 1),
+                (_QKV_PREP_ROPE10000_BWD_H4_KV2_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, 10000.0)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_ROPE10000_FWD_H4_KV1_D64 = Kernel("qkv_prep_rope10000_fwd_h4_kv1_d64", "pppppiiii")
+_QKV_PREP_ROPE10000_FWD_H4_KV1_D64_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_ROPE10000_FWD_H4_KV1_D64_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 16}
+
+
+def qkv_prep_rope10000_fwd_h4_kv1_d64(x, cu_seqlens):
+    """attention prep forward: rotary of q and k, v copied (4 + 2 x 1 heads of 64).
+
+    x [rows, 384] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 6, 64] buffer in x's dtype."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_rope10000_fwd_h4_kv1_d64_f6217b63(x, cu_seqlens)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 6, 64, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 256:], x[:, 320:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_ROPE10000_FWD_H4_KV1_D64_ROWS[x.dtype])
+            _QKV_PREP_ROPE10000_FWD_H4_KV1_D64.launch(
+                x.dtype, (grid, 1, 1), (_QKV_PREP_ROPE10000_FWD_H4_KV1_D64_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs(ref.compute(x), cu_seqlens, 4, 1, 10000.0)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
+
+
+_QKV_PREP_ROPE10000_FWD_H4_KV2_D64 = Kernel("qkv_prep_rope10000_fwd_h4_kv2_d64", "pppppiiii")
+_QKV_PREP_ROPE10000_FWD_H4_KV2_D64_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_ROPE10000_FWD_H4_KV2_D64_ROWS = {torch.bfloat16: 24, torch.float16: 24, torch.float32: 12}
+
+
+def qkv_prep_rope10000_fwd_h4_kv2_d64(x, cu_seqlens):
+    """attention prep forward: rotary of q and k, v copied (4 + 2 x 2 heads of 64).
+
+    x [rows, 512] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 8, 64] buffer in x's dtype."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_rope10000_fwd_h4_kv2_d64_ee975681(x, cu_seqlens)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 8, 64, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 256:], x[:, 384:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_ROPE10000_FWD_H4_KV2_D64_ROWS[x.dtype])
+            _QKV_PREP_ROPE10000_FWD_H4_KV2_D64.launch(
+                x.dtype, (grid, 1, 1), (_QKV_PREP_ROPE10000_FWD_H4_KV2_D64_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs(ref.compute(x), cu_seqlens, 4, 2, 10000.0)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
+
+
+_QKV_PREP_ROPE500000_BWD_H32_KV8_D128 = Kernel("qkv_prep_rope500000_bwd_h32_kv8_d128", "pppppiiii")
+_QKV_PREP_ROPE500000_BWD_H32_KV8_D128_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_ROPE500000_BWD_H32_KV8_D128_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 1}
+
+
+def qkv_prep_rope500000_bwd_h32_kv8_d128(dq, dk, dv, cu_seqlens):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (32 + 2 x 8 heads of
+    128).
+
+    dq [rows, 32, 128], dk and dv [rows, 8, 128], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 6144] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_rope500000_bwd_h32_kv8_d128_514a2c21(
+            dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 6144, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 4096, 1024
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_ROPE500000_BWD_H32_KV8_D128_ROWS[dq.dtype])
+            _QKV_PREP_ROPE500000_BWD_H32_KV8_D128.launch(
+                dq.dtype, (grid, 1, 1),
+                (_QKV_PREP_ROPE500000_BWD_H32_KV8_D128_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, 500000.0)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_ROPE500000_FWD_H32_KV8_D128 = Kernel("qkv_prep_rope500000_fwd_h32_kv8_d128", "pppppiiii")
+_QKV_PREP_ROPE500000_FWD_H32_KV8_D128_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_ROPE500000_FWD_H32_KV8_D128_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 1}
+
+
+def qkv_prep_rope500000_fwd_h32_kv8_d128(x, cu_seqlens):
+    """attention prep forward: rotary of q and k, v copied (32 + 2 x 8 heads of 128).
+
+    x [rows, 6144] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 48, 128] buffer in x's dtype."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_rope500000_fwd_h32_kv8_d128_ebe85640(x, cu_seqlens)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 48, 128, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 4096:], x[:, 5120:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_ROPE500000_FWD_H32_KV8_D128_ROWS[x.dtype])
+            _QKV_PREP_ROPE500000_FWD_H32_KV8_D128.launch(
+                x.dtype, (grid, 1, 1),
+                (_QKV_PREP_ROPE500000_FWD_H32_KV8_D128_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs(ref.compute(x), cu_seqlens, 32, 8, 500000.0)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
+
+
 _REGLU_FWD_N512 = Kernel("reglu_fwd_n512", "ppi")
 _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -5372,6 +5620,31 @@ register_op(
     layernorm_zc_bwd_h768_add_dresidual, layernorm_zc_bwd_h768_add_dresidual)
 register_op("qgeglu_fwd_n512_2f36c7c9", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
 register_op("qgelu_fwd_n512_c4bbf851", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
+register_op(
+    "qkv_prep_bwd_h4_kv4_d64_5f2b5fac",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h4_kv4_d64,
+    qkv_prep_bwd_h4_kv4_d64)
+register_op(
+    "qkv_prep_rope10000_bwd_h4_kv1_d64_3a71345d",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor",
+    qkv_prep_rope10000_bwd_h4_kv1_d64, qkv_prep_rope10000_bwd_h4_kv1_d64)
+register_op(
+    "qkv_prep_rope10000_bwd_h4_kv2_d64_96d41f74",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor",
+    qkv_prep_rope10000_bwd_h4_kv2_d64, qkv_prep_rope10000_bwd_h4_kv2_d64)
+register_op(
+    "qkv_prep_rope10000_fwd_h4_kv1_d64_f6217b63", "(Tensor x, Tensor cu_seqlens) -> Tensor",
+    qkv_prep_rope10000_fwd_h4_kv1_d64, qkv_prep_rope10000_fwd_h4_kv1_d64)
+register_op(
+    "qkv_prep_rope10000_fwd_h4_kv2_d64_ee975681", "(Tensor x, Tensor cu_seqlens) -> Tensor",
+    qkv_prep_rope10000_fwd_h4_kv2_d64, qkv_prep_rope10000_fwd_h4_kv2_d64)
+register_op(
+    "qkv_prep_rope500000_bwd_h32_kv8_d128_514a2c21",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor",
+    qkv_prep_rope500000_bwd_h32_kv8_d128, qkv_prep_rope500000_bwd_h32_kv8_d128)
+register_op(
+    "qkv_prep_rope500000_fwd_h32_kv8_d128_ebe85640", "(Tensor x, Tensor cu_seqlens) -> Tensor",
+    qkv_prep_rope500000_fwd_h32_kv8_d128, qkv_prep_rope500000_fwd_h32_kv8_d128)
 register_op("reglu_fwd_n512_68515910", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
 register_op(
     "relu_bwd_n768_8879dfa7", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)

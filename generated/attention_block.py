@@ -45,12 +45,18 @@ def forward_stages(
     linear0_1_out = rmsnorm0_0_out.mm(linear0_1_weight.t())
     # forward stage 3 · rule attention · op 0.2: GroupedQueryAttention(256, 4, 2,
     # rotary_base=10000.0)
+    groupedqueryattention0_2_qkv = kernels.qkv_prep_rope10000_fwd_h4_kv2_d64(
+        linear0_1_out, cu_seqlens)
     (
-        groupedqueryattention0_2_out, groupedqueryattention0_2_q, groupedqueryattention0_2_k,
-        groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k,
+        groupedqueryattention0_2_v) = groupedqueryattention0_2_qkv.split([4, 2, 2], dim=1)
+    (
+        groupedqueryattention0_2_out, groupedqueryattention0_2_lse,
         groupedqueryattention0_2_rng_state,
         groupedqueryattention0_2_fa2_unused
-    ) = ref.attention_forward(linear0_1_out, cu_seqlens, max_seqlen, 4, 2, True, 10000.0)
+    ) = ref.flash_attention_forward(
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        cu_seqlens, max_seqlen, True)
     # forward stage 4 · rule linear · op 0.3: BasicLinear(256, 256)
     linear0_3_out = groupedqueryattention0_2_out.mm(linear0_3_weight.t())
     # forward stage 5 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,
@@ -101,11 +107,17 @@ def backward_stages(
     d_groupedqueryattention0_2_out = d_linear0_3_out.mm(linear0_3_weight)
     # backward stage 2 · rule attention_backward · op 0.2: GroupedQueryAttention(256, 4, 2,
     # rotary_base=10000.0)
-    d_linear0_1_out = ref.attention_backward(
+    (
+        d_groupedqueryattention0_2_q, d_groupedqueryattention0_2_k,
+        d_groupedqueryattention0_2_v
+    ) = ref.flash_attention_backward(
         d_groupedqueryattention0_2_out, groupedqueryattention0_2_out, groupedqueryattention0_2_q,
         groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
         groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, True, 10000.0)
+        max_seqlen, True)
+    d_linear0_1_out = kernels.qkv_prep_rope10000_bwd_h4_kv2_d64(
+        d_groupedqueryattention0_2_q, d_groupedqueryattention0_2_k, d_groupedqueryattention0_2_v,
+        cu_seqlens)
     # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(256, 512)
     d_rmsnorm0_0_out = d_linear0_1_out.mm(linear0_1_weight)
     # backward stage 0 · rule norm_residual_grad · ops 0a, 0.0: Residual: keeps x, RMSNorm(256)
@@ -169,8 +181,14 @@ def no_grad_forward(
     linear0_1_out = rmsnorm0_0_out.mm(linear0_1_weight.t())
     # no-grad stage 3 · rule attention · op 0.2: GroupedQueryAttention(256, 4, 2,
     # rotary_base=10000.0)
-    groupedqueryattention0_2_out = ref.attention_forward(
-        linear0_1_out, cu_seqlens, max_seqlen, 4, 2, True, 10000.0)[0]
+    groupedqueryattention0_2_qkv = kernels.qkv_prep_rope10000_fwd_h4_kv2_d64(
+        linear0_1_out, cu_seqlens)
+    (
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k,
+        groupedqueryattention0_2_v) = groupedqueryattention0_2_qkv.split([4, 2, 2], dim=1)
+    groupedqueryattention0_2_out = ref.flash_attention_forward(
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        cu_seqlens, max_seqlen, True)[0]
     # no-grad stage 4 · rule linear · op 0.3: BasicLinear(256, 256)
     linear0_3_out = groupedqueryattention0_2_out.mm(linear0_3_weight.t())
     # no-grad stage 5 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,

@@ -41,11 +41,16 @@ def forward_stages(
     # forward stage 3 · rule attention · op 0.2: MultiHeadedSelfAttention(256, 4,
     # attn_mask_type='no_mask')
     (
-        multiheadedselfattention0_2_out, multiheadedselfattention0_2_q,
-        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
+        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
+        multiheadedselfattention0_2_v
+    ) = linear0_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+    (
+        multiheadedselfattention0_2_out, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng_state,
         multiheadedselfattention0_2_fa2_unused
-    ) = ref.attention_forward(linear0_1_out, cu_seqlens, max_seqlen, 4, 4, False, None)
+    ) = ref.flash_attention_forward(
+        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        cu_seqlens, max_seqlen, False)
     # forward stage 4 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(256, 256), Bias(256)
     linear0_3_out = torch.addmm(
         linear0_3_bias, multiheadedselfattention0_2_out, linear0_3_weight.t())
@@ -76,11 +81,17 @@ def backward_stages(
     d_multiheadedselfattention0_2_out = d_residual0_out.mm(linear0_3_weight)
     # backward stage 3 · rule attention_backward · op 0.2: MultiHeadedSelfAttention(256, 4,
     # attn_mask_type='no_mask')
-    d_linear0_1_out = ref.attention_backward(
+    (
+        d_multiheadedselfattention0_2_q, d_multiheadedselfattention0_2_k,
+        d_multiheadedselfattention0_2_v
+    ) = ref.flash_attention_backward(
         d_multiheadedselfattention0_2_out, multiheadedselfattention0_2_out,
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
         multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, False, None)
+        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, False)
+    d_linear0_1_out = kernels.qkv_prep_bwd_h4_kv4_d64(
+        d_multiheadedselfattention0_2_q, d_multiheadedselfattention0_2_k,
+        d_multiheadedselfattention0_2_v, cu_seqlens)
     # backward stage 2 · rule elementwise_backward · op 0.1b: Bias(768)
     d_linear0_1_bias = kernels.bias_bwd_n768(d_linear0_1_out)
     # backward stage 1 · rule linear_backward · op 0.1a: BasicLinear(256, 768)
@@ -142,8 +153,13 @@ def no_grad_forward(
     linear0_1_out = torch.addmm(linear0_1_bias, layernorm0_0_out, linear0_1_weight.t())
     # no-grad stage 3 · rule attention · op 0.2: MultiHeadedSelfAttention(256, 4,
     # attn_mask_type='no_mask')
-    multiheadedselfattention0_2_out = ref.attention_forward(
-        linear0_1_out, cu_seqlens, max_seqlen, 4, 4, False, None)[0]
+    (
+        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
+        multiheadedselfattention0_2_v
+    ) = linear0_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+    multiheadedselfattention0_2_out = ref.flash_attention_forward(
+        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        cu_seqlens, max_seqlen, False)[0]
     # no-grad stage 4 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(256, 256), Bias(256)
     linear0_3_out = torch.addmm(
         linear0_3_bias, multiheadedselfattention0_2_out, linear0_3_weight.t())

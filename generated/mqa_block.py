@@ -36,12 +36,18 @@ def forward_stages(
     linear0_1_out = rmsnorm0_0_out.mm(linear0_1_weight.t())
     # forward stage 3 · rule attention · op 0.2: MultiQuerySelfAttention(256, 4,
     # rotary_base=10000.0)
+    multiqueryselfattention0_2_qkv = kernels.qkv_prep_rope10000_fwd_h4_kv1_d64(
+        linear0_1_out, cu_seqlens)
     (
-        multiqueryselfattention0_2_out, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
+        multiqueryselfattention0_2_v) = multiqueryselfattention0_2_qkv.split([4, 1, 1], dim=1)
+    (
+        multiqueryselfattention0_2_out, multiqueryselfattention0_2_lse,
         multiqueryselfattention0_2_rng_state,
         multiqueryselfattention0_2_fa2_unused
-    ) = ref.attention_forward(linear0_1_out, cu_seqlens, max_seqlen, 4, 1, True, 10000.0)
+    ) = ref.flash_attention_forward(
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        cu_seqlens, max_seqlen, True)
     # forward stage 4 · rule linear_scale_add · ops 0.3, 0b: BasicLinear(256, 256), Residual: x +
     # ops(x)
     residual0_out = torch.addmm(residual0, multiqueryselfattention0_2_out, linear0_3_weight.t())
@@ -69,11 +75,17 @@ def backward_stages(
     d_multiqueryselfattention0_2_out = d_residual0_out.mm(linear0_3_weight)
     # backward stage 2 · rule attention_backward · op 0.2: MultiQuerySelfAttention(256, 4,
     # rotary_base=10000.0)
-    d_linear0_1_out = ref.attention_backward(
+    (
+        d_multiqueryselfattention0_2_q, d_multiqueryselfattention0_2_k,
+        d_multiqueryselfattention0_2_v
+    ) = ref.flash_attention_backward(
         d_multiqueryselfattention0_2_out, multiqueryselfattention0_2_out,
         multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
         multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
-        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, True, 10000.0)
+        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, True)
+    d_linear0_1_out = kernels.qkv_prep_rope10000_bwd_h4_kv1_d64(
+        d_multiqueryselfattention0_2_q, d_multiqueryselfattention0_2_k,
+        d_multiqueryselfattention0_2_v, cu_seqlens)
     # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(256, 384)
     d_rmsnorm0_0_out = d_linear0_1_out.mm(linear0_1_weight)
     # backward stage 0 · rule norm_residual_grad · ops 0a, 0.0: Residual: keeps x, RMSNorm(256)
@@ -126,8 +138,14 @@ def no_grad_forward(
     linear0_1_out = rmsnorm0_0_out.mm(linear0_1_weight.t())
     # no-grad stage 3 · rule attention · op 0.2: MultiQuerySelfAttention(256, 4,
     # rotary_base=10000.0)
-    multiqueryselfattention0_2_out = ref.attention_forward(
-        linear0_1_out, cu_seqlens, max_seqlen, 4, 1, True, 10000.0)[0]
+    multiqueryselfattention0_2_qkv = kernels.qkv_prep_rope10000_fwd_h4_kv1_d64(
+        linear0_1_out, cu_seqlens)
+    (
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
+        multiqueryselfattention0_2_v) = multiqueryselfattention0_2_qkv.split([4, 1, 1], dim=1)
+    multiqueryselfattention0_2_out = ref.flash_attention_forward(
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        cu_seqlens, max_seqlen, True)[0]
     # no-grad stage 4 · rule linear_scale_add · ops 0.3, 0b: BasicLinear(256, 256), Residual: x +
     # ops(x)
     residual0_out = torch.addmm(residual0, multiqueryselfattention0_2_out, linear0_3_weight.t())

@@ -12,8 +12,11 @@ h // (heads / kv_heads).
 
 The reference math below is shipped by source into the output's ``_reference.py`` (ops/shipped.py)
 and runs per sequence with an explicit mask, in ``compute``'s precision. The generated stage
-(stages/attention.py) calls ``attention_forward`` / ``attention_backward``, which run PyTorch's
-FlashAttention-2 varlen kernels on CUDA bf16/fp16 tensors and this reference math otherwise.
+(stages/attention/) launches a generated prep kernel (split, rotary; its CPU launcher runs
+``attention_inputs``), calls ``flash_attention_forward`` / ``flash_attention_backward``, which run
+PyTorch's FlashAttention-2 varlen kernels on CUDA bf16/fp16 tensors and ``attention_core`` /
+``attention_core_bwd`` otherwise, and launches the backward prep kernel (``attention_inputs_bwd``
+on CPU).
 """
 
 import math
@@ -172,39 +175,33 @@ def attention_on_flash(x):
     return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
 
 
-def attention_forward(x, cu_seqlens, max_seqlen, heads, kv_heads, causal, rotary_base):
-    """y [total, heads d] and what the backward reads: q, k, v (after rotary, [total, heads, d]),
-    the softmax's log-sum-exp, FA2's rng state and its fourth output (None off FA2).
-
-    On FA2 the split and rotary run as PyTorch ops in fp32 with one rounding (a generated prep
-    kernel is a later step); off it, everything runs in ``compute``'s precision."""
-    if not attention_on_flash(x):
-        q, k, v = attention_inputs(compute(x), cu_seqlens, heads, kv_heads, rotary_base)
-        out, lse = attention_core(q, k, v, cu_seqlens, causal)
-        return out.reshape(x.shape[0], -1).to(x.dtype), q, k, v, lse, None, None
-    q, k, v = attention_inputs(x.float(), cu_seqlens, heads, kv_heads, rotary_base)
-    q, k, v = q.to(x.dtype).contiguous(), k.to(x.dtype).contiguous(), v.to(x.dtype).contiguous()
-    cu = cu_seqlens.to(device=x.device, dtype=torch.int32)
+def flash_attention_forward(q, k, v, cu_seqlens, max_seqlen, causal):
+    """out [total, heads d] of q [total, heads, d], k and v [total, kv_heads, d] (any row and head
+    stride, a dense last dim: views of the prep kernel's buffer), and what the backward reads: the
+    softmax's log-sum-exp, FA2's rng state and its fourth output (None off FA2). On CUDA bf16/fp16
+    PyTorch's FlashAttention-2 varlen kernels; otherwise ``attention_core`` in ``compute``'s
+    precision, out rounded to q's dtype."""
+    if not attention_on_flash(q):
+        out, lse = attention_core(compute(q), compute(k), compute(v), cu_seqlens, causal)
+        return out.reshape(q.shape[0], -1).to(q.dtype), lse, None, None
     scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu, cu, max_seqlen, max_seqlen, 0.0, causal, False, scale=scale)
-    return out.reshape(x.shape[0], -1), q, k, v, lse, rng_state, unused
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, 0.0, causal, False, scale=scale)
+    return out.reshape(q.shape[0], -1), lse, rng_state, unused
 
 
-def attention_backward(dy, y, q, k, v, lse, rng_state, unused, cu_seqlens, max_seqlen, causal,
-                       rotary_base):
-    """dx of ``attention_forward`` from what it returned, in dy's dtype."""
-    if rng_state is None:  # the reference path: q, k, v in compute's precision
-        dq, dk, dv = attention_core_bwd(compute(dy).reshape(q.shape), q, k, v, cu_seqlens, causal)
-        return attention_inputs_bwd(dq, dk, dv, cu_seqlens, rotary_base).to(dy.dtype)
-    cu = cu_seqlens.to(device=dy.device, dtype=torch.int32)
-    dout, out = dy.reshape(q.shape).contiguous(), y.reshape(q.shape)
+def flash_attention_backward(dy, y, q, k, v, lse, rng_state, unused, cu_seqlens, max_seqlen, causal):
+    """dq, dk, dv of ``flash_attention_forward``'s out from what it returned, in q's dtype (as FA2
+    returns them; off FA2 ``attention_core_bwd`` in ``compute``'s precision, rounded once)."""
+    if rng_state is None:  # the reference path
+        dout = compute(dy).reshape(q.shape)
+        grads = attention_core_bwd(dout, compute(q), compute(k), compute(v), cu_seqlens, causal)
+        return tuple(g.to(q.dtype) for g in grads)
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
-        dout, q, k, v, out, lse, cu, cu, max_seqlen, max_seqlen, 0.0, causal, rng_state, unused,
-        scale=scale)
-    dx = attention_inputs_bwd(dq.float(), dk.float(), dv.float(), cu_seqlens, rotary_base)
-    return dx.to(dy.dtype)
+        dy.reshape(q.shape).contiguous(), q, k, v, y.reshape(q.shape), lse, cu_seqlens, cu_seqlens, max_seqlen,
+        max_seqlen, 0.0, causal, rng_state, unused, scale=scale)
+    return dq, dk, dv
 
 
 def sequences_of(x2d, lead):
@@ -269,8 +266,8 @@ BACKEND_ARG = Arg("backend", "str", BACKEND, check=_backend, in_kernel=False, ob
 MASK = Arg("attn_mask_type", "str", "causal", keyword_only=True, check=_mask)
 ROTARY = Arg("rotary_base", "float", None, keyword_only=True, check=_rotary_base)
 HELPERS = (attention_positions, attention_rotary_angles, attention_rotary, attention_split, attention_bounds,
-           attention_core, attention_core_bwd, attention_inputs, attention_inputs_bwd, attention_on_flash, attention_forward,
-           attention_backward, sequences_of)
+           attention_core, attention_core_bwd, attention_inputs, attention_inputs_bwd, attention_on_flash,
+           flash_attention_forward, flash_attention_backward, sequences_of)
 
 
 def _attention(name, args, kv_heads, summary, helpers):

@@ -4,13 +4,13 @@ A rule (fusion_rules/) produces a stage of one of these; everything about runnin
 its home: which op chains it can run (checked when a rule is defined), what it saves for
 backward, the kernels it needs, and the calls over values it lowers the stage's forward and
 backward into (emit renders them). A kernel family has a folder (elementwise/, norm/,
-column_sum/: its stage, its KernelSpecs and tuning, its KernelFamily objects; templates/<family>/
-mirrors it); the stages that launch no generated kernel (attention, gemm, opaque, module, reshape) are one
-module each.
+column_sum/, attention/ (the attention stage and its attention_prep kernels): its stage, its
+KernelSpecs and tuning, its KernelFamily objects; templates/<family>/ mirrors it); the stages that
+launch no generated kernel (gemm, opaque, module, reshape) are one module each.
 """
 
 from ..planned import Recompute, Saves
-from .attention import ATTENTION
+from .attention import ATTENTION, ATTENTION_PREP
 from .base import Block, Emitter, StageImpl
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
@@ -19,7 +19,7 @@ from .module import MODULE
 from .opaque import OPAQUE
 from .reshape import RESHAPE
 
-__all__ = ["ATTENTION", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ATTENTION", "ATTENTION_PREP", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:

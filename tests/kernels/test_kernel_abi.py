@@ -94,4 +94,5 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
 
 
 def test_every_family_is_covered():
-    assert {s.family for s in SPECS} == {"norm_fwd", "norm_bwd", "column_sum", "elementwise_fwd", "elementwise_bwd"}
+    assert {s.family for s in SPECS} == {"norm_fwd", "norm_bwd", "column_sum", "elementwise_fwd", "elementwise_bwd",
+                                         "attention_prep"}

@@ -133,9 +133,23 @@ def test_eager_sequential_runs_attention_between_linears():
     torch.testing.assert_close(model(x), ref, rtol=1e-12, atol=1e-12)
 
 
+def stage_path(x, dy, cu, max_seqlen, heads, kv_heads, causal, rotary_base):
+    """What the generated stage runs, with the prep kernels' math done by the shipped helpers in
+    fp32 (their CPU launchers' math): one buffer of q, k, v in x's dtype, q, k, v views of it,
+    flash_attention_forward / flash_attention_backward, the backward prep. Returns y, dx and what
+    the forward returned besides y."""
+    q, k, v = ops_attention.attention_inputs(x.float(), cu, heads, kv_heads, rotary_base)
+    q, k, v = torch.cat([q, k, v], dim=1).to(x.dtype).split([heads, kv_heads, kv_heads], dim=1)
+    y, lse, rng, unused = ops_attention.flash_attention_forward(q, k, v, cu, max_seqlen, causal)
+    dq, dk, dv = ops_attention.flash_attention_backward(dy, y, q, k, v, lse, rng, unused, cu, max_seqlen, causal)
+    assert dq.dtype == dk.dtype == dv.dtype == x.dtype
+    dx = ops_attention.attention_inputs_bwd(dq.float(), dk.float(), dv.float(), cu, rotary_base).to(x.dtype)
+    return y, dx, (q, lse, rng)
+
+
 def test_reference_path_of_the_stage_helpers_matches_float64():
-    """attention_forward / attention_backward (what the generated stage calls) off FA2 (CPU): y,
-    and dx from what the forward returned."""
+    """flash_attention_forward / flash_attention_backward (what the generated stage calls) off FA2
+    (CPU), between the prep kernels' math: y, and dx from what the forward returned."""
     gen = torch.Generator().manual_seed(3)
     lengths, heads, kv_heads = [3, 1, 12], 4, 2
     x = torch.randn(16, (heads + 2 * kv_heads) * 16, generator=gen, dtype=torch.float32)
@@ -143,11 +157,10 @@ def test_reference_path_of_the_stage_helpers_matches_float64():
     x64 = x.double().requires_grad_()
     ref = attention64(x64, lengths, heads, kv_heads, True, 10000.0)
     (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
-    y, q, k, v, lse, rng, unused = ops_attention.attention_forward(x, offsets(lengths), 12, heads, kv_heads, True,
-                                                                   10000.0)
-    assert rng is None and q.dtype == torch.float64 and lse.shape == (16, heads)
-    dx = ops_attention.attention_backward(dy, y, q, k, v, lse, rng, unused, offsets(lengths), 12, True, 10000.0)
+    y, dx, (q, lse, rng) = stage_path(x, dy, offsets(lengths), 12, heads, kv_heads, True, 10000.0)
+    assert rng is None and q.dtype == torch.float32 and lse.shape == (16, heads)
     assert y.dtype == dx.dtype == torch.float32
+    # q, k, v rounded to fp32 before the attention (as FA2 takes them): a few fp32 roundings
     torch.testing.assert_close(y.double(), ref.detach(), rtol=1.3e-6, atol=1e-5)
     torch.testing.assert_close(dx.double(), dx_ref, rtol=1.3e-6, atol=1e-5)
 
@@ -199,8 +212,9 @@ def fa2_tolerance(dtype, grouped):
     ("MultiQuerySelfAttention", 256, 4, None, 1)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_attention_path_matches_float64(dtype, name, hidden, heads, kv, kv_heads, causal):
-    """attention_forward / attention_backward on CUDA 16-bit: PyTorch's FA2 varlen kernels, rotary
-    and split by torch ops; against float64 at TE's attention tolerances."""
+    """flash_attention_forward / flash_attention_backward on CUDA 16-bit: PyTorch's FA2 varlen
+    kernels on q, k, v that are views of one buffer (as the prep kernel writes it), rotary and
+    split by torch ops here; against float64 at TE's attention tolerances."""
     gen = torch.Generator().manual_seed(11)
     lengths = [1, 2, 37, 300, 5]
     width = (heads + 2 * kv_heads) * (hidden // heads)
@@ -210,10 +224,8 @@ def test_flash_attention_path_matches_float64(dtype, name, hidden, heads, kv, kv
     ref = attention64(x64, lengths, heads, kv_heads, causal, 10000.0)
     (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
     cu = offsets(lengths).cuda()
-    out = ops_attention.attention_forward(x.cuda(), cu, max(lengths), heads, kv_heads, causal, 10000.0)
-    y, q, k, v, lse, rng, unused = out
-    assert rng is not None, "a CUDA 16-bit input runs on FA2"
-    dx = ops_attention.attention_backward(dy.cuda(), y, q, k, v, lse, rng, unused, cu, max(lengths), causal, 10000.0)
+    y, dx, (q, lse, rng) = stage_path(x.cuda(), dy.cuda(), cu, max(lengths), heads, kv_heads, causal, 10000.0)
+    assert rng is not None and not q.is_contiguous(), "a CUDA 16-bit input runs on FA2, q a view"
     assert y.dtype == dx.dtype == dtype
     tol = fa2_tolerance(dtype, kv_heads != heads)
     torch.testing.assert_close(y.cpu().double(), ref.detach(), rtol=tol, atol=tol)
@@ -265,7 +277,7 @@ def test_eager_module_on_cuda_matches_float64(dtype):
 def fake_flash_forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *, scale=None):
     """FA2 varlen's contract, on the CPU in float64 (so the glue around it is tested without a GPU):
     out [total, heads, d] in q's dtype, the log-sum-exp [heads, total] in fp32, rng state, unused."""
-    assert q.dtype == k.dtype == v.dtype and cu_q.dtype == cu_k.dtype == torch.int32 and q.is_contiguous()
+    assert q.dtype == k.dtype == v.dtype and cu_q.dtype == cu_k.dtype == torch.int32 and q.stride(-1) == 1
     assert dropout_p == 0.0 and not return_debug_mask and max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max())
     lengths = (cu_q[1:] - cu_q[:-1]).tolist()
     heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
@@ -289,8 +301,8 @@ def fake_flash_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropo
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_path_glue_around_the_kernels(monkeypatch, causal):
-    """attention_forward / attention_backward on the FA2 path with FA2 stood in for by its contract
-    on the CPU: the split, the rotary and its transpose, the layouts, the dtype and the arguments
+    """flash_attention_forward / flash_attention_backward on the FA2 path with FA2 stood in for by
+    its contract on the CPU: q, k, v views of one buffer, the layouts, the dtype and the arguments
     the kernels get (bf16 inputs; float64 reference at bf16's attention tolerance)."""
     class FakeAten:
         _flash_attention_forward = staticmethod(fake_flash_forward)
@@ -308,10 +320,8 @@ def test_flash_path_glue_around_the_kernels(monkeypatch, causal):
     x64 = x.double().requires_grad_()
     ref = attention64(x64, lengths, heads, kv_heads, causal, 10000.0)
     (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
-    y, q, k, v, lse, rng, unused = ops_attention.attention_forward(x, offsets(lengths), 20, heads, kv_heads, causal,
-                                                                   10000.0)
+    y, dx, (q, lse, rng) = stage_path(x, dy, offsets(lengths), 20, heads, kv_heads, causal, 10000.0)
     assert rng is not None and lse.shape == (heads, sum(lengths)), "the (stood-in) FA2 kernels ran"
-    dx = ops_attention.attention_backward(dy, y, q, k, v, lse, rng, unused, offsets(lengths), 20, causal, 10000.0)
     assert y.dtype == dx.dtype == q.dtype == torch.bfloat16 and y.shape == (sum(lengths), heads * 16)
     torch.testing.assert_close(y.double(), ref.detach(), rtol=2.5e-2, atol=2.5e-2)
     torch.testing.assert_close(dx.double(), dx_ref, rtol=3.5e-2, atol=3.5e-2)

@@ -1,6 +1,6 @@
-"""The attention rule and stage (fusion_rules/attention.py, stages/attention.py): an attention op
-planned as its own stage both ways by the shipped rule lists, and lowered into the calls of
-ops/attention.py's shipped helpers over the packed sequences' values (the METADATA values
+"""The attention rule and stage (fusion_rules/attention.py, stages/attention/): an attention op
+planned as its own stage both ways by the shipped rule lists, and lowered into the prep kernels'
+launches around the calls of ops/attention.py's shipped FA2 helpers over the packed sequences' values (the METADATA values
 ``op.cu_seqlens`` and ``op.max_seqlen``, a host int, that pipeline.chain gives an op with
 ``OpDef.reads_sequences``: the pipeline's one pair, ``Pipeline.sequences``)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from fusegen import fusion_rules
 from fusegen.build import plan_specs
-from fusegen.calls import TorchCall
+from fusegen.calls import Launch, TorchCall
 from fusegen.frontend import parse_spec
 from fusegen.names import NameTable
 from fusegen.stages import ATTENTION, Block, Emitter
@@ -61,31 +61,77 @@ def test_ops_other_than_one_attention_are_refused():
     assert "one attention op" in ATTENTION.check("forward", ["attention", "gelu"])
 
 
-def test_lowering_reads_the_sequences_and_saves_what_the_backward_reads():
+def test_lowering_launches_the_prep_kernels_around_fa2_and_saves_what_the_backward_reads():
     plan = plan_layer()
     (stage,) = [s for s in plan.forward if s.rule.stage is ATTENTION]
     (op,) = stage.ops
     em = Emitter(plan, {})
     fwd = Block("forward", name=em.name)
     assert ATTENTION.forward(em, stage, fwd) == em.table[stage.output].name
-    (call,) = fwd.calls
-    assert isinstance(call, TorchCall)
+    prep, split, flash = fwd.calls
+    # the prep kernel: the projection and the offsets to one buffer, which q, k and v are views of
+    assert isinstance(prep, Launch) and prep.kernel == "qkv_prep_rope10000_fwd_h4_kv2_d16"
+    assert list(prep.reads.values()) == [stage.input, op.cu_seqlens]
+    (buffer,) = prep.writes.values()
+    assert isinstance(split, TorchCall) and list(split.reads.values()) == [buffer]
     saved = em.stats[op.index]
     assert [em.table[v].name for v in saved] == [f"{op.hint}_{s}" for s in ("q", "k", "v", "lse", "rng_state",
                                                                              "fa2_unused")]
-    assert set(call.reads.values()) == {stage.input, op.cu_seqlens, op.max_seqlen}
-    assert set(call.writes.values()) == {stage.output, *saved}
-    line = fwd.lines[0]
-    assert line.endswith(f"= ref.attention_forward({em.name(stage.input)}, cu_seqlens, max_seqlen, 4, 2, False, "
-                         "10000.0)")
+    assert list(split.writes.values()) == saved[:3]
+    assert fwd.lines[1].endswith(f"= {em.name(buffer)}.split([4, 2, 2], dim=1)")
+    assert set(flash.reads.values()) == {*saved[:3], op.cu_seqlens, op.max_seqlen}
+    assert set(flash.writes.values()) == {stage.output, *saved[3:]}
+    assert fwd.lines[2].endswith("cu_seqlens, max_seqlen, False)") and "ref.flash_attention_forward(" in fwd.lines[2]
 
     dy, d_in = em.grad(stage.output), em.grad(stage.input)
     bwd = Block("backward", name=em.name)
     assert ATTENTION.backward(em, stage, bwd, dy, d_in) == d_in
-    (back,) = bwd.calls
+    back, prep_back = bwd.calls
     assert set(back.reads.values()) == {dy, stage.output, *saved, op.cu_seqlens, op.max_seqlen}
-    assert set(back.writes.values()) == {d_in}
-    assert "ref.attention_backward(" in bwd.lines[0] and bwd.lines[0].endswith("cu_seqlens, max_seqlen, False, 10000.0)")
+    grads = [em.grad(v) for v in saved[:3]]  # dq, dk, dv
+    assert list(back.writes.values()) == grads
+    assert "ref.flash_attention_backward(" in bwd.lines[0] and bwd.lines[0].endswith("cu_seqlens, max_seqlen, False)")
+    assert isinstance(prep_back, Launch) and prep_back.kernel == "qkv_prep_rope10000_bwd_h4_kv2_d16"
+    assert list(prep_back.reads.values()) == [*grads, op.cu_seqlens] and list(prep_back.writes.values()) == [d_in]
+
+
+def test_without_rotary_q_k_v_are_views_of_the_projection_and_the_backward_still_launches_one_kernel():
+    (plan,) = plan_specs(parse_spec(SPEC.replace("rotary_base=10000.0, ", ""), "layer.py"), NameTable(),
+                         fusion_rules.FORWARD_RULES, fusion_rules.BACKWARD_RULES)
+    (stage,) = [s for s in plan.forward if s.rule.stage is ATTENTION]
+    (back_stage,) = [s for s in plan.backward if s.rule.stage is ATTENTION]
+    assert ATTENTION.kernels(plan, stage, "forward") == []
+    assert [k.name for k in ATTENTION.kernels(plan, back_stage, "backward")] == ["qkv_prep_bwd_h4_kv2_d16"]
+    em = Emitter(plan, {})
+    fwd = Block("forward", name=em.name)
+    ATTENTION.forward(em, stage, fwd)
+    split, flash = fwd.calls
+    assert list(split.reads.values()) == [stage.input]
+    assert fwd.lines[0].endswith(f"= {em.name(stage.input)}.unflatten(1, (8, 16)).split([4, 2, 2], dim=1)")
+
+
+def test_the_prep_kernels_are_the_stages_kernels():
+    plan = plan_layer()
+    (fwd,) = [s for s in plan.forward if s.rule.stage is ATTENTION]
+    (bwd,) = [s for s in plan.backward if s.rule.stage is ATTENTION]
+    (spec,) = ATTENTION.kernels(plan, fwd, "forward")
+    (back,) = ATTENTION.kernels(plan, bwd, "backward")
+    assert spec.family == back.family == "attention_prep"
+    assert (spec.ctx["heads"], spec.ctx["kv_heads"], spec.ctx["head_dim"], spec.ctx["inverse"]) == (4, 2, 16, False)
+    assert back.ctx["inverse"] and back.ctx["rotary"]
+
+
+def test_the_rotary_frequencies_are_fp32_of_the_float64_powers():
+    """The kernel's table: base^(-2i/d) in float64, each rounded once to fp32, written exactly."""
+    import struct
+
+    from fusegen.stages.attention.kernels import rotary_inv_freq
+    plan = plan_layer()
+    (stage,) = [s for s in plan.forward if s.rule.stage is ATTENTION]
+    (spec,) = ATTENTION.kernels(plan, stage, "forward")
+    want = [struct.unpack("f", struct.pack("f", 10000.0 ** (-(2 * i) / 16)))[0] for i in range(8)]
+    assert rotary_inv_freq(10000.0, 16) == want and want[0] == 1.0 and want[1] != 10000.0 ** (-2 / 16)
+    assert [float.fromhex(text[:-1]) for text in spec.ctx["inv_freq"]] == want
 
 
 def test_no_grad_lowering_keeps_nothing():
@@ -94,14 +140,16 @@ def test_no_grad_lowering_keeps_nothing():
     em = Emitter(plan, {}, saving=False)
     block = Block("no grad", name=em.name)
     ATTENTION.forward(em, stage, block)
-    (call,) = block.calls
-    assert set(call.writes.values()) == {stage.output} and block.lines[0].endswith("10000.0)[0]")
+    prep, split, flash = block.calls
+    assert set(flash.writes.values()) == {stage.output} and block.lines[2].endswith("False)[0]")
     assert stage.ops[0].index not in em.stats
 
 
 @pytest.mark.parametrize("pass_", ["forward", "backward"])
-def test_runs_as_names_fa2_and_the_reference_path(pass_):
+def test_runs_as_names_the_prep_kernel_fa2_and_the_reference_path(pass_):
     plan = plan_layer()
     (stage,) = [s for s in (plan.forward if pass_ == "forward" else plan.backward) if s.rule.stage is ATTENTION]
-    text = ATTENTION.runs_as(pass_, stage, [])
-    assert f"_flash_attention_{pass_}" in text and f"ref.attention_{pass_}" in text
+    kernels = ATTENTION.kernels(plan, stage, pass_)
+    text = ATTENTION.runs_as(pass_, stage, kernels)
+    assert f"_flash_attention_{pass_}" in text and f"ref.flash_attention_{pass_}" in text
+    assert f"`qkv_prep_rope10000_{'fwd' if pass_ == 'forward' else 'bwd'}_h4_kv2_d16`" in text

@@ -467,6 +467,12 @@ def test_every_kernel_has_a_test():
     # (bf16 on the GPU: the layers against float64, every parameter's grad)
     tested |= {"add_fwd_n256", "add_rmsnorm_fwd_h4096", "bias_add_bwd_n256", "bias_bwd_n768", "layernorm_fwd_h256",
                "rmsnorm_fwd_h256", "swiglu_bwd_n14336", "swiglu_bwd_n512", "swiglu_fwd_n512"}
+    # their attention prep kernels (stages/attention/), checked through test_attention_prep.py (every
+    # dtype against float64, positions of lengths 1, 2, odd, long and 0, up to 16,384 rows)
+    tested |= {"qkv_prep_rope10000_fwd_h4_kv2_d64", "qkv_prep_rope10000_bwd_h4_kv2_d64",
+               "qkv_prep_rope10000_fwd_h4_kv1_d64", "qkv_prep_rope10000_bwd_h4_kv1_d64",
+               "qkv_prep_rope500000_fwd_h32_kv8_d128", "qkv_prep_rope500000_bwd_h32_kv8_d128",
+               "qkv_prep_bwd_h4_kv4_d64"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above

@@ -1,0 +1,111 @@
+"""Attention stages: a self-attention op (ops/attention.py) over packed sequences.
+
+Forward: the prep kernel (kernels.py; none without rotary) from the fused projection and the
+packed sequences' offsets (``op.cu_seqlens``, int32 [batch + 1] on x's device) to one buffer
+[rows, heads + 2 kv_heads, d] holding rotary(q), rotary(k) and v; q, k and v are views of it (of
+the projection itself without rotary), which FlashAttention-2 varlen takes as they are (any row
+and head stride, a dense last dim). Then ``ref.flash_attention_forward`` on them with the longest
+length (``op.max_seqlen``, a host int): PyTorch's FA2 varlen kernels on CUDA bf16/fp16
+(``torch.ops.aten._flash_attention_forward``, GQA native), the op's reference math per sequence
+otherwise. The forward saves what the backward reads: q, k, v (views of the one buffer), the
+output, the softmax's log-sum-exp and FA2's rng state and fourth output (None off FA2).
+Backward: ``ref.flash_attention_backward`` to dq, dk, dv, then the backward prep kernel to the
+projection's grad (the rotary's transpose of dq and dk, dv copied). On CPU every launcher runs its
+reference math.
+"""
+
+from __future__ import annotations
+
+from ...calls import Launch, TorchCall, literal
+from ...values import Role
+from ..base import Saves, StageImpl
+from .kernels import attention_shape, prep_backward, prep_forward
+
+# what flash_attention_forward returns after y, in order: (name suffix, role, dtype)
+FLASH_SAVED = (("lse", Role.STATISTIC, "float32"), ("rng_state", Role.METADATA, "int64"),
+               ("fa2_unused", Role.METADATA, "int64"))
+
+
+class AttentionStage(StageImpl):
+    name = "attention"
+    # the reference path (fp32, CPU) splits the batch on the host (cu_seqlens.tolist()), and FA2
+    # takes max_seqlen as a host int: CUDA-graph replay with offsets in graph buffers and a fixed
+    # max_seqlen bound per captured shape is a later step
+    replayable = False
+
+    def check(self, pass_, chain):
+        return None if list(chain) == ["attention"] else "an attention stage runs one attention op"
+
+    def saves(self, pipeline, stage, have):
+        return Saves(values=frozenset({stage.output}))  # FA2's backward reads the output
+
+    def kernels(self, plan, stage, pass_):
+        op = stage.ops[0]
+        spec = prep_forward(op) if pass_ == "forward" else prep_backward(op)
+        return [spec] if spec is not None else []
+
+    def saved_shapes(self, em, stage):
+        op = stage.ops[0]
+        heads, kv_heads, head_dim, rotary = attention_shape(op)
+        q, k, v, lse, rng_state, unused = (em.table[value].name for value in em.stats[op.index])
+        of = "the prep kernel's buffer" if rotary is not None else "the projection"
+        off_fa2 = "None off FA2"
+        return {q: (f"[rows, {heads}, {head_dim}], a view of {of}", "x's dtype"),
+                k: (f"[rows, {kv_heads}, {head_dim}], a view of {of}", "x's dtype"),
+                v: (f"[rows, {kv_heads}, {head_dim}], a view of {of}", "x's dtype"),
+                lse: (f"[{heads}, rows] (FA2; [rows, {heads}] off it)", "float32 (FA2)"),
+                rng_state: (f"FA2's rng state; {off_fa2}", "FA2's"),
+                unused: (f"FA2's fourth output; {off_fa2}", "FA2's"),
+                em.name(op.cu_seqlens): ("[batch + 1]", "int32"),
+                em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int")}
+
+    def runs_as(self, pass_, stage, kernels):
+        prep = " + ".join(f"`{k.name}`" for k in kernels)
+        if pass_ == "forward":
+            first = f"{prep} (split, rotary) -> " if prep else "q, k, v views of x -> "
+            return (f"{first}FlashAttention-2 varlen (`aten._flash_attention_forward`) on CUDA bf16/fp16, else the "
+                    "reference math (`ref.flash_attention_forward`)")
+        return (f"FlashAttention-2 varlen backward (`aten._flash_attention_backward`) on CUDA bf16/fp16, else the "
+                f"reference math (`ref.flash_attention_backward`) -> {prep} (rotary's transpose, dqkv)")
+
+    def forward(self, em, stage, block):
+        op = stage.ops[0]
+        heads, kv_heads, head_dim, _ = attention_shape(op)
+        qkv = [em.table.add(Role.ACTIVATION, "x", f"{op.hint}_{name}") for name in ("q", "k", "v")]
+        split = literal(f".split([{heads}, {kv_heads}, {kv_heads}], dim=1)")
+        spec = prep_forward(op)
+        if spec is not None:  # one buffer [rows, heads + 2 kv_heads, d]: q, k, v are views of it
+            buffer = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_qkv")
+            block.add(Launch(spec.name, [stage.input, op.cu_seqlens], [buffer]))
+            block.add(TorchCall("{q}, {k}, {v} = {b}" + split, dict(b=buffer), dict(q=qkv[0], k=qkv[1], v=qkv[2])))
+        else:  # no rotary: views of the projection itself
+            view = literal(f".unflatten(1, ({heads + 2 * kv_heads}, {head_dim}))")
+            block.add(TorchCall("{q}, {k}, {v} = {x}" + view + split, dict(x=stage.input),
+                                dict(q=qkv[0], k=qkv[1], v=qkv[2])))
+        causal = literal(repr(op.opdef.reference_arguments(op.args)[2]))
+        reads = dict(q=qkv[0], k=qkv[1], v=qkv[2], cu=op.cu_seqlens, max=op.max_seqlen)
+        call = f"ref.flash_attention_forward({{q}}, {{k}}, {{v}}, {{cu}}, {{max}}, {causal})"
+        if not em.saving:  # the no-grad forward keeps nothing for a backward
+            block.add(TorchCall(f"{{y}} = {call}[0]", reads, dict(y=stage.output)))
+            return em.table[stage.output].name
+        flash = [em.table.add(role, dtype, f"{op.hint}_{name}") for name, role, dtype in FLASH_SAVED]
+        em.stats[op.index] = qkv + flash
+        writes = dict(y=stage.output, **{f"s{k}": value for k, value in enumerate(flash)})
+        block.add(TorchCall(", ".join("{" + slot + "}" for slot in writes) + f" = {call}", reads, writes))
+        return em.table[stage.output].name
+
+    def backward(self, em, stage, block, dy, d_in):
+        op = stage.ops[0]
+        saved = em.stats[op.index]
+        grads = [em.grad(value) for value in saved[:3]]  # dq, dk, dv
+        reads = dict(dy=dy, y=stage.output, **{f"s{k}": value for k, value in enumerate(saved)},
+                     cu=op.cu_seqlens, max=op.max_seqlen)
+        causal = op.opdef.reference_arguments(op.args)[2]
+        slots = ", ".join("{" + f"s{k}" + "}" for k in range(len(saved)))
+        block.add(TorchCall(f"{{dq}}, {{dk}}, {{dv}} = ref.flash_attention_backward({{dy}}, {{y}}, {slots}, {{cu}}, "
+                            f"{{max}}, {causal!r})", reads, dict(dq=grads[0], dk=grads[1], dv=grads[2])))
+        block.add(Launch(prep_backward(op).name, [*grads, op.cu_seqlens], [d_in]))
+        return d_in
+
+
+ATTENTION = AttentionStage()
