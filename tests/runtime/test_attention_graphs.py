@@ -320,3 +320,58 @@ def test_fullgraph_compile_with_a_device_seq_lens_and_no_max_seqlen_matches_eage
         assert_close_scaled(f"compiled tensor {k}", g, w.double().cpu(), tol)
     assert_close_scaled("compiled no-grad y", got_no_grad, want[0].double().cpu(), tol)
 
+
+
+# --- torch.compile(fullgraph=True) on CPU: the attention's reference math traced without host reads
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+@pytest.mark.parametrize("form", ["seq_lens", "3-D"])
+def test_fullgraph_compile_of_the_reference_path_matches_eager_and_float64(name, form):
+    """On CPU (float32: the reference math, which loops over the sequences reading their offsets
+    on the host) the compiled module attends over all rows with the sequences' block-diagonal
+    mask, traced from the device offsets; seq_lens without max_seqlen (the rows bound it). The
+    output, the grads of x and every parameter and the no-grad output against the eager module
+    and float64."""
+    module = generated.__dict__[name](dtype=torch.float32)
+    randomize_(module, torch.Generator().manual_seed(9))
+    gen = torch.Generator().manual_seed(10)
+    lengths = [3, 0, 1, 8, 5] if form == "seq_lens" else [6, 6, 6]
+    x = torch.randn(sum(lengths), HIDDEN, generator=gen)
+    dy = torch.randn(x.shape, generator=gen)
+    seq_lens = torch.tensor(lengths)
+
+    def run(m):
+        xg = x.clone().requires_grad_()
+        y = m(xg, seq_lens) if form == "seq_lens" else m(xg.reshape(3, 6, HIDDEN)).reshape(x.shape)
+        grads = torch.autograd.grad(y, [xg, *module.parameters()], dy)
+        with torch.no_grad():
+            y_no_grad = m(x, seq_lens) if form == "seq_lens" else m(x.reshape(3, 6, HIDDEN)).reshape(x.shape)
+        return [y.detach(), *grads, y_no_grad]
+
+    want = run(module)
+    torch._dynamo.reset()
+    got = run(torch.compile(module, fullgraph=True, backend="aot_eager"))
+    params = {k: as64(v, "cpu", True) for k, v in module.state_dict().items()}
+    x64 = as64(x, "cpu", True)
+    ref = layer64(name, params, x64, lengths)
+    refs = [ref.detach(), *torch.autograd.grad(ref, [x64, *(params[k] for k, _ in module.named_parameters())],
+                                               dy.double()), ref.detach()]
+    names = ["y", "dx", *(f"d{k}" for k, _ in module.named_parameters()), "no-grad y"]
+    for what, g, w, r in zip(names, got, want, refs, strict=True):
+        assert_close_to_reference(f"{name} compiled {what} (float64)", g, r, torch.float32)
+        assert_close_to_reference(f"{name} compiled {what} (eager)", g, w.double(), torch.float32)
+
+
+def test_the_reference_attention_reads_no_offsets_on_the_host_under_compile(no_host_reads, monkeypatch):
+    """What makes it traceable: under compile, attention_blocks is one range with a mask made on
+    the device; the mask is the sequences' block diagonal (causal: and the lower triangle)."""
+    from generated import _reference as ref
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q = torch.zeros(6, 2, 8)
+    ((start, end, keep),) = ref.attention_blocks(torch.tensor([0, 2, 2, 6], dtype=torch.int32), q, True)
+    monkeypatch.undo()
+    want = torch.zeros(6, 6, dtype=torch.bool)
+    want[:2, :2] = torch.ones(2, 2, dtype=torch.bool).tril()
+    want[2:, 2:] = torch.ones(4, 4, dtype=torch.bool).tril()
+    assert (start, end) == (0, 6) and torch.equal(keep, want)
