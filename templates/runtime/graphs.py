@@ -138,15 +138,8 @@ class CudaGraphs:
         index = x.get_device()
         if index != _current_device():  # a graph captures and replays on the current device's streams
             return None
-        if self._layout is None:  # the same for every call of a module: found once
-            rest = [i for i in range(self.inputs, len(args)) if i not in self.per_call]
-            self._layout = ([i for i in rest if isinstance(args[i], torch.Tensor)],
-                            [i for i in rest if not isinstance(args[i], torch.Tensor)])
-        parameters, flags = self._layout
-        key = (mode, _raw_stream(index), index, x.dtype,
-               *[args[i].shape for i in self.copied], *[args[i] for i in flags])
-        if self.by_parameters:  # then a graph's parameters are where it reads them, by its key
-            key += tuple(args[i].data_ptr() for i in parameters)
+        key = self._key(mode, args, _raw_stream(index), index)
+        parameters = self._layout[0]
         graph = self._graphs.get(key)
         if graph is None:
             full = len(self._graphs) >= self.max_graphs
@@ -169,6 +162,23 @@ class CudaGraphs:
                               f"from now on", RuntimeWarning)
             return None
         return graph
+
+    def _key(self, mode, args, stream, index):
+        """A call's graph key: the mode, the stream and device, x's dtype, the shapes of what a
+        replay copies in (the caller's tensors; the per-call tensors: the offsets' batch count),
+        the host values (flags; max_seqlen), and by parameters their addresses. Finds the
+        arguments' layout on a module's first call: which are parameters (tensors, not per call)
+        and which host values."""
+        if self._layout is None:  # the same for every call of a module: found once
+            rest = [i for i in range(self.inputs, len(args)) if i not in self.per_call]
+            self._layout = ([i for i in rest if isinstance(args[i], torch.Tensor)],
+                            [i for i in rest if not isinstance(args[i], torch.Tensor)])
+        parameters, flags = self._layout
+        key = (mode, stream, index, args[0].dtype,
+               *[args[i].shape for i in self.copied], *[args[i] for i in flags])
+        if self.by_parameters:  # then a graph's parameters are where it reads them, by its key
+            key += tuple(args[i].data_ptr() for i in parameters)
+        return key
 
     def _capture(self, key, mode, stages, args):
         """Capture ``stages`` on this device's capture stream into a new graph, or None with

@@ -133,6 +133,31 @@ def test_the_plan_decides_replay_and_its_dtypes_from_the_stages():
         ("float16", "bfloat16")]
 
 
+def test_a_graph_key_is_per_row_and_batch_count_never_per_lengths():
+    """CudaGraphs' key of an attention pipeline's call (x, parameters, cu_seqlens, max_seqlen): the
+    offsets' shape is in it, their values are not (the replay copies them in), max_seqlen (the
+    rows at a few rows) is; the offsets are never taken for a parameter (a new tensor each call:
+    its address would drop the graphs every call)."""
+    from generated._runtime.graphs import CudaGraphs
+
+    weight = torch.zeros(4, 4)
+
+    def call(rows, lengths, by_parameters=False, graphs=None):
+        graphs = graphs or CudaGraphs("M", inputs=1, per_call=(2,), by_parameters=by_parameters)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        args = (torch.zeros(rows, 4), weight, cu, rows)
+        return graphs, graphs._key("training", args, 0, 0)
+
+    graphs, key = call(24, [3, 1, 20])
+    assert graphs._layout == ([1], [3])  # the weight a parameter, max_seqlen a host value
+    assert call(24, [10, 10, 4], graphs=graphs)[1] == key  # new lengths: the same graph
+    assert call(24, [12, 12], graphs=graphs)[1] != key  # a new batch count: a graph of its own
+    assert call(23, [3, 1, 19], graphs=graphs)[1] != key  # a new row count (and bound)
+    assert graphs.copied == (0, 2)
+    graphs, key = call(24, [3, 1, 20], by_parameters=True)  # the compiled no-grad op's graphs
+    assert key[-1] == weight.data_ptr() and call(24, [24, 0, 0], True, graphs)[1] == key
+
+
 def test_graphs_pickle_with_their_per_call_inputs_and_dtypes():
     import pickle
 
