@@ -609,22 +609,45 @@ def attention_bounds(cu_seqlens, q):
     return cu_seqlens.tolist()
 
 
+def attention_blocks(cu_seqlens, q, causal):
+    """The row ranges the reference math attends within, each with its mask (True: attends; None:
+    all): one range a sequence, read on the host (attention_bounds). Under torch.compile, where a
+    host read is a graph break, one range of every row with the sequences' block-diagonal mask
+    (made on the device from the offsets): the same math in memory quadratic in the rows, so
+    fp32 and CPU layers compile with fullgraph (meant for tests and small inputs; bf16/fp16 on
+    CUDA runs FlashAttention-2)."""
+    total = q.shape[0]
+    if torch.compiler.is_compiling():
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int64)
+        count = cu.shape[0] - 1
+        sequence = torch.repeat_interleave(
+            torch.arange(count, device=q.device), cu[1:] - cu[:-1], output_size=total)
+        keep = sequence[:, None] == sequence[None, :]  # a row attends within its own sequence
+        if causal:
+            keep = keep & torch.ones(total, total, dtype=torch.bool, device=q.device).tril()
+        return [(0, total, keep)]
+    bounds = attention_bounds(cu_seqlens, q)
+    blocks = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            causal_mask = torch.ones(
+                end - start, end - start, dtype=torch.bool, device=q.device).tril()
+            blocks.append((start, end, causal_mask if causal else None))
+    return blocks
+
+
 def attention_core(q, k, v, cu_seqlens, causal):
     """Softmax(q k^T / sqrt(d) + mask) v per sequence: out [total, heads, d] and the softmax's
     log-sum-exp [total, heads]."""
     heads, group = q.shape[1], q.shape[1] // k.shape[1]
     out = torch.zeros_like(q)
     lse = torch.zeros(q.shape[:2], dtype=q.dtype, device=q.device)
-    bounds = attention_bounds(cu_seqlens, q)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end == start:
-            continue
+    for start, end, keep in attention_blocks(cu_seqlens, q, causal):
         qs = q[start:end].transpose(0, 1)  # [heads, L, d]
         ks = k[start:end].transpose(0, 1).repeat_interleave(group, dim=0)
         vs = v[start:end].transpose(0, 1).repeat_interleave(group, dim=0)
         scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
-        if causal:
-            keep = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).tril()
+        if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
         lse[start:end] = torch.logsumexp(scores, dim=-1).transpose(0, 1)
         out[start:end] = (torch.softmax(scores, dim=-1) @ vs).transpose(0, 1)
@@ -637,17 +660,13 @@ def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
     kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    bounds = attention_bounds(cu_seqlens, q)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end == start:
-            continue
+    for start, end, keep in attention_blocks(cu_seqlens, q, causal):
         qs = q[start:end].transpose(0, 1)
         ks = k[start:end].transpose(0, 1).repeat_interleave(group, dim=0)
         vs = v[start:end].transpose(0, 1).repeat_interleave(group, dim=0)
         do = dout[start:end].transpose(0, 1)
         scores = qs @ ks.transpose(1, 2) * scale
-        if causal:
-            keep = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).tril()
+        if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
         p = torch.softmax(scores, dim=-1)
         dp = do @ vs.transpose(1, 2)

@@ -25,8 +25,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, check_parameters, packed_sequences,
-    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, packed_sequences,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -128,7 +129,8 @@ def backward_stages(
 class LlamaLayerFunction(torch.autograd.Function):
     """Forward and backward of `llama_layer` on 2-D [rows, features] tensors.
 
-    The stages above (``graph``: None, the module replays no CUDA graphs)."""
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
@@ -160,7 +162,7 @@ class LlamaLayerFunction(torch.autograd.Function):
         # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(4096, 6144) · weight grad
         d_linear0_1_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
             ctx, linear0_1_weight, d_linear0_1_out, rmsnorm0_0_out)
-        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_rmsnorm0_0_weight, d_linear0_1_weight, d_linear0_3_weight,
             d_rmsnorm1_0_weight, d_linear1_1_weight, d_linear1_3_weight, None, None)
@@ -171,6 +173,11 @@ def no_grad_forward(
         linear1_1_weight, linear1_3_weight, cu_seqlens, max_seqlen):
     """The forward of `llama_layer` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.llama_layer_no_grad_ce3be730(
+            x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
+            linear1_1_weight, linear1_3_weight, cu_seqlens, max_seqlen)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # no-grad stage 1 · rule norm · op 0.0: RMSNorm(4096)
@@ -201,6 +208,20 @@ def no_grad_forward(
     # ops(x)
     residual1_out = torch.addmm(residual1, swiglu1_2_out, linear1_3_weight.t())
     return residual1_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs(
+    "LlamaLayer", inputs=1, per_call=(7,), dtypes=(torch.bfloat16, torch.float16),
+    by_parameters=True)
+register_no_grad_op(
+    "llama_layer_no_grad_ce3be730",
+    "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, Tensor "
+    "rmsnorm1_0_weight, Tensor linear1_1_weight, Tensor linear1_3_weight, Tensor cu_seqlens, int "
+    "max_seqlen) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class LlamaLayer(torch.nn.Module):
@@ -241,6 +262,9 @@ class LlamaLayer(torch.nn.Module):
         self._modules["1"]._modules["3"].weight = torch.nn.Parameter(
             torch.empty((4096, 14336), device=device, dtype=dtype))
         self.reset_parameters()
+        # calls of a few rows on CUDA replay graphs captured per input shape
+        self.cuda_graphs = CudaGraphs(
+            "LlamaLayer", inputs=1, per_call=(7,), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"]._modules["0"].weight, "ones")
@@ -276,7 +300,8 @@ class LlamaLayer(torch.nn.Module):
                 linear1_1_weight, linear1_3_weight)
         )
         check_input("LlamaLayer", "x", x, 4096, rmsnorm0_0_weight)
-        cu_seqlens, max_seqlen = packed_sequences("LlamaLayer", x, seq_lens, max_seqlen)
+        cu_seqlens, max_seqlen = packed_sequences(
+            "LlamaLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
@@ -287,7 +312,9 @@ class LlamaLayer(torch.nn.Module):
             cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
         )
         if torch.is_grad_enabled():
-            outputs = LlamaLayerFunction.apply(None, *args)  # no CUDA graphs
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = LlamaLayerFunction.apply(
+                self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
-            outputs = no_grad_forward(*args)
+            outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 4096)

@@ -21,8 +21,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    SpecOp, as_rows, backward_done, check_input, check_parameters, packed_sequences,
-    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, packed_sequences,
+    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -107,7 +108,8 @@ def backward_stages(
 class MhaBlockFunction(torch.autograd.Function):
     """Forward and backward of `mha_block` on 2-D [rows, features] tensors.
 
-    The stages above (``graph``: None, the module replays no CUDA graphs)."""
+    The stages above, replayed from CUDA graphs at a few rows (``graph``: the module's
+    CudaGraphs.training, or None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
@@ -134,7 +136,7 @@ class MhaBlockFunction(torch.autograd.Function):
         # backward stage 1 · rule linear_backward · op 0.1a: BasicLinear(256, 768) · weight grad
         d_linear0_1_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
             ctx, linear0_1_weight, d_linear0_1_out, layernorm0_0_out)
-        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
+        backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_layernorm0_0_weight, d_layernorm0_0_bias, d_linear0_1_weight,
             d_linear0_1_bias, d_linear0_3_weight, d_linear0_3_bias, None, None)
@@ -145,6 +147,11 @@ def no_grad_forward(
         linear0_3_weight, linear0_3_bias, cu_seqlens, max_seqlen):
     """The forward of `mha_block` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
+    # torch.compile: the custom op below
+    if torch.compiler.is_compiling() and x.device.type != "meta":
+        return torch.ops.fusegen.mha_block_no_grad_3d9195d4(
+            x, layernorm0_0_weight, layernorm0_0_bias, linear0_1_weight, linear0_1_bias,
+            linear0_3_weight, linear0_3_bias, cu_seqlens, max_seqlen)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # no-grad stage 1 · rule norm · op 0.0: LayerNorm(256)
@@ -166,6 +173,19 @@ def no_grad_forward(
     # no-grad stage 5 · rule elementwise · op 0b: Residual: x + ops(x)
     residual0_out = kernels.add_fwd_n256(linear0_3_out, residual0)
     return residual0_out
+
+
+# torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
+# rows as the module does; an op is not given its module, so these graphs go by the parameters'
+# addresses
+COMPILED_GRAPHS = CudaGraphs(
+    "MhaBlock", inputs=1, per_call=(7,), dtypes=(torch.bfloat16, torch.float16), by_parameters=True)
+register_no_grad_op(
+    "mha_block_no_grad_3d9195d4",
+    "(Tensor x, Tensor layernorm0_0_weight, Tensor layernorm0_0_bias, Tensor linear0_1_weight, "
+    "Tensor linear0_1_bias, Tensor linear0_3_weight, Tensor linear0_3_bias, Tensor cu_seqlens, int "
+    "max_seqlen) -> Tensor",
+    no_grad_forward, COMPILED_GRAPHS)
 
 
 class MhaBlock(torch.nn.Module):
@@ -201,6 +221,9 @@ class MhaBlock(torch.nn.Module):
         self._modules["0"]._modules["3"].bias = torch.nn.Parameter(
             torch.empty((256,), device=device, dtype=dtype))
         self.reset_parameters()
+        # calls of a few rows on CUDA replay graphs captured per input shape
+        self.cuda_graphs = CudaGraphs(
+            "MhaBlock", inputs=1, per_call=(7,), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"]._modules["0"].weight, "ones")
@@ -236,7 +259,8 @@ class MhaBlock(torch.nn.Module):
                 linear0_3_weight, linear0_3_bias)
         )
         check_input("MhaBlock", "x", x, 256, layernorm0_0_weight)
-        cu_seqlens, max_seqlen = packed_sequences("MhaBlock", x, seq_lens, max_seqlen)
+        cu_seqlens, max_seqlen = packed_sequences(
+            "MhaBlock", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
@@ -247,7 +271,8 @@ class MhaBlock(torch.nn.Module):
             cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
         )
         if torch.is_grad_enabled():
-            outputs = MhaBlockFunction.apply(None, *args)  # no CUDA graphs
+            # a few rows on CUDA: forward and backward replayed from CUDA graphs
+            outputs = MhaBlockFunction.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
-            outputs = no_grad_forward(*args)
+            outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

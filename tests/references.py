@@ -411,6 +411,13 @@ INPUT_SHAPES = {
 }
 
 
+def replays_graphs_in(module_class, dtype):
+    """Whether a generated module class replays CUDA graphs for inputs of ``dtype`` (made on the
+    meta device: no parameter memory, no initialisation work)."""
+    graphs = getattr(module_class(device="meta"), "cuda_graphs", None)
+    return graphs is not None and (graphs.dtypes is None or dtype in graphs.dtypes)
+
+
 def module_inputs(module, rows, gen, device="cuda", dtype=torch.float32):
     """x and the extra inputs of a generated module: a size-generic module at width 64, a per-row
     input (a row-scaled activation's scales) one positive value a row; INPUT_SHAPES' as they say."""

@@ -146,18 +146,29 @@ def check_packed_form(module, x):
                          "x.shape[1] tokens)")
 
 
-def packed_sequences(module, x, seq_lens, max_seqlen):
+def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None):
     """(cu_seqlens, max_seqlen) of a call: int32 offsets [batch + 1] on x's device and the host
     int bounding the longest sequence. Call forms: ``m(x, seq_lens)`` with x [total, hidden] and
     seq_lens [batch] (int32 or int64, on x's device or the CPU); ``m(x)`` with a 2-D x (one
     sequence) or a 3-D x [batch, seq, hidden] (batch-major: batch sequences of seq tokens).
-    ``max_seqlen``: at least the longest length; without it a CPU seq_lens gives it without a
-    device sync, a device one with one (.tolist()). One quick pass a call; errors say what to
-    pass."""
+    ``max_seqlen``: at least the longest length. The bound passed on is:
+    - x on a device (not the CPU) of at most ``few_rows`` rows (a module that replays CUDA
+      graphs there: its ``cuda_graphs.max_rows``): the rows (x's sequence length without
+      seq_lens), whatever ``max_seqlen`` says, so one graph per row and batch count serves every
+      set of lengths (max_seqlen is a bound: the ops that read it, FlashAttention-2, compute the
+      same for any bound of the longest length);
+    - under torch.compile without ``max_seqlen``: the rows (no sync, no data-dependent guard);
+    - otherwise ``max_seqlen``, or without it the longest length, which a CPU seq_lens gives
+      without a device sync and a device one with one (.tolist()).
+    No sync means the lengths are checked on the device (torch._assert_async), before anything
+    reads the offsets. The rows as a bound costs FlashAttention-2 empty blocks (it launches
+    blocks for max_seqlen tokens a sequence): nothing at a few rows, more at many (pass
+    max_seqlen then). One quick pass a call; errors say what to pass."""
     if max_seqlen is not None and (type(max_seqlen) is not int or max_seqlen < 0):  # (not a bool)
         raise TypeError(f"{module}: max_seqlen must be None or an int of 0 or more (the longest "
                         f"sequence's length, or more), got {max_seqlen!r}")
     dims = x.dim()
+    compiling = torch.compiler.is_compiling()
     if seq_lens is None:
         if dims not in (2, 3):
             raise ValueError(f"{module}: x must be 2-D [tokens, hidden] (one sequence) or 3-D "
@@ -166,7 +177,8 @@ def packed_sequences(module, x, seq_lens, max_seqlen):
         batch, seq = (1, x.shape[0]) if dims == 2 else (x.shape[0], x.shape[1])
         _check_bound(module, max_seqlen, seq, "x's sequence length")
         cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=x.device) * seq
-        return cu_seqlens, seq if max_seqlen is None else max_seqlen
+        few = _few_rows(x, few_rows, compiling, batch * seq)
+        return cu_seqlens, seq if max_seqlen is None or few else max_seqlen
     if dims == 3:
         check_packed_form(module, x)
     if dims != 2:
@@ -174,10 +186,12 @@ def packed_sequences(module, x, seq_lens, max_seqlen):
                          f"{list(x.shape)}")
     _check_lengths(module, x, seq_lens)
     rows = x.shape[0]
+    few = _few_rows(x, few_rows, compiling, rows)
     cu_seqlens = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int64), (1, 0))
-    # the lengths read on the host: a CPU seq_lens, or to find the longest (a device one: a sync);
-    # under torch.compile with max_seqlen, checked on the device instead (no data-dependent guard)
-    if (seq_lens.device.type == "cpu" and not torch.compiler.is_compiling()) or max_seqlen is None:
+    # the lengths read on the host where that costs no device sync (a CPU seq_lens outside
+    # compile), or where no bound is known (a device seq_lens, no max_seqlen, many rows: a sync)
+    if ((seq_lens.device.type == "cpu" and not compiling)
+            or (max_seqlen is None and not few and not compiling)):
         lowest, total, longest = torch.stack(
             [seq_lens.min().long(), cu_seqlens[-1], seq_lens.max().long()]).tolist()
         if lowest < 0:
@@ -187,13 +201,22 @@ def packed_sequences(module, x, seq_lens, max_seqlen):
             raise ValueError(f"{module}: seq_lens sums to {total} tokens but x has {rows} rows; "
                              "the lengths of the packed sequences must add up to x.shape[0]")
         _check_bound(module, max_seqlen, longest, "the longest of seq_lens")
-        max_seqlen = longest if max_seqlen is None else max_seqlen
-    else:  # no sync: the device checks it before anything reads the offsets
+        bound = longest if max_seqlen is None else max_seqlen
+    else:  # no sync: the device checks them before anything reads the offsets
+        bound = rows if max_seqlen is None else max_seqlen
         torch._assert_async(
-            (seq_lens.min() >= 0) & (cu_seqlens[-1] == rows) & (seq_lens.max() <= max_seqlen),
+            (seq_lens.min() >= 0) & (cu_seqlens[-1] == rows) & (seq_lens.max() <= bound),
             f"{module}: seq_lens must be lengths of 0 or more summing to x's {rows} rows, the "
-            f"longest at most max_seqlen={max_seqlen}")
-    return cu_seqlens.to(device=x.device, dtype=torch.int32, non_blocking=True), max_seqlen
+            f"longest at most max_seqlen={bound}" if max_seqlen is not None else
+            f"{module}: seq_lens must be lengths of 0 or more summing to x's {rows} rows")
+    return (cu_seqlens.to(device=x.device, dtype=torch.int32, non_blocking=True),
+            rows if few else bound)
+
+
+def _few_rows(x, few_rows, compiling, rows):
+    """Whether a call's bound is its rows (packed_sequences). Never asked under compile: rows may
+    be symbolic there, and a guard on them would recompile."""
+    return few_rows is not None and not compiling and x.device.type != "cpu" and rows <= few_rows
 
 
 def _check_lengths(module, x, seq_lens):

@@ -10,7 +10,7 @@ import torch
 
 from .capture import _capture, _capturing
 from .launch import _current_device, _raw_stream
-from .training_graphs import _TrainingGraph
+from .training_graphs import _Parameter, _TrainingGraph
 
 MAX_PARAMETER_MOVES = 3  # a module whose parameters move this often replays no graphs
 
@@ -51,16 +51,31 @@ class CudaGraphs:
     addresses of the parameters it reads (the no-grad custom op that torch.compile calls, which is
     given tensors, not its module); a module whose parameters move gets graphs of its own, and
     once ``max_graphs`` are held the oldest makes way for a new key.
+
+    ``per_call``: the positions of arguments after the caller's tensors that are tensors made
+    anew each call (a pipeline's packed-sequence offsets, cu_seqlens): copied into the graph's
+    buffers like the inputs, and their shapes part of the key (a graph per row count and batch
+    count), never taken for parameters. The host ints among the arguments (max_seqlen, which the
+    module bounds by the rows at a few rows) are part of the key. ``dtypes``: the dtypes of x a
+    graph can capture the pipeline in (None: any); calls in others run as usual, without a
+    warning (an attention in float32 runs reference math that reads the offsets on the host).
     """
 
-    def __init__(self, module, inputs, max_rows=128, max_graphs=8, by_parameters=False):
+    def __init__(self, module, inputs, max_rows=128, max_graphs=8, by_parameters=False,
+                 per_call=(), dtypes=None):
         self.module = module  # the class name, for messages
-        # the first ``inputs`` arguments are per-call tensors; then parameters and flags
-        self.inputs = inputs
+        self.inputs = inputs  # the first ``inputs`` arguments are the caller's tensors
+        self.per_call = tuple(per_call)  # then parameters, flags and ``per_call`` tensors
+        self.dtypes = dtypes
         self.max_rows = max_rows
         self.max_graphs = max_graphs
         self.by_parameters = by_parameters
         self._reset()
+
+    @property
+    def copied(self):
+        """The positions of the arguments a replay copies into the graph's buffers."""
+        return (*range(self.inputs), *self.per_call)
 
     def _reset(self):
         self.failed = None  # why graphs are off for this module from then on
@@ -81,8 +96,9 @@ class CudaGraphs:
             self._graphs.clear()
 
     def __getstate__(self):
-        return {"module": self.module, "inputs": self.inputs, "max_rows": self.max_rows,
-                "max_graphs": self.max_graphs, "by_parameters": self.by_parameters}
+        return {"module": self.module, "inputs": self.inputs, "per_call": self.per_call,
+                "dtypes": self.dtypes, "max_rows": self.max_rows, "max_graphs": self.max_graphs,
+                "by_parameters": self.by_parameters}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -95,10 +111,9 @@ class CudaGraphs:
         graph = self._find("no-grad", forward, args)
         if graph is None:
             return forward(*args)
-        inputs = args[:self.inputs]
         with self._lock:
-            for static, a in zip(graph.inputs, inputs):
-                static.copy_(a)
+            for static, i in zip(graph.inputs, self.copied):
+                static.copy_(args[i])
             graph.graph.replay()
             outputs = [out.clone() for out in graph.outputs]
         return outputs[0] if graph.single else tuple(outputs)
@@ -117,21 +132,15 @@ class CudaGraphs:
         """This call's graph for ``mode``: found, captured now (the key's second call), or None
         where the call runs as usual."""
         x = args[0]
-        if not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing():
+        if (not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing()
+                or (self.dtypes is not None and x.dtype not in self.dtypes)):
             return None
         index = x.get_device()
         # a graph captures and replays on the current device's streams
         if index != _current_device():
             return None
-        if self._layout is None:  # the same for every call of a module: found once
-            rest = range(self.inputs, len(args))
-            self._layout = ([i for i in rest if isinstance(args[i], torch.Tensor)],
-                            [i for i in rest if not isinstance(args[i], torch.Tensor)])
-        parameters, flags = self._layout
-        key = (mode, _raw_stream(index), index, x.dtype,
-               *[args[i].shape for i in range(self.inputs)], *[args[i] for i in flags])
-        if self.by_parameters:  # then a graph's parameters are where it reads them, by its key
-            key += tuple(args[i].data_ptr() for i in parameters)
+        key = self._key(mode, args, _raw_stream(index), index)
+        parameters = self._layout[0]
         graph = self._graphs.get(key)
         if graph is None:
             full = len(self._graphs) >= self.max_graphs
@@ -155,27 +164,45 @@ class CudaGraphs:
             return None
         return graph
 
+    def _key(self, mode, args, stream, index):
+        """A call's graph key: the mode, the stream and device, x's dtype, the shapes of what a
+        replay copies in (the caller's tensors; the per-call tensors: the offsets' batch count),
+        the host values (flags; max_seqlen), and by parameters their addresses. Finds the
+        arguments' layout on a module's first call: which are parameters (tensors, not per call)
+        and which host values."""
+        if self._layout is None:  # the same for every call of a module: found once
+            rest = [i for i in range(self.inputs, len(args)) if i not in self.per_call]
+            self._layout = ([i for i in rest if isinstance(args[i], torch.Tensor)],
+                            [i for i in rest if not isinstance(args[i], torch.Tensor)])
+        parameters, flags = self._layout
+        key = (mode, stream, index, args[0].dtype,
+               *[args[i].shape for i in self.copied], *[args[i] for i in flags])
+        if self.by_parameters:  # then a graph's parameters are where it reads them, by its key
+            key += tuple(args[i].data_ptr() for i in parameters)
+        return key
+
     def _capture(self, key, mode, stages, args):
         """Capture ``stages`` on this device's capture stream into a new graph, or None with
         graphs turned off for the module (and a warning) where a capture fails."""
-        inputs, rest = args[:self.inputs], args[self.inputs:]
+        parameters_at = self._layout[0]
         # ordinary tensors even under inference_mode (whose tensors could not be copied into
         # outside it); autograd stays off
         with self._lock, torch.inference_mode(False), torch.no_grad():
             if self._graphs.get(key) is not None:  # another thread captured it meanwhile
                 return self._graphs[key]
             # the graph's input buffers, allocated on the stream that will use them
-            static = [a.clone() for a in inputs]
-            captured = _capture(lambda: stages(*static, *rest))
+            static = {i: args[i].clone() for i in self.copied}
+            captured = _capture(lambda: stages(*[static.get(i, a) for i, a in enumerate(args)]))
             if isinstance(captured, Exception):
                 self._failed(f"its {mode} forward", captured)
                 return None
             graph, outputs = captured
-            parameters = [a.data_ptr() for a in rest if isinstance(a, torch.Tensor)]
+            parameters = [args[i].data_ptr() for i in parameters_at]
+            static = [static[i] for i in self.copied]
             if mode == "training":
                 outputs, saved = outputs
                 # a parameter as its position in ``args`` (the entry keeps none alive)
-                position = {id(a): i for i, a in enumerate(args) if i >= self.inputs}
+                position = {id(args[i]): _Parameter(i) for i in parameters_at}
                 saved = [position.get(id(s), s) for s in saved]
                 entry = _TrainingGraph(self, graph, static, outputs, saved, parameters)
             else:

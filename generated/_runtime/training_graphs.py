@@ -10,6 +10,16 @@ import torch
 from .capture import _capture, _capturing
 
 
+class _Parameter:
+    """A saved tensor that is a parameter: its position in the call's arguments (each replay
+    reads its own call's, which a key's graph finds at the same address)."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position):
+        self.position = position
+
+
 class _TrainingGraph:
     """One captured forward under autograd (its outputs, and the tensors its backward reads, in
     the graph's buffers), and its backward's graph, captured on the first backward.
@@ -21,7 +31,7 @@ class _TrainingGraph:
 
     def __init__(self, graphs, graph, inputs, outputs, saved, parameters):
         self.owner = weakref.ref(graphs)
-        self.module, self.lock, self.inputs_count = graphs.module, graphs._lock, graphs.inputs
+        self.module, self.lock, self.copied = graphs.module, graphs._lock, graphs.copied
         self.graph, self.inputs, self.parameters = graph, inputs, parameters
         self.single = isinstance(outputs, torch.Tensor)
         self.outputs = [outputs] if self.single else list(outputs)
@@ -45,7 +55,8 @@ class _Replay:
     def __init__(self, entry, args):
         self.entry, self.replay = entry, entry.replays
         # the buffers, and this call's own parameters where the capture's were
-        self.saved = tuple(args[s] if isinstance(s, int) else s for s in entry.saved)
+        self.saved = tuple(args[s.position] if isinstance(s, _Parameter) else s
+                           for s in entry.saved)
 
     def release(self):
         if self.entry.lease is not None and self.entry.lease() is self:
@@ -63,8 +74,8 @@ def replay_forward(graph, ctx, stages, args, host=()):
     if graph is not None:
         with graph.lock:
             if not graph.leased():  # else its buffers hold a pending backward's tensors
-                for static, a in zip(graph.inputs, args[:graph.inputs_count]):
-                    static.copy_(a)
+                for static, i in zip(graph.inputs, graph.copied):
+                    static.copy_(args[i])
                 graph.graph.replay()
                 graph.replays += 1
                 ctx.replayed = _Replay(graph, args)
@@ -121,7 +132,7 @@ def replay_backward(ctx, stages, args):
             backward, (grads, operands) = captured
             # the parameters it reads, where it reads them
             parameters = [(i, s.data_ptr()) for i, s in enumerate(replayed.saved)
-                          if isinstance(graph.saved[i], int)]
+                          if isinstance(graph.saved[i], _Parameter)]
             graph.backward = (backward, static, grads, operands, parameters)
         backward, static, grads, operands, parameters = graph.backward
         if any(replayed.saved[i].data_ptr() != at for i, at in parameters):

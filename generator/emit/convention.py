@@ -46,6 +46,9 @@ class Argument:
     check: tuple[str, ...] | None = None
     checked_by: str = ""  # the runtime's function its check calls, which the module imports
     typed: str = ""  # its type in a custom op's schema where its role does not say (the sequences')
+    # a tensor the module's forward makes anew each call (the sequences' offsets): a CUDA graph
+    # copies it into its buffers as it does the caller's tensors, never reads it where it was
+    per_call: bool = False
 
     @property
     def tensor(self) -> bool:
@@ -85,6 +88,7 @@ class ModuleForward:
     like: str = "x"  # the tensor whose dtype and device the inputs must have: the first parameter, or x
     parameters_check: str = ""  # the parameters' one check line
     sequences: tuple[int, int] | None = None  # (cu_seqlens, max_seqlen) where an op reads them
+    graphs: bool = False  # the module replays CUDA graphs (emit.replays_graphs)
 
     @property
     def like_is(self) -> str:
@@ -106,7 +110,7 @@ def _tuple_literal(items) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
-def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_lines) -> ModuleForward:
+def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_lines, graphs: bool) -> ModuleForward:
     """What the pipeline's module forward renders its arguments by."""
     p = pipeline
     params = [(key, shape, p.value(value).name)
@@ -119,19 +123,19 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
     return ModuleForward(p.class_name, leads, reshapes=bool(lead_lines), copied=frozenset(copied), generic=p.generic,
                          any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
                          in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
-                         sequences=p.sequences)
+                         sequences=p.sequences, graphs=graphs)
 
 
-def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=()) -> list[Argument]:
+def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=(), graphs=False) -> list[Argument]:
     """Each free value as an argument. ``leads``: the leading dims' name at each op's input
     (emit.leading_dims), ``lead_lines`` the lines that compute them; ``copied``: extra inputs the
     forward gets a copy of (the caller's tensor changes after it: a written-back one the backward
-    reads)."""
+    reads); ``graphs``: the module replays CUDA graphs."""
     owner = {}
     for op in pipeline.ops:
         for value in (op.extra_in, *(v for _, v in op.param_ids), op.module_object, op.lead):
             owner.setdefault(value, op)
-    forward = _module_forward(pipeline, leads, copied, lead_lines)
+    forward = _module_forward(pipeline, leads, copied, lead_lines, graphs)
     return [argument(forward, pipeline.value(value), owner.get(value)) for value in free_values(pipeline)]
 
 
@@ -168,11 +172,14 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
         return Argument(value.id, value.role, name, f'self._modules["{op.module_index}"]', line=name)
     if value.role is Role.METADATA and f.sequences is not None and value.id in f.sequences:
         # the packed sequences, made once from the call form (x's rows; seq_lens=, max_seqlen=) and
-        # checked there, on one line: int32 offsets on x's device, and a host int
-        check = f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen)'
+        # checked there, on one line: int32 offsets on x's device, and a host int (bounded by the
+        # rows where a module replays CUDA graphs: at most its max_rows rows, one graph serves
+        # every set of lengths of a row and batch count)
+        few_rows = ", self.cuda_graphs.max_rows" if f.graphs else ""
+        check = f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows})'
         first = value.id == f.sequences[0]
         return Argument(value.id, value.role, name, name, line="sequences", check=(check,),
-                        checked_by="packed_sequences", typed="Tensor" if first else "int",
+                        checked_by="packed_sequences", typed="Tensor" if first else "int", per_call=first,
                         comment="the packed sequences: offsets [batch + 1], the longest length" if not first else "")
     if value.role is Role.METADATA and op is not None and op.lead == value.id:
         return Argument(value.id, value.role, name, f.leads[op.index], line=module_name(op),
@@ -267,6 +274,13 @@ def grad_inputs(args: list[Argument], x_grad, grad: Callable) -> list:
     grad the backward leaves it in), a tensor's ``grad(value)``, the rest's None (a flag, an
     object, metadata have no grad)."""
     return [x_grad if arg.value == 0 else grad(arg.value) if arg.tensor else None for arg in args]
+
+
+def per_call_positions(args: list[Argument]) -> tuple[int, ...]:
+    """The positions, among the Function's arguments, of the tensors made anew each call besides
+    the caller's (the packed sequences' offsets): a CUDA graph copies them in (CudaGraphs'
+    ``per_call``)."""
+    return tuple(i for i, arg in enumerate(args) if arg.per_call)
 
 
 def caller_tensors(args: list[Argument]) -> list[str]:

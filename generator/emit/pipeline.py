@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 from ..ir import Sym, size_expr
+from ..kernels import DTYPES
 from ..plan import Plan
 from ..source_text import py_string
 from ..stages import Block, Emitter
@@ -101,14 +102,34 @@ def _parent_and_name(path: str) -> tuple[str, str]:
 
 def replays_graphs(plan: Plan) -> bool:
     """Whether the module replays its forward and backward from CUDA graphs at a few rows (the
-    runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage.
-    Not where an op reads the packed sequences: a graph would keep the captured call's max_seqlen
-    (sequence offsets in graph buffers and a bound per captured shape are issue 38's next step)."""
-    if plan.pipeline.sequences is not None:
-        return False
+    runtime's CudaGraphs): worth it from two launches on, where a graph can capture every stage
+    (in some dtypes only, where a stage says so: ``replay_dtypes``)."""
     launching = [s for s in plan.inference if s.rule.stage.launches and s.kind != "passthrough"]
     every = [*plan.inference, *plan.forward, *plan.backward]
     return len(launching) >= 2 and all(s.rule.stage.replayable for s in every)
+
+
+def replay_dtypes(plan: Plan) -> tuple[str, ...] | None:
+    """The dtypes of x in which every stage can be captured (the stages' ``replay_dtypes`` in
+    common, in DTYPES' order), or None for any."""
+    every = [s.rule.stage.replay_dtypes for s in [*plan.inference, *plan.forward, *plan.backward]]
+    declared = [set(dtypes) for dtypes in every if dtypes is not None]
+    if not declared:
+        return None
+    return tuple(name for name in DTYPES if all(name in dtypes for dtypes in declared))
+
+
+def graphs_arguments(args: list[convention.Argument], dtypes: tuple[str, ...] | None) -> str:
+    """CudaGraphs' arguments after the module's name: how many tensors the caller hands, the
+    positions of the tensors made per call (the packed sequences' offsets), the dtypes a graph
+    can capture in."""
+    text = f"inputs={len(convention.caller_tensors(args))}"
+    per_call = convention.per_call_positions(args)
+    if per_call:
+        text += f", per_call={per_call!r}"
+    if dtypes is not None:
+        text += ", dtypes=(" + ", ".join(f"torch.{name}" for name in dtypes) + ("," if len(dtypes) == 1 else "") + ")"
+    return text
 
 
 def no_grad_op(name: str, args: list[convention.Argument], blocks: list[Block], outputs: list[str]) -> tuple[str, str]:
@@ -146,7 +167,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     # an extra input written back that the backward reads is a copy (the caller's tensor changes after it)
     copied = {p.extra_input_values[op.writes_back_to] for op in p.written_back
               if p.extra_input_values[op.writes_back_to] in plan.saved_extra_inputs}
-    args = convention.arguments(p, leads, copied, lead_lines)
+    args = convention.arguments(p, leads, copied, lead_lines, graphs=graphs)
     grad_inputs = convention.grad_inputs(args, grads[0], em.grad)
     between = any(stage.rule.stage.between_functions for stage in plan.forward)
     if not between:  # one Function returns every grad (segments gives each Function its own copies)
@@ -181,6 +202,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         functions=functions, grad_steps=grad_steps,
         cuda_graphs=graphs, function_inputs=function_inputs,
+        graphs_arguments=graphs_arguments(args, replay_dtypes(plan)) if graphs else "",
         no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
         leads=leads, any_shape=convention.takes_any_shape(p),
         forward_parameters=convention.forward_parameters(args),

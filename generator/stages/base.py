@@ -55,6 +55,9 @@ class StageImpl:
     takes_any_op = False  # True: the stage judges each op itself (no op kinds to declare in a rule)
     launches = True  # the stage runs device work (kernels, GEMMs, PyTorch ops); False: views only
     replayable = True  # a CUDA graph can capture it (False: a user's module, which may do anything)
+    # the dtypes (kernels.DTYPES names) of x a CUDA graph can capture it in; None: every dtype (a
+    # stage whose math reads values on the host in some dtypes: the attention's reference math)
+    replay_dtypes: tuple[str, ...] | None = None
     # runs as it is under autograd, between the autograd Functions of the fused stages (a user's
     # module: emit.segments), so autograd records its backward and the stage emits none
     between_functions = False

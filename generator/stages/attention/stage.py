@@ -28,10 +28,12 @@ FLASH_SAVED = (("lse", Role.STATISTIC, "float32"), ("rng_state", Role.METADATA, 
 
 class AttentionStage(StageImpl):
     name = "attention"
-    # the reference path (fp32, CPU) splits the batch on the host (cu_seqlens.tolist()), and FA2
-    # takes max_seqlen as a host int: CUDA-graph replay with offsets in graph buffers and a fixed
-    # max_seqlen bound per captured shape is a later step
-    replayable = False
+    # replayed from CUDA graphs on FlashAttention-2 only (the offsets in the graph's buffers, a
+    # copied per-call input; max_seqlen bounded by the rows, part of the graph's key; the prep
+    # kernels read the offsets on the device): the reference math (fp32) splits the batch on the
+    # host (cu_seqlens.tolist()), which a graph cannot capture, so those calls run as usual
+    replayable = True
+    replay_dtypes = ("float16", "bfloat16")
 
     def check(self, pass_, chain):
         return None if list(chain) == ["attention"] else "an attention stage runs one attention op"
