@@ -222,10 +222,21 @@ def test_on_a_gpu_with_device_and_cpu_seq_lens(tmp_path):
     module = seeded(gpu_pkg.Packed(dtype=torch.float32, device="cuda"))
     x = torch.randn(sum(LENGTHS), 8, device="cuda")
     lengths = torch.tensor(LENGTHS, device="cuda")
-    compare(module, lambda m, t: m(t, lengths), x, LENGTHS, max(LENGTHS))  # the longest from the device: a sync
-    compare(module, lambda m, t: m(t, lengths, max_seqlen=9), x, LENGTHS, 9)  # no sync: checked on the device
-    compare(module, lambda m, t: m(t, lengths.cpu().int()), x, LENGTHS, max(LENGTHS))
+    # at a few rows on a GPU (at most module.cuda_graphs.max_rows) the bound the op gets is the rows,
+    # whatever the lengths and max_seqlen (one CUDA graph per row and batch count; no sync)
+    rows = sum(LENGTHS)
+    assert rows <= module.cuda_graphs.max_rows
+    compare(module, lambda m, t: m(t, lengths), x, LENGTHS, rows)
+    compare(module, lambda m, t: m(t, lengths, max_seqlen=9), x, LENGTHS, rows)
+    compare(module, lambda m, t: m(t, lengths.cpu().int()), x, LENGTHS, rows)
     compare(module, lambda m, t: m(t), torch.randn(2, 5, 8, device="cuda"), [5, 5], 5)
+    # above them, the longest length: read from a device seq_lens (a sync), or max_seqlen as given
+    many = [70, 0, 61, 9]
+    xm, lengths_m = torch.randn(sum(many), 8, device="cuda"), torch.tensor(many, device="cuda")
+    assert sum(many) > module.cuda_graphs.max_rows
+    compare(module, lambda m, t: m(t, lengths_m), xm, many, max(many))
+    compare(module, lambda m, t: m(t, lengths_m, max_seqlen=90), xm, many, 90)  # no sync: checked on the device
+    compare(module, lambda m, t: m(t, lengths_m.cpu().int()), xm, many, max(many))
     if torch.cuda.device_count() > 1:
         with pytest.raises(ValueError, match="seq_lens is on cuda:1 but x on cuda:0"):
             module(x, lengths.to("cuda:1"))
