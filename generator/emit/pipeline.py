@@ -14,6 +14,7 @@ from ..stages.module import lead_name, module_name
 from . import convention
 from .blocks import (backward_blocks, distinct_returns, forward_blocks, no_grad_blocks, own_memory, reads_of,
                      saved_for_backward)
+from .compiled import training_ops
 from .function import function_parts
 from .plan_doc import diagrams, runs_as, saved_table, spec_rows, traffic_cells
 from .segments import segments
@@ -182,6 +183,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         functions=functions, grad_steps=grad_steps,
         cuda_graphs=graphs, function_inputs=function_inputs,
         no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
+        # torch.compile's forward and backward ops under autograd, where the module replays graphs
+        training_ops=training_ops(p.name, args, functions[0]) if graphs and not grad_steps else None,
         leads=leads, any_shape=convention.takes_any_shape(p),
         forward_parameters=convention.forward_parameters(args),
         # the module forward's checks of its arguments
