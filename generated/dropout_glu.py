@@ -152,7 +152,7 @@ register_training_ops(
         "(Tensor d_swiglu2_out, Tensor? x, Tensor? linear0_out, Tensor? dropout1_seed, Tensor "
         "linear0_weight) -> (Tensor, Tensor, Tensor)",
         backward_pass, (0, 1, 2, 3)),
-    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
 class DropoutGlu(torch.nn.Module):

@@ -212,7 +212,7 @@ register_training_ops(
         "Tensor? dropout2_seed, Tensor? dropout4_seed, Tensor linear0_weight, Tensor "
         "linear3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
         backward_pass, (0, 1, 2, 3, 4, 5)),
-    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
 class DropoutMlp(torch.nn.Module):

@@ -166,7 +166,7 @@ register_training_ops(
         "(Tensor d_linear2_out, Tensor? x, Tensor? dropout1_out, Tensor? rmsnorm0_rstd, Tensor? "
         "dropout1_seed, Tensor rmsnorm0_weight, Tensor linear2_weight) -> (Tensor, Tensor, Tensor)",
         backward_pass, (0, 1, 2, 3, 4)),
-    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
 class NormDropout(torch.nn.Module):

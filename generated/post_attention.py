@@ -214,7 +214,7 @@ register_training_ops(
         "linear0_weight, Tensor layernorm4_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor)",
         backward_pass, (0, 1, 2, 3, 4, 5, 6)),
-    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
 class PostAttention(torch.nn.Module):

@@ -181,7 +181,7 @@ register_training_ops(
         "rmsnorm2_rstd, Tensor? dropout3_seed, Tensor linear0_weight, Tensor rmsnorm2_weight) -> "
         "(Tensor, Tensor, Tensor, Tensor)",
         backward_pass, (0, 1, 2, 3, 4, 5)),
-    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
 class TeeNormDropout(torch.nn.Module):

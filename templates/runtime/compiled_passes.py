@@ -127,15 +127,18 @@ class _PassGraph:
         self.outputs = list(outputs)
 
 
-def register_training_ops(forward, backward, graphs, setup_context, autograd_backward):
+def register_training_ops(forward, backward, graphs, setup_context, autograd_backward, random=False):
     """Registers a pipeline's compiled forward and backward ops and joins them for autograd.
 
     ``forward``, ``backward``: (name, schema, the pass, its per-call argument positions), each pass
     returning a tuple (the forward: its outputs, then the tensors its backward reads that its
     arguments and outputs do not hold; the backward: its grads but the weight grads, then what
     the weight-grad GEMMs read). ``setup_context`` keeps what the backward reads;
-    ``autograd_backward`` calls the backward op and runs the weight-grad GEMMs."""
-    registered = [register_op(name, schema, _replayed(graphs, name, run, per_call), run)
+    ``autograd_backward`` calls the backward op and runs the weight-grad GEMMs. ``random``: the
+    forward draws random keys (Dropout): tagged so, compiled activation checkpointing keeps its
+    outputs rather than running it again in the backward (which would draw other masks)."""
+    registered = [register_op(name, schema, _replayed(graphs, name, run, per_call), run,
+                              tags=("nondeterministic_seeded",) if random and run is forward[2] else ())
                   for name, schema, run, per_call in (forward, backward)]
     if registered[0]:  # (else another package registered this pass, by its digest, and joined its ops)
         torch.library.register_autograd(f"fusegen::{forward[0]}", autograd_backward, setup_context=setup_context)

@@ -8,18 +8,20 @@ import torch
 _LIBRARY = []  # the torch.library fragment of fusegen's ops, made on the first registration
 
 
-def register_op(name, schema, run, fake_source):
+def register_op(name, schema, run, fake_source, tags=()):
     """Registers ``fusegen::<name>``, a custom op that torch.compile calls (a launcher, so the
     compiled graph holds one opaque node per kernel; a graph-replaying pipeline's no-grad forward,
     one node per pass). ``run`` is its implementation, its outputs made tensors of their own as an
     op's schema promises; its fake (shapes and dtypes, what tracing runs) is ``fake_source`` run on
     meta tensors. A name another package registered already is the same op (the name holds a
-    digest of what it runs): that package's serves both (False; True: registered here)."""
+    digest of what it runs): that package's serves both (False; True: registered here). ``tags``:
+    torch.Tag names (``nondeterministic_seeded``: a pass that draws random keys, which compiled
+    activation checkpointing must not run again in the backward)."""
     if not _LIBRARY:
         _LIBRARY.append(torch.library.Library("fusegen", "FRAGMENT"))
     library = _LIBRARY[0]
     try:
-        library.define(name + schema)
+        library.define(name + schema, tags=tuple(getattr(torch.Tag, tag) for tag in tags))
     except RuntimeError:
         return False
     library.impl(name, lambda *args: _new_tensors(run(*args), args), "CompositeExplicitAutograd")

@@ -32,15 +32,17 @@ def _inputs(module, gen, rows=(3, 5)):
     return [torch.randn(*rows, n, generator=gen), *extra]
 
 
-def _train(module, inputs, steps=1):
-    """Forward + backward ``steps`` times (grads accumulate in .grad), with signed output grads:
-    the outputs, the inputs' grads, the parameters' grads."""
+def _train(module, inputs, steps=1, call=None):
+    """Forward + backward of ``call`` (default: ``module``, whose parameters' grads it returns)
+    ``steps`` times (grads accumulate in .grad), with signed output grads: the outputs, the
+    inputs' grads, the parameters' grads."""
     torch.manual_seed(0)  # Dropout's keys
     leaves = [t.clone().requires_grad_() for t in inputs]
     module.zero_grad(set_to_none=True)
+    call = module if call is None else call
     gen = torch.Generator().manual_seed(7)
     for _ in range(steps):
-        outputs = module(*leaves)
+        outputs = call(*leaves)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         torch.autograd.backward(outputs, [torch.randn(o.shape, generator=gen) for o in outputs])
     return ([o.detach() for o in outputs] + [t.grad for t in leaves]
@@ -154,27 +156,30 @@ def test_a_double_backward_through_the_compiled_module_raises():
         dx.sum().backward()
 
 
-def test_activation_checkpointing_under_compile():
+@pytest.mark.parametrize("name", ["Gpt2Mlp", "DropoutMlp"])
+def test_activation_checkpointing_under_compile(name):
     """torch.utils.checkpoint around a generated module inside the compiled function: the
-    forward op runs again in the backward, the grads are the uncheckpointed module's."""
-    module = generated.Gpt2Mlp()
+    forward op runs again in the backward, the grads are the uncheckpointed module's. With
+    Dropout in training mode too: the forward op is tagged nondeterministic_seeded, so AOT
+    autograd runs it again with the random-number generator's state of the first run (the same
+    keys, the same masks; untagged, the recompute drew new masks and the grads were wrong)."""
+    module = getattr(generated, name)()
     randomize_(module, torch.Generator().manual_seed(1))
     inputs = _inputs(module, torch.Generator().manual_seed(2))
     want = _train(module, inputs)
 
-    def checkpointed(x):
-        return torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False)
+    def checkpointed(*tensors):
+        return torch.utils.checkpoint.checkpoint(module, *tensors, use_reentrant=False)
 
-    compiled = torch.compile(checkpointed, fullgraph=True, backend="aot_eager")
+    graphs = []
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    x = inputs[0].clone().requires_grad_()
-    module.zero_grad(set_to_none=True)
-    y = compiled(x)
-    y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(7)))
-    got = [y.detach(), x.grad] + [p.grad for p in module.parameters()]
+    got = _train(module, inputs, call=torch.compile(checkpointed, fullgraph=True, backend=_graphs_backend(graphs)))
     for i, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), f"tensor {i}"
+    backward = next(g for kind, g in graphs if kind == "backward")
+    # recomputed there, not saved (the random one under run_with_rng_state, which names the op)
+    pipeline = type(module).__module__.split(".")[-1]
+    assert re.search(rf"fusegen\.{pipeline}_forward_[0-9a-f]{{8}}", backward.code), backward.code
 
 
 def test_autocast_under_compile_trains_in_autocasts_dtype():
