@@ -15,7 +15,7 @@ import warnings
 import torch
 
 from .capture import _capture, _capturing
-from .custom_ops import register_op
+from .custom_ops import Fresh, register_op
 from .launch import _current_device, _raw_stream
 
 
@@ -30,10 +30,12 @@ class PassGraphs:
     tensors of its own; the next replay rewrites the buffers). Calls run as usual: with more rows,
     on CPU, on a device other than the current one, under autocast (its casts make new parameter
     tensors every call), inside a caller's graph capture, and once a capture has failed (with a
-    warning saying why). At most ``max_graphs`` are held; the oldest key's makes way for a new
-    one. ``max_rows = 0`` turns them off; ``clear()`` frees them."""
+    warning saying why). At most ``max_graphs`` are held, every module of the pipeline together (a
+    forward and a backward graph a module and shape: 32 serve 16 layers of one pipeline at one
+    shape; each holds its buffers, the TE docs MLP's pair about 30 MB at 128 rows); the oldest
+    key's makes way for a new one. ``max_rows = 0`` turns them off; ``clear()`` frees them."""
 
-    def __init__(self, module, max_rows=128, max_graphs=8):
+    def __init__(self, module, max_rows=128, max_graphs=32):
         self.module = module  # the class name, for messages
         self.max_rows = max_rows
         self.max_graphs = max_graphs
@@ -51,18 +53,14 @@ class PassGraphs:
             self._graphs.clear()
 
     def run(self, mode, stages, args, per_call):
-        """``stages(*args)`` (a tuple of tensors, None where a pass has nothing: a Dropout's key in
-        eval mode), or its replay: the same values in new tensors. ``per_call``: the positions of
+        """``stages(*args)`` (a tensor, or a tuple of tensors, None where a pass has nothing: a
+        Dropout's key in eval mode), or its replay: the same values in new tensors. ``per_call``: the positions of
         the arguments that are each call's own tensors (copied into the graph); the other tensors
         are parameters, read where they are, and the rest (flags, host ints) part of the key."""
-        x = args[0]
-        if (not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing()
-                or torch.is_autocast_enabled("cuda")):
+        where = self._where(args[0])
+        if where is None:
             return stages(*args)
-        index = x.get_device()
-        if index != _current_device():  # a graph captures and replays on the current device's streams
-            return stages(*args)
-        key = (mode, _raw_stream(index), index,
+        key = (mode, *where,
                *[None if args[i] is None else (args[i].shape, args[i].dtype) for i in per_call],
                *[a.data_ptr() if isinstance(a, torch.Tensor) else a
                  for i, a in enumerate(args) if i not in per_call])
@@ -86,8 +84,21 @@ class PassGraphs:
             fresh = [torch.empty_like(o) for o in present]
             if fresh:
                 torch._foreach_copy_(fresh, present)
+        if graph.single:
+            return fresh[0]
         fresh = iter(fresh)
-        return tuple(None if o is None else next(fresh) for o in graph.outputs)
+        return Fresh(None if o is None else next(fresh) for o in graph.outputs)
+
+    def _where(self, x):
+        """(stream, device) a graph of a call whose first argument is ``x`` replays on, or None
+        where the call runs as usual."""
+        if (not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing()
+                or torch.is_autocast_enabled("cuda")):
+            return None
+        index = x.get_device()
+        if index != _current_device():  # a graph captures and replays on the current device's streams
+            return None
+        return _raw_stream(index), index
 
     def _capture(self, key, mode, stages, args, per_call):
         with self._lock, torch.inference_mode(False), torch.no_grad():
@@ -118,13 +129,15 @@ class PassGraphs:
 
 
 class _PassGraph:
-    """One captured pass: the graph, the positions and buffers of its per-call inputs, its outputs."""
+    """One captured pass: the graph, the positions and buffers of its per-call inputs, its outputs
+    (``single``: the pass returns one tensor, not a tuple)."""
 
-    __slots__ = ("graph", "positions", "inputs", "outputs")
+    __slots__ = ("graph", "positions", "inputs", "outputs", "single")
 
     def __init__(self, graph, positions, inputs, outputs):
         self.graph, self.positions, self.inputs = graph, positions, inputs
-        self.outputs = list(outputs)
+        self.single = isinstance(outputs, torch.Tensor)
+        self.outputs = [outputs] if self.single else list(outputs)
 
 
 def register_training_ops(forward, backward, graphs, setup_context, autograd_backward, random=False):

@@ -58,6 +58,8 @@ def _new_tensors(outputs, inputs):
     tensor twice, or views of one). By storage, not ``_is_view``: below autograd (an op joined by
     register_autograd runs there) a view is not marked as one. None as it is (a compiled forward's
     Dropout key in eval mode)."""
+    if isinstance(outputs, Fresh):  # made new by whoever returns them (a replayed graph's copies)
+        return tuple(outputs)
     if not isinstance(outputs, tuple):
         return _new_tensors((outputs,), inputs)[0]
     seen = {_memory(a) for a in inputs if isinstance(a, torch.Tensor)}
@@ -69,6 +71,10 @@ def _new_tensors(outputs, inputs):
             seen.add(_memory(o))
         fresh.append(o)
     return tuple(fresh)
+
+
+class Fresh(tuple):
+    """Outputs that are new tensors already, which ``_new_tensors`` hands on unchecked."""
 
 
 def _memory(tensor):

@@ -18,8 +18,9 @@ from references import PIPELINES, as64, assert_close_to_reference, randomize_
 
 # an MLP with a norm (and its no-grad GEMM epilogue), a GLU MLP, Dropout and an extra input, an
 # in-place residual (an extra output written back), a chain of elementwise ops with three extra
-# inputs, two Residuals
-CLASSES = ["Gpt2Mlp", "GluMlp", "GptOssMlp", "DropoutMlp", "ResidualInPlace", "ElementwiseChain", "ResidualBlocks"]
+# inputs, two Residuals, a forward op of one output (Fc2: its backward reads only its arguments)
+CLASSES = ["Gpt2Mlp", "GluMlp", "GptOssMlp", "DropoutMlp", "ResidualInPlace", "ElementwiseChain", "ResidualBlocks",
+           "Fc2"]
 
 
 def _module_of(module):
@@ -284,3 +285,61 @@ def test_replayed_forward_outputs_are_tensors_of_their_own():
         want.backward(torch.ones_like(want))
         assert (y.detach() - want.detach()).abs().max().item() <= 4 * 2.0**-11 * want.abs().max().item()
         assert (x.grad - x_eager.grad).abs().max().item() <= 4 * 2.0**-11 * x_eager.grad.abs().max().item()
+
+
+class _RecomputingGraph:
+    """A stand-in for a captured CUDA graph on CPU: its replay runs the captured pass again on the
+    graph's input buffers and writes the results into the captured outputs' memory, as a graph's
+    kernels write into its fixed buffers."""
+
+    def __init__(self, run, outputs):
+        self.run, self.replays = run, 0
+        self.outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+
+    def replay(self):
+        self.replays += 1
+        new = self.run()
+        for buffer, value in zip(self.outputs, [new] if isinstance(new, torch.Tensor) else new):
+            if buffer is not None:
+                buffer.copy_(value)
+
+
+@pytest.mark.parametrize("name, training", [("Gpt2Mlp", True), ("DropoutMlp", False), ("Fc2", True),
+                                            ("ResidualInPlace", True)])
+def test_the_ops_replay_logic_on_cpu(monkeypatch, name, training):
+    """PassGraphs' replay path on CPU, with graphs stood in for by recomputing ones: from each
+    key's second call the forward and backward ops copy the call's tensors into the graph's
+    buffers, replay, and hand out new tensors (a Dropout's None keys in eval mode, a single
+    output as a tensor); four steps on new inputs give the uncompiled module's results bit for
+    bit, and a parameter updated in place is seen. (Dropout in training mode is left out: a capture
+    draws keys of its own, so the masks are not eager's sequence, as with the module's graphs.)"""
+    from generated._runtime import compiled_passes
+
+    captured = []
+
+    def capture(run):
+        outputs = run()
+        captured.append(_RecomputingGraph(run, outputs))
+        return captured[-1], outputs
+
+    module = getattr(generated, name)().train(training)
+    randomize_(module, torch.Generator().manual_seed(1))
+    passes = _module_of(module).COMPILED_PASSES
+    passes.clear()
+    monkeypatch.setattr(compiled_passes, "_capture", capture)
+    monkeypatch.setattr(passes, "_where", lambda x: ("cpu stream", -1))
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    gen = torch.Generator().manual_seed(2)
+    for step in range(4):
+        if step == 3:
+            with torch.no_grad():
+                next(module.parameters()).mul_(0.5)
+        inputs = _inputs(module, gen, rows=(4,))
+        want = _train(module, inputs)
+        got = _train(compiled, inputs)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert torch.equal(g, w), f"{name}: step {step}, tensor {i}"
+    assert passes.captured == 2 and len(captured) == 2  # the forward's graph and the backward's
+    assert [graph.replays for graph in captured] == [3, 3]  # from each key's second call on
+    passes.clear()
