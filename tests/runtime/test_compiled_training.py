@@ -18,9 +18,10 @@ from references import PIPELINES, as64, assert_close_to_reference, randomize_
 
 # an MLP with a norm (and its no-grad GEMM epilogue), a GLU MLP, Dropout and an extra input, an
 # in-place residual (an extra output written back), a chain of elementwise ops with three extra
-# inputs, two Residuals, a forward op of one output (Fc2: its backward reads only its arguments)
+# inputs, two Residuals, a forward op of one output (Fc2: its backward reads only its arguments),
+# a size-generic Reshape whose backward takes the input width (the backward op's SymInt n)
 CLASSES = ["Gpt2Mlp", "GluMlp", "GptOssMlp", "DropoutMlp", "ResidualInPlace", "ElementwiseChain", "ResidualBlocks",
-           "Fc2"]
+           "Fc2", "RowsOf64"]
 
 
 def _module_of(module):
@@ -28,7 +29,7 @@ def _module_of(module):
 
 
 def _inputs(module, gen, rows=(3, 5)):
-    n = module.in_features
+    n = module.in_features or 128  # a size-generic pipeline: any width (a multiple of 64 for RowsOf64)
     extra = [torch.randn(*rows, e, generator=gen) for e in module.extra_input_features]
     return [torch.randn(*rows, n, generator=gen), *extra]
 
@@ -117,6 +118,22 @@ def test_compiled_training_matches_a_float64_reference(pipeline):
     assert len(got[2:]) == len(want)
     for key, g, w in zip(names, got[2:], want):
         assert_close_to_reference(f"{pipeline} d{key}", g, w, torch.float32)
+
+
+def test_dynamic_shapes_one_graph_for_every_row_count():
+    """torch.compile(dynamic=True): the ops' fakes take symbolic row counts, so one compiled graph
+    serves 3, 5 and 9 rows, each step eager's bit for bit."""
+    module = generated.Gpt2Mlp()
+    randomize_(module, torch.Generator().manual_seed(1))
+    graphs = []
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True, backend=_graphs_backend(graphs))
+    gen = torch.Generator().manual_seed(2)
+    for rows in (3, 5, 9):
+        inputs = _inputs(module, gen, rows=(rows,))
+        for i, (g, w) in enumerate(zip(_train(compiled, inputs), _train(module, inputs))):
+            assert torch.equal(g, w), f"{rows} rows: tensor {i}"
+    assert [kind for kind, _ in graphs] == ["forward", "backward"]  # compiled once
 
 
 def test_a_frozen_parameter_gets_no_grad_and_the_others_theirs():
