@@ -54,9 +54,10 @@ class PassGraphs:
 
     def run(self, mode, stages, args, per_call):
         """``stages(*args)`` (a tensor, or a tuple of tensors, None where a pass has nothing: a
-        Dropout's key in eval mode), or its replay: the same values in new tensors. ``per_call``: the positions of
-        the arguments that are each call's own tensors (copied into the graph); the other tensors
-        are parameters, read where they are, and the rest (flags, host ints) part of the key."""
+        Dropout's key in eval mode), or its replay: the same values in new tensors. ``per_call``:
+        the positions of the arguments that are each call's own tensors (copied into the graph);
+        the other tensors are parameters, read where they are, and the rest (flags, host ints) are
+        part of the key."""
         where = self._where(args[0])
         if where is None:
             return stages(*args)
@@ -144,12 +145,13 @@ def register_training_ops(forward, backward, graphs, setup_context, autograd_bac
     """Registers a pipeline's compiled forward and backward ops and joins them for autograd.
 
     ``forward``, ``backward``: (name, schema, the pass, its per-call argument positions), each pass
-    returning a tuple (the forward: its outputs, then the tensors its backward reads that its
-    arguments and outputs do not hold; the backward: its grads but the weight grads, then what
+    returning its op's outputs (the forward: its outputs, then the tensors its backward reads that
+    its arguments and outputs do not hold; the backward: its grads but the weight grads, then what
     the weight-grad GEMMs read). ``setup_context`` keeps what the backward reads;
     ``autograd_backward`` calls the backward op and runs the weight-grad GEMMs. ``random``: the
-    forward draws random keys (Dropout): tagged so, compiled activation checkpointing keeps its
-    outputs rather than running it again in the backward (which would draw other masks)."""
+    forward draws random keys (Dropout): tagged ``nondeterministic_seeded``, so compiled activation
+    checkpointing runs it again in the backward under the random-number state of its first run
+    (run_with_rng_state: the same keys, where untagged it drew other masks)."""
     registered = [register_op(name, schema, _replayed(graphs, name, run, per_call), run,
                               tags=("nondeterministic_seeded",) if random and run is forward[2] else ())
                   for name, schema, run, per_call in (forward, backward)]
