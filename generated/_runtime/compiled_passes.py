@@ -42,6 +42,7 @@ class PassGraphs:
         self.failed = None
         self._graphs = {}  # key -> _PassGraph (None: seen once, captured on the next call)
         self._lock = threading.Lock()
+        self._others = {}  # an op's name -> the positions of its arguments that are not per call
 
     @property
     def captured(self):
@@ -61,10 +62,12 @@ class PassGraphs:
         where = self._where(args[0])
         if where is None:
             return stages(*args)
+        others = self._others.get(mode)
+        if others is None:  # the same for every call of an op: found once
+            others = self._others[mode] = [i for i in range(len(args)) if i not in per_call]
         key = (mode, *where,
                *[None if args[i] is None else (args[i].shape, args[i].dtype) for i in per_call],
-               *[a.data_ptr() if isinstance(a, torch.Tensor) else a
-                 for i, a in enumerate(args) if i not in per_call])
+               *[args[i].data_ptr() if isinstance(args[i], torch.Tensor) else args[i] for i in others])
         graph = self._graphs.get(key)
         if graph is None:
             if key not in self._graphs:  # seen once: captured on the next call
