@@ -360,3 +360,36 @@ def test_the_ops_replay_logic_on_cpu(monkeypatch, name, training):
     assert passes.captured == 2 and len(captured) == 2  # the forward's graph and the backward's
     assert [graph.replays for graph in captured] == [3, 3]  # from each key's second call on
     passes.clear()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_replayed_forward_draws_new_dropout_masks_each_call():
+    """DropoutMlp in training mode under inductor at 4 rows: the forward op draws its keys inside
+    the replayed graph, so two replayed calls on the same input give different outputs (fresh
+    masks), and each backward uses its own forward's masks: the last Dropout (p = 0.1) zeroes
+    y - extra exactly where it drops, so the grad of the Bias before it is the output grad summed
+    over the rows it kept, scaled by 1 / 0.9 (and the extra input's grad is the output grad)."""
+    module = generated.DropoutMlp(device="cuda")
+    randomize_(module, torch.Generator().manual_seed(1))
+    passes = _module_of(module).COMPILED_PASSES
+    passes.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True)
+    gen = torch.Generator().manual_seed(3)
+    x, extra = (torch.randn(4, n, generator=gen).to("cuda") for n in (module.in_features, 256))
+    outputs = []
+    for _ in range(4):
+        module.zero_grad(set_to_none=True)
+        xi, ei = x.clone().requires_grad_(), extra.clone().requires_grad_()
+        y = compiled(xi, ei)
+        dy = torch.randn(y.shape, generator=gen).to("cuda")
+        y.backward(dy)
+        assert torch.equal(ei.grad, dy)
+        kept = (y.detach() - extra) != 0
+        want = (dy * kept).sum(0) / 0.9
+        got = module._modules["3"].bias.grad
+        assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+        outputs.append(y.detach())
+    assert passes.captured == 2
+    assert not torch.equal(outputs[2], outputs[3])  # both replayed, each with keys of its own
