@@ -178,7 +178,8 @@ def main():
     torch.manual_seed(0)
     device, dtype = "cuda", torch.bfloat16
     builders = {
-        "te_mlp": ("2 × TeMlp (4096, SwiGLU 14336)", 4096, lambda: mlp_models(EagerTeMlp, generated.TeMlp, device, dtype)),
+        "te_mlp": ("2 × TeMlp (4096, SwiGLU 14336)", 4096,
+                   lambda: mlp_models(EagerTeMlp, generated.TeMlp, device, dtype)),
         "gpt_oss_mlp": ("2 × GptOssMlp (1024, clamped SwiGLU 2048)", 1024,
                         lambda: mlp_models(EagerGptOssMlp, generated.GptOssMlp, device, dtype)),
         "llama_layer": ("2 × LlamaLayer (Llama-3-8B)", 4096, lambda: llama_models(device, dtype)),
