@@ -17,9 +17,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, training):
@@ -98,6 +98,63 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, linear0_weight, linear0_bias, training):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    swiglu2_out, (x, linear0_out, dropout1_seed, linear0_weight) = forward_stages(
+        x, linear0_weight, linear0_bias, training)
+    return swiglu2_out, linear0_out, dropout1_seed
+
+
+def backward_pass(d_swiglu2_out, x, linear0_out, dropout1_seed, linear0_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_swiglu2_out, x, linear0_out, dropout1_seed, linear0_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, linear0_weight, linear0_bias, training = inputs
+    swiglu2_out, linear0_out, dropout1_seed = output
+    keep_for_backward(
+        ctx, (x, linear0_out, dropout1_seed, linear0_weight), (linear0_out, dropout1_seed))
+
+
+def compiled_backward(ctx, d_swiglu2_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, linear0_out, dropout1_seed, linear0_weight = saved_tensors(ctx)
+    d_x, d_linear0_bias, d_linear0_pre_bias = torch.ops.fusegen.dropout_glu_backward_587e9094(
+        d_swiglu2_out, x, linear0_out, dropout1_seed, linear0_weight)
+    d_linear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
+        ctx, linear0_weight, d_linear0_pre_bias, x)
+    return d_x, d_linear0_weight, d_linear0_bias, None
+
+
+COMPILED_PASSES = PassGraphs("DropoutGlu")
+register_training_ops(
+    (
+        "dropout_glu_forward_587e9094",
+        "(Tensor x, Tensor linear0_weight, Tensor linear0_bias, bool training) -> (Tensor, "
+        "Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "dropout_glu_backward_587e9094",
+        "(Tensor d_swiglu2_out, Tensor? x, Tensor? linear0_out, Tensor? dropout1_seed, Tensor "
+        "linear0_weight) -> (Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
+
+
 class DropoutGlu(torch.nn.Module):
     """`dropout_glu` as one module: y = module(x).
 
@@ -151,9 +208,12 @@ class DropoutGlu(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = DropoutGluFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.dropout_glu_forward_587e9094(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = DropoutGluFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 512)

@@ -21,9 +21,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -135,6 +135,86 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(
+        x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    addextrainput5_out, (
+        x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
+        linear3_weight
+    ) = forward_stages(
+        x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training)
+    return addextrainput5_out, linear0_out, dropout2_out, dropout2_seed, dropout4_seed
+
+
+def backward_pass(
+        d_addextrainput5_out, x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed,
+        linear0_weight, linear3_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_addextrainput5_out, x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed,
+        linear0_weight, linear3_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, extra_input0, linear0_weight, linear0_bias, linear3_weight, linear3_bias, training = inputs
+    addextrainput5_out, linear0_out, dropout2_out, dropout2_seed, dropout4_seed = output
+    keep_for_backward(
+        ctx,
+        (
+            x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
+            linear3_weight),
+        (linear0_out, dropout2_out, dropout2_seed, dropout4_seed))
+
+
+def compiled_backward(ctx, d_addextrainput5_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed, linear0_weight,
+        linear3_weight) = saved_tensors(ctx)
+    (
+        d_x, d_extra_input0, d_linear0_bias, d_linear3_bias, d_linear3_pre_bias,
+        d_linear0_pre_bias
+    ) = torch.ops.fusegen.dropout_mlp_backward_6a707a13(
+        d_addextrainput5_out, x, linear0_out, dropout2_out, dropout2_seed, dropout4_seed,
+        linear0_weight, linear3_weight)
+    d_linear3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+        ctx, linear3_weight, d_linear3_pre_bias, dropout2_out)
+    d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        ctx, linear0_weight, d_linear0_pre_bias, x)
+    return (
+        d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_linear3_weight, d_linear3_bias,
+        None)
+
+
+COMPILED_PASSES = PassGraphs("DropoutMlp")
+register_training_ops(
+    (
+        "dropout_mlp_forward_6a707a13",
+        "(Tensor x, Tensor extra_input0, Tensor linear0_weight, Tensor linear0_bias, Tensor "
+        "linear3_weight, Tensor linear3_bias, bool training) -> (Tensor, Tensor?, Tensor?, "
+        "Tensor?, Tensor?)",
+        forward_pass, (0, 1)),
+    (
+        "dropout_mlp_backward_6a707a13",
+        "(Tensor d_addextrainput5_out, Tensor? x, Tensor? linear0_out, Tensor? dropout2_out, "
+        "Tensor? dropout2_seed, Tensor? dropout4_seed, Tensor linear0_weight, Tensor "
+        "linear3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
+
+
 class DropoutMlp(torch.nn.Module):
     """`dropout_mlp` as one module: y = module(x, extra_input0).
 
@@ -206,9 +286,12 @@ class DropoutMlp(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = DropoutMlpFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.dropout_mlp_forward_6a707a13(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = DropoutMlpFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

@@ -33,9 +33,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -189,6 +189,113 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(
+        x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias,
+        bias11_bias, basiclinear15_weight, rmsnorm16_weight):
+    """torch.compile's forward op under autograd: forward_stages' outputs, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    (swiglu17_out, extra_output0, extra_output1), (
+        x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out,
+        layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2,
+        layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight,
+        rmsnorm16_weight
+    ) = forward_stages(
+        x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias,
+        bias11_bias, basiclinear15_weight, rmsnorm16_weight)
+    return (
+        swiglu17_out, extra_output0, extra_output1, layernorm3_out, silu14_out, basiclinear15_out,
+        rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd)
+
+
+def backward_pass(
+        d_swiglu17_out, d_extra_output0, d_extra_output1, x, extra_output0, layernorm3_out,
+        silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd,
+        rmsnorm16_rstd, extra_input1, extra_input2, layernorm3_weight, bias4_bias, bias11_bias,
+        basiclinear15_weight, rmsnorm16_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_swiglu17_out, d_extra_output0, d_extra_output1, x, extra_output0, layernorm3_out,
+        silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd,
+        rmsnorm16_rstd, extra_input1, extra_input2, layernorm3_weight, bias4_bias, bias11_bias,
+        basiclinear15_weight, rmsnorm16_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    (
+        x, extra_input0, extra_input1, extra_input2, layernorm3_weight, layernorm3_bias, bias4_bias,
+        bias11_bias, basiclinear15_weight, rmsnorm16_weight) = inputs
+    (
+        swiglu17_out, extra_output0, extra_output1, layernorm3_out, silu14_out, basiclinear15_out,
+        rmsnorm16_out, layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd) = output
+    keep_for_backward(
+        ctx,
+        (
+            x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out,
+            layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2,
+            layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight, rmsnorm16_weight),
+        (
+            layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean,
+            layernorm3_rstd, rmsnorm16_rstd)
+    )
+
+
+# (_: the made tensors have no grads)
+def compiled_backward(ctx, d_swiglu17_out, d_extra_output0, d_extra_output1, *_):
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, extra_output0, layernorm3_out, silu14_out, basiclinear15_out, rmsnorm16_out,
+        layernorm3_mean, layernorm3_rstd, rmsnorm16_rstd, extra_input1, extra_input2,
+        layernorm3_weight, bias4_bias, bias11_bias, basiclinear15_weight,
+        rmsnorm16_weight) = saved_tensors(ctx)
+    (
+        d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight, d_layernorm3_bias,
+        d_bias4_bias, d_bias11_bias, d_rmsnorm16_weight,
+        d_basiclinear15_out
+    ) = torch.ops.fusegen.elementwise_chain_backward_1c9c4e47(
+        d_swiglu17_out, d_extra_output0, d_extra_output1, x, extra_output0, layernorm3_out,
+        silu14_out, basiclinear15_out, rmsnorm16_out, layernorm3_mean, layernorm3_rstd,
+        rmsnorm16_rstd, extra_input1, extra_input2, layernorm3_weight, bias4_bias, bias11_bias,
+        basiclinear15_weight, rmsnorm16_weight)
+    d_basiclinear15_weight = None if not ctx.needs_input_grad[8] else ref.weight_grad(
+        ctx, basiclinear15_weight, d_basiclinear15_out, silu14_out)
+    return (
+        d_x, d_extra_input0, d_extra_input1, d_extra_input2, d_layernorm3_weight, d_layernorm3_bias,
+        d_bias4_bias, d_bias11_bias, d_basiclinear15_weight, d_rmsnorm16_weight)
+
+
+COMPILED_PASSES = PassGraphs("ElementwiseChain")
+register_training_ops(
+    (
+        "elementwise_chain_forward_1c9c4e47",
+        "(Tensor x, Tensor extra_input0, Tensor extra_input1, Tensor extra_input2, Tensor "
+        "layernorm3_weight, Tensor layernorm3_bias, Tensor bias4_bias, Tensor bias11_bias, Tensor "
+        "basiclinear15_weight, Tensor rmsnorm16_weight) -> (Tensor, Tensor, Tensor, Tensor?, "
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 1, 2, 3)),
+    (
+        "elementwise_chain_backward_1c9c4e47",
+        "(Tensor d_swiglu17_out, Tensor d_extra_output0, Tensor d_extra_output1, Tensor? x, "
+        "Tensor? extra_output0, Tensor? layernorm3_out, Tensor? silu14_out, Tensor? "
+        "basiclinear15_out, Tensor? rmsnorm16_out, Tensor? layernorm3_mean, Tensor? "
+        "layernorm3_rstd, Tensor? rmsnorm16_rstd, Tensor? extra_input1, Tensor? extra_input2, "
+        "Tensor layernorm3_weight, Tensor bias4_bias, Tensor bias11_bias, Tensor "
+        "basiclinear15_weight, Tensor rmsnorm16_weight) -> (Tensor, Tensor, Tensor, Tensor, "
+        "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class ElementwiseChain(torch.nn.Module):
     """`elementwise_chain` as one module: y, extra_output0, extra_output1 = module(x, extra_input0,
     extra_input1, extra_input2).
@@ -294,9 +401,12 @@ class ElementwiseChain(torch.nn.Module):
             rmsnorm16_weight,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = ElementwiseChainFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.elementwise_chain_forward_1c9c4e47(*args)[:3]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = ElementwiseChainFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

@@ -18,9 +18,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
@@ -117,6 +117,82 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias):
+    """torch.compile's forward op under autograd: forward_stages' outputs, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    (swiglu3_out, extra_output0), (
+        x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
+        linear2_weight
+    ) = forward_stages(x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias)
+    return swiglu3_out, extra_output0, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd
+
+
+def backward_pass(
+        d_swiglu3_out, d_extra_output0, x, layernorm0_out, linear2_out, layernorm0_mean,
+        layernorm0_rstd, layernorm0_weight, linear2_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_swiglu3_out, d_extra_output0, x, layernorm0_out, linear2_out, layernorm0_mean,
+        layernorm0_rstd, layernorm0_weight, linear2_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias = inputs
+    (
+        swiglu3_out, extra_output0, layernorm0_out, linear2_out, layernorm0_mean,
+        layernorm0_rstd) = output
+    keep_for_backward(
+        ctx,
+        (
+            x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
+            linear2_weight),
+        (layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd))
+
+
+# (_: the made tensors have no grads)
+def compiled_backward(ctx, d_swiglu3_out, d_extra_output0, *_):
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, layernorm0_out, linear2_out, layernorm0_mean, layernorm0_rstd, layernorm0_weight,
+        linear2_weight) = saved_tensors(ctx)
+    (
+        d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_bias,
+        d_linear2_pre_bias
+    ) = torch.ops.fusegen.fc1_backward_f187f38c(
+        d_swiglu3_out, d_extra_output0, x, layernorm0_out, linear2_out, layernorm0_mean,
+        layernorm0_rstd, layernorm0_weight, linear2_weight)
+    d_linear2_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+        ctx, linear2_weight, d_linear2_pre_bias, layernorm0_out)
+    return d_x, d_layernorm0_weight, d_layernorm0_bias, d_linear2_weight, d_linear2_bias
+
+
+COMPILED_PASSES = PassGraphs("Fc1")
+register_training_ops(
+    (
+        "fc1_forward_f187f38c",
+        "(Tensor x, Tensor layernorm0_weight, Tensor layernorm0_bias, Tensor linear2_weight, "
+        "Tensor linear2_bias) -> (Tensor, Tensor, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "fc1_backward_f187f38c",
+        "(Tensor d_swiglu3_out, Tensor d_extra_output0, Tensor? x, Tensor? layernorm0_out, Tensor? "
+        "linear2_out, Tensor? layernorm0_mean, Tensor? layernorm0_rstd, Tensor layernorm0_weight, "
+        "Tensor linear2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class Fc1(torch.nn.Module):
     """`fc1` as one module: y, extra_output0 = module(x).
 
@@ -182,8 +258,11 @@ class Fc1(torch.nn.Module):
             layernorm0_weight, layernorm0_bias, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = Fc1Function.apply(self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.fc1_forward_f187f38c(*args)[:2]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = Fc1Function.apply(self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

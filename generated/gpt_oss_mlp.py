@@ -19,9 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
@@ -127,6 +127,84 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    linear3_out, (
+        x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight,
+        linear1_weight,
+        linear3_weight
+    ) = forward_stages(
+        x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias)
+    return linear3_out, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd
+
+
+def backward_pass(
+        d_linear3_out, x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd,
+        rmsnorm0_weight, linear1_weight, linear3_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_linear3_out, x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd,
+        rmsnorm0_weight, linear1_weight, linear3_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias = inputs
+    linear3_out, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd = output
+    keep_for_backward(
+        ctx,
+        (
+            x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight,
+            linear1_weight, linear3_weight),
+        (rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd))
+
+
+def compiled_backward(ctx, d_linear3_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd, rmsnorm0_weight,
+        linear1_weight, linear3_weight) = saved_tensors(ctx)
+    (
+        d_x, d_rmsnorm0_weight, d_linear1_bias, d_linear3_bias,
+        d_linear1_pre_bias
+    ) = torch.ops.fusegen.gpt_oss_mlp_backward_c9fa5d2e(
+        d_linear3_out, x, rmsnorm0_out, linear1_out, clampedswiglu2_out, rmsnorm0_rstd,
+        rmsnorm0_weight, linear1_weight, linear3_weight)
+    d_linear3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+        ctx, linear3_weight, d_linear3_out, clampedswiglu2_out)
+    d_linear1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        ctx, linear1_weight, d_linear1_pre_bias, rmsnorm0_out)
+    return (
+        d_x, d_rmsnorm0_weight, d_linear1_weight, d_linear1_bias, d_linear3_weight, d_linear3_bias)
+
+
+COMPILED_PASSES = PassGraphs("GptOssMlp")
+register_training_ops(
+    (
+        "gpt_oss_mlp_forward_c9fa5d2e",
+        "(Tensor x, Tensor rmsnorm0_weight, Tensor linear1_weight, Tensor linear1_bias, Tensor "
+        "linear3_weight, Tensor linear3_bias) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "gpt_oss_mlp_backward_c9fa5d2e",
+        "(Tensor d_linear3_out, Tensor? x, Tensor? rmsnorm0_out, Tensor? linear1_out, Tensor? "
+        "clampedswiglu2_out, Tensor? rmsnorm0_rstd, Tensor rmsnorm0_weight, Tensor linear1_weight, "
+        "Tensor linear3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class GptOssMlp(torch.nn.Module):
     """`gpt_oss_mlp` as one module: y = module(x).
 
@@ -197,9 +275,12 @@ class GptOssMlp(torch.nn.Module):
             rmsnorm0_weight, linear1_weight, linear1_bias, linear3_weight, linear3_bias,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = GptOssMlpFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.gpt_oss_mlp_forward_c9fa5d2e(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = GptOssMlpFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 1024)

@@ -19,9 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight):
@@ -119,6 +119,71 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, linear0_weight, linear0_bias, rmsnorm2_weight):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    gelu4_out, (
+        x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight,
+        rmsnorm2_weight) = forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight)
+    return gelu4_out, reshape1_out, reshape3_out, rmsnorm2_rstd
+
+
+def backward_pass(
+        d_gelu4_out, x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_gelu4_out, x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, linear0_weight, linear0_bias, rmsnorm2_weight = inputs
+    gelu4_out, reshape1_out, reshape3_out, rmsnorm2_rstd = output
+    keep_for_backward(
+        ctx, (x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight),
+        (reshape1_out, reshape3_out, rmsnorm2_rstd))
+
+
+def compiled_backward(ctx, d_gelu4_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight = saved_tensors(
+        ctx)
+    (
+        d_x, d_linear0_bias, d_rmsnorm2_weight,
+        d_linear0_out
+    ) = torch.ops.fusegen.head_norm_backward_426879a2(
+        d_gelu4_out, x, reshape1_out, reshape3_out, rmsnorm2_rstd, linear0_weight, rmsnorm2_weight)
+    d_linear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
+        ctx, linear0_weight, d_linear0_out, x)
+    return d_x, d_linear0_weight, d_linear0_bias, d_rmsnorm2_weight
+
+
+COMPILED_PASSES = PassGraphs("HeadNorm")
+register_training_ops(
+    (
+        "head_norm_forward_426879a2",
+        "(Tensor x, Tensor linear0_weight, Tensor linear0_bias, Tensor rmsnorm2_weight) -> "
+        "(Tensor, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "head_norm_backward_426879a2",
+        "(Tensor d_gelu4_out, Tensor? x, Tensor? reshape1_out, Tensor? reshape3_out, Tensor? "
+        "rmsnorm2_rstd, Tensor linear0_weight, Tensor rmsnorm2_weight) -> (Tensor, Tensor, Tensor, "
+        "Tensor)",
+        backward_pass, (0, 1, 2, 3, 4)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class HeadNorm(torch.nn.Module):
     """`head_norm` as one module: y = module(x).
 
@@ -184,8 +249,12 @@ class HeadNorm(torch.nn.Module):
             linear0_weight, linear0_bias, rmsnorm2_weight,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = HeadNormFunction.apply(self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.head_norm_forward_426879a2(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = HeadNormFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead2, 256)

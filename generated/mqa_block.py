@@ -19,9 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters, packed_sequences,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters,
+    packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -170,6 +170,116 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_seqlens, max_seqlen):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    residual0_out, (
+        x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
+        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
+        linear0_1_weight,
+        linear0_3_weight
+    ) = forward_stages(
+        x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_seqlens, max_seqlen)
+    return (
+        residual0_out, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
+        multiqueryselfattention0_2_fa2_unused)
+
+
+def backward_pass(
+        d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
+        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
+        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_seqlens, max_seqlen = inputs
+    (
+        residual0_out, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
+        multiqueryselfattention0_2_fa2_unused) = output
+    keep_for_backward(
+        ctx,
+        (
+            x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+            multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
+            multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
+            multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
+            max_seqlen, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight),
+        (
+            rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+            multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
+            multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
+            multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused),
+        host=(11,))
+
+
+def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
+        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
+    d_x, d_rmsnorm0_0_weight, d_linear0_1_out = torch.ops.fusegen.mqa_block_backward_2f3e941f(
+        d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
+        multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
+        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
+        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight)
+    d_linear0_3_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+        ctx, linear0_3_weight, d_residual0_out, multiqueryselfattention0_2_out)
+    d_linear0_1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        ctx, linear0_1_weight, d_linear0_1_out, rmsnorm0_0_out)
+    return d_x, d_rmsnorm0_0_weight, d_linear0_1_weight, d_linear0_3_weight, None, None
+
+
+COMPILED_PASSES = PassGraphs("MqaBlock", dtypes=(torch.bfloat16, torch.float16))
+register_training_ops(
+    (
+        "mqa_block_forward_2f3e941f",
+        "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, "
+        "Tensor cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, "
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 4)),
+    (
+        "mqa_block_backward_2f3e941f",
+        "(Tensor d_residual0_out, Tensor? x, Tensor? rmsnorm0_0_out, Tensor? "
+        "multiqueryselfattention0_2_out, Tensor? rmsnorm0_0_rstd, Tensor? "
+        "multiqueryselfattention0_2_q, Tensor? multiqueryselfattention0_2_k, Tensor? "
+        "multiqueryselfattention0_2_v, Tensor? multiqueryselfattention0_2_lse, Tensor? "
+        "multiqueryselfattention0_2_rng_state, Tensor? multiqueryselfattention0_2_fa2_unused, "
+        "Tensor? cu_seqlens, int max_seqlen, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, "
+        "Tensor linear0_3_weight) -> (Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class MqaBlock(torch.nn.Module):
     """`mqa_block` as one module: y = module(x).
 
@@ -231,8 +341,12 @@ class MqaBlock(torch.nn.Module):
             cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = MqaBlockFunction.apply(self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.mqa_block_forward_2f3e941f(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = MqaBlockFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

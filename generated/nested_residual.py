@@ -26,9 +26,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -179,6 +179,115 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(
+        x, linear0_weight, layernorm1_0_weight, layernorm1_0_bias, rmsnorm1_1_0_weight,
+        linear1_1_1_weight, linear1_1_1_bias, rmsnorm2_weight):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    rmsnorm2_out, (
+        x, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out, linear1_1_1_out,
+        residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd, rmsnorm2_rstd,
+        linear0_weight, layernorm1_0_weight, rmsnorm1_1_0_weight, linear1_1_1_weight,
+        rmsnorm2_weight
+    ) = forward_stages(
+        x, linear0_weight, layernorm1_0_weight, layernorm1_0_bias, rmsnorm1_1_0_weight,
+        linear1_1_1_weight, linear1_1_1_bias, rmsnorm2_weight)
+    return (
+        rmsnorm2_out, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out, linear1_1_1_out,
+        residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd, rmsnorm2_rstd)
+
+
+def backward_pass(
+        d_rmsnorm2_out, x, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out,
+        linear1_1_1_out, residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd,
+        rmsnorm2_rstd, linear0_weight, layernorm1_0_weight, rmsnorm1_1_0_weight, linear1_1_1_weight,
+        rmsnorm2_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_rmsnorm2_out, x, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out,
+        linear1_1_1_out, residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd,
+        rmsnorm2_rstd, linear0_weight, layernorm1_0_weight, rmsnorm1_1_0_weight, linear1_1_1_weight,
+        rmsnorm2_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    (
+        x, linear0_weight, layernorm1_0_weight, layernorm1_0_bias, rmsnorm1_1_0_weight,
+        linear1_1_1_weight, linear1_1_1_bias, rmsnorm2_weight) = inputs
+    (
+        rmsnorm2_out, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out, linear1_1_1_out,
+        residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd,
+        rmsnorm2_rstd) = output
+    keep_for_backward(
+        ctx,
+        (
+            x, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out, linear1_1_1_out,
+            residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd, rmsnorm2_rstd,
+            linear0_weight, layernorm1_0_weight, rmsnorm1_1_0_weight, linear1_1_1_weight,
+            rmsnorm2_weight),
+        (
+            linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out, linear1_1_1_out,
+            residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd, rmsnorm2_rstd)
+    )
+
+
+def compiled_backward(ctx, d_rmsnorm2_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out, linear1_1_1_out,
+        residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd, rmsnorm2_rstd,
+        linear0_weight, layernorm1_0_weight, rmsnorm1_1_0_weight, linear1_1_1_weight,
+        rmsnorm2_weight) = saved_tensors(ctx)
+    (
+        d_x, d_layernorm1_0_weight, d_layernorm1_0_bias, d_rmsnorm1_1_0_weight, d_linear1_1_1_bias,
+        d_rmsnorm2_weight, d_linear1_1_1_pre_bias,
+        d_linear0_out
+    ) = torch.ops.fusegen.nested_residual_backward_752fcd0d(
+        d_rmsnorm2_out, x, linear0_out, layernorm1_0_out, residual1_1, rmsnorm1_1_0_out,
+        linear1_1_1_out, residual1_out, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm1_1_0_rstd,
+        rmsnorm2_rstd, linear0_weight, layernorm1_0_weight, rmsnorm1_1_0_weight, linear1_1_1_weight,
+        rmsnorm2_weight)
+    d_linear1_1_1_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
+        ctx, linear1_1_1_weight, d_linear1_1_1_pre_bias, rmsnorm1_1_0_out)
+    d_linear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
+        ctx, linear0_weight, d_linear0_out, x)
+    return (
+        d_x, d_linear0_weight, d_layernorm1_0_weight, d_layernorm1_0_bias, d_rmsnorm1_1_0_weight,
+        d_linear1_1_1_weight, d_linear1_1_1_bias, d_rmsnorm2_weight)
+
+
+COMPILED_PASSES = PassGraphs("NestedResidual")
+register_training_ops(
+    (
+        "nested_residual_forward_752fcd0d",
+        "(Tensor x, Tensor linear0_weight, Tensor layernorm1_0_weight, Tensor layernorm1_0_bias, "
+        "Tensor rmsnorm1_1_0_weight, Tensor linear1_1_1_weight, Tensor linear1_1_1_bias, Tensor "
+        "rmsnorm2_weight) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
+        "Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "nested_residual_backward_752fcd0d",
+        "(Tensor d_rmsnorm2_out, Tensor? x, Tensor? linear0_out, Tensor? layernorm1_0_out, Tensor? "
+        "residual1_1, Tensor? rmsnorm1_1_0_out, Tensor? linear1_1_1_out, Tensor? residual1_out, "
+        "Tensor? layernorm1_0_mean, Tensor? layernorm1_0_rstd, Tensor? rmsnorm1_1_0_rstd, Tensor? "
+        "rmsnorm2_rstd, Tensor linear0_weight, Tensor layernorm1_0_weight, Tensor "
+        "rmsnorm1_1_0_weight, Tensor linear1_1_1_weight, Tensor rmsnorm2_weight) -> (Tensor, "
+        "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class NestedResidual(torch.nn.Module):
     """`nested_residual` as one module: y = module(x).
 
@@ -269,9 +378,12 @@ class NestedResidual(torch.nn.Module):
             linear1_1_1_weight, linear1_1_1_bias, rmsnorm2_weight,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = NestedResidualFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.nested_residual_forward_752fcd0d(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = NestedResidualFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 1024)

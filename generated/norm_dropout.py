@@ -17,9 +17,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
@@ -105,6 +105,70 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, rmsnorm0_weight, linear2_weight, linear2_bias, training):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    linear2_out, (
+        x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight,
+        linear2_weight) = forward_stages(x, rmsnorm0_weight, linear2_weight, linear2_bias, training)
+    return linear2_out, dropout1_out, rmsnorm0_rstd, dropout1_seed
+
+
+def backward_pass(
+        d_linear2_out, x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight,
+        linear2_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_linear2_out, x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight,
+        linear2_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, rmsnorm0_weight, linear2_weight, linear2_bias, training = inputs
+    linear2_out, dropout1_out, rmsnorm0_rstd, dropout1_seed = output
+    keep_for_backward(
+        ctx, (x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight),
+        (dropout1_out, rmsnorm0_rstd, dropout1_seed))
+
+
+def compiled_backward(ctx, d_linear2_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight, linear2_weight = saved_tensors(
+        ctx)
+    d_x, d_rmsnorm0_weight, d_linear2_bias = torch.ops.fusegen.norm_dropout_backward_c97b2687(
+        d_linear2_out, x, dropout1_out, rmsnorm0_rstd, dropout1_seed, rmsnorm0_weight,
+        linear2_weight)
+    d_linear2_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        ctx, linear2_weight, d_linear2_out, dropout1_out)
+    return d_x, d_rmsnorm0_weight, d_linear2_weight, d_linear2_bias, None
+
+
+COMPILED_PASSES = PassGraphs("NormDropout")
+register_training_ops(
+    (
+        "norm_dropout_forward_c97b2687",
+        "(Tensor x, Tensor rmsnorm0_weight, Tensor linear2_weight, Tensor linear2_bias, bool "
+        "training) -> (Tensor, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "norm_dropout_backward_c97b2687",
+        "(Tensor d_linear2_out, Tensor? x, Tensor? dropout1_out, Tensor? rmsnorm0_rstd, Tensor? "
+        "dropout1_seed, Tensor rmsnorm0_weight, Tensor linear2_weight) -> (Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
+
+
 class NormDropout(torch.nn.Module):
     """`norm_dropout` as one module: y = module(x).
 
@@ -162,9 +226,12 @@ class NormDropout(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = NormDropoutFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.norm_dropout_forward_c97b2687(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = NormDropoutFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 512)

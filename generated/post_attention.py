@@ -20,9 +20,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -134,6 +134,89 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(
+        x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
+        training):
+    """torch.compile's forward op under autograd: forward_stages' outputs, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    (layernorm4_out, extra_output0), (
+        x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
+        layernorm4_weight
+    ) = forward_stages(
+        x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias, training)
+    return layernorm4_out, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd
+
+
+def backward_pass(
+        d_layernorm4_out, d_extra_output0, x, extra_output0, dropout1_seed, layernorm4_mean,
+        layernorm4_rstd, linear0_weight, layernorm4_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_layernorm4_out, d_extra_output0, x, extra_output0, dropout1_seed, layernorm4_mean,
+        layernorm4_rstd, linear0_weight, layernorm4_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    (
+        x, extra_input0, linear0_weight, linear0_bias, layernorm4_weight, layernorm4_bias,
+        training) = inputs
+    layernorm4_out, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd = output
+    keep_for_backward(
+        ctx,
+        (
+            x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
+            layernorm4_weight),
+        (dropout1_seed, layernorm4_mean, layernorm4_rstd))
+
+
+# (_: the made tensors have no grads)
+def compiled_backward(ctx, d_layernorm4_out, d_extra_output0, *_):
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, extra_output0, dropout1_seed, layernorm4_mean, layernorm4_rstd, linear0_weight,
+        layernorm4_weight) = saved_tensors(ctx)
+    (
+        d_x, d_extra_input0, d_linear0_bias, d_layernorm4_weight, d_layernorm4_bias,
+        d_linear0_pre_bias
+    ) = torch.ops.fusegen.post_attention_backward_cc92a6dc(
+        d_layernorm4_out, d_extra_output0, x, extra_output0, dropout1_seed, layernorm4_mean,
+        layernorm4_rstd, linear0_weight, layernorm4_weight)
+    d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        ctx, linear0_weight, d_linear0_pre_bias, x)
+    return (
+        d_x, d_extra_input0, d_linear0_weight, d_linear0_bias, d_layernorm4_weight,
+        d_layernorm4_bias, None)
+
+
+COMPILED_PASSES = PassGraphs("PostAttention")
+register_training_ops(
+    (
+        "post_attention_forward_cc92a6dc",
+        "(Tensor x, Tensor extra_input0, Tensor linear0_weight, Tensor linear0_bias, Tensor "
+        "layernorm4_weight, Tensor layernorm4_bias, bool training) -> (Tensor, Tensor, Tensor?, "
+        "Tensor?, Tensor?)",
+        forward_pass, (0, 1)),
+    (
+        "post_attention_backward_cc92a6dc",
+        "(Tensor d_layernorm4_out, Tensor d_extra_output0, Tensor? x, Tensor? extra_output0, "
+        "Tensor? dropout1_seed, Tensor? layernorm4_mean, Tensor? layernorm4_rstd, Tensor "
+        "linear0_weight, Tensor layernorm4_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+        "Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
+
+
 class PostAttention(torch.nn.Module):
     """`post_attention` as one module: y, extra_output0 = module(x, extra_input0).
 
@@ -205,9 +288,12 @@ class PostAttention(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = PostAttentionFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.post_attention_forward_cc92a6dc(*args)[:2]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = PostAttentionFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

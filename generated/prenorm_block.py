@@ -18,9 +18,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
@@ -111,6 +111,75 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias):
+    """torch.compile's forward op under autograd: forward_stages' outputs, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    (addextrainput3_out, extra_output0), (
+        x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight,
+        linear2_weight
+    ) = forward_stages(x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias)
+    return addextrainput3_out, extra_output0, rmsnorm1_out, rmsnorm1_rstd
+
+
+def backward_pass(
+        d_addextrainput3_out, d_extra_output0, x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight,
+        linear2_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_addextrainput3_out, d_extra_output0, x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight,
+        linear2_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, extra_input0, rmsnorm1_weight, linear2_weight, linear2_bias = inputs
+    addextrainput3_out, extra_output0, rmsnorm1_out, rmsnorm1_rstd = output
+    keep_for_backward(
+        ctx, (x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight),
+        (rmsnorm1_out, rmsnorm1_rstd))
+
+
+# (_: the made tensors have no grads)
+def compiled_backward(ctx, d_addextrainput3_out, d_extra_output0, *_):
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight, linear2_weight = saved_tensors(ctx)
+    (
+        d_x, d_extra_input0, d_rmsnorm1_weight,
+        d_linear2_bias
+    ) = torch.ops.fusegen.prenorm_block_backward_7c50381e(
+        d_addextrainput3_out, d_extra_output0, x, rmsnorm1_out, rmsnorm1_rstd, rmsnorm1_weight,
+        linear2_weight)
+    d_linear2_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+        ctx, linear2_weight, d_addextrainput3_out, rmsnorm1_out)
+    return d_x, d_extra_input0, d_rmsnorm1_weight, d_linear2_weight, d_linear2_bias
+
+
+COMPILED_PASSES = PassGraphs("PrenormBlock")
+register_training_ops(
+    (
+        "prenorm_block_forward_7c50381e",
+        "(Tensor x, Tensor extra_input0, Tensor rmsnorm1_weight, Tensor linear2_weight, Tensor "
+        "linear2_bias) -> (Tensor, Tensor, Tensor?, Tensor?)",
+        forward_pass, (0, 1)),
+    (
+        "prenorm_block_backward_7c50381e",
+        "(Tensor d_addextrainput3_out, Tensor d_extra_output0, Tensor? x, Tensor? rmsnorm1_out, "
+        "Tensor? rmsnorm1_rstd, Tensor rmsnorm1_weight, Tensor linear2_weight) -> (Tensor, Tensor, "
+        "Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class PrenormBlock(torch.nn.Module):
     """`prenorm_block` as one module: y, extra_output0 = module(x, extra_input0).
 
@@ -171,9 +240,12 @@ class PrenormBlock(torch.nn.Module):
             rmsnorm1_weight, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = PrenormBlockFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.prenorm_block_forward_7c50381e(*args)[:2]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = PrenormBlockFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

@@ -18,9 +18,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
@@ -106,6 +106,67 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, linear0_weight, linear0_bias, linear2_weight, linear2_bias):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    linear2_out, (x, relu1_out, linear0_weight, linear2_weight) = forward_stages(
+        x, linear0_weight, linear0_bias, linear2_weight, linear2_bias)
+    return linear2_out, relu1_out
+
+
+def backward_pass(d_linear2_out, x, relu1_out, linear0_weight, linear2_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_linear2_out, x, relu1_out, linear0_weight, linear2_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, linear0_weight, linear0_bias, linear2_weight, linear2_bias = inputs
+    linear2_out, relu1_out = output
+    keep_for_backward(ctx, (x, relu1_out, linear0_weight, linear2_weight), (relu1_out,))
+
+
+def compiled_backward(ctx, d_linear2_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, relu1_out, linear0_weight, linear2_weight = saved_tensors(ctx)
+    (
+        d_x, d_linear0_bias, d_linear2_bias,
+        d_linear0_pre_bias
+    ) = torch.ops.fusegen.relu_mlp_backward_4adc0f81(
+        d_linear2_out, x, relu1_out, linear0_weight, linear2_weight)
+    d_linear2_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+        ctx, linear2_weight, d_linear2_out, relu1_out)
+    d_linear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
+        ctx, linear0_weight, d_linear0_pre_bias, x)
+    return d_x, d_linear0_weight, d_linear0_bias, d_linear2_weight, d_linear2_bias
+
+
+COMPILED_PASSES = PassGraphs("ReluMlp")
+register_training_ops(
+    (
+        "relu_mlp_forward_4adc0f81",
+        "(Tensor x, Tensor linear0_weight, Tensor linear0_bias, Tensor linear2_weight, Tensor "
+        "linear2_bias) -> (Tensor, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "relu_mlp_backward_4adc0f81",
+        "(Tensor d_linear2_out, Tensor? x, Tensor? relu1_out, Tensor linear0_weight, Tensor "
+        "linear2_weight) -> (Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class ReluMlp(torch.nn.Module):
     """`relu_mlp` as one module: y = module(x).
 
@@ -167,8 +228,12 @@ class ReluMlp(torch.nn.Module):
             linear0_weight, linear0_bias, linear2_weight, linear2_bias,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = ReluMlpFunction.apply(self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.relu_mlp_forward_4adc0f81(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = ReluMlpFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

@@ -27,9 +27,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -183,6 +183,111 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(
+        x, rmsnorm0_0_weight, linear0_1_weight, linear0_1_bias, linear0_3_weight, linear0_3_bias,
+        layernorm1_0_weight, layernorm1_0_bias, linear1_1_weight):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    residual1_out, (
+        x, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out, rmsnorm0_0_rstd,
+        layernorm1_0_mean, layernorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
+        layernorm1_0_weight,
+        linear1_1_weight
+    ) = forward_stages(
+        x, rmsnorm0_0_weight, linear0_1_weight, linear0_1_bias, linear0_3_weight, linear0_3_bias,
+        layernorm1_0_weight, layernorm1_0_bias, linear1_1_weight)
+    return (
+        residual1_out, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out,
+        rmsnorm0_0_rstd, layernorm1_0_mean, layernorm1_0_rstd)
+
+
+def backward_pass(
+        d_residual1_out, x, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out,
+        rmsnorm0_0_rstd, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, layernorm1_0_weight, linear1_1_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_residual1_out, x, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out,
+        rmsnorm0_0_rstd, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, layernorm1_0_weight, linear1_1_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    (
+        x, rmsnorm0_0_weight, linear0_1_weight, linear0_1_bias, linear0_3_weight, linear0_3_bias,
+        layernorm1_0_weight, layernorm1_0_bias, linear1_1_weight) = inputs
+    (
+        residual1_out, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out,
+        rmsnorm0_0_rstd, layernorm1_0_mean, layernorm1_0_rstd) = output
+    keep_for_backward(
+        ctx,
+        (
+            x, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out,
+            rmsnorm0_0_rstd, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm0_0_weight,
+            linear0_1_weight, linear0_3_weight, layernorm1_0_weight, linear1_1_weight),
+        (
+            rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out,
+            rmsnorm0_0_rstd, layernorm1_0_mean, layernorm1_0_rstd)
+    )
+
+
+def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    (
+        x, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out, rmsnorm0_0_rstd,
+        layernorm1_0_mean, layernorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
+        layernorm1_0_weight, linear1_1_weight) = saved_tensors(ctx)
+    (
+        d_x, d_rmsnorm0_0_weight, d_linear0_1_bias, d_linear0_3_bias, d_layernorm1_0_weight,
+        d_layernorm1_0_bias, d_linear0_3_out,
+        d_linear0_1_pre_bias
+    ) = torch.ops.fusegen.residual_blocks_backward_5f174b11(
+        d_residual1_out, x, rmsnorm0_0_out, linear0_1_out, gelu0_2_out, residual1, layernorm1_0_out,
+        rmsnorm0_0_rstd, layernorm1_0_mean, layernorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, layernorm1_0_weight, linear1_1_weight)
+    d_linear1_1_weight = None if not ctx.needs_input_grad[8] else ref.weight_grad(
+        ctx, linear1_1_weight, d_residual1_out, layernorm1_0_out)
+    d_linear0_3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+        ctx, linear0_3_weight, d_linear0_3_out, gelu0_2_out)
+    d_linear0_1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
+        ctx, linear0_1_weight, d_linear0_1_pre_bias, rmsnorm0_0_out)
+    return (
+        d_x, d_rmsnorm0_0_weight, d_linear0_1_weight, d_linear0_1_bias, d_linear0_3_weight,
+        d_linear0_3_bias, d_layernorm1_0_weight, d_layernorm1_0_bias, d_linear1_1_weight)
+
+
+COMPILED_PASSES = PassGraphs("ResidualBlocks")
+register_training_ops(
+    (
+        "residual_blocks_forward_5f174b11",
+        "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_1_bias, "
+        "Tensor linear0_3_weight, Tensor linear0_3_bias, Tensor layernorm1_0_weight, Tensor "
+        "layernorm1_0_bias, Tensor linear1_1_weight) -> (Tensor, Tensor?, Tensor?, Tensor?, "
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "residual_blocks_backward_5f174b11",
+        "(Tensor d_residual1_out, Tensor? x, Tensor? rmsnorm0_0_out, Tensor? linear0_1_out, "
+        "Tensor? gelu0_2_out, Tensor? residual1, Tensor? layernorm1_0_out, Tensor? "
+        "rmsnorm0_0_rstd, Tensor? layernorm1_0_mean, Tensor? layernorm1_0_rstd, Tensor "
+        "rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, Tensor "
+        "layernorm1_0_weight, Tensor linear1_1_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+        "Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class ResidualBlocks(torch.nn.Module):
     """`residual_blocks` as one module: y = module(x).
 
@@ -278,9 +383,12 @@ class ResidualBlocks(torch.nn.Module):
             layernorm1_0_weight, layernorm1_0_bias, linear1_1_weight,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = ResidualBlocksFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.residual_blocks_forward_5f174b11(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = ResidualBlocksFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 1024)

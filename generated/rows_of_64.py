@@ -19,9 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, bias3_bias):
@@ -99,6 +99,56 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, bias3_bias):
+    """torch.compile's forward op under autograd: forward_stages' outputs, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    (bias3_out, extra_output0), (x,) = forward_stages(x, bias3_bias)
+    return bias3_out, extra_output0
+
+
+def backward_pass(d_bias3_out, d_extra_output0, x, n):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(d_bias3_out, d_extra_output0, x, n)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, bias3_bias = inputs
+    bias3_out, extra_output0 = output
+    keep_for_backward(ctx, (x,), ())
+    ctx.n = x.shape[1]  # the input width, for the backward's reshapes
+
+
+def compiled_backward(ctx, d_bias3_out, d_extra_output0, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, = saved_tensors(ctx)
+    d_x, d_bias3_bias = torch.ops.fusegen.rows_of_64_backward_e0602bdb(
+        d_bias3_out, d_extra_output0, x, ctx.n)
+    return d_x, d_bias3_bias
+
+
+COMPILED_PASSES = PassGraphs("RowsOf64")
+register_training_ops(
+    (
+        "rows_of_64_forward_e0602bdb", "(Tensor x, Tensor bias3_bias) -> (Tensor, Tensor)",
+        forward_pass, (0,)),
+    (
+        "rows_of_64_backward_e0602bdb",
+        "(Tensor d_bias3_out, Tensor d_extra_output0, Tensor? x, SymInt n) -> (Tensor, Tensor)",
+        backward_pass, (0, 1, 2)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class RowsOf64(torch.nn.Module):
     """`rows_of_64` as one module: y, extra_output0 = module(x).
 
@@ -150,8 +200,12 @@ class RowsOf64(torch.nn.Module):
             bias3_bias,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = RowsOf64Function.apply(self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.rows_of_64_forward_e0602bdb(*args)[:2]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = RowsOf64Function.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

@@ -18,9 +18,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm2_weight):
@@ -96,6 +96,60 @@ register_no_grad_op(
     COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, rmsnorm2_weight):
+    """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    rmsnorm2_out, (x, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight) = forward_stages(
+        x, rmsnorm2_weight)
+    return rmsnorm2_out, reshape1_out, rmsnorm2_rstd
+
+
+def backward_pass(d_rmsnorm2_out, x, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight, n):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_rmsnorm2_out, x, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight, n)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, rmsnorm2_weight = inputs
+    rmsnorm2_out, reshape1_out, rmsnorm2_rstd = output
+    keep_for_backward(
+        ctx, (x, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight), (reshape1_out, rmsnorm2_rstd))
+    ctx.n = x.shape[1]  # the input width, for the backward's reshapes
+
+
+def compiled_backward(ctx, d_rmsnorm2_out, *_):  # (_: the made tensors have no grads)
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight = saved_tensors(ctx)
+    d_x, d_rmsnorm2_weight = torch.ops.fusegen.split_norm_backward_7d4a4f11(
+        d_rmsnorm2_out, x, reshape1_out, rmsnorm2_rstd, rmsnorm2_weight, ctx.n)
+    return d_x, d_rmsnorm2_weight
+
+
+COMPILED_PASSES = PassGraphs("SplitNorm")
+register_training_ops(
+    (
+        "split_norm_forward_7d4a4f11",
+        "(Tensor x, Tensor rmsnorm2_weight) -> (Tensor, Tensor?, Tensor?)", forward_pass, (0,)),
+    (
+        "split_norm_backward_7d4a4f11",
+        "(Tensor d_rmsnorm2_out, Tensor? x, Tensor? reshape1_out, Tensor? rmsnorm2_rstd, Tensor "
+        "rmsnorm2_weight, SymInt n) -> (Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+
+
 class SplitNorm(torch.nn.Module):
     """`split_norm` as one module: y = module(x).
 
@@ -147,9 +201,12 @@ class SplitNorm(torch.nn.Module):
             rmsnorm2_weight,
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = SplitNormFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.split_norm_forward_7d4a4f11(*args)[0]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = SplitNormFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead1, 64)

@@ -19,9 +19,9 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters,
-    first_order_only, register_no_grad_op, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
+    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight, training):
@@ -114,6 +114,76 @@ register_no_grad_op(
     no_grad_forward, COMPILED_GRAPHS)
 
 
+# torch.compile: the forward under autograd and its backward as two custom ops, joined for autograd
+# by torch.library.register_autograd, each replayed from CUDA graphs at a few rows (by the
+# parameters' addresses, as the no-grad op); the weight-grad GEMMs run in compiled_backward
+
+
+def forward_pass(x, linear0_weight, linear0_bias, rmsnorm2_weight, training):
+    """torch.compile's forward op under autograd: forward_stages' outputs, then the tensors its
+    backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
+    of its own)."""
+    (dropout3_out, extra_output0), (
+        x, linear0_out, rmsnorm2_rstd, dropout3_seed, linear0_weight,
+        rmsnorm2_weight
+    ) = forward_stages(x, linear0_weight, linear0_bias, rmsnorm2_weight, training)
+    return dropout3_out, extra_output0, linear0_out, rmsnorm2_rstd, dropout3_seed
+
+
+def backward_pass(
+        d_dropout3_out, d_extra_output0, x, linear0_out, rmsnorm2_rstd, dropout3_seed,
+        linear0_weight, rmsnorm2_weight):
+    """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
+    weight-grad GEMMs read, as one tuple."""
+    stage_grads, operands = backward_stages(
+        d_dropout3_out, d_extra_output0, x, linear0_out, rmsnorm2_rstd, dropout3_seed,
+        linear0_weight, rmsnorm2_weight)
+    return (*stage_grads, *operands)
+
+
+def setup_compiled_backward(ctx, inputs, output):
+    """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
+    x, linear0_weight, linear0_bias, rmsnorm2_weight, training = inputs
+    dropout3_out, extra_output0, linear0_out, rmsnorm2_rstd, dropout3_seed = output
+    keep_for_backward(
+        ctx, (x, linear0_out, rmsnorm2_rstd, dropout3_seed, linear0_weight, rmsnorm2_weight),
+        (linear0_out, rmsnorm2_rstd, dropout3_seed))
+
+
+# (_: the made tensors have no grads)
+def compiled_backward(ctx, d_dropout3_out, d_extra_output0, *_):
+    """The forward op's backward: the backward op, then the weight-grad GEMMs of the parameters
+    that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
+    backward.)"""
+    x, linear0_out, rmsnorm2_rstd, dropout3_seed, linear0_weight, rmsnorm2_weight = saved_tensors(
+        ctx)
+    (
+        d_x, d_linear0_bias, d_rmsnorm2_weight,
+        d_linear0_out
+    ) = torch.ops.fusegen.tee_norm_dropout_backward_97d09a45(
+        d_dropout3_out, d_extra_output0, x, linear0_out, rmsnorm2_rstd, dropout3_seed,
+        linear0_weight, rmsnorm2_weight)
+    d_linear0_weight = None if not ctx.needs_input_grad[1] else ref.weight_grad(
+        ctx, linear0_weight, d_linear0_out, x)
+    return d_x, d_linear0_weight, d_linear0_bias, d_rmsnorm2_weight, None
+
+
+COMPILED_PASSES = PassGraphs("TeeNormDropout")
+register_training_ops(
+    (
+        "tee_norm_dropout_forward_97d09a45",
+        "(Tensor x, Tensor linear0_weight, Tensor linear0_bias, Tensor rmsnorm2_weight, bool "
+        "training) -> (Tensor, Tensor, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0,)),
+    (
+        "tee_norm_dropout_backward_97d09a45",
+        "(Tensor d_dropout3_out, Tensor d_extra_output0, Tensor? x, Tensor? linear0_out, Tensor? "
+        "rmsnorm2_rstd, Tensor? dropout3_seed, Tensor linear0_weight, Tensor rmsnorm2_weight) -> "
+        "(Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
+
+
 class TeeNormDropout(torch.nn.Module):
     """`tee_norm_dropout` as one module: y, extra_output0 = module(x).
 
@@ -172,9 +242,12 @@ class TeeNormDropout(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
         )
         if torch.is_grad_enabled():
-            # a few rows on CUDA: forward and backward replayed from CUDA graphs
-            outputs = TeeNormDropoutFunction.apply(
-                self.cuda_graphs.training(forward_stages, args), *args)
+            # torch.compile: the forward op (its backward: compiled_backward)
+            if torch.compiler.is_compiling():
+                outputs = torch.ops.fusegen.tee_norm_dropout_forward_97d09a45(*args)[:2]
+            else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
+                outputs = TeeNormDropoutFunction.apply(
+                    self.cuda_graphs.training(forward_stages, args), *args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return (

@@ -11,12 +11,14 @@ subject, each importing only those listed above it:
 - training_graphs: a forward and backward under autograd replayed from CUDA graphs;
 - module_helpers: SpecOp, inputs as rows, results in the caller's shape, first_order_only;
 - graphs: CudaGraphs, a module's graphs per input shape;
-- custom_ops: the ``fusegen::`` custom ops that torch.compile calls.
+- custom_ops: the ``fusegen::`` custom ops that torch.compile calls;
+- compiled_passes: torch.compile's forward and backward ops of a graph-replaying module.
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
 """
 
 from .checks import (check_input, check_packed_form, check_parameters, check_row_input,
                      packed_sequences)
+from .compiled_passes import PassGraphs, keep_for_backward, register_training_ops
 from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
 from .launch import Kernel, pointer
@@ -25,8 +27,10 @@ from .module_helpers import SpecOp, as_rows, first_order_only, with_lead, with_s
 from .training_graphs import backward_done, replay_backward, replay_forward, saved_tensors
 
 __all__ = [
-    "CudaGraphs", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "SpecOp", "as_rows",
-    "backward_done", "check_input", "check_packed_form", "check_parameters", "check_row_input",
-    "first_order_only", "packed_sequences", "pointer", "register_no_grad_op", "register_op",
-    "replay_backward", "replay_forward", "saved_tensors", "with_lead", "with_shape",
+    "CudaGraphs", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "PassGraphs",
+    "SpecOp",
+    "as_rows", "backward_done", "check_input", "check_packed_form", "check_parameters",
+    "check_row_input", "first_order_only", "keep_for_backward", "packed_sequences", "pointer",
+    "register_no_grad_op", "register_op", "register_training_ops", "replay_backward",
+    "replay_forward", "saved_tensors", "with_lead", "with_shape",
 ]

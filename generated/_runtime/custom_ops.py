@@ -8,22 +8,25 @@ import torch
 _LIBRARY = []  # the torch.library fragment of fusegen's ops, made on the first registration
 
 
-def register_op(name, schema, run, fake_source):
+def register_op(name, schema, run, fake_source, tags=()):
     """Registers ``fusegen::<name>``, a custom op that torch.compile calls (a launcher, so the
     compiled graph holds one opaque node per kernel; a graph-replaying pipeline's no-grad forward,
     one node per pass). ``run`` is its implementation, its outputs made tensors of their own as an
     op's schema promises; its fake (shapes and dtypes, what tracing runs) is ``fake_source`` run on
     meta tensors. A name another package registered already is the same op (the name holds a
-    digest of what it runs): that package's serves both."""
+    digest of what it runs): that package's serves both (False; True: registered here). ``tags``:
+    torch.Tag names (``nondeterministic_seeded``: a pass that draws random keys, which compiled
+    activation checkpointing must not run again in the backward)."""
     if not _LIBRARY:
         _LIBRARY.append(torch.library.Library("fusegen", "FRAGMENT"))
     library = _LIBRARY[0]
     try:
-        library.define(name + schema)
+        library.define(name + schema, tags=tuple(getattr(torch.Tag, tag) for tag in tags))
     except RuntimeError:
-        return
+        return False
     library.impl(name, lambda *args: _new_tensors(run(*args), args), "CompositeExplicitAutograd")
     library.impl(name, fake_on_meta(fake_source), "Meta")  # cheaper to register than register_fake
+    return True
 
 
 def register_no_grad_op(name, schema, forward, graphs):
@@ -35,7 +38,8 @@ def register_no_grad_op(name, schema, forward, graphs):
 
 def fake_on_meta(function):
     """A custom op's fake (its outputs' shapes and dtypes, what tracing runs): ``function`` (a
-    launcher, a generated pass) run on meta tensors, whose CPU path is the reference math."""
+    launcher, a generated pass) run on meta tensors, whose CPU path is the reference math (None
+    where the pass has nothing: a compiled forward's Dropout key in eval mode)."""
 
     def fake(*args):
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
@@ -43,7 +47,7 @@ def fake_on_meta(function):
             torch.empty_like(a, device="meta") if isinstance(a, torch.Tensor) else a for a in args]
         outputs = function(*meta)
         if isinstance(outputs, tuple):
-            return tuple(torch.empty_like(o, device=device) for o in outputs)
+            return tuple(None if o is None else torch.empty_like(o, device=device) for o in outputs)
         return torch.empty_like(outputs, device=device)
 
     return fake
@@ -51,15 +55,28 @@ def fake_on_meta(function):
 
 def _new_tensors(outputs, inputs):
     """A custom op's outputs as tensors of their own, as an op's schema promises: copies of those
-    that are views, inputs, or another output (a pass that hands an input out as an extra
-    output)."""
+    that share memory with an input or an earlier output (a pass that hands an input out, or one
+    tensor twice, or views of one). By storage, not ``_is_view``: below autograd (an op joined by
+    register_autograd runs there) a view is not marked as one. None as it is (a compiled forward's
+    Dropout key in eval mode)."""
+    if isinstance(outputs, Fresh):  # made new by whoever returns them (a replayed graph's copies)
+        return tuple(outputs)
     if not isinstance(outputs, tuple):
         return _new_tensors((outputs,), inputs)[0]
-    seen = {id(a) for a in inputs}
+    seen = {_memory(a) for a in inputs if isinstance(a, torch.Tensor)}
     fresh = []
     for o in outputs:
-        if o._is_view() or id(o) in seen:
-            o = o.clone()
-        seen.add(id(o))
+        if o is not None:
+            if _memory(o) in seen:
+                o = o.clone()
+            seen.add(_memory(o))
         fresh.append(o)
     return tuple(fresh)
+
+
+class Fresh(tuple):
+    """Outputs that are new tensors already, which ``_new_tensors`` hands on unchecked."""
+
+
+def _memory(tensor):
+    return tensor.untyped_storage().data_ptr()

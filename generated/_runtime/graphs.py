@@ -38,7 +38,8 @@ class CudaGraphs:
     usual.
 
     Calls run as usual, not from a graph: under torch.compile (where the no-grad forward is one
-    custom op that replays graphs by parameters, register_no_grad_op), inside a caller's own graph
+    custom op that replays graphs by parameters, register_no_grad_op, and the training call two,
+    compiled_passes.py, with graphs of their own), inside a caller's own graph
     capture, with more rows, on CPU, on a device other than the current one, under autocast or
     saved-tensor hooks (training: activation checkpointing, offloading), and once a capture has
     failed or the parameters have moved ``MAX_PARAMETER_MOVES`` times (with a warning saying

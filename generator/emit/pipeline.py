@@ -15,6 +15,7 @@ from ..stages.module import lead_name, module_name
 from . import convention
 from .blocks import (backward_blocks, distinct_returns, forward_blocks, no_grad_blocks, own_memory, reads_of,
                      saved_for_backward)
+from .compiled import training_ops
 from .function import function_parts
 from .plan_doc import diagrams, runs_as, saved_table, spec_rows, traffic_cells
 from .segments import segments
@@ -127,9 +128,15 @@ def graphs_arguments(args: list[convention.Argument], dtypes: tuple[str, ...] | 
     per_call = convention.per_call_positions(args)
     if per_call:
         text += f", per_call={per_call!r}"
-    if dtypes is not None:
-        text += ", dtypes=(" + ", ".join(f"torch.{name}" for name in dtypes) + ("," if len(dtypes) == 1 else "") + ")"
-    return text
+    return text + dtypes_argument(dtypes)
+
+
+def dtypes_argument(dtypes: tuple[str, ...] | None) -> str:
+    """``, dtypes=(torch.bfloat16, ...)``: the dtypes a module's graphs (CudaGraphs, and its
+    compiled passes' PassGraphs) capture in; nothing where every dtype can be captured."""
+    if dtypes is None:
+        return ""
+    return ", dtypes=(" + ", ".join(f"torch.{name}" for name in dtypes) + ("," if len(dtypes) == 1 else "") + ")"
 
 
 def no_grad_op(name: str, args: list[convention.Argument], blocks: list[Block], outputs: list[str]) -> tuple[str, str]:
@@ -203,7 +210,10 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         functions=functions, grad_steps=grad_steps,
         cuda_graphs=graphs, function_inputs=function_inputs,
         graphs_arguments=graphs_arguments(args, replay_dtypes(plan)) if graphs else "",
+        pass_graphs_dtypes=dtypes_argument(replay_dtypes(plan)) if graphs else "",
         no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
+        # torch.compile's forward and backward ops under autograd, where the module replays graphs
+        training_ops=training_ops(p.name, args, functions[0]) if graphs and not grad_steps else None,
         leads=leads, any_shape=convention.takes_any_shape(p),
         forward_parameters=convention.forward_parameters(args),
         # the module forward's checks of its arguments

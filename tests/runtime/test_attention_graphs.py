@@ -106,6 +106,8 @@ def test_an_attention_module_replays_graphs_copying_its_offsets_in_bf16_and_fp16
         stages = list(inspect.signature(module_file.forward_stages).parameters)
         assert [stages[i] for i in graphs.per_call] == ["cu_seqlens"]
         assert graphs.copied == (0, *graphs.per_call)
+    # torch.compile's training ops replay in the same dtypes (fp32 runs the reference math)
+    assert module_file.COMPILED_PASSES.dtypes == (torch.bfloat16, torch.float16)
     # the module bounds the longest length by the rows at its graphs' max_rows
     assert "max_seqlen, self.cuda_graphs.max_rows)" in inspect.getsource(type(module).forward)
 
@@ -164,6 +166,9 @@ def test_graphs_pickle_with_their_per_call_inputs_and_dtypes():
     graphs = generated.AttentionBlock(device="meta").cuda_graphs
     twin = pickle.loads(pickle.dumps(graphs))
     assert (twin.per_call, twin.dtypes, twin.inputs) == (graphs.per_call, graphs.dtypes, graphs.inputs)
+    passes = inspect.getmodule(generated.AttentionBlock).COMPILED_PASSES
+    twin = pickle.loads(pickle.dumps(passes))
+    assert (twin.dtypes, twin.max_rows, twin.captured) == (passes.dtypes, passes.max_rows, 0)
 
 
 def test_a_replay_reads_its_own_parameters_and_keeps_host_ints_as_they_are():
@@ -345,6 +350,58 @@ def test_fullgraph_compile_with_a_device_seq_lens_and_no_max_seqlen_matches_eage
         assert_close_scaled(f"compiled tensor {k}", g, w.double().cpu(), tol)
     assert_close_scaled("compiled no-grad y", got_no_grad, want[0].double().cpu(), tol)
 
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_compiled_training_replays_with_new_lengths_match_an_uncaptured_run(name):
+    """torch.compile(fullgraph=True) of a bf16 attention layer at a few rows: its forward and
+    backward ops replay CUDA graphs (the offsets copied in, the rows the bound) with new lengths
+    every call, and compute what the uncompiled module does."""
+    heads, kv_heads = LAYERS[name][:2]
+    tol = bf16_tolerance(kv_heads, heads)
+    module = bf16_module(name)
+    passes = inspect.getmodule(type(module)).COMPILED_PASSES
+    passes.clear()
+    gen = torch.Generator().manual_seed(9)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True)
+    names = ["y", "dx", *(f"d{k}" for k, _ in module.named_parameters())]
+    for call, lengths in enumerate(SAME_SHAPE):
+        x, seq_lens = _batch(lengths, gen)
+        dy = torch.randn(x.shape, generator=gen).to("cuda", torch.bfloat16)
+        got = _step(compiled, x, seq_lens, dy)
+        want = plain(module, lambda: _step(module, x, seq_lens, dy))
+        for what, g, w in zip(names, got, want):
+            assert_close_scaled(f"{name} compiled call {call} {what}", g, w.double().cpu(), tol)
+    assert passes.captured == 2 and passes.failed is None  # the forward op's graph and the backward op's
+
+
+@pytest.mark.cuda
+def test_fp32_under_compile_on_cuda_runs_uncaptured_without_a_warning():
+    """fp32 attention under torch.compile on CUDA: its ops never capture the reference math (which
+    reads the offsets on the host), no failed capture, no warning."""
+    module = generated.AttentionBlock(dtype=torch.float32)
+    randomize_(module, torch.Generator().manual_seed(5))
+    module = module.cuda()
+    passes = inspect.getmodule(type(module)).COMPILED_PASSES
+    passes.clear()
+    gen = torch.Generator().manual_seed(10)
+    lengths = [3, 1, 20]
+    x = torch.randn(sum(lengths), HIDDEN, generator=gen).cuda()
+    seq_lens = torch.tensor(lengths, device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            xg = x.clone().requires_grad_()
+            y = compiled(xg, seq_lens)
+            y.backward(torch.ones_like(y))
+    assert passes.captured == 0 and passes.failed is None
+    params = {k: as64(v, "cpu", True) for k, v in module.state_dict().items()}
+    ref = layer64("AttentionBlock", params, as64(x, "cpu", False), lengths)
+    assert_close_to_reference("fp32 compiled y", y.detach().cpu(), ref.detach(), torch.float32)
 
 
 # --- torch.compile(fullgraph=True) on CPU: the attention's reference math traced without host reads

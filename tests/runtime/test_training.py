@@ -141,6 +141,18 @@ def _ddp(rank, world, batch, result):
         result.update({f"ddp {k}": p.grad.clone() for k, p in module.named_parameters()})
 
 
+def _ddp_compiled(rank, world, batch, result):
+    """DDP around a generated module under torch.compile(fullgraph=True) (DDP's own forward is not
+    traced whole: it logs and syncs on the host): the module's forward and backward are the
+    compiled training ops, and DDP's reducer still sees every parameter's grad."""
+    module = _module()
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.compile(module, fullgraph=True, backend="aot_eager"))
+    shard = batch.chunk(world)[rank]
+    ddp(shard).square().sum().backward()
+    if rank == 0:
+        result.update({f"compiled ddp {k}": p.grad.clone() for k, p in module.named_parameters()})
+
+
 def _fsdp2(rank, world, batch, result):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -174,6 +186,7 @@ def _data_parallel_worker(rank, world, port, batch, result):
     (each imports torch and the package, most of what such a test costs) serves both."""
     with _process_group(rank, world, port):
         _ddp(rank, world, batch, result)
+        _ddp_compiled(rank, world, batch, result)
         if FSDP2:
             _fsdp2(rank, world, batch, result)
 
@@ -189,7 +202,7 @@ def _shard_grads(batch, world):
 
 
 def test_ddp_and_fsdp2_over_gloo_match_one_process():
-    """DDP: one forward + backward; FSDP2's fully_shard: two steps (the grads accumulate). The
+    """DDP: one forward + backward, also under torch.compile; FSDP2's fully_shard: two steps (the grads accumulate). The
     output of rank 0's shard and the grads equal, bit for bit, one process that runs each rank's
     shard itself on the same thread count: a shard's grads are the same fp32 computation either
     way, and averaging two ranks (each halves its grad, then the halves are summed, or the sum is
@@ -203,6 +216,9 @@ def test_ddp_and_fsdp2_over_gloo_match_one_process():
     assert {k[4:] for k in result if k.startswith("ddp ")} == set(averaged)
     for key, grad in averaged.items():
         torch.testing.assert_close(result[f"ddp {key}"], grad, rtol=0, atol=0, msg=f"DDP grad {key}")
+        # under torch.compile (the training ops, their CPU path the same math): the same bits
+        torch.testing.assert_close(result[f"compiled ddp {key}"], grad, rtol=0, atol=0,
+                                   msg=f"compiled DDP grad {key}")
     if not FSDP2:
         pytest.skip("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard): DDP checked only")
     torch.testing.assert_close(result["fsdp output"], _module()(batch.chunk(2)[0]).detach(), rtol=0, atol=0)
