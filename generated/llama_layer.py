@@ -71,8 +71,8 @@ def forward_stages(
     residual1_out = torch.addmm(residual1, swiglu1_2_out, linear1_3_weight.t())
     return residual1_out, (
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q, groupedqueryattention0_2_k,
-        groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
+        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
         groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
         max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
         rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
@@ -80,11 +80,12 @@ def forward_stages(
 
 def backward_stages(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
+        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
+        linear1_3_weight):
     """The backward of `llama_layer` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -106,6 +107,9 @@ def backward_stages(
     d_groupedqueryattention0_2_out = d_linear0_3_out.mm(linear0_3_weight)
     # backward stage 2 · rule attention_backward · op 0.2: GroupedQueryAttention(4096, 32, 8,
     # rotary_base=500000.0)
+    (
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k,
+        groupedqueryattention0_2_v) = groupedqueryattention0_2_qkv.split([32, 8, 8], dim=1)
     (
         d_groupedqueryattention0_2_q, d_groupedqueryattention0_2_k,
         d_groupedqueryattention0_2_v
@@ -134,7 +138,7 @@ class LlamaLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(15,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(16,))
 
     @staticmethod
     @first_order_only("LlamaLayer")  # a double backward raises instead of being wrong
@@ -145,11 +149,12 @@ class LlamaLayerFunction(torch.autograd.Function):
         d_linear1_1_out, d_linear0_3_out, d_linear0_1_out = operands
         (
             x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-            linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-            groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-            groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-            max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-            rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight) = saved
+            linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+            groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+            groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+            groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+            rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
+            linear1_1_weight, linear1_3_weight) = saved
         # backward stage 7 · rule linear_backward · op 1.3: BasicLinear(14336, 4096) · weight grad
         d_linear1_3_weight = None if not ctx.needs_input_grad[7] else ref.weight_grad(
             ctx, linear1_3_weight, d_residual1_out, swiglu1_2_out)
@@ -237,8 +242,8 @@ def forward_pass(
     of its own)."""
     residual1_out, (
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q, groupedqueryattention0_2_k,
-        groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
+        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
         groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
         max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
         rmsnorm1_0_weight, linear1_1_weight,
@@ -248,27 +253,30 @@ def forward_pass(
         linear1_1_weight, linear1_3_weight, cu_seqlens, max_seqlen)
     return (
         residual1_out, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, rmsnorm1_0_rstd)
+        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+        groupedqueryattention0_2_fa2_unused, rmsnorm1_0_rstd)
 
 
 def backward_pass(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
+        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
+        linear1_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
+        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
+        linear1_3_weight)
     return (*stage_grads, *operands)
 
 
@@ -279,26 +287,27 @@ def setup_compiled_backward(ctx, inputs, output):
         linear1_1_weight, linear1_3_weight, cu_seqlens, max_seqlen) = inputs
     (
         residual1_out, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused,
-        rmsnorm1_0_rstd) = output
+        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+        groupedqueryattention0_2_fa2_unused, rmsnorm1_0_rstd) = output
     keep_for_backward(
         ctx,
         (
             x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-            linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-            groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-            groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-            max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-            rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight),
+            linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+            groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+            groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+            groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+            rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
+            linear1_1_weight, linear1_3_weight),
         (
             rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-            swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q, groupedqueryattention0_2_k,
-            groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-            groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused,
-            rmsnorm1_0_rstd),
-        host=(15,))
+            swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+            groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+            groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+            groupedqueryattention0_2_fa2_unused, rmsnorm1_0_rstd),
+        host=(16,))
 
 
 def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no grads)
@@ -307,21 +316,22 @@ def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no
     backward.)"""
     (
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q, groupedqueryattention0_2_k,
-        groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
+        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
         groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
         max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
         rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight) = saved_tensors(ctx)
     (
         d_x, d_rmsnorm0_0_weight, d_rmsnorm1_0_weight, d_linear1_1_out, d_linear0_3_out,
         d_linear0_1_out
-    ) = torch.ops.fusegen.llama_layer_backward_b0a50fa6(
+    ) = torch.ops.fusegen.llama_layer_backward_96b8e09c(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
+        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
+        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
+        linear1_3_weight)
     d_linear1_3_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
         ctx, linear1_3_weight, d_residual1_out, swiglu1_2_out)
     d_linear1_1_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
@@ -338,25 +348,25 @@ def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("LlamaLayer", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "llama_layer_forward_b0a50fa6",
+        "llama_layer_forward_96b8e09c",
         "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, "
         "Tensor rmsnorm1_0_weight, Tensor linear1_1_weight, Tensor linear1_3_weight, Tensor "
         "cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 7)),
     (
-        "llama_layer_backward_b0a50fa6",
+        "llama_layer_backward_96b8e09c",
         "(Tensor d_residual1_out, Tensor? x, Tensor? rmsnorm0_0_out, Tensor? "
         "groupedqueryattention0_2_out, Tensor? residual1, Tensor? rmsnorm1_0_out, Tensor? "
         "linear1_1_out, Tensor? swiglu1_2_out, Tensor? rmsnorm0_0_rstd, Tensor? "
-        "groupedqueryattention0_2_q, Tensor? groupedqueryattention0_2_k, Tensor? "
-        "groupedqueryattention0_2_v, Tensor? groupedqueryattention0_2_lse, Tensor? "
-        "groupedqueryattention0_2_rng_state, Tensor? groupedqueryattention0_2_fa2_unused, Tensor? "
-        "cu_seqlens, int max_seqlen, Tensor? rmsnorm1_0_rstd, Tensor rmsnorm0_0_weight, Tensor "
-        "linear0_1_weight, Tensor linear0_3_weight, Tensor rmsnorm1_0_weight, Tensor "
-        "linear1_1_weight, Tensor linear1_3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
-        "Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17)),
+        "groupedqueryattention0_2_qkv, Tensor? groupedqueryattention0_2_q, Tensor? "
+        "groupedqueryattention0_2_k, Tensor? groupedqueryattention0_2_v, Tensor? "
+        "groupedqueryattention0_2_lse, Tensor? groupedqueryattention0_2_rng_state, Tensor? "
+        "groupedqueryattention0_2_fa2_unused, Tensor? cu_seqlens, int max_seqlen, Tensor? "
+        "rmsnorm1_0_rstd, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor "
+        "linear0_3_weight, Tensor rmsnorm1_0_weight, Tensor linear1_1_weight, Tensor "
+        "linear1_3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -450,7 +460,7 @@ class LlamaLayer(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.llama_layer_forward_b0a50fa6(*args)[0]
+                outputs = torch.ops.fusegen.llama_layer_forward_96b8e09c(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = LlamaLayerFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -58,19 +58,20 @@ def forward_stages(
     # forward stage 5 · rule elementwise · op 0b: Residual: x + ops(x)
     residual0_out = kernels.add_fwd_n256(linear0_3_out, residual0)
     return residual0_out, (
-        x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean, layernorm0_0_rstd,
-        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
-        linear0_1_weight, linear0_3_weight)
-
-
-def backward_stages(
-        d_residual0_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
+        x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
         layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
         multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
         multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight):
+        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
+
+
+def backward_stages(
+        d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
+        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
+        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        linear0_1_weight, linear0_3_weight):
     """The backward of `mha_block` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -82,6 +83,10 @@ def backward_stages(
     d_multiheadedselfattention0_2_out = d_residual0_out.mm(linear0_3_weight)
     # backward stage 3 · rule attention_backward · op 0.2: MultiHeadedSelfAttention(256, 4,
     # attn_mask_type='no_mask')
+    (
+        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
+        multiheadedselfattention0_2_v
+    ) = linear0_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
     (
         d_multiheadedselfattention0_2_q, d_multiheadedselfattention0_2_k,
         d_multiheadedselfattention0_2_v
@@ -113,7 +118,7 @@ class MhaBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(12,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(13,))
 
     @staticmethod
     @first_order_only("MhaBlock")  # a double backward raises instead of being wrong
@@ -125,7 +130,7 @@ class MhaBlockFunction(torch.autograd.Function):
             d_linear0_3_bias) = stage_grads
         d_linear0_1_out, = operands
         (
-            x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
+            x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
             layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
             multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
             multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused,
@@ -200,36 +205,39 @@ def forward_pass(
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     residual0_out, (
-        x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean, layernorm0_0_rstd,
-        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
-        linear0_1_weight,
+        x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
+        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
+        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
+        max_seqlen, layernorm0_0_weight, linear0_1_weight,
         linear0_3_weight
     ) = forward_stages(
         x, layernorm0_0_weight, layernorm0_0_bias, linear0_1_weight, linear0_1_bias,
         linear0_3_weight, linear0_3_bias, cu_seqlens, max_seqlen)
     return (
-        residual0_out, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused)
+        residual0_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
+        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
+        multiheadedselfattention0_2_fa2_unused)
 
 
 def backward_pass(
-        d_residual0_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight):
+        d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
+        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
+        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        linear0_1_weight, linear0_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
-        d_residual0_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
+        d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
+        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
+        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        linear0_1_weight, linear0_3_weight)
     return (*stage_grads, *operands)
 
 
@@ -239,24 +247,25 @@ def setup_compiled_backward(ctx, inputs, output):
         x, layernorm0_0_weight, layernorm0_0_bias, linear0_1_weight, linear0_1_bias,
         linear0_3_weight, linear0_3_bias, cu_seqlens, max_seqlen) = inputs
     (
-        residual0_out, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused) = output
+        residual0_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
+        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
+        multiheadedselfattention0_2_fa2_unused) = output
     keep_for_backward(
         ctx,
         (
-            x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
+            x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
             layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
             multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
             multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused,
             cu_seqlens, max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight),
         (
-            layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean, layernorm0_0_rstd,
-            multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
+            layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
+            layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
             multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
             multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused),
-        host=(12,))
+        host=(13,))
 
 
 def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no grads)
@@ -264,20 +273,21 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean, layernorm0_0_rstd,
-        multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
-        linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
-    (
-        d_x, d_layernorm0_0_weight, d_layernorm0_0_bias, d_linear0_1_bias, d_linear0_3_bias,
-        d_linear0_1_out
-    ) = torch.ops.fusegen.mha_block_backward_6607451b(
-        d_residual0_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
+        x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
         layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
         multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
         multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
+        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
+    (
+        d_x, d_layernorm0_0_weight, d_layernorm0_0_bias, d_linear0_1_bias, d_linear0_3_bias,
+        d_linear0_1_out
+    ) = torch.ops.fusegen.mha_block_backward_a1fee865(
+        d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
+        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
+        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        linear0_1_weight, linear0_3_weight)
     d_linear0_3_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
         ctx, linear0_3_weight, d_residual0_out, multiheadedselfattention0_2_out)
     d_linear0_1_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
@@ -290,22 +300,23 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("MhaBlock", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "mha_block_forward_6607451b",
+        "mha_block_forward_a1fee865",
         "(Tensor x, Tensor layernorm0_0_weight, Tensor layernorm0_0_bias, Tensor linear0_1_weight, "
         "Tensor linear0_1_bias, Tensor linear0_3_weight, Tensor linear0_3_bias, Tensor cu_seqlens, "
         "int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 7)),
     (
-        "mha_block_backward_6607451b",
-        "(Tensor d_residual0_out, Tensor? x, Tensor? layernorm0_0_out, Tensor? "
-        "multiheadedselfattention0_2_out, Tensor? layernorm0_0_mean, Tensor? layernorm0_0_rstd, "
-        "Tensor? multiheadedselfattention0_2_q, Tensor? multiheadedselfattention0_2_k, Tensor? "
-        "multiheadedselfattention0_2_v, Tensor? multiheadedselfattention0_2_lse, Tensor? "
-        "multiheadedselfattention0_2_rng_state, Tensor? multiheadedselfattention0_2_fa2_unused, "
-        "Tensor? cu_seqlens, int max_seqlen, Tensor layernorm0_0_weight, Tensor linear0_1_weight, "
-        "Tensor linear0_3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)),
+        "mha_block_backward_a1fee865",
+        "(Tensor d_residual0_out, Tensor? x, Tensor? layernorm0_0_out, Tensor? linear0_1_out, "
+        "Tensor? multiheadedselfattention0_2_out, Tensor? layernorm0_0_mean, Tensor? "
+        "layernorm0_0_rstd, Tensor? multiheadedselfattention0_2_q, Tensor? "
+        "multiheadedselfattention0_2_k, Tensor? multiheadedselfattention0_2_v, Tensor? "
+        "multiheadedselfattention0_2_lse, Tensor? multiheadedselfattention0_2_rng_state, Tensor? "
+        "multiheadedselfattention0_2_fa2_unused, Tensor? cu_seqlens, int max_seqlen, Tensor "
+        "layernorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight) -> (Tensor, "
+        "Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -394,7 +405,7 @@ class MhaBlock(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.mha_block_forward_6607451b(*args)[0]
+                outputs = torch.ops.fusegen.mha_block_forward_a1fee865(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = MhaBlockFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -57,7 +57,9 @@ def _new_tensors(outputs, inputs):
     that share memory with an input or an earlier output (a pass that hands an input out, or one
     tensor twice, or views of one). By storage, not ``_is_view``: below autograd (an op joined by
     register_autograd runs there) a view is not marked as one. None as it is (a compiled forward's
-    Dropout key in eval mode)."""
+    Dropout key in eval mode). Copies too of those with gaps between their elements (a view of
+    part of a buffer): the op's fake (``fake_on_meta``, ``empty_like``) gives such an output
+    dense strides, and a compiled graph checks that the real output's strides are the fake's."""
     if isinstance(outputs, Fresh):  # made new by whoever returns them (a replayed graph's copies)
         return tuple(outputs)
     if not isinstance(outputs, tuple):
@@ -66,8 +68,8 @@ def _new_tensors(outputs, inputs):
     fresh = []
     for o in outputs:
         if o is not None:
-            if _memory(o) in seen:
-                o = o.clone()
+            if _memory(o) in seen or not _dense(o):
+                o = o.clone()  # (a clone of a tensor with gaps: contiguous, as empty_like makes it)
             seen.add(_memory(o))
         fresh.append(o)
     return tuple(fresh)
@@ -79,3 +81,14 @@ class Fresh(tuple):
 
 def _memory(tensor):
     return tensor.untyped_storage().data_ptr()
+
+
+def _dense(tensor):
+    """Whether ``tensor``'s elements fill its memory without gaps or overlaps, in some order of
+    its dims (contiguous, or a permutation of contiguous): the strides ``empty_like`` keeps."""
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -75,22 +75,26 @@ def test_lowering_launches_the_prep_kernels_around_fa2_and_saves_what_the_backwa
     (buffer,) = prep.writes.values()
     assert isinstance(split, TorchCall) and list(split.reads.values()) == [buffer]
     saved = em.stats[op.index]
-    assert [em.table[v].name for v in saved] == [f"{op.hint}_{s}" for s in ("q", "k", "v", "lse", "rng_state",
-                                                                             "fa2_unused")]
-    assert list(split.writes.values()) == saved[:3]
+    # saved for the backward: the one buffer (not its three views) and FA2's statistics
+    assert saved[0] == buffer
+    assert [em.table[v].name for v in saved] == [f"{op.hint}_{s}" for s in ("qkv", "lse", "rng_state", "fa2_unused")]
+    q_k_v = list(split.writes.values())
     assert fwd.lines[1].endswith(f"= {em.name(buffer)}.split([4, 2, 2], dim=1)")
-    assert set(flash.reads.values()) == {*saved[:3], op.cu_seqlens, op.max_seqlen}
-    assert set(flash.writes.values()) == {stage.output, *saved[3:]}
+    assert set(flash.reads.values()) == {*q_k_v, op.cu_seqlens, op.max_seqlen}
+    assert set(flash.writes.values()) == {stage.output, *saved[1:]}
     assert fwd.lines[2].endswith("cu_seqlens, max_seqlen, False)") and "ref.flash_attention_forward(" in fwd.lines[2]
 
     dy, d_in = em.grad(stage.output), em.grad(stage.input)
     bwd = Block("backward", name=em.name)
     assert ATTENTION.backward(em, stage, bwd, dy, d_in) == d_in
-    back, prep_back = bwd.calls
-    assert set(back.reads.values()) == {dy, stage.output, *saved, op.cu_seqlens, op.max_seqlen}
-    grads = [em.grad(v) for v in saved[:3]]  # dq, dk, dv
+    resplit, back, prep_back = bwd.calls
+    # the backward makes q, k, v views of the saved buffer again
+    assert list(resplit.reads.values()) == [buffer] and bwd.lines[0].endswith(".split([4, 2, 2], dim=1)")
+    views = list(resplit.writes.values())
+    assert set(back.reads.values()) == {dy, stage.output, *views, *saved[1:], op.cu_seqlens, op.max_seqlen}
+    grads = [em.grad(v) for v in views]  # dq, dk, dv
     assert list(back.writes.values()) == grads
-    assert "ref.flash_attention_backward(" in bwd.lines[0] and bwd.lines[0].endswith("cu_seqlens, max_seqlen, False)")
+    assert "ref.flash_attention_backward(" in bwd.lines[1] and bwd.lines[1].endswith("cu_seqlens, max_seqlen, False)")
     assert isinstance(prep_back, Launch) and prep_back.kernel == "qkv_prep_rope10000_bwd_h4_kv2_d16"
     assert list(prep_back.reads.values()) == [*grads, op.cu_seqlens] and list(prep_back.writes.values()) == [d_in]
 
@@ -108,6 +112,8 @@ def test_without_rotary_q_k_v_are_views_of_the_projection_and_the_backward_still
     split, flash = fwd.calls
     assert list(split.reads.values()) == [stage.input]
     assert fwd.lines[0].endswith(f"= {em.name(stage.input)}.unflatten(1, (8, 16)).split([4, 2, 2], dim=1)")
+    # the backward reads the projection itself (q, k, v its views again): the plan saves it
+    assert em.stats[stage.ops[0].index][0] == stage.input and stage.input in plan.saved_values
 
 
 def test_the_prep_kernels_are_the_stages_kernels():

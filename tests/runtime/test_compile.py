@@ -131,6 +131,22 @@ def test_the_no_grad_op_hands_out_tensors_of_its_own():
     assert custom_ops._new_tensors(y, (x,)) is y
 
 
+def test_an_op_output_with_gaps_is_handed_out_dense_as_its_fake_makes_it():
+    """An output that is a view of part of a buffer (an attention's q of the prep kernel's
+    [rows, heads + 2 kv_heads, d]) leaves the op as a dense copy: the op's fake (empty_like on
+    meta) gives it dense strides, which a compiled graph checks against the real output's. Dense
+    outputs in any order of dims (a transpose) are handed out as they are."""
+    buffer = torch.randn(5, 6, 4)
+    q, k, v = buffer.split([4, 1, 1], dim=1)
+    out = custom_ops._new_tensors((q,), ())
+    assert torch.equal(out[0], q) and out[0].is_contiguous() and out[0].untyped_storage().data_ptr() != \
+        buffer.untyped_storage().data_ptr()
+    assert out[0].stride() == torch.empty_like(q, device="meta").stride()
+    dense = torch.randn(6, 5).t()
+    assert custom_ops._new_tensors((dense,), ())[0] is dense
+    assert custom_ops._dense(torch.randn(3, 1, 4)[:, :, :]) and not custom_ops._dense(buffer[:, :, :2])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_no_grad_calls_replay_graphs_found_by_parameters():

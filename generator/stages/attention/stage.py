@@ -39,7 +39,10 @@ class AttentionStage(StageImpl):
         return None if list(chain) == ["attention"] else "an attention stage runs one attention op"
 
     def saves(self, pipeline, stage, have):
-        return Saves(values=frozenset({stage.output}))  # FA2's backward reads the output
+        # FA2's backward reads the output, and q, k, v: views of the prep kernel's buffer (a value
+        # the forward makes, saved by the calls that read it), or without rotary of the input
+        without_prep = prep_forward(stage.ops[0]) is None
+        return Saves(values=frozenset({stage.output, *([stage.input] if without_prep else [])}))
 
     def kernels(self, plan, stage, pass_):
         op = stage.ops[0]
@@ -49,12 +52,10 @@ class AttentionStage(StageImpl):
     def saved_shapes(self, em, stage):
         op = stage.ops[0]
         heads, kv_heads, head_dim, rotary = attention_shape(op)
-        q, k, v, lse, rng_state, unused = (em.table[value].name for value in em.stats[op.index])
-        of = "the prep kernel's buffer" if rotary is not None else "the projection"
+        qkv, lse, rng_state, unused = (em.table[value].name for value in em.stats[op.index])
+        what = "the prep kernel's buffer: rotary(q), rotary(k), v" if rotary is not None else "the projection"
         off_fa2 = "None off FA2"
-        return {q: (f"[rows, {heads}, {head_dim}], a view of {of}", "x's dtype"),
-                k: (f"[rows, {kv_heads}, {head_dim}], a view of {of}", "x's dtype"),
-                v: (f"[rows, {kv_heads}, {head_dim}], a view of {of}", "x's dtype"),
+        return {qkv: (f"[rows, {heads} + 2 x {kv_heads}, {head_dim}], {what}; q, k, v its views", "x's dtype"),
                 lse: (f"[{heads}, rows] (FA2; [rows, {heads}] off it)", "float32 (FA2)"),
                 rng_state: (f"FA2's rng state; {off_fa2}", "FA2's"),
                 unused: (f"FA2's fourth output; {off_fa2}", "FA2's"),
@@ -72,18 +73,14 @@ class AttentionStage(StageImpl):
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        heads, kv_heads, head_dim, _ = attention_shape(op)
         qkv = [em.table.add(Role.ACTIVATION, "x", f"{op.hint}_{name}") for name in ("q", "k", "v")]
-        split = literal(f".split([{heads}, {kv_heads}, {kv_heads}], dim=1)")
         spec = prep_forward(op)
         if spec is not None:  # one buffer [rows, heads + 2 kv_heads, d]: q, k, v are views of it
-            buffer = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_qkv")
-            block.add(Launch(spec.name, [stage.input, op.cu_seqlens], [buffer]))
-            block.add(TorchCall("{q}, {k}, {v} = {b}" + split, dict(b=buffer), dict(q=qkv[0], k=qkv[1], v=qkv[2])))
+            heads_in = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_qkv")
+            block.add(Launch(spec.name, [stage.input, op.cu_seqlens], [heads_in]))
         else:  # no rotary: views of the projection itself
-            view = literal(f".unflatten(1, ({heads + 2 * kv_heads}, {head_dim}))")
-            block.add(TorchCall("{q}, {k}, {v} = {x}" + view + split, dict(x=stage.input),
-                                dict(q=qkv[0], k=qkv[1], v=qkv[2])))
+            heads_in = stage.input
+        block.add(_split(op, heads_in, qkv))
         causal = literal(repr(op.opdef.reference_arguments(op.args)[2]))
         reads = dict(q=qkv[0], k=qkv[1], v=qkv[2], cu=op.cu_seqlens, max=op.max_seqlen)
         call = f"ref.flash_attention_forward({{q}}, {{k}}, {{v}}, {{cu}}, {{max}}, {causal})"
@@ -91,15 +88,21 @@ class AttentionStage(StageImpl):
             block.add(TorchCall(f"{{y}} = {call}[0]", reads, dict(y=stage.output)))
             return em.table[stage.output].name
         flash = [em.table.add(role, dtype, f"{op.hint}_{name}") for name, role, dtype in FLASH_SAVED]
-        em.stats[op.index] = qkv + flash
+        # the backward reads the one tensor q, k and v are views of (its own views again): one
+        # saved tensor, not three views (a custom op under torch.compile returns tensors of its
+        # own, so three views would be three copies there)
+        em.stats[op.index] = [heads_in, *flash]
         writes = dict(y=stage.output, **{f"s{k}": value for k, value in enumerate(flash)})
         block.add(TorchCall(", ".join("{" + slot + "}" for slot in writes) + f" = {call}", reads, writes))
         return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
-        saved = em.stats[op.index]
-        grads = [em.grad(value) for value in saved[:3]]  # dq, dk, dv
+        heads_in, *flash = em.stats[op.index]
+        qkv = [em.table.add(Role.ACTIVATION, "x", f"{op.hint}_{name}") for name in ("q", "k", "v")]
+        block.add(_split(op, heads_in, qkv))
+        grads = [em.grad(value) for value in qkv]  # dq, dk, dv
+        saved = [*qkv, *flash]
         reads = dict(dy=dy, y=stage.output, **{f"s{k}": value for k, value in enumerate(saved)},
                      cu=op.cu_seqlens, max=op.max_seqlen)
         causal = op.opdef.reference_arguments(op.args)[2]
@@ -108,6 +111,15 @@ class AttentionStage(StageImpl):
                             f"{{max}}, {causal!r})", reads, dict(dq=grads[0], dk=grads[1], dv=grads[2])))
         block.add(Launch(prep_backward(op).name, [*grads, op.cu_seqlens], [d_in]))
         return d_in
+
+
+def _split(op, heads_in, qkv) -> TorchCall:
+    """q, k, v: views of ``heads_in`` (the prep kernel's buffer [rows, heads + 2 kv_heads, d], or
+    without rotary the projection [rows, (heads + 2 kv_heads) d])."""
+    heads, kv_heads, head_dim, rotary = attention_shape(op)
+    view = "" if rotary is not None else f".unflatten(1, ({heads + 2 * kv_heads}, {head_dim}))"
+    split = literal(f"{view}.split([{heads}, {kv_heads}, {kv_heads}], dim=1)")
+    return TorchCall("{q}, {k}, {v} = {b}" + split, dict(b=heads_in), dict(q=qkv[0], k=qkv[1], v=qkv[2]))
 
 
 ATTENTION = AttentionStage()
