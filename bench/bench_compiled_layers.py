@@ -177,6 +177,11 @@ def main():
     args = parser.parse_args()
     torch.manual_seed(0)
     device, dtype = "cuda", torch.bfloat16
+    # every compiled module's call goes through one code object of torch's (OptimizedModule's), so
+    # its recompile limit (8) counts the two compiled peers' graphs together: 2 peers x 2 token
+    # counts x grad on and off is 8 a model, plus the check's; each is a graph of its own, not a
+    # recompile that should not happen
+    torch._dynamo.config.recompile_limit = 64
     builders = {
         "te_mlp": ("2 × TeMlp (4096, SwiGLU 14336)", 4096,
                    lambda: mlp_models(EagerTeMlp, generated.TeMlp, device, dtype)),

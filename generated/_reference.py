@@ -704,27 +704,31 @@ def attention_on_flash(x):
 def flash_attention_forward(q, k, v, cu_seqlens, max_seqlen, causal):
     """out [total, heads d] of q [total, heads, d], k and v [total, kv_heads, d] (any row and head
     stride, a dense last dim: views of the prep kernel's buffer), and what the backward reads: the
-    softmax's log-sum-exp, FA2's rng state and its fourth output (None off FA2). On CUDA bf16/fp16
-    PyTorch's FlashAttention-2 varlen kernels; otherwise ``attention_core`` in ``compute``'s
-    precision, out rounded to q's dtype."""
+    softmax's log-sum-exp, float32 [heads, total] (FA2's layout, on every path, so a torch.compile
+    op's fake, which runs the reference math on meta tensors, has the real output's shape). On
+    CUDA bf16/fp16 PyTorch's FlashAttention-2 varlen kernels; otherwise ``attention_core`` in
+    ``compute``'s precision, out rounded to q's dtype. Dropout is 0, so FA2's rng state is not
+    kept (torch.nn.attention.varlen does the same)."""
     if not attention_on_flash(q):
         out, lse = attention_core(compute(q), compute(k), compute(v), cu_seqlens, causal)
-        return out.reshape(q.shape[0], -1).to(q.dtype), lse, None, None
+        return out.reshape(q.shape[0], -1).to(q.dtype), lse.t().float().contiguous()
     scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
+    out, lse, _, _, _ = torch.ops.aten._flash_attention_forward(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, 0.0, causal, False, scale=scale)
-    return out.reshape(q.shape[0], -1), lse, rng_state, unused
+    return out.reshape(q.shape[0], -1), lse
 
 
-def flash_attention_backward(
-        dy, y, q, k, v, lse, rng_state, unused, cu_seqlens, max_seqlen, causal):
+def flash_attention_backward(dy, y, q, k, v, lse, cu_seqlens, max_seqlen, causal):
     """dq, dk, dv of ``flash_attention_forward``'s out from what it returned, in q's dtype (as FA2
     returns them; off FA2 ``attention_core_bwd`` in ``compute``'s precision, rounded once)."""
-    if rng_state is None:  # the reference path
+    if not attention_on_flash(q):  # the reference path (it recomputes the softmax)
         dout = compute(dy).reshape(q.shape)
         grads = attention_core_bwd(dout, compute(q), compute(k), compute(v), cu_seqlens, causal)
         return tuple(g.to(q.dtype) for g in grads)
     scale = 1.0 / math.sqrt(q.shape[-1])
+    # dropout 0: FA2 reads no rng state; placeholders as torch.nn.attention.varlen passes
+    rng_state = torch.zeros((2,), dtype=torch.uint64, device=q.device)
+    unused = torch.empty(0, device=q.device)
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
         dy.reshape(q.shape).contiguous(), q, k, v, y.reshape(
             q.shape), lse, cu_seqlens, cu_seqlens, max_seqlen,

@@ -51,11 +51,7 @@ def forward_stages(
     (
         groupedqueryattention0_2_q, groupedqueryattention0_2_k,
         groupedqueryattention0_2_v) = groupedqueryattention0_2_qkv.split([4, 2, 2], dim=1)
-    (
-        groupedqueryattention0_2_out, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state,
-        groupedqueryattention0_2_fa2_unused
-    ) = ref.flash_attention_forward(
+    groupedqueryattention0_2_out, groupedqueryattention0_2_lse = ref.flash_attention_forward(
         groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
         cu_seqlens, max_seqlen, True)
     # forward stage 4 · rule linear · op 0.3: BasicLinear(256, 256)
@@ -75,19 +71,16 @@ def forward_stages(
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
         swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
         groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
+        cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
 
 
 def backward_stages(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
         groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
-        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
-        linear1_3_weight):
+        groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
     """The backward of `attention_block` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -118,8 +111,7 @@ def backward_stages(
     ) = ref.flash_attention_backward(
         d_groupedqueryattention0_2_out, groupedqueryattention0_2_out, groupedqueryattention0_2_q,
         groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, True)
+        cu_seqlens, max_seqlen, True)
     d_linear0_1_out = kernels.qkv_prep_rope10000_bwd_h4_kv2_d64(
         d_groupedqueryattention0_2_q, d_groupedqueryattention0_2_k, d_groupedqueryattention0_2_v,
         cu_seqlens)
@@ -140,7 +132,7 @@ class AttentionBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(16,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(14,))
 
     @staticmethod
     @first_order_only("AttentionBlock")  # a double backward raises instead of being wrong
@@ -153,8 +145,7 @@ class AttentionBlockFunction(torch.autograd.Function):
             x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
             linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
             groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-            groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-            groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+            groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
             linear1_1_weight, linear1_3_weight) = saved
         # backward stage 7 · rule linear_backward · op 1.3: BasicLinear(512, 256) · weight grad
@@ -246,9 +237,8 @@ def forward_pass(
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
         swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
         groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight,
+        cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
         linear1_3_weight
     ) = forward_stages(
         x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
@@ -257,28 +247,23 @@ def forward_pass(
         residual1_out, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
         groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-        groupedqueryattention0_2_fa2_unused, rmsnorm1_0_rstd)
+        groupedqueryattention0_2_lse, rmsnorm1_0_rstd)
 
 
 def backward_pass(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
         groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
-        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
-        linear1_3_weight):
+        groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
         groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
-        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
-        linear1_3_weight)
+        groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
     return (*stage_grads, *operands)
 
 
@@ -291,25 +276,22 @@ def setup_compiled_backward(ctx, inputs, output):
         residual1_out, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
         groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-        groupedqueryattention0_2_fa2_unused, rmsnorm1_0_rstd) = output
+        groupedqueryattention0_2_lse, rmsnorm1_0_rstd) = output
     keep_for_backward(
         ctx,
         (
             x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
             linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
             groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-            groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-            groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
+            groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
             linear1_1_weight, linear1_3_weight),
         (
             rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
             swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
             groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-            groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-            groupedqueryattention0_2_fa2_unused, rmsnorm1_0_rstd),
-        host=(16,))
+            groupedqueryattention0_2_lse, rmsnorm1_0_rstd),
+        host=(14,))
 
 
 def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no grads)
@@ -320,20 +302,18 @@ def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
         swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
         groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
-        groupedqueryattention0_2_rng_state, groupedqueryattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight) = saved_tensors(ctx)
+        cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
+        linear1_3_weight) = saved_tensors(ctx)
     (
         d_x, d_rmsnorm0_0_weight, d_rmsnorm1_0_weight, d_linear1_1_out, d_linear0_3_out,
         d_linear0_1_out
-    ) = torch.ops.fusegen.attention_block_backward_ef88316e(
+    ) = torch.ops.fusegen.attention_block_backward_83eb5d2a(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
         groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
-        groupedqueryattention0_2_lse, groupedqueryattention0_2_rng_state,
-        groupedqueryattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
-        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
-        linear1_3_weight)
+        groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
     d_linear1_3_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
         ctx, linear1_3_weight, d_residual1_out, swiglu1_2_out)
     d_linear1_1_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
@@ -350,25 +330,24 @@ def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("AttentionBlock", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "attention_block_forward_ef88316e",
+        "attention_block_forward_83eb5d2a",
         "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, "
         "Tensor rmsnorm1_0_weight, Tensor linear1_1_weight, Tensor linear1_3_weight, Tensor "
         "cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 7)),
     (
-        "attention_block_backward_ef88316e",
+        "attention_block_backward_83eb5d2a",
         "(Tensor d_residual1_out, Tensor? x, Tensor? rmsnorm0_0_out, Tensor? "
         "groupedqueryattention0_2_out, Tensor? residual1, Tensor? rmsnorm1_0_out, Tensor? "
         "linear1_1_out, Tensor? swiglu1_2_out, Tensor? rmsnorm0_0_rstd, Tensor? "
         "groupedqueryattention0_2_qkv, Tensor? groupedqueryattention0_2_q, Tensor? "
         "groupedqueryattention0_2_k, Tensor? groupedqueryattention0_2_v, Tensor? "
-        "groupedqueryattention0_2_lse, Tensor? groupedqueryattention0_2_rng_state, Tensor? "
-        "groupedqueryattention0_2_fa2_unused, Tensor? cu_seqlens, int max_seqlen, Tensor? "
+        "groupedqueryattention0_2_lse, Tensor? cu_seqlens, int max_seqlen, Tensor? "
         "rmsnorm1_0_rstd, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor "
         "linear0_3_weight, Tensor rmsnorm1_0_weight, Tensor linear1_1_weight, Tensor "
         "linear1_3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -462,7 +441,7 @@ class AttentionBlock(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.attention_block_forward_ef88316e(*args)[0]
+                outputs = torch.ops.fusegen.attention_block_forward_83eb5d2a(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = AttentionBlockFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -45,11 +45,7 @@ def forward_stages(
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
         multiheadedselfattention0_2_v
     ) = linear0_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
-    (
-        multiheadedselfattention0_2_out, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused
-    ) = ref.flash_attention_forward(
+    multiheadedselfattention0_2_out, multiheadedselfattention0_2_lse = ref.flash_attention_forward(
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
         cu_seqlens, max_seqlen, False)
     # forward stage 4 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(256, 256), Bias(256)
@@ -60,17 +56,15 @@ def forward_stages(
     return residual0_out, (
         x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
         layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
+        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+        layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
 
 
 def backward_stages(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
         layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
         multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
         linear0_1_weight, linear0_3_weight):
     """The backward of `mha_block` but its weight-grad GEMMs.
 
@@ -93,8 +87,7 @@ def backward_stages(
     ) = ref.flash_attention_backward(
         d_multiheadedselfattention0_2_out, multiheadedselfattention0_2_out,
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, False)
+        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, False)
     d_linear0_1_out = kernels.qkv_prep_bwd_h4_kv4_d64(
         d_multiheadedselfattention0_2_q, d_multiheadedselfattention0_2_k,
         d_multiheadedselfattention0_2_v, cu_seqlens)
@@ -118,7 +111,7 @@ class MhaBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(13,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(11,))
 
     @staticmethod
     @first_order_only("MhaBlock")  # a double backward raises instead of being wrong
@@ -132,9 +125,8 @@ class MhaBlockFunction(torch.autograd.Function):
         (
             x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
             layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-            multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused,
-            cu_seqlens, max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved
+            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+            layernorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved
         # backward stage 4 · rule linear_backward · op 0.3a: BasicLinear(256, 256) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
             ctx, linear0_3_weight, d_residual0_out, multiheadedselfattention0_2_out)
@@ -207,9 +199,8 @@ def forward_pass(
     residual0_out, (
         x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
         layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, layernorm0_0_weight, linear0_1_weight,
+        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+        layernorm0_0_weight, linear0_1_weight,
         linear0_3_weight
     ) = forward_stages(
         x, layernorm0_0_weight, layernorm0_0_bias, linear0_1_weight, linear0_1_bias,
@@ -218,16 +209,14 @@ def forward_pass(
         residual0_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
         layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
         multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused)
+        multiheadedselfattention0_2_lse)
 
 
 def backward_pass(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
         layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
         multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
         linear0_1_weight, linear0_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
@@ -235,8 +224,7 @@ def backward_pass(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
         layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
         multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
         linear0_1_weight, linear0_3_weight)
     return (*stage_grads, *operands)
 
@@ -250,22 +238,19 @@ def setup_compiled_backward(ctx, inputs, output):
         residual0_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
         layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
         multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused) = output
+        multiheadedselfattention0_2_lse) = output
     keep_for_backward(
         ctx,
         (
             x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
             layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-            multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused,
-            cu_seqlens, max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight),
+            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+            layernorm0_0_weight, linear0_1_weight, linear0_3_weight),
         (
             layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
             layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-            multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused),
-        host=(13,))
+            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse),
+        host=(11,))
 
 
 def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no grads)
@@ -275,18 +260,16 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
     (
         x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
         layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse,
-        multiheadedselfattention0_2_rng_state, multiheadedselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
+        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+        layernorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
     (
         d_x, d_layernorm0_0_weight, d_layernorm0_0_bias, d_linear0_1_bias, d_linear0_3_bias,
         d_linear0_1_out
-    ) = torch.ops.fusegen.mha_block_backward_a1fee865(
+    ) = torch.ops.fusegen.mha_block_backward_562fdfd7(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
         layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
         multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng_state,
-        multiheadedselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, layernorm0_0_weight,
+        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
         linear0_1_weight, linear0_3_weight)
     d_linear0_3_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
         ctx, linear0_3_weight, d_residual0_out, multiheadedselfattention0_2_out)
@@ -300,23 +283,22 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("MhaBlock", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "mha_block_forward_a1fee865",
+        "mha_block_forward_562fdfd7",
         "(Tensor x, Tensor layernorm0_0_weight, Tensor layernorm0_0_bias, Tensor linear0_1_weight, "
         "Tensor linear0_1_bias, Tensor linear0_3_weight, Tensor linear0_3_bias, Tensor cu_seqlens, "
         "int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 7)),
     (
-        "mha_block_backward_a1fee865",
+        "mha_block_backward_562fdfd7",
         "(Tensor d_residual0_out, Tensor? x, Tensor? layernorm0_0_out, Tensor? linear0_1_out, "
         "Tensor? multiheadedselfattention0_2_out, Tensor? layernorm0_0_mean, Tensor? "
         "layernorm0_0_rstd, Tensor? multiheadedselfattention0_2_q, Tensor? "
         "multiheadedselfattention0_2_k, Tensor? multiheadedselfattention0_2_v, Tensor? "
-        "multiheadedselfattention0_2_lse, Tensor? multiheadedselfattention0_2_rng_state, Tensor? "
-        "multiheadedselfattention0_2_fa2_unused, Tensor? cu_seqlens, int max_seqlen, Tensor "
+        "multiheadedselfattention0_2_lse, Tensor? cu_seqlens, int max_seqlen, Tensor "
         "layernorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight) -> (Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -405,7 +387,7 @@ class MhaBlock(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.mha_block_forward_a1fee865(*args)[0]
+                outputs = torch.ops.fusegen.mha_block_forward_562fdfd7(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = MhaBlockFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

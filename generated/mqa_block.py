@@ -42,11 +42,7 @@ def forward_stages(
     (
         multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
         multiqueryselfattention0_2_v) = multiqueryselfattention0_2_qkv.split([4, 1, 1], dim=1)
-    (
-        multiqueryselfattention0_2_out, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state,
-        multiqueryselfattention0_2_fa2_unused
-    ) = ref.flash_attention_forward(
+    multiqueryselfattention0_2_out, multiqueryselfattention0_2_lse = ref.flash_attention_forward(
         multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
         cu_seqlens, max_seqlen, True)
     # forward stage 4 · rule linear_scale_add · ops 0.3, 0b: BasicLinear(256, 256), Residual: x +
@@ -55,17 +51,15 @@ def forward_stages(
     return residual0_out, (
         x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
 
 
 def backward_stages(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
     """The backward of `mqa_block` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -85,8 +79,7 @@ def backward_stages(
     ) = ref.flash_attention_backward(
         d_multiqueryselfattention0_2_out, multiqueryselfattention0_2_out,
         multiqueryselfattention0_2_q, multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
-        multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
-        multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, True)
+        multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen, True)
     d_linear0_1_out = kernels.qkv_prep_rope10000_bwd_h4_kv1_d64(
         d_multiqueryselfattention0_2_q, d_multiqueryselfattention0_2_k,
         d_multiqueryselfattention0_2_v, cu_seqlens)
@@ -106,7 +99,7 @@ class MqaBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(12,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(10,))
 
     @staticmethod
     @first_order_only("MqaBlock")  # a double backward raises instead of being wrong
@@ -119,8 +112,7 @@ class MqaBlockFunction(torch.autograd.Function):
             x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
             multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q,
             multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
-            multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
-            multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
+            multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
             linear0_1_weight, linear0_3_weight) = saved
         # backward stage 3 · rule linear_backward · op 0.3: BasicLinear(256, 256) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
@@ -186,33 +178,29 @@ def forward_pass(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_se
     residual0_out, (
         x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm0_0_weight, linear0_1_weight,
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        rmsnorm0_0_weight, linear0_1_weight,
         linear0_3_weight
     ) = forward_stages(
         x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_seqlens, max_seqlen)
     return (
         residual0_out, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused)
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse)
 
 
 def backward_pass(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
     return (*stage_grads, *operands)
 
 
@@ -222,24 +210,21 @@ def setup_compiled_backward(ctx, inputs, output):
     (
         residual0_out, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused) = output
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse) = output
     keep_for_backward(
         ctx,
         (
             x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
             multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q,
             multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
-            multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
-            multiqueryselfattention0_2_fa2_unused, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
+            multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
             linear0_1_weight, linear0_3_weight),
         (
             rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
             multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q,
             multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
-            multiqueryselfattention0_2_lse, multiqueryselfattention0_2_rng_state,
-            multiqueryselfattention0_2_fa2_unused),
-        host=(12,))
+            multiqueryselfattention0_2_lse),
+        host=(10,))
 
 
 def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no grads)
@@ -249,15 +234,13 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
     (
         x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
-    d_x, d_rmsnorm0_0_weight, d_linear0_1_out = torch.ops.fusegen.mqa_block_backward_a5e737a0(
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
+    d_x, d_rmsnorm0_0_weight, d_linear0_1_out = torch.ops.fusegen.mqa_block_backward_8c9f7157(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
         multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse,
-        multiqueryselfattention0_2_rng_state, multiqueryselfattention0_2_fa2_unused, cu_seqlens,
-        max_seqlen, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
+        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
     d_linear0_3_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
         ctx, linear0_3_weight, d_residual0_out, multiqueryselfattention0_2_out)
     d_linear0_1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
@@ -268,22 +251,21 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("MqaBlock", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "mqa_block_forward_a5e737a0",
+        "mqa_block_forward_8c9f7157",
         "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, "
         "Tensor cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 4)),
     (
-        "mqa_block_backward_a5e737a0",
+        "mqa_block_backward_8c9f7157",
         "(Tensor d_residual0_out, Tensor? x, Tensor? rmsnorm0_0_out, Tensor? "
         "multiqueryselfattention0_2_out, Tensor? rmsnorm0_0_rstd, Tensor? "
         "multiqueryselfattention0_2_qkv, Tensor? multiqueryselfattention0_2_q, Tensor? "
         "multiqueryselfattention0_2_k, Tensor? multiqueryselfattention0_2_v, Tensor? "
-        "multiqueryselfattention0_2_lse, Tensor? multiqueryselfattention0_2_rng_state, Tensor? "
-        "multiqueryselfattention0_2_fa2_unused, Tensor? cu_seqlens, int max_seqlen, Tensor "
+        "multiqueryselfattention0_2_lse, Tensor? cu_seqlens, int max_seqlen, Tensor "
         "rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight) -> (Tensor, Tensor, "
         "Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -350,7 +332,7 @@ class MqaBlock(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.mqa_block_forward_a5e737a0(*args)[0]
+                outputs = torch.ops.fusegen.mqa_block_forward_8c9f7157(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = MqaBlockFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

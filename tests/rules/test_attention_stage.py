@@ -77,7 +77,7 @@ def test_lowering_launches_the_prep_kernels_around_fa2_and_saves_what_the_backwa
     saved = em.stats[op.index]
     # saved for the backward: the one buffer (not its three views) and FA2's statistics
     assert saved[0] == buffer
-    assert [em.table[v].name for v in saved] == [f"{op.hint}_{s}" for s in ("qkv", "lse", "rng_state", "fa2_unused")]
+    assert [em.table[v].name for v in saved] == [f"{op.hint}_{s}" for s in ("qkv", "lse")]
     q_k_v = list(split.writes.values())
     assert fwd.lines[1].endswith(f"= {em.name(buffer)}.split([4, 2, 2], dim=1)")
     assert set(flash.reads.values()) == {*q_k_v, op.cu_seqlens, op.max_seqlen}

@@ -7,9 +7,9 @@ the projection itself without rotary), which FlashAttention-2 varlen takes as th
 and head stride, a dense last dim). Then ``ref.flash_attention_forward`` on them with the longest
 length (``op.max_seqlen``, a host int): PyTorch's FA2 varlen kernels on CUDA bf16/fp16
 (``torch.ops.aten._flash_attention_forward``, GQA native), the op's reference math per sequence
-otherwise. The forward saves what the backward reads: q, k, v (views of the one buffer), the
-output, the softmax's log-sum-exp and FA2's rng state and fourth output (None off FA2).
-Backward: ``ref.flash_attention_backward`` to dq, dk, dv, then the backward prep kernel to the
+otherwise. The forward saves what the backward reads: the one buffer (the backward splits it into
+q, k, v again), the output and the softmax's log-sum-exp (float32 [heads, rows], FA2's layout on
+every path). Backward: ``ref.flash_attention_backward`` to dq, dk, dv, then the backward prep kernel to the
 projection's grad (the rotary's transpose of dq and dk, dv copied). On CPU every launcher runs its
 reference math.
 """
@@ -22,8 +22,7 @@ from ..base import Saves, StageImpl
 from .kernels import attention_shape, prep_backward, prep_forward
 
 # what flash_attention_forward returns after y, in order: (name suffix, role, dtype)
-FLASH_SAVED = (("lse", Role.STATISTIC, "float32"), ("rng_state", Role.METADATA, "int64"),
-               ("fa2_unused", Role.METADATA, "int64"))
+FLASH_SAVED = (("lse", Role.STATISTIC, "float32"),)
 
 
 class AttentionStage(StageImpl):
@@ -52,13 +51,10 @@ class AttentionStage(StageImpl):
     def saved_shapes(self, em, stage):
         op = stage.ops[0]
         heads, kv_heads, head_dim, rotary = attention_shape(op)
-        qkv, lse, rng_state, unused = (em.table[value].name for value in em.stats[op.index])
+        qkv, lse = (em.table[value].name for value in em.stats[op.index])
         what = "the prep kernel's buffer: rotary(q), rotary(k), v" if rotary is not None else "the projection"
-        off_fa2 = "None off FA2"
         return {qkv: (f"[rows, {heads} + 2 x {kv_heads}, {head_dim}], {what}; q, k, v its views", "x's dtype"),
-                lse: (f"[{heads}, rows] (FA2; [rows, {heads}] off it)", "float32 (FA2)"),
-                rng_state: (f"FA2's rng state; {off_fa2}", "FA2's"),
-                unused: (f"FA2's fourth output; {off_fa2}", "FA2's"),
+                lse: (f"[{heads}, rows], FA2's layout on every path", "float32"),
                 em.name(op.cu_seqlens): ("[batch + 1]", "int32"),
                 em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int")}
 
