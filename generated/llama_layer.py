@@ -67,8 +67,7 @@ def forward_stages(
     residual1_out = torch.addmm(residual1, swiglu1_2_out, linear1_3_weight.t())
     return residual1_out, (
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse,
         cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
         linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
 
@@ -76,7 +75,6 @@ def forward_stages(
 def backward_stages(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
         groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
         linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
     """The backward of `llama_layer` but its weight-grad GEMMs.
@@ -130,7 +128,7 @@ class LlamaLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(14,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(11,))
 
     @staticmethod
     @first_order_only("LlamaLayer")  # a double backward raises instead of being wrong
@@ -142,7 +140,6 @@ class LlamaLayerFunction(torch.autograd.Function):
         (
             x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
             linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-            groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
             groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
             linear1_1_weight, linear1_3_weight) = saved
@@ -233,8 +230,7 @@ def forward_pass(
     of its own)."""
     residual1_out, (
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse,
         cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
         linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
         linear1_3_weight
@@ -244,14 +240,12 @@ def forward_pass(
     return (
         residual1_out, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
         groupedqueryattention0_2_lse, rmsnorm1_0_rstd)
 
 
 def backward_pass(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
         groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
         linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
@@ -259,7 +253,6 @@ def backward_pass(
     stage_grads, operands = backward_stages(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
         groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
         linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
     return (*stage_grads, *operands)
@@ -273,23 +266,20 @@ def setup_compiled_backward(ctx, inputs, output):
     (
         residual1_out, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
         groupedqueryattention0_2_lse, rmsnorm1_0_rstd) = output
     keep_for_backward(
         ctx,
         (
             x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
             linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-            groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
             groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd,
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
             linear1_1_weight, linear1_3_weight),
         (
             rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
             swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-            groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
             groupedqueryattention0_2_lse, rmsnorm1_0_rstd),
-        host=(14,))
+        host=(11,))
 
 
 def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no grads)
@@ -298,18 +288,16 @@ def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no
     backward.)"""
     (
         x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_q,
-        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse,
         cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight, linear0_1_weight,
         linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
         linear1_3_weight) = saved_tensors(ctx)
     (
         d_x, d_rmsnorm0_0_weight, d_rmsnorm1_0_weight, d_linear1_1_out, d_linear0_3_out,
         d_linear0_1_out
-    ) = torch.ops.fusegen.llama_layer_backward_ba30a6f1(
+    ) = torch.ops.fusegen.llama_layer_backward_c273990d(
         d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
         linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, groupedqueryattention0_2_qkv,
-        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
         groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm1_0_rstd, rmsnorm0_0_weight,
         linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
     d_linear1_3_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
@@ -328,24 +316,23 @@ def compiled_backward(ctx, d_residual1_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("LlamaLayer", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "llama_layer_forward_ba30a6f1",
+        "llama_layer_forward_c273990d",
         "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, "
         "Tensor rmsnorm1_0_weight, Tensor linear1_1_weight, Tensor linear1_3_weight, Tensor "
         "cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 7)),
     (
-        "llama_layer_backward_ba30a6f1",
+        "llama_layer_backward_c273990d",
         "(Tensor d_residual1_out, Tensor? x, Tensor? rmsnorm0_0_out, Tensor? "
         "groupedqueryattention0_2_out, Tensor? residual1, Tensor? rmsnorm1_0_out, Tensor? "
         "linear1_1_out, Tensor? swiglu1_2_out, Tensor? rmsnorm0_0_rstd, Tensor? "
-        "groupedqueryattention0_2_qkv, Tensor? groupedqueryattention0_2_q, Tensor? "
-        "groupedqueryattention0_2_k, Tensor? groupedqueryattention0_2_v, Tensor? "
-        "groupedqueryattention0_2_lse, Tensor? cu_seqlens, int max_seqlen, Tensor? "
-        "rmsnorm1_0_rstd, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor "
-        "linear0_3_weight, Tensor rmsnorm1_0_weight, Tensor linear1_1_weight, Tensor "
-        "linear1_3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16)),
+        "groupedqueryattention0_2_qkv, Tensor? groupedqueryattention0_2_lse, Tensor? cu_seqlens, "
+        "int max_seqlen, Tensor? rmsnorm1_0_rstd, Tensor rmsnorm0_0_weight, Tensor "
+        "linear0_1_weight, Tensor linear0_3_weight, Tensor rmsnorm1_0_weight, Tensor "
+        "linear1_1_weight, Tensor linear1_3_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+        "Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -439,7 +426,7 @@ class LlamaLayer(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.llama_layer_forward_ba30a6f1(*args)[0]
+                outputs = torch.ops.fusegen.llama_layer_forward_c273990d(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = LlamaLayerFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -55,17 +55,14 @@ def forward_stages(
     residual0_out = kernels.add_fwd_n256(linear0_3_out, residual0)
     return residual0_out, (
         x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+        layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
         layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
 
 
 def backward_stages(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
-        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
-        linear0_1_weight, linear0_3_weight):
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens,
+        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight):
     """The backward of `mha_block` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -111,7 +108,7 @@ class MhaBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(11,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(8,))
 
     @staticmethod
     @first_order_only("MhaBlock")  # a double backward raises instead of being wrong
@@ -124,8 +121,7 @@ class MhaBlockFunction(torch.autograd.Function):
         d_linear0_1_out, = operands
         (
             x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-            layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+            layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
             layernorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved
         # backward stage 4 · rule linear_backward · op 0.3a: BasicLinear(256, 256) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
@@ -198,8 +194,7 @@ def forward_pass(
     of its own)."""
     residual0_out, (
         x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+        layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
         layernorm0_0_weight, linear0_1_weight,
         linear0_3_weight
     ) = forward_stages(
@@ -207,25 +202,19 @@ def forward_pass(
         linear0_3_weight, linear0_3_bias, cu_seqlens, max_seqlen)
     return (
         residual0_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
-        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse)
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse)
 
 
 def backward_pass(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
-        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
-        linear0_1_weight, linear0_3_weight):
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens,
+        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
-        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
-        linear0_1_weight, linear0_3_weight)
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens,
+        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
     return (*stage_grads, *operands)
 
 
@@ -236,21 +225,17 @@ def setup_compiled_backward(ctx, inputs, output):
         linear0_3_weight, linear0_3_bias, cu_seqlens, max_seqlen) = inputs
     (
         residual0_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
-        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse) = output
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse) = output
     keep_for_backward(
         ctx,
         (
             x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-            layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+            layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
             layernorm0_0_weight, linear0_1_weight, linear0_3_weight),
         (
             layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-            layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-            multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse),
-        host=(11,))
+            layernorm0_0_rstd, multiheadedselfattention0_2_lse),
+        host=(8,))
 
 
 def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no grads)
@@ -259,18 +244,15 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
     backward.)"""
     (
         x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
+        layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen,
         layernorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
     (
         d_x, d_layernorm0_0_weight, d_layernorm0_0_bias, d_linear0_1_bias, d_linear0_3_bias,
         d_linear0_1_out
-    ) = torch.ops.fusegen.mha_block_backward_562fdfd7(
+    ) = torch.ops.fusegen.mha_block_backward_0fcbe5a6(
         d_residual0_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_q,
-        multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
-        multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, layernorm0_0_weight,
-        linear0_1_weight, linear0_3_weight)
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse, cu_seqlens,
+        max_seqlen, layernorm0_0_weight, linear0_1_weight, linear0_3_weight)
     d_linear0_3_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
         ctx, linear0_3_weight, d_residual0_out, multiheadedselfattention0_2_out)
     d_linear0_1_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
@@ -283,22 +265,19 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("MhaBlock", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "mha_block_forward_562fdfd7",
+        "mha_block_forward_0fcbe5a6",
         "(Tensor x, Tensor layernorm0_0_weight, Tensor layernorm0_0_bias, Tensor linear0_1_weight, "
         "Tensor linear0_1_bias, Tensor linear0_3_weight, Tensor linear0_3_bias, Tensor cu_seqlens, "
-        "int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?)",
+        "int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 7)),
     (
-        "mha_block_backward_562fdfd7",
+        "mha_block_backward_0fcbe5a6",
         "(Tensor d_residual0_out, Tensor? x, Tensor? layernorm0_0_out, Tensor? linear0_1_out, "
         "Tensor? multiheadedselfattention0_2_out, Tensor? layernorm0_0_mean, Tensor? "
-        "layernorm0_0_rstd, Tensor? multiheadedselfattention0_2_q, Tensor? "
-        "multiheadedselfattention0_2_k, Tensor? multiheadedselfattention0_2_v, Tensor? "
-        "multiheadedselfattention0_2_lse, Tensor? cu_seqlens, int max_seqlen, Tensor "
-        "layernorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight) -> (Tensor, "
-        "Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)),
+        "layernorm0_0_rstd, Tensor? multiheadedselfattention0_2_lse, Tensor? cu_seqlens, int "
+        "max_seqlen, Tensor layernorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -387,7 +366,7 @@ class MhaBlock(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.mha_block_forward_562fdfd7(*args)[0]
+                outputs = torch.ops.fusegen.mha_block_forward_0fcbe5a6(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = MhaBlockFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

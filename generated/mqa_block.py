@@ -50,15 +50,13 @@ def forward_stages(
     residual0_out = torch.addmm(residual0, multiqueryselfattention0_2_out, linear0_3_weight.t())
     return residual0_out, (
         x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
 
 
 def backward_stages(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
     """The backward of `mqa_block` but its weight-grad GEMMs.
 
@@ -99,7 +97,7 @@ class MqaBlockFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(10,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(7,))
 
     @staticmethod
     @first_order_only("MqaBlock")  # a double backward raises instead of being wrong
@@ -110,10 +108,8 @@ class MqaBlockFunction(torch.autograd.Function):
         d_linear0_1_out, = operands
         (
             x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-            multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q,
-            multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
-            multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
-            linear0_1_weight, linear0_3_weight) = saved
+            multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+            rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved
         # backward stage 3 · rule linear_backward · op 0.3: BasicLinear(256, 256) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
             ctx, linear0_3_weight, d_residual0_out, multiqueryselfattention0_2_out)
@@ -177,29 +173,25 @@ def forward_pass(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_se
     of its own)."""
     residual0_out, (
         x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
         rmsnorm0_0_weight, linear0_1_weight,
         linear0_3_weight
     ) = forward_stages(
         x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_seqlens, max_seqlen)
     return (
         residual0_out, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse)
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse)
 
 
 def backward_pass(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
     return (*stage_grads, *operands)
 
@@ -209,22 +201,17 @@ def setup_compiled_backward(ctx, inputs, output):
     x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, cu_seqlens, max_seqlen = inputs
     (
         residual0_out, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse) = output
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse) = output
     keep_for_backward(
         ctx,
         (
             x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-            multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q,
-            multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
-            multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen, rmsnorm0_0_weight,
-            linear0_1_weight, linear0_3_weight),
+            multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+            rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight),
         (
             rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-            multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q,
-            multiqueryselfattention0_2_k, multiqueryselfattention0_2_v,
-            multiqueryselfattention0_2_lse),
-        host=(10,))
+            multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse),
+        host=(7,))
 
 
 def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no grads)
@@ -233,13 +220,11 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
     backward.)"""
     (
         x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved_tensors(ctx)
-    d_x, d_rmsnorm0_0_weight, d_linear0_1_out = torch.ops.fusegen.mqa_block_backward_8c9f7157(
+    d_x, d_rmsnorm0_0_weight, d_linear0_1_out = torch.ops.fusegen.mqa_block_backward_fce4a212(
         d_residual0_out, x, rmsnorm0_0_out, multiqueryselfattention0_2_out, rmsnorm0_0_rstd,
-        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_q, multiqueryselfattention0_2_k,
-        multiqueryselfattention0_2_v, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
+        multiqueryselfattention0_2_qkv, multiqueryselfattention0_2_lse, cu_seqlens, max_seqlen,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
     d_linear0_3_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
         ctx, linear0_3_weight, d_residual0_out, multiqueryselfattention0_2_out)
@@ -251,21 +236,19 @@ def compiled_backward(ctx, d_residual0_out, *_):  # (_: the made tensors have no
 COMPILED_PASSES = PassGraphs("MqaBlock", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "mqa_block_forward_8c9f7157",
+        "mqa_block_forward_fce4a212",
         "(Tensor x, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight, "
         "Tensor cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?)",
         forward_pass, (0, 4)),
     (
-        "mqa_block_backward_8c9f7157",
+        "mqa_block_backward_fce4a212",
         "(Tensor d_residual0_out, Tensor? x, Tensor? rmsnorm0_0_out, Tensor? "
         "multiqueryselfattention0_2_out, Tensor? rmsnorm0_0_rstd, Tensor? "
-        "multiqueryselfattention0_2_qkv, Tensor? multiqueryselfattention0_2_q, Tensor? "
-        "multiqueryselfattention0_2_k, Tensor? multiqueryselfattention0_2_v, Tensor? "
-        "multiqueryselfattention0_2_lse, Tensor? cu_seqlens, int max_seqlen, Tensor "
-        "rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor linear0_3_weight) -> (Tensor, Tensor, "
-        "Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)),
+        "multiqueryselfattention0_2_qkv, Tensor? multiqueryselfattention0_2_lse, Tensor? "
+        "cu_seqlens, int max_seqlen, Tensor rmsnorm0_0_weight, Tensor linear0_1_weight, Tensor "
+        "linear0_3_weight) -> (Tensor, Tensor, Tensor)",
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -332,7 +315,7 @@ class MqaBlock(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.mqa_block_forward_8c9f7157(*args)[0]
+                outputs = torch.ops.fusegen.mqa_block_forward_fce4a212(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = MqaBlockFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -69,14 +69,26 @@ def reads_of(blocks: list[Block]) -> list[int]:
     return list(dict.fromkeys(value for block in blocks for value in block.reads()))
 
 
+def made_before_read(blocks: list[Block]) -> set[int]:
+    """The values ``blocks``' calls write before any of them reads it (made where they run)."""
+    made, read = set(), set()
+    for block in blocks:
+        for call in block.calls + [call for _, call in block.weight_grad_calls]:
+            read.update(v for v in call.reads.values() if v not in made)
+            made.update(v for v in call.writes.values() if v not in read)
+    return made
+
+
 def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
     """What the forward keeps for the backward: the forward values the backward's calls read, in
     ctx.save_for_backward's order: running values in chain order, the stages' own results (a
     norm's statistics, a random op's key) as the backward stages read them in forward order,
     extra inputs, parameters (their values, not copies)."""
     p = plan.pipeline
-    # backward_blocks runs the last stage first; the grads the calls read are the backward's own
-    reads = [value for value in reads_of(list(reversed(bwd))) if not em.is_grad(value)]
+    # backward_blocks runs the last stage first; the grads the calls read are the backward's own,
+    # and so are the values a backward stage makes before it reads them (views it takes again)
+    made = made_before_read(list(reversed(bwd)))
+    reads = [value for value in reads_of(list(reversed(bwd))) if not em.is_grad(value) and value not in made]
     running = {0, *(op.output for op in p.ops), *p.residual_values}
     free = set(p.extra_input_values) | {value for op in p.ops for _, value in op.param_ids}
     values = sorted((v for v in reads if v in running), key=p.chain_order)

@@ -458,3 +458,14 @@ def test_the_reference_attention_reads_no_offsets_on_the_host_under_compile(no_h
     want[:2, :2] = torch.ones(2, 2, dtype=torch.bool).tril()
     want[2:, 2:] = torch.ones(4, 4, dtype=torch.bool).tril()
     assert (start, end) == (0, 6) and torch.equal(keep, want)
+
+
+@pytest.mark.parametrize("name", ATTENTION_MODULES)
+def test_the_backward_reads_the_one_buffer_and_makes_its_views_again(name):
+    """q, k, v are views the backward takes again of the one tensor saved (the prep kernel's
+    buffer, or the projection without rotary): they are not saved, nor passed to the backward."""
+    module_file = inspect.getmodule(getattr(generated, name))
+    saved = list(inspect.signature(module_file.backward_stages).parameters)
+    hint = next(p[:-len("_lse")] for p in saved if p.endswith("_lse"))
+    assert not {f"{hint}_q", f"{hint}_k", f"{hint}_v"} & set(saved)
+    assert f"{hint}_qkv" in saved or name == "MhaBlock"  # (MhaBlock: no rotary, the projection is saved)
