@@ -240,10 +240,13 @@ ELEMENTWISE = [  # fwd kernel, bwd kernel, activation (float64), output width, g
 
 def elementwise_wave_and(extra, kernel, dtype, width, in_width):
     """Rows for a looping bias-grad backward: its one-wave grid's row splits (resident blocks over
-    the blocks along a row, known once a launch has asked the driver) plus ``extra``."""
+    the blocks along a row, known once a launch has asked the driver) plus ``extra``. The launch
+    here takes more rows than the column-tiled path does, so it is the one that asks, whatever
+    ran before (the column-tiled path never does)."""
     launcher = getattr(K(), "_" + kernel.upper())
-    getattr(K(), kernel)(torch.zeros(1, width, device="cuda", dtype=dtype),
-                         torch.zeros(1, in_width, device="cuda", dtype=dtype))
+    rows = getattr(K(), "COLUMN_TILED_ROWS", 0) + 1
+    getattr(K(), kernel)(torch.zeros(rows, width, device="cuda", dtype=dtype),
+                         torch.zeros(rows, in_width, device="cuda", dtype=dtype))
     (blocks,) = launcher._ready[dtype, torch.cuda.current_device()].resident.values()
     return blocks // getattr(K(), "_" + kernel.upper() + "_GRID_X")[dtype] + extra
 
