@@ -244,7 +244,7 @@ def elementwise_wave_and(extra, kernel, dtype, width, in_width):
     here takes more rows than the column-tiled path does, so it is the one that asks, whatever
     ran before (the column-tiled path never does)."""
     launcher = getattr(K(), "_" + kernel.upper())
-    rows = getattr(K(), "COLUMN_TILED_ROWS", 0) + 1
+    rows = K().COLUMN_TILED_ROWS + 1
     getattr(K(), kernel)(torch.zeros(rows, width, device="cuda", dtype=dtype),
                          torch.zeros(rows, in_width, device="cuda", dtype=dtype))
     (blocks,) = launcher._ready[dtype, torch.cuda.current_device()].resident.values()
