@@ -25,8 +25,8 @@ class PassGraphs:
     graphs of their own, found by where their parameters are).
 
     A call on CUDA of at most ``max_rows`` rows runs from a graph on its key's second call (the
-    first runs as usual): the per-call tensors copied into the graph's buffers in one launch, the
-    graph replayed, its outputs copied out into new tensors in one launch (an op's outputs are
+    first runs as usual): the per-call tensors copied into the graph's buffers in one launch a
+    dtype, the graph replayed, its outputs copied out into new tensors likewise (an op's outputs are
     tensors of its own; the next replay rewrites the buffers). Calls run as usual: with more rows,
     on CPU, on a device other than the current one, under autocast (its casts make new parameter
     tensors every call), inside a caller's graph capture, in a dtype of x not in ``dtypes`` (None:
@@ -84,12 +84,12 @@ class PassGraphs:
         with self._lock:
             inputs = [args[i] for i in graph.positions]
             if inputs:
-                torch._foreach_copy_(graph.inputs, inputs)
+                _copy_each(graph.inputs, inputs)
             graph.graph.replay()
             present = [o for o in graph.outputs if o is not None]
             fresh = [torch.empty_like(o) for o in present]
             if fresh:
-                torch._foreach_copy_(fresh, present)
+                _copy_each(fresh, present)
         if graph.single:
             return fresh[0]
         fresh = iter(fresh)
@@ -133,6 +133,19 @@ class PassGraphs:
 
     def __setstate__(self, state):
         self.__init__(**state)
+
+
+def _copy_each(targets, sources):
+    """``targets[i].copy_(sources[i])`` for every i, one ``_foreach_copy_`` a dtype: a list of
+    one dtype takes its one-launch path, a list of several dtypes (a pass's activations and its
+    fp32 statistics) would fall back to a copy a tensor, each a launch of its own."""
+    groups = {}
+    for target, source in zip(targets, sources):
+        group = groups.setdefault(target.dtype, ([], []))
+        group[0].append(target)
+        group[1].append(source)
+    for group_targets, group_sources in groups.values():
+        torch._foreach_copy_(group_targets, group_sources)
 
 
 class _PassGraph:

@@ -393,3 +393,24 @@ def test_a_replayed_forward_draws_new_dropout_masks_each_call():
         outputs.append(y.detach())
     assert passes.captured == 2
     assert not torch.equal(outputs[2], outputs[3])  # both replayed, each with keys of its own
+
+
+def test_a_replay_copies_in_and_out_one_launch_a_dtype(monkeypatch):
+    """A pass's tensors of several dtypes (activations, fp32 statistics) are copied one
+    _foreach_copy_ a dtype: a mixed list would fall back to a launch a tensor."""
+    from generated._runtime import compiled_passes
+
+    calls = []
+    real = torch._foreach_copy_
+
+    def counting(targets, sources):
+        calls.append({t.dtype for t in targets})
+        return real(targets, sources)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", counting)
+    sources = [torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(3), torch.randn(2, 2, dtype=torch.bfloat16),
+               torch.randn(5)]
+    targets = [torch.empty_like(s) for s in sources]
+    compiled_passes._copy_each(targets, sources)
+    assert calls == [{torch.bfloat16}, {torch.float32}]
+    assert all(torch.equal(t, s) for t, s in zip(targets, sources))
