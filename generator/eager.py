@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import OPS, OpDef, basic_ops
+from .ops import OPS, OpDef, basic_parts, part_attribute
 from .ops.binding import ArgumentError, bind, check_value
 from .ops.attention import sequences_of
 from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
@@ -36,25 +36,30 @@ def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
 
 
 class FusibleOp(torch.nn.Module):
-    """One registered op (or container) with its parameters registered under TE's names."""
+    """One registered op (or container, or TE module) with its parameters registered under TE's
+    names (a TE module's: ``fc1_weight``, ops.part_attribute)."""
 
     op_name = ""
 
     def __init__(self, *args, device=None, dtype=None, **kwargs):
         super().__init__()
         op = OPS[self.op_name]
+        if any(a.name == "params_dtype" for a in op.args):  # a TE module's dtype=: a torch dtype, not read
+            dtype = kwargs.pop("params_dtype", None) or dtype
         self.args = bind_args(op, args, kwargs)
-        self.basic = basic_ops(self.op_name, self.args)
-        for basic, basic_args in self.basic:
+        self.parts = basic_parts(self.op_name, self.args)
+        self.basic = [(basic, basic_args) for basic, basic_args, _ in self.parts]
+        for basic, basic_args, part in self.parts:
             for p in basic.params:
                 shape = p.shape(basic_args)
-                self.register_parameter(p.name, torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+                self.register_parameter(part_attribute(part, p.name),
+                                        torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for basic, basic_args in self.basic:
+        for basic, basic_args, part in self.parts:
             for p in basic.params:
-                init_parameter(getattr(self, p.name), p.init(basic_args))
+                init_parameter(getattr(self, part_attribute(part, p.name)), p.init(basic_args))
 
     @property
     def num_extra_inputs(self) -> int:
@@ -65,14 +70,16 @@ class FusibleOp(torch.nn.Module):
         ``cu_seqlens``: the packed sequences' offsets (int [batch + 1]) for an op that reads them
         (attention); without it a 3-D x is batch sequences and any other x one sequence."""
         extra_inputs = list(extra_inputs)
-        for basic, a in self.basic:
+        standalone = extra_outputs is None  # called on its own: returns (y, *extra outputs), as TE's modules do
+        extra_outputs = [] if standalone else extra_outputs
+        for basic, a, part in self.parts:
             if basic.reshape is not None:  # TE's Reshape: torch.reshape (a view where it can be); autograd
                 x = x.reshape(basic.reshape(a))  # reshapes the grad back to the input's shape
                 continue
             forward = basic.reference[0]
             if forward is None:  # identity
                 continue
-            params = [getattr(self, p.name) for p in basic.params]
+            params = [getattr(self, part_attribute(part, p.name)) for p in basic.params]
             form = basic.functor_form
             if form == "tee":  # an extra output: the value itself, handed out
                 extra_outputs.append(forward(x))
@@ -114,7 +121,7 @@ class FusibleOp(torch.nn.Module):
                 if basic.writes_back(a):  # TE's AddExtraInput(in_place=True): the caller's tensor becomes the sum
                     with torch.no_grad():
                         consumed.copy_(x)
-        return x
+        return (x, *extra_outputs) if standalone and extra_outputs else x
 
 
 def _op_class(name: str) -> type:

@@ -160,7 +160,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
     tees = sorted((op for op in p.ops if op.extra_output is not None), key=lambda op: op.extra_output)
     extra_outputs = [extra_output_name(op) for op in tees]
-    params = [(op, attr, key, shape, init, param_name(op, attr)) for op, attr, key, shape, init in p.params]
+    # each parameter's attribute on the child that holds it (a TE module's: fc1_weight)
+    params = [(op, op.holder_attribute(attr), key, shape, init, param_name(op, attr))
+              for op, attr, key, shape, init in p.params]
     saved_values = saved_for_backward(plan, em, bwd)
     saved = [em.name(value) for value in saved_values]
     modules = {}
