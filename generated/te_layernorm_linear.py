@@ -17,7 +17,7 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    CudaGraphs, PassGraphs, TeModuleOp, as_rows, backward_done, check_input, check_packed_form,
     check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
     register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
@@ -242,7 +242,7 @@ class TeLayernormLinear(torch.nn.Module):
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
-        self.add_module("0", SpecOp("LayerNormLinear(1024, 3072, zero_centered_gamma=True)"))
+        self.add_module("0", TeModuleOp("LayerNormLinear(1024, 3072, zero_centered_gamma=True)"))
         self._modules["0"].layer_norm_weight = torch.nn.Parameter(
             torch.empty((1024,), device=device, dtype=dtype))
         self._modules["0"].layer_norm_bias = torch.nn.Parameter(

@@ -18,7 +18,7 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_packed_form,
+    CudaGraphs, PassGraphs, TeModuleOp, as_rows, backward_done, check_input, check_packed_form,
     check_parameters, first_order_only, keep_for_backward, register_no_grad_op,
     register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
 
@@ -243,7 +243,7 @@ class TeLayernormMlp(torch.nn.Module):
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module(
             "0",
-            SpecOp(
+            TeModuleOp(
                 "LayerNormMLP(1024, 4096, bias=False, normalization='RMSNorm', activation='swiglu')"
             )
         )

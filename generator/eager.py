@@ -19,6 +19,7 @@ from .ops import OPS, OpDef, basic_parts, part_attribute
 from .ops.binding import ArgumentError, bind, check_value
 from .ops.attention import sequences_of
 from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
+from .ops.te_modules import TE_MACROS
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -124,10 +125,28 @@ class FusibleOp(torch.nn.Module):
         return (x, *extra_outputs) if standalone and extra_outputs else x
 
 
+class TeModule(FusibleOp):
+    """A TE module (te.LayerNormMLP, ...): TE's checkpoints hold an ``_extra_state`` entry per
+    module, its FP8 scaling state (an empty uint8 tensor where FP8 never ran), saved and loaded
+    as the generated module's holder does (the runtime's TeModuleOp, module_helpers.py)."""
+
+    def get_extra_state(self):
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_extra_state(self, state):
+        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+            return
+        raise RuntimeError(
+            f"{self.op_name}: the checkpoint's _extra_state holds TE's FP8 scaling state (saved after training under "
+            "FP8), which fusegen does not use yet; leave the '_extra_state' entries out of the dictionary and load "
+            "it with strict=False (the parameters are all there)")
+
+
 def _op_class(name: str) -> type:
     op = OPS[name]
     doc = f"{op.signature()}: {op.summary}" if op.summary else op.signature()
-    return type(name, (FusibleOp,), {"op_name": name, "__doc__": doc, "__module__": __name__})
+    base = TeModule if name in TE_MACROS else FusibleOp
+    return type(name, (base,), {"op_name": name, "__doc__": doc, "__module__": __name__})
 
 
 # One module class per registered op (Linear, RMSNorm, GELU, ...): a new op needs no line here.

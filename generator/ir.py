@@ -120,6 +120,7 @@ class Node:
     module_call: str = ""  # the spec-level op's call, as the spec would write it: "Linear(4096, 28672)"
     residual: str = ""  # a Residual's tee and add: the Residual's path (their module_index too)
     part: str = ""  # its part of the spec-level op, which names its parameters: "fc1" of a te.LayerNormMLP
+    spec_op: str = ""  # the spec-level op's registry name ("LayerNormMLP"; "Residual" for a Residual's tee and add)
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,7 @@ def build_graph(spec: SequentialSpec) -> Graph:
             written_back.append((out, reads[1]))
         spelled = RESIDUAL if step.residual else OPS[call.op].attribute
         nodes.append(Node(len(nodes), op, args, tuple(reads), writes, step.path, spelled, call.location,
-                          _module_call(call), "" if not step.residual else step.path, step.part))
+                          _module_call(call), "" if not step.residual else step.path, step.part, call.op))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
                  (running, *extra_outputs), tuple(written_back))

@@ -70,6 +70,11 @@ def layernorm_linear_reference(normalization, zero_centered_gamma, bias, return_
 
 # --- TE's parameter names and shapes --------------------------------------------------------------
 
+# Every TE module's state_dict ends in its extra state: an empty uint8 tensor where FP8 never ran
+# (transformer_engine/pytorch/module/base.py, TransformerEngineBaseModule.get_extra_state)
+EXTRA_STATE = {"_extra_state": (0,)}
+
+
 def te_layernorm_mlp_layout(hidden, ffn, normalization, activation, bias):
     """The state_dict TE's LayerNormMLP registers (transformer_engine/pytorch/module/layernorm_mlp.py,
     LayerNormMLP.__init__: layer_norm_weight; layer_norm_bias unless RMSNorm; fc1_weight [fc1 out,
@@ -85,7 +90,7 @@ def te_layernorm_mlp_layout(hidden, ffn, normalization, activation, bias):
     layout["fc2_weight"] = (hidden, ffn)
     if bias:
         layout["fc2_bias"] = (hidden,)
-    return layout
+    return {**layout, **EXTRA_STATE}
 
 
 def te_layernorm_linear_layout(in_features, out_features, normalization, bias):
@@ -97,7 +102,7 @@ def te_layernorm_linear_layout(in_features, out_features, normalization, bias):
     layout["weight"] = (out_features, in_features)
     if bias:
         layout["bias"] = (out_features,)
-    return layout
+    return {**layout, **EXTRA_STATE}
 
 
 MLP_CASES = [  # (normalization, activation, zero_centered_gamma, bias)
@@ -162,7 +167,8 @@ def test_zero_centered_gamma_is_stored_as_gamma_minus_one(tmp_path):
 
 def _te_checkpoint(layout, seed):
     gen = torch.Generator().manual_seed(seed)
-    return {f"0.{k}": torch.randn(shape, generator=gen) for k, shape in layout.items()}
+    return {f"0.{k}": torch.empty(0, dtype=torch.uint8) if k == "_extra_state" else torch.randn(shape, generator=gen)
+            for k, shape in layout.items()}
 
 
 @pytest.mark.parametrize("kind", ["mlp", "linear"])
@@ -181,6 +187,7 @@ def test_a_state_dict_with_te_s_names_loads_into_the_generated_and_the_eager_mod
         module = pkg.M()
         module.load_state_dict(checkpoint)  # strict: every key TE's, no other
         eager_model.load_state_dict(checkpoint)
+        assert list(module.state_dict()) == list(eager_model.state_dict()) == list(checkpoint)
         x = torch.randn(6, 32, dtype=torch.float64)
         want = reference({k: v.double() for k, v in checkpoint.items()}, x)[0]
         assert_close_to_reference("generated", module(x.float()), want, torch.float32)
@@ -189,13 +196,27 @@ def test_a_state_dict_with_te_s_names_loads_into_the_generated_and_the_eager_mod
 
 def test_the_eager_modules_name_their_parameters_as_te_and_return_the_norm_s_output():
     mlp = eager.LayerNormMLP(16, 24, activation="geglu", params_dtype=torch.float64)
-    assert {k: (tuple(v.shape), v.dtype) for k, v in mlp.state_dict().items()} == {
-        k: (v, torch.float64) for k, v in te_layernorm_mlp_layout(16, 24, "LayerNorm", "geglu", True).items()}
+    assert {k: tuple(v.shape) for k, v in mlp.state_dict().items()} == te_layernorm_mlp_layout(
+        16, 24, "LayerNorm", "geglu", True)
+    assert all(p.dtype == torch.float64 for p in mlp.parameters())
     lnl = eager.LayerNormLinear(16, 8, return_layernorm_output=True)
     x = torch.randn(3, 16)
     y, ln = lnl(x)  # TE's (out, ln_out)
     assert_close_to_reference("ln_out", ln, torch.nn.functional.layer_norm(x.double(), (16,)), torch.float32, gemm=False)
     assert y.shape == (3, 8)
+
+
+def test_a_checkpoint_with_te_s_fp8_state_is_refused_with_what_to_do(tmp_path):
+    layout = te_layernorm_linear_layout(32, 40, "LayerNorm", True)
+    checkpoint = {**_te_checkpoint(layout, seed=1), "0._extra_state": torch.ones(8, dtype=torch.uint8)}
+    with imported_package(tmp_path, "spec.py", _linear_spec("LayerNorm", False, True, False), "pkg") as pkg:
+        for model in (pkg.M(), eager.Sequential(eager.LayerNormLinear(32, 40))):
+            with pytest.raises(RuntimeError, match="FP8 scaling state .* strict=False"):
+                model.load_state_dict(checkpoint)
+            del checkpoint["0._extra_state"]
+            model.load_state_dict(checkpoint, strict=False)  # what the error says to do
+            assert torch.equal(model.state_dict()["0.weight"], checkpoint["0.weight"])
+            checkpoint["0._extra_state"] = torch.ones(8, dtype=torch.uint8)
 
 
 def test_plan_shows_the_expansion_then_the_fusion(tmp_path):
