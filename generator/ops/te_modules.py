@@ -23,7 +23,7 @@ TE's modules default ``device="cuda"``; here, as for every op, the generated mod
 places the parameters unless the spec gives one.
 """
 
-from .opdef import DEVICE, Arg, OpDef, check_eps, check_features, register
+from .opdef import Arg, OpDef, check_eps, check_features, register
 from .te_namespace import TE_NAMESPACE
 
 TE_MODULES = (TE_NAMESPACE, "fusegen.eager")  # a te.ops spelling (transformer_engine.pytorch.ops) is no module
@@ -55,7 +55,9 @@ def _hint(name, kind, default):
 
 
 def _refuse(name, kind, default, why):
-    return Arg(name, kind, default, in_kernel=False, te_only=True, check=_refused(why, default))
+    """An argument refused but at TE's default; shown in the signature, which is TE's in full (so a
+    positional argument's place reads as in TE)."""
+    return Arg(name, kind, default, in_kernel=False, check=_refused(why, default))
 
 
 def _parallel(name, kind, default):
@@ -80,6 +82,8 @@ _UB = tuple(_hint(name, "bool", False) for name in ("ub_overlap_ag", "ub_overlap
 _UB_BULK = (_hint("ub_bulk_dgrad", "bool", False), _hint("ub_bulk_wgrad", "bool", False))
 _SYMMETRIC_AR = _parallel("symmetric_ar_type", "object", None)
 _NAME = _hint("name", "str", None)
+# TE's device (default "cuda" there): positional as in TE; None here, the generated module's device=
+_DEVICE = Arg("device", "device", None, in_kernel=False)
 
 
 def _norm(a: dict, size: int) -> tuple:
@@ -115,7 +119,7 @@ register(OpDef(
           _refuse("parameters_split", "object", None,
                   "splits the weight into parameters of other names, which fusegen does not lay out yet (the "
                   "MultiheadAttention part of issue 39); leave it out"),
-          _ZCG, DEVICE, *_UB, *reversed(_UB_BULK), _hint("ub_name", "str", None), _DELAY, _SYMMETRIC_AR,
+          _ZCG, _DEVICE, *_UB, *reversed(_UB_BULK), _hint("ub_name", "str", None), _DELAY, _SYMMETRIC_AR,
           _NAME),
     expand=_layernorm_linear,
     summary="TE's module: LayerNorm or RMSNorm (layer_norm_weight, layer_norm_bias), then Linear (weight, bias)",
@@ -142,7 +146,7 @@ register(OpDef(
                   "te.ops.Linear ops in the Sequential"),
           _refuse("output_layer_init_method", "object", None, _INIT), _WGRAD, _PARAMS_DTYPE, _RETURN_LN,
           _hint("return_layernorm_output_gathered", "bool", False), _hint("seq_length", "int", None),
-          _hint("micro_batch_size", "int", None), _parallel("set_parallel_mode", "bool", False), _ZCG, DEVICE,
+          _hint("micro_batch_size", "int", None), _parallel("set_parallel_mode", "bool", False), _ZCG, _DEVICE,
           _UB[0], _NAME, *_UB[1:], *_UB_BULK, _DELAY, _SYMMETRIC_AR, _hint("checkpoint", "bool", False)),
     expand=_layernorm_mlp,
     summary="TE's module: LayerNorm or RMSNorm (layer_norm_weight, layer_norm_bias), fc1 (fc1_weight, fc1_bias; "

@@ -7,7 +7,7 @@ and the frontend's scope find them there). In real Transformer Engine, ``te.Line
 ``te.LayerNorm`` and ``te.RMSNorm`` are TE's monolithic modules, whose constructors take further
 arguments: those fusegen gives a meaning are read as te.ops' argument of that meaning
 (``MODULE_KEYWORDS``: ``params_dtype`` is ``dtype``, a norm's ``hidden_size`` its
-``normalized_shape``); any other is refused here by name rather than read with a meaning it does
+``normalized_shape``, te.Linear's ``fuse_wgrad_accumulation`` te.ops' ``accumulate_into_main_grad``); any other is refused here by name rather than read with a meaning it does
 not have. TE's modules with no te.ops op of their name (``te.LayerNormMLP``, ...) are macros
 (ops/te_modules.py), or not supported yet (``MODULES_NOT_YET``).
 """
@@ -21,7 +21,7 @@ _NORM_MODULE_ONLY = ("sequence_parallel",)
 # Arguments of TE's modules (transformer_engine/pytorch/module/) that te.ops' op of the same name
 # does not take, by the name the spec spells: a spec giving one means TE's module.
 MODULE_ONLY_ARGS: dict[str, tuple[str, ...]] = {
-    "Linear": ("fuse_wgrad_accumulation", "tp_group", "tp_size", "get_rng_state_tracker",
+    "Linear": ("tp_group", "tp_size", "get_rng_state_tracker",
                "rng_tracker_name", "init_method", "return_bias", "parallel_mode", "parameters_split",
                "ub_overlap_ag", "ub_overlap_rs", "ub_overlap_rs_dgrad", "ub_bulk_dgrad", "ub_bulk_wgrad", "ub_name",
                "delay_wgrad_compute", "symmetric_ar_type", "save_original_input", "name"),
@@ -32,7 +32,7 @@ MODULE_ONLY_ARGS: dict[str, tuple[str, ...]] = {
 # Arguments of TE's modules read as te.ops' argument of the same meaning, by the te. spelling
 _PARAMS_DTYPE = {"params_dtype": "dtype"}
 MODULE_KEYWORDS: dict[str, dict[str, str]] = {
-    "Linear": _PARAMS_DTYPE,
+    "Linear": {**_PARAMS_DTYPE, "fuse_wgrad_accumulation": "accumulate_into_main_grad"},
     "LayerNorm": {**_PARAMS_DTYPE, "hidden_size": "normalized_shape"},
     "RMSNorm": {**_PARAMS_DTYPE, "hidden_size": "normalized_shape"},
 }

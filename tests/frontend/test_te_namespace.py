@@ -91,11 +91,12 @@ def test_te_module_arguments_with_a_meaning_are_read_as_te_ops_ones():
     """TE's modules' params_dtype is te.ops' dtype, a norm's hidden_size its normalized_shape."""
     got = calls("import torch\nimport transformer_engine.pytorch as te\nm = te.Sequential(\n"
                 "    te.RMSNorm(hidden_size=64, params_dtype=torch.bfloat16),\n"
-                "    te.LayerNorm(hidden_size=64, eps=1e-6),\n    te.Linear(64, 32, params_dtype=torch.float16))\n")
+                "    te.LayerNorm(hidden_size=64, eps=1e-6),\n"
+                "    te.Linear(64, 32, params_dtype=torch.float16, fuse_wgrad_accumulation=True))\n")
     want = calls("import torch\nimport transformer_engine.pytorch as te\nm = te.Sequential(\n"
                  "    te.RMSNorm(64, dtype=torch.bfloat16),\n"
-                 "    te.LayerNorm(64, eps=1e-6),\n    te.Linear(64, 32, dtype=torch.float16))\n")
-    assert got == want and got[0][1]["dtype"].name == "bfloat16"
+                 "    te.LayerNorm(64, eps=1e-6),\n    te.Linear(64, 32, dtype=torch.float16, accumulate_into_main_grad=True))\n")
+    assert got == want and got[0][1]["dtype"].name == "bfloat16" and got[2][1]["accumulate_into_main_grad"] is True
     err = error("m = te.Sequential(te.RMSNorm(64, hidden_size=64))\n")  # the same argument twice
     assert "got multiple values for argument 'normalized_shape'" in err.message
     assert (err.location.line, err.location.col) == (2, 34)

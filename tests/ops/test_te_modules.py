@@ -270,6 +270,36 @@ def test_no_op_hints_are_accepted_and_change_nothing():
         [(op.name, args, part) for op, args, part in basic_parts("LayerNormMLP", hinted.args)]
 
 
+def test_positional_arguments_bind_in_te_s_order():
+    """TE's modules take every argument positionally in TE's order (LayerNormLinear's 5th is
+    fuse_wgrad_accumulation, after eps and sequence_parallel)."""
+    (spec,) = parse_spec(HEAD + "m = te.Sequential(te.LayerNormLinear(32, 48, 1e-6, False, True))\n", "spec.py")
+    args = spec.calls[0].args
+    assert (args["eps"], args["sequence_parallel"], args["fuse_wgrad_accumulation"]) == (1e-6, False, True)
+
+
+def _residual_reference(p, x):
+    """x + LayerNormMLP(x) (RMSNorm, swiglu, no bias), then x + LayerNormLinear(x) (LayerNorm, bias)."""
+    q = {k.removeprefix("0.0."): v for k, v in p.items() if k.startswith("0.0.")}
+    h = x + layernorm_mlp_reference("RMSNorm", "swiglu", False, False)({f"0.{k}": v for k, v in q.items()}, x)[0]
+    r = {k.removeprefix("1.0."): v for k, v in p.items() if k.startswith("1.0.")}
+    return (h + layernorm_linear_reference("LayerNorm", False, True, False)({f"0.{k}": v for k, v in r.items()}, h)[0],)
+
+
+def test_te_modules_in_residuals_nest_their_names_and_fuse_across(tmp_path):
+    spec = HEAD + ("m = te.Sequential(\n"
+                   "    te.ops.Residual(te.LayerNormMLP(32, 48, bias=False, normalization='RMSNorm', activation='swiglu')),\n"
+                   "    te.ops.Residual(te.LayerNormLinear(32, 32)),\n)\n")
+    with imported_package(tmp_path, "spec.py", spec, "pkg") as pkg:
+        module = pkg.M()
+        mlp = te_layernorm_mlp_layout(32, 48, "RMSNorm", "swiglu", False)
+        linear = te_layernorm_linear_layout(32, 32, "LayerNorm", True)
+        assert {k: tuple(v.shape) for k, v in module.state_dict().items()} == {
+            **{f"0.0.{k}": v for k, v in mlp.items()}, **{f"1.0.{k}": v for k, v in linear.items()}}
+        randomize_(module)
+        run_and_compare(module, "te_residuals", (2, 3, 32), torch.float32, "cpu", reference=_residual_reference)
+
+
 def test_fuse_wgrad_accumulation_is_te_ops_accumulate_into_main_grad(tmp_path):
     spec = HEAD + "m = te.Sequential(te.LayerNormLinear(32, 40, fuse_wgrad_accumulation=True))\n"
     with imported_package(tmp_path, "spec.py", spec, "pkg") as pkg:
