@@ -11,7 +11,7 @@ import torch
 from fusegen import eager
 from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
-from tests.references import assert_close_to_reference, randomize_, run_and_compare
+from tests.references import assert_close_to_reference, linear, randomize_, run_and_compare
 from tests.spec_packages import imported_package
 
 HEAD = "import torch\nimport transformer_engine.pytorch as te\n"
@@ -46,7 +46,7 @@ def _activation(name, t):
 
 
 def _linear(x, w, b):
-    return x @ w.t() + (b if b is not None else 0)
+    return linear(x, w, b)  # F.linear, or a streamed large weight
 
 
 def layernorm_mlp_reference(normalization, activation, zero_centered_gamma, bias, return_ln=False):
@@ -256,6 +256,15 @@ def test_bad_arguments_are_refused_where_they_are_written(call, at, says):
     err = error(f"m = te.Sequential({call})\n")
     assert says in err.message, err.message
     assert (err.location.line, err.location.col) == (3, 19 + call.rindex(at)), str(err)
+
+
+def test_the_eager_modules_refuse_the_same_arguments():
+    with pytest.raises(ValueError, match="argument 'tp_size' of LayerNormMLP is tensor or sequence parallelism"):
+        eager.LayerNormMLP(32, 48, tp_size=2)
+    with pytest.raises(ValueError, match="must be one of TE's activations"):
+        eager.LayerNormMLP(32, 48, activation="tanh")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'hidden'"):
+        eager.LayerNormLinear(32, 48, hidden=3)
 
 
 def test_no_op_hints_are_accepted_and_change_nothing():
