@@ -109,6 +109,7 @@ def reference_source() -> str:
 __all__ = [
     "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "RESIDUAL",
     "RESIDUAL_MODULES", "SEQUENTIAL", "Arg",
-    "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "basic_parts", "part_attribute", "elementwise_kinds", "float_tag", "op_named",
+    "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "basic_parts", "elementwise_kinds",
+    "float_tag", "op_named", "part_attribute",
     "op_modules", "reference_source", "register",
 ]

@@ -11,7 +11,7 @@ or refused at its position in the spec with the reason:
   parameters' dtype), device, fuse_wgrad_accumulation (the weight grads added into
   ``weight.main_grad``: te.ops' accumulate_into_main_grad), return_layernorm_output (the norm's
   output handed out as the pipeline's next extra output: a MakeExtraOutput after the norm);
-- accepted as TE's own no-ops for the values (``NO_OP``): what TE ignores without tensor or
+- accepted as TE's own no-ops for the values (``_hint``): what TE ignores without tensor or
   sequence parallelism (the ub_* userbuffers overlaps, return_layernorm_output_gathered), the JIT
   warm-up sizes (seq_length, micro_batch_size), ``name`` (debugging), ``ub_name``, ``checkpoint``
   (TE's recompute of fc1 in the backward: the same values, fusegen saves what its plan saves);

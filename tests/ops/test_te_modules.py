@@ -232,6 +232,30 @@ def test_plan_shows_the_expansion_then_the_fusion(tmp_path):
     assert "| 0 | 0a | `norm`" in plan  # then planned as any spec
 
 
+def _stage_rows(plan_md):
+    """The plan's stage tables (forward, no-grad, backward) without their op numbers: (rule, runs
+    as, bytes/token) per stage."""
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in plan_md.splitlines()
+            if line.startswith("| ")]
+    return [row[2:] for row in rows if len(row) == 5 and row[0].isdigit()]
+
+
+@pytest.mark.parametrize("module, chain", [
+    ("te.LayerNormMLP(64, 128, bias=False, normalization='RMSNorm', activation='swiglu')",
+     "te.ops.RMSNorm(64), te.ops.Linear(64, 256, bias=False), te.ops.SwiGLU(), te.ops.Linear(128, 64, bias=False)"),
+    ("te.LayerNormMLP(64, 96, zero_centered_gamma=True)",
+     "te.ops.LayerNorm(64, zero_centered_gamma=True), te.ops.Linear(64, 96), te.ops.GELU(), te.ops.Linear(96, 64)"),
+    ("te.LayerNormLinear(64, 32, normalization='RMSNorm', eps=1e-6)",
+     "te.ops.RMSNorm(64, eps=1e-6), te.ops.Linear(64, 32)"),
+])
+def test_a_te_module_plans_as_the_hand_written_chain_of_its_ops(tmp_path, module, chain):
+    from fusegen import build
+    (tmp_path / "spec.py").write_text(HEAD + f"a = te.Sequential({module})\nb = te.ops.Sequential({chain})\n")
+    config = build.Config((tmp_path / "spec.py",), tmp_path / "pkg", archs=(), dtypes=("float32",), root=tmp_path)
+    plans = build.plan_documents(config)
+    assert _stage_rows(plans["a"]) == _stage_rows(plans["b"]) and len(_stage_rows(plans["a"])) >= 4
+
+
 def error(text):
     with pytest.raises(SpecError) as info:
         parse_spec(HEAD + text, "spec.py")
