@@ -140,6 +140,16 @@ def test_layernorm_mlp_matches_te_s_semantics_and_names(tmp_path, normalization,
                         reference=layernorm_mlp_reference(normalization, activation, zcg, bias))
 
 
+def test_layernorm_mlp_returns_the_norm_s_output_as_te(tmp_path):
+    """return_layernorm_output=True: TE's (out, ln_out); here out and the pipeline's extra output."""
+    spec = _mlp_spec("LayerNorm", "reglu", False, True, extra=", return_layernorm_output=True")
+    with imported_package(tmp_path, "spec.py", spec, "pkg") as pkg:
+        module = pkg.M()
+        randomize_(module)
+        run_and_compare(module, "layernorm_mlp", (9, 32), torch.float32, "cpu",
+                        reference=layernorm_mlp_reference("LayerNorm", "reglu", False, True, return_ln=True))
+
+
 @pytest.mark.parametrize("normalization, zcg, bias, return_ln", LINEAR_CASES)
 def test_layernorm_linear_matches_te_s_semantics_and_names(tmp_path, normalization, zcg, bias, return_ln):
     with imported_package(tmp_path, "spec.py", _linear_spec(normalization, zcg, bias, return_ln), "pkg") as pkg:
