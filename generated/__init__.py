@@ -46,6 +46,8 @@ from .in_place_mid import InPlaceMid
 from .interleaved_mlp import InterleavedMlp
 from .interleaved_any import InterleavedAny
 from .te_mlp import TeMlp
+from .te_layernorm_mlp import TeLayernormMlp
+from .te_layernorm_linear import TeLayernormLinear
 from .l2norm_block import L2normBlock
 from .layernorm_2d import Layernorm2d
 from .rmsnorm_groups import RmsnormGroups
@@ -66,6 +68,6 @@ __all__ = [
     "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
     "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual",
     "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace",
-    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "L2normBlock", "Layernorm2d",
-    "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu",
-    "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "TeLayernormMlp",
+    "TeLayernormLinear", "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64",
+    "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]

@@ -874,6 +874,47 @@ def bias_bwd_n256(dy):
     return dbias0
 
 
+_BIAS_BWD_N3072 = Kernel("bias_bwd_n3072", "pppi", shared=4096)
+_BIAS_BWD_N3072_GRID_X = {torch.bfloat16: 3, torch.float16: 3, torch.float32: 6}
+# vectors a row, by dtype
+_BIAS_BWD_N3072_ROW_VECTORS = {torch.bfloat16: 384, torch.float16: 384, torch.float32: 768}
+
+
+def bias_bwd_n3072(dy):
+    """Bias(3072) backward: returns dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_bwd_n3072_ab273e45(dy)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(3072, device=dy.device, dtype=dy.dtype)
+            _BIAS_BWD_N3072.launch(
+                dy.dtype, (-(-_BIAS_BWD_N3072_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1), (dy.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_BWD_N3072_GRID_X[dy.dtype]
+            resident = _BIAS_BWD_N3072.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 3072), device=dy.device, dtype=torch.float32)
+            _BIAS_BWD_N3072.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), partials.data_ptr(), 0, rows), dy.get_device())
+            column_grads = column_sum_n3072(partials, dy.dtype)
+        dbias0 = column_grads[0:3072]
+        return dbias0
+    g = ref.compute(dy)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    return dbias0
+
+
 _BIAS_BWD_N32 = Kernel("bias_bwd_n32", "pppi", shared=4096)
 _BIAS_BWD_N32_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 # vectors a row, by dtype
@@ -2478,6 +2519,23 @@ def column_sum_n28672(partials, dtype):
     return out
 
 
+_COLUMN_SUM_N3072 = Kernel("column_sum_n3072", "ppi")
+
+
+def column_sum_n3072(partials, dtype):
+    """Sum fp32 partials [splits, 3072] over splits, in a fixed order, into a 3072-vector of dtype.
+    """
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
+        return torch.ops.fusegen.column_sum_n3072_ea9baff1(partials, dtype)
+    out = torch.empty(3072, device=partials.device, dtype=dtype)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N3072.launch(
+        dtype, (96, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
+    return out
+
+
 _COLUMN_SUM_N32 = Kernel("column_sum_n32", "ppi")
 
 
@@ -3401,6 +3459,54 @@ def layernorm_fwd_h4096_no_grad(x, gamma, beta):
     return layernorm_fwd_h4096(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
+_LAYERNORM_ZC_BWD_H1024 = Kernel("layernorm_zc_bwd_h1024", "pppppppppi", shared=8192)
+_LAYERNORM_ZC_BWD_H1024_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
+
+
+def layernorm_zc_bwd_h1024(dy, x, mean, rstd, gamma):
+    """LayerNorm(1024, zero_centered_gamma=True) backward: returns (dx, dgamma, dbeta); the
+    parameter grads are deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_zc_bwd_h1024_68a17f33(dy, x, mean, rstd, gamma)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_ZC_BWD_H1024.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_ZC_BWD_H1024_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 2048), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(2048, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(2048, device=dy.device, dtype=dy.dtype)
+            _LAYERNORM_ZC_BWD_H1024.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H1024_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _LAYERNORM_ZC_BWD_H1024.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_ZC_BWD_H1024_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n2048(partials, dy.dtype)
+        return dx, grads[:1024], grads[1024:]
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, True)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel(
     "layernorm_zc_bwd_h768_add_dresidual", "pppppppppi", shared=6144)
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {
@@ -3456,6 +3562,49 @@ def layernorm_zc_bwd_h768_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, True)
     dx = dx + ref.compute(dresidual)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
+_LAYERNORM_ZC_FWD_H1024 = Kernel("layernorm_zc_fwd_h1024", "ppppppppi")
+_LAYERNORM_ZC_FWD_H1024_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 128}
+
+
+def layernorm_zc_fwd_h1024(x, gamma, beta):
+    """LayerNorm(1024, zero_centered_gamma=True): returns (y, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_zc_fwd_h1024_4012138f(x, gamma, beta)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _LAYERNORM_ZC_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_ZC_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0,
+                    mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
+        return y, mean, rstd
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, True)
+    return y, mean, rstd
+
+
+def layernorm_zc_fwd_h1024_no_grad(x, gamma, beta):
+    """LayerNorm(1024, zero_centered_gamma=True), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _LAYERNORM_ZC_FWD_H1024.launch(
+                x.dtype, (rows, 1, 1), (_LAYERNORM_ZC_FWD_H1024_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), 0, 0, 0, rows),
+                x.get_device())
+        return y
+    return layernorm_zc_fwd_h1024(x, gamma, beta)[0]  # CPU and torch.compile: the whole launcher
 
 
 _QGEGLU_FWD_N512 = Kernel("qgeglu_fwd_n512", "ppi")
@@ -5409,6 +5558,7 @@ register_op(
     bias_add_tee_gelu_fwd_n256)
 register_op("bias_bwd_n1024_27d2f179", "(Tensor dy) -> Tensor", bias_bwd_n1024, bias_bwd_n1024)
 register_op("bias_bwd_n256_c1de501a", "(Tensor dy) -> Tensor", bias_bwd_n256, bias_bwd_n256)
+register_op("bias_bwd_n3072_ab273e45", "(Tensor dy) -> Tensor", bias_bwd_n3072, bias_bwd_n3072)
 register_op("bias_bwd_n32_ff6cf767", "(Tensor dy) -> Tensor", bias_bwd_n32, bias_bwd_n32)
 register_op("bias_bwd_n4096_bd8e96f3", "(Tensor dy) -> Tensor", bias_bwd_n4096, bias_bwd_n4096)
 register_op("bias_bwd_n512_ef4cea8f", "(Tensor dy) -> Tensor", bias_bwd_n512, bias_bwd_n512)
@@ -5524,6 +5674,9 @@ register_op(
     "column_sum_n28672_82ae8233", "(Tensor partials, ScalarType dtype) -> Tensor",
     column_sum_n28672, column_sum_n28672)
 register_op(
+    "column_sum_n3072_ea9baff1", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n3072,
+    column_sum_n3072)
+register_op(
     "column_sum_n32_913e52e6", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n32,
     column_sum_n32)
 register_op(
@@ -5614,10 +5767,18 @@ register_op(
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_fwd_h4096,
     layernorm_fwd_h4096)
 register_op(
+    "layernorm_zc_bwd_h1024_68a17f33",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
+    layernorm_zc_bwd_h1024, layernorm_zc_bwd_h1024)
+register_op(
     "layernorm_zc_bwd_h768_add_dresidual_a97ae791",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
     layernorm_zc_bwd_h768_add_dresidual, layernorm_zc_bwd_h768_add_dresidual)
+register_op(
+    "layernorm_zc_fwd_h1024_4012138f",
+    "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_zc_fwd_h1024,
+    layernorm_zc_fwd_h1024)
 register_op("qgeglu_fwd_n512_2f36c7c9", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
 register_op("qgelu_fwd_n512_c4bbf851", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
 register_op(

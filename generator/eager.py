@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from .ops import OPS, OpDef, basic_ops
+from .ops import OPS, OpDef, basic_parts, part_attribute
 from .ops.binding import ArgumentError, bind, check_value
 from .ops.attention import sequences_of
 from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
+from .ops.te_modules import TE_MACROS
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -36,25 +37,30 @@ def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
 
 
 class FusibleOp(torch.nn.Module):
-    """One registered op (or container) with its parameters registered under TE's names."""
+    """One registered op (or container, or TE module) with its parameters registered under TE's
+    names (a TE module's: ``fc1_weight``, ops.part_attribute)."""
 
     op_name = ""
 
     def __init__(self, *args, device=None, dtype=None, **kwargs):
         super().__init__()
         op = OPS[self.op_name]
+        if any(a.name == "params_dtype" for a in op.args):  # a TE module's dtype=: a torch dtype, not read
+            dtype = kwargs.pop("params_dtype", None) or dtype
         self.args = bind_args(op, args, kwargs)
-        self.basic = basic_ops(self.op_name, self.args)
-        for basic, basic_args in self.basic:
+        self.parts = basic_parts(self.op_name, self.args)
+        self.basic = [(basic, basic_args) for basic, basic_args, _ in self.parts]
+        for basic, basic_args, part in self.parts:
             for p in basic.params:
                 shape = p.shape(basic_args)
-                self.register_parameter(p.name, torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+                self.register_parameter(part_attribute(part, p.name),
+                                        torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for basic, basic_args in self.basic:
+        for basic, basic_args, part in self.parts:
             for p in basic.params:
-                init_parameter(getattr(self, p.name), p.init(basic_args))
+                init_parameter(getattr(self, part_attribute(part, p.name)), p.init(basic_args))
 
     @property
     def num_extra_inputs(self) -> int:
@@ -65,14 +71,16 @@ class FusibleOp(torch.nn.Module):
         ``cu_seqlens``: the packed sequences' offsets (int [batch + 1]) for an op that reads them
         (attention); without it a 3-D x is batch sequences and any other x one sequence."""
         extra_inputs = list(extra_inputs)
-        for basic, a in self.basic:
+        standalone = extra_outputs is None  # called on its own: returns (y, *extra outputs), as TE's modules do
+        extra_outputs = [] if standalone else extra_outputs
+        for basic, a, part in self.parts:
             if basic.reshape is not None:  # TE's Reshape: torch.reshape (a view where it can be); autograd
                 x = x.reshape(basic.reshape(a))  # reshapes the grad back to the input's shape
                 continue
             forward = basic.reference[0]
             if forward is None:  # identity
                 continue
-            params = [getattr(self, p.name) for p in basic.params]
+            params = [getattr(self, part_attribute(part, p.name)) for p in basic.params]
             form = basic.functor_form
             if form == "tee":  # an extra output: the value itself, handed out
                 extra_outputs.append(forward(x))
@@ -114,13 +122,31 @@ class FusibleOp(torch.nn.Module):
                 if basic.writes_back(a):  # TE's AddExtraInput(in_place=True): the caller's tensor becomes the sum
                     with torch.no_grad():
                         consumed.copy_(x)
-        return x
+        return (x, *extra_outputs) if standalone and extra_outputs else x
+
+
+class TeModule(FusibleOp):
+    """A TE module (te.LayerNormMLP, ...): TE's checkpoints hold an ``_extra_state`` entry per
+    module, its FP8 scaling state (an empty uint8 tensor where FP8 never ran), saved and loaded
+    as the generated module's holder does (the runtime's TeModuleOp, module_helpers.py)."""
+
+    def get_extra_state(self):
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_extra_state(self, state):
+        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+            return
+        raise RuntimeError(
+            f"{self.op_name}: the checkpoint's _extra_state holds TE's FP8 scaling state (saved after training under "
+            "FP8), which fusegen does not use yet; leave the '_extra_state' entries out of the dictionary and load "
+            "it with strict=False (the parameters are all there)")
 
 
 def _op_class(name: str) -> type:
     op = OPS[name]
     doc = f"{op.signature()}: {op.summary}" if op.summary else op.signature()
-    return type(name, (FusibleOp,), {"op_name": name, "__doc__": doc, "__module__": __name__})
+    base = TeModule if name in TE_MACROS else FusibleOp
+    return type(name, (base,), {"op_name": name, "__doc__": doc, "__module__": __name__})
 
 
 # One module class per registered op (Linear, RMSNorm, GELU, ...): a new op needs no line here.

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
-from .ops import MAX_FEATURES, OPS, RESIDUAL, OpDef, basic_ops
+from .ops import MAX_FEATURES, OPS, RESIDUAL, OpDef, basic_parts
 from .ops.identity import around_rows
 
 
@@ -119,6 +119,8 @@ class Node:
     location: Location
     module_call: str = ""  # the spec-level op's call, as the spec would write it: "Linear(4096, 28672)"
     residual: str = ""  # a Residual's tee and add: the Residual's path (their module_index too)
+    part: str = ""  # its part of the spec-level op, which names its parameters: "fc1" of a te.LayerNormMLP
+    spec_op: str = ""  # the spec-level op's registry name ("LayerNormMLP"; "Residual" for a Residual's tee and add)
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,7 @@ class _Expanded:
     call: OpCall  # the spec-level call (the Residual's, for its tee and add)
     path: str  # module_index
     residual: str = ""  # OPEN or CLOSE a Residual's tee and add
+    part: str = ""  # Node.part
 
 
 OPEN, CLOSE = "open", "close"
@@ -259,7 +262,8 @@ def _expand(calls: tuple[OpCall, ...], prefix: str = "") -> list[_Expanded]:
             expanded += _expand(call.inner, f"{path}.")
             expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE))
             continue
-        expanded += [_Expanded(op, args, call, path) for basic, basic_args in basic_ops(call.op, call.args)
+        expanded += [_Expanded(op, args, call, path, part=part)
+                     for basic, basic_args, part in basic_parts(call.op, call.args)
                      for op, args in around_rows(basic, basic_args)]
     return expanded
 
@@ -322,7 +326,7 @@ def build_graph(spec: SequentialSpec) -> Graph:
             written_back.append((out, reads[1]))
         spelled = RESIDUAL if step.residual else OPS[call.op].attribute
         nodes.append(Node(len(nodes), op, args, tuple(reads), writes, step.path, spelled, call.location,
-                          _module_call(call), "" if not step.residual else step.path))
+                          _module_call(call), "" if not step.residual else step.path, step.part, call.op))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
                  (running, *extra_outputs), tuple(written_back))

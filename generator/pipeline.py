@@ -21,7 +21,7 @@ from . import names
 from .errors import Location
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
-from .ops import OPS, OpDef
+from .ops import OPS, OpDef, part_attribute
 from .values import (HOST_INT, X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
                      module_name, param_name, residual_name, seed_name)
 
@@ -61,6 +61,7 @@ class Op:
     # joined by one internal value, neither an extra input nor an extra output of the pipeline
     residual: str = ""
     node: int = 0  # the graph node it runs (a hidden tee: its add's), the spec's order of ops
+    part: str = ""  # its part of the spec-level op ("fc1" of a te.LayerNormMLP: ir.Node.part)
 
     def param(self, attr: str) -> int:
         """The value of parameter ``attr``."""
@@ -77,15 +78,26 @@ class Op:
     @property
     def hint(self) -> str:
         """A readable, unique stem for names in generated code, e.g. ``linear1``."""
+        return self.module_hint + (f"_{self.part}" if self.part else "")
+
+    @property
+    def module_hint(self) -> str:
+        """The stem of its spec-level op, ``layernormmlp0``: its parameters' names start with it."""
         return f"{self.module_name.lower()}{self.module_index.replace('.', '_')}"
 
     @property
     def params(self) -> list[tuple[str, str, tuple[int, ...], str]]:
-        """(attribute, state_dict key, shape, init) for each parameter."""
+        """(attribute, state_dict key, shape, init) for each parameter: the attribute is the basic
+        op's ("weight", as its stage asks for it), the key the spec-level op's (``0.fc1_weight``
+        of a te.LayerNormMLP: ``holder_attribute``)."""
         return [
-            (p.name, f"{self.module_index}.{p.name}", p.shape(self.args), p.init(self.args))
+            (p.name, f"{self.module_index}.{self.holder_attribute(p.name)}", p.shape(self.args), p.init(self.args))
             for p in self.opdef.params
         ]
+
+    def holder_attribute(self, attr: str) -> str:
+        """Parameter ``attr``'s attribute on the generated module's child that holds it (ops.part_attribute)."""
+        return part_attribute(self.part, attr)
 
     def describe(self, kernel: bool = False) -> str:
         """The basic op as a spec would write it (OpDef.describe); a Residual's tee and add, which
@@ -234,7 +246,7 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             out_features=graph.features(node.outputs[0]), module_index=node.module_index,
             module_name=node.module_name, location=node.location, extra_input=extra_input,
             extra_output=n_out if node.opdef.extra_outputs and public else None, residual=node.residual,
-            node=node.index,
+            node=node.index, part=node.part,
         ))
         n_out += node.opdef.extra_outputs if public else 0
         if node.opdef.writes_back(node.args):  # its value handed out by a tee the spec does not show

@@ -85,11 +85,12 @@ def activation_name(producer, reader) -> str:
         return f"{producer.hint}_in"
     if reader is not None and reader.module_index == producer.module_index:
         return f"{producer.hint}_pre_{reader.kind}"  # inside a container: Linear's matmul output
-    return f"{producer.hint}_out"
+    return f"{producer.module_hint}_out"  # the spec-level op's output (its last part's)
 
 
 def param_name(op, attr: str) -> str:
-    return f"{op.hint}_{attr}"
+    """``linear1_weight``; ``layernormmlp0_fc1_weight``: as the spec-level op holds it."""
+    return f"{op.module_hint}_{op.holder_attribute(attr)}"
 
 
 def extra_input_name(op) -> str:

@@ -240,7 +240,8 @@ def reference_params(module, device, requires_grad):
     """The module's parameters for a reference: float64 copies (leaves with ``requires_grad``),
     the large weights as StreamedWeights."""
     return {k: StreamedWeight(v, device) if v.dim() == 2 and v.numel() >= STREAMED else as64(v, device, requires_grad)
-            for k, v in module.state_dict().items()}
+            for k, v in module.state_dict().items()
+            if k.rpartition(".")[2] != "_extra_state"}  # a TE module's extra state (TeModuleOp): no value
 
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}

@@ -9,7 +9,8 @@ subject, each importing only those listed above it:
 - checks: a generated module's run-time checks of its inputs and parameters;
 - capture: a run captured into a CUDA graph on a stream of its own;
 - training_graphs: a forward and backward under autograd replayed from CUDA graphs;
-- module_helpers: SpecOp, inputs as rows, results in the caller's shape, first_order_only;
+- module_helpers: SpecOp (TeModuleOp: a TE module's, with TE's _extra_state), inputs as rows,
+results in the caller's shape, first_order_only;
 - graphs: CudaGraphs, a module's graphs per input shape;
 - custom_ops: the ``fusegen::`` custom ops that torch.compile calls;
 - compiled_passes: torch.compile's forward and backward ops of a graph-replaying module.
@@ -23,13 +24,14 @@ from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
 from .launch import Kernel, pointer
 from .loading import KernelIntegrityError, KernelNotAvailableError
-from .module_helpers import SpecOp, as_rows, first_order_only, with_lead, with_shape
+from .module_helpers import SpecOp, TeModuleOp, as_rows, first_order_only, with_lead, with_shape
 from .training_graphs import backward_done, replay_backward, replay_forward, saved_tensors
 
 __all__ = [
     "CudaGraphs", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "PassGraphs",
     "SpecOp",
-    "as_rows", "backward_done", "check_input", "check_packed_form", "check_parameters",
+    "TeModuleOp", "as_rows", "backward_done", "check_input", "check_packed_form",
+    "check_parameters",
     "check_row_input", "first_order_only", "keep_for_backward", "packed_sequences", "pointer",
     "register_no_grad_op", "register_op", "register_training_ops", "replay_backward",
     "replay_forward", "saved_tensors", "with_lead", "with_shape",

@@ -25,6 +25,25 @@ class SpecOp(torch.nn.Module):
         return self.call[self.call.index("(") + 1:-1]
 
 
+class TeModuleOp(SpecOp):
+    """A TE module of the spec (``te.LayerNormMLP(...)``): besides its parameters under TE's names,
+    TE's checkpoints hold an ``_extra_state`` entry per module (its FP8 scaling state; an empty
+    uint8 tensor where FP8 never ran: TransformerEngineBaseModule.get_extra_state), which this
+    child saves and loads the same way, so a TE state_dict loads with strict=True."""
+
+    def get_extra_state(self):
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_extra_state(self, state):
+        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+            return
+        raise RuntimeError(
+            f"{self.call}: the checkpoint's _extra_state holds TE's FP8 scaling state (saved after training under "
+            "FP8), which fusegen does not use yet; leave the '_extra_state' entries out of the "
+            "dictionary and load "
+            "it with strict=False (the parameters are all there)")
+
+
 def as_rows(tensor, features):
     """``tensor`` as a dense [rows, features] tensor: the tensor itself when it is one already
     (no new view object: at a few rows each op's dispatch is a measurable part of a call)."""

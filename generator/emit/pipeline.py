@@ -7,6 +7,7 @@ import hashlib
 
 from ..ir import Sym, size_expr
 from ..kernels import DTYPES
+from ..ops.te_modules import TE_MACROS
 from ..plan import Plan
 from ..source_text import py_string
 from ..stages import Block, Emitter
@@ -87,12 +88,14 @@ def children(pipeline, params: dict, modules_run: list) -> list:
     """The module's children, one per op of the spec's Sequential in order, a Residual's ops its
     own children (as the eager module nests them): (path, the op's call as the spec writes it,
     its parameters, the Op when it is a module of the user's code, the parent's path, its name
-    in the parent), parents first."""
+    in the parent, the runtime's class that holds it), parents first."""
     calls: dict[str, str] = {}
+    holders: dict[str, str] = {}  # the runtime's class of each child: a TE module's keeps TE's _extra_state
     for node in pipeline.graph.nodes:
         calls.setdefault(node.module_index, node.module_call)
+        holders.setdefault(node.module_index, "TeModuleOp" if node.spec_op in TE_MACROS else "SpecOp")
     users = {op.module_index: op for op in modules_run}
-    return [(path, call, params.get(path, []), users.get(path), *_parent_and_name(path))
+    return [(path, call, params.get(path, []), users.get(path), *_parent_and_name(path), holders[path])
             for path, call in sorted(calls.items(), key=lambda item: spec_position(item[0]))]
 
 
@@ -160,7 +163,9 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
     # in number order: the public ones, then the hidden ones of ops that write back (Op.writes_back_to)
     tees = sorted((op for op in p.ops if op.extra_output is not None), key=lambda op: op.extra_output)
     extra_outputs = [extra_output_name(op) for op in tees]
-    params = [(op, attr, key, shape, init, param_name(op, attr)) for op, attr, key, shape, init in p.params]
+    # each parameter's attribute on the child that holds it (a TE module's: fc1_weight)
+    params = [(op, op.holder_attribute(attr), key, shape, init, param_name(op, attr))
+              for op, attr, key, shape, init in p.params]
     saved_values = saved_for_backward(plan, em, bwd)
     saved = [em.name(value) for value in saved_values]
     modules = {}

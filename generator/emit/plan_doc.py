@@ -6,6 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import NamedTuple
 
+from .. import source_text
 from ..diagram import flowchart
 from ..errors import Location
 from ..ir import Size
@@ -39,9 +40,14 @@ def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
     """The spec's ops in order: each basic op of the planner's chain and each view (Identity),
     which the chain leaves out but the spec's numbering counts."""
     rows = []
+    macros = {op.module_index for op in pipeline.ops if op.part}  # TE's modules: which part each op is
     for op in pipeline.ops:
         note = ""
-        if op.writes_back_to is not None:  # the hidden tee after an in-place add, numbered after it
+        if op.module_index in macros:  # the module's call on its first row, then each op's part
+            first = op.index == 0 or pipeline.ops[op.index - 1].module_index != op.module_index
+            call = source_text.md_code(pipeline.graph.nodes[op.node].module_call)
+            note = f"{call + ', ' if first else ''}its {op.part or 'linear'}"
+        elif op.writes_back_to is not None:  # the hidden tee after an in-place add, numbered after it
             added = pipeline.ops[op.index - 1]
             note = (f"the sum of op {added.number}, written into the caller's "
                     f"{extra_inputs[op.writes_back_to]} (`in_place=True`)")

@@ -15,7 +15,7 @@ import libcst as cst
 from ..errors import Location, SpecError
 from ..ops import NOT_YET, OPS, RESIDUAL, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, basic_ops, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
-from ..ops.te_namespace import MODULES_NOT_YET, TE_NAMESPACE, module_only_argument
+from ..ops.te_namespace import MODULES_NOT_YET, TE_NAMESPACE, module_keyword, module_only_argument
 from .scope import Scope, _dotted, _ident
 from .source import SpecSource
 from .values import ConstantFolder
@@ -127,8 +127,10 @@ class OpBinder:
                 raise SpecError(f"{op.name}() arguments cannot be unpacked with {arg.star}; write each argument "
                                 f"out; signature: {op.signature()}", self.source.loc(arg))
         positional = [arg.value for arg in call.args if arg.keyword is None]
-        keywords = [(_ident(arg.keyword.value), arg.keyword, arg.value) for arg in call.args if arg.keyword is not None]
         module, attribute = self.scope.resolve(call.func) or ("", "")
+        # a TE module's keyword read as te.ops' of that meaning: te.RMSNorm(hidden_size=4096, params_dtype=...)
+        keywords = [(module_keyword(module, attribute, _ident(arg.keyword.value)), arg.keyword, arg.value)
+                    for arg in call.args if arg.keyword is not None]
         for name, name_at, _ in keywords:
             refused = module_only_argument(module, attribute, name)  # te.Linear(..., params_dtype=...)
             if refused:

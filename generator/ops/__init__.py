@@ -36,7 +36,7 @@ from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEAT
 # _reference.py); imported by name so that no import sorter can reorder them.
 FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
     "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
-    "attention", "torch_nn", "module"))
+    "attention", "torch_nn", "te_modules", "module"))
 
 # Spellings a spec may use for the pipeline container, and the modules it comes from.
 SEQUENTIAL = "Sequential"
@@ -78,14 +78,27 @@ def op_named(module: str, attribute: str) -> str | None:
     return next((name for name, op in OPS.items() if op.attribute == attribute and module in op.modules), None)
 
 
+def part_attribute(part: str, name: str) -> str:
+    """A basic op's parameter as its spec-level op holds it: ``fc1_weight`` for the weight of a
+    te.LayerNormMLP's part "fc1" (TE's names); the parameter's own name where the part is ""."""
+    return f"{part}_{name}" if part else name
+
+
 def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
     """The basic ops a spec-level op stands for (``Linear`` is BasicLinear + Bias)."""
+    return [(op, op_args) for op, op_args, _ in basic_parts(name, args)]
+
+
+def basic_parts(name: str, args: dict) -> list[tuple[OpDef, dict, str]]:
+    """``basic_ops`` with each basic op's part of the spec-level op (``OpDef.expand``'s third
+    item: "fc1" of a te.LayerNormMLP, whose parameters are then ``fc1_weight``, ``fc1_bias``;
+    "" for most, whose parameters keep their own names)."""
     op = OPS[name]
     if op.expand is None:
-        return [(op, args)]
+        return [(op, args, "")]
     # arguments an expansion leaves out take their defaults (TE-only arguments of a torch.nn module's op)
-    return [(OPS[sub], {**{a.name: a.default for a in OPS[sub].args if a.default is not REQUIRED}, **sub_args})
-            for sub, sub_args, _ in op.expand(args)]
+    return [(OPS[sub], {**{a.name: a.default for a in OPS[sub].args if a.default is not REQUIRED}, **sub_args}, part)
+            for sub, sub_args, part in op.expand(args)]
 
 
 def reference_source() -> str:
@@ -96,6 +109,7 @@ def reference_source() -> str:
 __all__ = [
     "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "RESIDUAL",
     "RESIDUAL_MODULES", "SEQUENTIAL", "Arg",
-    "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "elementwise_kinds", "float_tag", "op_named",
+    "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "basic_parts", "elementwise_kinds",
+    "float_tag", "op_named", "part_attribute",
     "op_modules", "reference_source", "register",
 ]

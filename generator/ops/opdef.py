@@ -136,7 +136,7 @@ class OpDef:
     reference_helpers: tuple[Callable, ...] = ()
     reference_args: Callable[[dict], tuple] | None = None
     summary: str = ""
-    expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, param prefix)
+    expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, part: ops.part_attribute)
     modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
     spelled: str = ""  # its name in those modules, where that is not ``name`` (torch.nn's Linear)
     validate: Callable[[dict], str | None] | None = None  # a check across arguments: an error text, or None
