@@ -476,6 +476,9 @@ def test_every_kernel_has_a_test():
                "qkv_prep_rope10000_fwd_h4_kv1_d64", "qkv_prep_rope10000_bwd_h4_kv1_d64",
                "qkv_prep_rope500000_fwd_h32_kv8_d128", "qkv_prep_rope500000_bwd_h32_kv8_d128",
                "qkv_prep_bwd_h4_kv4_d64"}
+    # specs/te_modules.py's (TE's LayerNormMLP and LayerNormLinear as macros), checked through
+    # test_te_modules.py (bf16 on the GPU against float64, every parameter's grad)
+    tested |= {"layernorm_zc_fwd_h1024", "layernorm_zc_bwd_h1024", "bias_bwd_n3072"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
