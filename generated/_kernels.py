@@ -3184,6 +3184,53 @@ def layernorm_bwd_h14(dy, x, mean, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
+_LAYERNORM_BWD_H256 = Kernel("layernorm_bwd_h256", "pppppppppi", shared=2048)
+_LAYERNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def layernorm_bwd_h256(dy, x, mean, rstd, gamma):
+    """LayerNorm(256) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_bwd_h256_0c142eb9(dy, x, mean, rstd, gamma)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_BWD_H256.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_BWD_H256_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
+            _LAYERNORM_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _LAYERNORM_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n512(partials, dy.dtype)
+        return dx, grads[:256], grads[256:]
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL = Kernel(
     "layernorm_bwd_h256_add_dresidual", "pppppppppi", shared=2048)
 _LAYERNORM_BWD_H256_ADD_DRESIDUAL_THREADS = {
@@ -3674,6 +3721,39 @@ def qkv_prep_bwd_h4_kv4_d64(dq, dk, dv, cu_seqlens):
             grid = -(-rows // _QKV_PREP_BWD_H4_KV4_D64_ROWS[dq.dtype])
             _QKV_PREP_BWD_H4_KV4_D64.launch(
                 dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H4_KV4_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, None)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_BWD_H8_KV2_D32 = Kernel("qkv_prep_bwd_h8_kv2_d32", "pppppiiii")
+_QKV_PREP_BWD_H8_KV2_D32_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_BWD_H8_KV2_D32_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 16}
+
+
+def qkv_prep_bwd_h8_kv2_d32(dq, dk, dv, cu_seqlens):
+    """attention prep backward: dq, dk, dv copied (8 + 2 x 2 heads of 32).
+
+    dq [rows, 8, 32], dk and dv [rows, 2, 32], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 384] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_bwd_h8_kv2_d32_59209c45(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 384, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 64
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_BWD_H8_KV2_D32_ROWS[dq.dtype])
+            _QKV_PREP_BWD_H8_KV2_D32.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H8_KV2_D32_THREADS[dq.dtype], 1, 1),
                 (
                     q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
                     q_stride, kv_stride, batch, rows),
@@ -5742,6 +5822,10 @@ register_op(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h14, layernorm_bwd_h14)
 register_op(
+    "layernorm_bwd_h256_0c142eb9",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
+    layernorm_bwd_h256, layernorm_bwd_h256)
+register_op(
     "layernorm_bwd_h256_add_dresidual_4eb720ff",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
@@ -5785,6 +5869,10 @@ register_op(
     "qkv_prep_bwd_h4_kv4_d64_5f2b5fac",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h4_kv4_d64,
     qkv_prep_bwd_h4_kv4_d64)
+register_op(
+    "qkv_prep_bwd_h8_kv2_d32_59209c45",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h8_kv2_d32,
+    qkv_prep_bwd_h8_kv2_d32)
 register_op(
     "qkv_prep_rope10000_bwd_h4_kv1_d64_3a71345d",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor",

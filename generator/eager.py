@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from .ops import OPS, OpDef, basic_parts, part_attribute
+from .ops import OPS, OpDef, basic_parts, part_attribute, part_submodule
 from .ops.binding import ArgumentError, bind, check_value
 from .ops.attention import sequences_of
 from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
-from .ops.te_modules import TE_MACROS
+from .ops.te_modules import TE_COMPOSITES, TE_MACROS
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -51,16 +51,21 @@ class FusibleOp(torch.nn.Module):
         self.parts = basic_parts(self.op_name, self.args)
         self.basic = [(basic, basic_args) for basic, basic_args, _ in self.parts]
         for basic, basic_args, part in self.parts:
+            holder = self
+            if part_submodule(part):  # one of TE's submodules (te.MultiheadAttention's proj): as TE nests it
+                if not hasattr(self, part_submodule(part)):
+                    self.add_module(part_submodule(part), TeSubmodule())
+                holder = getattr(self, part_submodule(part))
             for p in basic.params:
                 shape = p.shape(basic_args)
-                self.register_parameter(part_attribute(part, p.name),
-                                        torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+                holder.register_parameter(part_attribute(part, p.name).rpartition(".")[2],
+                                          torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for basic, basic_args, part in self.parts:
             for p in basic.params:
-                init_parameter(getattr(self, part_attribute(part, p.name)), p.init(basic_args))
+                init_parameter(self.get_parameter(part_attribute(part, p.name)), p.init(basic_args))
 
     @property
     def num_extra_inputs(self) -> int:
@@ -80,7 +85,7 @@ class FusibleOp(torch.nn.Module):
             forward = basic.reference[0]
             if forward is None:  # identity
                 continue
-            params = [getattr(self, part_attribute(part, p.name)) for p in basic.params]
+            params = [self.get_parameter(part_attribute(part, p.name)) for p in basic.params]
             form = basic.functor_form
             if form == "tee":  # an extra output: the value itself, handed out
                 extra_outputs.append(forward(x))
@@ -125,10 +130,12 @@ class FusibleOp(torch.nn.Module):
         return (x, *extra_outputs) if standalone and extra_outputs else x
 
 
-class TeModule(FusibleOp):
+class TeExtraState:
     """A TE module (te.LayerNormMLP, ...): TE's checkpoints hold an ``_extra_state`` entry per
     module, its FP8 scaling state (an empty uint8 tensor where FP8 never ran), saved and loaded
     as the generated module's holder does (the runtime's TeModuleOp, module_helpers.py)."""
+
+    op_name = ""
 
     def get_extra_state(self):
         return torch.empty(0, dtype=torch.uint8)
@@ -142,10 +149,21 @@ class TeModule(FusibleOp):
             "it with strict=False (the parameters are all there)")
 
 
+class TeModule(TeExtraState, FusibleOp):
+    """One of TE's modules, with its _extra_state (TeExtraState)."""
+
+
+class TeSubmodule(TeExtraState, torch.nn.Module):
+    """One of TE's submodules of a TE module built of them (te.MultiheadAttention's layernorm_qkv,
+    core_attention, proj): its parameters and its _extra_state, under TE's names."""
+
+    op_name = "a TE submodule"
+
+
 def _op_class(name: str) -> type:
     op = OPS[name]
     doc = f"{op.signature()}: {op.summary}" if op.summary else op.signature()
-    base = TeModule if name in TE_MACROS else FusibleOp
+    base = TeModule if name in TE_MACROS and name not in TE_COMPOSITES else FusibleOp
     return type(name, (base,), {"op_name": name, "__doc__": doc, "__module__": __name__})
 
 

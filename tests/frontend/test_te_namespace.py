@@ -102,7 +102,7 @@ def test_te_module_arguments_with_a_meaning_are_read_as_te_ops_ones():
     assert (err.location.line, err.location.col) == (2, 34)
 
 
-@pytest.mark.parametrize("module", ["TransformerLayer", "MultiheadAttention"])
+@pytest.mark.parametrize("module", ["TransformerLayer"])  # te.MultiheadAttention: tests/ops/test_te_attention.py
 def test_te_s_modules_not_yet_supported_say_so_at_the_call(module):
     err = error(f"m = te.Sequential(te.{module}(64, 64))\n")
     assert err.message.startswith(f"te.{module}: this TE module is not supported yet (a later part of issue 39)")
