@@ -62,6 +62,8 @@ from .moe_srelu import MoeSrelu
 from .moe_swiglu import MoeSwiglu
 from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
+from .te_gpt_layer import TeGptLayer
+from .te_llama_layer import TeLlamaLayer
 
 __all__ = [
     "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
@@ -73,4 +75,4 @@ __all__ = [
     "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp",
     "TeLayernormMlp", "TeLayernormLinear", "L2normBlock", "Layernorm2d", "RmsnormGroups",
     "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu", "MoeSwiglu",
-    "MoeSituglu", "MoeGeglu"]
+    "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer"]

@@ -1405,6 +1405,55 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     return dx, dbias0
 
 
+_BIAS_GELU_BWD_N1024 = Kernel("bias_gelu_bwd_n1024", "pppppi", shared=4096)
+_BIAS_GELU_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+# vectors a row, by dtype
+_BIAS_GELU_BWD_N1024_ROW_VECTORS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def bias_gelu_bwd_n1024(dy, x):
+    """Bias(1024), GELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_gelu_bwd_n1024_10c1621f(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
+            _BIAS_GELU_BWD_N1024.launch(
+                dy.dtype, (-(-_BIAS_GELU_BWD_N1024_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_GELU_BWD_N1024_GRID_X[dy.dtype]
+            resident = _BIAS_GELU_BWD_N1024.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+            _BIAS_GELU_BWD_N1024.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
 _BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096", "pppppi", shared=4096)
 _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 # vectors a row, by dtype
@@ -2892,6 +2941,28 @@ def gelu_fwd_any(x):
             grid = (-(-n // (_GELU_FWD_ANY_VEC[x.dtype] * 128)), min(rows, ELEMENTWISE_SPLITS), 1)
             _GELU_FWD_ANY.launch(
                 x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows, n), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.gelu(a)
+    return a.to(x.dtype)
+
+
+_GELU_FWD_N1024 = Kernel("gelu_fwd_n1024", "ppi")
+_GELU_FWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+
+
+def gelu_fwd_n1024(x):
+    """GELU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.gelu_fwd_n1024_66ca6b60(x)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 1024), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_GELU_FWD_N1024_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _GELU_FWD_N1024.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
         return y
     a = ref.compute(x)
     a = ref.gelu(a)
@@ -5562,7 +5633,7 @@ def tee_bias_fwd_n64(x, bias1):
 # Fixed-size kernels of size-generic runs, by the width they were built for: the size-generic
 # launcher hands rows of that width to them.
 _GELU_BWD_ANY_FIXED = {256: gelu_bwd_n256}
-_GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 4096: gelu_fwd_n4096}
+_GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 1024: gelu_fwd_n1024, 4096: gelu_fwd_n4096}
 _SWIGLU_BWD_ANY_FIXED = {
     384: swiglu_bwd_n384, 512: swiglu_bwd_n512, 4096: swiglu_bwd_n4096, 14336: swiglu_bwd_n14336}
 _SWIGLU_FWD_ANY_FIXED = {
@@ -5664,6 +5735,9 @@ register_op(
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
+register_op(
+    "bias_gelu_bwd_n1024_10c1621f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_gelu_bwd_n1024, bias_gelu_bwd_n1024)
 register_op(
     "bias_gelu_bwd_n4096_dde1440c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096, bias_gelu_bwd_n4096)
@@ -5799,6 +5873,7 @@ register_op(
     "gelu_dropout0p1_fwd_n512_bd85d1e4", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
 register_op("gelu_fwd_any_0b1a5a05", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
+register_op("gelu_fwd_n1024_66ca6b60", "(Tensor x) -> Tensor", gelu_fwd_n1024, gelu_fwd_n1024)
 register_op("gelu_fwd_n256_7f1f4d66", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
 register_op("gelu_fwd_n4096_1eb9fcb9", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
 register_op("glu_fwd_n512_df48c354", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)

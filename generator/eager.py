@@ -50,12 +50,14 @@ class FusibleOp(torch.nn.Module):
         self.args = bind_args(op, args, kwargs)
         self.parts = basic_parts(self.op_name, self.args)
         self.basic = [(basic, basic_args) for basic, basic_args, _ in self.parts]
+        self.residuals = op.residuals(self.args)
         for basic, basic_args, part in self.parts:
             holder = self
-            if part_submodule(part):  # one of TE's submodules (te.MultiheadAttention's proj): as TE nests it
-                if not hasattr(self, part_submodule(part)):
-                    self.add_module(part_submodule(part), TeSubmodule())
-                holder = getattr(self, part_submodule(part))
+            for name in part_submodule(part).split(".") if part_submodule(part) else ():  # TE's submodules, nested
+                if name not in holder._modules:  # (te.TransformerLayer's self_attention.proj) as TE nests them;
+                    composite = name != part_submodule(part).rpartition(".")[2]  # one holding others: no state
+                    holder.add_module(name, torch.nn.Module() if composite else TeSubmodule())
+                holder = holder._modules[name]
             for p in basic.params:
                 shape = p.shape(basic_args)
                 holder.register_parameter(part_attribute(part, p.name).rpartition(".")[2],
@@ -78,7 +80,10 @@ class FusibleOp(torch.nn.Module):
         extra_inputs = list(extra_inputs)
         standalone = extra_outputs is None  # called on its own: returns (y, *extra outputs), as TE's modules do
         extra_outputs = [] if standalone else extra_outputs
-        for basic, a, part in self.parts:
+        kept = {}  # a residual branch of a TE layer (OpDef.residuals): its input, for the add after it
+        for position, (basic, a, part) in enumerate(self.parts):
+            x = self.residual_add(position, x, kept)
+            kept.update({end: x for first, end, _ in self.residuals if first == position})
             if basic.reshape is not None:  # TE's Reshape: torch.reshape (a view where it can be); autograd
                 x = x.reshape(basic.reshape(a))  # reshapes the grad back to the input's shape
                 continue
@@ -127,7 +132,14 @@ class FusibleOp(torch.nn.Module):
                 if basic.writes_back(a):  # TE's AddExtraInput(in_place=True): the caller's tensor becomes the sum
                     with torch.no_grad():
                         consumed.copy_(x)
+        x = self.residual_add(len(self.parts), x, kept)
         return (x, *extra_outputs) if standalone and extra_outputs else x
+
+    def residual_add(self, position, x, kept):
+        """x plus the input of the residual branch that ends before ``position`` (one rounding, as
+        the generated add), else x."""
+        residual = kept.pop(position, None)
+        return x if residual is None else (compute(x) + compute(residual)).to(x.dtype)
 
 
 class TeExtraState:

@@ -79,7 +79,8 @@ class Op:
     @property
     def hint(self) -> str:
         """A readable, unique stem for names in generated code, e.g. ``linear1``."""
-        part = self.part.replace(".", "_").strip("_")  # a TE submodule's part: "proj." -> proj
+        part = self.part.split(".", 1)[1] if self.part.count(".") > 1 else self.part  # a TE layer's attention's
+        part = part.replace(".", "_").strip("_")  # a TE submodule's part: "proj." -> proj (short: 100 columns)
         return self.module_hint + (f"_{part}" if part else "")
 
     @property

@@ -97,11 +97,26 @@ def children(pipeline, params: dict, modules_run: list) -> list:
         calls.setdefault(node.module_index, node.module_call)
         holders.setdefault(node.module_index, te_holder(node.spec_op))
         inner = submodules.setdefault(node.module_index, [])
-        if part_submodule(node.part) and part_submodule(node.part) not in inner:
-            inner.append(part_submodule(node.part))
+        nested = part_submodule(node.part).split(".") if part_submodule(node.part) else []
+        for depth in range(1, len(nested) + 1):  # "self_attention", then "self_attention.proj"
+            if ".".join(nested[:depth]) not in inner:
+                inner.append(".".join(nested[:depth]))
     users = {op.module_index: op for op in modules_run}
     return [(path, call, params.get(path, []), users.get(path), *_parent_and_name(path), holders[path],
-             submodules[path]) for path, call in sorted(calls.items(), key=lambda item: spec_position(item[0]))]
+             _submodule_holders(submodules[path]))
+            for path, call in sorted(calls.items(), key=lambda item: spec_position(item[0]))]
+
+
+def _submodule_holders(submodules: list[str]) -> list[tuple[str, str, str]]:
+    """(parent's attribute path, name, the runtime's class) of each of TE's submodules, parents
+    first: a TE module (TeModuleOp, its _extra_state) or one built of TE's modules, which holds
+    others (SpecOp: te.TransformerLayer's self_attention)."""
+    holders = []
+    for submodule in submodules:
+        parent, _, name = submodule.rpartition(".")
+        composite = any(other.startswith(f"{submodule}.") for other in submodules)
+        holders.append((f".{parent}" if parent else "", name, "SpecOp" if composite else "TeModuleOp"))
+    return holders
 
 
 def te_holder(spec_op: str) -> str:

@@ -36,7 +36,7 @@ from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEAT
 # _reference.py); imported by name so that no import sorter can reorder them.
 FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
     "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
-    "attention", "torch_nn", "te_modules", "module"))
+    "attention", "torch_nn", "te_modules", "te_layer", "module"))
 
 # Spellings a spec may use for the pipeline container, and the modules it comes from.
 SEQUENTIAL = "Sequential"

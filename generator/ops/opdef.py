@@ -109,8 +109,7 @@ class OpDef:
     params: tuple[Param, ...] = ()
     fixed_in: Callable[[dict], int | None] = lambda a: None
     out_features: Callable[[dict, int], int] = lambda a, n: n
-    # The op's output size whatever its input's (Reshape): sizes do not flow back through it
-    fixed_out: Callable[[dict], int | None] = lambda a: None  # -1: known only at run time (ir.RUN_TIME)
+    fixed_out: Callable[[dict], int | None] = lambda a: None  # its output size whatever its input's; -1: run time
     # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
     reshape: Callable[[dict], tuple[int, ...]] | None = None
     # A check of the op's input and output sizes once all are known (ints, or run-time Syms): an error text, or None
@@ -139,6 +138,7 @@ class OpDef:
     modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
     spelled: str = ""  # its name in those modules, where that is not ``name`` (torch.nn's Linear)
     hint_stem: str = ""  # its generated names' stem where its name is long ("mha" for MultiheadAttention: mha0_...)
+    residuals: Callable[[dict], tuple[tuple[int, int, str], ...]] = lambda a: ()  # expand's (first, end, name): x + items(x)
     validate: Callable[[dict], str | None] | None = None  # a check across arguments: an error text, or None
     view: bool = False  # moves no data (Identity): a graph node whose output is its input
     opaque: bool = False  # runs unfused as its reference math in PyTorch (stages/opaque.py)

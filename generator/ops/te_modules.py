@@ -28,10 +28,10 @@ from .te_namespace import TE_NAMESPACE
 
 TE_MODULES = (TE_NAMESPACE, "fusegen.eager")  # a te.ops spelling (transformer_engine.pytorch.ops) is no module
 # The ops that are TE's modules: their holders keep TE's _extra_state entry (the runtime's TeModuleOp, eager's)
-TE_MACROS = ("LayerNormLinear", "LayerNormMLP", "MultiheadAttention")
+TE_MACROS = ("LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer")  # te_layer.py: the last
 # TE's modules built of TE's modules (plain torch modules in TE): no _extra_state of their own,
 # their submodules (the parts before a dot: ops.part_submodule) each hold one
-TE_COMPOSITES = ("MultiheadAttention",)
+TE_COMPOSITES = ("MultiheadAttention", "TransformerLayer")
 
 # TE's activation names (layernorm_mlp.py: _get_act_func_supported_list) -> fusegen's op; a gated one
 # (a GLU) halves its input, so fc1 makes twice ffn_hidden_size, as TE's fc1_weight is laid out.
