@@ -77,13 +77,13 @@ def forward_stages(
         layer0_self_attention_proj_weight.t())
     # forward stage 5 · rule dropout_add_norm · ops 0g, 0h, 0i, 0j, 0k: Bias(256), Dropout(0.1),
     # Residual: x + ops(x), Residual: keeps x, LayerNorm(256)
-    layer0_attention_dropout_seed = ref.new_seed(layer0_proj_pre_bias) if training else None
+    layer0_attention_hidden_dropout_seed = ref.new_seed(layer0_proj_pre_bias) if training else None
     (
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_mean,
         layer0_layernorm_mlp_layer_norm_rstd
     ) = kernels.bias_dropout0p1_add_layernorm_fwd_h256(
-        layer0_proj_pre_bias, layer0_self_attention_proj_bias, layer0_attention_dropout_seed,
+        layer0_proj_pre_bias, layer0_self_attention_proj_bias, layer0_attention_hidden_dropout_seed,
         layer0_attention_residual, layer0_layernorm_mlp_layer_norm_weight,
         layer0_layernorm_mlp_layer_norm_bias)
     # forward stage 6 · rule linear_bias · ops 0l, 0m: BasicLinear(256, 1024), Bias(1024)
@@ -98,18 +98,18 @@ def forward_stages(
         layer0_layernorm_mlp_fc2_bias, layer0_layernorm_mlp_activation_pre_linear,
         layer0_layernorm_mlp_fc2_weight.t())
     # forward stage 9 · rule elementwise · ops 0q, 0r: Dropout(0.1), Residual: x + ops(x)
-    layer0_mlp_dropout_seed = ref.new_seed(
+    layer0_mlp_hidden_dropout_seed = ref.new_seed(
         layer0_layernorm_mlp_fc2_pre_dropout) if training else None
     layer0_out = kernels.dropout0p1_add_fwd_n256(
-        layer0_layernorm_mlp_fc2_pre_dropout, layer0_mlp_dropout_seed, layer0_mlp_residual)
+        layer0_layernorm_mlp_fc2_pre_dropout, layer0_mlp_hidden_dropout_seed, layer0_mlp_residual)
     return layer0_out, (
         x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -122,8 +122,8 @@ def backward_stages(
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -137,7 +137,7 @@ def backward_stages(
     (
         d_layer0_layernorm_mlp_fc2_pre_bias,
         d_layer0_layernorm_mlp_fc2_bias
-    ) = kernels.bias_dropout0p1_add_bwd_n256(d_layer0_out, layer0_mlp_dropout_seed)
+    ) = kernels.bias_dropout0p1_add_bwd_n256(d_layer0_out, layer0_mlp_hidden_dropout_seed)
     d_layer0_mlp_residual = d_layer0_out
     # backward stage 9 · rule linear_backward · op 0o: BasicLinear(1024, 256)
     d_layer0_layernorm_mlp_activation_pre_linear = d_layer0_layernorm_mlp_fc2_pre_bias.mm(
@@ -154,17 +154,18 @@ def backward_stages(
     # backward stage 6 · rule norm_residual_grad · ops 0i, 0j, 0k: Residual: x + ops(x), Residual:
     # keeps x, LayerNorm(256)
     (
-        d_layer0_attention_dropout_pre_add_extra_input, d_layer0_layernorm_mlp_layer_norm_weight,
+        d_layer0_attention_hidden_dropout_pre_add_extra_input,
+        d_layer0_layernorm_mlp_layer_norm_weight,
         d_layer0_layernorm_mlp_layer_norm_bias
     ) = kernels.layernorm_bwd_h256_add_dresidual(
         d_layer0_layernorm_mlp_layer_norm_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
         layer0_layernorm_mlp_layer_norm_weight, d_layer0_mlp_residual)
     # the residual's grad is the sum's grad
-    d_layer0_attention_residual = d_layer0_attention_dropout_pre_add_extra_input
+    d_layer0_attention_residual = d_layer0_attention_hidden_dropout_pre_add_extra_input
     # backward stage 5 · rule elementwise_backward · ops 0g, 0h: Bias(256), Dropout(0.1)
     d_layer0_proj_pre_bias, d_layer0_self_attention_proj_bias = kernels.bias_dropout0p1_bwd_n256(
-        d_layer0_attention_dropout_pre_add_extra_input, layer0_attention_dropout_seed)
+        d_layer0_attention_hidden_dropout_pre_add_extra_input, layer0_attention_hidden_dropout_seed)
     # backward stage 4 · rule linear_backward · op 0f: BasicLinear(256, 256)
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_bias.mm(
         layer0_self_attention_proj_weight)
@@ -238,8 +239,8 @@ class TeGptLayerFunction(torch.autograd.Function):
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
             layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-            layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -294,7 +295,7 @@ def no_grad_forward(
     "Without grad")."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_gpt_layer_no_grad_eb4b4bcf(
+        return torch.ops.fusegen.te_gpt_layer_no_grad_46efb520(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_layer_norm_bias,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_layernorm_qkv_bias,
@@ -326,12 +327,12 @@ def no_grad_forward(
         layer0_self_attention_proj_weight.t())
     # no-grad stage 5 · rule dropout_add_norm · ops 0g, 0h, 0i, 0j, 0k: Bias(256), Dropout(0.1),
     # Residual: x + ops(x), Residual: keeps x, LayerNorm(256)
-    layer0_attention_dropout_seed = ref.new_seed(layer0_proj_pre_bias) if training else None
+    layer0_attention_hidden_dropout_seed = ref.new_seed(layer0_proj_pre_bias) if training else None
     (
         layer0_layernorm_mlp_layer_norm_pre_linear,
         layer0_mlp_residual
     ) = kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
-        layer0_proj_pre_bias, layer0_self_attention_proj_bias, layer0_attention_dropout_seed,
+        layer0_proj_pre_bias, layer0_self_attention_proj_bias, layer0_attention_hidden_dropout_seed,
         layer0_attention_residual, layer0_layernorm_mlp_layer_norm_weight,
         layer0_layernorm_mlp_layer_norm_bias, keep_sum=True)
     # no-grad stage 6 · rule linear_bias_gelu · ops 0l, 0m, 0n: BasicLinear(256, 1024), Bias(1024),
@@ -344,10 +345,10 @@ def no_grad_forward(
         layer0_layernorm_mlp_fc2_bias, layer0_layernorm_mlp_activation_pre_linear,
         layer0_layernorm_mlp_fc2_weight.t())
     # no-grad stage 8 · rule elementwise · ops 0q, 0r: Dropout(0.1), Residual: x + ops(x)
-    layer0_mlp_dropout_seed = ref.new_seed(
+    layer0_mlp_hidden_dropout_seed = ref.new_seed(
         layer0_layernorm_mlp_fc2_pre_dropout) if training else None
     layer0_out = kernels.dropout0p1_add_fwd_n256(
-        layer0_layernorm_mlp_fc2_pre_dropout, layer0_mlp_dropout_seed, layer0_mlp_residual)
+        layer0_layernorm_mlp_fc2_pre_dropout, layer0_mlp_hidden_dropout_seed, layer0_mlp_residual)
     return layer0_out
 
 
@@ -358,7 +359,7 @@ COMPILED_GRAPHS = CudaGraphs(
     "TeGptLayer", inputs=1, per_call=(14,), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_gpt_layer_no_grad_eb4b4bcf",
+    "te_gpt_layer_no_grad_46efb520",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_layernorm_qkv_bias, "
@@ -393,8 +394,8 @@ def forward_pass(
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -414,8 +415,8 @@ def forward_pass(
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed)
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed)
 
 
 def backward_pass(
@@ -424,8 +425,8 @@ def backward_pass(
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -438,8 +439,8 @@ def backward_pass(
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -464,8 +465,8 @@ def setup_compiled_backward(ctx, inputs, output):
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed) = output
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed) = output
     keep_for_backward(
         ctx,
         (
@@ -474,8 +475,8 @@ def setup_compiled_backward(ctx, inputs, output):
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
             layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-            layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -486,8 +487,8 @@ def setup_compiled_backward(ctx, inputs, output):
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
             layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
-            layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed),
+            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed),
         host=(12,))
 
 
@@ -501,8 +502,8 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -516,14 +517,14 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_pre_bias, d_layer0_layernorm_mlp_fc1_pre_bias,
         d_layer0_proj_pre_bias,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_gpt_layer_backward_95415127(
+    ) = torch.ops.fusegen.te_gpt_layer_backward_9483a32a(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
         layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_dropout_seed,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -555,7 +556,7 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
 COMPILED_PASSES = PassGraphs("TeGptLayer", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_gpt_layer_forward_95415127",
+        "te_gpt_layer_forward_9483a32a",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor "
@@ -568,16 +569,16 @@ register_training_ops(
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 14)),
     (
-        "te_gpt_layer_backward_95415127",
+        "te_gpt_layer_backward_9483a32a",
         "(Tensor d_layer0_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
         "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
         "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
         "layer0_layernorm_mlp_fc1_pre_gelu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
         "Tensor? layer0_layernorm_qkv_layer_norm_mean, Tensor? "
         "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "cu_seqlens, int max_seqlen, Tensor? layer0_attention_dropout_seed, Tensor? "
+        "cu_seqlens, int max_seqlen, Tensor? layer0_attention_hidden_dropout_seed, Tensor? "
         "layer0_layernorm_mlp_layer_norm_mean, Tensor? layer0_layernorm_mlp_layer_norm_rstd, "
-        "Tensor? layer0_mlp_dropout_seed, Tensor "
+        "Tensor? layer0_mlp_hidden_dropout_seed, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
@@ -742,7 +743,7 @@ class TeGptLayer(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_gpt_layer_forward_95415127(*args)[0]
+                outputs = torch.ops.fusegen.te_gpt_layer_forward_9483a32a(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGptLayerFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -49,7 +49,7 @@ def _in(submodule: str, parts: list[tuple]) -> list[tuple]:
 
 def _dropout(a: dict, block: str) -> list[tuple]:
     """TE's bias-dropout-add: dropout on the block's output before the residual add (none at p=0)."""
-    return [("Dropout", {"p": a["hidden_dropout"]}, f"{block}_dropout")] if a["hidden_dropout"] else []
+    return [("Dropout", {"p": a["hidden_dropout"]}, f"{block}_hidden_dropout")] if a["hidden_dropout"] else []
 
 
 def _blocks(a: dict) -> tuple[list[tuple], list[tuple]]:
