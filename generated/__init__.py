@@ -29,6 +29,8 @@ from .qgeglu_mlp import QgegluMlp
 from .reglu_mlp import RegluMlp
 from .sreglu_mlp import SregluMlp
 from .situglu_mlp import SitugluMlp
+from .te_gpt_attention import TeGptAttention
+from .te_gqa_attention import TeGqaAttention
 from .dropout_mlp import DropoutMlp
 from .dropout_glu import DropoutGlu
 from .dropout_any import DropoutAny
@@ -60,14 +62,17 @@ from .moe_srelu import MoeSrelu
 from .moe_swiglu import MoeSwiglu
 from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
+from .te_gpt_layer import TeGptLayer
+from .te_llama_layer import TeLlamaLayer
 
 __all__ = [
     "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
     "Gpt2Mlp", "LlamaLayer", "PrenormBlock", "ResidualBlocks", "NestedResidual", "Fc1", "Fc2",
     "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp",
-    "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "DropoutMlp", "DropoutGlu", "DropoutAny",
-    "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual",
-    "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace",
-    "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "TeLayernormMlp",
-    "TeLayernormLinear", "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64",
-    "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu"]
+    "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeGptAttention", "TeGqaAttention",
+    "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "TeeNormDropout",
+    "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp",
+    "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp",
+    "TeLayernormMlp", "TeLayernormLinear", "L2normBlock", "Layernorm2d", "RmsnormGroups",
+    "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu", "MoeSwiglu",
+    "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer"]

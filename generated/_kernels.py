@@ -1405,6 +1405,55 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     return dx, dbias0
 
 
+_BIAS_GELU_BWD_N1024 = Kernel("bias_gelu_bwd_n1024", "pppppi", shared=4096)
+_BIAS_GELU_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+# vectors a row, by dtype
+_BIAS_GELU_BWD_N1024_ROW_VECTORS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def bias_gelu_bwd_n1024(dy, x):
+    """Bias(1024), GELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_gelu_bwd_n1024_10c1621f(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
+            _BIAS_GELU_BWD_N1024.launch(
+                dy.dtype, (-(-_BIAS_GELU_BWD_N1024_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_GELU_BWD_N1024_GRID_X[dy.dtype]
+            resident = _BIAS_GELU_BWD_N1024.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+            _BIAS_GELU_BWD_N1024.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.gelu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
 _BIAS_GELU_BWD_N4096 = Kernel("bias_gelu_bwd_n4096", "pppppi", shared=4096)
 _BIAS_GELU_BWD_N4096_GRID_X = {torch.bfloat16: 4, torch.float16: 4, torch.float32: 8}
 # vectors a row, by dtype
@@ -2898,6 +2947,28 @@ def gelu_fwd_any(x):
     return a.to(x.dtype)
 
 
+_GELU_FWD_N1024 = Kernel("gelu_fwd_n1024", "ppi")
+_GELU_FWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+
+
+def gelu_fwd_n1024(x):
+    """GELU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.gelu_fwd_n1024_66ca6b60(x)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 1024), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_GELU_FWD_N1024_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _GELU_FWD_N1024.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.gelu(a)
+    return a.to(x.dtype)
+
+
 _GELU_FWD_N256 = Kernel("gelu_fwd_n256", "ppi")
 _GELU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -3180,6 +3251,53 @@ def layernorm_bwd_h14(dy, x, mean, rstd, gamma):
                 dy.get_device())
             grads = column_sum_n28(partials, dy.dtype)
         return dx, grads[:14], grads[14:]
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
+_LAYERNORM_BWD_H256 = Kernel("layernorm_bwd_h256", "pppppppppi", shared=2048)
+_LAYERNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def layernorm_bwd_h256(dy, x, mean, rstd, gamma):
+    """LayerNorm(256) backward: returns (dx, dgamma, dbeta); the parameter grads are deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_bwd_h256_0c142eb9(dy, x, mean, rstd, gamma)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_BWD_H256.resident_blocks(
+                    dy.dtype, dy.get_device(), _LAYERNORM_BWD_H256_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
+            _LAYERNORM_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _LAYERNORM_BWD_H256.launch(
+                dy.dtype, (splits, 1, 1), (_LAYERNORM_BWD_H256_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    0, dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n512(partials, dy.dtype)
+        return dx, grads[:256], grads[256:]
     dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, False)
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
@@ -3674,6 +3792,39 @@ def qkv_prep_bwd_h4_kv4_d64(dq, dk, dv, cu_seqlens):
             grid = -(-rows // _QKV_PREP_BWD_H4_KV4_D64_ROWS[dq.dtype])
             _QKV_PREP_BWD_H4_KV4_D64.launch(
                 dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H4_KV4_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, None)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_BWD_H8_KV2_D32 = Kernel("qkv_prep_bwd_h8_kv2_d32", "pppppiiii")
+_QKV_PREP_BWD_H8_KV2_D32_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_BWD_H8_KV2_D32_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 16}
+
+
+def qkv_prep_bwd_h8_kv2_d32(dq, dk, dv, cu_seqlens):
+    """attention prep backward: dq, dk, dv copied (8 + 2 x 2 heads of 32).
+
+    dq [rows, 8, 32], dk and dv [rows, 2, 32], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 384] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_bwd_h8_kv2_d32_59209c45(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 384, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 64
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_BWD_H8_KV2_D32_ROWS[dq.dtype])
+            _QKV_PREP_BWD_H8_KV2_D32.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H8_KV2_D32_THREADS[dq.dtype], 1, 1),
                 (
                     q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
                     q_stride, kv_stride, batch, rows),
@@ -5482,7 +5633,7 @@ def tee_bias_fwd_n64(x, bias1):
 # Fixed-size kernels of size-generic runs, by the width they were built for: the size-generic
 # launcher hands rows of that width to them.
 _GELU_BWD_ANY_FIXED = {256: gelu_bwd_n256}
-_GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 4096: gelu_fwd_n4096}
+_GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 1024: gelu_fwd_n1024, 4096: gelu_fwd_n4096}
 _SWIGLU_BWD_ANY_FIXED = {
     384: swiglu_bwd_n384, 512: swiglu_bwd_n512, 4096: swiglu_bwd_n4096, 14336: swiglu_bwd_n14336}
 _SWIGLU_FWD_ANY_FIXED = {
@@ -5584,6 +5735,9 @@ register_op(
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
+register_op(
+    "bias_gelu_bwd_n1024_10c1621f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_gelu_bwd_n1024, bias_gelu_bwd_n1024)
 register_op(
     "bias_gelu_bwd_n4096_dde1440c", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n4096, bias_gelu_bwd_n4096)
@@ -5719,6 +5873,7 @@ register_op(
     "gelu_dropout0p1_fwd_n512_bd85d1e4", "(Tensor x, Tensor? seed1) -> Tensor",
     gelu_dropout0p1_fwd_n512, gelu_dropout0p1_fwd_n512)
 register_op("gelu_fwd_any_0b1a5a05", "(Tensor x) -> Tensor", gelu_fwd_any, gelu_fwd_any)
+register_op("gelu_fwd_n1024_66ca6b60", "(Tensor x) -> Tensor", gelu_fwd_n1024, gelu_fwd_n1024)
 register_op("gelu_fwd_n256_7f1f4d66", "(Tensor x) -> Tensor", gelu_fwd_n256, gelu_fwd_n256)
 register_op("gelu_fwd_n4096_1eb9fcb9", "(Tensor x) -> Tensor", gelu_fwd_n4096, gelu_fwd_n4096)
 register_op("glu_fwd_n512_df48c354", "(Tensor x) -> Tensor", glu_fwd_n512, glu_fwd_n512)
@@ -5741,6 +5896,10 @@ register_op(
     "layernorm_bwd_h14_0c6c627d",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_bwd_h14, layernorm_bwd_h14)
+register_op(
+    "layernorm_bwd_h256_0c142eb9",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
+    layernorm_bwd_h256, layernorm_bwd_h256)
 register_op(
     "layernorm_bwd_h256_add_dresidual_4eb720ff",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
@@ -5785,6 +5944,10 @@ register_op(
     "qkv_prep_bwd_h4_kv4_d64_5f2b5fac",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h4_kv4_d64,
     qkv_prep_bwd_h4_kv4_d64)
+register_op(
+    "qkv_prep_bwd_h8_kv2_d32_59209c45",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h8_kv2_d32,
+    qkv_prep_bwd_h8_kv2_d32)
 register_op(
     "qkv_prep_rope10000_bwd_h4_kv1_d64_3a71345d",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor",

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from .ops import OPS, OpDef, basic_parts, part_attribute
+from .ops import OPS, OpDef, basic_parts, part_attribute, part_submodule
 from .ops.binding import ArgumentError, bind, check_value
 from .ops.attention import sequences_of
 from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
-from .ops.te_modules import TE_MACROS
+from .ops.te_modules import TE_COMPOSITES, TE_MACROS
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -50,17 +50,24 @@ class FusibleOp(torch.nn.Module):
         self.args = bind_args(op, args, kwargs)
         self.parts = basic_parts(self.op_name, self.args)
         self.basic = [(basic, basic_args) for basic, basic_args, _ in self.parts]
+        self.residuals = op.residuals(self.args)
         for basic, basic_args, part in self.parts:
+            holder = self
+            for name in part_submodule(part).split(".") if part_submodule(part) else ():  # TE's submodules, nested
+                if name not in holder._modules:  # (te.TransformerLayer's self_attention.proj) as TE nests them;
+                    composite = name != part_submodule(part).rpartition(".")[2]  # one holding others: no state
+                    holder.add_module(name, torch.nn.Module() if composite else TeSubmodule())
+                holder = holder._modules[name]
             for p in basic.params:
                 shape = p.shape(basic_args)
-                self.register_parameter(part_attribute(part, p.name),
-                                        torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+                holder.register_parameter(part_attribute(part, p.name).rpartition(".")[2],
+                                          torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         for basic, basic_args, part in self.parts:
             for p in basic.params:
-                init_parameter(getattr(self, part_attribute(part, p.name)), p.init(basic_args))
+                init_parameter(self.get_parameter(part_attribute(part, p.name)), p.init(basic_args))
 
     @property
     def num_extra_inputs(self) -> int:
@@ -73,14 +80,17 @@ class FusibleOp(torch.nn.Module):
         extra_inputs = list(extra_inputs)
         standalone = extra_outputs is None  # called on its own: returns (y, *extra outputs), as TE's modules do
         extra_outputs = [] if standalone else extra_outputs
-        for basic, a, part in self.parts:
+        kept = {}  # a residual branch of a TE layer (OpDef.residuals): its input, for the add after it
+        for position, (basic, a, part) in enumerate(self.parts):
+            x = self.residual_add(position, x, kept)
+            kept.update({end: x for first, end, _ in self.residuals if first == position})
             if basic.reshape is not None:  # TE's Reshape: torch.reshape (a view where it can be); autograd
                 x = x.reshape(basic.reshape(a))  # reshapes the grad back to the input's shape
                 continue
             forward = basic.reference[0]
             if forward is None:  # identity
                 continue
-            params = [getattr(self, part_attribute(part, p.name)) for p in basic.params]
+            params = [self.get_parameter(part_attribute(part, p.name)) for p in basic.params]
             form = basic.functor_form
             if form == "tee":  # an extra output: the value itself, handed out
                 extra_outputs.append(forward(x))
@@ -122,13 +132,22 @@ class FusibleOp(torch.nn.Module):
                 if basic.writes_back(a):  # TE's AddExtraInput(in_place=True): the caller's tensor becomes the sum
                     with torch.no_grad():
                         consumed.copy_(x)
+        x = self.residual_add(len(self.parts), x, kept)
         return (x, *extra_outputs) if standalone and extra_outputs else x
 
+    def residual_add(self, position, x, kept):
+        """x plus the input of the residual branch that ends before ``position`` (one rounding, as
+        the generated add), else x."""
+        residual = kept.pop(position, None)
+        return x if residual is None else (compute(x) + compute(residual)).to(x.dtype)
 
-class TeModule(FusibleOp):
+
+class TeExtraState:
     """A TE module (te.LayerNormMLP, ...): TE's checkpoints hold an ``_extra_state`` entry per
     module, its FP8 scaling state (an empty uint8 tensor where FP8 never ran), saved and loaded
     as the generated module's holder does (the runtime's TeModuleOp, module_helpers.py)."""
+
+    op_name = ""
 
     def get_extra_state(self):
         return torch.empty(0, dtype=torch.uint8)
@@ -142,10 +161,21 @@ class TeModule(FusibleOp):
             "it with strict=False (the parameters are all there)")
 
 
+class TeModule(TeExtraState, FusibleOp):
+    """One of TE's modules, with its _extra_state (TeExtraState)."""
+
+
+class TeSubmodule(TeExtraState, torch.nn.Module):
+    """One of TE's submodules of a TE module built of them (te.MultiheadAttention's layernorm_qkv,
+    core_attention, proj): its parameters and its _extra_state, under TE's names."""
+
+    op_name = "a TE submodule"
+
+
 def _op_class(name: str) -> type:
     op = OPS[name]
     doc = f"{op.signature()}: {op.summary}" if op.summary else op.signature()
-    base = TeModule if name in TE_MACROS else FusibleOp
+    base = TeModule if name in TE_MACROS and name not in TE_COMPOSITES else FusibleOp
     return type(name, (base,), {"op_name": name, "__doc__": doc, "__module__": __name__})
 
 

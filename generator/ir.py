@@ -246,6 +246,7 @@ class _Expanded:
     path: str  # module_index
     residual: str = ""  # OPEN or CLOSE a Residual's tee and add
     part: str = ""  # Node.part
+    branch: str = ""  # the Residual's id (Node.residual): its path; in a TE layer's expansion "<path> <name>"
 
 
 OPEN, CLOSE = "open", "close"
@@ -258,13 +259,21 @@ def _expand(calls: tuple[OpCall, ...], prefix: str = "") -> list[_Expanded]:
         path = f"{prefix}{position}"
         if call.op == RESIDUAL:
             plain = {"in_place": False}
-            expanded.append(_Expanded(OPS["MakeExtraOutput"], plain, call, path, OPEN))
+            expanded.append(_Expanded(OPS["MakeExtraOutput"], plain, call, path, OPEN, branch=path))
             expanded += _expand(call.inner, f"{path}.")
-            expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE))
+            expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE, branch=path))
             continue
-        expanded += [_Expanded(op, args, call, path, part=part)
-                     for basic, basic_args, part in basic_parts(call.op, call.args)
-                     for op, args in around_rows(basic, basic_args)]
+        spans = OPS[call.op].residuals(call.args)  # a TE layer's residual branches, by position in its expansion
+        for position, (basic, basic_args, part) in enumerate(basic_parts(call.op, call.args)):
+            for first, _, name in spans:
+                if first == position:
+                    expanded.append(_Expanded(OPS["MakeExtraOutput"], {"in_place": False}, call, path, OPEN,
+                                              f"{name}_residual", f"{path} {name}"))
+            expanded += [_Expanded(op, args, call, path, part=part) for op, args in around_rows(basic, basic_args)]
+            for _, end, name in spans:
+                if end == position + 1:
+                    expanded.append(_Expanded(OPS["AddExtraInput"], {"in_place": False}, call, path, CLOSE,
+                                              f"{name}_residual", f"{path} {name}"))
     return expanded
 
 
@@ -273,11 +282,11 @@ def _check_residuals(expanded: list[_Expanded], sizes: list[Size]) -> None:
     opened: dict[str, int] = {}
     for i, step in enumerate(expanded):
         if step.residual == OPEN:
-            opened[step.path] = i
-        elif step.residual == CLOSE and sizes[i] != sizes[opened[step.path]]:
+            opened[step.branch] = i
+        elif step.residual == CLOSE and sizes[i] != sizes[opened[step.branch]]:
             raise SpecError(
                 f"Residual(...) adds its ops' output to its input, so they must give back the "
-                f"{sizes[opened[step.path]]} features they receive, but they make {sizes[i]}; make the last "
+                f"{sizes[opened[step.branch]]} features they receive, but they make {sizes[i]}; make the last "
                 "op's output size the Residual's input size", step.call.location)
 
 
@@ -310,7 +319,7 @@ def build_graph(spec: SequentialSpec) -> Graph:
         op, args, call = step.op, step.args, step.call
         reads = [running]
         if step.residual == CLOSE:  # the add reads the value the tee kept: internal, no graph input
-            reads.append(kept.pop(step.path))
+            reads.append(kept.pop(step.branch))
         else:
             for _ in range(op.extra_inputs):  # an extra input: a graph input of the running value's width
                 reads.append(new_value(sizes[i], None))
@@ -318,15 +327,15 @@ def build_graph(spec: SequentialSpec) -> Graph:
         out = running if op.view else new_value(sizes[i + 1], len(nodes))
         writes = (out,)
         if step.residual == OPEN:  # the tee's second output: the Residual's input, kept for its add
-            kept[step.path] = new_value(sizes[i], len(nodes))
-            writes = (out, kept[step.path])
+            kept[step.branch] = new_value(sizes[i], len(nodes))
+            writes = (out, kept[step.branch])
         else:
             extra_outputs += [running] * op.extra_outputs  # an extra output hands out the value it reads
         if op.writes_back(args):
             written_back.append((out, reads[1]))
         spelled = RESIDUAL if step.residual else OPS[call.op].attribute
         nodes.append(Node(len(nodes), op, args, tuple(reads), writes, step.path, spelled, call.location,
-                          _module_call(call), "" if not step.residual else step.path, step.part, call.op))
+                          _module_call(call), step.branch if step.residual else "", step.part, call.op))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
                  (running, *extra_outputs), tuple(written_back))

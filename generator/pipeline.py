@@ -62,6 +62,7 @@ class Op:
     residual: str = ""
     node: int = 0  # the graph node it runs (a hidden tee: its add's), the spec's order of ops
     part: str = ""  # its part of the spec-level op ("fc1" of a te.LayerNormMLP: ir.Node.part)
+    spec_op: str = ""  # the spec-level op's registry name (ir.Node.spec_op)
 
     def param(self, attr: str) -> int:
         """The value of parameter ``attr``."""
@@ -78,12 +79,15 @@ class Op:
     @property
     def hint(self) -> str:
         """A readable, unique stem for names in generated code, e.g. ``linear1``."""
-        return self.module_hint + (f"_{self.part}" if self.part else "")
+        part = self.part.split(".", 1)[1] if self.part.count(".") > 1 else self.part  # a TE layer's attention's
+        part = part.replace(".", "_").strip("_")  # a TE submodule's part: "proj." -> proj (short: 100 columns)
+        return self.module_hint + (f"_{part}" if part else "")
 
     @property
     def module_hint(self) -> str:
         """The stem of its spec-level op, ``layernormmlp0``: its parameters' names start with it."""
-        return f"{self.module_name.lower()}{self.module_index.replace('.', '_')}"
+        stem = getattr(OPS.get(self.spec_op), "hint_stem", "") or self.module_name.lower()
+        return f"{stem}{self.module_index.replace('.', '_')}"
 
     @property
     def params(self) -> list[tuple[str, str, tuple[int, ...], str]]:
@@ -246,7 +250,7 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             out_features=graph.features(node.outputs[0]), module_index=node.module_index,
             module_name=node.module_name, location=node.location, extra_input=extra_input,
             extra_output=n_out if node.opdef.extra_outputs and public else None, residual=node.residual,
-            node=node.index, part=node.part,
+            node=node.index, part=node.part, spec_op=node.spec_op,
         ))
         n_out += node.opdef.extra_outputs if public else 0
         if node.opdef.writes_back(node.args):  # its value handed out by a tee the spec does not show

@@ -90,7 +90,7 @@ def activation_name(producer, reader) -> str:
 
 def param_name(op, attr: str) -> str:
     """``linear1_weight``; ``layernormmlp0_fc1_weight``: as the spec-level op holds it."""
-    return f"{op.module_hint}_{op.holder_attribute(attr)}"
+    return f"{op.module_hint}_{op.holder_attribute(attr).replace('.', '_')}"  # proj.weight: proj_weight
 
 
 def extra_input_name(op) -> str:

@@ -7,7 +7,8 @@ import hashlib
 
 from ..ir import Sym, size_expr
 from ..kernels import DTYPES
-from ..ops.te_modules import TE_MACROS
+from ..ops import part_submodule
+from ..ops.te_modules import TE_COMPOSITES, TE_MACROS
 from ..plan import Plan
 from ..source_text import py_string
 from ..stages import Block, Emitter
@@ -91,12 +92,38 @@ def children(pipeline, params: dict, modules_run: list) -> list:
     in the parent, the runtime's class that holds it), parents first."""
     calls: dict[str, str] = {}
     holders: dict[str, str] = {}  # the runtime's class of each child: a TE module's keeps TE's _extra_state
+    submodules: dict[str, list[str]] = {}  # TE's submodules of a module built of them (te.MultiheadAttention)
     for node in pipeline.graph.nodes:
         calls.setdefault(node.module_index, node.module_call)
-        holders.setdefault(node.module_index, "TeModuleOp" if node.spec_op in TE_MACROS else "SpecOp")
+        holders.setdefault(node.module_index, te_holder(node.spec_op))
+        inner = submodules.setdefault(node.module_index, [])
+        nested = part_submodule(node.part).split(".") if part_submodule(node.part) else []
+        for depth in range(1, len(nested) + 1):  # "self_attention", then "self_attention.proj"
+            if ".".join(nested[:depth]) not in inner:
+                inner.append(".".join(nested[:depth]))
     users = {op.module_index: op for op in modules_run}
-    return [(path, call, params.get(path, []), users.get(path), *_parent_and_name(path), holders[path])
+    return [(path, call, params.get(path, []), users.get(path), *_parent_and_name(path), holders[path],
+             _submodule_holders(submodules[path]))
             for path, call in sorted(calls.items(), key=lambda item: spec_position(item[0]))]
+
+
+def _submodule_holders(submodules: list[str]) -> list[tuple[str, str, str]]:
+    """(parent's attribute path, name, the runtime's class) of each of TE's submodules, parents
+    first: a TE module (TeModuleOp, its _extra_state) or one built of TE's modules, which holds
+    others (SpecOp: te.TransformerLayer's self_attention)."""
+    holders = []
+    for submodule in submodules:
+        parent, _, name = submodule.rpartition(".")
+        composite = any(other.startswith(f"{submodule}.") for other in submodules)
+        holders.append((f".{parent}" if parent else "", name, "SpecOp" if composite else "TeModuleOp"))
+    return holders
+
+
+def te_holder(spec_op: str) -> str:
+    """The runtime's class holding a spec-level op: TeModuleOp for one of TE's modules (its
+    _extra_state entry), SpecOp for the others and for a TE module built of TE's modules, whose
+    submodules hold theirs (TE_COMPOSITES)."""
+    return "TeModuleOp" if spec_op in TE_MACROS and spec_op not in TE_COMPOSITES else "SpecOp"
 
 
 def _parent_and_name(path: str) -> tuple[str, str]:

@@ -46,7 +46,7 @@ def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
         if op.module_index in macros:  # the module's call on its first row, then each op's part
             first = op.index == 0 or pipeline.ops[op.index - 1].module_index != op.module_index
             call = source_text.md_code(pipeline.graph.nodes[op.node].module_call)
-            note = f"{call + ', ' if first else ''}its {op.part or 'linear'}"
+            note = f"{call + ', ' if first else ''}its {op.part.rstrip('.') or 'linear'}"
         elif op.writes_back_to is not None:  # the hidden tee after an in-place add, numbered after it
             added = pipeline.ops[op.index - 1]
             note = (f"the sum of op {added.number}, written into the caller's "

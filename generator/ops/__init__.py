@@ -36,7 +36,7 @@ from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEAT
 # _reference.py); imported by name so that no import sorter can reorder them.
 FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
     "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
-    "attention", "torch_nn", "te_modules", "module"))
+    "attention", "torch_nn", "te_modules", "te_layer", "module"))
 
 # Spellings a spec may use for the pipeline container, and the modules it comes from.
 SEQUENTIAL = "Sequential"
@@ -80,8 +80,18 @@ def op_named(module: str, attribute: str) -> str | None:
 
 def part_attribute(part: str, name: str) -> str:
     """A basic op's parameter as its spec-level op holds it: ``fc1_weight`` for the weight of a
-    te.LayerNormMLP's part "fc1" (TE's names); the parameter's own name where the part is ""."""
-    return f"{part}_{name}" if part else name
+    te.LayerNormMLP's part "fc1" (TE's names); the parameter's own name where the part is "". A
+    part inside one of TE's submodules names it before a dot (te.MultiheadAttention's
+    "layernorm_qkv.layer_norm" gives ``layernorm_qkv.layer_norm_weight``, "proj." ``proj.weight``):
+    the holder has that submodule (``part_submodule``)."""
+    submodule, _, prefix = part.rpartition(".")
+    attribute = f"{prefix}_{name}" if prefix else name
+    return f"{submodule}.{attribute}" if submodule else attribute
+
+
+def part_submodule(part: str) -> str:
+    """The TE submodule a part lies in ("layernorm_qkv" of "layernorm_qkv.layer_norm"), or ""."""
+    return part.rpartition(".")[0]
 
 
 def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
@@ -110,6 +120,6 @@ __all__ = [
     "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "RESIDUAL",
     "RESIDUAL_MODULES", "SEQUENTIAL", "Arg",
     "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "basic_parts", "elementwise_kinds",
-    "float_tag", "op_named", "part_attribute",
+    "float_tag", "op_named", "part_attribute", "part_submodule",
     "op_modules", "reference_source", "register",
 ]

@@ -109,12 +109,10 @@ class OpDef:
     params: tuple[Param, ...] = ()
     fixed_in: Callable[[dict], int | None] = lambda a: None
     out_features: Callable[[dict, int], int] = lambda a, n: n
-    # The op's output size whatever its input's (Reshape): sizes do not flow back through it
-    fixed_out: Callable[[dict], int | None] = lambda a: None  # -1: known only at run time (ir.RUN_TIME)
+    fixed_out: Callable[[dict], int | None] = lambda a: None  # its output size whatever its input's; -1: run time
     # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
     reshape: Callable[[dict], tuple[int, ...]] | None = None
-    # A check of the op's input and output sizes once every size is known (ints, or Syms where
-    # they are known only at run time): an error text, or None
+    # A check of the op's input and output sizes once all are known (ints, or run-time Syms): an error text, or None
     check_sizes: Callable[[dict, object, object], str | None] = lambda a, n_in, n_out: None
     # A view that moves dims between the leading shape and the features (ops/identity.py's
     # FlattenRows, UnflattenRows): the shipped helper that gives the new leading dims, and its dims
@@ -139,6 +137,8 @@ class OpDef:
     expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, part: ops.part_attribute)
     modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
     spelled: str = ""  # its name in those modules, where that is not ``name`` (torch.nn's Linear)
+    hint_stem: str = ""  # its generated names' stem where its name is long ("mha" for MultiheadAttention: mha0_...)
+    residuals: Callable[[dict], tuple[tuple[int, int, str], ...]] = lambda a: ()  # expand's (first, end, name): x + items(x)
     validate: Callable[[dict], str | None] | None = None  # a check across arguments: an error text, or None
     view: bool = False  # moves no data (Identity): a graph node whose output is its input
     opaque: bool = False  # runs unfused as its reference math in PyTorch (stages/opaque.py)

@@ -23,12 +23,15 @@ TE's modules default ``device="cuda"``; here, as for every op, the generated mod
 places the parameters unless the spec gives one.
 """
 
-from .opdef import Arg, OpDef, check_eps, check_features, register
+from .opdef import OPS, Arg, OpDef, check_eps, check_features, register
 from .te_namespace import TE_NAMESPACE
 
 TE_MODULES = (TE_NAMESPACE, "fusegen.eager")  # a te.ops spelling (transformer_engine.pytorch.ops) is no module
 # The ops that are TE's modules: their holders keep TE's _extra_state entry (the runtime's TeModuleOp, eager's)
-TE_MACROS = ("LayerNormLinear", "LayerNormMLP")
+TE_MACROS = ("LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer")  # te_layer.py: the last
+# TE's modules built of TE's modules (plain torch modules in TE): no _extra_state of their own,
+# their submodules (the parts before a dot: ops.part_submodule) each hold one
+TE_COMPOSITES = ("MultiheadAttention", "TransformerLayer")
 
 # TE's activation names (layernorm_mlp.py: _get_act_func_supported_list) -> fusegen's op; a gated one
 # (a GLU) halves its input, so fc1 makes twice ffn_hidden_size, as TE's fc1_weight is laid out.
@@ -151,4 +154,121 @@ register(OpDef(
     expand=_layernorm_mlp,
     summary="TE's module: LayerNorm or RMSNorm (layer_norm_weight, layer_norm_bias), fc1 (fc1_weight, fc1_bias; "
             "twice ffn_hidden_size for a gated activation), the activation, fc2 (fc2_weight, fc2_bias)",
+))
+
+
+# --- te.MultiheadAttention (TE's transformer_engine/pytorch/attention/multi_head_attention.py) ------
+
+_QKV_LAYOUT = ("fusegen's attention reads the fused QKV projection as [all q heads | all k heads | all v heads], "
+               "which is TE's layout with fuse_qkv_params=True and qkv_weight_interleaved=False (one weight "
+               "[(heads + 2 * num_gqa_groups) * head_dim, hidden]); ")
+
+
+def _fused_qkv(v):
+    return None if v else (
+        "keeps query, key and value in three parameters (query_weight, key_weight, value_weight), which fusegen's "
+        "one QKV GEMM does not hold; " + _QKV_LAYOUT + "pass fuse_qkv_params=True, qkv_weight_interleaved=False "
+        "and load a TE checkpoint's three weights concatenated along dim 0 (torch.cat([q, k, v])) as 'weight'")
+
+
+def _not_interleaved(v):
+    return None if not v else (
+        "stores the QKV rows interleaved per GQA group ([group: its q heads, its k head, its v head]); "
+        + _QKV_LAYOUT + "pass qkv_weight_interleaved=False (with fuse_qkv_params=True)")
+
+
+def _no_attention_dropout(v):
+    return None if v == 0 else (
+        f"is {v!r}: fusegen's attention (FlashAttention-2 without dropout) has none; pass attention_dropout=0.0 "
+        "(TE's default is 0.1)")
+
+
+def _qkv_format(v):
+    if v in ("bshd", "thd"):
+        return None
+    return (f"must be 'bshd' (x [batch, seq, hidden]) or 'thd' (packed tokens [total, hidden] with cu_seqlens), got "
+            f"{v!r}: fusegen's attention reads a 3-D x batch first; for TE's default 'sbhd' transpose x to "
+            "[batch, seq, hidden] and pass qkv_format='bshd'")
+
+
+# TE's defaults fusegen cannot honour: the binder checks the values given, these the defaults left
+_REFUSED_DEFAULTS = (("attention_dropout", _no_attention_dropout), ("fuse_qkv_params", _fused_qkv),
+                     ("qkv_weight_interleaved", _not_interleaved), ("qkv_format", _qkv_format))
+
+
+def _validate_mha(a: dict) -> str | None:
+    for name, check in _REFUSED_DEFAULTS:
+        if check(a[name]):
+            return f"argument '{name}', left at TE's default, {check(a[name])}"
+    hidden, heads = a["hidden_size"], a["num_attention_heads"]
+    groups = heads if a["num_gqa_groups"] is None else a["num_gqa_groups"]
+    if hidden % heads:
+        return f"num_attention_heads={heads} must divide hidden_size={hidden} (each head takes hidden / heads features)"
+    if a["kv_channels"] not in (None, hidden // heads):
+        return (f"kv_channels={a['kv_channels']}: fusegen's attention takes head_dim = hidden_size / "
+                f"num_attention_heads = {hidden // heads}; leave kv_channels out or give that")
+    if groups <= 0 or heads % groups:
+        return f"num_gqa_groups={groups} must divide num_attention_heads={heads} (TE's rule)"
+    return OPS["GroupedQueryAttention"].validate(_attention_args(a))  # the head sizes its kernels take
+
+
+def _attention_args(a: dict) -> dict:
+    """The attention op's arguments: num_gqa_groups kv heads (TE: as many as the heads if None)."""
+    heads = a["num_attention_heads"]
+    return {"hidden": a["hidden_size"], "heads": heads,
+            "kv_heads": heads if a["num_gqa_groups"] is None else a["num_gqa_groups"],
+            "attn_mask_type": a["attn_mask_type"], "rotary_base": None}
+
+
+def _multihead_attention(a: dict) -> list[tuple]:
+    hidden, heads = a["hidden_size"], a["num_attention_heads"]
+    groups = _attention_args(a)["kv_heads"]
+    qkv = (heads + 2 * groups) * (hidden // heads)
+    if a["input_layernorm"]:  # TE's layernorm_qkv: a LayerNormLinear
+        norm = {**a, "eps": a["layernorm_epsilon"]}
+        kind, norm_args, _ = _norm(norm, hidden)
+        front = [(kind, norm_args, "layernorm_qkv.layer_norm"), *_layernorm_output(a),
+                 *_linear(a, "layernorm_qkv.", hidden, qkv)]
+    else:  # TE's qkv: a Linear (TE ignores return_layernorm_output without the norm)
+        front = _linear(a, "qkv.", hidden, qkv)
+    attention = ("GroupedQueryAttention", _attention_args(a), "core_attention.")  # TE's DotProductAttention
+    return [*front, attention, *_linear(a, "proj.", hidden, hidden)]
+
+
+register(OpDef(
+    "MultiheadAttention", "container", modules=TE_MODULES,
+    args=(Arg("hidden_size", "int", check=check_features), Arg("num_attention_heads", "int", check=check_features),
+          Arg("kv_channels", "int", None),  # checked against hidden_size / num_attention_heads: _validate_mha
+          Arg("attention_dropout", "float", 0.1, check=_no_attention_dropout),
+          Arg("layernorm_epsilon", "float", 1e-5, check=check_eps),
+          _refuse("init_method", "object", None, _INIT), _refuse("output_layer_init_method", "object", None, _INIT),
+          _hint("layer_number", "int", None),  # TE's scaling of the unfused backend: the same softmax
+          Arg("attn_mask_type", "str", "causal", check=lambda v: None if v in ("causal", "no_mask") else (
+              f"must be 'causal' or 'no_mask', got {v!r}; other masks (padding, arbitrary, sliding window) are "
+              "not supported")),
+          _refuse("window_size", "object", None, "is sliding-window attention, which fusegen does not support; "
+                  "leave it out"),
+          _hint("bottom_right_diagonal", "bool", None),  # self-attention: q and kv lengths agree, one diagonal
+          _parallel("tp_group", "object", None), _parallel("tp_size", "int", 1),
+          Arg("num_gqa_groups", "int", None, check=lambda v: None if v is None or v > 0 else "must be positive"),
+          _WGRAD, _TRACKER, _parallel("sequence_parallel", "bool", False), _PARAMS_DTYPE, _RETURN_BIAS,
+          _RETURN_LN, Arg("input_layernorm", "bool", False),
+          _refuse("attention_type", "str", "self", "is cross-attention (a second input, the encoder's output), "
+                  "which fusegen's pipelines do not take; only attention_type='self'"),
+          _parallel("set_parallel_mode", "bool", False),
+          Arg("fuse_qkv_params", "bool", False, in_kernel=False, check=_fused_qkv), _ZCG,
+          Arg("qkv_weight_interleaved", "bool", True, in_kernel=False, check=_not_interleaved),
+          _hint("rotary_pos_interleaved", "bool", False),  # read only with forward's rotary_pos_emb
+          *_UB, *_UB_BULK, _BIAS, _NORMALIZATION, _DEVICE,
+          Arg("qkv_format", "str", "sbhd", in_kernel=False, check=_qkv_format), _NAME,
+          _refuse("qk_norm_type", "str", None, "normalises q and k, which fusegen's attention does not; leave it out"),
+          _hint("qk_norm_eps", "float", 1e-6), _hint("qk_norm_before_rope", "bool", False),
+          _hint("seq_length", "int", None), _hint("micro_batch_size", "int", None),
+          _refuse("softmax_type", "str", "vanilla", "changes the softmax (a learnable or off-by-one sink), which "
+                  "fusegen's attention does not; leave it 'vanilla'")),
+    validate=_validate_mha, expand=_multihead_attention, hint_stem="mha",
+    summary="TE's module (self-attention): with input_layernorm LayerNorm or RMSNorm (layernorm_qkv.layer_norm_weight, "
+            "layernorm_qkv.layer_norm_bias) and the fused QKV Linear (layernorm_qkv.weight, layernorm_qkv.bias), "
+            "else the Linear (qkv.weight, qkv.bias); attention over packed sequences (num_gqa_groups kv heads); "
+            "the output projection (proj.weight, proj.bias)",
 ))

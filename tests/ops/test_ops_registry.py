@@ -175,7 +175,7 @@ def test_registry_order_is_the_family_order():
                          "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "FlattenRows", "UnflattenRows",
                          "MultiHeadedSelfAttention", "GroupedQueryAttention", "MultiQuerySelfAttention", "nn.Linear",
                          "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity",
-                         "LayerNormLinear", "LayerNormMLP", "Module"]
+                         "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer", "Module"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
         "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
-        "attention", "torch_nn", "te_modules", "module"]
+        "attention", "torch_nn", "te_modules", "te_layer", "module"]

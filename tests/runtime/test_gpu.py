@@ -479,6 +479,12 @@ def test_every_kernel_has_a_test():
     # specs/te_modules.py's (TE's LayerNormMLP and LayerNormLinear as macros), checked through
     # test_te_modules.py (bf16 on the GPU against float64, every parameter's grad)
     tested |= {"layernorm_zc_fwd_h1024", "layernorm_zc_bwd_h1024", "bias_bwd_n3072"}
+    # specs/te_attention.py's (te.MultiheadAttention as a macro), checked through test_te_attention.py
+    # (bf16 on the GPU against float64, every parameter's grad)
+    tested |= {"layernorm_bwd_h256", "qkv_prep_bwd_h8_kv2_d32"}
+    # specs/te_transformer_layer.py's (te.TransformerLayer as a macro), checked through
+    # test_te_transformer_layer.py (bf16 on the GPU against float64, every parameter's grad)
+    tested |= {"bias_gelu_bwd_n1024", "gelu_fwd_n1024"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
