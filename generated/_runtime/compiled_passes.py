@@ -10,13 +10,11 @@ compiler sees them and skips those of parameters that need no grad.
 """
 
 import threading
-import warnings
 
 import torch
 
-from .capture import _capture, _capturing
+from .capture import _capture, capture_failed, replay_place
 from .custom_ops import Fresh, register_op
-from .launch import _current_device, _raw_stream
 
 
 class PassGraphs:
@@ -98,15 +96,9 @@ class PassGraphs:
 
     def _where(self, x):
         """(stream, device) a graph of a call whose first argument is ``x`` replays on, or None
-        where the call runs as usual."""
-        if (not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing()
-                or torch.is_autocast_enabled("cuda") or (self.dtypes is not None and x.dtype not in self.dtypes)):
-            return None
-        index = x.get_device()
-        # a graph captures and replays on the current device's streams
-        if index != _current_device():
-            return None
-        return _raw_stream(index), index
+        where the call runs as usual (capture.replay_place; and under autocast, whose casts make
+        new parameter tensors every call)."""
+        return None if torch.is_autocast_enabled("cuda") else replay_place(self, x)
 
     def _capture(self, key, mode, stages, args, per_call):
         with self._lock, torch.inference_mode(False), torch.no_grad():
@@ -118,10 +110,7 @@ class PassGraphs:
                 static[i] = args[i].clone()
             captured = _capture(lambda: stages(*static))
             if isinstance(captured, Exception):
-                self.failed = f"{type(captured).__name__}: {captured}"
-                self._graphs.clear()
-                warnings.warn(f"{self.module}: capturing its compiled {mode} op in a CUDA graph failed, "
-                              f"so it runs without graphs from now on ({self.failed})", RuntimeWarning)
+                capture_failed(self, f"its compiled {mode} op", captured)
                 return None
             graph, outputs = captured
             entry = _PassGraph(graph, positions, [static[i] for i in positions], outputs)

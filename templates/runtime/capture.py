@@ -2,8 +2,11 @@
 templates/runtime/, copied verbatim; do not edit).
 """
 
+import warnings
+
 import torch
 
+from .launch import _current_device, _raw_stream
 from .loading import _LOCK
 
 
@@ -59,3 +62,26 @@ def _capturing():
     """Whether the current stream is being captured by a caller (its graph then holds our
     launches; a graph cannot be captured inside another)."""
     return torch._C._cuda_isCurrentStreamCapturing()
+
+
+def replay_place(graphs, x):
+    """(stream, device index) a graph of ``graphs`` (CudaGraphs, PassGraphs) replays a call whose
+    first tensor is ``x`` on, or None where the call runs as usual: off CUDA, above its
+    ``max_rows``, once a capture has failed, inside a caller's capture, in a dtype not among its
+    ``dtypes`` (None: any), or on a device other than the current one (a graph captures and
+    replays on the current device's streams)."""
+    if (not x.is_cuda or x.shape[0] > graphs.max_rows or graphs.failed or _capturing()
+            or (graphs.dtypes is not None and x.dtype not in graphs.dtypes)):
+        return None
+    index = x.get_device()
+    if index != _current_device():
+        return None
+    return _raw_stream(index), index
+
+
+def capture_failed(graphs, what, error):
+    """Turn ``graphs``' replay off for good after a failed capture of ``what``, saying why."""
+    graphs.failed = f"{type(error).__name__}: {error}"
+    graphs._graphs.clear()
+    warnings.warn(f"{graphs.module}: capturing {what} in a CUDA graph failed, so it runs without graphs "
+                  f"from now on ({graphs.failed})", RuntimeWarning)

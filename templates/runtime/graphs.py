@@ -8,8 +8,7 @@ import warnings
 
 import torch
 
-from .capture import _capture, _capturing
-from .launch import _current_device, _raw_stream
+from .capture import _capture, capture_failed, replay_place
 from .training_graphs import _Parameter, _TrainingGraph
 
 MAX_PARAMETER_MOVES = 3  # a module whose parameters move this often replays no graphs
@@ -132,14 +131,10 @@ class CudaGraphs:
     def _find(self, mode, stages, args):
         """This call's graph for ``mode``: found, captured now (the key's second call), or None
         where the call runs as usual."""
-        x = args[0]
-        if (not x.is_cuda or x.shape[0] > self.max_rows or self.failed or _capturing()
-                or (self.dtypes is not None and x.dtype not in self.dtypes)):
+        place = replay_place(self, args[0])
+        if place is None:
             return None
-        index = x.get_device()
-        if index != _current_device():  # a graph captures and replays on the current device's streams
-            return None
-        key = self._key(mode, args, _raw_stream(index), index)
+        key = self._key(mode, args, *place)
         parameters = self._layout[0]
         graph = self._graphs.get(key)
         if graph is None:
@@ -194,7 +189,7 @@ class CudaGraphs:
             static = {i: args[i].clone() for i in self.copied}
             captured = _capture(lambda: stages(*[static.get(i, a) for i, a in enumerate(args)]))
             if isinstance(captured, Exception):
-                self._failed(f"its {mode} forward", captured)
+                capture_failed(self, f"its {mode} forward", captured)
                 return None
             graph, outputs = captured
             parameters = [args[i].data_ptr() for i in parameters_at]
@@ -209,12 +204,6 @@ class CudaGraphs:
                 entry = _Graph(graph, static, outputs, parameters)
             self._graphs[key] = entry
         return entry
-
-    def _failed(self, what, error):
-        self.failed = f"{type(error).__name__}: {error}"
-        self._graphs.clear()
-        warnings.warn(f"{self.module}: capturing {what} in a CUDA graph failed, so it runs "
-                      f"without graphs from now on ({self.failed})", RuntimeWarning)
 
 
 class _Graph:
