@@ -97,7 +97,8 @@ def children(pipeline, params: dict, modules_run: list) -> list:
         calls.setdefault(node.module_index, node.module_call)
         holders.setdefault(node.module_index, te_holder(node.spec_op))
         inner = submodules.setdefault(node.module_index, [])
-        nested = part_submodule(node.part).split(".") if part_submodule(node.part) else []
+        submodule = part_submodule(node.part)
+        nested = submodule.split(".") if submodule else []
         for depth in range(1, len(nested) + 1):  # "self_attention", then "self_attention.proj"
             if ".".join(nested[:depth]) not in inner:
                 inner.append(".".join(nested[:depth]))

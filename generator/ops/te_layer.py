@@ -20,7 +20,8 @@ takes a second input), ``parallel_attention_mlp`` and ``drop_path_rate`` refused
 from .opdef import Arg, OpDef, check_eps, check_features, register
 from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _TRACKER, _WGRAD, _ZCG,
                          ACTIVATIONS, TE_MODULES, _fused_qkv, _hint, _layernorm_mlp, _multihead_attention,
-                         _no_attention_dropout, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha)
+                         _no_attention_dropout, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha,
+                         refused_default)
 
 _MHA_ARGS = ("hidden_size", "num_attention_heads", "kv_channels", "attention_dropout", "layernorm_epsilon",
              "num_gqa_groups", "fuse_wgrad_accumulation", "params_dtype", "fuse_qkv_params", "zero_centered_gamma",
@@ -90,10 +91,8 @@ _REFUSED_DEFAULTS = (("attention_dropout", _no_attention_dropout), ("fuse_qkv_pa
 
 
 def _validate(a: dict) -> str | None:
-    for name, check in _REFUSED_DEFAULTS:
-        if check(a[name]):
-            return f"argument '{name}', left at TE's default, {check(a[name])}"
-    return _validate_mha(_attention_args(a, True))
+    # the layer's own names first, so a message names the argument the spec wrote
+    return refused_default(a, _REFUSED_DEFAULTS) or _validate_mha(_attention_args(a, True))
 
 
 register(OpDef(

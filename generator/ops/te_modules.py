@@ -196,10 +196,20 @@ _REFUSED_DEFAULTS = (("attention_dropout", _no_attention_dropout), ("fuse_qkv_pa
                      ("qkv_weight_interleaved", _not_interleaved), ("qkv_format", _qkv_format))
 
 
+def refused_default(a: dict, refused: tuple) -> str | None:
+    """Why an argument of ``refused`` ((name, check) pairs) is refused at the value it has, left
+    at TE's default where the spec does not give it, or None."""
+    for name, check in refused:
+        why = check(a[name])
+        if why:
+            return f"argument '{name}', left at TE's default, {why}"
+    return None
+
+
 def _validate_mha(a: dict) -> str | None:
-    for name, check in _REFUSED_DEFAULTS:
-        if check(a[name]):
-            return f"argument '{name}', left at TE's default, {check(a[name])}"
+    refused = refused_default(a, _REFUSED_DEFAULTS)
+    if refused:
+        return refused
     hidden, heads = a["hidden_size"], a["num_attention_heads"]
     groups = heads if a["num_gqa_groups"] is None else a["num_gqa_groups"]
     if hidden % heads:
