@@ -188,12 +188,12 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None):
     rows = x.shape[0]
     few = _few_rows(x, few_rows, compiling, rows)
     cu_seqlens = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int64), (1, 0))
+    lowest, longest = torch.aminmax(seq_lens)  # one reduction for both
     # the lengths read on the host where that costs no device sync (a CPU seq_lens outside
     # compile), or where no bound is known (a device seq_lens, no max_seqlen, many rows: a sync)
     if ((seq_lens.device.type == "cpu" and not compiling)
             or (max_seqlen is None and not few and not compiling)):
-        lowest, total, longest = torch.stack(
-            [seq_lens.min().long(), cu_seqlens[-1], seq_lens.max().long()]).tolist()
+        lowest, total, longest = torch.stack([lowest.long(), cu_seqlens[-1], longest.long()]).tolist()
         if lowest < 0:
             raise ValueError(f"{module}: seq_lens holds a negative length ({lowest}); lengths are "
                              "0 or more")
@@ -205,7 +205,7 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None):
     else:  # no sync: the device checks them before anything reads the offsets
         bound = rows if max_seqlen is None else max_seqlen
         torch._assert_async(
-            (seq_lens.min() >= 0) & (cu_seqlens[-1] == rows) & (seq_lens.max() <= bound),
+            (lowest >= 0) & (cu_seqlens[-1] == rows) & (longest <= bound),
             f"{module}: seq_lens must be lengths of 0 or more summing to x's {rows} rows, the "
             f"longest at most max_seqlen={bound}" if max_seqlen is not None else
             f"{module}: seq_lens must be lengths of 0 or more summing to x's {rows} rows")
