@@ -421,7 +421,8 @@ class LlamaLayer(torch.nn.Module):
             as_rows(x, 4096),
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
             linear1_1_weight, linear1_3_weight,
-            cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
+            # the packed sequences: offsets [batch + 1], a bound on the longest length
+            cu_seqlens, max_seqlen,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)

@@ -361,7 +361,8 @@ class MhaBlock(torch.nn.Module):
             as_rows(x, 256),
             layernorm0_0_weight, layernorm0_0_bias, linear0_1_weight, linear0_1_bias,
             linear0_3_weight, linear0_3_bias,
-            cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
+            # the packed sequences: offsets [batch + 1], a bound on the longest length
+            cu_seqlens, max_seqlen,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)

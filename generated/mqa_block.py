@@ -310,7 +310,8 @@ class MqaBlock(torch.nn.Module):
         args = (
             as_rows(x, 256),
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-            cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
+            # the packed sequences: offsets [batch + 1], a bound on the longest length
+            cu_seqlens, max_seqlen,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)

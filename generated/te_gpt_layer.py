@@ -738,7 +738,8 @@ class TeGptLayer(torch.nn.Module):
             layer0_layernorm_mlp_fc1_weight, layer0_layernorm_mlp_fc1_bias,
             layer0_layernorm_mlp_fc2_weight, layer0_layernorm_mlp_fc2_bias,
             self.training,  # Dropout draws its masks in training only
-            cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
+            # the packed sequences: offsets [batch + 1], a bound on the longest length
+            cu_seqlens, max_seqlen,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)

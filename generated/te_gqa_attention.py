@@ -342,7 +342,8 @@ class TeGqaAttention(torch.nn.Module):
         args = (
             as_rows(x, 256),
             mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight,
-            cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
+            # the packed sequences: offsets [batch + 1], a bound on the longest length
+            cu_seqlens, max_seqlen,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)

@@ -574,7 +574,8 @@ class TeLlamaLayer(torch.nn.Module):
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight,
-            cu_seqlens, max_seqlen,  # the packed sequences: offsets [batch + 1], the longest length
+            # the packed sequences: offsets [batch + 1], a bound on the longest length
+            cu_seqlens, max_seqlen,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)

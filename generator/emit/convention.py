@@ -180,7 +180,7 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
         first = value.id == f.sequences[0]
         return Argument(value.id, value.role, name, name, line="sequences", check=(check,),
                         checked_by="packed_sequences", typed="Tensor" if first else "int", per_call=first,
-                        comment="the packed sequences: offsets [batch + 1], the longest length" if not first else "")
+                        comment="the packed sequences: offsets [batch + 1], a bound on the longest length" if not first else "")
     if value.role is Role.METADATA and op is not None and op.lead == value.id:
         return Argument(value.id, value.role, name, f.leads[op.index], line=module_name(op),
                         comment=f"{comment_text(op.args['call'])}: run as it is")
