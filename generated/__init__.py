@@ -48,6 +48,10 @@ from .in_place_mid import InPlaceMid
 from .interleaved_mlp import InterleavedMlp
 from .interleaved_any import InterleavedAny
 from .te_mlp import TeMlp
+from .te_gpt_stack import TeGptStack
+from .gpt_stack import GptStack
+from .te_llama_stack import TeLlamaStack
+from .llama_stack import LlamaStack
 from .te_layernorm_mlp import TeLayernormMlp
 from .te_layernorm_linear import TeLayernormLinear
 from .l2norm_block import L2normBlock
@@ -73,6 +77,6 @@ __all__ = [
     "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "TeeNormDropout",
     "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp",
     "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp",
-    "TeLayernormMlp", "TeLayernormLinear", "L2normBlock", "Layernorm2d", "RmsnormGroups",
-    "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu", "MoeSwiglu",
-    "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer"]
+    "TeGptStack", "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear",
+    "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
+    "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer"]

@@ -155,6 +155,118 @@ def add_layernorm_fwd_h1024_no_grad(x, residual, gamma, beta, keep_sum):
     return (y, residual_out) if keep_sum else y
 
 
+_ADD_LAYERNORM_FWD_H256 = Kernel("add_layernorm_fwd_h256", "ppppppppi")
+_ADD_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def add_layernorm_fwd_h256(x, residual, gamma, beta):
+    """residual add + LayerNorm(256): returns (y, residual_out, mean, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_layernorm_fwd_h256_1122b1c9(x, residual, gamma, beta)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_LAYERNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, mean, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
+    return y, residual_out, mean, rstd
+
+
+def add_layernorm_fwd_h256_no_grad(x, residual, gamma, beta, keep_sum):
+    """residual add + LayerNorm(256), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_LAYERNORM_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_layernorm_fwd_h256(x, residual, gamma, beta)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
+_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256 = Kernel("add_layernorm_zc_eps1em06_fwd_h256", "ppppppppi")
+_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256_THREADS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def add_layernorm_zc_eps1em06_fwd_h256(x, residual, gamma, beta):
+    """residual add + LayerNorm(256, eps=1e-06, zero_centered_gamma=True): returns (y, residual_out,
+    mean, rstd).
+    """
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h256_706d54c2(
+            x, residual, gamma, beta)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, mean, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-06, True)
+    return y, residual_out, mean, rstd
+
+
+def add_layernorm_zc_eps1em06_fwd_h256_no_grad(x, residual, gamma, beta, keep_sum):
+    """residual add + LayerNorm(256, eps=1e-06, zero_centered_gamma=True), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256.launch(
+                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                    y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_layernorm_zc_eps1em06_fwd_h256(x, residual, gamma, beta)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel(
     "add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi", few_rows=(torch.float32,))
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {
@@ -1651,6 +1763,55 @@ def bias_qgeglu_bwd_n512(dy, x):
     in1 = a
     g = ref.compute(dy)
     g = ref.qgeglu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_QGELU_BWD_N1024 = Kernel("bias_qgelu_bwd_n1024", "pppppi", shared=4096)
+_BIAS_QGELU_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+# vectors a row, by dtype
+_BIAS_QGELU_BWD_N1024_ROW_VECTORS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def bias_qgelu_bwd_n1024(dy, x):
+    """Bias(1024), QGELU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_qgelu_bwd_n1024_c9b965b0(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
+            _BIAS_QGELU_BWD_N1024.launch(
+                dy.dtype, (-(-_BIAS_QGELU_BWD_N1024_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_QGELU_BWD_N1024_GRID_X[dy.dtype]
+            resident = _BIAS_QGELU_BWD_N1024.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+            _BIAS_QGELU_BWD_N1024.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.qgelu_bwd(in1, g)
     g, dt = ref.bias_bwd(None, None, g)
     dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
@@ -3625,6 +3786,63 @@ def layernorm_zc_bwd_h1024(dy, x, mean, rstd, gamma):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
+_LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL = Kernel(
+    "layernorm_zc_bwd_h256_add_dresidual", "pppppppppi", shared=2048)
+_LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL_THREADS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def layernorm_zc_bwd_h256_add_dresidual(dy, x, mean, rstd, gamma, dresidual):
+    """LayerNorm(256, zero_centered_gamma=True) backward, + residual grad: returns (dx, dgamma,
+    dbeta); the parameter grads are deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.layernorm_zc_bwd_h256_add_dresidual_5a1ab3b1(
+            dy, x, mean, rstd, gamma, dresidual)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dresidual = dresidual.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(),
+                    _LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
+            _LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1),
+                (_LAYERNORM_ZC_BWD_H256_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n512(partials, dy.dtype)
+        return dx, grads[:256], grads[256:]
+    dx, dgamma, dbeta = ref.layer_norm_bwd(dy, x, mean, rstd, gamma, True)
+    dx = dx + ref.compute(dresidual)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
+
+
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL = Kernel(
     "layernorm_zc_bwd_h768_add_dresidual", "pppppppppi", shared=6144)
 _LAYERNORM_ZC_BWD_H768_ADD_DRESIDUAL_THREADS = {
@@ -3747,6 +3965,28 @@ def qgeglu_fwd_n512(x):
     return a.to(x.dtype)
 
 
+_QGELU_FWD_N1024 = Kernel("qgelu_fwd_n1024", "ppi")
+_QGELU_FWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
+
+
+def qgelu_fwd_n1024(x):
+    """QGELU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qgelu_fwd_n1024_51ae349d(x)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 1024), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_QGELU_FWD_N1024_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _QGELU_FWD_N1024.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.qgelu(a)
+    return a.to(x.dtype)
+
+
 _QGELU_FWD_N512 = Kernel("qgelu_fwd_n512", "ppi")
 _QGELU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -3792,6 +4032,39 @@ def qkv_prep_bwd_h4_kv4_d64(dq, dk, dv, cu_seqlens):
             grid = -(-rows // _QKV_PREP_BWD_H4_KV4_D64_ROWS[dq.dtype])
             _QKV_PREP_BWD_H4_KV4_D64.launch(
                 dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H4_KV4_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, None)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_BWD_H8_KV1_D32 = Kernel("qkv_prep_bwd_h8_kv1_d32", "pppppiiii")
+_QKV_PREP_BWD_H8_KV1_D32_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_BWD_H8_KV1_D32_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 19}
+
+
+def qkv_prep_bwd_h8_kv1_d32(dq, dk, dv, cu_seqlens):
+    """attention prep backward: dq, dk, dv copied (8 + 2 x 1 heads of 32).
+
+    dq [rows, 8, 32], dk and dv [rows, 1, 32], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 320] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_bwd_h8_kv1_d32_04d69d23(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 320, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 32
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_BWD_H8_KV1_D32_ROWS[dq.dtype])
+            _QKV_PREP_BWD_H8_KV1_D32.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H8_KV1_D32_THREADS[dq.dtype], 1, 1),
                 (
                     q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
                     q_stride, kv_stride, batch, rows),
@@ -5659,6 +5932,14 @@ register_op(
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_fwd_h1024, add_layernorm_fwd_h1024)
 register_op(
+    "add_layernorm_fwd_h256_1122b1c9",
+    "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
+    add_layernorm_fwd_h256, add_layernorm_fwd_h256)
+register_op(
+    "add_layernorm_zc_eps1em06_fwd_h256_706d54c2",
+    "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
+    add_layernorm_zc_eps1em06_fwd_h256, add_layernorm_zc_eps1em06_fwd_h256)
+register_op(
     "add_layernorm_zc_eps1em06_fwd_h768_f7b6245b",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768, add_layernorm_zc_eps1em06_fwd_h768)
@@ -5751,6 +6032,9 @@ register_op(
 register_op(
     "bias_qgeglu_bwd_n512_40d46432", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgeglu_bwd_n512, bias_qgeglu_bwd_n512)
+register_op(
+    "bias_qgelu_bwd_n1024_c9b965b0", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
+    bias_qgelu_bwd_n1024, bias_qgelu_bwd_n1024)
 register_op(
     "bias_qgelu_bwd_n512_1398c429", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_qgelu_bwd_n512, bias_qgelu_bwd_n512)
@@ -5930,6 +6214,11 @@ register_op(
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma) -> (Tensor, Tensor, Tensor)",
     layernorm_zc_bwd_h1024, layernorm_zc_bwd_h1024)
 register_op(
+    "layernorm_zc_bwd_h256_add_dresidual_5a1ab3b1",
+    "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
+    "Tensor, Tensor)",
+    layernorm_zc_bwd_h256_add_dresidual, layernorm_zc_bwd_h256_add_dresidual)
+register_op(
     "layernorm_zc_bwd_h768_add_dresidual_a97ae791",
     "(Tensor dy, Tensor x, Tensor mean, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, "
     "Tensor, Tensor)",
@@ -5939,11 +6228,16 @@ register_op(
     "(Tensor x, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor)", layernorm_zc_fwd_h1024,
     layernorm_zc_fwd_h1024)
 register_op("qgeglu_fwd_n512_2f36c7c9", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
+register_op("qgelu_fwd_n1024_51ae349d", "(Tensor x) -> Tensor", qgelu_fwd_n1024, qgelu_fwd_n1024)
 register_op("qgelu_fwd_n512_c4bbf851", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
 register_op(
     "qkv_prep_bwd_h4_kv4_d64_5f2b5fac",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h4_kv4_d64,
     qkv_prep_bwd_h4_kv4_d64)
+register_op(
+    "qkv_prep_bwd_h8_kv1_d32_04d69d23",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h8_kv1_d32,
+    qkv_prep_bwd_h8_kv1_d32)
 register_op(
     "qkv_prep_bwd_h8_kv2_d32_59209c45",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h8_kv2_d32,

@@ -1,0 +1,221 @@
+"""Issue 39's done-when: whole models built of te.TransformerLayer (specs/te_models.py: a GPT-style
+stack of three layers with other settings each, a Llama-style stack of two) load a state_dict laid
+out with TE's names, compute TE's semantics (a float64 reference written here from TE's
+transformer.py and multi_head_attention.py) and train exactly as the hand-written Sequential of the
+same layers (gpt_stack, llama_stack in the same spec) on the CPU and on CUDA."""
+
+import math
+
+import pytest
+import torch
+
+import generated
+from tests.ops.test_te_attention import assert_close_fa2
+from tests.references import assert_close_to_reference
+
+HIDDEN = 256
+LENGTHS = [5, 1, 17, 9]  # packed sequences (TE's "thd")
+
+# The layers of each stack as the spec builds them: heads, kv groups, normalization, activation,
+# zero-centred gamma, eps, biases, residual after the norm (apply_residual_connection_post_layernorm)
+GPT = [dict(heads=4, groups=4, norm="LayerNorm", act="gelu", zcg=False, eps=1e-5, bias=True, post=False, ffn=1024),
+       dict(heads=4, groups=4, norm="LayerNorm", act="qgelu", zcg=True, eps=1e-6, bias=True, post=False, ffn=1024),
+       dict(heads=4, groups=4, norm="LayerNorm", act="gelu", zcg=False, eps=1e-5, bias=True, post=True, ffn=1024)]
+LLAMA = [dict(heads=8, groups=2, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512),
+         dict(heads=8, groups=1, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512)]
+STACKS = {"gpt": ("TeGptStack", "GptStack", GPT), "llama": ("TeLlamaStack", "LlamaStack", LLAMA)}
+
+
+# --- TE's state_dict layout (transformer.py, multi_head_attention.py, layernorm_mlp.py) -------------
+
+def te_layer_layout(cfg) -> dict:
+    """One TransformerLayer's parameters as TE registers them (no _extra_state)."""
+    hn = HIDDEN // cfg["heads"]
+    qkv = (cfg["heads"] + 2 * cfg["groups"]) * hn
+    fc1 = 2 * cfg["ffn"] if cfg["act"] == "swiglu" else cfg["ffn"]
+    norm = lambda stem: {f"{stem}weight": (HIDDEN,), **({f"{stem}bias": (HIDDEN,)} if cfg["norm"] == "LayerNorm" else {})}
+    bias = lambda name, n: {name: (n,)} if cfg["bias"] else {}
+    return {**norm("self_attention.layernorm_qkv.layer_norm_"),
+            "self_attention.layernorm_qkv.weight": (qkv, HIDDEN), **bias("self_attention.layernorm_qkv.bias", qkv),
+            "self_attention.proj.weight": (HIDDEN, HIDDEN), **bias("self_attention.proj.bias", HIDDEN),
+            **norm("layernorm_mlp.layer_norm_"),
+            "layernorm_mlp.fc1_weight": (fc1, HIDDEN), **bias("layernorm_mlp.fc1_bias", fc1),
+            "layernorm_mlp.fc2_weight": (HIDDEN, cfg["ffn"]), **bias("layernorm_mlp.fc2_bias", HIDDEN)}
+
+
+def te_stack_layout(layers) -> dict:
+    return {f"{i}.{k}": shape for i, cfg in enumerate(layers) for k, shape in te_layer_layout(cfg).items()}
+
+
+# --- the float64 reference of TE's semantics --------------------------------------------------------
+
+def _norm(x, p, stem, cfg):
+    gamma = p[f"{stem}weight"] + (1 if cfg["zcg"] else 0)  # TE stores gamma - 1 with zero_centered_gamma
+    if cfg["norm"] == "RMSNorm":
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + cfg["eps"]) * gamma
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + cfg["eps"]) * gamma + p[f"{stem}bias"]
+
+
+def _act(name, t):
+    if name == "swiglu":
+        a, b = t.chunk(2, dim=-1)
+        return a * torch.sigmoid(a) * b
+    if name == "qgelu":
+        return t * torch.sigmoid(1.702 * t)
+    return 0.5 * t * (1 + torch.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t ** 3)))  # TE's gelu: tanh
+
+
+def _attention(p, x, cfg, lengths):
+    """Self-attention, causal, per packed sequence: TE's QKV view [(np/ng + 2), ng, hn]."""
+    total, heads, groups = x.shape[0], cfg["heads"], cfg["groups"]
+    hn, per_group = HIDDEN // heads, heads // groups
+    mixed = x @ p["layernorm_qkv.weight"].T + p.get("layernorm_qkv.bias", 0)
+    mixed = mixed.view(total, per_group + 2, groups, hn)
+    q, k, v = mixed[:, :per_group].reshape(total, heads, hn), mixed[:, per_group], mixed[:, per_group + 1]
+    out, start = torch.zeros(total, heads, hn, dtype=x.dtype), 0
+    for n in lengths:
+        rows = slice(start, start + n)
+        for head in range(heads):
+            scores = q[rows, head] @ k[rows, head // per_group].T / math.sqrt(hn)
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            out[rows, head] = torch.softmax(scores, dim=-1) @ v[rows, head // per_group]
+        start += n
+    return out.reshape(total, HIDDEN) @ p["proj.weight"].T + p.get("proj.bias", 0)
+
+
+def te_layer_reference(p, x, cfg, lengths):
+    """TransformerLayer.forward of an encoder (transformer.py): h = r1 + attention(n1), y = r2 +
+    mlp(n2), each residual r the block's input or, post-layernorm, its norm's output."""
+    attention = {k.removeprefix("self_attention."): v for k, v in p.items() if k.startswith("self_attention.")}
+    mlp = {k.removeprefix("layernorm_mlp."): v for k, v in p.items() if k.startswith("layernorm_mlp.")}
+    n1 = _norm(x, attention, "layernorm_qkv.layer_norm_", cfg)
+    h = (n1 if cfg["post"] else x) + _attention(attention, n1, cfg, lengths)
+    n2 = _norm(h, mlp, "layer_norm_", cfg)
+    m = _act(cfg["act"], n2 @ mlp["fc1_weight"].T + mlp.get("fc1_bias", 0)) @ mlp["fc2_weight"].T
+    return (n2 if cfg["post"] else h) + m + mlp.get("fc2_bias", 0)
+
+
+def te_stack_reference(p, x, layers, lengths):
+    for i, cfg in enumerate(layers):
+        x = te_layer_reference({k.removeprefix(f"{i}."): v for k, v in p.items() if k.startswith(f"{i}.")}, x, cfg,
+                               lengths)
+    return x
+
+
+# --- the modules -------------------------------------------------------------------------------------
+
+def te_checkpoint(layers, seed):
+    """Signed random parameters in TE's layout (a TE checkpoint's state_dict, _extra_state aside)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(shape, generator=gen) / (shape[-1] ** 0.5 if len(shape) == 2 else 1)
+            for k, shape in te_stack_layout(layers).items()}
+
+
+def handwritten_state(module, checkpoint):
+    """The TE checkpoint as the hand-written Sequential's state_dict: the same parameters in the
+    same order (TE's layer: norm, QKV, proj, norm, fc1, fc2; the Sequential's residuals hold them so)."""
+    keys = [k for k in module.state_dict() if not k.endswith("_extra_state")]
+    assert len(keys) == len(checkpoint)
+    return dict(zip(keys, checkpoint.values()))
+
+
+def load(module, state):
+    """Loads ``state`` (TE's keys or the Sequential's) strictly, _extra_state entries as they are."""
+    extra = {k: v for k, v in module.state_dict().items() if k.endswith("_extra_state")}
+    module.load_state_dict({**state, **extra})
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_te_stack_holds_te_s_names_and_computes_te_s_semantics(stack):
+    te_name, _, layers = STACKS[stack]
+    module = getattr(generated, te_name)(dtype=torch.float32)
+    names = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
+    assert names == te_stack_layout(layers)
+    checkpoint = te_checkpoint(layers, seed=3)
+    load(module, checkpoint)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen, requires_grad=True)
+    dy = torch.randn(sum(LENGTHS), HIDDEN, generator=gen)
+    y = module(x, seq_lens=torch.tensor(LENGTHS))
+    y.backward(dy)
+    p64 = {k: v.double().requires_grad_() for k, v in checkpoint.items()}
+    x64 = x.detach().double().requires_grad_()
+    want = te_stack_reference(p64, x64, layers, LENGTHS)
+    want.backward(dy.double())
+    assert_close_to_reference(f"{te_name} y", y, want, torch.float32)
+    assert_close_to_reference(f"{te_name} dx", x.grad, x64.grad, torch.float32)
+    for name, p in module.named_parameters():
+        assert_close_to_reference(f"{te_name} d{name}", p.grad, p64[name].grad, torch.float32)
+
+
+def _train(module, x, target, steps, seq_lens):
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = (module(x, seq_lens=seq_lens).float() - target).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _train_both(stack, device, dtype, steps):
+    te_name, hand_name, layers = STACKS[stack]
+    te_module = getattr(generated, te_name)(device=device, dtype=dtype)
+    hand = getattr(generated, hand_name)(device=device, dtype=dtype)
+    checkpoint = {k: v.to(device=device, dtype=dtype) for k, v in te_checkpoint(layers, seed=7).items()}
+    load(te_module, checkpoint)
+    load(hand, handwritten_state(hand, checkpoint))
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).to(device=device, dtype=dtype)
+    target = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).to(device)
+    seq_lens = torch.tensor(LENGTHS, device=device)
+    te_losses = _train(te_module, x, target, steps, seq_lens)
+    hand_losses = _train(hand, x, target, steps, seq_lens)
+    return te_module, hand, te_losses, hand_losses
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_te_stack_trains_as_the_handwritten_sequential_on_the_cpu(stack):
+    """The same weights, the same steps of SGD: the same kernels in the same order (the plans
+    agree), so the same losses and parameters bit for bit."""
+    te_module, hand, te_losses, hand_losses = _train_both(stack, "cpu", torch.float32, steps=3)
+    assert te_losses == hand_losses
+    assert te_losses[0] > te_losses[1] > te_losses[2], te_losses
+    for (name, p), q in zip(((k, v) for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")),
+                            (v for k, v in hand.state_dict().items() if not k.endswith("_extra_state"))):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_te_stack_in_bf16_on_cuda(stack):
+    """bf16 on CUDA (FlashAttention-2): against the float64 reference at TE's FA2 tolerance, and
+    trained as the hand-written Sequential, bit for bit."""
+    te_name, _, layers = STACKS[stack]
+    module = getattr(generated, te_name)(device="cuda", dtype=torch.bfloat16)
+    checkpoint = te_checkpoint(layers, seed=5)
+    load(module, {k: v.cuda().bfloat16() for k, v in checkpoint.items()})
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).bfloat16()
+    dy = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).bfloat16()
+    xg = x.cuda().requires_grad_()
+    y = module(xg, seq_lens=torch.tensor(LENGTHS, device="cuda"))
+    y.backward(dy.cuda())
+    p64 = {k: v.bfloat16().double().requires_grad_() for k, v in checkpoint.items()}
+    x64 = x.double().requires_grad_()
+    want = te_stack_reference(p64, x64, layers, LENGTHS)
+    want.backward(dy.double())
+    grouped = any(cfg["groups"] != cfg["heads"] for cfg in layers)
+    assert_close_fa2(f"{te_name} y", y, want, grouped)
+    assert_close_fa2(f"{te_name} dx", xg.grad, x64.grad, grouped)
+    for name, p in module.named_parameters():
+        assert_close_fa2(f"{te_name} d{name}", p.grad, p64[name].grad, grouped)
+    te_module, hand, te_losses, hand_losses = _train_both(stack, "cuda", torch.bfloat16, steps=3)
+    assert te_losses == hand_losses
+    for (name, p), q in zip(((k, v) for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")),
+                            (v for k, v in hand.state_dict().items() if not k.endswith("_extra_state"))):
+        assert torch.equal(p, q), name
