@@ -15,7 +15,8 @@ import libcst as cst
 from ..errors import Location, SpecError
 from ..ops import NOT_YET, OPS, RESIDUAL, SEQUENTIAL, SPEC_MODULES, Arg, OpDef, basic_ops, op_modules
 from ..ops.binding import ArgumentError, bind, check_value
-from ..ops.te_namespace import MODULES_NOT_YET, TE_NAMESPACE, module_keyword, module_only_argument
+from ..ops.te_namespace import (ANY, MODULES_NOT_YET, TE_NAMESPACE, module_keyword, module_only_argument,
+                                module_positional)
 from .scope import Scope, _dotted, _ident
 from .source import SpecSource
 from .values import ConstantFolder
@@ -23,6 +24,7 @@ from .values import ConstantFolder
 # Ops in one Sequential (Linear counts once; real pipelines have tens). The planner slides each
 # rule over the ops, quadratic in their number, so this keeps planning well under a second.
 MAX_OPS = 1000
+_UNFOLDED = object()  # a module-only argument's value that is no literal (a function, an object)
 
 
 def user_module(target: tuple[str, str]) -> bool:
@@ -128,13 +130,31 @@ class OpBinder:
                                 f"out; signature: {op.signature()}", self.source.loc(arg))
         positional = [arg.value for arg in call.args if arg.keyword is None]
         module, attribute = self.scope.resolve(call.func) or ("", "")
+        named = [(_ident(arg.keyword.value), arg.keyword, arg.value) for arg in call.args if arg.keyword is not None]
+        order = module_positional(module, attribute)
+        if order is not None and positional:  # TE's module's positional order: te.LayerNorm(4096, 1e-6)
+            if len(positional) > len(order):
+                raise SpecError(f"te.{attribute}() takes at most {len(order)} positional arguments (TE's module: "
+                                f"{', '.join(order)}); pass the others by keyword", self.source.loc(positional[-1]))
+            named = [(name, node, node) for name, node in zip(order, positional)] + named
+            positional = []
         # a TE module's keyword read as te.ops' of that meaning: te.RMSNorm(hidden_size=4096, params_dtype=...)
-        keywords = [(module_keyword(module, attribute, _ident(arg.keyword.value)), arg.keyword, arg.value)
-                    for arg in call.args if arg.keyword is not None]
-        for name, name_at, _ in keywords:
-            refused = module_only_argument(module, attribute, name)  # te.Linear(..., params_dtype=...)
-            if refused:
-                raise SpecError(refused, self.source.loc(name_at))
+        keywords = []
+        for name, name_at, node in named:
+            only = module_only_argument(module, attribute, name)  # te.Linear(..., return_bias=False)
+            if only is None:
+                keywords.append((module_keyword(module, attribute, name), name_at, node))
+                continue
+            default, why = only
+            if default is ANY:
+                continue
+            try:
+                given = self.folder.evaluate(node, f"argument '{name}' of te.{attribute}")
+                shown = repr(given)
+            except SpecError:  # a function or object (init_method=...): never TE's default
+                given, shown = _UNFOLDED, self.source.code(node)
+            if given is _UNFOLDED or given != default:
+                raise SpecError(f"te.{attribute}(): argument '{name}' is {shown}: it {why}", self.source.loc(node))
 
         def value(spec_arg: Arg, node: cst.BaseExpression) -> object:
             named = self.named_object(spec_arg, node)

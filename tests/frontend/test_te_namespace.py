@@ -56,19 +56,49 @@ def error(text):
     return info.value
 
 
-@pytest.mark.parametrize("call, argument", [
-    ("te.Linear(64, 64, return_bias=True)", "return_bias"),
-    ("te.Linear(64, 64, parallel_mode='column')", "parallel_mode"),
-    ("te.Linear(64, 64, tp_size=1)", "tp_size"),
-    ("te.LayerNorm(64, sequence_parallel=False)", "sequence_parallel"),
+@pytest.mark.parametrize("call, argument, value, says", [
+    ("te.Linear(64, 64, return_bias=True)", "return_bias", "True", "returns the bias unadded"),
+    ("te.Linear(64, 64, parallel_mode='column')", "parallel_mode", "'column'", "issue 41"),
+    ("te.Linear(64, 64, tp_size=2)", "tp_size", "2", "issue 41"),
+    ("te.Linear(64, 64, init_method=torch.nn.init.zeros_)", "init_method", "torch.nn.init.zeros_", "initialiser"),
+    ("te.Linear(64, 64, delay_wgrad_compute=True)", "delay_wgrad_compute", "True", "backward_dw"),
+    ("te.Linear(64, 64, False, False, None, 4)", "tp_size", "4", "issue 41"),  # TE's 6th positional
 ])
-def test_an_argument_of_te_s_monolithic_module_is_refused_at_it(call, argument):
+def test_an_argument_of_te_s_monolithic_module_is_refused_at_its_value(call, argument, value, says):
+    """te.Linear's module-only arguments at another value than TE's default (module/linear.py)."""
     err = error(f"m = te.Sequential({call})\n")
-    assert f"te.{call.split('(')[0][3:]}(): '{argument}' is an argument of Transformer Engine's monolithic module" \
-        in err.message
-    assert "that fusegen gives no meaning yet" in err.message
-    assert err.message.endswith(f"leave '{argument}' out"), err.message
-    assert (err.location.line, err.location.col) == (2, 19 + call.index(argument))
+    assert err.message.startswith(f"te.Linear(): argument '{argument}' is "), err.message
+    assert says in err.message, err.message
+    at = call.rindex(value) if "False, None" in call else call.index(value, call.index(argument))
+    assert (err.location.line, err.location.col) == (2, 19 + at)
+
+
+def test_te_s_module_spellings_take_te_s_positional_order_and_its_no_ops():
+    """te.Linear(in, out, sequence_parallel, fuse_wgrad_accumulation, tp_group, tp_size, ...,
+    params_dtype, parallel_mode, parameters_split, device) and te.LayerNorm/RMSNorm(normalized_shape,
+    eps, sequence_parallel, params_dtype, zero_centered_gamma) as TE's modules order them; the
+    module-only arguments at TE's defaults, and those TE ignores without parallelism at any value."""
+    te_spelled = calls(
+        "import torch\nimport transformer_engine.pytorch as te\n"
+        "m = te.Sequential(te.LayerNorm(64, 1e-6, True, torch.float32, True),\n"
+        "    te.Linear(64, 32, False, True, None, 1, None, 'stream', None, False, False, torch.float32, None, None,\n"
+        "              'cpu', ub_overlap_ag=True, ub_name='qkv', name='fc', save_original_input=True),\n"
+        "    te.RMSNorm(32, 1e-5, False))\n")
+    as_te_ops = calls(
+        "import torch\nimport transformer_engine.pytorch as te\n"
+        "m = te.ops.Sequential(te.ops.LayerNorm(64, eps=1e-6, dtype=torch.float32, zero_centered_gamma=True),\n"
+        "    te.ops.Linear(64, 32, bias=False, dtype=torch.float32, device='cpu', accumulate_into_main_grad=True),\n"
+        "    te.ops.RMSNorm(32, eps=1e-5))\n")
+    assert te_spelled == as_te_ops
+    err = error("m = te.Sequential(te.LayerNorm(64, 1e-6, None, None, False, None, 7))\n")
+    assert "te.LayerNorm() takes at most 6 positional arguments (TE's module: normalized_shape, eps" in err.message
+    assert (err.location.line, err.location.col) == (2, 67)
+
+
+def test_te_dot_product_attention_is_no_op_of_a_sequential():
+    err = error("m = te.Sequential(te.DotProductAttention(4, 64))\n")
+    assert err.message.startswith("te.DotProductAttention: TE's core attention takes query, key and value")
+    assert "write te.MultiheadAttention" in err.message and (err.location.line, err.location.col) == (2, 19)
 
 
 def test_te_ops_keeps_its_own_arguments_and_errors():
@@ -80,11 +110,12 @@ def test_te_ops_keeps_its_own_arguments_and_errors():
     assert "Linear() got an unexpected keyword argument 'params_dtype'" in err.message
 
 
-def test_te_linear_s_bias_is_keyword_only_as_in_te_ops():
-    # TE's module takes sequence_parallel third: a positional bias would mean something else there
-    err = error("m = te.Sequential(te.Linear(64, 64, False))\n")
-    assert "Linear() takes 2 positional arguments but 3 were given; pass bias" in err.message
-    assert (err.location.line, err.location.col) == (2, 37)
+def test_te_linear_s_third_positional_is_sequence_parallel_as_in_te_s_module():
+    # TE's module takes sequence_parallel third (module/linear.py), not bias: read as TE reads it
+    assert calls("import transformer_engine.pytorch as te\nm = te.Sequential(te.Linear(64, 64, False))\n")[0][1][
+        "bias"] is True
+    err = error("m = te.Sequential(te.Linear(64, 64, True))\n")
+    assert "sequence_parallel" in err.message and (err.location.line, err.location.col) == (2, 37)
 
 
 def test_te_module_arguments_with_a_meaning_are_read_as_te_ops_ones():
@@ -104,9 +135,10 @@ def test_te_module_arguments_with_a_meaning_are_read_as_te_ops_ones():
 
 def test_te_s_modules_not_yet_supported_say_so_at_the_call(monkeypatch):
     """Every TE module is a macro now (te.MultiheadAttention, te.TransformerLayer: tests/ops/
-    test_te_attention.py, test_te_transformer_layer.py); the refusal of one that is not stays."""
+    test_te_attention.py, test_te_transformer_layer.py) but te.DotProductAttention, which is no op
+    of a Sequential; the refusal of one that is not stays."""
     from fusegen.ops.te_namespace import MODULES_NOT_YET
-    assert not MODULES_NOT_YET
+    assert list(MODULES_NOT_YET) == ["DotProductAttention"]
     monkeypatch.setitem(MODULES_NOT_YET, "FutureLayer", "this TE module is not supported yet")
     err = error("m = te.Sequential(te.FutureLayer(64, 64))\n")
     assert err.message.startswith("te.FutureLayer: this TE module is not supported yet")
