@@ -609,8 +609,8 @@ class TeGptLayer(torch.nn.Module):
         self.add_module(
             "0",
             SpecOp(
-                "TransformerLayer(256, 1024, 4, fuse_qkv_params=True, qkv_weight_interleaved=False, "
-                "attn_input_format='bshd')"
+                "TransformerLayer(256, 1024, 4, fuse_qkv_params=True, "
+                "qkv_weight_interleaved=False, attn_input_format='bshd')"
             )
         )
         self._modules["0"].add_module("self_attention", SpecOp("self_attention()"))
