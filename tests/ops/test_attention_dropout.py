@@ -234,6 +234,18 @@ def test_mean_over_seeds_approaches_the_no_dropout_output():
 
 # --- (4) CUDA bf16: FlashAttention-2's dropout --------------------------------------------------------
 
+def gap(a, b):
+    """max |a - b| relative to max |a|, in float64."""
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item()
+
+
+# FA2's backward adds dq's parts with atomics (PyTorch runs it deterministically only under
+# torch.use_deterministic_algorithms), so two runs of one mask agree to its rounding, not bitwise;
+# another mask moves the grads by far more (about sqrt(p / (1 - p)) of them)
+SAME_MASK, OTHER_MASK = 1e-2, 5e-2
+
+
 def _cuda_qkv():
     return qkv([40, 7, 64, 1], 4, 2, 64, dtype=torch.bfloat16, device="cuda", seed=7)
 
@@ -284,10 +296,10 @@ def test_flash_backward_is_finite_and_seed_deterministic():
         out, lse, rng = ops_attention.flash_attention_forward(q0, k0, v0, cu, 64, True, P)
         grads.append(ops_attention.flash_attention_backward(dy, out, q0, k0, v0, lse, cu, 64, True, rng, P))
     assert all(torch.isfinite(g).all() for g in grads[0])
-    assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[1])), "same seed, same grads"
-    assert not all(torch.equal(a, b) for a, b in zip(grads[0], grads[2]))
+    assert all(gap(a, b) <= SAME_MASK for a, b in zip(grads[0], grads[1])), "same seed, same grads"
+    assert all(gap(a, b) > OTHER_MASK for a, b in zip(grads[0], grads[2])), "another seed, another mask"
     plain = ops_attention.flash_attention_backward(dy, out, q0, k0, v0, lse, cu, 64, True)
-    assert not torch.equal(plain[2], grads[2][2]), "the backward applies the forward's mask"
+    assert gap(plain[2], grads[2][2]) > OTHER_MASK, "the backward applies the forward's mask"
 
 
 @pytest.mark.cuda
@@ -332,10 +344,11 @@ def test_te_multihead_attention_with_te_s_default_dropout_trains_on_cuda():
         return y.detach(), grads
 
     for m in (module, torch.compile(module)):
-        step(m, 0)  # warm-up (capture)
-        (y1, g1), (y2, g2), (y3, _) = step(m, 1), step(m, 1), step(m, 2)
-        assert torch.equal(y1, y2) and all(torch.equal(a, b) for a, b in zip(g1, g2)), "same seed, same mask"
-        assert not torch.equal(y1, y3), "another seed, another mask"
+        for _ in range(3):  # warm-up: a few rows' graphs are captured at a shape's second call
+            step(m, 0)
+        (y1, g1), (y2, g2), (y3, g3) = step(m, 1), step(m, 1), step(m, 2)
+        assert torch.equal(y1, y2) and all(gap(a, b) <= SAME_MASK for a, b in zip(g1, g2)), "same seed, same mask"
+        assert gap(y1, y3) > OTHER_MASK and gap(g1[0], g3[0]) > OTHER_MASK, "another seed, another mask"
         assert all(torch.isfinite(g).all() for g in g1)
     module.eval()
     with torch.no_grad():
