@@ -19,8 +19,8 @@ takes a second input), ``parallel_attention_mlp`` and ``drop_path_rate`` refused
 
 from .opdef import Arg, OpDef, check_eps, check_features, register
 from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _TRACKER, _WGRAD, _ZCG,
-                         ACTIVATIONS, TE_MODULES, _fused_qkv, _hint, _layernorm_mlp, _multihead_attention,
-                         _attention_dropout, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha,
+                         ACTIVATIONS, TE_MODULES, _attention_dropout, _fused_qkv, _hint, _layernorm_mlp,
+                         _multihead_attention, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha,
                          refused_default)
 
 _MHA_ARGS = ("hidden_size", "num_attention_heads", "kv_channels", "attention_dropout", "layernorm_epsilon",

@@ -9,9 +9,11 @@ length (``op.max_seqlen``, a host int): PyTorch's FA2 varlen kernels on CUDA bf1
 (``torch.ops.aten._flash_attention_forward``, GQA native), the op's reference math per sequence
 otherwise. The forward saves what the backward reads: the one buffer (the backward splits it into
 q, k, v again), the output and the softmax's log-sum-exp (float32 [heads, rows], FA2's layout on
-every path). Backward: ``ref.flash_attention_backward`` to dq, dk, dv, then the backward prep kernel to the
-projection's grad (the rotary's transpose of dq and dk, dv copied). On CPU every launcher runs its
-reference math.
+every path). With dropout (the op's ``dropout`` > 0) the forward passes ``p if training else
+0.0`` (the module's training flag, per call) and also saves the rng state it returns (None in
+eval), which the backward passes back with p. Backward: ``ref.flash_attention_backward`` to dq,
+dk, dv, then the backward prep kernel to the projection's grad (the rotary's transpose of dq and
+dk, dv copied). On CPU every launcher runs its reference math.
 """
 
 from __future__ import annotations
@@ -117,9 +119,8 @@ class AttentionStage(StageImpl):
         reads = dict(dy=dy, y=stage.output, **{f"s{k}": value for k, value in enumerate(saved)},
                      cu=op.cu_seqlens, max=op.max_seqlen)
         causal = op.opdef.reference_arguments(op.args)[2]
-        slots = ", ".join("{" + f"s{k}" + "}" for k in range(len(saved)))
         slots = ", ".join("{" + f"s{k}" + "}" for k in range(4))  # q, k, v, lse
-        dropout = f", {{s4}}, {op.args['dropout']!r}" if op.args["dropout"] > 0 else ""  # the rng state, p
+        dropout = f", {{s4}}, {op.args['dropout']!r}" if len(saved) > 4 else ""  # the rng state, p
         block.add(TorchCall(f"{{dq}}, {{dk}}, {{dv}} = ref.flash_attention_backward({{dy}}, {{y}}, {slots}, {{cu}}, "
                             f"{{max}}, {causal!r}{dropout})", reads, dict(dq=grads[0], dk=grads[1], dv=grads[2])))
         block.add(Launch(prep_backward(op).name, [*grads, op.cu_seqlens], [d_in]))
