@@ -164,6 +164,23 @@ def test_module_grads_of_x_and_parameters_under_dropout():
     assert not torch.equal(reseeded(x), model.eval()(x, cu_seqlens=cu)), "the mask applied"
 
 
+def _gqa_reference(params, x64, keep=None):
+    """specs/te_attention.py's te_gqa_attention in float64: RMSNorm, the QKV projection, attention
+    (8 heads sharing 2 kv heads of 32, causal; ``keep``: the dropout mask), the output projection."""
+    h = x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-5) * params["layernorm_qkv.layer_norm_weight"]
+    q, k, v = (h @ params["layernorm_qkv.weight"].T).reshape(x64.shape[0], 12, 32).split([8, 2, 2], dim=1)
+    return attention64(q, k, v, LENGTHS, True, keep, P) @ params["proj.weight"].T
+
+
+def test_generated_module_in_eval_is_the_no_dropout_attention_on_cpu():
+    import generated
+    module = generated.TeGqaAttention().eval()
+    params = {k.removeprefix("0."): v.double() for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
+    x = torch.randn(sum(LENGTHS), 256, generator=torch.Generator().manual_seed(6))
+    y = module(x, seq_lens=torch.tensor(LENGTHS, dtype=torch.int32))
+    assert_close_to_reference("y", y, _gqa_reference(params, x.double()), torch.float32)
+
+
 def test_generated_module_trains_with_the_documented_mask_on_cpu():
     """The shipped te.MultiheadAttention spec (TE's default attention_dropout=0.1), generated, in
     fp32 training on the CPU: its output is the float64 reference under the documented mask of the
@@ -182,11 +199,7 @@ def test_generated_module_trains_with_the_documented_mask_on_cpu():
     y = module(xg, seq_lens=torch.tensor(LENGTHS, dtype=torch.int32))
     y.backward(dy)
     x64 = x.double().requires_grad_()
-    h = x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-5) * params["layernorm_qkv.layer_norm_weight"]
-    mixed = (h @ params["layernorm_qkv.weight"].T).reshape(x.shape[0], 12, 32)
-    q, k, v = mixed.split([8, 2, 2], dim=1)
-    keep = documented_keep(key, 8, sum(LENGTHS), P)
-    want = attention64(q, k, v, LENGTHS, True, keep, P) @ params["proj.weight"].T
+    want = _gqa_reference(params, x64, documented_keep(key, 8, sum(LENGTHS), P))
     want.backward(dy.double())
     assert_close_to_reference("y", y, want, torch.float32)
     assert_close_to_reference("dx", xg.grad, x64.grad, torch.float32)
