@@ -556,7 +556,26 @@ def make_extra_output(x):
     return x
 
 
-# --- generator/ops/attention.py -----------------------------------------------------------------
+# --- generator/ops/attention_math.py ------------------------------------------------------------
+
+def attention_dropout_scale(key, dropout, heads, total, start, end, like):
+    """The reference path's dropout of the probabilities of rows start:end (keys start:end):
+    keep / (1 - p) [heads, end - start, end - start] in ``like``'s dtype, or None without dropout
+    (``key`` None). Probability (h, i, j) of the whole [heads, total, total] matrix (i, j: rows of
+    the packed batch) is kept where ``uniform(key, (h * total + i) * total + j)`` (ops/common.py,
+    24-bit draws) is at least p rounded up to a multiple of 2**-24, so every split of the rows (per
+    sequence, or all at once under torch.compile) draws the same mask, and the backward
+    regenerates it from the saved key."""
+    if key is None:
+        return None
+    device = like.device
+    h = torch.arange(heads, dtype=torch.int64, device=device)[:, None, None]
+    i = torch.arange(start, end, dtype=torch.int64, device=device)[None, :, None]
+    j = torch.arange(start, end, dtype=torch.int64, device=device)[None, None, :]
+    threshold = math.ceil(dropout * 2**24) / 2**24
+    keep = uniform(key.reshape(-1)[:1], (h * total + i) * total + j) >= threshold
+    return keep.to(like.dtype) / (1.0 - dropout)
+
 
 def attention_positions(cu_seqlens, total, device):
     """Each row's position inside its sequence (0 at each sequence's first row), int64."""
@@ -636,9 +655,11 @@ def attention_blocks(cu_seqlens, q, causal):
     return blocks
 
 
-def attention_core(q, k, v, cu_seqlens, causal):
+def attention_core(q, k, v, cu_seqlens, causal, dropout=0.0, key=None):
     """Softmax(q k^T / sqrt(d) + mask) v per sequence: out [total, heads, d] and the softmax's
-    log-sum-exp [total, heads]."""
+    log-sum-exp [total, heads] (of the probabilities before dropout). ``key`` (int64, its first
+    element the key; None: no dropout): the probabilities dropped with probability ``dropout``
+    (``attention_dropout_scale``)."""
     heads, group = q.shape[1], q.shape[1] // k.shape[1]
     out = torch.zeros_like(q)
     lse = torch.zeros(q.shape[:2], dtype=q.dtype, device=q.device)
@@ -650,13 +671,17 @@ def attention_core(q, k, v, cu_seqlens, causal):
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))
         lse[start:end] = torch.logsumexp(scores, dim=-1).transpose(0, 1)
-        out[start:end] = (torch.softmax(scores, dim=-1) @ vs).transpose(0, 1)
+        p = torch.softmax(scores, dim=-1)
+        scale = attention_dropout_scale(key, dropout, heads, q.shape[0], start, end, p)
+        if scale is not None:
+            p = p * scale
+        out[start:end] = (p @ vs).transpose(0, 1)
     return out, lse
 
 
-def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
+def attention_core_bwd(dout, q, k, v, cu_seqlens, causal, dropout=0.0, key=None):
     """dq, dk, dv of ``attention_core``'s out (a kv head's grads summed over the q heads that
-    read it)."""
+    read it), with the forward's dropout mask regenerated from ``key``."""
     kv_heads, group = k.shape[1], q.shape[1] // k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1])
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -670,10 +695,14 @@ def attention_core_bwd(dout, q, k, v, cu_seqlens, causal):
             scores = scores.masked_fill(~keep, float("-inf"))
         p = torch.softmax(scores, dim=-1)
         dp = do @ vs.transpose(1, 2)
+        kept = attention_dropout_scale(key, dropout, q.shape[1], q.shape[0], start, end, p)
+        dropped = p if kept is None else p * kept  # what multiplied v in the forward
+        if kept is not None:  # the grad of p through the mask
+            dp = dp * kept
         ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))
         dq[start:end] = (ds @ ks * scale).transpose(0, 1)
         dks = (ds.transpose(1, 2) @ qs * scale).reshape(kv_heads, group, end - start, -1).sum(dim=1)
-        dvs = (p.transpose(1, 2) @ do).reshape(kv_heads, group, end - start, -1).sum(dim=1)
+        dvs = (dropped.transpose(1, 2) @ do).reshape(kv_heads, group, end - start, -1).sum(dim=1)
         dk[start:end] = dks.transpose(0, 1)
         dv[start:end] = dvs.transpose(0, 1)
     return dq, dk, dv
@@ -696,43 +725,60 @@ def attention_inputs_bwd(dq, dk, dv, cu_seqlens, rotary_base):
     return torch.cat([dq, dk, dv], dim=1).reshape(dq.shape[0], -1)
 
 
+# --- generator/ops/attention.py -----------------------------------------------------------------
+
 def attention_on_flash(x):
     """Whether ``x`` runs on PyTorch's FlashAttention-2 kernels (CUDA, bf16 or fp16)."""
     return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
 
 
-def flash_attention_forward(q, k, v, cu_seqlens, max_seqlen, causal):
+def flash_attention_forward(q, k, v, cu_seqlens, max_seqlen, causal, dropout=None):
     """out [total, heads d] of q [total, heads, d], k and v [total, kv_heads, d] (any row and head
     stride, a dense last dim: views of the prep kernel's buffer), and what the backward reads: the
     softmax's log-sum-exp, float32 [heads, total] (FA2's layout, on every path, so a torch.compile
-    op's fake, which runs the reference math on meta tensors, has the real output's shape). On
-    CUDA bf16/fp16 PyTorch's FlashAttention-2 varlen kernels; otherwise ``attention_core`` in
-    ``compute``'s precision, out rounded to q's dtype. Dropout is 0, so FA2's rng state is not
-    kept (torch.nn.attention.varlen does the same)."""
+    op's fake, which runs the reference math on meta tensors, has the real output's shape), and,
+    where ``dropout`` is given (an op with dropout: the generated module passes ``p if training
+    else 0.0``), the dropout's rng state: None where it is 0 (eval mode), else int64 [2] on every
+    path. On CUDA bf16/fp16 PyTorch's
+    FlashAttention-2 varlen kernels, which draw the mask from PyTorch's CUDA generator (philox,
+    graph-safe: a CUDA graph's replay draws a fresh one) and return the seed and offset its
+    backward reads (uint64 [2], kept as int64 [2]); otherwise ``attention_core`` in ``compute``'s
+    precision, out rounded to q's dtype, the key a fresh one from PyTorch's generator (``[key,
+    0]``; ``attention_dropout_scale``)."""
+    p = dropout or 0.0
     if not attention_on_flash(q):
-        out, lse = attention_core(compute(q), compute(k), compute(v), cu_seqlens, causal)
-        return out.reshape(q.shape[0], -1).to(q.dtype), lse.t().float().contiguous()
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse, _, _, _ = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, 0.0, causal, False, scale=scale)
-    return out.reshape(q.shape[0], -1), lse
+        rng = torch.cat(
+            [new_seed(q), torch.zeros(1, dtype=torch.int64, device=q.device)]) if p > 0 else None
+        out, lse = attention_core(compute(q), compute(k), compute(v), cu_seqlens, causal, p, rng)
+        out, lse = out.reshape(q.shape[0], -1).to(q.dtype), lse.t().float().contiguous()
+    else:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        out, lse, rng_state, _, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, p, causal, False, scale=scale)
+        out, rng = out.reshape(q.shape[0], -1), rng_state.view(torch.int64) if p > 0 else None
+    return (out, lse) if dropout is None else (out, lse, rng)
 
 
-def flash_attention_backward(dy, y, q, k, v, lse, cu_seqlens, max_seqlen, causal):
+def flash_attention_backward(
+        dy, y, q, k, v, lse, cu_seqlens, max_seqlen, causal, rng=None, dropout=0.0):
     """dq, dk, dv of ``flash_attention_forward``'s out from what it returned, in q's dtype (as FA2
-    returns them; off FA2 ``attention_core_bwd`` in ``compute``'s precision, rounded once)."""
-    if not attention_on_flash(q):  # the reference path (it recomputes the softmax)
+    returns them; off FA2 ``attention_core_bwd`` in ``compute``'s precision, rounded once). ``rng``:
+    the forward's rng state, None where it dropped nothing (then ``dropout`` is not applied)."""
+    dropout = dropout if rng is not None else 0.0
+    if not attention_on_flash(q):  # the reference path (it recomputes the softmax and the mask)
         dout = compute(dy).reshape(q.shape)
-        grads = attention_core_bwd(dout, compute(q), compute(k), compute(v), cu_seqlens, causal)
+        grads = attention_core_bwd(
+            dout, compute(q), compute(k), compute(v), cu_seqlens, causal, dropout, rng)
         return tuple(g.to(q.dtype) for g in grads)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    # dropout 0: FA2 reads no rng state; placeholders as torch.nn.attention.varlen passes
-    rng_state = torch.zeros((2,), dtype=torch.uint64, device=q.device)
+    # without dropout FA2 reads no rng state: placeholders as torch.nn.attention.varlen passes
+    rng_state = rng.view(torch.uint64) if rng is not None else torch.zeros(
+        (2,), dtype=torch.uint64, device=q.device)
     unused = torch.empty(0, device=q.device)
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
         dy.reshape(q.shape).contiguous(), q, k, v, y.reshape(
             q.shape), lse, cu_seqlens, cu_seqlens, max_seqlen,
-        max_seqlen, 0.0, causal, rng_state, unused, scale=scale)
+        max_seqlen, dropout, causal, rng_state, unused, scale=scale)
     return dq, dk, dv
 
 
@@ -745,14 +791,18 @@ def sequences_of(x2d, lead):
     return torch.arange(0, count + 1, dtype=torch.int32, device=x2d.device) * length
 
 
-def self_attention(x, cu_seqlens, heads, kv_heads, causal, rotary_base):
-    """The op's reference forward: [total, (heads + 2 kv_heads) d] -> [total, heads d]."""
+def self_attention(
+        x, cu_seqlens, heads, kv_heads, causal, rotary_base, dropout=0.0, *, training=False):
+    """The op's reference forward: [total, (heads + 2 kv_heads) d] -> [total, heads d]; in
+    ``training`` with ``dropout`` > 0 under a fresh key from PyTorch's generator (differentiable
+    by autograd: the mask is a constant factor)."""
     q, k, v = attention_inputs(x, cu_seqlens, heads, kv_heads, rotary_base)
-    return attention_core(q, k, v, cu_seqlens, causal)[0].reshape(x.shape[0], -1)
+    key = new_seed(x) if training and dropout > 0 else None
+    return attention_core(q, k, v, cu_seqlens, causal, dropout, key)[0].reshape(x.shape[0], -1)
 
 
-def self_attention_bwd(x, dy, cu_seqlens, heads, kv_heads, causal, rotary_base):
-    """The op's reference backward: dx of ``self_attention``."""
+def self_attention_bwd(x, dy, cu_seqlens, heads, kv_heads, causal, rotary_base, dropout=0.0):
+    """The op's reference backward: dx of ``self_attention`` in eval (no dropout)."""
     q, k, v = attention_inputs(x, cu_seqlens, heads, kv_heads, rotary_base)
     dq, dk, dv = attention_core_bwd(dy.reshape(q.shape), q, k, v, cu_seqlens, causal)
     return attention_inputs_bwd(dq, dk, dv, cu_seqlens, rotary_base)

@@ -2,13 +2,12 @@
 edit.
 
     te_gpt_layer = Sequential(  # as basic ops (Linear is BasicLinear + Bias), numbered as the plan
-        Residual: keeps x,  # op 0a: `TransformerLayer(256, 1024, 4, attention_dropout=0.0,
-        fuse_qkv_params=True, qkv_weight_interleaved=False, attn_input_format='bshd')`, its
-        attention_residual
+        Residual: keeps x,  # op 0a: `TransformerLayer(256, 1024, 4, fuse_qkv_params=True,
+        qkv_weight_interleaved=False, attn_input_format='bshd')`, its attention_residual
         LayerNorm(256),  # op 0b
         BasicLinear(256, 768),  # op 0c
         Bias(768),  # op 0d
-        GroupedQueryAttention(256, 4, 4),  # op 0e
+        GroupedQueryAttention(256, 4, 4, dropout=0.1),  # op 0e
         BasicLinear(256, 256),  # op 0f
         Bias(256),  # op 0g
         Dropout(0.1),  # op 0h
@@ -64,14 +63,17 @@ def forward_stages(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4)
+    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1)
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
     ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
-    layer0_core_attention_pre_linear, layer0_core_attention_lse = ref.flash_attention_forward(
+    (
+        layer0_core_attention_pre_linear, layer0_core_attention_lse,
+        layer0_core_attention_rng
+    ) = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
-        max_seqlen, True)
+        max_seqlen, True, 0.1 if training else 0.0)
     # forward stage 4 · rule linear · op 0f: BasicLinear(256, 256)
     layer0_proj_pre_bias = layer0_core_attention_pre_linear.mm(
         layer0_self_attention_proj_weight.t())
@@ -107,10 +109,10 @@ def forward_stages(
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -121,10 +123,10 @@ def backward_stages(
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -169,7 +171,8 @@ def backward_stages(
     # backward stage 4 · rule linear_backward · op 0f: BasicLinear(256, 256)
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_bias.mm(
         layer0_self_attention_proj_weight)
-    # backward stage 3 · rule attention_backward · op 0e: GroupedQueryAttention(256, 4, 4)
+    # backward stage 3 · rule attention_backward · op 0e: GroupedQueryAttention(256, 4, 4,
+    # dropout=0.1)
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -180,7 +183,7 @@ def backward_stages(
     ) = ref.flash_attention_backward(
         d_layer0_core_attention_pre_linear, layer0_core_attention_pre_linear,
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, True)
+        layer0_core_attention_lse, cu_seqlens, max_seqlen, True, layer0_core_attention_rng, 0.1)
     d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h4_kv4_d64(
         d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens)
     # backward stage 2 · rule elementwise_backward · op 0d: Bias(768)
@@ -217,7 +220,7 @@ class TeGptLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(12,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(13,))
 
     @staticmethod
     @first_order_only("TeGptLayer")  # a double backward raises instead of being wrong
@@ -238,10 +241,10 @@ class TeGptLayerFunction(torch.autograd.Function):
             layer0_core_attention_pre_linear, layer0_mlp_residual,
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-            layer0_self_attention_layernorm_qkv_layer_norm_weight,
+            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
+            layer0_core_attention_rng, cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+            layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+            layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight) = saved
@@ -295,7 +298,7 @@ def no_grad_forward(
     "Without grad")."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_gpt_layer_no_grad_46efb520(
+        return torch.ops.fusegen.te_gpt_layer_no_grad_00e35586(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_layer_norm_bias,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_layernorm_qkv_bias,
@@ -314,14 +317,14 @@ def no_grad_forward(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4)
+    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1)
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
     ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
     layer0_core_attention_pre_linear = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
-        max_seqlen, True)[0]
+        max_seqlen, True, 0.1 if training else 0.0)[0]
     # no-grad stage 4 · rule linear · op 0f: BasicLinear(256, 256)
     layer0_proj_pre_bias = layer0_core_attention_pre_linear.mm(
         layer0_self_attention_proj_weight.t())
@@ -359,7 +362,7 @@ COMPILED_GRAPHS = CudaGraphs(
     "TeGptLayer", inputs=1, per_call=(14,), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_gpt_layer_no_grad_46efb520",
+    "te_gpt_layer_no_grad_00e35586",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_layernorm_qkv_bias, "
@@ -393,10 +396,10 @@ def forward_pass(
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight
@@ -414,7 +417,7 @@ def forward_pass(
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
         layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed)
 
@@ -424,10 +427,10 @@ def backward_pass(
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -438,10 +441,10 @@ def backward_pass(
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -464,7 +467,7 @@ def setup_compiled_backward(ctx, inputs, output):
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
         layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed) = output
     keep_for_backward(
@@ -474,10 +477,10 @@ def setup_compiled_backward(ctx, inputs, output):
             layer0_core_attention_pre_linear, layer0_mlp_residual,
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-            layer0_self_attention_layernorm_qkv_layer_norm_weight,
+            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
+            layer0_core_attention_rng, cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+            layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+            layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight),
@@ -487,9 +490,10 @@ def setup_compiled_backward(ctx, inputs, output):
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
             layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
-            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed),
-        host=(12,))
+            layer0_core_attention_rng, layer0_attention_hidden_dropout_seed,
+            layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+            layer0_mlp_hidden_dropout_seed),
+        host=(13,))
 
 
 def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no grads)
@@ -501,10 +505,10 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight) = saved_tensors(ctx)
@@ -517,15 +521,15 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_pre_bias, d_layer0_layernorm_mlp_fc1_pre_bias,
         d_layer0_proj_pre_bias,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_gpt_layer_backward_9483a32a(
+    ) = torch.ops.fusegen.te_gpt_layer_backward_28bc142b(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, cu_seqlens, max_seqlen,
-        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -556,7 +560,7 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
 COMPILED_PASSES = PassGraphs("TeGptLayer", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_gpt_layer_forward_9483a32a",
+        "te_gpt_layer_forward_28bc142b",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor "
@@ -566,25 +570,25 @@ register_training_ops(
         "Tensor layer0_layernorm_mlp_fc1_bias, Tensor layer0_layernorm_mlp_fc2_weight, Tensor "
         "layer0_layernorm_mlp_fc2_bias, bool training, Tensor cu_seqlens, int max_seqlen) -> "
         "(Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
         forward_pass, (0, 14)),
     (
-        "te_gpt_layer_backward_9483a32a",
+        "te_gpt_layer_backward_28bc142b",
         "(Tensor d_layer0_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
         "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
         "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
         "layer0_layernorm_mlp_fc1_pre_gelu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
         "Tensor? layer0_layernorm_qkv_layer_norm_mean, Tensor? "
         "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "cu_seqlens, int max_seqlen, Tensor? layer0_attention_hidden_dropout_seed, Tensor? "
-        "layer0_layernorm_mlp_layer_norm_mean, Tensor? layer0_layernorm_mlp_layer_norm_rstd, "
-        "Tensor? layer0_mlp_hidden_dropout_seed, Tensor "
-        "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
+        "layer0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor? "
+        "layer0_attention_hidden_dropout_seed, Tensor? layer0_layernorm_mlp_layer_norm_mean, "
+        "Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor? layer0_mlp_hidden_dropout_seed, "
+        "Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16, 17)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
@@ -605,7 +609,7 @@ class TeGptLayer(torch.nn.Module):
         self.add_module(
             "0",
             SpecOp(
-                "TransformerLayer(256, 1024, 4, attention_dropout=0.0, fuse_qkv_params=True, "
+                "TransformerLayer(256, 1024, 4, fuse_qkv_params=True, "
                 "qkv_weight_interleaved=False, attn_input_format='bshd')"
             )
         )
@@ -744,7 +748,7 @@ class TeGptLayer(torch.nn.Module):
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_gpt_layer_forward_9483a32a(*args)[0]
+                outputs = torch.ops.fusegen.te_gpt_layer_forward_28bc142b(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGptLayerFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -4,12 +4,12 @@ edit.
     te_llama_layer = Sequential(  # as basic ops (Linear is BasicLinear + Bias), numbered as the
     plan
         Residual: keeps x,  # op 0a: `TransformerLayer(256, 512, 8, num_gqa_groups=2,
-        hidden_dropout=0.0, attention_dropout=0.0, fuse_qkv_params=True,
-        qkv_weight_interleaved=False, bias=False, activation='swiglu', normalization='RMSNorm',
-        attn_input_format='thd')`, its attention_residual
+        hidden_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, bias=False,
+        activation='swiglu', normalization='RMSNorm', attn_input_format='thd')`, its
+        attention_residual
         RMSNorm(256),  # op 0b
         BasicLinear(256, 384),  # op 0c
-        GroupedQueryAttention(256, 8, 2),  # op 0d
+        GroupedQueryAttention(256, 8, 2, dropout=0.1),  # op 0d
         BasicLinear(256, 256),  # op 0e
         Residual: x + ops(x),  # op 0f: its attention_residual
         Residual: keeps x,  # op 0g: its mlp_residual
@@ -39,7 +39,7 @@ def forward_stages(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen):
     """The forward of `te_llama_layer` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -53,14 +53,17 @@ def forward_stages(
     # forward stage 2 · rule linear · op 0c: BasicLinear(256, 384)
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
-    # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2)
+    # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, dropout=0.1)
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
     ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
-    layer0_core_attention_pre_linear, layer0_core_attention_lse = ref.flash_attention_forward(
+    (
+        layer0_core_attention_pre_linear, layer0_core_attention_lse,
+        layer0_core_attention_rng
+    ) = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
-        max_seqlen, True)
+        max_seqlen, True, 0.1 if training else 0.0)
     # forward stage 4 · rule linear · op 0e: BasicLinear(256, 256)
     layer0_proj_pre_add_extra_input = layer0_core_attention_pre_linear.mm(
         layer0_self_attention_proj_weight.t())
@@ -88,8 +91,8 @@ def forward_stages(
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -100,8 +103,8 @@ def backward_stages(
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -133,7 +136,8 @@ def backward_stages(
     # backward stage 3 · rule linear_backward · op 0e: BasicLinear(256, 256)
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_add_extra_input.mm(
         layer0_self_attention_proj_weight)
-    # backward stage 2 · rule attention_backward · op 0d: GroupedQueryAttention(256, 8, 2)
+    # backward stage 2 · rule attention_backward · op 0d: GroupedQueryAttention(256, 8, 2,
+    # dropout=0.1)
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -144,7 +148,7 @@ def backward_stages(
     ) = ref.flash_attention_backward(
         d_layer0_core_attention_pre_linear, layer0_core_attention_pre_linear,
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, True)
+        layer0_core_attention_lse, cu_seqlens, max_seqlen, True, layer0_core_attention_rng, 0.1)
     d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h8_kv2_d32(
         d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens)
     # backward stage 1 · rule linear_backward · op 0c: BasicLinear(256, 384)
@@ -173,7 +177,7 @@ class TeLlamaLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(11,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(12,))
 
     @staticmethod
     @first_order_only("TeLlamaLayer")  # a double backward raises instead of being wrong
@@ -191,7 +195,8 @@ class TeLlamaLayerFunction(torch.autograd.Function):
             layer0_core_attention_pre_linear, layer0_mlp_residual,
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
+            layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+            layer0_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -225,23 +230,23 @@ class TeLlamaLayerFunction(torch.autograd.Function):
             None, d_x, d_layer0_self_attention_layernorm_qkv_layer_norm_weight,
             d_layer0_self_attention_layernorm_qkv_weight, d_layer0_self_attention_proj_weight,
             d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_fc1_weight,
-            d_layer0_layernorm_mlp_fc2_weight, None, None)
+            d_layer0_layernorm_mlp_fc2_weight, None, None, None)
 
 
 def no_grad_forward(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen):
     """The forward of `te_llama_layer` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_llama_layer_no_grad_d0d289ce(
+        return torch.ops.fusegen.te_llama_layer_no_grad_ac605218(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-            layer0_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen)
+            layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     layer0_attention_residual = x
     # no-grad stage 1 · rule norm · op 0b: RMSNorm(256)
@@ -250,14 +255,14 @@ def no_grad_forward(
     # no-grad stage 2 · rule linear · op 0c: BasicLinear(256, 384)
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2)
+    # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, dropout=0.1)
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
     ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
     layer0_core_attention_pre_linear = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
-        max_seqlen, True)[0]
+        max_seqlen, True, 0.1 if training else 0.0)[0]
     # no-grad stage 4 · rule linear · op 0e: BasicLinear(256, 256)
     layer0_proj_pre_add_extra_input = layer0_core_attention_pre_linear.mm(
         layer0_self_attention_proj_weight.t())
@@ -287,14 +292,14 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeLlamaLayer", inputs=1, per_call=(7,), dtypes=(torch.bfloat16, torch.float16),
+    "TeLlamaLayer", inputs=1, per_call=(8,), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_llama_layer_no_grad_d0d289ce",
+    "te_llama_layer_no_grad_ac605218",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, Tensor "
     "layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, Tensor "
-    "layer0_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen) -> Tensor",
+    "layer0_layernorm_mlp_fc2_weight, bool training, Tensor cu_seqlens, int max_seqlen) -> Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -307,7 +312,7 @@ def forward_pass(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
@@ -316,8 +321,8 @@ def forward_pass(
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight
@@ -325,13 +330,13 @@ def forward_pass(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen)
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen)
     return (
         layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd)
+        layer0_core_attention_lse, layer0_core_attention_rng, layer0_layernorm_mlp_layer_norm_rstd)
 
 
 def backward_pass(
@@ -339,8 +344,8 @@ def backward_pass(
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -351,8 +356,8 @@ def backward_pass(
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -365,13 +370,14 @@ def setup_compiled_backward(ctx, inputs, output):
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen) = inputs
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen) = inputs
     (
         layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd) = output
+        layer0_core_attention_lse, layer0_core_attention_rng,
+        layer0_layernorm_mlp_layer_norm_rstd) = output
     keep_for_backward(
         ctx,
         (
@@ -379,7 +385,8 @@ def setup_compiled_backward(ctx, inputs, output):
             layer0_core_attention_pre_linear, layer0_mlp_residual,
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
+            layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+            layer0_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -389,8 +396,9 @@ def setup_compiled_backward(ctx, inputs, output):
             layer0_core_attention_pre_linear, layer0_mlp_residual,
             layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
             layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd),
-        host=(11,))
+            layer0_core_attention_lse, layer0_core_attention_rng,
+            layer0_layernorm_mlp_layer_norm_rstd),
+        host=(12,))
 
 
 def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no grads)
@@ -402,8 +410,8 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight) = saved_tensors(ctx)
@@ -412,13 +420,13 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_fc1_pre_glu,
         d_layer0_proj_pre_add_extra_input,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_llama_layer_backward_d17984a5(
+    ) = torch.ops.fusegen.te_llama_layer_backward_eb6fd52d(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -440,34 +448,36 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_x, d_layer0_self_attention_layernorm_qkv_layer_norm_weight,
         d_layer0_self_attention_layernorm_qkv_weight, d_layer0_self_attention_proj_weight,
         d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_fc1_weight,
-        d_layer0_layernorm_mlp_fc2_weight, None, None)
+        d_layer0_layernorm_mlp_fc2_weight, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeLlamaLayer", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_llama_layer_forward_d17984a5",
+        "te_llama_layer_forward_eb6fd52d",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
-        "Tensor layer0_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen) -> (Tensor, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 7)),
+        "Tensor layer0_layernorm_mlp_fc2_weight, bool training, Tensor cu_seqlens, int max_seqlen) "
+        "-> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
+        "Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 8)),
     (
-        "te_llama_layer_backward_d17984a5",
+        "te_llama_layer_backward_eb6fd52d",
         "(Tensor d_layer0_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
         "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
         "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
         "layer0_layernorm_mlp_fc1_pre_glu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
         "Tensor? layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "cu_seqlens, int max_seqlen, Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor "
+        "layer0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_rstd, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13)),
-    COMPILED_PASSES, setup_compiled_backward, compiled_backward)
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14)),
+    COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
 class TeLlamaLayer(torch.nn.Module):
@@ -488,8 +498,8 @@ class TeLlamaLayer(torch.nn.Module):
             "0",
             SpecOp(
                 "TransformerLayer(256, 512, 8, num_gqa_groups=2, hidden_dropout=0.0, "
-                "attention_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, "
-                "bias=False, activation='swiglu', normalization='RMSNorm', attn_input_format='thd')"
+                "fuse_qkv_params=True, qkv_weight_interleaved=False, bias=False, "
+                "activation='swiglu', normalization='RMSNorm', attn_input_format='thd')"
             )
         )
         self._modules["0"].add_module("self_attention", SpecOp("self_attention()"))
@@ -513,7 +523,7 @@ class TeLlamaLayer(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeLlamaLayer", inputs=1, per_call=(7,), dtypes=(torch.bfloat16, torch.float16))
+            "TeLlamaLayer", inputs=1, per_call=(8,), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(
@@ -574,13 +584,14 @@ class TeLlamaLayer(torch.nn.Module):
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight,
+            self.training,  # Dropout draws its masks in training only
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_llama_layer_forward_d17984a5(*args)[0]
+                outputs = torch.ops.fusegen.te_llama_layer_forward_eb6fd52d(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeLlamaLayerFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -108,7 +108,8 @@ class FusibleOp(torch.nn.Module):
                 if basic.reads_sequences:  # attention: per sequence, in compute's precision, one rounding
                     rows = x.reshape(-1, x.shape[-1])
                     sequences = sequences_of(rows, lead) if cu_seqlens is None else cu_seqlens
-                    y = forward(compute(rows), sequences, *basic.reference_arguments(a)).to(x.dtype)
+                    mode = {"training": self.training} if basic.uses_training(a) else {}  # its dropout
+                    y = forward(compute(rows), sequences, *basic.reference_arguments(a), **mode).to(x.dtype)
                     x = y.reshape(*lead, y.shape[-1])
                     continue
                 y = forward(x.reshape(-1, x.shape[-1]), *params, *basic.reference_arguments(a))

@@ -318,7 +318,8 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
             fields["lead"] = add(Role.METADATA, "object", lead_name(op))
         with_ids.append(replace(op, **fields))
         running = output
-    random = any(op.seed is not None for op in with_ids)  # the forward depends on the training mode
+    # the forward depends on the training mode: a random operand (Dropout), attention's dropout
+    random = any(op.seed is not None or op.opdef.uses_training(op.args) for op in with_ids)
     training = add(Role.FLAG, "bool", "training") if random else None
     width = add(Role.METADATA, "int64", "n") if isinstance(graph.features(0), Sym) else None
     assert sorted(table) == list(range(len(table))), "value ids are the table's positions"

@@ -269,7 +269,8 @@ def _wrap_string(indent: str, literal: str, after: str, width: int, inside_brack
         return None
     pieces, current = [], ""
     for word in re.findall(r"\S+\s*|\s+", literal[1:-1]):  # each word with the spaces after it
-        if current and len(current + word.rstrip()) + 2 + len(after) > room:  # the quotes, what follows
+        # the piece keeps the word's trailing space where another piece follows: count it
+        if current and len(current + word.rstrip()) + 2 + max(len(after), len(word) - len(word.rstrip())) > room:
             pieces.append(current)
             current = ""
         current += word

@@ -123,6 +123,7 @@ class OpDef:
     row_shape: Callable[[dict], tuple[int, ...] | None] = lambda a: None
     user_module: bool = False  # a module of the user's code, run as it is (ops/module.py)
     reads_sequences: bool = False  # reads the call's packed sequences (Op.cu_seqlens, Op.max_seqlen: attention)
+    uses_training: Callable[[dict], bool] = lambda a: False  # reads the training flag (attention's dropout)
     # A GLU's glu_interleave_size: its input rows alternate blocks [a(k), b(k), a(k), ...]; None: [a | b]
     interleave: Callable[[dict], int | None] = lambda a: None
     tag: Callable[[dict], str] = lambda a: ""
@@ -223,8 +224,7 @@ OPS: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
-    """Add ``op`` to the registry; an op whose reference math could not be shipped (it reads a
-    module constant, a closure, a function it does not declare) is refused here, when defined."""
+    """Add ``op`` to the registry, refusing one whose reference math cannot be shipped (shipped.py)."""
     if op.name in OPS:
         raise ValueError(f"op {op.name} is registered twice")
     if op.opaque and (op.device_struct or None in op.reference):

@@ -19,8 +19,8 @@ takes a second input), ``parallel_attention_mlp`` and ``drop_path_rate`` refused
 
 from .opdef import Arg, OpDef, check_eps, check_features, register
 from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _TRACKER, _WGRAD, _ZCG,
-                         ACTIVATIONS, TE_MODULES, _fused_qkv, _hint, _layernorm_mlp, _multihead_attention,
-                         _no_attention_dropout, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha,
+                         ACTIVATIONS, TE_MODULES, _attention_dropout, _fused_qkv, _hint, _layernorm_mlp,
+                         _multihead_attention, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha,
                          refused_default)
 
 _MHA_ARGS = ("hidden_size", "num_attention_heads", "kv_channels", "attention_dropout", "layernorm_epsilon",
@@ -86,7 +86,7 @@ def _residuals(a: dict) -> tuple[tuple[int, int, str], ...]:
 
 
 # te.MultiheadAttention's refused defaults, under the layer's names (attn_input_format is its qkv_format)
-_REFUSED_DEFAULTS = (("attention_dropout", _no_attention_dropout), ("fuse_qkv_params", _fused_qkv),
+_REFUSED_DEFAULTS = (("fuse_qkv_params", _fused_qkv),
                      ("qkv_weight_interleaved", _not_interleaved), ("attn_input_format", _qkv_format))
 
 
@@ -102,7 +102,7 @@ register(OpDef(
           Arg("num_gqa_groups", "int", None, check=lambda v: None if v is None or v > 0 else "must be positive"),
           Arg("layernorm_epsilon", "float", 1e-5, check=check_eps),
           Arg("hidden_dropout", "float", 0.1, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v!r}"),
-          Arg("attention_dropout", "float", 0.1, check=_no_attention_dropout),
+          Arg("attention_dropout", "float", 0.1, check=_attention_dropout),
           _refuse("init_method", "object", None, _INIT), _refuse("output_layer_init_method", "object", None, _INIT),
           _hint("layer_number", "int", None), Arg("kv_channels", "int", None),
           Arg("self_attn_mask_type", "str", "causal", check=lambda v: None if v in ("causal", "no_mask") else (

@@ -177,10 +177,9 @@ def _not_interleaved(v):
         + _QKV_LAYOUT + "pass qkv_weight_interleaved=False (with fuse_qkv_params=True)")
 
 
-def _no_attention_dropout(v):
-    return None if v == 0 else (
-        f"is {v!r}: fusegen's attention (FlashAttention-2 without dropout) has none; pass attention_dropout=0.0 "
-        "(TE's default is 0.1)")
+def _attention_dropout(v):
+    """TE's attention_dropout: the probability of dropping each softmax probability in training."""
+    return None if 0 <= v < 1 else f"must be a probability in [0, 1), got {v!r}"
 
 
 def _qkv_format(v):
@@ -192,8 +191,8 @@ def _qkv_format(v):
 
 
 # TE's defaults fusegen cannot honour: the binder checks the values given, these the defaults left
-_REFUSED_DEFAULTS = (("attention_dropout", _no_attention_dropout), ("fuse_qkv_params", _fused_qkv),
-                     ("qkv_weight_interleaved", _not_interleaved), ("qkv_format", _qkv_format))
+_REFUSED_DEFAULTS = (("fuse_qkv_params", _fused_qkv), ("qkv_weight_interleaved", _not_interleaved),
+                     ("qkv_format", _qkv_format))
 
 
 def refused_default(a: dict, refused: tuple) -> str | None:
@@ -223,11 +222,13 @@ def _validate_mha(a: dict) -> str | None:
 
 
 def _attention_args(a: dict) -> dict:
-    """The attention op's arguments: num_gqa_groups kv heads (TE: as many as the heads if None)."""
+    """The attention op's arguments: num_gqa_groups kv heads (TE: as many as the heads if None);
+    attention_dropout in training (TE's DotProductAttention: ``attention_dropout if self.training
+    else 0.0``)."""
     heads = a["num_attention_heads"]
     return {"hidden": a["hidden_size"], "heads": heads,
             "kv_heads": heads if a["num_gqa_groups"] is None else a["num_gqa_groups"],
-            "attn_mask_type": a["attn_mask_type"], "rotary_base": None}
+            "attn_mask_type": a["attn_mask_type"], "rotary_base": None, "dropout": a["attention_dropout"]}
 
 
 def _multihead_attention(a: dict) -> list[tuple]:
@@ -249,7 +250,7 @@ register(OpDef(
     "MultiheadAttention", "container", modules=TE_MODULES,
     args=(Arg("hidden_size", "int", check=check_features), Arg("num_attention_heads", "int", check=check_features),
           Arg("kv_channels", "int", None),  # checked against hidden_size / num_attention_heads: _validate_mha
-          Arg("attention_dropout", "float", 0.1, check=_no_attention_dropout),
+          Arg("attention_dropout", "float", 0.1, check=_attention_dropout),
           Arg("layernorm_epsilon", "float", 1e-5, check=check_eps),
           _refuse("init_method", "object", None, _INIT), _refuse("output_layer_init_method", "object", None, _INIT),
           _hint("layer_number", "int", None),  # TE's scaling of the unfused backend: the same softmax

@@ -166,6 +166,9 @@ def op_call(rng: random.Random, prefix: str, name: str, width: int, corrupt: flo
         out = width // 2
     elif op.kind == "reshape":
         sane = {"shape": f"(-1, {width})"}
+    elif op.kind == "attention":  # heads of 64 (8 at width 8), the sizes its kernels take; one kv head
+        out = width
+        sane = {"hidden": str(width), "heads": str(max(1, width // 64)), "kv_heads": "1"}
     args, keyword = [], False
     for a in op.args:
         if a.default is REQUIRED:

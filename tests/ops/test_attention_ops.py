@@ -85,7 +85,7 @@ def test_reference_math_matches_float64(name, hidden, heads, kv, kv_heads, causa
     op = OPS[name]
     forward, backward = op.reference
     constants = op.reference_arguments(module.args)
-    assert constants == (heads, kv_heads, causal, rotary)
+    assert constants == (heads, kv_heads, causal, rotary, 0.0)  # no dropout
     y = forward(x.detach(), offsets(lengths), *constants)
     dx = backward(x.detach(), dy, offsets(lengths), *constants)
     torch.testing.assert_close(y, ref.detach(), rtol=1e-12, atol=1e-12)

@@ -19,7 +19,7 @@ from ...ops.attention import attention_inputs, attention_inputs_bwd
 
 def attention_shape(op) -> tuple[int, int, int, float | None]:
     """(heads, kv_heads, head_dim, rotary_base) of a self-attention op."""
-    heads, kv_heads, _, rotary_base = op.opdef.reference_arguments(op.args)
+    heads, kv_heads, _, rotary_base, _ = op.opdef.reference_arguments(op.args)
     return heads, kv_heads, op.args["hidden"] // heads, rotary_base
 
 

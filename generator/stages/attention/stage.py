@@ -9,9 +9,11 @@ length (``op.max_seqlen``, a host int): PyTorch's FA2 varlen kernels on CUDA bf1
 (``torch.ops.aten._flash_attention_forward``, GQA native), the op's reference math per sequence
 otherwise. The forward saves what the backward reads: the one buffer (the backward splits it into
 q, k, v again), the output and the softmax's log-sum-exp (float32 [heads, rows], FA2's layout on
-every path). Backward: ``ref.flash_attention_backward`` to dq, dk, dv, then the backward prep kernel to the
-projection's grad (the rotary's transpose of dq and dk, dv copied). On CPU every launcher runs its
-reference math.
+every path). With dropout (the op's ``dropout`` > 0) the forward passes ``p if training else
+0.0`` (the module's training flag, per call) and also saves the rng state it returns (None in
+eval), which the backward passes back with p. Backward: ``ref.flash_attention_backward`` to dq,
+dk, dv, then the backward prep kernel to the projection's grad (the rotary's transpose of dq and
+dk, dv copied). On CPU every launcher runs its reference math.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from ...values import Role
 from ..base import Saves, StageImpl
 from .kernels import attention_shape, prep_backward, prep_forward
 
-# what flash_attention_forward returns after y, in order: (name suffix, role, dtype)
+# what flash_attention_forward returns after y, in order: (name suffix, role, dtype); the rng
+# state (FA2's philox seed and offset, or the reference path's key; None in eval mode) only where
+# the op has dropout
 FLASH_SAVED = (("lse", Role.STATISTIC, "float32"),)
+DROPOUT_SAVED = (("rng", Role.METADATA, "int64"),)
+
+
+def _flash_saved(op) -> tuple:
+    return FLASH_SAVED + (DROPOUT_SAVED if op.args["dropout"] > 0 else ())
 
 
 class AttentionStage(StageImpl):
@@ -51,10 +60,12 @@ class AttentionStage(StageImpl):
     def saved_shapes(self, em, stage):
         op = stage.ops[0]
         heads, kv_heads, head_dim, rotary = attention_shape(op)
-        qkv, lse = (em.table[value].name for value in em.stats[op.index])
+        qkv, lse, *rng = (em.table[value].name for value in em.stats[op.index])
         what = "the prep kernel's buffer: rotary(q), rotary(k), v" if rotary is not None else "the projection"
         return {qkv: (f"[rows, {heads} + 2 x {kv_heads}, {head_dim}], {what}; q, k, v its views", "x's dtype"),
                 lse: (f"[{heads}, rows], FA2's layout on every path", "float32"),
+                **{name: ("[2], the dropout's rng state (FA2's philox seed and offset; the reference's key), None in "
+                          "eval mode", "int64") for name in rng},
                 em.name(op.cu_seqlens): ("[batch + 1]", "int32"),
                 em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int")}
 
@@ -79,11 +90,17 @@ class AttentionStage(StageImpl):
         block.add(_split(op, heads_in, qkv))
         causal = literal(repr(op.opdef.reference_arguments(op.args)[2]))
         reads = dict(q=qkv[0], k=qkv[1], v=qkv[2], cu=op.cu_seqlens, max=op.max_seqlen)
-        call = f"ref.flash_attention_forward({{q}}, {{k}}, {{v}}, {{cu}}, {{max}}, {causal})"
+        dropout = op.args["dropout"]
+        if dropout > 0:  # TE's `attention_dropout if self.training else 0.0`, per call
+            reads["training"] = em.pipeline.training
+            call = (f"ref.flash_attention_forward({{q}}, {{k}}, {{v}}, {{cu}}, {{max}}, {causal}, "
+                    f"{dropout!r} if {{training}} else 0.0)")
+        else:
+            call = f"ref.flash_attention_forward({{q}}, {{k}}, {{v}}, {{cu}}, {{max}}, {causal})"
         if not em.saving:  # the no-grad forward keeps nothing for a backward
             block.add(TorchCall(f"{{y}} = {call}[0]", reads, dict(y=stage.output)))
             return em.table[stage.output].name
-        flash = [em.table.add(role, dtype, f"{op.hint}_{name}") for name, role, dtype in FLASH_SAVED]
+        flash = [em.table.add(role, dtype, f"{op.hint}_{name}") for name, role, dtype in _flash_saved(op)]
         # the backward reads the one tensor q, k and v are views of (its own views again): one
         # saved tensor, not three views (a custom op under torch.compile returns tensors of its
         # own, so three views would be three copies there)
@@ -102,9 +119,10 @@ class AttentionStage(StageImpl):
         reads = dict(dy=dy, y=stage.output, **{f"s{k}": value for k, value in enumerate(saved)},
                      cu=op.cu_seqlens, max=op.max_seqlen)
         causal = op.opdef.reference_arguments(op.args)[2]
-        slots = ", ".join("{" + f"s{k}" + "}" for k in range(len(saved)))
+        slots = ", ".join("{" + f"s{k}" + "}" for k in range(4))  # q, k, v, lse
+        dropout = f", {{s4}}, {op.args['dropout']!r}" if len(saved) > 4 else ""  # the rng state, p
         block.add(TorchCall(f"{{dq}}, {{dk}}, {{dv}} = ref.flash_attention_backward({{dy}}, {{y}}, {slots}, {{cu}}, "
-                            f"{{max}}, {causal!r})", reads, dict(dq=grads[0], dk=grads[1], dv=grads[2])))
+                            f"{{max}}, {causal!r}{dropout})", reads, dict(dq=grads[0], dk=grads[1], dv=grads[2])))
         block.add(Launch(prep_backward(op).name, [*grads, op.cu_seqlens], [d_in]))
         return d_in
 
