@@ -5,13 +5,14 @@
         LayerNorm(256),  # op 0a
         BasicLinear(256, 768),  # op 0b
         Bias(768),  # op 0c
-        GroupedQueryAttention(256, 4, 4),  # op 0d
+        GroupedQueryAttention(256, 4, 4, qkv_format='bshd'),  # op 0d
         BasicLinear(256, 256),  # op 0e
         Bias(256),  # op 0f
     )
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_gpt_attention.plan.md.
+x is read as TE's qkv_format='bshd': [batch, seq, hidden], each batch row a sequence.
 """
 
 import torch
@@ -42,7 +43,7 @@ def forward_stages(
     mha0_layernorm_qkv_pre_attention = torch.addmm(
         mha0_layernorm_qkv_bias, mha0_layernorm_qkv_layer_norm_pre_linear,
         mha0_layernorm_qkv_weight.t())
-    # forward stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4)
+    # forward stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, qkv_format='bshd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -72,7 +73,8 @@ def backward_stages(
     d_mha0_proj_bias = kernels.bias_bwd_n256(d_mha0_out)
     # backward stage 4 · rule linear_backward · op 0e: BasicLinear(256, 256)
     d_mha0_core_attention_pre_linear = d_mha0_out.mm(mha0_proj_weight)
-    # backward stage 3 · rule attention_backward · op 0d: GroupedQueryAttention(256, 4, 4)
+    # backward stage 3 · rule attention_backward · op 0d: GroupedQueryAttention(256, 4, 4,
+    # qkv_format='bshd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -161,7 +163,7 @@ def no_grad_forward(
     mha0_layernorm_qkv_pre_attention = torch.addmm(
         mha0_layernorm_qkv_bias, mha0_layernorm_qkv_layer_norm_pre_linear,
         mha0_layernorm_qkv_weight.t())
-    # no-grad stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4)
+    # no-grad stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, qkv_format='bshd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -388,7 +390,7 @@ class TeGptAttention(torch.nn.Module):
         )
         check_input("TeGptAttention", "x", x, 256, mha0_layernorm_qkv_layer_norm_weight)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

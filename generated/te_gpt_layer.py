@@ -8,7 +8,7 @@ edit.
         LayerNorm(256),  # op 0b
         BasicLinear(256, 768),  # op 0c
         Bias(768),  # op 0d
-        GroupedQueryAttention(256, 4, 4),  # op 0e
+        GroupedQueryAttention(256, 4, 4, qkv_format='bshd'),  # op 0e
         BasicLinear(256, 256),  # op 0f
         Bias(256),  # op 0g
         Dropout(0.1),  # op 0h
@@ -26,6 +26,7 @@ edit.
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_gpt_layer.plan.md.
+x is read as TE's qkv_format='bshd': [batch, seq, hidden], each batch row a sequence.
 """
 
 import torch
@@ -64,7 +65,7 @@ def forward_stages(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4)
+    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, qkv_format='bshd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -169,7 +170,8 @@ def backward_stages(
     # backward stage 4 · rule linear_backward · op 0f: BasicLinear(256, 256)
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_bias.mm(
         layer0_self_attention_proj_weight)
-    # backward stage 3 · rule attention_backward · op 0e: GroupedQueryAttention(256, 4, 4)
+    # backward stage 3 · rule attention_backward · op 0e: GroupedQueryAttention(256, 4, 4,
+    # qkv_format='bshd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -314,7 +316,7 @@ def no_grad_forward(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4)
+    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, qkv_format='bshd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -724,7 +726,7 @@ class TeGptLayer(torch.nn.Module):
         check_input(
             "TeGptLayer", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

@@ -4,12 +4,13 @@
     plan
         RMSNorm(256),  # op 0a
         BasicLinear(256, 384),  # op 0b
-        GroupedQueryAttention(256, 8, 2),  # op 0c
+        GroupedQueryAttention(256, 8, 2, qkv_format='thd'),  # op 0c
         BasicLinear(256, 256),  # op 0d
     )
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_gqa_attention.plan.md.
+x is read as TE's qkv_format='thd': packed tokens [total, hidden], their lengths seq_lens.
 """
 
 import torch
@@ -37,7 +38,7 @@ def forward_stages(
     # forward stage 1 · rule linear · op 0b: BasicLinear(256, 384)
     mha0_layernorm_qkv_pre_attention = mha0_layernorm_qkv_layer_norm_pre_linear.mm(
         mha0_layernorm_qkv_weight.t())
-    # forward stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2)
+    # forward stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -65,7 +66,8 @@ def backward_stages(
     Returns the other grads, then what those GEMMs read."""
     # backward stage 3 · rule linear_backward · op 0d: BasicLinear(256, 256)
     d_mha0_core_attention_pre_linear = d_mha0_out.mm(mha0_proj_weight)
-    # backward stage 2 · rule attention_backward · op 0c: GroupedQueryAttention(256, 8, 2)
+    # backward stage 2 · rule attention_backward · op 0c: GroupedQueryAttention(256, 8, 2,
+    # qkv_format='thd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -140,7 +142,7 @@ def no_grad_forward(
     # no-grad stage 1 · rule linear · op 0b: BasicLinear(256, 384)
     mha0_layernorm_qkv_pre_attention = mha0_layernorm_qkv_layer_norm_pre_linear.mm(
         mha0_layernorm_qkv_weight.t())
-    # no-grad stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2)
+    # no-grad stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -335,7 +337,7 @@ class TeGqaAttention(torch.nn.Module):
             (mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight))
         check_input("TeGqaAttention", "x", x, 256, mha0_layernorm_qkv_layer_norm_weight)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGqaAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeGqaAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

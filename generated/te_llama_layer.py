@@ -9,7 +9,7 @@ edit.
         attn_input_format='thd')`, its attention_residual
         RMSNorm(256),  # op 0b
         BasicLinear(256, 384),  # op 0c
-        GroupedQueryAttention(256, 8, 2),  # op 0d
+        GroupedQueryAttention(256, 8, 2, qkv_format='thd'),  # op 0d
         BasicLinear(256, 256),  # op 0e
         Residual: x + ops(x),  # op 0f: its attention_residual
         Residual: keeps x,  # op 0g: its mlp_residual
@@ -22,6 +22,7 @@ edit.
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_llama_layer.plan.md.
+x is read as TE's qkv_format='thd': packed tokens [total, hidden], their lengths seq_lens.
 """
 
 import torch
@@ -53,7 +54,7 @@ def forward_stages(
     # forward stage 2 · rule linear · op 0c: BasicLinear(256, 384)
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
-    # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2)
+    # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -133,7 +134,8 @@ def backward_stages(
     # backward stage 3 · rule linear_backward · op 0e: BasicLinear(256, 256)
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_add_extra_input.mm(
         layer0_self_attention_proj_weight)
-    # backward stage 2 · rule attention_backward · op 0d: GroupedQueryAttention(256, 8, 2)
+    # backward stage 2 · rule attention_backward · op 0d: GroupedQueryAttention(256, 8, 2,
+    # qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -250,7 +252,7 @@ def no_grad_forward(
     # no-grad stage 2 · rule linear · op 0c: BasicLinear(256, 384)
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2)
+    # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -564,7 +566,7 @@ class TeLlamaLayer(torch.nn.Module):
         check_input(
             "TeLlamaLayer", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeLlamaLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeLlamaLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

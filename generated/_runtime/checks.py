@@ -146,7 +146,22 @@ def check_packed_form(module, x):
                          "x.shape[1] tokens)")
 
 
-def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None):
+_FORMS = {"sbhd": "a 3-D x [seq, batch, hidden]", "bshd": "a 3-D x [batch, seq, hidden]",
+          "thd": "a 2-D x [total_tokens, hidden] of packed sequences"}
+
+
+def _check_format(module, x, seq_lens, qkv_format):
+    """x's dims against a TE module's qkv_format, as TE's attention takes them."""
+    if x.dim() != (2 if qkv_format == "thd" else 3):
+        raise ValueError(f"{module}: qkv_format={qkv_format!r} takes {_FORMS[qkv_format]}, as TE does, got "
+                         f"{list(x.shape)}" + ("; pass the lengths as seq_lens= (or cu_seqlens_q=)"
+                                               if qkv_format == "thd" else ""))
+    if seq_lens is not None and qkv_format != "thd":
+        raise ValueError(f"{module}: seq_lens (packed sequences) takes qkv_format='thd'; this module's is "
+                         f"{qkv_format!r}: every batch column is a sequence of x's full length")
+
+
+def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=None):
     """(cu_seqlens, max_seqlen) of a call: int32 offsets [batch + 1] on x's device and the host
     int bounding the longest sequence. Call forms: ``m(x, seq_lens)`` with x [total, hidden] and
     seq_lens [batch] (int32 or int64, on x's device or the CPU); ``m(x)`` with a 2-D x (one
@@ -168,6 +183,11 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None):
         raise TypeError(f"{module}: max_seqlen must be None or an int of 0 or more (the longest "
                         f"sequence's length, or more), got {max_seqlen!r}")
     dims = x.dim()
+    if qkv_format is not None:  # a TE module's qkv_format: the one form TE takes
+        _check_format(module, x, seq_lens, qkv_format)
+        # [seq, batch, hidden]: batch sequences of seq tokens, as [batch, seq]
+        if qkv_format == "sbhd":
+            x = x.transpose(0, 1)
     compiling = torch.compiler.is_compiling()
     if seq_lens is None:
         if dims not in (2, 3):

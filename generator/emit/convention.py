@@ -89,6 +89,7 @@ class ModuleForward:
     parameters_check: str = ""  # the parameters' one check line
     sequences: tuple[int, int] | None = None  # (cu_seqlens, max_seqlen) where an op reads them
     graphs: bool = False  # the module replays CUDA graphs (emit.replays_graphs)
+    sequence_format: str | None = None  # how x is read (TE's qkv_format), None: fusegen's call forms
 
     @property
     def like_is(self) -> str:
@@ -123,7 +124,7 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
     return ModuleForward(p.class_name, leads, reshapes=bool(lead_lines), copied=frozenset(copied), generic=p.generic,
                          any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
                          in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
-                         sequences=p.sequences, graphs=graphs)
+                         sequences=p.sequences, graphs=graphs, sequence_format=p.sequence_format)
 
 
 def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=(), graphs=False) -> list[Argument]:
@@ -176,9 +177,12 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
         # rows where a module replays CUDA graphs: at most its max_rows rows, one graph serves
         # every set of lengths of a row and batch count)
         few_rows = ", self.cuda_graphs.max_rows" if f.graphs else ""
-        check = f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows})'
+        form = f', qkv_format="{f.sequence_format}"' if f.sequence_format else ""
+        check = (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form})',)
+        if f.sequence_format == "sbhd":  # TE's default: x [seq, batch, hidden] runs as batch-major rows inside
+            check += ("x = x.transpose(0, 1)  # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence",)
         first = value.id == f.sequences[0]
-        return Argument(value.id, value.role, name, name, line="sequences", check=(check,),
+        return Argument(value.id, value.role, name, name, line="sequences", check=check,
                         checked_by="packed_sequences", typed="Tensor" if first else "int", per_call=first,
                         comment="the packed sequences: offsets [batch + 1], a bound on the longest length" if not first else "")
     if value.role is Role.METADATA and op is not None and op.lead == value.id:
