@@ -36,8 +36,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
-    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
+    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
+    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -662,7 +663,10 @@ class TeGptLayer(torch.nn.Module):
         ref.init_parameter(self._modules["0"].layernorm_mlp.fc2_weight, "kaiming_uniform")
         ref.init_parameter(self._modules["0"].layernorm_mlp.fc2_bias, "zeros")
 
-    def forward(self, x, seq_lens=None, *, max_seqlen=None):
+    def forward(
+            self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+            max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
+            attn_mask_type=None, window_size=None):
         layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
             "0"].self_attention.layernorm_qkv.layer_norm_weight
         layer0_self_attention_layernorm_qkv_layer_norm_bias = self._modules[
@@ -725,6 +729,11 @@ class TeGptLayer(torch.nn.Module):
         )
         check_input(
             "TeGptLayer", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
+        seq_lens, max_seqlen = te_sequences(
+            "TeGptLayer", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
         lead = x.shape[:-1]

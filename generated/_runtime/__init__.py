@@ -18,7 +18,7 @@ Here: the names the generated modules (and the package's users) import from ``_r
 """
 
 from .checks import (check_input, check_packed_form, check_parameters, check_row_input,
-                     packed_sequences)
+                     packed_sequences, te_sequences)
 from .compiled_passes import PassGraphs, keep_for_backward, register_training_ops
 from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
@@ -34,5 +34,5 @@ __all__ = [
     "check_parameters",
     "check_row_input", "first_order_only", "keep_for_backward", "packed_sequences", "pointer",
     "register_no_grad_op", "register_op", "register_training_ops", "replay_backward",
-    "replay_forward", "saved_tensors", "with_lead", "with_shape",
+    "replay_forward", "saved_tensors", "te_sequences", "with_lead", "with_shape",
 ]

@@ -199,3 +199,89 @@ def test_an_sbhd_module_in_bf16_against_float64(tmp_path):
         grads = dict(module.named_parameters())
         for name, p in params64.items():
             assert_close_fa2(f"d{name}", grads[f"0.{name}"].grad, p.grad, True)
+
+
+# --- TE's forward keywords (MultiheadAttention.forward / TransformerLayer.forward) ---------------
+
+LENGTHS = [4, 1, 6]
+
+
+def _offsets(lengths=LENGTHS):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("keywords", [
+    dict(cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets()),
+    dict(cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets(), max_seqlen_q=6, max_seqlen_kv=6),
+    dict(cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets(), max_seqlen_q=8, max_seqlen_kv=8,
+         attention_mask=None, self_attn_mask_type="causal", attn_mask_type="causal", window_size=(-1, 0)),
+])
+def test_te_s_keyword_call_form_equals_fusegen_s_and_the_reference(packages, keywords):
+    module = packages[2].M()
+    checkpoint = _checkpoint()
+    module.load_state_dict(checkpoint)
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen)
+    dy = torch.randn(sum(LENGTHS), HIDDEN, generator=gen)
+    params64 = _params64(checkpoint)
+    x64 = x.double().requires_grad_()
+    want = te_mha_reference(params64, x64, LENGTHS, HEADS, GROUPS, "LayerNorm", False, True, True)
+    want.backward(dy.double())
+    y_te, dx_te = _check(_Keywords(module, keywords), x, dy, want, params64, x64)
+    module.zero_grad()
+    params64 = _params64(checkpoint)
+    x64 = x.double().requires_grad_()
+    want = te_mha_reference(params64, x64, LENGTHS, HEADS, GROUPS, "LayerNorm", False, True, True)
+    want.backward(dy.double())
+    y_fg, dx_fg = _check(_Keywords(module, dict(seq_lens=torch.tensor(LENGTHS))), x, dy, want, params64, x64)
+    torch.testing.assert_close(y_te, y_fg, rtol=0, atol=0)
+    torch.testing.assert_close(dx_te, dx_fg, rtol=0, atol=0)
+
+
+class _Keywords(torch.nn.Module):
+    """``inner(x, **keywords)``, its parameters inner's."""
+
+    def __init__(self, inner, keywords):
+        super().__init__()
+        self.inner, self.keywords = inner, keywords
+
+    def forward(self, x):
+        return self.inner(x, **self.keywords)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.inner.named_parameters(*args, **kwargs)
+
+
+@pytest.mark.parametrize("keywords, error, says", [
+    (dict(cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets([4, 2, 5])), RuntimeError,
+     "cu_seqlens_q and cu_seqlens_kv must be the same offsets"),
+    (dict(cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets([11])), ValueError,
+     r"must be the same offsets in self-attention \(pass both, or neither\), got \[4\] and \[2\]"),
+    (dict(cu_seqlens_q=_offsets()), ValueError, r"pass both, or neither"),
+    (dict(cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets(), max_seqlen_q=6, max_seqlen_kv=7), ValueError,
+     r"max_seqlen_q \(6\) and max_seqlen_kv \(7\) must be equal"),
+    (dict(cu_seqlens_q=_offsets() + 1, cu_seqlens_kv=_offsets() + 1), RuntimeError, "must start at 0"),
+    (dict(attention_mask=torch.ones(3, 1, 6, 6, dtype=torch.bool)), ValueError, "attention_mask must be None"),
+    (dict(self_attn_mask_type="no_mask"), ValueError,
+     r"self_attn_mask_type='no_mask', but the module was built with \['causal'\]"),
+    (dict(attn_mask_type="padding_causal"), ValueError, r"attn_mask_type='padding_causal', but the module"),
+    (dict(window_size=(128, 0)), ValueError, r"no sliding window; leave it None or pass \[\(-1, 0\)\]"),
+    (dict(seq_lens=torch.tensor(LENGTHS), cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets()), ValueError,
+     "either fusegen's seq_lens / max_seqlen or TE's cu_seqlens_q"),
+    (dict(max_seqlen=6, max_seqlen_q=6, max_seqlen_kv=6), ValueError, "not both"),
+])
+def test_te_s_keywords_refuse_what_fusegen_cannot_honour(packages, keywords, error, says):
+    module = packages[2].M()
+    x = torch.randn(sum(LENGTHS), HIDDEN)
+    with pytest.raises(error, match=says):
+        module(x, **keywords)
+
+
+def test_te_s_keywords_name_the_mask_of_an_sbhd_module(packages):
+    module = packages[0].M()
+    module.load_state_dict(_checkpoint())
+    x = torch.randn(SEQ, BATCH, HIDDEN, generator=torch.Generator().manual_seed(13))
+    with torch.no_grad():
+        want = module(x)
+        got = module(x, attention_mask=None, attn_mask_type="causal", window_size=(-1, 0))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
