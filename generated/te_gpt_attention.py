@@ -5,13 +5,14 @@
         LayerNorm(256),  # op 0a
         BasicLinear(256, 768),  # op 0b
         Bias(768),  # op 0c
-        GroupedQueryAttention(256, 4, 4, dropout=0.1),  # op 0d
+        GroupedQueryAttention(256, 4, 4, dropout=0.1, qkv_format='bshd'),  # op 0d
         BasicLinear(256, 256),  # op 0e
         Bias(256),  # op 0f
     )
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_gpt_attention.plan.md.
+x is read as TE's qkv_format='bshd': [batch, seq, hidden], each batch row a sequence.
 """
 
 import torch
@@ -21,8 +22,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
-    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
+    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
+    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -42,7 +44,8 @@ def forward_stages(
     mha0_layernorm_qkv_pre_attention = torch.addmm(
         mha0_layernorm_qkv_bias, mha0_layernorm_qkv_layer_norm_pre_linear,
         mha0_layernorm_qkv_weight.t())
-    # forward stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, dropout=0.1)
+    # forward stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, dropout=0.1,
+    # qkv_format='bshd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -78,7 +81,7 @@ def backward_stages(
     # backward stage 4 · rule linear_backward · op 0e: BasicLinear(256, 256)
     d_mha0_core_attention_pre_linear = d_mha0_out.mm(mha0_proj_weight)
     # backward stage 3 · rule attention_backward · op 0d: GroupedQueryAttention(256, 4, 4,
-    # dropout=0.1)
+    # dropout=0.1, qkv_format='bshd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -167,7 +170,8 @@ def no_grad_forward(
     mha0_layernorm_qkv_pre_attention = torch.addmm(
         mha0_layernorm_qkv_bias, mha0_layernorm_qkv_layer_norm_pre_linear,
         mha0_layernorm_qkv_weight.t())
-    # no-grad stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, dropout=0.1)
+    # no-grad stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, dropout=0.1,
+    # qkv_format='bshd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -369,7 +373,10 @@ class TeGptAttention(torch.nn.Module):
         ref.init_parameter(self._modules["0"].proj.weight, "kaiming_uniform")
         ref.init_parameter(self._modules["0"].proj.bias, "zeros")
 
-    def forward(self, x, seq_lens=None, *, max_seqlen=None):
+    def forward(
+            self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+            max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
+            attn_mask_type=None, window_size=None):
         mha0_layernorm_qkv_layer_norm_weight = self._modules["0"].layernorm_qkv.layer_norm_weight
         mha0_layernorm_qkv_layer_norm_bias = self._modules["0"].layernorm_qkv.layer_norm_bias
         mha0_layernorm_qkv_weight = self._modules["0"].layernorm_qkv.weight
@@ -399,8 +406,13 @@ class TeGptAttention(torch.nn.Module):
                 mha0_proj_bias)
         )
         check_input("TeGptAttention", "x", x, 256, mha0_layernorm_qkv_layer_norm_weight)
+        seq_lens, max_seqlen = te_sequences(
+            "TeGptAttention", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

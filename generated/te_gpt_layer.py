@@ -7,7 +7,7 @@ edit.
         LayerNorm(256),  # op 0b
         BasicLinear(256, 768),  # op 0c
         Bias(768),  # op 0d
-        GroupedQueryAttention(256, 4, 4, dropout=0.1),  # op 0e
+        GroupedQueryAttention(256, 4, 4, dropout=0.1, qkv_format='bshd'),  # op 0e
         BasicLinear(256, 256),  # op 0f
         Bias(256),  # op 0g
         Dropout(0.1),  # op 0h
@@ -25,6 +25,7 @@ edit.
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_gpt_layer.plan.md.
+x is read as TE's qkv_format='bshd': [batch, seq, hidden], each batch row a sequence.
 """
 
 import torch
@@ -34,8 +35,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
-    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
+    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
+    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -63,7 +65,8 @@ def forward_stages(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1)
+    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
+    # qkv_format='bshd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -172,7 +175,7 @@ def backward_stages(
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_bias.mm(
         layer0_self_attention_proj_weight)
     # backward stage 3 · rule attention_backward · op 0e: GroupedQueryAttention(256, 4, 4,
-    # dropout=0.1)
+    # dropout=0.1, qkv_format='bshd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -317,7 +320,8 @@ def no_grad_forward(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1)
+    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
+    # qkv_format='bshd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -664,7 +668,10 @@ class TeGptLayer(torch.nn.Module):
         ref.init_parameter(self._modules["0"].layernorm_mlp.fc2_weight, "kaiming_uniform")
         ref.init_parameter(self._modules["0"].layernorm_mlp.fc2_bias, "zeros")
 
-    def forward(self, x, seq_lens=None, *, max_seqlen=None):
+    def forward(
+            self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+            max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
+            attn_mask_type=None, window_size=None):
         layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
             "0"].self_attention.layernorm_qkv.layer_norm_weight
         layer0_self_attention_layernorm_qkv_layer_norm_bias = self._modules[
@@ -727,8 +734,13 @@ class TeGptLayer(torch.nn.Module):
         )
         check_input(
             "TeGptLayer", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
+        seq_lens, max_seqlen = te_sequences(
+            "TeGptLayer", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

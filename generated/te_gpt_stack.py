@@ -7,7 +7,7 @@
         LayerNorm(256),  # op 0b
         BasicLinear(256, 768),  # op 0c
         Bias(768),  # op 0d
-        GroupedQueryAttention(256, 4, 4),  # op 0e
+        GroupedQueryAttention(256, 4, 4, qkv_format='thd'),  # op 0e
         BasicLinear(256, 256),  # op 0f
         Bias(256),  # op 0g
         Residual: x + ops(x),  # op 0h: its attention_residual
@@ -26,7 +26,7 @@
         LayerNorm(256, eps=1e-06, zero_centered_gamma=True),  # op 1b
         BasicLinear(256, 768),  # op 1c
         Bias(768),  # op 1d
-        GroupedQueryAttention(256, 4, 4),  # op 1e
+        GroupedQueryAttention(256, 4, 4, qkv_format='thd'),  # op 1e
         BasicLinear(256, 256),  # op 1f
         Bias(256),  # op 1g
         Residual: x + ops(x),  # op 1h: its attention_residual
@@ -42,7 +42,7 @@
         Residual: keeps x,  # op 2b: its attention_residual
         BasicLinear(256, 768),  # op 2c
         Bias(768),  # op 2d
-        GroupedQueryAttention(256, 4, 4),  # op 2e
+        GroupedQueryAttention(256, 4, 4, qkv_format='thd'),  # op 2e
         BasicLinear(256, 256),  # op 2f
         Bias(256),  # op 2g
         Residual: x + ops(x),  # op 2h: its attention_residual
@@ -58,6 +58,7 @@
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_gpt_stack.plan.md.
+x is read as TE's qkv_format='thd': packed tokens [total, hidden], their lengths seq_lens.
 """
 
 import torch
@@ -67,8 +68,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
-    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
+    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
+    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -109,7 +111,7 @@ def forward_stages(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4)
+    # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -155,7 +157,7 @@ def forward_stages(
     layer1_layernorm_qkv_pre_attention = torch.addmm(
         layer1_self_attention_layernorm_qkv_bias, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_self_attention_layernorm_qkv_weight.t())
-    # forward stage 11 · rule attention · op 1e: GroupedQueryAttention(256, 4, 4)
+    # forward stage 11 · rule attention · op 1e: GroupedQueryAttention(256, 4, 4, qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
         layer1_core_attention_v
@@ -203,7 +205,7 @@ def forward_stages(
         layer2_self_attention_layernorm_qkv_bias,
         layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
         layer2_self_attention_layernorm_qkv_weight.t())
-    # forward stage 20 · rule attention · op 2e: GroupedQueryAttention(256, 4, 4)
+    # forward stage 20 · rule attention · op 2e: GroupedQueryAttention(256, 4, 4, qkv_format='thd')
     (
         layer2_core_attention_q, layer2_core_attention_k,
         layer2_core_attention_v
@@ -335,7 +337,8 @@ def backward_stages(
     # backward stage 26 · rule linear_backward · op 2f: BasicLinear(256, 256)
     d_layer2_core_attention_pre_linear = d_layer2_proj_pre_add_extra_input.mm(
         layer2_self_attention_proj_weight)
-    # backward stage 25 · rule attention_backward · op 2e: GroupedQueryAttention(256, 4, 4)
+    # backward stage 25 · rule attention_backward · op 2e: GroupedQueryAttention(256, 4, 4,
+    # qkv_format='thd')
     (
         layer2_core_attention_q, layer2_core_attention_k,
         layer2_core_attention_v
@@ -398,7 +401,8 @@ def backward_stages(
     # backward stage 15 · rule linear_backward · op 1f: BasicLinear(256, 256)
     d_layer1_core_attention_pre_linear = d_layer1_proj_pre_add_extra_input.mm(
         layer1_self_attention_proj_weight)
-    # backward stage 14 · rule attention_backward · op 1e: GroupedQueryAttention(256, 4, 4)
+    # backward stage 14 · rule attention_backward · op 1e: GroupedQueryAttention(256, 4, 4,
+    # qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
         layer1_core_attention_v
@@ -460,7 +464,8 @@ def backward_stages(
     # backward stage 4 · rule linear_backward · op 0f: BasicLinear(256, 256)
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_add_extra_input.mm(
         layer0_self_attention_proj_weight)
-    # backward stage 3 · rule attention_backward · op 0e: GroupedQueryAttention(256, 4, 4)
+    # backward stage 3 · rule attention_backward · op 0e: GroupedQueryAttention(256, 4, 4,
+    # qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -745,7 +750,7 @@ def no_grad_forward(
     layer0_layernorm_qkv_pre_attention = torch.addmm(
         layer0_self_attention_layernorm_qkv_bias, layer0_layernorm_qkv_layer_norm_pre_linear,
         layer0_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4)
+    # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -787,7 +792,7 @@ def no_grad_forward(
     layer1_layernorm_qkv_pre_attention = torch.addmm(
         layer1_self_attention_layernorm_qkv_bias, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 10 · rule attention · op 1e: GroupedQueryAttention(256, 4, 4)
+    # no-grad stage 10 · rule attention · op 1e: GroupedQueryAttention(256, 4, 4, qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
         layer1_core_attention_v
@@ -830,7 +835,7 @@ def no_grad_forward(
         layer2_self_attention_layernorm_qkv_bias,
         layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
         layer2_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 19 · rule attention · op 2e: GroupedQueryAttention(256, 4, 4)
+    # no-grad stage 19 · rule attention · op 2e: GroupedQueryAttention(256, 4, 4, qkv_format='thd')
     (
         layer2_core_attention_q, layer2_core_attention_k,
         layer2_core_attention_v
@@ -1579,7 +1584,10 @@ class TeGptStack(torch.nn.Module):
         ref.init_parameter(self._modules["2"].layernorm_mlp.fc2_weight, "kaiming_uniform")
         ref.init_parameter(self._modules["2"].layernorm_mlp.fc2_bias, "zeros")
 
-    def forward(self, x, seq_lens=None, *, max_seqlen=None):
+    def forward(
+            self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+            max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
+            attn_mask_type=None, window_size=None):
         layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
             "0"].self_attention.layernorm_qkv.layer_norm_weight
         layer0_self_attention_layernorm_qkv_layer_norm_bias = self._modules[
@@ -1739,8 +1747,13 @@ class TeGptStack(torch.nn.Module):
         )
         check_input(
             "TeGptStack", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
+        seq_lens, max_seqlen = te_sequences(
+            "TeGptStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeGptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

@@ -4,12 +4,13 @@
     plan
         RMSNorm(256),  # op 0a
         BasicLinear(256, 384),  # op 0b
-        GroupedQueryAttention(256, 8, 2, dropout=0.1),  # op 0c
+        GroupedQueryAttention(256, 8, 2, dropout=0.1, qkv_format='thd'),  # op 0c
         BasicLinear(256, 256),  # op 0d
     )
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_gqa_attention.plan.md.
+x is read as TE's qkv_format='thd': packed tokens [total, hidden], their lengths seq_lens.
 """
 
 import torch
@@ -19,8 +20,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
-    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
+    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
+    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -37,7 +39,8 @@ def forward_stages(
     # forward stage 1 · rule linear · op 0b: BasicLinear(256, 384)
     mha0_layernorm_qkv_pre_attention = mha0_layernorm_qkv_layer_norm_pre_linear.mm(
         mha0_layernorm_qkv_weight.t())
-    # forward stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, dropout=0.1)
+    # forward stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, dropout=0.1,
+    # qkv_format='thd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -69,7 +72,7 @@ def backward_stages(
     # backward stage 3 · rule linear_backward · op 0d: BasicLinear(256, 256)
     d_mha0_core_attention_pre_linear = d_mha0_out.mm(mha0_proj_weight)
     # backward stage 2 · rule attention_backward · op 0c: GroupedQueryAttention(256, 8, 2,
-    # dropout=0.1)
+    # dropout=0.1, qkv_format='thd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -145,7 +148,8 @@ def no_grad_forward(
     # no-grad stage 1 · rule linear · op 0b: BasicLinear(256, 384)
     mha0_layernorm_qkv_pre_attention = mha0_layernorm_qkv_layer_norm_pre_linear.mm(
         mha0_layernorm_qkv_weight.t())
-    # no-grad stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, dropout=0.1)
+    # no-grad stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, dropout=0.1,
+    # qkv_format='thd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
         mha0_core_attention_v
@@ -323,7 +327,10 @@ class TeGqaAttention(torch.nn.Module):
         ref.init_parameter(self._modules["0"].layernorm_qkv.weight, "kaiming_uniform")
         ref.init_parameter(self._modules["0"].proj.weight, "kaiming_uniform")
 
-    def forward(self, x, seq_lens=None, *, max_seqlen=None):
+    def forward(
+            self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+            max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
+            attn_mask_type=None, window_size=None):
         mha0_layernorm_qkv_layer_norm_weight = self._modules["0"].layernorm_qkv.layer_norm_weight
         mha0_layernorm_qkv_weight = self._modules["0"].layernorm_qkv.weight
         mha0_proj_weight = self._modules["0"].proj.weight
@@ -342,8 +349,13 @@ class TeGqaAttention(torch.nn.Module):
             ((256,), (384, 256), (256, 256)),
             (mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight))
         check_input("TeGqaAttention", "x", x, 256, mha0_layernorm_qkv_layer_norm_weight)
+        seq_lens, max_seqlen = te_sequences(
+            "TeGqaAttention", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGqaAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeGqaAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

@@ -8,7 +8,7 @@
         attn_input_format='thd')`, its attention_residual
         RMSNorm(256),  # op 0b
         BasicLinear(256, 384),  # op 0c
-        GroupedQueryAttention(256, 8, 2),  # op 0d
+        GroupedQueryAttention(256, 8, 2, qkv_format='thd'),  # op 0d
         BasicLinear(256, 256),  # op 0e
         Residual: x + ops(x),  # op 0f: its attention_residual
         Residual: keeps x,  # op 0g: its mlp_residual
@@ -23,7 +23,7 @@
         attn_input_format='thd')`, its attention_residual
         RMSNorm(256),  # op 1b
         BasicLinear(256, 320),  # op 1c
-        GroupedQueryAttention(256, 8, 1),  # op 1d
+        GroupedQueryAttention(256, 8, 1, qkv_format='thd'),  # op 1d
         BasicLinear(256, 256),  # op 1e
         Residual: x + ops(x),  # op 1f: its attention_residual
         Residual: keeps x,  # op 1g: its mlp_residual
@@ -36,6 +36,7 @@
 
 Inputs are [..., 256] tensors of any row count, on CUDA (prebuilt kernels) or CPU
 (the catalog's reference math, stage by stage). The fusion plan is in te_llama_stack.plan.md.
+x is read as TE's qkv_format='thd': packed tokens [total, hidden], their lengths seq_lens.
 """
 
 import torch
@@ -45,8 +46,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
-    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
+    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
+    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -70,7 +72,7 @@ def forward_stages(
     # forward stage 2 · rule linear · op 0c: BasicLinear(256, 384)
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
-    # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2)
+    # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -109,7 +111,7 @@ def forward_stages(
     # forward stage 10 · rule linear · op 1c: BasicLinear(256, 320)
     layer1_layernorm_qkv_pre_attention = layer1_layernorm_qkv_layer_norm_pre_linear.mm(
         layer1_self_attention_layernorm_qkv_weight.t())
-    # forward stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1)
+    # forward stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1, qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
         layer1_core_attention_v
@@ -205,7 +207,8 @@ def backward_stages(
     # backward stage 11 · rule linear_backward · op 1e: BasicLinear(256, 256)
     d_layer1_core_attention_pre_linear = d_layer1_proj_pre_add_extra_input.mm(
         layer1_self_attention_proj_weight)
-    # backward stage 10 · rule attention_backward · op 1d: GroupedQueryAttention(256, 8, 1)
+    # backward stage 10 · rule attention_backward · op 1d: GroupedQueryAttention(256, 8, 1,
+    # qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
         layer1_core_attention_v
@@ -255,7 +258,8 @@ def backward_stages(
     # backward stage 3 · rule linear_backward · op 0e: BasicLinear(256, 256)
     d_layer0_core_attention_pre_linear = d_layer0_proj_pre_add_extra_input.mm(
         layer0_self_attention_proj_weight)
-    # backward stage 2 · rule attention_backward · op 0d: GroupedQueryAttention(256, 8, 2)
+    # backward stage 2 · rule attention_backward · op 0d: GroupedQueryAttention(256, 8, 2,
+    # qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -423,7 +427,7 @@ def no_grad_forward(
     # no-grad stage 2 · rule linear · op 0c: BasicLinear(256, 384)
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2)
+    # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
         layer0_core_attention_v
@@ -462,7 +466,7 @@ def no_grad_forward(
     # no-grad stage 10 · rule linear · op 1c: BasicLinear(256, 320)
     layer1_layernorm_qkv_pre_attention = layer1_layernorm_qkv_layer_norm_pre_linear.mm(
         layer1_self_attention_layernorm_qkv_weight.t())
-    # no-grad stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1)
+    # no-grad stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1, qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
         layer1_core_attention_v
@@ -889,7 +893,10 @@ class TeLlamaStack(torch.nn.Module):
         ref.init_parameter(self._modules["1"].layernorm_mlp.fc1_weight, "kaiming_uniform")
         ref.init_parameter(self._modules["1"].layernorm_mlp.fc2_weight, "kaiming_uniform")
 
-    def forward(self, x, seq_lens=None, *, max_seqlen=None):
+    def forward(
+            self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+            max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
+            attn_mask_type=None, window_size=None):
         layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
             "0"].self_attention.layernorm_qkv.layer_norm_weight
         layer0_self_attention_layernorm_qkv_weight = self._modules[
@@ -952,8 +959,13 @@ class TeLlamaStack(torch.nn.Module):
         )
         check_input(
             "TeLlamaStack", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
+        seq_lens, max_seqlen = te_sequences(
+            "TeLlamaStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeLlamaStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows)
+            "TeLlamaStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)

@@ -106,11 +106,14 @@ class FusibleOp(torch.nn.Module):
                     continue
                 lead = x.shape[:-1]
                 if basic.reads_sequences:  # attention: per sequence, in compute's precision, one rounding
-                    rows = x.reshape(-1, x.shape[-1])
-                    sequences = sequences_of(rows, lead) if cu_seqlens is None else cu_seqlens
+                    seq_first = a.get("qkv_format") == "sbhd"  # TE's [seq, batch, hidden]: each batch column
+                    batch_major = x.transpose(0, 1) if seq_first else x
+                    rows = batch_major.reshape(-1, x.shape[-1])
+                    sequences = sequences_of(rows, batch_major.shape[:-1]) if cu_seqlens is None else cu_seqlens
                     mode = {"training": self.training} if basic.uses_training(a) else {}  # its dropout
                     y = forward(compute(rows), sequences, *basic.reference_arguments(a), **mode).to(x.dtype)
-                    x = y.reshape(*lead, y.shape[-1])
+                    y = y.reshape(*batch_major.shape[:-1], y.shape[-1])
+                    x = y.transpose(0, 1) if seq_first else y
                     continue
                 y = forward(x.reshape(-1, x.shape[-1]), *params, *basic.reference_arguments(a))
                 y = y[0] if isinstance(y, tuple) else y

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from . import names
-from .errors import Location
+from .errors import Location, SpecError
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, OpDef, part_attribute
@@ -127,6 +127,9 @@ class Pipeline:
     # (cu_seqlens, max_seqlen): the call's packed sequences, made once in the module's forward
     # where an op reads them (OpDef.reads_sequences); None elsewhere (no cost)
     sequences: tuple[int, int] | None = None
+    # how x is read where an op reads the sequences (TE's qkv_format: "sbhd", "bshd", "thd"), or None
+    # for fusegen's own call forms; "sbhd" makes the module run batch-major rows inside (pipeline.py.j2)
+    sequence_format: str | None = None
 
     def value(self, id: int) -> Value:
         return self.values[id]
@@ -264,7 +267,22 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
     ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
     ops, values, training, width, sequences = _values(graph, ops)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
-                    len(graph.outputs) - 1, graph, tuple(specialise), values, training, width, sequences)
+                    len(graph.outputs) - 1, graph, tuple(specialise), values, training, width, sequences,
+                    _sequence_format(ops))
+
+
+def _sequence_format(ops: list[Op]) -> str | None:
+    """The one way x is read by the ops that read the sequences (their qkv_format): the module's
+    forward makes one set of sequences from x, so ops that read x differently are a spec error."""
+    readers = [op for op in ops if op.opdef.reads_sequences]
+    formats = {op.args.get("qkv_format") for op in readers}
+    if len(formats) > 1:
+        listed = "; ".join(f"op {op.module_index} at line {op.location.line}: {op.args.get('qkv_format')!r}"
+                           for op in readers)
+        raise SpecError(f"the attention ops of one pipeline must read x in one format (qkv_format), got {listed}; "
+                        "give them all the same qkv_format, or split the pipeline where the format changes",
+                        readers[1].location)
+    return formats.pop() if formats else None
 
 
 def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], int | None, int | None,

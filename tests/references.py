@@ -409,6 +409,12 @@ INPUT_SHAPES = {
     "SplitNorm": lambda rows: ((6, 64), []),
     # Reshape((2, 3, -1)) makes a width of 2 * rows, which the SwiGLU halves for the extra input
     "SplitRows": lambda rows: ((rows, 12), [(2, 3, rows)]),
+    # TE's attention modules read x as their qkv_format says, as TE does: "bshd" a 3-D x (one
+    # sequence of all rows), "thd" packed tokens (one sequence without seq_lens)
+    "TeGptAttention": lambda rows: ((1, rows, 256), []),
+    "TeGptLayer": lambda rows: ((1, rows, 256), []),
+    "TeGqaAttention": lambda rows: ((rows, 256), []),
+    "TeLlamaLayer": lambda rows: ((rows, 256), []),
 }
 
 

@@ -6,6 +6,8 @@ subject, each importing only those listed above it:
 - loading: a kernel's prebuilt binary for the device, sha256-checked, loaded once per process
   (KernelNotAvailableError, KernelIntegrityError);
 - launch: Kernel, a launch on PyTorch's current stream (never synchronising, never allocating);
+- te_forms: TE's attention modules' call forms (x's dims per qkv_format; TE's forward keywords as
+  seq_lens / max_seqlen);
 - checks: a generated module's run-time checks of its inputs and parameters;
 - capture: a run captured into a CUDA graph on a stream of its own;
 - training_graphs: a forward and backward under autograd replayed from CUDA graphs;
@@ -19,6 +21,7 @@ Here: the names the generated modules (and the package's users) import from ``_r
 
 from .checks import (check_input, check_packed_form, check_parameters, check_row_input,
                      packed_sequences)
+from .te_forms import te_sequences
 from .compiled_passes import PassGraphs, keep_for_backward, register_training_ops
 from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
@@ -34,5 +37,5 @@ __all__ = [
     "check_parameters",
     "check_row_input", "first_order_only", "keep_for_backward", "packed_sequences", "pointer",
     "register_no_grad_op", "register_op", "register_training_ops", "replay_backward",
-    "replay_forward", "saved_tensors", "with_lead", "with_shape",
+    "replay_forward", "saved_tensors", "te_sequences", "with_lead", "with_shape",
 ]

@@ -89,6 +89,8 @@ class ModuleForward:
     parameters_check: str = ""  # the parameters' one check line
     sequences: tuple[int, int] | None = None  # (cu_seqlens, max_seqlen) where an op reads them
     graphs: bool = False  # the module replays CUDA graphs (emit.replays_graphs)
+    sequence_format: str | None = None  # how x is read (TE's qkv_format), None: fusegen's call forms
+    te_masks: tuple[str, ...] = ()  # a TE attention module's masks: the module takes TE's forward keywords
 
     @property
     def like_is(self) -> str:
@@ -123,7 +125,8 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
     return ModuleForward(p.class_name, leads, reshapes=bool(lead_lines), copied=frozenset(copied), generic=p.generic,
                          any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
                          in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
-                         sequences=p.sequences, graphs=graphs)
+                         sequences=p.sequences, graphs=graphs, sequence_format=p.sequence_format,
+                         te_masks=te_masks(p))
 
 
 def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=(), graphs=False) -> list[Argument]:
@@ -176,9 +179,13 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
         # rows where a module replays CUDA graphs: at most its max_rows rows, one graph serves
         # every set of lengths of a row and batch count)
         few_rows = ", self.cuda_graphs.max_rows" if f.graphs else ""
-        check = f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows})'
+        form = f', qkv_format="{f.sequence_format}"' if f.sequence_format else ""
+        check = ((f'seq_lens, max_seqlen = te_sequences("{f.module}", seq_lens, max_seqlen, {f.te_masks!r}, '
+                  f'{", ".join(f"{k}={k}" for k in TE_KEYWORDS)})',) if f.te_masks else ()) + (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form})',)
+        if f.sequence_format == "sbhd":  # TE's default: x [seq, batch, hidden] runs as batch-major rows inside
+            check += ("x = x.transpose(0, 1)  # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence",)
         first = value.id == f.sequences[0]
-        return Argument(value.id, value.role, name, name, line="sequences", check=(check,),
+        return Argument(value.id, value.role, name, name, line="sequences", check=check,
                         checked_by="packed_sequences", typed="Tensor" if first else "int", per_call=first,
                         comment="the packed sequences: offsets [batch + 1], a bound on the longest length" if not first else "")
     if value.role is Role.METADATA and op is not None and op.lead == value.id:
@@ -228,19 +235,38 @@ def check_lines(args: list[Argument], lead_lines: list[str]) -> list[str]:
 def check_helpers(args: list[Argument]) -> list[str]:
     """The runtime's functions the checks call, in name order (the module imports them)."""
     helpers = {arg.checked_by for arg in args if arg.checked_by}
+    if any(line.startswith("seq_lens, max_seqlen = te_sequences(") for arg in args for line in arg.check or ()):
+        helpers.add("te_sequences")  # TE's forward keywords (TE_KEYWORDS)
     if ignores_sequences(args):  # the packed-sequence call form's check (ignored_sequences_lines)
         helpers.add("check_packed_form")
     return sorted(helpers)
 
 
-def forward_parameters(args: list[Argument]) -> str:
+# TE's attention modules' forward keywords (MultiheadAttention.forward, TransformerLayer.forward) a
+# module built from them takes besides fusegen's call form, all None by default; runtime te_sequences
+# turns them into seq_lens / max_seqlen and refuses what fusegen cannot honour
+TE_KEYWORDS = ("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv", "attention_mask",
+               "self_attn_mask_type", "attn_mask_type", "window_size")
+
+
+def te_masks(pipeline) -> tuple[str, ...]:
+    """The masks of a pipeline of TE's attention modules (its attention ops have a qkv_format): the
+    module then takes TE's forward keywords. Empty elsewhere."""
+    if pipeline.sequence_format is None:
+        return ()
+    return tuple(sorted({op.args["attn_mask_type"] for op in pipeline.ops if op.opdef.reads_sequences}))
+
+
+def forward_parameters(args: list[Argument], masks: tuple[str, ...] = ()) -> str:
     """The module forward's parameters: the tensors the caller hands, then the packed-sequence call
     form, which every module takes: ``seq_lens`` (positional where x is the only tensor,
-    ``m(x, seq_lens)``) and ``max_seqlen``, keyword-only."""
+    ``m(x, seq_lens)``) and ``max_seqlen``, keyword-only; a module of TE's attention modules
+    (``masks``, te_masks) also TE's forward keywords (TE_KEYWORDS), keyword-only."""
     tensors = caller_tensors(args)
+    te = "".join(f", {k}=None" for k in TE_KEYWORDS) if masks else ""
     if len(tensors) == 1:
-        return f"{tensors[0]}, seq_lens=None, *, max_seqlen=None"
-    return f"{', '.join(tensors)}, *, seq_lens=None, max_seqlen=None"
+        return f"{tensors[0]}, seq_lens=None, *, max_seqlen=None{te}"
+    return f"{', '.join(tensors)}, *, seq_lens=None, max_seqlen=None{te}"
 
 
 def ignores_sequences(args: list[Argument]) -> bool:

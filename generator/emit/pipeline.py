@@ -248,7 +248,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         # torch.compile's forward and backward ops under autograd, where the module replays graphs
         training_ops=training_ops(p.name, args, functions[0]) if graphs and not grad_steps else None,
         leads=leads, any_shape=convention.takes_any_shape(p),
-        forward_parameters=convention.forward_parameters(args),
+        forward_parameters=convention.forward_parameters(args, convention.te_masks(p)),
         # the module forward's checks of its arguments
         check_lines=convention.check_lines(args, lead_lines) + convention.ignored_sequences_lines(p.class_name, args),
         check_helpers=convention.check_helpers(args),

@@ -131,6 +131,14 @@ def _mask(v):
                                          "masks (padding, sliding window) are not supported")
 
 
+def _format(v):
+    return None if v in (None, *SEQUENCE_FORMATS) else (
+        f"must be one of {', '.join(map(repr, SEQUENCE_FORMATS))} (TE's qkv_format), got {v!r}")
+
+
+SEQUENCE_FORMATS = ("sbhd", "bshd", "thd")
+
+
 def _positive(v):
     return None if v > 0 else "must be positive"
 
@@ -176,6 +184,10 @@ BACKEND_ARG = Arg("backend", "str", BACKEND, check=_backend, in_kernel=False, ob
 MASK = Arg("attn_mask_type", "str", "causal", keyword_only=True, check=_mask)
 ROTARY = Arg("rotary_base", "float", None, keyword_only=True, check=_rotary_base)
 DROPOUT = Arg("dropout", "float", 0.0, keyword_only=True, check=_dropout)
+# how the module's x is read (TE's qkv_format): None is fusegen's own call forms (a 3-D x batch first, a 2-D x
+# one sequence or packed ones with seq_lens); "sbhd" a 3-D x [seq, batch, hidden] only, "bshd" [batch, seq,
+# hidden] only, "thd" packed tokens [total, hidden] only. Not in the kernels: the module's forward reads it.
+FORMAT = Arg("qkv_format", "str", None, keyword_only=True, in_kernel=False, check=_format)
 HELPERS = (attention_dropout_scale, attention_positions, attention_rotary_angles, attention_rotary, attention_split, attention_bounds,
            attention_blocks, attention_core, attention_core_bwd, attention_inputs, attention_inputs_bwd,
            attention_on_flash, flash_attention_forward, flash_attention_backward, sequences_of)
@@ -207,10 +219,10 @@ def _tag(a) -> str:
     return f"attn_h{a['heads']}_kv{a['kv_heads']}_d{_head_dim(a)}{mask}{rotary}{dropout}"
 
 
-_attention("MultiHeadedSelfAttention", (HIDDEN, HEADS, BACKEND_ARG, MASK, ROTARY, DROPOUT), lambda a: a["heads"],
+_attention("MultiHeadedSelfAttention", (HIDDEN, HEADS, BACKEND_ARG, MASK, ROTARY, DROPOUT, FORMAT), lambda a: a["heads"],
            "softmax(q k^T / sqrt(d)) v per sequence, a k and v head for each q head", HELPERS)
-_attention("GroupedQueryAttention", (HIDDEN, HEADS, Arg("kv_heads", "int", check=_positive), BACKEND_ARG, MASK, ROTARY, DROPOUT),
+_attention("GroupedQueryAttention", (HIDDEN, HEADS, Arg("kv_heads", "int", check=_positive), BACKEND_ARG, MASK, ROTARY, DROPOUT, FORMAT),
            lambda a: a["kv_heads"], "softmax(q k^T / sqrt(d)) v per sequence, kv_heads k and v heads shared by groups",
            HELPERS)
-_attention("MultiQuerySelfAttention", (HIDDEN, HEADS, BACKEND_ARG, MASK, ROTARY, DROPOUT), lambda a: 1,
+_attention("MultiQuerySelfAttention", (HIDDEN, HEADS, BACKEND_ARG, MASK, ROTARY, DROPOUT, FORMAT), lambda a: 1,
            "softmax(q k^T / sqrt(d)) v per sequence, one k and v head shared by all", HELPERS)

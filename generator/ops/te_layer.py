@@ -87,7 +87,7 @@ def _residuals(a: dict) -> tuple[tuple[int, int, str], ...]:
 
 # te.MultiheadAttention's refused defaults, under the layer's names (attn_input_format is its qkv_format)
 _REFUSED_DEFAULTS = (("fuse_qkv_params", _fused_qkv),
-                     ("qkv_weight_interleaved", _not_interleaved), ("attn_input_format", _qkv_format))
+                     ("qkv_weight_interleaved", _not_interleaved))
 
 
 def _validate(a: dict) -> str | None:

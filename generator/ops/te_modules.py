@@ -183,16 +183,13 @@ def _attention_dropout(v):
 
 
 def _qkv_format(v):
-    if v in ("bshd", "thd"):
-        return None
-    return (f"must be 'bshd' (x [batch, seq, hidden]) or 'thd' (packed tokens [total, hidden] with cu_seqlens), got "
-            f"{v!r}: fusegen's attention reads a 3-D x batch first; for TE's default 'sbhd' transpose x to "
-            "[batch, seq, hidden] and pass qkv_format='bshd'")
+    return None if v in ("sbhd", "bshd", "thd") else (
+        f"must be 'sbhd' (x [seq, batch, hidden], TE's default), 'bshd' (x [batch, seq, hidden]) or 'thd' "
+        f"(packed tokens [total, hidden] with cu_seqlens), got {v!r}")
 
 
 # TE's defaults fusegen cannot honour: the binder checks the values given, these the defaults left
-_REFUSED_DEFAULTS = (("fuse_qkv_params", _fused_qkv), ("qkv_weight_interleaved", _not_interleaved),
-                     ("qkv_format", _qkv_format))
+_REFUSED_DEFAULTS = (("fuse_qkv_params", _fused_qkv), ("qkv_weight_interleaved", _not_interleaved))
 
 
 def refused_default(a: dict, refused: tuple) -> str | None:
@@ -228,7 +225,8 @@ def _attention_args(a: dict) -> dict:
     heads = a["num_attention_heads"]
     return {"hidden": a["hidden_size"], "heads": heads,
             "kv_heads": heads if a["num_gqa_groups"] is None else a["num_gqa_groups"],
-            "attn_mask_type": a["attn_mask_type"], "rotary_base": None, "dropout": a["attention_dropout"]}
+            "attn_mask_type": a["attn_mask_type"], "rotary_base": None, "dropout": a["attention_dropout"],
+            "qkv_format": a["qkv_format"]}
 
 
 def _multihead_attention(a: dict) -> list[tuple]:

@@ -4,6 +4,8 @@ to do (part of a fusegen output's runtime: templates/runtime/, copied verbatim; 
 
 import torch
 
+from .te_forms import check_format
+
 
 def check_input(module, name, tensor, features, like, lead=None, multiple_of=1,
                 like_is="the module's parameters are", any_shape=False, shape=None):
@@ -146,7 +148,7 @@ def check_packed_form(module, x):
                          "x.shape[1] tokens)")
 
 
-def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None):
+def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=None):
     """(cu_seqlens, max_seqlen) of a call: int32 offsets [batch + 1] on x's device and the host
     int bounding the longest sequence. Call forms: ``m(x, seq_lens)`` with x [total, hidden] and
     seq_lens [batch] (int32 or int64, on x's device or the CPU); ``m(x)`` with a 2-D x (one
@@ -168,6 +170,10 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None):
         raise TypeError(f"{module}: max_seqlen must be None or an int of 0 or more (the longest "
                         f"sequence's length, or more), got {max_seqlen!r}")
     dims = x.dim()
+    if qkv_format is not None:  # a TE module's qkv_format: the one form TE takes
+        check_format(module, x, seq_lens, qkv_format)
+        if qkv_format == "sbhd":  # [seq, batch, hidden]: batch sequences of seq tokens, as [batch, seq]
+            x = x.transpose(0, 1)
     compiling = torch.compiler.is_compiling()
     if seq_lens is None:
         if dims not in (2, 3):

@@ -192,8 +192,8 @@ OK = "fuse_qkv_params=True, qkv_weight_interleaved=False, qkv_format='bshd'"
      "keeps query, key and value in three parameters"),
     ("te.MultiheadAttention(64, 4, fuse_qkv_params=True, qkv_format='bshd')", "64",
      "stores the QKV rows interleaved per GQA group"),
-    ("te.MultiheadAttention(64, 4, fuse_qkv_params=True, qkv_weight_interleaved=False)", "64",
-     "for TE's default 'sbhd' transpose x"),
+    ("te.MultiheadAttention(64, 4, fuse_qkv_params=True, qkv_weight_interleaved=False, "
+     "qkv_format='bhsd')", "'bhsd'", "must be 'sbhd' (x [seq, batch, hidden], TE's default), 'bshd'"),
     (f"te.MultiheadAttention(64, 4, {OK}, attention_type='cross')", "'cross'", "is cross-attention"),
     (f"te.MultiheadAttention(64, 4, {OK}, attn_mask_type='padding')", "'padding'", "must be 'causal' or 'no_mask'"),
     (f"te.MultiheadAttention(64, 4, {OK}, tp_size=2)", "2)", "issue 41"),

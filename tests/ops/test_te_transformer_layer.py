@@ -188,8 +188,8 @@ OK = "fuse_qkv_params=True, qkv_weight_interleaved=False, attn_input_format='bsh
     (f"te.TransformerLayer(64, 96, 4, {OK}, hidden_dropout=1.0)", "1.0", "must be in [0, 1)"),
     ("te.TransformerLayer(64, 96, 4, 2, 1e-5, 0.1, 1.0, fuse_qkv_params=True, qkv_weight_interleaved=False, "
      "attn_input_format='bshd')", "1.0, fuse", "must be a probability in [0, 1)"),  # TE's 7th positional
-    ("te.TransformerLayer(64, 96, 4, fuse_qkv_params=True, qkv_weight_interleaved=False)",
-     "64", "argument 'attn_input_format', left at TE's default, must be 'bshd'"),
+    ("te.TransformerLayer(64, 96, 4, fuse_qkv_params=True, qkv_weight_interleaved=False, "
+     "attn_input_format='bhsd')", "'bhsd'", "must be 'sbhd' (x [seq, batch, hidden], TE's default), 'bshd'"),
     ("te.TransformerLayer(64, 96, 4, qkv_weight_interleaved=False, attn_input_format='thd')",
      "64", "keeps query, key and value in three parameters"),
     (f"te.TransformerLayer(64, 96, 4, {OK}, num_gqa_groups=3)", "64", "num_gqa_groups=3 must divide"),
