@@ -281,3 +281,19 @@ register(OpDef(
             "else the Linear (qkv.weight, qkv.bias); attention over packed sequences (num_gqa_groups kv heads); "
             "the output projection (proj.weight, proj.bias)",
 ))
+
+
+def interleaved_qkv_rows(heads: int, groups: int, head_dim: int) -> list[int]:
+    """The rows of TE's fused QKV weight with qkv_weight_interleaved=True (per GQA group: its
+    heads / groups q heads, its k head, its v head; TE's view [groups, heads / groups + 2, head_dim])
+    in the order fusegen's attention reads them, [all q heads | all k heads | all v heads]: row r
+    of fusegen's weight is row ``order[r]`` of TE's. Computed at generate time; the runtime's
+    row_blocks.rows_in_order gathers by it (not wired into the expansion yet)."""
+    per_group = heads // groups
+    stride = per_group + 2  # TE rows a group holds, in heads
+
+    def head_rows(slot_of_group):
+        return [(group * stride + slot) * head_dim + d for group in range(groups)
+                for slot in slot_of_group for d in range(head_dim)]
+
+    return head_rows(range(per_group)) + head_rows((per_group,)) + head_rows((per_group + 1,))

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "templates" / "runtime"
 # each module may import only those before it (so no circle): the order __init__'s docstring gives
-ORDER = ["loading", "launch", "te_forms", "checks", "capture", "training_graphs", "module_helpers", "graphs", "custom_ops",
+ORDER = ["loading", "launch", "te_forms", "checks", "capture", "training_graphs", "module_helpers", "row_blocks", "graphs", "custom_ops",
          "compiled_passes"]
 MAX_LINES = 300
 
