@@ -1,0 +1,109 @@
+"""Rotary embedding from TE's per-call table (forward(rotary_pos_emb=...), issue 39): the reference
+math and run-time checks of generator/ops/attention_rotary_table.py against TE's rope math, written
+here in float64 from transformer_engine/pytorch/attention/rope.py (RotaryPositionEmbedding's table,
+apply_rotary_pos_emb's rotate-half on the first d features), as a rotation of feature pairs
+(i, i + d/2) by complex multiplication, so it shares no code or form with the code under test.
+The generated forward does not take the table yet (next step: stage, prep kernel variant)."""
+
+import pytest
+import torch
+
+from fusegen.ops.attention import attention_rotary, attention_rotary_angles
+from fusegen.ops.attention_rotary_table import (
+    attention_rotary_partial, attention_rotary_table_angles, rotary_table_of)
+
+LENGTHS = [3, 1, 9, 5]  # thd: packed sequences, odd, a single token, longer
+HEADS, HEAD_DIM = 3, 16
+
+
+def te_table(dim, max_seq_len, base=10000.0, rotary_percent=1.0):
+    """TE's RotaryPositionEmbedding(dim, rotary_percent, rotary_base=base)(max_seq_len), float32."""
+    if rotary_percent < 1.0:
+        dim = int(dim * rotary_percent)
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    freqs = torch.einsum("i , j -> i j", torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    return torch.cat((freqs, freqs), dim=-1).reshape(max_seq_len, 1, 1, -1)
+
+
+def te_rope_reference(t, table, lengths):
+    """TE's apply_rotary_pos_emb(t, table, 'thd', cu_seqlens) in float64: pairs (i, i + d/2) of
+    the first d features rotated by table[pos, i], pos restarting at each sequence."""
+    t = t.double()
+    out = t.clone()
+    d = table.shape[-1]
+    half = d // 2
+    angles = table.reshape(table.shape[0], d).double()
+    row = 0
+    for length in lengths:
+        for pos in range(length):
+            pair = torch.complex(t[row, :, :half], t[row, :, half:d])
+            turned = pair * torch.polar(torch.ones(half, dtype=torch.float64), angles[pos, :half])
+            out[row, :, :half], out[row, :, half:d] = turned.real, turned.imag
+            row += 1
+    return out
+
+
+def offsets(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def rotate(t, table4d, lengths, inverse=False):
+    table = rotary_table_of(table4d, t.shape[-1], max(lengths), t.device)
+    cos, sin = attention_rotary_table_angles(offsets(lengths), t.shape[0], table, t)
+    return attention_rotary_partial(t, cos, sin, inverse)
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, [6, 6, 6]], ids=["thd", "bshd"])
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+def test_forward_matches_te_rope(lengths, rotary_percent):
+    torch.manual_seed(0)
+    t = torch.randn(sum(lengths), HEADS, HEAD_DIM, dtype=torch.float64)
+    table = te_table(HEAD_DIM, 12, rotary_percent=rotary_percent)
+    expected = te_rope_reference(t, table, lengths)
+    torch.testing.assert_close(rotate(t, table, lengths), expected, rtol=1e-12, atol=1e-12)
+    if rotary_percent < 1.0:  # the features past d pass unchanged
+        assert torch.equal(rotate(t, table, lengths)[..., HEAD_DIM // 2:], t[..., HEAD_DIM // 2:])
+
+
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+def test_backward_is_the_transpose(rotary_percent):
+    """The backward (inverse=True) is the forward's Jacobian transpose: autograd's grad of
+    sum(rotate(t) * g) by t."""
+    torch.manual_seed(1)
+    t = torch.randn(sum(LENGTHS), HEADS, HEAD_DIM, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(sum(LENGTHS), HEADS, HEAD_DIM, dtype=torch.float64)
+    table = te_table(HEAD_DIM, 9, rotary_percent=rotary_percent)
+    (rotate(t, table, LENGTHS) * g).sum().backward()
+    torch.testing.assert_close(rotate(g, table, LENGTHS, inverse=True), t.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_table_from_a_base_equals_rotary_base():
+    """The Llama use: a table built from base b rotates as the op's rotary_base=b (its angles
+    computed from the base), in float32 at TE's fp32 tolerance."""
+    torch.manual_seed(2)
+    base = 500000.0
+    t = torch.randn(sum(LENGTHS), HEADS, HEAD_DIM)
+    cos, sin = attention_rotary_angles(offsets(LENGTHS), t.shape[0], HEAD_DIM, base, t)
+    expected = attention_rotary(t, cos, sin, False)
+    torch.testing.assert_close(rotate(t, te_table(HEAD_DIM, 9, base=base), LENGTHS), expected,
+                               rtol=1.3e-6, atol=1e-5)
+
+
+def test_a_tuple_of_one_table_is_that_table():
+    table = te_table(HEAD_DIM, 9)
+    assert torch.equal(rotary_table_of((table, table), HEAD_DIM, 9, "cpu"), table.reshape(9, HEAD_DIM))
+
+
+@pytest.mark.parametrize("table, message", [
+    (lambda: (te_table(HEAD_DIM, 9), te_table(HEAD_DIM, 9)), "two different tables"),
+    (lambda: 0.5, "must be a tensor"),
+    (lambda: te_table(HEAD_DIM, 9).reshape(9, HEAD_DIM), "shape \\[max_s, 1, 1, d\\]"),
+    (lambda: te_table(HEAD_DIM, 9).double(), "float32"),
+    (lambda: te_table(HEAD_DIM, 9).to("meta"), "move the table to the input's device"),
+    (lambda: te_table(HEAD_DIM, 8), "longest sequence has 9 tokens"),
+    (lambda: te_table(2 * HEAD_DIM, 9), "head_dim = 16"),
+    (lambda: te_table(HEAD_DIM, 9)[..., :3], "must be even"),
+])
+def test_bad_tables_are_refused(table, message):
+    with pytest.raises(ValueError, match=message):
+        rotary_table_of(table(), HEAD_DIM, max(LENGTHS), "cpu")
