@@ -8,6 +8,8 @@ The generated forward does not take the table yet (next step: stage, prep kernel
 import pytest
 import torch
 
+from fusegen.errors import SpecError
+from fusegen.frontend import parse_spec
 from fusegen.ops.attention import attention_rotary, attention_rotary_angles
 from fusegen.ops.attention_rotary_table import (
     attention_rotary_partial, attention_rotary_table_angles, rotary_table_of)
@@ -107,3 +109,29 @@ def test_a_tuple_of_one_table_is_that_table():
 def test_bad_tables_are_refused(table, message):
     with pytest.raises(ValueError, match=message):
         rotary_table_of(table(), HEAD_DIM, max(LENGTHS), "cpu")
+
+
+# --- rotary_pos_interleaved: refused where it is written -----------------------------------------
+
+SPEC_HEAD = "import torch\nimport transformer_engine.pytorch as te\n"
+MHA_OK = "attention_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, qkv_format='bshd'"
+LAYER_OK = "attention_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, attn_input_format='bshd'"
+
+
+@pytest.mark.parametrize("call", [f"te.MultiheadAttention(64, 4, {MHA_OK}, rotary_pos_interleaved=True)",
+                                  f"te.TransformerLayer(64, 96, 4, {LAYER_OK}, rotary_pos_interleaved=True)"],
+                         ids=["MultiheadAttention", "TransformerLayer"])
+def test_interleaved_rotary_is_refused_at_the_argument(call):
+    with pytest.raises(SpecError) as info:
+        parse_spec(SPEC_HEAD + f"m = te.Sequential({call})\n", "spec.py")
+    err = info.value
+    assert "argument 'rotary_pos_interleaved'" in err.message and "interleaved rotary" in err.message, err.message
+    assert "leave it False" in err.message, err.message
+    assert (err.location.line, err.location.col) == (3, 19 + call.rindex("True)")), str(err)
+
+
+@pytest.mark.parametrize("call", [f"te.MultiheadAttention(64, 4, {MHA_OK}, rotary_pos_interleaved=False)",
+                                  f"te.TransformerLayer(64, 96, 4, {LAYER_OK}, rotary_pos_interleaved=False)"],
+                         ids=["MultiheadAttention", "TransformerLayer"])
+def test_rotate_half_rotary_is_accepted(call):
+    assert parse_spec(SPEC_HEAD + f"m = te.Sequential({call})\n", "spec.py") is not None
