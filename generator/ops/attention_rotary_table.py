@@ -9,8 +9,9 @@ first ``d`` features of each q and k head by the angles of the row's position in
 ``rotary_percent < 1``). ``attention_rotary_angles`` (ops/attention.py) is this with the table
 computed from a base, so a table built from the same base gives the same rotation.
 
-Not yet wired: the generated forward does not take ``rotary_pos_emb`` yet (the stage and the prep
-kernel's table variant are the next step; README "TE's modules" says what is refused today).
+fusegen.eager's modules take ``forward(rotary_pos_emb=...)`` through ``self_attention_from_table``
+(gradients by autograd). The generated forward does not take it yet (the stage and the prep
+kernel's table variant are the next step; README "TE's modules" says so).
 Written as shipped reference math (torch through ``.lazy``, no closure), ready for ops/shipped.py.
 """
 
@@ -72,3 +73,18 @@ def attention_rotary_partial(t, cos, sin, inverse):
     head, rest = t[..., :rotated], t[..., rotated:]
     a, b = head.chunk(2, dim=-1)
     return torch.cat([head * cos + torch.cat([-b, a], dim=-1) * sin, rest], dim=-1)
+
+
+def self_attention_from_table(x, cu_seqlens, heads, kv_heads, causal, rotary_base, table):
+    """The op's reference forward (ops/attention.py self_attention) with q and k rotated by
+    ``table`` [max_s, d] (rotary_table_of's) instead of angles from ``rotary_base``, which must be
+    None (one rotary, not two)."""
+    from .attention import attention_core, attention_split  # the op's own math, imported when run
+
+    if rotary_base is not None:
+        raise ValueError(f"forward(rotary_pos_emb=...): the attention op already rotates by rotary_base="
+                         f"{rotary_base:g}; pass one rotary, the table or the base")
+    q, k, v = attention_split(x, heads, kv_heads)
+    cos, sin = attention_rotary_table_angles(cu_seqlens, q.shape[0], table, q)
+    q, k = attention_rotary_partial(q, cos, sin, False), attention_rotary_partial(k, cos, sin, False)
+    return attention_core(q, k, v, cu_seqlens, causal)[0].reshape(x.shape[0], -1)

@@ -8,11 +8,13 @@ The generated forward does not take the table yet (next step: stage, prep kernel
 import pytest
 import torch
 
+from fusegen import eager
 from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
 from fusegen.ops.attention import attention_rotary, attention_rotary_angles
 from fusegen.ops.attention_rotary_table import (
     attention_rotary_partial, attention_rotary_table_angles, rotary_table_of)
+from tests.references import assert_close_to_reference
 
 LENGTHS = [3, 1, 9, 5]  # thd: packed sequences, odd, a single token, longer
 HEADS, HEAD_DIM = 3, 16
@@ -135,3 +137,98 @@ def test_interleaved_rotary_is_refused_at_the_argument(call):
                          ids=["MultiheadAttention", "TransformerLayer"])
 def test_rotate_half_rotary_is_accepted(call):
     assert parse_spec(SPEC_HEAD + f"m = te.Sequential({call})\n", "spec.py") is not None
+
+
+# --- fusegen.eager's te.MultiheadAttention takes forward(rotary_pos_emb=...) as TE does ------------
+
+def te_mha_rope_reference(p, x, lengths, heads, groups, table):
+    """TE's MultiheadAttention forward (qkv Linear, fuse_qkv_params, not interleaved, 'thd',
+    causal) with apply_rotary_pos_emb on q and k, float64: the QKV projection viewed as TE views it
+    ([(np/ng + 2), ng, hn]), q and k rotated (te_rope_reference), each query head h attending kv
+    head h // (np/ng), softmax scale 1/sqrt(hn), the output projection."""
+    total, hidden = x.shape
+    hn, per_group = hidden // heads, heads // groups
+    mixed = (x @ p["qkv.weight"].T + p["qkv.bias"]).view(total, per_group + 2, groups, hn)
+    q = te_rope_reference(mixed[:, :per_group].reshape(total, heads, hn), table, lengths)
+    k = te_rope_reference(mixed[:, per_group], table, lengths)
+    v = mixed[:, per_group + 1]
+    out, start = [], 0
+    for n in lengths:
+        rows = slice(start, start + n)
+        heads_out = []
+        for head in range(heads):
+            scores = q[rows, head] @ k[rows, head // per_group].T / hn ** 0.5
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            heads_out.append(torch.softmax(scores, dim=-1) @ v[rows, head // per_group])
+        out.append(torch.stack(heads_out, dim=1))
+        start += n
+    return torch.cat(out).reshape(total, hidden) @ p["proj.weight"].T + p["proj.bias"]
+
+
+def eager_mha(heads, groups, dtype=torch.float32):
+    return eager.MultiheadAttention(64, heads, attention_dropout=0.0, fuse_qkv_params=True,
+                                    qkv_weight_interleaved=False, qkv_format="thd", num_gqa_groups=groups,
+                                    params_dtype=dtype)
+
+
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+def test_eager_multihead_attention_rotates_by_the_table_as_te(rotary_percent):
+    torch.manual_seed(3)
+    heads, groups = 4, 2
+    model = eager_mha(heads, groups)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.uniform_(-0.5, 0.5)
+    params64 = {k: v.detach().double().requires_grad_() for k, v in model.state_dict().items() if "extra" not in k}
+    x = torch.randn(sum(LENGTHS), 64)
+    dy = torch.randn(sum(LENGTHS), 64)
+    table = te_table(64 // heads, 12, rotary_percent=rotary_percent)
+    x64 = x.double().requires_grad_()
+    want = te_mha_rope_reference(params64, x64, LENGTHS, heads, groups, table)
+    want.backward(dy.double())
+    x = x.requires_grad_()
+    y = model(x, cu_seqlens=offsets(LENGTHS), rotary_pos_emb=table)
+    y.backward(dy)
+    assert_close_to_reference("y", y, want.detach(), torch.float32)
+    assert_close_to_reference("dx", x.grad, x64.grad, torch.float32)
+    grads = dict(model.named_parameters())
+    assert sorted(grads) == sorted(params64)  # every parameter's grad compared
+    for name, p in params64.items():
+        assert_close_to_reference(f"d{name}", grads[name].grad, p.grad, torch.float32)
+
+
+def test_eager_table_from_a_base_equals_the_rotary_base_op():
+    """The Llama use: te.MultiheadAttention with TE's table of base b computes what the
+    hand-written Linear, GroupedQueryAttention(rotary_base=b), Linear pipeline does."""
+    torch.manual_seed(4)
+    heads, groups, base = 4, 2, 10000.0
+    model = eager_mha(heads, groups)
+    ops = eager.Sequential(eager.Linear(64, 64 + 2 * 2 * 16), eager.GroupedQueryAttention(64, heads, groups,
+                           rotary_base=base), eager.Linear(64, 64))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.uniform_(-0.5, 0.5)
+        ops.load_state_dict({"0.weight": model.qkv.weight, "0.bias": model.qkv.bias,
+                             "2.weight": model.proj.weight, "2.bias": model.proj.bias})
+    x = torch.randn(sum(LENGTHS), 64)
+    got = model(x, cu_seqlens=offsets(LENGTHS), rotary_pos_emb=te_table(16, 9, base=base))
+    torch.testing.assert_close(got, _ops_on(ops, x, offsets(LENGTHS)), rtol=1.3e-6, atol=1e-5)
+
+
+def _ops_on(ops, x, cu):
+    """The Sequential's ops one by one with the packed sequences given to the attention op."""
+    h = ops[0](x)
+    h = ops[1](h, cu_seqlens=cu)
+    return ops[2](h)
+
+
+def test_eager_refuses_a_bad_table_and_a_table_without_attention():
+    model = eager_mha(4, 2)
+    x = torch.randn(sum(LENGTHS), 64)
+    with pytest.raises(ValueError, match="longest sequence has 9 tokens"):
+        model(x, cu_seqlens=offsets(LENGTHS), rotary_pos_emb=te_table(16, 5))
+    with pytest.raises(ValueError, match="has none; leave it out"):
+        eager.Linear(64, 64)(x, rotary_pos_emb=te_table(16, 9))
+    ops = eager.GroupedQueryAttention(64, 4, 2, rotary_base=10000.0)
+    with pytest.raises(ValueError, match="pass one rotary"):
+        ops(torch.randn(9, 128), rotary_pos_emb=te_table(16, 9))
