@@ -14,6 +14,7 @@ from fusegen.frontend import parse_spec
 from fusegen.ops.attention import attention_rotary, attention_rotary_angles
 from fusegen.ops.attention_rotary_table import (
     attention_rotary_partial, attention_rotary_table_angles, rotary_table_of)
+from tests.ops import test_te_transformer_layer as layer_tests
 from tests.references import assert_close_to_reference
 
 LENGTHS = [3, 1, 9, 5]  # thd: packed sequences, odd, a single token, longer
@@ -141,14 +142,14 @@ def test_rotate_half_rotary_is_accepted(call):
 
 # --- fusegen.eager's te.MultiheadAttention takes forward(rotary_pos_emb=...) as TE does ------------
 
-def te_mha_rope_reference(p, x, lengths, heads, groups, table):
-    """TE's MultiheadAttention forward (qkv Linear, fuse_qkv_params, not interleaved, 'thd',
-    causal) with apply_rotary_pos_emb on q and k, float64: the QKV projection viewed as TE views it
+def te_mha_rope_reference(p, x, lengths, heads, groups, table, causal=True):
+    """TE's MultiheadAttention forward (qkv Linear, fuse_qkv_params, not interleaved, 'thd') with
+    apply_rotary_pos_emb on q and k, float64: the QKV projection viewed as TE views it
     ([(np/ng + 2), ng, hn]), q and k rotated (te_rope_reference), each query head h attending kv
     head h // (np/ng), softmax scale 1/sqrt(hn), the output projection."""
     total, hidden = x.shape
     hn, per_group = hidden // heads, heads // groups
-    mixed = (x @ p["qkv.weight"].T + p["qkv.bias"]).view(total, per_group + 2, groups, hn)
+    mixed = (x @ p["qkv.weight"].T + p.get("qkv.bias", 0)).view(total, per_group + 2, groups, hn)
     q = te_rope_reference(mixed[:, :per_group].reshape(total, heads, hn), table, lengths)
     k = te_rope_reference(mixed[:, per_group], table, lengths)
     v = mixed[:, per_group + 1]
@@ -158,11 +159,12 @@ def te_mha_rope_reference(p, x, lengths, heads, groups, table):
         heads_out = []
         for head in range(heads):
             scores = q[rows, head] @ k[rows, head // per_group].T / hn ** 0.5
-            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            if causal:
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
             heads_out.append(torch.softmax(scores, dim=-1) @ v[rows, head // per_group])
         out.append(torch.stack(heads_out, dim=1))
         start += n
-    return torch.cat(out).reshape(total, hidden) @ p["proj.weight"].T + p["proj.bias"]
+    return torch.cat(out).reshape(total, hidden) @ p["proj.weight"].T + p.get("proj.bias", 0)
 
 
 def eager_mha(heads, groups, dtype=torch.float32):
@@ -232,3 +234,23 @@ def test_eager_refuses_a_bad_table_and_a_table_without_attention():
     ops = eager.GroupedQueryAttention(64, 4, 2, rotary_base=10000.0)
     with pytest.raises(ValueError, match="pass one rotary"):
         ops(torch.randn(9, 128), rotary_pos_emb=te_table(16, 9))
+
+
+@pytest.mark.parametrize("case", [layer_tests.CASES[0], layer_tests.CASES[1]], ids=["GPT", "Llama"])
+def test_eager_transformer_layer_rotates_by_the_table_as_te(monkeypatch, case):
+    """te.TransformerLayer's forward(rotary_pos_emb=...) reaches its self-attention: the layer
+    tests' float64 reference of TE's layer with its attention rotating q and k by the table."""
+    table = te_table(layer_tests.HIDDEN // case[0], 12, base=500000.0)
+
+    def rotated_mha(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal):
+        if input_layernorm:  # TE's LayerNormLinear: the norm, then the qkv projection
+            x = layer_tests._norm(p, x, normalization, zcg)
+            p = {k.replace("layernorm_qkv.", "qkv."): v for k, v in p.items() if "layer_norm_" not in k}
+        return te_mha_rope_reference(p, x, lengths, heads, groups, table, causal)
+
+    monkeypatch.setattr(layer_tests, "te_mha_reference", rotated_mha)
+    checkpoint = layer_tests._checkpoint(layer_tests.te_layer_layout(case), seed=6)
+    model = layer_tests._eager(case)
+    model.load_state_dict(checkpoint)
+    layer_tests._compare(model, lambda m, x: m[0](x, cu_seqlens=offsets(LENGTHS), rotary_pos_emb=table),
+                         checkpoint, case)
