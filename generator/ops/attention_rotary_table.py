@@ -40,7 +40,8 @@ def rotary_table_of(rotary_pos_emb, head_dim, longest, device):
     if table.dtype != torch.float32:
         raise ValueError(f"{where}: must be float32 angles (as TE's RotaryPositionEmbedding returns), got "
                          f"{table.dtype}")
-    if table.device != torch.device(device):
+    device = torch.device(device)  # "cuda" (no index) matches any CUDA device's table
+    if table.device.type != device.type or (device.index is not None and table.device.index != device.index):
         raise ValueError(f"{where}: is on {table.device}, the input on {device}; move the table to the input's device")
     rotated = shape[3]
     if rotated == 0 or rotated % 2 or rotated > head_dim:
