@@ -18,8 +18,20 @@ import torch
 from .ops import OPS, OpDef, basic_parts, part_attribute, part_submodule
 from .ops.binding import ArgumentError, bind, check_value
 from .ops.attention import sequences_of
+from .ops.attention_rotary_table import rotary_table_of, self_attention_from_table
 from .ops.common import compute, deinterleave, draws, init_parameter, new_seed
 from .ops.te_modules import TE_COMPOSITES, TE_MACROS
+
+
+def rotated_attention(rows, cu_seqlens, rotary_pos_emb, reference_arguments, mode):
+    """The attention op's reference forward on ``rows`` (its reference arguments: heads, kv_heads,
+    causal, rotary_base, dropout; ``mode``: its training flag where dropout is on) with q and k
+    rotated by TE's table, checked against the call (its dtype, device, rotated width and length)."""
+    heads, kv_heads = reference_arguments[:2]
+    head_dim = rows.shape[-1] // (heads + 2 * kv_heads)
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if len(cu_seqlens) > 1 else 0
+    table = rotary_table_of(rotary_pos_emb, head_dim, longest, rows.device)
+    return self_attention_from_table(rows, cu_seqlens, *reference_arguments, table, **mode)
 
 
 def bind_args(op: OpDef, args: tuple, kwargs: dict) -> dict:
@@ -73,10 +85,15 @@ class FusibleOp(torch.nn.Module):
     def num_extra_inputs(self) -> int:
         return sum(b.extra_inputs for b, _ in self.basic)
 
-    def forward(self, x, extra_inputs=(), extra_outputs=None, cu_seqlens=None):
+    def forward(self, x, extra_inputs=(), extra_outputs=None, cu_seqlens=None, rotary_pos_emb=None):
         """Apply the basic ops in order; extra inputs are consumed, extra outputs appended.
         ``cu_seqlens``: the packed sequences' offsets (int [batch + 1]) for an op that reads them
-        (attention); without it a 3-D x is batch sequences and any other x one sequence."""
+        (attention); without it a 3-D x is batch sequences and any other x one sequence.
+        ``rotary_pos_emb``: TE's table of rotary angles [max_s, 1, 1, d] (te.MultiheadAttention's
+        forward), rotating q and k of the attention op (ops/attention_rotary_table.py)."""
+        if rotary_pos_emb is not None and not any(basic.reads_sequences for basic, _, _ in self.parts):
+            raise ValueError("rotary_pos_emb rotates the q and k of an attention op, and this module has none; "
+                             "leave it out")
         extra_inputs = list(extra_inputs)
         standalone = extra_outputs is None  # called on its own: returns (y, *extra outputs), as TE's modules do
         extra_outputs = [] if standalone else extra_outputs
@@ -111,7 +128,11 @@ class FusibleOp(torch.nn.Module):
                     rows = batch_major.reshape(-1, x.shape[-1])
                     sequences = sequences_of(rows, batch_major.shape[:-1]) if cu_seqlens is None else cu_seqlens
                     mode = {"training": self.training} if basic.uses_training(a) else {}  # its dropout
-                    y = forward(compute(rows), sequences, *basic.reference_arguments(a), **mode).to(x.dtype)
+                    if rotary_pos_emb is not None:  # TE's per-call table: q and k rotated by its angles
+                        y = rotated_attention(compute(rows), sequences, rotary_pos_emb, basic.reference_arguments(a),
+                                              mode).to(x.dtype)
+                    else:
+                        y = forward(compute(rows), sequences, *basic.reference_arguments(a), **mode).to(x.dtype)
                     y = y.reshape(*batch_major.shape[:-1], y.shape[-1])
                     x = y.transpose(0, 1) if seq_first else y
                     continue

@@ -18,8 +18,8 @@ takes a second input), ``parallel_attention_mlp`` and ``drop_path_rate`` refused
 """
 
 from .opdef import Arg, OpDef, check_eps, check_features, register
-from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _TRACKER, _WGRAD, _ZCG,
-                         ACTIVATIONS, TE_MODULES, _attention_dropout, _fused_qkv, _hint, _layernorm_mlp,
+from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _ROTARY_INTERLEAVED, _TRACKER,
+                         _WGRAD, _ZCG, ACTIVATIONS, TE_MODULES, _attention_dropout, _fused_qkv, _hint, _layernorm_mlp,
                          _multihead_attention, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha,
                          refused_default)
 
@@ -125,7 +125,7 @@ register(OpDef(
                   "does not; leave it 0.0"),
           _parallel("set_parallel_mode", "bool", False),
           Arg("fuse_qkv_params", "bool", False, in_kernel=False, check=_fused_qkv),
-          _hint("rotary_pos_interleaved", "bool", False), _ZCG,
+          _ROTARY_INTERLEAVED, _ZCG,
           Arg("qkv_weight_interleaved", "bool", True, in_kernel=False, check=_not_interleaved),
           _hint("ub_tp_comm_overlap", "bool", False),
           *(_hint(name, "bool", default) for name, default in (

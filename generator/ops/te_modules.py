@@ -73,6 +73,13 @@ _NORMALIZATION = Arg("normalization", "str", "LayerNorm", check=lambda v: None i
     f"must be 'LayerNorm' or 'RMSNorm' (TE's two), got {v!r}"))
 _ZCG = Arg("zero_centered_gamma", "bool", False)
 _PARAMS_DTYPE = Arg("params_dtype", "dtype", None, in_kernel=False)
+# TE's rotary from forward(rotary_pos_emb=...) is rotate-half only in fusegen (its default); the
+# interleaved form (adjacent feature pairs) would rotate other features, so it is refused here,
+# where it is written, not at the forward call
+_ROTARY_INTERLEAVED = _refuse("rotary_pos_interleaved", "bool", False,
+                              "rotates adjacent feature pairs (interleaved rotary), which fusegen does not: its "
+                              "rotary is rotate-half (first half / second half of each head, TE's default); "
+                              "leave it False")
 _WGRAD = Arg("fuse_wgrad_accumulation", "bool", False, in_kernel=False)  # honoured: accumulate_into_main_grad
 _RETURN_LN = Arg("return_layernorm_output", "bool", False)
 _RETURN_BIAS = _refuse("return_bias", "bool", False,
@@ -267,7 +274,7 @@ register(OpDef(
           _parallel("set_parallel_mode", "bool", False),
           Arg("fuse_qkv_params", "bool", False, in_kernel=False, check=_fused_qkv), _ZCG,
           Arg("qkv_weight_interleaved", "bool", True, in_kernel=False, check=_not_interleaved),
-          _hint("rotary_pos_interleaved", "bool", False),  # read only with forward's rotary_pos_emb
+          _ROTARY_INTERLEAVED,
           *_UB, *_UB_BULK, _BIAS, _NORMALIZATION, _DEVICE,
           Arg("qkv_format", "str", "sbhd", in_kernel=False, check=_qkv_format), _NAME,
           _refuse("qk_norm_type", "str", None, "normalises q and k, which fusegen's attention does not; leave it out"),
