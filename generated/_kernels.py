@@ -155,118 +155,6 @@ def add_layernorm_fwd_h1024_no_grad(x, residual, gamma, beta, keep_sum):
     return (y, residual_out) if keep_sum else y
 
 
-_ADD_LAYERNORM_FWD_H256 = Kernel("add_layernorm_fwd_h256", "ppppppppi")
-_ADD_LAYERNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
-
-
-def add_layernorm_fwd_h256(x, residual, gamma, beta):
-    """residual add + LayerNorm(256): returns (y, residual_out, mean, rstd)."""
-    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_fwd_h256_1122b1c9(x, residual, gamma, beta)
-    rows = x.shape[0]
-    if x.is_cuda:
-        x = x.contiguous()
-        residual = residual.contiguous()
-        residual_out = torch.empty_like(x)
-        y = torch.empty_like(x)
-        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
-        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-        if rows:
-            _ADD_LAYERNORM_FWD_H256.launch(
-                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
-                (
-                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
-                    y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows),
-                x.get_device())
-        return y, residual_out, mean, rstd
-    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
-    x = residual_out
-    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-05, False)
-    return y, residual_out, mean, rstd
-
-
-def add_layernorm_fwd_h256_no_grad(x, residual, gamma, beta, keep_sum):
-    """residual add + LayerNorm(256), without autograd.
-
-    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
-    and no sum without keep_sum."""
-    if x.is_cuda and not torch.compiler.is_compiling():
-        rows = x.shape[0]
-        x = x.contiguous()
-        residual = residual.contiguous()
-        residual_out = torch.empty_like(x) if keep_sum else None
-        y = torch.empty_like(x)
-        if rows:
-            _ADD_LAYERNORM_FWD_H256.launch(
-                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_FWD_H256_THREADS[x.dtype], 1, 1),
-                (
-                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
-                    y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
-                x.get_device())
-        return (y, residual_out) if keep_sum else y
-    # CPU and torch.compile: the whole launcher
-    y, residual_out = add_layernorm_fwd_h256(x, residual, gamma, beta)[:2]
-    return (y, residual_out) if keep_sum else y
-
-
-_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256 = Kernel("add_layernorm_zc_eps1em06_fwd_h256", "ppppppppi")
-_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256_THREADS = {
-    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
-
-
-def add_layernorm_zc_eps1em06_fwd_h256(x, residual, gamma, beta):
-    """residual add + LayerNorm(256, eps=1e-06, zero_centered_gamma=True): returns (y, residual_out,
-    mean, rstd).
-    """
-    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.add_layernorm_zc_eps1em06_fwd_h256_706d54c2(
-            x, residual, gamma, beta)
-    rows = x.shape[0]
-    if x.is_cuda:
-        x = x.contiguous()
-        residual = residual.contiguous()
-        residual_out = torch.empty_like(x)
-        y = torch.empty_like(x)
-        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
-        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-        if rows:
-            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256.launch(
-                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256_THREADS[x.dtype], 1, 1),
-                (
-                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
-                    y.data_ptr(), residual_out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), rows),
-                x.get_device())
-        return y, residual_out, mean, rstd
-    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
-    x = residual_out
-    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-06, True)
-    return y, residual_out, mean, rstd
-
-
-def add_layernorm_zc_eps1em06_fwd_h256_no_grad(x, residual, gamma, beta, keep_sum):
-    """residual add + LayerNorm(256, eps=1e-06, zero_centered_gamma=True), without autograd.
-
-    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
-    and no sum without keep_sum."""
-    if x.is_cuda and not torch.compiler.is_compiling():
-        rows = x.shape[0]
-        x = x.contiguous()
-        residual = residual.contiguous()
-        residual_out = torch.empty_like(x) if keep_sum else None
-        y = torch.empty_like(x)
-        if rows:
-            _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256.launch(
-                x.dtype, (rows, 1, 1), (_ADD_LAYERNORM_ZC_EPS1EM06_FWD_H256_THREADS[x.dtype], 1, 1),
-                (
-                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
-                    y.data_ptr(), (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
-                x.get_device())
-        return (y, residual_out) if keep_sum else y
-    # CPU and torch.compile: the whole launcher
-    y, residual_out = add_layernorm_zc_eps1em06_fwd_h256(x, residual, gamma, beta)[:2]
-    return (y, residual_out) if keep_sum else y
-
-
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768 = Kernel(
     "add_layernorm_zc_eps1em06_fwd_h768", "ppppppppi", few_rows=(torch.float32,))
 _ADD_LAYERNORM_ZC_EPS1EM06_FWD_H768_THREADS = {
@@ -1401,6 +1289,77 @@ def bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
         return (y, residual_out) if keep_sum else y
     # CPU and torch.compile: the whole launcher
     y, residual_out = bias_dropout0p1_add_layernorm_fwd_h256(
+        x, bias0, seed1, residual, gamma, beta)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
+_BIAS_DROPOUT0P1_ADD_LAYERNORM_X7749AE2F_FWD_H256 = Kernel(
+    "bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256", "ppppppppppi")
+_BIAS_DROPOUT0P1_ADD_LAYERNORM_X7749AE2F_FWD_H256_THREADS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256(x, bias0, seed1, residual, gamma, beta):
+    """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256, eps=1e-06,
+    zero_centered_gamma=True): returns (y, residual_out, mean, rstd).
+    """
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256_6e1af59b(
+            x, bias0, seed1, residual, gamma, beta)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _BIAS_DROPOUT0P1_ADD_LAYERNORM_X7749AE2F_FWD_H256.launch(
+                x.dtype, (rows, 1, 1),
+                (_BIAS_DROPOUT0P1_ADD_LAYERNORM_X7749AE2F_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(),
+                    gamma.data_ptr(), beta.data_ptr(), y.data_ptr(), residual_out.data_ptr(),
+                    mean.data_ptr(), rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, mean, rstd
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.dropout(a, ref.draws(seed1, a), 0.10000002384185791, 1.1111111111111112)
+    residual_out = (a + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, mean, rstd = ref.layer_norm(x, gamma, beta, 1e-06, True)
+    return y, residual_out, mean, rstd
+
+
+def bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256_no_grad(
+        x, bias0, seed1, residual, gamma, beta, keep_sum):
+    """Bias(256) + Dropout(0.1) + residual add + LayerNorm(256, eps=1e-06,
+    zero_centered_gamma=True), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _BIAS_DROPOUT0P1_ADD_LAYERNORM_X7749AE2F_FWD_H256.launch(
+                x.dtype, (rows, 1, 1),
+                (_BIAS_DROPOUT0P1_ADD_LAYERNORM_X7749AE2F_FWD_H256_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), bias0.data_ptr(), pointer(seed1), residual.data_ptr(),
+                    gamma.data_ptr(), beta.data_ptr(), y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256(
         x, bias0, seed1, residual, gamma, beta)[:2]
     return (y, residual_out) if keep_sum else y
 
@@ -5932,14 +5891,6 @@ register_op(
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_fwd_h1024, add_layernorm_fwd_h1024)
 register_op(
-    "add_layernorm_fwd_h256_1122b1c9",
-    "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
-    add_layernorm_fwd_h256, add_layernorm_fwd_h256)
-register_op(
-    "add_layernorm_zc_eps1em06_fwd_h256_706d54c2",
-    "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
-    add_layernorm_zc_eps1em06_fwd_h256, add_layernorm_zc_eps1em06_fwd_h256)
-register_op(
     "add_layernorm_zc_eps1em06_fwd_h768_f7b6245b",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor beta) -> (Tensor, Tensor, Tensor, Tensor)",
     add_layernorm_zc_eps1em06_fwd_h768, add_layernorm_zc_eps1em06_fwd_h768)
@@ -6008,6 +5959,12 @@ register_op(
     "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
     "(Tensor, Tensor, Tensor, Tensor)",
     bias_dropout0p1_add_layernorm_fwd_h256, bias_dropout0p1_add_layernorm_fwd_h256)
+register_op(
+    "bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256_6e1af59b",
+    "(Tensor x, Tensor bias0, Tensor? seed1, Tensor residual, Tensor gamma, Tensor beta) -> "
+    "(Tensor, Tensor, Tensor, Tensor)",
+    bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256,
+    bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256)
 register_op(
     "bias_dropout0p1_bwd_n256_a260674a", "(Tensor dy, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p1_bwd_n256, bias_dropout0p1_bwd_n256)

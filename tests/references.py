@@ -415,6 +415,10 @@ INPUT_SHAPES = {
     "TeGptLayer": lambda rows: ((1, rows, 256), []),
     "TeGqaAttention": lambda rows: ((rows, 256), []),
     "TeLlamaLayer": lambda rows: ((rows, 256), []),
+    # specs/te_models.py's: the GPT stacks read "sbhd" (x [seq, batch, hidden]), the TE Llama stack "thd"
+    "TeGptStack": lambda rows: ((rows, 1, 256), []),
+    "GptStack": lambda rows: ((rows, 1, 256), []),
+    "TeLlamaStack": lambda rows: ((rows, 256), []),
 }
 
 

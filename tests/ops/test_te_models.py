@@ -14,7 +14,8 @@ from tests.ops.test_te_attention import assert_close_fa2
 from tests.references import assert_close_to_reference
 
 HIDDEN = 256
-LENGTHS = [5, 1, 17, 9]  # packed sequences (TE's "thd")
+LENGTHS = [5, 1, 17, 9]  # the Llama stack's packed sequences (TE's "thd")
+SEQ, BATCH = 12, 3  # the GPT stack's x [seq, batch, hidden] (TE's default "sbhd")
 
 # The layers of each stack as the spec builds them: heads, kv groups, normalization, activation,
 # zero-centred gamma, eps, biases, residual after the norm (apply_residual_connection_post_layernorm)
@@ -24,6 +25,15 @@ GPT = [dict(heads=4, groups=4, norm="LayerNorm", act="gelu", zcg=False, eps=1e-5
 LLAMA = [dict(heads=8, groups=2, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512),
          dict(heads=8, groups=1, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512)]
 STACKS = {"gpt": ("TeGptStack", "GptStack", GPT), "llama": ("TeLlamaStack", "LlamaStack", LLAMA)}
+
+
+def inputs(stack, gen, device="cpu", dtype=torch.float32):
+    """x and dy of a stack's form: GPT's [seq, batch, hidden], Llama's packed rows; and the call's
+    keywords (Llama's lengths)."""
+    shape = (SEQ, BATCH, HIDDEN) if stack == "gpt" else (sum(LENGTHS), HIDDEN)
+    x, dy = (torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    keywords = {} if stack == "gpt" else {"seq_lens": torch.tensor(LENGTHS, device=device)}
+    return x, dy, keywords
 
 
 # --- TE's state_dict layout (transformer.py, multi_head_attention.py, layernorm_mlp.py) -------------
@@ -97,7 +107,13 @@ def te_layer_reference(p, x, cfg, lengths):
     return (n2 if cfg["post"] else h) + m + mlp.get("fc2_bias", 0)
 
 
-def te_stack_reference(p, x, layers, lengths):
+def te_stack_reference(p, x, layers, lengths=None):
+    """The stack on packed rows (``lengths``), or on x [seq, batch, hidden] one batch column a
+    sequence (TE's "sbhd") where no lengths are given; no dropout (TE in eval)."""
+    if lengths is None:
+        seq, batch = x.shape[:2]
+        rows = te_stack_reference(p, x.transpose(0, 1).reshape(batch * seq, -1), layers, [seq] * batch)
+        return rows.reshape(batch, seq, -1).transpose(0, 1)
     for i, cfg in enumerate(layers):
         x = te_layer_reference({k.removeprefix(f"{i}."): v for k, v in p.items() if k.startswith(f"{i}.")}, x, cfg,
                                lengths)
@@ -129,20 +145,22 @@ def load(module, state):
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
 def test_te_stack_holds_te_s_names_and_computes_te_s_semantics(stack):
+    """In eval (TE's dropout off) against the float64 reference: output, grads of x and of every
+    parameter."""
     te_name, _, layers = STACKS[stack]
-    module = getattr(generated, te_name)(dtype=torch.float32)
+    module = getattr(generated, te_name)(dtype=torch.float32).eval()
     names = {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
     assert names == te_stack_layout(layers)
     checkpoint = te_checkpoint(layers, seed=3)
     load(module, checkpoint)
-    gen = torch.Generator().manual_seed(4)
-    x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen, requires_grad=True)
-    dy = torch.randn(sum(LENGTHS), HIDDEN, generator=gen)
-    y = module(x, seq_lens=torch.tensor(LENGTHS))
+    x, dy, keywords = inputs(stack, torch.Generator().manual_seed(4))
+    x.requires_grad_()
+    y = module(x, **keywords)
+    assert y.shape == x.shape and y.is_contiguous()
     y.backward(dy)
     p64 = {k: v.double().requires_grad_() for k, v in checkpoint.items()}
     x64 = x.detach().double().requires_grad_()
-    want = te_stack_reference(p64, x64, layers, LENGTHS)
+    want = te_stack_reference(p64, x64, layers, None if stack == "gpt" else LENGTHS)
     want.backward(dy.double())
     assert_close_to_reference(f"{te_name} y", y, want, torch.float32)
     assert_close_to_reference(f"{te_name} dx", x.grad, x64.grad, torch.float32)
@@ -150,12 +168,14 @@ def test_te_stack_holds_te_s_names_and_computes_te_s_semantics(stack):
         assert_close_to_reference(f"{te_name} d{name}", p.grad, p64[name].grad, torch.float32)
 
 
-def _train(module, x, target, steps, seq_lens):
+def _train(module, x, target, steps, keywords):
+    """SGD steps from one seed: the dropout masks (GPT's) drawn from it."""
+    torch.manual_seed(9)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     losses = []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        loss = (module(x, seq_lens=seq_lens).float() - target).square().mean()
+        loss = (module(x, **keywords).float() - target).square().mean()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -169,46 +189,48 @@ def _train_both(stack, device, dtype, steps):
     checkpoint = {k: v.to(device=device, dtype=dtype) for k, v in te_checkpoint(layers, seed=7).items()}
     load(te_module, checkpoint)
     load(hand, handwritten_state(hand, checkpoint))
-    gen = torch.Generator().manual_seed(8)
-    x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).to(device=device, dtype=dtype)
-    target = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).to(device)
-    seq_lens = torch.tensor(LENGTHS, device=device)
-    te_losses = _train(te_module, x, target, steps, seq_lens)
-    hand_losses = _train(hand, x, target, steps, seq_lens)
+    x, target, keywords = inputs(stack, torch.Generator().manual_seed(8), device, dtype)
+    te_losses = _train(te_module, x, target.float(), steps, keywords)
+    hand_losses = _train(hand, x, target.float(), steps, keywords)
     return te_module, hand, te_losses, hand_losses
+
+
+def _assert_same_parameters(te_module, hand):
+    te_params = [(k, v) for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")]
+    hand_params = [v for k, v in hand.state_dict().items() if not k.endswith("_extra_state")]
+    assert len(te_params) == len(hand_params)
+    for (name, p), q in zip(te_params, hand_params):
+        assert torch.equal(p, q), name
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
 def test_te_stack_trains_as_the_handwritten_sequential_on_the_cpu(stack):
-    """The same weights, the same steps of SGD: the same kernels in the same order (the plans
-    agree), so the same losses and parameters bit for bit."""
+    """The same weights, the same seed, the same steps of SGD in training mode (GPT's hidden and
+    attention dropout on): the same kernels in the same order (the plans agree) and the same masks,
+    so the same losses and parameters bit for bit."""
     te_module, hand, te_losses, hand_losses = _train_both(stack, "cpu", torch.float32, steps=3)
     assert te_losses == hand_losses
     assert te_losses[0] > te_losses[1] > te_losses[2], te_losses
-    for (name, p), q in zip(((k, v) for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")),
-                            (v for k, v in hand.state_dict().items() if not k.endswith("_extra_state"))):
-        assert torch.equal(p, q), name
+    _assert_same_parameters(te_module, hand)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("stack", sorted(STACKS))
 def test_te_stack_in_bf16_on_cuda(stack):
-    """bf16 on CUDA (FlashAttention-2): against the float64 reference at TE's FA2 tolerance, and
-    trained as the hand-written Sequential, bit for bit."""
+    """bf16 on CUDA (FlashAttention-2): in eval against the float64 reference at TE's FA2
+    tolerance, and trained (dropout on) as the hand-written Sequential."""
     te_name, _, layers = STACKS[stack]
-    module = getattr(generated, te_name)(device="cuda", dtype=torch.bfloat16)
+    module = getattr(generated, te_name)(device="cuda", dtype=torch.bfloat16).eval()
     checkpoint = te_checkpoint(layers, seed=5)
     load(module, {k: v.cuda().bfloat16() for k, v in checkpoint.items()})
-    gen = torch.Generator().manual_seed(6)
-    x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).bfloat16()
-    dy = torch.randn(sum(LENGTHS), HIDDEN, generator=gen).bfloat16()
-    xg = x.cuda().requires_grad_()
-    y = module(xg, seq_lens=torch.tensor(LENGTHS, device="cuda"))
-    y.backward(dy.cuda())
+    x, dy, keywords = inputs(stack, torch.Generator().manual_seed(6), "cuda", torch.bfloat16)
+    xg = x.requires_grad_()
+    y = module(xg, **keywords)
+    y.backward(dy)
     p64 = {k: v.bfloat16().double().requires_grad_() for k, v in checkpoint.items()}
-    x64 = x.double().requires_grad_()
-    want = te_stack_reference(p64, x64, layers, LENGTHS)
-    want.backward(dy.double())
+    x64 = x.detach().cpu().double().requires_grad_()
+    want = te_stack_reference(p64, x64, layers, None if stack == "gpt" else LENGTHS)
+    want.backward(dy.cpu().double())
     grouped = any(cfg["groups"] != cfg["heads"] for cfg in layers)
     assert_close_fa2(f"{te_name} y", y, want, grouped)
     assert_close_fa2(f"{te_name} dx", xg.grad, x64.grad, grouped)
@@ -216,6 +238,4 @@ def test_te_stack_in_bf16_on_cuda(stack):
         assert_close_fa2(f"{te_name} d{name}", p.grad, p64[name].grad, grouped)
     te_module, hand, te_losses, hand_losses = _train_both(stack, "cuda", torch.bfloat16, steps=3)
     assert te_losses == hand_losses
-    for (name, p), q in zip(((k, v) for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")),
-                            (v for k, v in hand.state_dict().items() if not k.endswith("_extra_state"))):
-        assert torch.equal(p, q), name
+    _assert_same_parameters(te_module, hand)

@@ -487,7 +487,7 @@ def test_every_kernel_has_a_test():
     tested |= {"bias_gelu_bwd_n1024", "gelu_fwd_n1024"}
     # specs/te_models.py's (stacks of te.TransformerLayer and their hand-written Sequentials), checked
     # through test_te_models.py (bf16 on the GPU against float64, every parameter's grad, and trained)
-    tested |= {"add_layernorm_fwd_h256", "add_layernorm_zc_eps1em06_fwd_h256", "bias_qgelu_bwd_n1024",
+    tested |= {"bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256", "bias_qgelu_bwd_n1024",
                "layernorm_zc_bwd_h256_add_dresidual", "qgelu_fwd_n1024", "qkv_prep_bwd_h8_kv1_d32"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])

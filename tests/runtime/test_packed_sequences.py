@@ -182,7 +182,9 @@ def test_every_generated_module_takes_the_call_form_and_only_attentions_compute_
                       if "ref.flash_attention_forward(" in path.read_text()}
     assert computing == with_attention == {"attention_block.py", "mha_block.py", "mqa_block.py", "llama_layer.py",
                                            "te_gpt_attention.py", "te_gqa_attention.py",  # specs/te_attention.py
-                                           "te_gpt_layer.py", "te_llama_layer.py"}  # specs/te_transformer_layer.py
+                                           "te_gpt_layer.py", "te_llama_layer.py",  # specs/te_transformer_layer.py
+                                           "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py",
+                                           "llama_stack.py"}  # specs/te_models.py
     assert "packed_sequences(" in Path(pkg.__file__).with_name("packed.py").read_text()
     assert "packed_sequences(" not in Path(pkg.__file__).with_name("plain.py").read_text()
 
