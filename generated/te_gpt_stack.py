@@ -892,7 +892,13 @@ def no_grad_forward(
     # Residual: x + ops(x), LayerNorm(256)
     layer1_mlp_hidden_dropout_seed = ref.new_seed(
         layer1_layernorm_mlp_fc2_pre_bias) if training else None
-    layer2_layernorm_qkv_layer_norm_pre_make_extra_output = kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(layer1_layernorm_mlp_fc2_pre_bias, layer1_layernorm_mlp_fc2_bias, layer1_mlp_hidden_dropout_seed, layer1_mlp_residual, layer2_self_attention_layernorm_qkv_layer_norm_weight, layer2_self_attention_layernorm_qkv_layer_norm_bias, keep_sum=False)
+    layer2_layernorm_qkv_layer_norm_pre_make_extra_output = (
+        kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
+            layer1_layernorm_mlp_fc2_pre_bias, layer1_layernorm_mlp_fc2_bias,
+            layer1_mlp_hidden_dropout_seed, layer1_mlp_residual,
+            layer2_self_attention_layernorm_qkv_layer_norm_weight,
+            layer2_self_attention_layernorm_qkv_layer_norm_bias, keep_sum=False)
+    )
     # no-grad stage 17 · rule elementwise · op 2b: Residual: keeps x · no kernel
     layer2_attention_residual = layer2_layernorm_qkv_layer_norm_pre_make_extra_output
     # no-grad stage 18 · rule linear_bias · ops 2c, 2d: BasicLinear(256, 768), Bias(768)
@@ -915,7 +921,13 @@ def no_grad_forward(
     # no-grad stage 21 · rule dropout_add_norm · ops 2g, 2h, 2i, 2j: Bias(256), Dropout(0.1),
     # Residual: x + ops(x), LayerNorm(256)
     layer2_attention_hidden_dropout_seed = ref.new_seed(layer2_proj_pre_bias) if training else None
-    layer2_layernorm_mlp_layer_norm_pre_make_extra_output = kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(layer2_proj_pre_bias, layer2_self_attention_proj_bias, layer2_attention_hidden_dropout_seed, layer2_attention_residual, layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias, keep_sum=False)
+    layer2_layernorm_mlp_layer_norm_pre_make_extra_output = (
+        kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(
+            layer2_proj_pre_bias, layer2_self_attention_proj_bias,
+            layer2_attention_hidden_dropout_seed, layer2_attention_residual,
+            layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias,
+            keep_sum=False)
+    )
     # no-grad stage 22 · rule elementwise · op 2k: Residual: keeps x · no kernel
     layer2_mlp_residual = layer2_layernorm_mlp_layer_norm_pre_make_extra_output
     # no-grad stage 23 · rule linear_bias_gelu · ops 2l, 2m, 2n: BasicLinear(256, 1024), Bias(1024),

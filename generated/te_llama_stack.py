@@ -237,7 +237,10 @@ def backward_stages(
     # the residual's grad is the sum's grad
     d_layer0_mlp_residual = d_layer0_layernorm_mlp_fc2_pre_add_extra_input
     # backward stage 7 · rule linear_backward · op 0k: BasicLinear(512, 256)
-    d_layer0_layernorm_mlp_activation_pre_linear = d_layer0_layernorm_mlp_fc2_pre_add_extra_input.mm(layer0_layernorm_mlp_fc2_weight)
+    d_layer0_layernorm_mlp_activation_pre_linear = (
+        d_layer0_layernorm_mlp_fc2_pre_add_extra_input.mm(
+            layer0_layernorm_mlp_fc2_weight)
+    )
     # backward stage 6 · rule elementwise_backward · op 0j: SwiGLU()
     d_layer0_layernorm_mlp_fc1_pre_glu = kernels.swiglu_bwd_n512(
         d_layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_mlp_fc1_pre_glu)

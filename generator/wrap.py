@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import io
+import keyword
 import re
 import textwrap
 import tokenize
@@ -146,6 +147,11 @@ def _wrap_line(line: str, width: int, inside_brackets: bool = False) -> list[str
     if bare is not None:  # "a, b = value", "return a, b", "from m import a, b": parenthesised
         start, end = bare
         return _wrap_line(f"{indent}{code[:start]}({code[start:end].strip()}){code[end:]}", width)
+    value_at = None if inside_brackets else _assigned_value(tokens)
+    if value_at is not None:  # "name = call(...)" where the name and the callee alone are too wide: the
+        # value in parentheses of its own, one level down, wrapped there
+        inner = _wrap_line(indent + " " * INDENT + code[value_at:].strip(), width, True)
+        return [f"{indent}{code[:value_at].rstrip()} ("] + inner + [indent + ")"]
     items = _split_items(code) if inside_brackets and not closer else []
     if len(items) > 1:  # items of an enclosing bracket: refilled at their indent
         lines, current = [], ""
@@ -224,6 +230,14 @@ def _bare_tuple(tokens) -> tuple[int, int] | None:
         before = tokens[:equals]
         if before and "," in words[:equals] and all(t.type == tokenize.NAME or t.string in ",." for t in before):
             return before[0].start[1], before[-1].end[1]
+    return None
+
+
+def _assigned_value(tokens) -> int | None:
+    """The column where the value of a one-name assignment ("name = value") starts, or None."""
+    words = [t.string for t in tokens]
+    if len(tokens) > 2 and tokens[0].type == tokenize.NAME and words[1] == "=" and words[0] not in keyword.kwlist:
+        return tokens[2].start[1]
     return None
 
 

@@ -53,6 +53,7 @@ CASES = {
     "tuple of one": "    single = (a_very_long_name_for_a_tensor_that_goes_on_and_on_and_on_and_on_and_on_and_on_and_on_and_on,)",
     "nested": "    launch(dtype, (grid_x, splits, 1), (128, 1, 1), (dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), dx.data_ptr(), partials.data_ptr(), rows), dy.get_device())",
     "f-string": "    raise ValueError(f\"{module}: {name} must have [..., {features}], got {list(t.shape)}\", name, {dict(a=1)[\"a\"]: 2})",
+    "long name and callee": "    layer2_layernorm_qkv_layer_norm_pre_make_extra_output = kernels.bias_dropout0p1_add_layernorm_fwd_h256_no_grad(a, b, c)",
     "assignment target": "    x, layernorm0_weight, layernorm0_bias, linear1_weight = ref.to_autocast_dtype(x.device.type, x, layernorm0_weight, layernorm0_bias, linear1_weight)",
 }
 
