@@ -376,7 +376,7 @@ class TeGptAttention(torch.nn.Module):
     def forward(
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
-            attn_mask_type=None, window_size=None):
+            attn_mask_type=None, window_size=None, rotary_pos_emb=None):
         mha0_layernorm_qkv_layer_norm_weight = self._modules["0"].layernorm_qkv.layer_norm_weight
         mha0_layernorm_qkv_layer_norm_bias = self._modules["0"].layernorm_qkv.layer_norm_bias
         mha0_layernorm_qkv_weight = self._modules["0"].layernorm_qkv.weight
@@ -410,7 +410,7 @@ class TeGptAttention(torch.nn.Module):
             "TeGptAttention", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size)
+            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
         lead = x.shape[:-1]

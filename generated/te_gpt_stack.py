@@ -1701,7 +1701,7 @@ class TeGptStack(torch.nn.Module):
     def forward(
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
-            attn_mask_type=None, window_size=None):
+            attn_mask_type=None, window_size=None, rotary_pos_emb=None):
         layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
             "0"].self_attention.layernorm_qkv.layer_norm_weight
         layer0_self_attention_layernorm_qkv_layer_norm_bias = self._modules[
@@ -1865,7 +1865,7 @@ class TeGptStack(torch.nn.Module):
             "TeGptStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size)
+            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="sbhd")
         # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence

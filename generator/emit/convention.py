@@ -244,9 +244,11 @@ def check_helpers(args: list[Argument]) -> list[str]:
 
 # TE's attention modules' forward keywords (MultiheadAttention.forward, TransformerLayer.forward) a
 # module built from them takes besides fusegen's call form, all None by default; runtime te_sequences
-# turns them into seq_lens / max_seqlen and refuses what fusegen cannot honour
+# turns them into seq_lens / max_seqlen and refuses what fusegen cannot honour (rotary_pos_emb, TE's
+# per-call rotary table: the generated stage does not read it yet, so a table is refused with what to
+# do, not dropped; fusegen.eager's modules take it)
 TE_KEYWORDS = ("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv", "attention_mask",
-               "self_attn_mask_type", "attn_mask_type", "window_size")
+               "self_attn_mask_type", "attn_mask_type", "window_size", "rotary_pos_emb")
 
 
 def te_masks(pipeline) -> tuple[str, ...]:

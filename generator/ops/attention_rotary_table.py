@@ -10,8 +10,9 @@ first ``d`` features of each q and k head by the angles of the row's position in
 computed from a base, so a table built from the same base gives the same rotation.
 
 fusegen.eager's modules take ``forward(rotary_pos_emb=...)`` through ``self_attention_from_table``
-(gradients by autograd). The generated forward does not take it yet (the stage and the prep
-kernel's table variant are the next step; README "TE's modules" says so).
+(gradients by autograd). The generated forward takes the keyword and refuses a table (runtime
+te_sequences): the stage and the prep kernel's table variant are the next step (README "TE's
+modules" says so).
 Written as shipped reference math (torch through ``.lazy``, no closure), ready for ops/shipped.py.
 """
 

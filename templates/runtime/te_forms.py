@@ -10,11 +10,17 @@ _WINDOWS = {"causal": (-1, 0), "no_mask": (-1, -1)}  # TE's window_size for each
 
 def te_sequences(module, seq_lens, max_seqlen, masks, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None,
                  max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None, attn_mask_type=None,
-                 window_size=None):
+                 window_size=None, rotary_pos_emb=None):
     """TE's forward keywords (MultiheadAttention.forward, TransformerLayer.forward) as fusegen's call
     form (seq_lens, max_seqlen): the offsets cu_seqlens_q (int32 [batch + 1]; cu_seqlens_kv the same
     in self-attention) give the lengths, max_seqlen_q (= max_seqlen_kv) the bound. The masks are the
-    module's (``masks``): TE's keywords may name them, not change them."""
+    module's (``masks``): TE's keywords may name them, not change them. ``rotary_pos_emb`` (TE's
+    per-call rotary table) must be None: the generated attention does not read a table yet."""
+    if rotary_pos_emb is not None:  # refused, never dropped: q and k would go unrotated
+        raise ValueError(f"{module}: rotary_pos_emb (TE's per-call rotary table) is not supported by fusegen's "
+                         "generated modules yet; run the spec with fusegen.eager, which takes it, or spell the "
+                         "attention te.ops.GroupedQueryAttention(..., rotary_base=b) in the Sequential (the "
+                         "rotary of a table of base b)")
     if attention_mask is not None:
         raise ValueError(f"{module}: attention_mask must be None: the module's masks are {list(masks)}, "
                          "built in (TE reads attention_mask only for padding and arbitrary masks, which "

@@ -3,7 +3,8 @@ math and run-time checks of generator/ops/attention_rotary_table.py against TE's
 here in float64 from transformer_engine/pytorch/attention/rope.py (RotaryPositionEmbedding's table,
 apply_rotary_pos_emb's rotate-half on the first d features), as a rotation of feature pairs
 (i, i + d/2) by complex multiplication, so it shares no code or form with the code under test.
-The generated forward does not take the table yet (next step: stage, prep kernel variant)."""
+The generated forward takes the keyword and refuses a table (its stage does not read one yet: next
+step, then a prep kernel variant)."""
 
 import pytest
 import torch
@@ -254,3 +255,26 @@ def test_eager_transformer_layer_rotates_by_the_table_as_te(monkeypatch, case):
     model.load_state_dict(checkpoint)
     layer_tests._compare(model, lambda m, x: m[0](x, cu_seqlens=offsets(LENGTHS), rotary_pos_emb=table),
                          checkpoint, case)
+
+
+# --- the generated modules take TE's keyword and refuse a table (their stage does not read one yet) -
+
+@pytest.mark.parametrize("kind", ["TeGqaAttention", "TeLlamaLayer"])
+def test_generated_module_refuses_a_table_and_takes_none(kind):
+    """The generated te.MultiheadAttention / te.TransformerLayer modules take forward's
+    rotary_pos_emb keyword as TE's do: None (TE's default) runs as without it; a table is refused
+    with what to do (never dropped: q and k would go unrotated)."""
+    import generated
+    torch.manual_seed(5)
+    module = getattr(generated, kind)()
+    module.eval()  # TE's attention_dropout=0.1 off, so two calls agree
+    hidden = module.state_dict()["0.proj.weight" if kind == "TeGqaAttention" else
+                                 "0.self_attention.proj.weight"].shape[0]
+    seq_lens = torch.tensor(LENGTHS, dtype=torch.int32)
+    x = torch.randn(sum(LENGTHS), hidden)
+    with torch.no_grad():
+        want = module(x, seq_lens)
+        torch.testing.assert_close(module(x, seq_lens, rotary_pos_emb=None), want, rtol=0, atol=0)
+        with pytest.raises(ValueError, match=f"{kind}: rotary_pos_emb .* not supported by fusegen's generated "
+                                             "modules yet; run the spec with fusegen.eager"):
+            module(x, seq_lens, rotary_pos_emb=te_table(hidden // 8, 12))
