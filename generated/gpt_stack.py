@@ -1133,7 +1133,7 @@ class GptStack(torch.nn.Module):
     def forward(
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
-            attn_mask_type=None, window_size=None):
+            attn_mask_type=None, window_size=None, rotary_pos_emb=None):
         layernorm0_0_weight = self._modules["0"]._modules["0"].weight
         layernorm0_0_bias = self._modules["0"]._modules["0"].bias
         linear0_1_weight = self._modules["0"]._modules["1"].weight
@@ -1225,7 +1225,7 @@ class GptStack(torch.nn.Module):
             "GptStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size)
+            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
         cu_seqlens, max_seqlen = packed_sequences(
             "GptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="sbhd")
         # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence
