@@ -20,9 +20,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
-    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    check_parameters, grouped_rows, packed_sequences, te_sequences, first_order_only,
+    keep_for_backward, register_no_grad_op, register_training_ops, replay_backward, replay_forward,
+    saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -166,7 +166,7 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeGqaAttention", inputs=1, per_call=(5,), dtypes=(torch.bfloat16, torch.float16),
+    "TeGqaAttention", inputs=1, per_call=(2, 5), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
     "te_gqa_attention_no_grad_cc08d5ae",
@@ -304,8 +304,7 @@ class TeGqaAttention(torch.nn.Module):
             "0",
             SpecOp(
                 "MultiheadAttention(256, 8, num_gqa_groups=2, input_layernorm=True, "
-                "fuse_qkv_params=True, qkv_weight_interleaved=False, bias=False, "
-                "normalization='RMSNorm', qkv_format='thd')"
+                "fuse_qkv_params=True, bias=False, normalization='RMSNorm', qkv_format='thd')"
             )
         )
         self._modules["0"].add_module("layernorm_qkv", TeModuleOp("layernorm_qkv()"))
@@ -320,7 +319,7 @@ class TeGqaAttention(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeGqaAttention", inputs=1, per_call=(5,), dtypes=(torch.bfloat16, torch.float16))
+            "TeGqaAttention", inputs=1, per_call=(2, 5), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"].layernorm_qkv.layer_norm_weight, "ones")
@@ -357,6 +356,9 @@ class TeGqaAttention(torch.nn.Module):
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGqaAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
         lead = x.shape[:-1]
+        # TE's qkv_weight_interleaved, rows per GQA group (2 of 4 q heads, a k head, a v head), as
+        # [q | k | v]: a copy
+        mha0_layernorm_qkv_weight = grouped_rows(mha0_layernorm_qkv_weight, 2, 4)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

@@ -4,9 +4,8 @@ edit.
     te_llama_layer = Sequential(  # as basic ops (Linear is BasicLinear + Bias), numbered as the
     plan
         Residual: keeps x,  # op 0a: `TransformerLayer(256, 512, 8, num_gqa_groups=2,
-        hidden_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, bias=False,
-        activation='swiglu', normalization='RMSNorm', attn_input_format='thd')`, its
-        attention_residual
+        hidden_dropout=0.0, fuse_qkv_params=True, bias=False, activation='swiglu',
+        normalization='RMSNorm', attn_input_format='thd')`, its attention_residual
         RMSNorm(256),  # op 0b
         BasicLinear(256, 384),  # op 0c
         GroupedQueryAttention(256, 8, 2, dropout=0.1, qkv_format='thd'),  # op 0d
@@ -32,9 +31,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, check_input,
-    check_parameters, packed_sequences, te_sequences, first_order_only, keep_for_backward,
-    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    check_parameters, grouped_rows, packed_sequences, te_sequences, first_order_only,
+    keep_for_backward, register_no_grad_op, register_training_ops, replay_backward, replay_forward,
+    saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -296,7 +295,7 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeLlamaLayer", inputs=1, per_call=(8,), dtypes=(torch.bfloat16, torch.float16),
+    "TeLlamaLayer", inputs=1, per_call=(2, 8), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
     "te_llama_layer_no_grad_ac605218",
@@ -502,8 +501,8 @@ class TeLlamaLayer(torch.nn.Module):
             "0",
             SpecOp(
                 "TransformerLayer(256, 512, 8, num_gqa_groups=2, hidden_dropout=0.0, "
-                "fuse_qkv_params=True, qkv_weight_interleaved=False, bias=False, "
-                "activation='swiglu', normalization='RMSNorm', attn_input_format='thd')"
+                "fuse_qkv_params=True, bias=False, activation='swiglu', normalization='RMSNorm', "
+                "attn_input_format='thd')"
             )
         )
         self._modules["0"].add_module("self_attention", SpecOp("self_attention()"))
@@ -527,7 +526,7 @@ class TeLlamaLayer(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeLlamaLayer", inputs=1, per_call=(8,), dtypes=(torch.bfloat16, torch.float16))
+            "TeLlamaLayer", inputs=1, per_call=(2, 8), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(
@@ -588,6 +587,10 @@ class TeLlamaLayer(torch.nn.Module):
         cu_seqlens, max_seqlen = packed_sequences(
             "TeLlamaLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
         lead = x.shape[:-1]
+        # TE's qkv_weight_interleaved, rows per GQA group (2 of 4 q heads, a k head, a v head), as
+        # [q | k | v]: a copy
+        layer0_self_attention_layernorm_qkv_weight = grouped_rows(
+            layer0_self_attention_layernorm_qkv_weight, 2, 4)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
         args = (

@@ -61,9 +61,9 @@ class FusibleOp(torch.nn.Module):
             dtype = kwargs.pop("params_dtype", None) or dtype
         self.args = bind_args(op, args, kwargs)
         self.parts = basic_parts(self.op_name, self.args)
-        self.basic = [(basic, basic_args) for basic, basic_args, _ in self.parts]
+        self.basic = [(basic, basic_args) for basic, basic_args, _, _ in self.parts]
         self.residuals = op.residuals(self.args)
-        for basic, basic_args, part in self.parts:
+        for basic, basic_args, part, held in self.parts:
             holder = self
             for name in part_submodule(part).split(".") if part_submodule(part) else ():  # TE's submodules, nested
                 if name not in holder._modules:  # (te.TransformerLayer's self_attention.proj) as TE nests them;
@@ -72,14 +72,38 @@ class FusibleOp(torch.nn.Module):
                 holder = holder._modules[name]
             for p in basic.params:
                 shape = p.shape(basic_args)
-                holder.register_parameter(part_attribute(part, p.name).rpartition(".")[2],
-                                          torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+                buffer = torch.empty(shape, device=device, dtype=dtype)
+                if held is None:
+                    holder.register_parameter(part_attribute(part, p.name).rpartition(".")[2],
+                                              torch.nn.Parameter(buffer))
+                    continue
+                start = 0  # TE's row blocks: slices of one buffer, as TE allocates them
+                for name, block in held.held(p.name, shape):
+                    holder.register_parameter(part_attribute(part, name).rpartition(".")[2],
+                                              torch.nn.Parameter(buffer[start:start + block[0]]))
+                    start += block[0]
         self.reset_parameters()
 
+    def held_tensors(self, part: str, held, attr: str, shape) -> list[torch.nn.Parameter]:
+        """The parameters held for the GEMM's parameter ``attr``: it, or TE's row blocks."""
+        names = [name for name, _ in held.held(attr, shape)] if held else [attr]
+        return [self.get_parameter(part_attribute(part, name)) for name in names]
+
     def reset_parameters(self) -> None:
-        for basic, basic_args, part in self.parts:
+        for basic, basic_args, part, held in self.parts:
             for p in basic.params:
-                init_parameter(self.get_parameter(part_attribute(part, p.name)), p.init(basic_args))
+                for tensor in self.held_tensors(part, held, p.name, p.shape(basic_args)):
+                    init_parameter(tensor, p.init(basic_args))
+
+    def gemm_parameter(self, part: str, held, attr: str, shape) -> torch.Tensor:
+        """The tensor the GEMM reads for ``attr``: TE's row blocks concatenated (noop_cat), TE's
+        rows grouped per GQA group gathered in [q | k | v] order (held_rows.HeldRows)."""
+        tensors = self.held_tensors(part, held, attr, shape)
+        if held is None:
+            return tensors[0]
+        if held.blocks:
+            return torch.cat(tensors, dim=0)
+        return tensors[0][torch.tensor(held.gemm_rows(shape[0]), device=tensors[0].device)]
 
     @property
     def num_extra_inputs(self) -> int:
@@ -91,14 +115,14 @@ class FusibleOp(torch.nn.Module):
         (attention); without it a 3-D x is batch sequences and any other x one sequence.
         ``rotary_pos_emb``: TE's table of rotary angles [max_s, 1, 1, d] (te.MultiheadAttention's
         forward), rotating q and k of the attention op (ops/attention_rotary_table.py)."""
-        if rotary_pos_emb is not None and not any(basic.reads_sequences for basic, _, _ in self.parts):
+        if rotary_pos_emb is not None and not any(basic.reads_sequences for basic, _, _, _ in self.parts):
             raise ValueError("rotary_pos_emb rotates the q and k of an attention op, and this module has none; "
                              "leave it out")
         extra_inputs = list(extra_inputs)
         standalone = extra_outputs is None  # called on its own: returns (y, *extra outputs), as TE's modules do
         extra_outputs = [] if standalone else extra_outputs
         kept = {}  # a residual branch of a TE layer (OpDef.residuals): its input, for the add after it
-        for position, (basic, a, part) in enumerate(self.parts):
+        for position, (basic, a, part, held) in enumerate(self.parts):
             x = self.residual_add(position, x, kept)
             kept.update({end: x for first, end, _ in self.residuals if first == position})
             if basic.reshape is not None:  # TE's Reshape: torch.reshape (a view where it can be); autograd
@@ -107,7 +131,7 @@ class FusibleOp(torch.nn.Module):
             forward = basic.reference[0]
             if forward is None:  # identity
                 continue
-            params = [self.get_parameter(part_attribute(part, p.name)) for p in basic.params]
+            params = [self.gemm_parameter(part, held, p.name, p.shape(a)) for p in basic.params]
             form = basic.functor_form
             if form == "tee":  # an extra output: the value itself, handed out
                 extra_outputs.append(forward(x))

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
-from .ops import MAX_FEATURES, OPS, RESIDUAL, OpDef, basic_parts
+from .ops import MAX_FEATURES, OPS, RESIDUAL, HeldRows, OpDef, basic_parts
 from .ops.identity import around_rows
 
 
@@ -121,6 +121,7 @@ class Node:
     residual: str = ""  # a Residual's tee and add: the Residual's path (their module_index too)
     part: str = ""  # its part of the spec-level op, which names its parameters: "fc1" of a te.LayerNormMLP
     spec_op: str = ""  # the spec-level op's registry name ("LayerNormMLP"; "Residual" for a Residual's tee and add)
+    held: HeldRows | None = None  # how the part holds its parameters where not one tensor each (TE's QKV layouts)
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,7 @@ class _Expanded:
     residual: str = ""  # OPEN or CLOSE a Residual's tee and add
     part: str = ""  # Node.part
     branch: str = ""  # the Residual's id (Node.residual): its path; in a TE layer's expansion "<path> <name>"
+    held: HeldRows | None = None  # Node.held
 
 
 OPEN, CLOSE = "open", "close"
@@ -264,12 +266,13 @@ def _expand(calls: tuple[OpCall, ...], prefix: str = "") -> list[_Expanded]:
             expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE, branch=path))
             continue
         spans = OPS[call.op].residuals(call.args)  # a TE layer's residual branches, by position in its expansion
-        for position, (basic, basic_args, part) in enumerate(basic_parts(call.op, call.args)):
+        for position, (basic, basic_args, part, held) in enumerate(basic_parts(call.op, call.args)):
             for first, _, name in spans:
                 if first == position:
                     expanded.append(_Expanded(OPS["MakeExtraOutput"], {"in_place": False}, call, path, OPEN,
                                               f"{name}_residual", f"{path} {name}"))
-            expanded += [_Expanded(op, args, call, path, part=part) for op, args in around_rows(basic, basic_args)]
+            expanded += [_Expanded(op, args, call, path, part=part, held=held)
+                         for op, args in around_rows(basic, basic_args)]
             for _, end, name in spans:
                 if end == position + 1:
                     expanded.append(_Expanded(OPS["AddExtraInput"], {"in_place": False}, call, path, CLOSE,
@@ -335,7 +338,8 @@ def build_graph(spec: SequentialSpec) -> Graph:
             written_back.append((out, reads[1]))
         spelled = RESIDUAL if step.residual else OPS[call.op].attribute
         nodes.append(Node(len(nodes), op, args, tuple(reads), writes, step.path, spelled, call.location,
-                          _module_call(call), step.branch if step.residual else "", step.part, call.op))
+                          _module_call(call), step.branch if step.residual else "", step.part, call.op,
+                          step.held))
         running = out
     return Graph(spec.name, spec.file, spec.location, tuple(values), tuple(nodes), tuple(inputs),
                  (running, *extra_outputs), tuple(written_back))

@@ -21,7 +21,7 @@ from . import names
 from .errors import Location, SpecError
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
-from .ops import OPS, OpDef, part_attribute
+from .ops import OPS, HeldRows, OpDef, part_attribute
 from .values import (HOST_INT, X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
                      module_name, param_name, residual_name, seed_name)
 
@@ -63,6 +63,7 @@ class Op:
     node: int = 0  # the graph node it runs (a hidden tee: its add's), the spec's order of ops
     part: str = ""  # its part of the spec-level op ("fc1" of a te.LayerNormMLP: ir.Node.part)
     spec_op: str = ""  # the spec-level op's registry name (ir.Node.spec_op)
+    held_rows: HeldRows | None = None  # how it holds its parameters where not one tensor each (ir.Node.held)
 
     def param(self, attr: str) -> int:
         """The value of parameter ``attr``."""
@@ -253,7 +254,7 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             out_features=graph.features(node.outputs[0]), module_index=node.module_index,
             module_name=node.module_name, location=node.location, extra_input=extra_input,
             extra_output=n_out if node.opdef.extra_outputs and public else None, residual=node.residual,
-            node=node.index, part=node.part, spec_op=node.spec_op,
+            node=node.index, part=node.part, spec_op=node.spec_op, held_rows=node.held,
         ))
         n_out += node.opdef.extra_outputs if public else 0
         if node.opdef.writes_back(node.args):  # its value handed out by a tee the spec does not show

@@ -1,9 +1,10 @@
 """te.TransformerLayer as a TE user writes it (issue 39): an encoder layer expands to its
 self-attention and its MLP, each in a residual branch (Dropout(hidden_dropout) before the add),
 and fuses as the hand-written chain does; its parameters keep TE's nested names
-(``0.self_attention.layernorm_qkv.weight``, ``0.layernorm_mlp.fc1_weight``), so a TE checkpoint
-loads into the generated module. The QKV layout and input format fusegen reads are
-te.MultiheadAttention's (README, TE's modules); both layers keep TE's attention_dropout=0.1."""
+(``0.self_attention.layernorm_qkv.query_weight``, ``0.layernorm_mlp.fc1_weight``), so a TE
+checkpoint loads into the generated module. The GPT-style layer keeps TE's split QKV parameters
+(fuse_qkv_params=False), the Llama-style one fuses them in TE's interleaved layout
+(fuse_qkv_params=True); both keep TE's attention_dropout=0.1."""
 
 import transformer_engine.pytorch as te
 
@@ -11,8 +12,7 @@ HIDDEN = 256
 
 # GPT-style: pre-LayerNorm, 4 heads of 64, biases, GELU MLP, dropout 0.1 on each block's output
 te_gpt_layer = te.Sequential(
-    te.TransformerLayer(HIDDEN, 4 * HIDDEN, 4, fuse_qkv_params=True,
-                        qkv_weight_interleaved=False, attn_input_format="bshd"),
+    te.TransformerLayer(HIDDEN, 4 * HIDDEN, 4, attn_input_format="bshd"),
 )
 
 # Llama-style (without rotary, which TE passes through forward): pre-RMSNorm, grouped-query
@@ -20,5 +20,5 @@ te_gpt_layer = te.Sequential(
 te_llama_layer = te.Sequential(
     te.TransformerLayer(HIDDEN, 512, 8, num_gqa_groups=2, hidden_dropout=0.0, bias=False,
                         activation="swiglu", normalization="RMSNorm", fuse_qkv_params=True,
-                        qkv_weight_interleaved=False, attn_input_format="thd"),
+                        attn_input_format="thd"),
 )

@@ -25,6 +25,7 @@ import jinja2
 from .. import source_text
 from ..ir import size_expr
 from ..kernels import plugin_template
+from .held import child_module
 from .blocks import backward_blocks, forward_blocks, own_memory, saved_for_backward
 from .pipeline import leading_dims, pipeline_context, replays_graphs
 from .plan_doc import traffic_cells
@@ -42,12 +43,6 @@ def _templates_dir() -> Path:
 
 
 TEMPLATES = _templates_dir()
-
-
-def child_module(path: str) -> str:
-    """The generated module's child at ``path`` (an op's ``module_index``: "3", or "0.1" inside the
-    first Residual, whose children nest as the eager module's do), as an expression."""
-    return "self" + "".join(f'._modules["{part}"]' for part in path.split(".") if path)
 
 
 @functools.cache

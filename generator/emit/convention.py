@@ -21,6 +21,7 @@ from typing import Callable
 from ..ir import Size, size_expr
 from ..source_text import comment_text
 from ..values import Role, Value, module_name
+from .held import held_parameters
 
 # the roles of values that are tensors with grads (a flag, an object or metadata has none: the
 # Function returns None for it, and a custom op's schema has no tensor for it)
@@ -91,6 +92,9 @@ class ModuleForward:
     graphs: bool = False  # the module replays CUDA graphs (emit.replays_graphs)
     sequence_format: str | None = None  # how x is read (TE's qkv_format), None: fusegen's call forms
     te_masks: tuple[str, ...] = ()  # a TE attention module's masks: the module takes TE's forward keywords
+    # parameters the module hands as a new tensor each call (TE's interleaved QKV rows gathered:
+    # held.py): a CUDA graph copies them in as it does x, never reading them where they were
+    fresh: frozenset[int] = frozenset()
 
     @property
     def like_is(self) -> str:
@@ -115,8 +119,9 @@ def _tuple_literal(items) -> str:
 def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_lines, graphs: bool) -> ModuleForward:
     """What the pipeline's module forward renders its arguments by."""
     p = pipeline
-    params = [(key, shape, p.value(value).name)
-              for op in p.ops for (_, value), (_, key, shape, _) in zip(op.param_ids, op.params)]
+    # the tensors the module holds (TE's row blocks, not yet joined: held.py)
+    held = held_parameters(p)
+    params = [(key, shape, local) for param in held for _, key, shape, local in param.tensors]
     check = ""
     if params:  # check_parameters' arguments: the parameters' state_dict keys, their shapes, their names
         keys = _tuple_literal(f'"{key}"' for key, _, _ in params)
@@ -126,7 +131,8 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
                          any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
                          in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
                          sequences=p.sequences, graphs=graphs, sequence_format=p.sequence_format,
-                         te_masks=te_masks(p))
+                         te_masks=te_masks(p), fresh=frozenset(param.op.param(param.attr) for param in held
+                                                                if param.copies))
 
 
 def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=(), graphs=False) -> list[Argument]:
@@ -167,7 +173,7 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
                         checked_by="check_row_input")
     if value.role is Role.PARAMETER:  # the parameters, on one line, checked on one line
         return Argument(value.id, value.role, name, name, line="parameters", check=(f.parameters_check,),
-                        checked_by="check_parameters")
+                        checked_by="check_parameters", per_call=value.id in f.fresh)
     if value.role is Role.FLAG:
         return Argument(value.id, value.role, name, "self.training", line=name,
                         comment="Dropout draws its masks in training only")

@@ -19,16 +19,9 @@ from .blocks import (backward_blocks, distinct_returns, forward_blocks, no_grad_
                      saved_for_backward)
 from .compiled import training_ops
 from .function import function_parts
+from .held import held_parameters, runtime_helpers
 from .plan_doc import diagrams, runs_as, saved_table, spec_rows, traffic_cells
 from .segments import segments
-
-
-def placement(op) -> tuple[str, str]:
-    """The device= and dtype= expressions for ``op``'s parameters: the module's own arguments, or
-    where the spec placed the op (TE's device=/dtype=) when the module is given none."""
-    device, dtype = op.args.get("device"), op.args.get("dtype")
-    return ("device" if device is None else f"device if device is not None else {device!r}",
-            "dtype" if dtype is None else f"dtype if dtype is not None else {dtype!r}")
 
 
 def leading_dims(p) -> tuple[dict[int, str], list[str]]:
@@ -196,9 +189,11 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
               for op, attr, key, shape, init in p.params]
     saved_values = saved_for_backward(plan, em, bwd)
     saved = [em.name(value) for value in saved_values]
-    modules = {}
-    for op, attr, key, shape, init, name in params:
-        modules.setdefault(op.module_index, []).append((attr, shape, init, name, *placement(op)))
+    held = held_parameters(p)
+    held_locals = {param.name: [local for *_, local in param.tensors] for param in held}
+    modules = {}  # each child's lines creating the parameters it holds
+    for param in held:
+        modules.setdefault(param.op.module_index, []).extend(param.init_lines())
     leads, lead_lines = leading_dims(p)
     modules_run, per_row = user_modules(p), row_inputs(p)
     cells = runs_as(plan, stage_kernels)
@@ -234,7 +229,12 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         public_extra_outputs=[op for op in tees if op.writes_back_to is None],
         written_back=[(op, extra_inputs[op.writes_back_to]) for op in p.written_back],  # the extra inputs written back
         caller_tensors=convention.caller_tensors(args), passed_lines=convention.passed_lines(args),
-        tensor_arguments=[arg.name for arg in args if arg.tensor],
+        # autocast casts what the module holds (TE's row blocks, before they are joined)
+        tensor_arguments=[local for arg in args if arg.tensor for local in held_locals.get(arg.name, [arg.name])],
+        reset_lines=[line for param in held for line in param.reset_lines()],
+        read_lines=[line for param in held for line in param.read_lines()],
+        handed_lines=[line for param in held for line in param.handed_lines()],
+        adjacent_blocks=[(param.holder(), param.block_attributes()) for param in held if param.blocks],
         extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
                                             for op in p.ops if op.extra_input is not None),
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
@@ -251,6 +251,6 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         forward_parameters=convention.forward_parameters(args, convention.te_masks(p)),
         # the module forward's checks of its arguments
         check_lines=convention.check_lines(args, lead_lines) + convention.ignored_sequences_lines(p.class_name, args),
-        check_helpers=convention.check_helpers(args),
+        check_helpers=sorted(convention.check_helpers(args) + runtime_helpers(held)),
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )

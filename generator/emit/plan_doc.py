@@ -47,6 +47,9 @@ def spec_rows(pipeline, extra_inputs: list[str]) -> list[SpecRow]:
             first = op.index == 0 or pipeline.ops[op.index - 1].module_index != op.module_index
             call = source_text.md_code(pipeline.graph.nodes[op.node].module_call)
             note = f"{call + ', ' if first else ''}its {op.part.rstrip('.') or 'linear'}"
+            if op.held_rows is not None:  # TE's QKV layouts: what the module holds, joined for the GEMM
+                held = ", ".join(f"`{name}`" for attr, *_ in op.params for name, _ in op.held_rows.held(attr, ()))
+                note += f" ({held}: {op.held_rows.describe()})"
         elif op.writes_back_to is not None:  # the hidden tee after an in-place add, numbered after it
             added = pipeline.ops[op.index - 1]
             note = (f"the sum of op {added.number}, written into the caller's "

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 
 from . import shipped
+from .held_rows import HeldRows
 from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEATURES, OPS, REQUIRED,
                     SPEC_MODULES, Arg, OpDef, Operand, Param, float_tag, register)
 
@@ -96,19 +97,21 @@ def part_submodule(part: str) -> str:
 
 def basic_ops(name: str, args: dict) -> list[tuple[OpDef, dict]]:
     """The basic ops a spec-level op stands for (``Linear`` is BasicLinear + Bias)."""
-    return [(op, op_args) for op, op_args, _ in basic_parts(name, args)]
+    return [(op, op_args) for op, op_args, _, _ in basic_parts(name, args)]
 
 
-def basic_parts(name: str, args: dict) -> list[tuple[OpDef, dict, str]]:
+def basic_parts(name: str, args: dict) -> list[tuple[OpDef, dict, str, HeldRows | None]]:
     """``basic_ops`` with each basic op's part of the spec-level op (``OpDef.expand``'s third
     item: "fc1" of a te.LayerNormMLP, whose parameters are then ``fc1_weight``, ``fc1_bias``;
-    "" for most, whose parameters keep their own names)."""
+    "" for most, whose parameters keep their own names) and how the part holds its parameters
+    where they are not one tensor each (the optional fourth item: held_rows.HeldRows, else None)."""
     op = OPS[name]
     if op.expand is None:
-        return [(op, args, "")]
+        return [(op, args, "", None)]
     # arguments an expansion leaves out take their defaults (TE-only arguments of a torch.nn module's op)
-    return [(OPS[sub], {**{a.name: a.default for a in OPS[sub].args if a.default is not REQUIRED}, **sub_args}, part)
-            for sub, sub_args, part in op.expand(args)]
+    return [(OPS[sub], {**{a.name: a.default for a in OPS[sub].args if a.default is not REQUIRED}, **sub_args},
+             part, *(held or (None,)))
+            for sub, sub_args, part, *held in op.expand(args)]
 
 
 def reference_source() -> str:
@@ -119,7 +122,7 @@ def reference_source() -> str:
 __all__ = [
     "FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "MAX_FEATURES", "MAX_NORM_FEATURES", "OPS", "REQUIRED", "RESIDUAL",
     "RESIDUAL_MODULES", "SEQUENTIAL", "Arg",
-    "SPEC_MODULES", "NOT_YET", "OpDef", "Operand", "Param", "basic_ops", "basic_parts", "elementwise_kinds",
+    "SPEC_MODULES", "NOT_YET", "HeldRows", "OpDef", "Operand", "Param", "basic_ops", "basic_parts", "elementwise_kinds",
     "float_tag", "op_named", "part_attribute", "part_submodule",
     "op_modules", "reference_source", "register",
 ]

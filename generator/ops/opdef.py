@@ -135,7 +135,7 @@ class OpDef:
     reference_helpers: tuple[Callable, ...] = ()
     reference_args: Callable[[dict], tuple] | None = None
     summary: str = ""
-    expand: Callable[[dict], list[tuple[str, dict, str]]] | None = None  # -> (op, args, part: ops.part_attribute)
+    expand: Callable[[dict], list[tuple]] | None = None  # -> (op, args, part: ops.part_attribute[, held_rows.HeldRows])
     modules: tuple[str, ...] = SPEC_MODULES  # the modules a spec may import the op from
     spelled: str = ""  # its name in those modules, where that is not ``name`` (torch.nn's Linear)
     hint_stem: str = ""  # its generated names' stem where its name is long ("mha" for MultiheadAttention: mha0_...)

@@ -19,9 +19,8 @@ takes a second input), ``parallel_attention_mlp`` and ``drop_path_rate`` refused
 
 from .opdef import Arg, OpDef, check_eps, check_features, register
 from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _ROTARY_INTERLEAVED, _TRACKER,
-                         _WGRAD, _ZCG, ACTIVATIONS, TE_MODULES, _attention_dropout, _fused_qkv, _hint, _layernorm_mlp,
-                         _multihead_attention, _not_interleaved, _parallel, _qkv_format, _refuse, _validate_mha,
-                         refused_default)
+                         _WGRAD, _ZCG, ACTIVATIONS, TE_MODULES, _attention_dropout, _hint, _layernorm_mlp,
+                         _multihead_attention, _parallel, _qkv_format, _refuse, _validate_mha)
 
 _MHA_ARGS = ("hidden_size", "num_attention_heads", "kv_channels", "attention_dropout", "layernorm_epsilon",
              "num_gqa_groups", "fuse_wgrad_accumulation", "params_dtype", "fuse_qkv_params", "zero_centered_gamma",
@@ -45,7 +44,7 @@ def _mlp_args(a: dict) -> dict:
 
 def _in(submodule: str, parts: list[tuple]) -> list[tuple]:
     """Parts of one of TE's modules as a submodule of the layer holds them ("layernorm_mlp.fc1")."""
-    return [(op, args, f"{submodule}.{part}" if part else f"{submodule}.") for op, args, part in parts]
+    return [(op, args, f"{submodule}.{part}" if part else f"{submodule}.", *held) for op, args, part, *held in parts]
 
 
 def _dropout(a: dict, block: str) -> list[tuple]:
@@ -85,14 +84,8 @@ def _residuals(a: dict) -> tuple[tuple[int, int, str], ...]:
     return ((first_attention, len(attention), "attention"), (first_mlp, len(attention) + len(mlp), "mlp"))
 
 
-# te.MultiheadAttention's refused defaults, under the layer's names (attn_input_format is its qkv_format)
-_REFUSED_DEFAULTS = (("fuse_qkv_params", _fused_qkv),
-                     ("qkv_weight_interleaved", _not_interleaved))
-
-
 def _validate(a: dict) -> str | None:
-    # the layer's own names first, so a message names the argument the spec wrote
-    return refused_default(a, _REFUSED_DEFAULTS) or _validate_mha(_attention_args(a, True))
+    return _validate_mha(_attention_args(a, True))
 
 
 register(OpDef(
@@ -124,9 +117,9 @@ register(OpDef(
           _refuse("drop_path_rate", "float", 0.0, "drops whole samples' paths (stochastic depth), which fusegen "
                   "does not; leave it 0.0"),
           _parallel("set_parallel_mode", "bool", False),
-          Arg("fuse_qkv_params", "bool", False, in_kernel=False, check=_fused_qkv),
+          Arg("fuse_qkv_params", "bool", False, in_kernel=False),
           _ROTARY_INTERLEAVED, _ZCG,
-          Arg("qkv_weight_interleaved", "bool", True, in_kernel=False, check=_not_interleaved),
+          Arg("qkv_weight_interleaved", "bool", True, in_kernel=False),
           _hint("ub_tp_comm_overlap", "bool", False),
           *(_hint(name, "bool", default) for name, default in (
               ("ub_overlap_ag", True), ("ub_overlap_rs", True), ("ub_overlap_rs_dgrad", False),

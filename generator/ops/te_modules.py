@@ -23,6 +23,7 @@ TE's modules default ``device="cuda"``; here, as for every op, the generated mod
 places the parameters unless the spec gives one.
 """
 
+from .held_rows import HeldRows
 from .opdef import OPS, Arg, OpDef, check_eps, check_features, register
 from .te_namespace import TE_NAMESPACE
 
@@ -102,12 +103,13 @@ def _norm(a: dict, size: int) -> tuple:
                    "zero_centered_gamma": a["zero_centered_gamma"]}, "layer_norm")
 
 
-def _linear(a: dict, part: str, in_features: int, out_features: int) -> list[tuple]:
-    """TE's GEMM with its optional bias: BasicLinear, then Bias where ``bias``."""
+def _linear(a: dict, part: str, in_features: int, out_features: int, held: HeldRows | None = None) -> list[tuple]:
+    """TE's GEMM with its optional bias: BasicLinear, then Bias where ``bias``; ``held``: how the
+    part holds both (TE's QKV layouts), else one weight and one bias."""
     placed = {"device": a["device"], "dtype": a["params_dtype"]}
     ops = [("BasicLinear", {"in_features": in_features, "out_features": out_features, **placed,
-                            "accumulate_into_main_grad": a["fuse_wgrad_accumulation"]}, part)]
-    return ops + ([("Bias", {"size": out_features, **placed}, part)] if a["bias"] else [])
+                            "accumulate_into_main_grad": a["fuse_wgrad_accumulation"]}, part, held)]
+    return ops + ([("Bias", {"size": out_features, **placed}, part, held)] if a["bias"] else [])
 
 
 def _layernorm_output(a: dict) -> list[tuple]:
@@ -166,22 +168,27 @@ register(OpDef(
 
 # --- te.MultiheadAttention (TE's transformer_engine/pytorch/attention/multi_head_attention.py) ------
 
-_QKV_LAYOUT = ("fusegen's attention reads the fused QKV projection as [all q heads | all k heads | all v heads], "
-               "which is TE's layout with fuse_qkv_params=True and qkv_weight_interleaved=False (one weight "
-               "[(heads + 2 * num_gqa_groups) * head_dim, hidden]); ")
+def _qkv_held(a: dict, heads: int, groups: int, head_dim: int) -> HeldRows | None:
+    """How te.MultiheadAttention holds its QKV projection (multi_head_attention.py): with
+    fuse_qkv_params=False (TE's default) as query, key and value row blocks (TE's
+    parameters_split; TE then reads them as [q | k | v], its qkv_weight_interleaved forced off);
+    with fuse_qkv_params=True and qkv_weight_interleaved=True (TE's default) as one weight whose
+    rows go per GQA group; with both True/False as one weight [q | k | v], fusegen's own order."""
+    if not a["fuse_qkv_params"]:
+        return HeldRows(blocks=(("query", heads * head_dim), ("key", groups * head_dim), ("value", groups * head_dim)))
+    if a["qkv_weight_interleaved"]:
+        return HeldRows(groups=(groups, heads // groups))
+    return None
 
 
-def _fused_qkv(v):
-    return None if v else (
-        "keeps query, key and value in three parameters (query_weight, key_weight, value_weight), which fusegen's "
-        "one QKV GEMM does not hold; " + _QKV_LAYOUT + "pass fuse_qkv_params=True, qkv_weight_interleaved=False "
-        "and load a TE checkpoint's three weights concatenated along dim 0 (torch.cat([q, k, v])) as 'weight'")
-
-
-def _not_interleaved(v):
-    return None if not v else (
-        "stores the QKV rows interleaved per GQA group ([group: its q heads, its k head, its v head]); "
-        + _QKV_LAYOUT + "pass qkv_weight_interleaved=False (with fuse_qkv_params=True)")
+def _split_wgrad(a: dict) -> str | None:
+    """fuse_wgrad_accumulation adds the weight grad into the one weight's ``main_grad``; TE's split
+    QKV parameters each have their own."""
+    if a["fuse_wgrad_accumulation"] and (not a["fuse_qkv_params"] or a["qkv_weight_interleaved"]):
+        return ("fuse_wgrad_accumulation=True adds the QKV weight's grad into one weight's main_grad, which "
+                "fusegen does for a QKV weight held as one tensor in [q | k | v] order only; with it pass "
+                "fuse_qkv_params=True, qkv_weight_interleaved=False")
+    return None
 
 
 def _attention_dropout(v):
@@ -195,24 +202,7 @@ def _qkv_format(v):
         f"(packed tokens [total, hidden] with cu_seqlens), got {v!r}")
 
 
-# TE's defaults fusegen cannot honour: the binder checks the values given, these the defaults left
-_REFUSED_DEFAULTS = (("fuse_qkv_params", _fused_qkv), ("qkv_weight_interleaved", _not_interleaved))
-
-
-def refused_default(a: dict, refused: tuple) -> str | None:
-    """Why an argument of ``refused`` ((name, check) pairs) is refused at the value it has, left
-    at TE's default where the spec does not give it, or None."""
-    for name, check in refused:
-        why = check(a[name])
-        if why:
-            return f"argument '{name}', left at TE's default, {why}"
-    return None
-
-
 def _validate_mha(a: dict) -> str | None:
-    refused = refused_default(a, _REFUSED_DEFAULTS)
-    if refused:
-        return refused
     hidden, heads = a["hidden_size"], a["num_attention_heads"]
     groups = heads if a["num_gqa_groups"] is None else a["num_gqa_groups"]
     if hidden % heads:
@@ -222,7 +212,7 @@ def _validate_mha(a: dict) -> str | None:
                 f"num_attention_heads = {hidden // heads}; leave kv_channels out or give that")
     if groups <= 0 or heads % groups:
         return f"num_gqa_groups={groups} must divide num_attention_heads={heads} (TE's rule)"
-    return OPS["GroupedQueryAttention"].validate(_attention_args(a))  # the head sizes its kernels take
+    return _split_wgrad(a) or OPS["GroupedQueryAttention"].validate(_attention_args(a))  # the head sizes it takes
 
 
 def _attention_args(a: dict) -> dict:
@@ -240,13 +230,14 @@ def _multihead_attention(a: dict) -> list[tuple]:
     hidden, heads = a["hidden_size"], a["num_attention_heads"]
     groups = _attention_args(a)["kv_heads"]
     qkv = (heads + 2 * groups) * (hidden // heads)
+    held = _qkv_held(a, heads, groups, hidden // heads)
     if a["input_layernorm"]:  # TE's layernorm_qkv: a LayerNormLinear
         norm = {**a, "eps": a["layernorm_epsilon"]}
         kind, norm_args, _ = _norm(norm, hidden)
         front = [(kind, norm_args, "layernorm_qkv.layer_norm"), *_layernorm_output(a),
-                 *_linear(a, "layernorm_qkv.", hidden, qkv)]
+                 *_linear(a, "layernorm_qkv.", hidden, qkv, held)]
     else:  # TE's qkv: a Linear (TE ignores return_layernorm_output without the norm)
-        front = _linear(a, "qkv.", hidden, qkv)
+        front = _linear(a, "qkv.", hidden, qkv, held)
     attention = ("GroupedQueryAttention", _attention_args(a), "core_attention.")  # TE's DotProductAttention
     return [*front, attention, *_linear(a, "proj.", hidden, hidden)]
 
@@ -272,8 +263,8 @@ register(OpDef(
           _refuse("attention_type", "str", "self", "is cross-attention (a second input, the encoder's output), "
                   "which fusegen's pipelines do not take; only attention_type='self'"),
           _parallel("set_parallel_mode", "bool", False),
-          Arg("fuse_qkv_params", "bool", False, in_kernel=False, check=_fused_qkv), _ZCG,
-          Arg("qkv_weight_interleaved", "bool", True, in_kernel=False, check=_not_interleaved),
+          Arg("fuse_qkv_params", "bool", False, in_kernel=False), _ZCG,
+          Arg("qkv_weight_interleaved", "bool", True, in_kernel=False),
           _ROTARY_INTERLEAVED,
           *_UB, *_UB_BULK, _BIAS, _NORMALIZATION, _DEVICE,
           Arg("qkv_format", "str", "sbhd", in_kernel=False, check=_qkv_format), _NAME,
@@ -284,23 +275,8 @@ register(OpDef(
                   "fusegen's attention does not; leave it 'vanilla'")),
     validate=_validate_mha, expand=_multihead_attention, hint_stem="mha",
     summary="TE's module (self-attention): with input_layernorm LayerNorm or RMSNorm (layernorm_qkv.layer_norm_weight, "
-            "layernorm_qkv.layer_norm_bias) and the fused QKV Linear (layernorm_qkv.weight, layernorm_qkv.bias), "
-            "else the Linear (qkv.weight, qkv.bias); attention over packed sequences (num_gqa_groups kv heads); "
-            "the output projection (proj.weight, proj.bias)",
+            "layernorm_qkv.layer_norm_bias) and the QKV Linear (layernorm_qkv.query_weight, key_weight, "
+            "value_weight and their biases; with fuse_qkv_params=True one weight and bias, rows grouped per GQA "
+            "group unless qkv_weight_interleaved=False), else the Linear (qkv.*, the same); attention over packed "
+            "sequences (num_gqa_groups kv heads); the output projection (proj.weight, proj.bias)",
 ))
-
-
-def interleaved_qkv_rows(heads: int, groups: int, head_dim: int) -> list[int]:
-    """The rows of TE's fused QKV weight with qkv_weight_interleaved=True (per GQA group: its
-    heads / groups q heads, its k head, its v head; TE's view [groups, heads / groups + 2, head_dim])
-    in the order fusegen's attention reads them, [all q heads | all k heads | all v heads]: row r
-    of fusegen's weight is row ``order[r]`` of TE's. Computed at generate time; the runtime's
-    row_blocks.rows_in_order gathers by it (not wired into the expansion yet)."""
-    per_group = heads // groups
-    stride = per_group + 2  # TE rows a group holds, in heads
-
-    def head_rows(slot_of_group):
-        return [(group * stride + slot) * head_dim + d for group in range(groups)
-                for slot in slot_of_group for d in range(head_dim)]
-
-    return head_rows(range(per_group)) + head_rows((per_group,)) + head_rows((per_group + 1,))

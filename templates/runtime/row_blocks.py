@@ -1,8 +1,8 @@
 """A parameter held as named row blocks (TE's ``parameters_split``, te.MultiheadAttention's
 ``query_weight``/``key_weight``/``value_weight`` with fuse_qkv_params=False) joined into the one
-tensor a GEMM reads, and a fixed row order (TE's qkv_weight_interleaved rows handed to the GEMM in
-the order its consumer reads) (part of a fusegen output's runtime: templates/runtime/, copied
-verbatim; do not edit).
+tensor a GEMM reads, and kept one buffer when a module is moved or cast; a QKV parameter whose
+rows go per GQA group (TE's qkv_weight_interleaved) handed to the GEMM as [q | k | v] (part of a
+fusegen output's runtime: templates/runtime/, copied verbatim; do not edit).
 """
 
 import torch
@@ -51,7 +51,29 @@ def join_rows(*blocks: torch.Tensor) -> torch.Tensor:
     return _JoinAdjacent.apply(*blocks)
 
 
-def rows_in_order(tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s rows in ``order`` (a fixed permutation computed at generate time): one gather a
-    forward, its grad scattered back into the parameter's own layout by autograd."""
-    return tensor.index_select(0, order.to(tensor.device))
+def adjacent_rows(holder: torch.nn.Module, names) -> None:
+    """Makes the row blocks ``names`` of ``holder`` one buffer again where ``.to()``, ``.cuda()``
+    or ``.half()`` (``Module._apply``) re-created each on its own: each parameter keeps its
+    object (an optimizer's reference stays good), its data becomes its slice of one new buffer, so
+    join_rows reads them without a copy again."""
+    blocks = [holder._parameters[name] for name in names]
+    first = blocks[0].data
+    if _adjacent([b.data for b in blocks]) or not all(
+            b.dtype == first.dtype and b.device == first.device and b.shape[1:] == first.shape[1:] for b in blocks):
+        return
+    buffer = torch.cat([b.data for b in blocks], dim=0)
+    start = 0
+    for block in blocks:
+        rows = block.shape[0]
+        block.data = buffer[start:start + rows]
+        start += rows
+
+
+def grouped_rows(tensor: torch.Tensor, groups: int, per_group: int) -> torch.Tensor:
+    """TE's qkv_weight_interleaved rows, [group: its ``per_group`` q heads, its k head, its v head]
+    (TE's view [groups, per_group + 2, head_dim]), as the [all q heads | all k heads | all v heads]
+    rows fusegen's attention reads: one copy a forward (a weight or a bias), its grad handed back in
+    TE's order by autograd."""
+    by_group = tensor.unflatten(0, (groups, per_group + 2, -1))  # [groups, heads a group + 2, head_dim, ...]
+    q, k, v = by_group.split([per_group, 1, 1], dim=1)
+    return torch.cat([q.flatten(0, 2), k.flatten(0, 2), v.flatten(0, 2)], dim=0)

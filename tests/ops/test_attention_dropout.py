@@ -165,10 +165,12 @@ def test_module_grads_of_x_and_parameters_under_dropout():
 
 
 def _gqa_reference(params, x64, keep=None):
-    """specs/te_attention.py's te_gqa_attention in float64: RMSNorm, the QKV projection, attention
+    """specs/te_attention.py's te_gqa_attention in float64: RMSNorm, the QKV projection (TE's
+    qkv_weight_interleaved layout: per kv group its 4 q heads, its k head, its v head), attention
     (8 heads sharing 2 kv heads of 32, causal; ``keep``: the dropout mask), the output projection."""
     h = x64 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + 1e-5) * params["layernorm_qkv.layer_norm_weight"]
-    q, k, v = (h @ params["layernorm_qkv.weight"].T).reshape(x64.shape[0], 12, 32).split([8, 2, 2], dim=1)
+    by_group = (h @ params["layernorm_qkv.weight"].T).reshape(x64.shape[0], 2, 6, 32)
+    q, k, v = by_group[:, :, :4].reshape(x64.shape[0], 8, 32), by_group[:, :, 4], by_group[:, :, 5]
     return attention64(q, k, v, LENGTHS, True, keep, P) @ params["proj.weight"].T
 
 

@@ -19,8 +19,11 @@ from tests.references import assert_close_to_reference
 from tests.spec_packages import imported_package
 
 HEAD = "import torch\nimport transformer_engine.pytorch as te\n"
-# what fusegen's one QKV layout asks of TE's arguments (refused defaults: README, TE's modules)
+# packed sequences, no attention dropout; TE's QKV layouts: its default (split query, key, value
+# parameters), one fused weight with rows per GQA group (TE's default once fused), one [q | k | v]
 FUSED = "attention_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, qkv_format='thd'"
+QKV_LAYOUTS = {"split": "", "interleaved": "fuse_qkv_params=True", "fused": "fuse_qkv_params=True, "
+               "qkv_weight_interleaved=False"}
 LENGTHS = [3, 1, 9, 5]  # packed sequences: odd, a single token, longer
 
 
@@ -35,19 +38,38 @@ def _norm(p, x, normalization, zcg, eps=1e-5):
     return (x - mean) / torch.sqrt(var + eps) * gamma + p["layernorm_qkv.layer_norm_bias"]
 
 
-def te_mha_reference(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal):
-    """TE's MultiheadAttention forward on packed sequences (qkv_format 'thd'), float64."""
+def _qkv_parameter(p, linear, name):
+    """TE's LayerNormLinear/Linear weight (or bias) as its forward reads it: the one parameter, or
+    with parameters_split (fuse_qkv_params=False) its query, key and value blocks concatenated
+    (noop_cat, module/_common.py); None for a bias the module has not."""
+    if f"{linear}.{name}" in p:
+        return p[f"{linear}.{name}"]
+    if f"{linear}.query_{name}" in p:
+        return torch.cat([p[f"{linear}.{block}_{name}"] for block in ("query", "key", "value")])
+    return None
+
+
+def te_mha_reference(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal, interleaved=False):
+    """TE's MultiheadAttention forward on packed sequences (qkv_format 'thd'), float64;
+    ``interleaved``: TE's qkv_weight_interleaved (fuse_qkv_params=True only: TE turns it off for
+    split parameters, multi_head_attention.py __init__)."""
     total, hidden = x.shape
     hn = hidden // heads
     if input_layernorm:
         h, linear = _norm(p, x, normalization, zcg), "layernorm_qkv"
     else:
         h, linear = x, "qkv"
-    mixed = h @ p[f"{linear}.weight"].T + (p[f"{linear}.bias"] if f"{linear}.bias" in p else 0)
+    bias = _qkv_parameter(p, linear, "bias")
+    mixed = h @ _qkv_parameter(p, linear, "weight").T + (0 if bias is None else bias)
     per_group = heads // groups
-    mixed = mixed.view(total, per_group + 2, groups, hn)  # TE: [sq, b, (np/ng + 2), ng, hn]
-    q = mixed[:, :per_group].reshape(total, heads, hn)
-    k, v = mixed[:, per_group], mixed[:, per_group + 1]
+    if interleaved:  # TE: [sq, b, ng, (np/ng + 2), hn], split along the second to last dim
+        mixed = mixed.view(total, groups, per_group + 2, hn)
+        q = mixed[:, :, :per_group].reshape(total, heads, hn)
+        k, v = mixed[:, :, per_group], mixed[:, :, per_group + 1]
+    else:  # TE: [sq, b, (np/ng + 2), ng, hn]
+        mixed = mixed.view(total, per_group + 2, groups, hn)
+        q = mixed[:, :per_group].reshape(total, heads, hn)
+        k, v = mixed[:, per_group], mixed[:, per_group + 1]
     out = torch.zeros(total, heads, hn, dtype=x.dtype)
     start = 0
     for n in lengths:
@@ -63,22 +85,26 @@ def te_mha_reference(p, x, lengths, heads, groups, normalization, zcg, input_lay
     return y + p["proj.bias"] if "proj.bias" in p else y
 
 
-def te_mha_layout(hidden, heads, groups, normalization, bias, input_layernorm):
-    """The state_dict TE's MultiheadAttention(fuse_qkv_params=True) has (multi_head_attention.py
-    __init__: layernorm_qkv a LayerNormLinear(hidden, hq + 2 hkv) with input_layernorm, else qkv a
-    Linear; core_attention a DotProductAttention (a TransformerEngineBaseModule: its _extra_state,
-    no parameters); proj a Linear(hq, hidden)), each TE module's _extra_state last (module/base.py)."""
+def te_mha_layout(hidden, heads, groups, normalization, bias, input_layernorm, split=False):
+    """The state_dict TE's MultiheadAttention has (multi_head_attention.py __init__: layernorm_qkv a
+    LayerNormLinear(hidden, hq + 2 hkv) with input_layernorm, else qkv a Linear, with ``split``
+    (fuse_qkv_params=False) parameters_split {query: hq, key: hkv, value: hkv}, its weights then
+    its biases (layernorm_linear.py); core_attention a DotProductAttention (a
+    TransformerEngineBaseModule: its _extra_state, no parameters); proj a Linear(hq, hidden)),
+    each TE module's _extra_state last (module/base.py)."""
     hn = hidden // heads
     qkv = (heads + 2 * groups) * hn
+    blocks = {"query": heads * hn, "key": groups * hn, "value": groups * hn} if split else {"": qkv}
     layout = {}
     if input_layernorm:
         layout["layernorm_qkv.layer_norm_weight"] = (hidden,)
         if normalization != "RMSNorm":
             layout["layernorm_qkv.layer_norm_bias"] = (hidden,)
     linear = "layernorm_qkv" if input_layernorm else "qkv"
-    layout[f"{linear}.weight"] = (qkv, hidden)
-    if bias:
-        layout[f"{linear}.bias"] = (qkv,)
+    for name, rows in blocks.items():
+        layout[f"{linear}.{name}{'_' if name else ''}weight"] = (rows, hidden)
+    for name, rows in blocks.items() if bias else ():
+        layout[f"{linear}.{name}{'_' if name else ''}bias"] = (rows,)
     layout[f"{linear}._extra_state"] = (0,)
     layout["core_attention._extra_state"] = (0,)
     layout["proj.weight"] = (hidden, heads * hn)
@@ -88,18 +114,20 @@ def te_mha_layout(hidden, heads, groups, normalization, bias, input_layernorm):
     return layout
 
 
-CASES = [  # (heads, num_gqa_groups, normalization, zero_centered_gamma, bias, input_layernorm, causal)
-    (4, None, "LayerNorm", False, True, True, True),
-    (8, 2, "RMSNorm", True, False, True, True),
-    (4, 1, "LayerNorm", False, True, False, False),
+CASES = [  # (heads, num_gqa_groups, normalization, zero_centered_gamma, bias, input_layernorm, causal, QKV layout)
+    (4, None, "LayerNorm", False, True, True, True, "split"),
+    (8, 2, "RMSNorm", True, False, True, True, "interleaved"),
+    (4, 1, "LayerNorm", False, True, False, False, "fused"),
+    (8, 2, "LayerNorm", False, True, True, True, "split"),
+    (4, 2, "RMSNorm", False, True, False, True, "interleaved"),
 ]
 
 
-def _spec(heads, groups, normalization, zcg, bias, input_layernorm, causal):
+def _spec(heads, groups, normalization, zcg, bias, input_layernorm, causal, qkv):
     mask = "causal" if causal else "no_mask"
-    return (HEAD + f"m = te.Sequential(te.MultiheadAttention(64, {heads}, {FUSED}, num_gqa_groups={groups}, "
-            f"normalization={normalization!r}, zero_centered_gamma={zcg}, bias={bias}, "
-            f"input_layernorm={input_layernorm}, attn_mask_type={mask!r}))\n")
+    return (HEAD + f"m = te.Sequential(te.MultiheadAttention(64, {heads}, attention_dropout=0.0, qkv_format='thd', "
+            f"num_gqa_groups={groups}, normalization={normalization!r}, zero_centered_gamma={zcg}, bias={bias}, "
+            f"input_layernorm={input_layernorm}, attn_mask_type={mask!r}, {QKV_LAYOUTS[qkv]}))\n")
 
 
 def _checkpoint(layout, seed):
@@ -110,14 +138,15 @@ def _checkpoint(layout, seed):
 
 def _compare(module, run, checkpoint, case, seed):
     """y, dx and every parameter's grad of ``run(module, x)`` against te_mha_reference's by autograd."""
-    heads, groups, normalization, zcg, bias, input_layernorm, causal = case
+    heads, groups, normalization, zcg, bias, input_layernorm, causal, qkv = case
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(sum(LENGTHS), 64, generator=gen)
     dy = torch.randn(sum(LENGTHS), 64, generator=gen)
     params64 = {k.removeprefix("0."): v.double().requires_grad_() for k, v in checkpoint.items()
                 if not k.endswith("_extra_state")}
     x64 = x.double().requires_grad_()
-    want = te_mha_reference(params64, x64, LENGTHS, heads, groups or heads, normalization, zcg, input_layernorm, causal)
+    want = te_mha_reference(params64, x64, LENGTHS, heads, groups or heads, normalization, zcg, input_layernorm, causal,
+                            interleaved=qkv == "interleaved")
     want.backward(dy.double())
     x = x.requires_grad_()
     y = run(module, x)
@@ -126,8 +155,24 @@ def _compare(module, run, checkpoint, case, seed):
     assert_close_to_reference("dx", x.grad, x64.grad, torch.float32)
     grads = {k: p.grad for k, p in module.named_parameters()}
     assert sorted(grads) == sorted(f"0.{k}" for k in params64)  # every parameter has its grad compared
-    for name, p in params64.items():
-        assert_close_to_reference(f"d{name}", grads[f"0.{name}"], p.grad, torch.float32)
+    for names in grad_groups(params64):
+        got = torch.cat([grads[f"0.{name}"] for name in names])
+        assert_close_to_reference(f"d{'+'.join(names)}", got, torch.cat([params64[n].grad for n in names]),
+                                  torch.float32)
+
+
+def grad_groups(names) -> list[tuple[str, ...]]:
+    """The parameters whose grads are compared together: TE's query, key and value blocks of one
+    projection as the one tensor the GEMM reads (the key bias's grad is zero in exact math, as a
+    shift of every score of a query leaves its softmax unchanged: its roundoff is judged against
+    the projection's grad, as it was while fused), every other parameter on its own."""
+    groups = []
+    for name in names:
+        if ".query_" in name:
+            groups.append(tuple(name.replace(".query_", f".{block}_") for block in ("query", "key", "value")))
+        elif ".key_" not in name and ".value_" not in name:  # (those go with their query block)
+            groups.append((name,))
+    return groups
 
 
 def _lengths():
@@ -140,12 +185,12 @@ def _offsets():
 
 @pytest.mark.parametrize("case", CASES)
 def test_multihead_attention_matches_te_s_semantics_names_and_checkpoint(tmp_path, case):
-    heads, groups, normalization, zcg, bias, input_layernorm, causal = case
-    layout = te_mha_layout(64, heads, groups or heads, normalization, bias, input_layernorm)
+    heads, groups, normalization, zcg, bias, input_layernorm, causal, qkv = case
+    layout = te_mha_layout(64, heads, groups or heads, normalization, bias, input_layernorm, split=qkv == "split")
     checkpoint = _checkpoint(layout, seed=5)
     eager_model = eager.Sequential(eager.MultiheadAttention(
-        64, heads, attention_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, qkv_format="thd",
-        num_gqa_groups=groups, normalization=normalization, zero_centered_gamma=zcg, bias=bias,
+        64, heads, attention_dropout=0.0, fuse_qkv_params=qkv != "split", qkv_weight_interleaved=qkv == "interleaved",
+        qkv_format="thd", num_gqa_groups=groups, normalization=normalization, zero_centered_gamma=zcg, bias=bias,
         input_layernorm=input_layernorm, attn_mask_type="causal" if causal else "no_mask"))
     with imported_package(tmp_path, "spec.py", _spec(*case), "pkg") as pkg:
         module = pkg.M()
@@ -188,10 +233,10 @@ OK = "fuse_qkv_params=True, qkv_weight_interleaved=False, qkv_format='bshd'"
 
 
 @pytest.mark.parametrize("call, at, says", [
-    ("te.MultiheadAttention(64, 4, qkv_weight_interleaved=False, qkv_format='bshd')", "64",
-     "keeps query, key and value in three parameters"),
-    ("te.MultiheadAttention(64, 4, fuse_qkv_params=True, qkv_format='bshd')", "64",
-     "stores the QKV rows interleaved per GQA group"),
+    ("te.MultiheadAttention(64, 4, fuse_wgrad_accumulation=True, qkv_format='bshd')", "64",
+     "fuse_wgrad_accumulation=True adds the QKV weight's grad into one weight's main_grad"),
+    ("te.MultiheadAttention(64, 4, fuse_qkv_params=True, fuse_wgrad_accumulation=True, qkv_format='bshd')", "64",
+     "with it pass fuse_qkv_params=True, qkv_weight_interleaved=False"),
     ("te.MultiheadAttention(64, 4, fuse_qkv_params=True, qkv_weight_interleaved=False, "
      "qkv_format='bhsd')", "'bhsd'", "must be 'sbhd' (x [seq, batch, hidden], TE's default), 'bshd'"),
     (f"te.MultiheadAttention(64, 4, {OK}, attention_type='cross')", "'cross'", "is cross-attention"),
@@ -224,8 +269,8 @@ def test_inconsistent_sizes_are_refused_at_the_call(call, says):
 
 
 def test_the_eager_module_refuses_the_same_arguments():
-    with pytest.raises(ValueError, match="stores the QKV rows interleaved"):
-        eager.MultiheadAttention(64, 4, attention_dropout=0.0, fuse_qkv_params=True, qkv_format="thd")
+    with pytest.raises(ValueError, match="adds the QKV weight's grad into one weight's main_grad"):
+        eager.MultiheadAttention(64, 4, attention_dropout=0.0, fuse_wgrad_accumulation=True, qkv_format="thd")
     with pytest.raises(ValueError, match="is cross-attention"):
         eager.MultiheadAttention(64, 4, attention_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False,
                                  qkv_format="thd", attention_type="cross")
@@ -259,8 +304,9 @@ def test_the_shipped_te_attention_specs_in_bf16_against_float64(kind):
     module = getattr(generated, "".join(w.capitalize() for w in kind.split("_")))(device="cuda", dtype=torch.bfloat16)
     module.eval()  # TE's attention_dropout=0.1 off: the reference has none (tests/ops/test_attention_dropout.py)
     spec = "specs/te_attention.py"
+    # te_gpt_attention: TE's split QKV parameters; te_gqa_attention: fused, TE's interleaved rows
     heads, groups, norm, bias = (4, 4, "LayerNorm", True) if kind == "te_gpt_attention" else (8, 2, "RMSNorm", False)
-    layout = te_mha_layout(256, heads, groups, norm, bias, True)
+    layout = te_mha_layout(256, heads, groups, norm, bias, True, split=kind == "te_gpt_attention")
     assert {k: tuple(v.shape) for k, v in module.state_dict().items()} == {f"0.{k}": s for k, s in layout.items()}, spec
     gen = torch.Generator().manual_seed(2)
     for name, p in module.named_parameters():
@@ -272,7 +318,8 @@ def test_the_shipped_te_attention_specs_in_bf16_against_float64(kind):
     params64 = {k.removeprefix("0."): v.detach().double().cpu().requires_grad_()
                 for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
     x64 = x.double().requires_grad_()
-    want = te_mha_reference(params64, x64, lengths, heads, groups, norm, False, True, True)
+    want = te_mha_reference(params64, x64, lengths, heads, groups, norm, False, True, True,
+                            interleaved=kind == "te_gqa_attention")
     want.backward(dy.double())
     xc = x.to("cuda", torch.bfloat16).requires_grad_()
     if kind == "te_gpt_attention":  # qkv_format 'bshd': one sequence a batch row; run each alone
@@ -284,8 +331,9 @@ def test_the_shipped_te_attention_specs_in_bf16_against_float64(kind):
     assert_close_fa2("y", y, want, grouped)
     assert_close_fa2("dx", xc.grad, x64.grad, grouped)
     grads = dict(module.named_parameters())
-    for name, p in params64.items():
-        assert_close_fa2(f"d{name}", grads[f"0.{name}"].grad, p.grad, grouped)
+    for names in grad_groups(params64):  # TE's query, key, value blocks together (grad_groups says why)
+        got = torch.cat([grads[f"0.{name}"].grad for name in names])
+        assert_close_fa2(f"d{'+'.join(names)}", got, torch.cat([params64[n].grad for n in names]), grouped)
 
 
 def test_return_layernorm_output_hands_out_the_norm_s_output_as_te():

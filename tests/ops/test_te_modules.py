@@ -309,8 +309,8 @@ def test_no_op_hints_are_accepted_and_change_nothing():
                         "seq_length=128, micro_batch_size=2, name='mlp', checkpoint=True, "
                         "return_layernorm_output_gathered=True))\n", "spec.py")[0].calls[0]
     from fusegen.ops import basic_parts
-    assert [(op.name, args, part) for op, args, part in basic_parts("LayerNormMLP", plain.args)] == \
-        [(op.name, args, part) for op, args, part in basic_parts("LayerNormMLP", hinted.args)]
+    assert [(op.name, args, part) for op, args, part, _ in basic_parts("LayerNormMLP", plain.args)] == \
+        [(op.name, args, part) for op, args, part, _ in basic_parts("LayerNormMLP", hinted.args)]
 
 
 def test_positional_arguments_bind_in_te_s_order():

@@ -1,8 +1,10 @@
 """TE's QKV parameter layouts (issue 39): the runtime's row_blocks (TE's noop_cat semantics: named
-row blocks of one parameter joined for the GEMM; a fixed row order) and the generate-time row order
-of TE's qkv_weight_interleaved=True fused weight. References in float64, written here from TE's
-documented semantics (module/_common.py noop_cat, attention/multi_head_attention.py's view
-[groups, heads / groups + 2, head_dim])."""
+row blocks of one parameter joined for the GEMM, one buffer again after a move; TE's
+qkv_weight_interleaved rows handed over as [q | k | v]), fusegen.eager's gather, and the
+generated modules that hold them (specs/te_attention.py: te_gpt_attention keeps TE's default split
+parameters, te_gqa_attention fuses them in TE's interleaved layout). References in float64,
+written here from TE's documented semantics (module/_common.py noop_cat, layernorm_linear.py's
+parameters_split, attention/multi_head_attention.py's view [groups, heads / groups + 2, head_dim])."""
 
 import importlib.util
 import sys
@@ -11,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from generator.ops.te_modules import interleaved_qkv_rows
+from fusegen import eager
+from fusegen.ops import HeldRows
 
 _SPEC = importlib.util.spec_from_file_location(
     "row_blocks", Path(__file__).resolve().parents[2] / "templates" / "runtime" / "row_blocks.py")
@@ -101,27 +104,60 @@ def _te_interleaved_split(weight, heads, groups, head_dim):
     return q.reshape(heads * head_dim, -1), k.reshape(groups * head_dim, -1), v.reshape(groups * head_dim, -1)
 
 
+def test_adjacent_rows_makes_moved_blocks_one_buffer_again_keeping_the_parameters():
+    holder = torch.nn.Module()
+    for name, block in zip(ROWS, _split_parameters()):
+        holder.register_parameter(f"{name}_weight", block)
+    names = tuple(f"{name}_weight" for name in ROWS)
+    before = [holder._parameters[n] for n in names]
+    values = [b.detach().clone() for b in before]
+    holder.to(torch.float32)  # Module._apply: each parameter's data cast on its own
+    assert not row_blocks._adjacent([holder._parameters[n] for n in names])
+    row_blocks.adjacent_rows(holder, names)
+    after = [holder._parameters[n] for n in names]
+    assert all(a is b for a, b in zip(after, before)), "the same Parameter objects (an optimizer holds them)"
+    assert row_blocks._adjacent(after)
+    assert row_blocks.join_rows(*after).data_ptr() == after[0].data_ptr()
+    for got, want in zip(after, values):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.detach(), want.float(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("heads,groups,head_dim", [(4, 2, 4), (4, 4, 8), (8, 1, 2), (6, 3, 4)])
-def test_interleaved_qkv_rows_give_fusegens_q_k_v_order(heads, groups, head_dim):
+def test_grouped_rows_and_eager_s_gather_give_te_s_q_k_v(heads, groups, head_dim):
     torch.manual_seed(2)
     rows = (heads + 2 * groups) * head_dim
     te_weight = torch.randn(rows, 3, dtype=torch.float64)
-    order = interleaved_qkv_rows(heads, groups, head_dim)
-    assert sorted(order) == list(range(rows)), "the order must be a permutation of TE's rows"
     expected = torch.cat(_te_interleaved_split(te_weight, heads, groups, head_dim))
+    held = HeldRows(groups=(groups, heads // groups))
+    torch.testing.assert_close(row_blocks.grouped_rows(te_weight, groups, heads // groups), expected, rtol=0, atol=0)
+    order = held.gemm_rows(rows)
+    assert sorted(order) == list(range(rows)), "a permutation of TE's rows"
     torch.testing.assert_close(te_weight[order], expected, rtol=0, atol=0)
+    te_bias = torch.randn(rows, dtype=torch.float64)
+    bias_expected = torch.cat(_te_interleaved_split(te_bias[:, None], heads, groups, head_dim))[:, 0]
+    torch.testing.assert_close(row_blocks.grouped_rows(te_bias, groups, heads // groups), bias_expected, rtol=0, atol=0)
 
 
-def test_rows_in_order_grads_land_in_tes_layout():
+def _te_interleaved_split(weight, heads, groups, head_dim):
+    """TE's forward on the fused projection's rows, as multi_head_attention.py reads them with
+    qkv_weight_interleaved=True: view [groups, heads/groups + 2, head_dim], split (heads/groups, 1, 1)."""
+    per_group = heads // groups
+    view = weight.reshape(groups, per_group + 2, head_dim, -1)
+    q, k, v = view.split((per_group, 1, 1), dim=1)
+    return q.reshape(heads * head_dim, -1), k.reshape(groups * head_dim, -1), v.reshape(groups * head_dim, -1)
+
+
+def test_grouped_rows_grads_land_in_te_s_layout():
     torch.manual_seed(3)
     heads, groups, head_dim = 4, 2, 4
     rows = (heads + 2 * groups) * head_dim
     weight = torch.nn.Parameter(torch.randn(rows, HIDDEN, dtype=torch.float64))
     bias = torch.nn.Parameter(torch.randn(rows, dtype=torch.float64))
-    order = torch.tensor(interleaved_qkv_rows(heads, groups, head_dim))
     x = torch.randn(5, HIDDEN, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(5, rows, dtype=torch.float64)
-    y = x @ row_blocks.rows_in_order(weight, order).t() + row_blocks.rows_in_order(bias, order)
+    per_group = heads // groups
+    y = x @ row_blocks.grouped_rows(weight, groups, per_group).t() + row_blocks.grouped_rows(bias, groups, per_group)
     y.backward(dy)
     # reference: TE's own forward, q, k, v read from TE's layout through its view, dy given per q/k/v
     ref_w = weight.detach().clone().requires_grad_()
@@ -136,3 +172,129 @@ def test_rows_in_order_grads_land_in_tes_layout():
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(weight.grad, ref_w.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(bias.grad, ref_b.grad, rtol=1e-12, atol=1e-12)
+
+
+# --- the generated modules (specs/te_attention.py) -------------------------------------------------
+
+QKV = "0.layernorm_qkv."
+SPLIT = [f"{QKV}{block}_{attr}" for attr in ("weight", "bias") for block in ("query", "key", "value")]
+
+
+def _gpt_attention(**kwargs):
+    import generated
+    module = generated.TeGptAttention(**kwargs)
+    return module.eval()  # TE's attention_dropout=0.1 off: the comparisons below are of values
+
+
+def test_the_split_parameters_are_te_s_blocks_of_one_buffer_joined_without_a_copy():
+    module = _gpt_attention()
+    state = module.state_dict()
+    assert [k for k in state if k.startswith(QKV) and "layer_norm" not in k and "extra" not in k] == SPLIT
+    assert {k: tuple(state[k].shape) for k in SPLIT} == {
+        **{f"{QKV}{b}_weight": (256, 256) for b in ("query", "key", "value")},
+        **{f"{QKV}{b}_bias": (256,) for b in ("query", "key", "value")}}
+    blocks = [module.get_parameter(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
+    assert row_blocks._adjacent(blocks), "allocated as TE does: row slices of one buffer"
+    module.to(torch.float64)
+    blocks = [module.get_parameter(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
+    assert all(b.dtype == torch.float64 for b in blocks)
+    assert row_blocks._adjacent(blocks), "one buffer again after .to() (the module's _apply)"
+
+
+def _run_both(module, eager_model, x, run):
+    """y and every parameter's grad of the generated ``module`` and of fusegen.eager's (its float64
+    reference math) on the same checkpoint."""
+    results = []
+    for model, call in ((module, run), (eager_model, lambda m, v: m[0](v, cu_seqlens=torch.tensor([0, 7, 12, 20])))):
+        model.zero_grad(set_to_none=True)
+        xi = (x if model is module else x.double()).clone().requires_grad_()
+        y = call(model, xi)
+        y.backward(torch.ones_like(y) / y.numel() ** 0.5)
+        results.append((y.detach(), xi.grad, {k: p.grad.clone() for k, p in model.named_parameters()}))
+    return results
+
+
+@pytest.mark.parametrize("kind", ["TeGptAttention", "TeGqaAttention"])
+def test_a_te_checkpoint_loads_into_both_and_they_agree_also_after_a_move_and_under_compile(kind):
+    """The shipped modules of TE's default split parameters and of TE's interleaved rows: a
+    TE-laid-out state_dict loads strictly into the generated module and fusegen.eager's, which
+    compute the same (the eager one in float64 by its own gather: HeldRows.gemm_rows), also after
+    ``.to(torch.float64)`` and under torch.compile(fullgraph=True) on the CPU."""
+    import generated
+    module = getattr(generated, kind)().eval()
+    arguments = (dict(num_gqa_groups=None, normalization="LayerNorm", bias=True) if kind == "TeGptAttention" else
+                 dict(num_gqa_groups=2, normalization="RMSNorm", bias=False, fuse_qkv_params=True))
+    heads = 4 if kind == "TeGptAttention" else 8
+    eager_model = eager.Sequential(eager.MultiheadAttention(
+        256, heads, input_layernorm=True, qkv_format="thd", params_dtype=torch.float64, **arguments)).eval()
+    gen = torch.Generator().manual_seed(4)
+    checkpoint = {k: v if k.endswith("_extra_state") else torch.randn(v.shape, generator=gen) * 0.1
+                  for k, v in module.state_dict().items()}
+    assert list(checkpoint) == list(eager_model.state_dict())
+    module.load_state_dict(checkpoint)
+    eager_model.load_state_dict(checkpoint)
+    x = torch.randn(20, 256, generator=gen)
+    lengths = torch.tensor([7, 5, 8], dtype=torch.int32)
+
+    def run(m, v):
+        return m(v, seq_lens=lengths) if kind == "TeGqaAttention" else torch.cat(
+            [m(part[None])[0] for part in v.split(lengths.tolist())])
+
+    (y, dx, grads), (want, want_dx, want_grads) = _run_both(module, eager_model, x, run)
+    assert sorted(grads) == sorted(want_grads)
+    torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dx.double(), want_dx, rtol=1e-4, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name].double(), want_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    module.to(torch.float64)
+    (y64, _, grads64), _ = _run_both(module, eager_model, x.double(), run)
+    torch.testing.assert_close(y64, want, rtol=1e-10, atol=1e-12)
+    for name in grads64:
+        torch.testing.assert_close(grads64[name], want_grads[name], rtol=1e-9, atol=1e-12, msg=name)
+    module.to(torch.float32)
+    compiled = torch.compile(module, fullgraph=True)
+    (yc, dxc, gradsc), _ = _run_both(compiled, eager_model, x, run if kind == "TeGqaAttention" else
+                                     lambda m, v: m(v.reshape(1, 20, 256)[:, :7])[0])
+    if kind == "TeGqaAttention":
+        torch.testing.assert_close(yc, y, rtol=1e-5, atol=1e-6)
+        for name in grads:
+            torch.testing.assert_close(gradsc[f"_orig_mod.{name}"], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    else:  # one sequence: the first
+        torch.testing.assert_close(yc[0] if yc.dim() == 3 else yc, y[:7], rtol=1e-5, atol=1e-6)
+
+
+def test_plan_md_shows_what_the_module_holds():
+    plan = (Path(__file__).resolve().parents[2] / "generated" / "te_gpt_attention.plan.md").read_text()
+    assert "`query_weight`, `key_weight`, `value_weight`: TE's parameters_split, row blocks of one buffer" in plan, plan
+    assert "`query_bias`, `key_bias`, `value_bias`: TE's parameters_split" in plan, plan
+    plan = (Path(__file__).resolve().parents[2] / "generated" / "te_gqa_attention.plan.md").read_text()
+    assert "TE's qkv_weight_interleaved, rows per GQA group (2 of 4 q heads, a k head, a v head)" in plan, plan
+
+
+@pytest.mark.cuda
+def test_interleaved_rows_train_under_cuda_graph_replay_as_without():
+    """te_gqa_attention at a few rows on CUDA replays CUDA graphs; the gathered QKV weight is a new
+    tensor each call, copied into the graph like x (a per-call argument): replays after a weight
+    update give what the graph-free run gives."""
+    import generated
+    torch.manual_seed(0)
+    module = generated.TeGqaAttention(device="cuda", dtype=torch.bfloat16).eval()
+    reference = generated.TeGqaAttention(device="cuda", dtype=torch.bfloat16).eval()
+    reference.cuda_graphs.max_rows = 0  # no graphs
+    lengths = torch.tensor([3, 5], dtype=torch.int32, device="cuda")
+    for step in range(4):  # the second call captures, later ones replay
+        with torch.no_grad():
+            for p in module.parameters():
+                p.normal_(0, 0.1)
+            reference.load_state_dict(module.state_dict())
+        x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+        got_x, want_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = module(got_x, seq_lens=lengths), reference(want_x, seq_lens=lengths)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"step {step}")
+        torch.testing.assert_close(got_x.grad, want_x.grad, rtol=0, atol=0)
+        for (name, p), q in zip(module.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=f"step {step}: {name}")
+            p.grad = q.grad = None
+    assert module.cuda_graphs.captured >= 1, "the module replayed graphs"

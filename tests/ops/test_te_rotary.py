@@ -243,7 +243,8 @@ def test_eager_transformer_layer_rotates_by_the_table_as_te(monkeypatch, case):
     tests' float64 reference of TE's layer with its attention rotating q and k by the table."""
     table = te_table(layer_tests.HIDDEN // case[0], 12, base=500000.0)
 
-    def rotated_mha(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal):
+    def rotated_mha(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal, interleaved=False):
+        assert not interleaved  # the cases' fused [q | k | v] layout
         if input_layernorm:  # TE's LayerNormLinear: the norm, then the qkv projection
             x = layer_tests._norm(p, x, normalization, zcg)
             p = {k.replace("layernorm_qkv.", "qkv."): v for k, v in p.items() if "layer_norm_" not in k}

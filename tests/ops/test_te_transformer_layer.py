@@ -12,13 +12,15 @@ import torch
 from fusegen import eager
 from fusegen.errors import SpecError
 from fusegen.frontend import parse_spec
-from tests.ops.test_te_attention import LENGTHS, _norm, assert_close_fa2, te_mha_layout, te_mha_reference
+from tests.ops.test_te_attention import (LENGTHS, QKV_LAYOUTS, _norm, assert_close_fa2, grad_groups, te_mha_layout,
+                                        te_mha_reference)
 from tests.ops.test_te_modules import _activation, te_layernorm_mlp_layout
 from tests.references import assert_close_to_reference
 from tests.spec_packages import imported_package
 
 HEAD = "import torch\nimport transformer_engine.pytorch as te\n"
 FUSED = "attention_dropout=0.0, fuse_qkv_params=True, qkv_weight_interleaved=False, attn_input_format='thd'"
+PACKED = "attention_dropout=0.0, attn_input_format='thd'"  # with one of QKV_LAYOUTS' QKV arguments
 HIDDEN, FFN = 64, 96
 
 
@@ -37,17 +39,19 @@ def _mlp(p, h, normalization, activation, zcg, with_norm=True):
     return _activation(activation, t) @ p["fc2_weight"].T + p.get("fc2_bias", 0), ln
 
 
-def te_layer_reference(p, x, case, lengths=tuple(LENGTHS)):
+def te_layer_reference(p, x, case, lengths=tuple(LENGTHS), interleaved=False):
+    """TE's TransformerLayer forward in float64 (``interleaved``: fused QKV rows per GQA group)."""
     heads, groups, normalization, activation, zcg, bias, post, output_ln, causal = case
     attn = _sub(p, "self_attention.")
+    mha = dict(interleaved=interleaved)
     if output_ln:  # the attention has no input norm (input_layernorm=not output_layernorm)
-        h = x + te_mha_reference(attn, x, lengths, heads, groups, normalization, zcg, False, causal)
+        h = x + te_mha_reference(attn, x, lengths, heads, groups, normalization, zcg, False, causal, **mha)
     elif post:  # the residual is the norm's output
         n1 = _norm(attn, x, normalization, zcg)
         plain = {k.replace("layernorm_qkv.", "qkv."): v for k, v in attn.items() if "layer_norm_" not in k}
-        h = n1 + te_mha_reference(plain, n1, lengths, heads, groups, normalization, zcg, False, causal)
+        h = n1 + te_mha_reference(plain, n1, lengths, heads, groups, normalization, zcg, False, causal, **mha)
     else:
-        h = x + te_mha_reference(attn, x, lengths, heads, groups, normalization, zcg, True, causal)
+        h = x + te_mha_reference(attn, x, lengths, heads, groups, normalization, zcg, True, causal, **mha)
     m, ln2 = _mlp(_sub(p, "layernorm_mlp."), h, normalization, activation, zcg)
     y = (ln2 if post else h) + m
     if output_ln:
@@ -59,13 +63,13 @@ def te_layer_reference(p, x, case, lengths=tuple(LENGTHS)):
     return y
 
 
-def te_layer_layout(case):
+def te_layer_layout(case, split=False):
     """TE's TransformerLayer state_dict (transformer.py __init__: self_attention a MultiheadAttention
     with input_layernorm=not output_layernorm; layernorm_mlp a LayerNormMLP; with output_layernorm
     layernorm a te.LayerNorm or RMSNorm: weight, bias unless RMSNorm, its _extra_state)."""
     heads, groups, normalization, activation, zcg, bias, post, output_ln, causal = case
     layout = {f"self_attention.{k}": s for k, s in te_mha_layout(HIDDEN, heads, groups, normalization, bias,
-                                                                 not output_ln).items()}
+                                                                 not output_ln, split).items()}
     layout.update({f"layernorm_mlp.{k}": s for k, s in te_layernorm_mlp_layout(HIDDEN, FFN, normalization, activation,
                                                                                 bias).items()})
     if output_ln:
@@ -82,6 +86,7 @@ CASES = [  # heads, groups, normalization, activation, zcg, bias, post-LN residu
     (4, 1, "LayerNorm", "relu", False, True, True, False, False),  # post-layernorm residuals
     (4, 2, "RMSNorm", "gelu", False, True, False, True, True),  # output_layernorm
 ]
+CASE_QKV = ["split", "interleaved", "fused", "split"]  # each case's QKV layout (test_te_attention.QKV_LAYOUTS)
 
 
 def _keywords(case):
@@ -91,16 +96,17 @@ def _keywords(case):
                 self_attn_mask_type="causal" if causal else "no_mask")
 
 
-def _spec(case, dropout=0.0):
+def _spec(case, dropout=0.0, qkv="fused"):
     keywords = ", ".join(f"{k}={v!r}" for k, v in _keywords(case).items())
+    layout = f", {QKV_LAYOUTS[qkv]}" if QKV_LAYOUTS[qkv] else ""
     return HEAD + (f"m = te.Sequential(te.TransformerLayer({HIDDEN}, {FFN}, {case[0]}, hidden_dropout={dropout}, "
-                   f"{FUSED}, {keywords}))\n")
+                   f"{PACKED}, {keywords}{layout}))\n")
 
 
-def _eager(case, dropout=0.0):
+def _eager(case, dropout=0.0, qkv="fused"):
     return eager.Sequential(eager.TransformerLayer(
-        HIDDEN, FFN, case[0], hidden_dropout=dropout, attention_dropout=0.0, fuse_qkv_params=True,
-        qkv_weight_interleaved=False, attn_input_format="thd", **_keywords(case)))
+        HIDDEN, FFN, case[0], hidden_dropout=dropout, attention_dropout=0.0, fuse_qkv_params=qkv != "split",
+        qkv_weight_interleaved=qkv == "interleaved", attn_input_format="thd", **_keywords(case)))
 
 
 def _checkpoint(layout, seed):
@@ -109,14 +115,14 @@ def _checkpoint(layout, seed):
             else torch.randn(shape, generator=gen) * (0.2 if len(shape) == 2 else 1) for k, shape in layout.items()}
 
 
-def _compare(module, run, checkpoint, case):
+def _compare(module, run, checkpoint, case, qkv="fused"):
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(sum(LENGTHS), HIDDEN, generator=gen)
     dy = torch.randn(sum(LENGTHS), HIDDEN, generator=gen)
     params64 = {k.removeprefix("0."): v.double().requires_grad_() for k, v in checkpoint.items()
                 if not k.endswith("_extra_state")}
     x64 = x.double().requires_grad_()
-    want = te_layer_reference(params64, x64, case)
+    want = te_layer_reference(params64, x64, case, interleaved=qkv == "interleaved")
     want.backward(dy.double())
     x = x.requires_grad_()
     y = run(module, x)
@@ -125,28 +131,30 @@ def _compare(module, run, checkpoint, case):
     assert_close_to_reference("dx", x.grad, x64.grad, torch.float32)
     grads = {k: p.grad for k, p in module.named_parameters()}
     assert sorted(grads) == sorted(f"0.{k}" for k in params64)
-    for name, p in params64.items():
-        assert_close_to_reference(f"d{name}", grads[f"0.{name}"], p.grad, torch.float32)
+    for names in grad_groups(params64):  # TE's query, key, value blocks together (grad_groups says why)
+        got = torch.cat([grads[f"0.{name}"] for name in names])
+        assert_close_to_reference(f"d{'+'.join(names)}", got, torch.cat([params64[n].grad for n in names]),
+                                  torch.float32)
 
 
 def _offsets():
     return torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_transformer_layer_matches_te_s_semantics_names_and_checkpoint(tmp_path, case):
-    layout = te_layer_layout(case)
+@pytest.mark.parametrize("case, qkv", zip(CASES, CASE_QKV))
+def test_transformer_layer_matches_te_s_semantics_names_and_checkpoint(tmp_path, case, qkv):
+    layout = te_layer_layout(case, split=qkv == "split")
     checkpoint = _checkpoint(layout, seed=6)
-    eager_model = _eager(case)
-    with imported_package(tmp_path, "spec.py", _spec(case), "pkg") as pkg:
+    eager_model = _eager(case, qkv=qkv)
+    with imported_package(tmp_path, "spec.py", _spec(case, qkv=qkv), "pkg") as pkg:
         module = pkg.M()
         assert {k: tuple(v.shape) for k, v in module.state_dict().items()} == {f"0.{k}": s for k, s in layout.items()}
         assert list(module.state_dict()) == list(eager_model.state_dict()) == list(checkpoint)
         module.load_state_dict(checkpoint)  # strict: TE's keys, no other
         eager_model.load_state_dict(checkpoint)
         lengths = torch.tensor(LENGTHS, dtype=torch.int32)
-        _compare(module, lambda m, x: m(x, seq_lens=lengths), checkpoint, case)
-    _compare(eager_model, lambda m, x: m[0](x, cu_seqlens=_offsets()), checkpoint, case)
+        _compare(module, lambda m, x: m(x, seq_lens=lengths), checkpoint, case, qkv)
+    _compare(eager_model, lambda m, x: m[0](x, cu_seqlens=_offsets()), checkpoint, case, qkv)
 
 
 def test_hidden_dropout_drops_each_block_s_output_in_training_and_nothing_in_eval(tmp_path):
@@ -190,8 +198,8 @@ OK = "fuse_qkv_params=True, qkv_weight_interleaved=False, attn_input_format='bsh
      "attn_input_format='bshd')", "1.0, fuse", "must be a probability in [0, 1)"),  # TE's 7th positional
     ("te.TransformerLayer(64, 96, 4, fuse_qkv_params=True, qkv_weight_interleaved=False, "
      "attn_input_format='bhsd')", "'bhsd'", "must be 'sbhd' (x [seq, batch, hidden], TE's default), 'bshd'"),
-    ("te.TransformerLayer(64, 96, 4, qkv_weight_interleaved=False, attn_input_format='thd')",
-     "64", "keeps query, key and value in three parameters"),
+    ("te.TransformerLayer(64, 96, 4, fuse_wgrad_accumulation=True, attn_input_format='thd')",
+     "64", "fuse_wgrad_accumulation=True adds the QKV weight's grad into one weight's main_grad"),
     (f"te.TransformerLayer(64, 96, 4, {OK}, num_gqa_groups=3)", "64", "num_gqa_groups=3 must divide"),
 ])
 def test_bad_arguments_are_refused_where_they_are_written(call, at, says):
@@ -222,7 +230,9 @@ def test_the_shipped_te_layer_specs_in_bf16_against_float64(kind):
     params64 = {k.removeprefix("0."): v.detach().double().cpu().requires_grad_()
                 for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
     x64 = x.double().requires_grad_()
-    want = te_layer_reference(params64, x64, (heads, groups, norm, act, False, bias, False, False, True), lengths)
+    # te_gpt_layer: TE's split QKV parameters; te_llama_layer: fused, TE's interleaved rows
+    want = te_layer_reference(params64, x64, (heads, groups, norm, act, False, bias, False, False, True), lengths,
+                              interleaved=kind == "te_llama_layer")
     want.backward(dy.double())
     xc = x.to("cuda", torch.bfloat16).requires_grad_()
     if kind == "te_gpt_layer":  # attn_input_format 'bshd': each sequence a batch of one
@@ -234,8 +244,9 @@ def test_the_shipped_te_layer_specs_in_bf16_against_float64(kind):
     assert_close_fa2("y", y, want, grouped)
     assert_close_fa2("dx", xc.grad, x64.grad, grouped)
     grads = dict(module.named_parameters())
-    for name, p in params64.items():
-        assert_close_fa2(f"d{name}", grads[f"0.{name}"].grad, p.grad, grouped)
+    for names in grad_groups(params64):  # TE's query, key, value blocks together (grad_groups says why)
+        got = torch.cat([grads[f"0.{name}"].grad for name in names])
+        assert_close_fa2(f"d{'+'.join(names)}", got, torch.cat([params64[n].grad for n in names]), grouped)
 
 
 def _stage_rows(plan_md):

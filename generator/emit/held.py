@@ -1,0 +1,118 @@
+"""A generated module's parameters as its children hold them: the lines of ``__init__``,
+``reset_parameters`` and ``forward`` that create, initialise and read each, under the spec-level
+op's names (the state_dict keys). Where one of TE's modules holds a GEMM's parameter otherwise than
+as one tensor in the GEMM's row order (ops/held_rows.py: TE's query/key/value row blocks, TE's rows
+grouped per GQA group), the module holds TE's tensors and the forward hands the pipeline the one
+tensor its GEMM reads (runtime row_blocks), after their checks; the Function never sees the
+difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def child_module(path: str) -> str:
+    """The generated module's child at ``path`` (an op's ``module_index``: "3", or "0.1" inside the
+    first Residual, whose children nest as the eager module's do), as an expression."""
+    return "self" + "".join(f'._modules["{part}"]' for part in path.split(".") if path)
+
+
+def placement(op) -> tuple[str, str]:
+    """The device= and dtype= expressions for ``op``'s parameters: the module's own arguments, or
+    where the spec placed the op (TE's device=/dtype=) when the module is given none."""
+    device, dtype = op.args.get("device"), op.args.get("dtype")
+    return ("device" if device is None else f"device if device is not None else {device!r}",
+            "dtype" if dtype is None else f"dtype if dtype is not None else {dtype!r}")
+
+
+@dataclass(frozen=True)
+class Held:
+    """One parameter of the pipeline (the value its Function takes, ``name``) and the tensors
+    the module holds for it: (attribute on the child, state_dict key, shape, the forward's local)."""
+
+    op: object  # pipeline.Op
+    attr: str
+    name: str
+    shape: tuple[int, ...]
+    init: str
+    tensors: tuple[tuple[str, str, tuple[int, ...], str], ...]
+
+    @property
+    def child(self) -> str:
+        return child_module(self.op.module_index)
+
+    @property
+    def blocks(self) -> bool:
+        """Whether TE's module holds it as named row blocks of one buffer (parameters_split)."""
+        return self.op.held_rows is not None and bool(self.op.held_rows.blocks)
+
+    @property
+    def copies(self) -> bool:
+        """Whether the forward hands the pipeline a new tensor each call (HeldRows.copies)."""
+        return self.op.held_rows is not None and self.op.held_rows.copies
+
+    def init_lines(self) -> list[str]:
+        device, dtype = placement(self.op)
+        empty = f"torch.empty({self.shape}, device={device}, dtype={dtype})"
+        if not self.blocks:
+            return [f"{self.child}.{self.tensors[0][0]} = torch.nn.Parameter({empty})"]
+        lines = [f"{self.name} = {empty}  # {self.op.held_rows.describe()}"]
+        start = 0
+        for attribute, _, shape, _ in self.tensors:
+            lines.append(f"{self.child}.{attribute} = torch.nn.Parameter({self.name}[{start}:{start + shape[0]}])")
+            start += shape[0]
+        return lines
+
+    def reset_lines(self) -> list[str]:
+        return [f'ref.init_parameter({self.child}.{attribute}, "{self.init}")' for attribute, *_ in self.tensors]
+
+    def read_lines(self) -> list[str]:
+        return [f"{local} = {self.child}.{attribute}" for attribute, _, _, local in self.tensors]
+
+    def handed_lines(self) -> list[str]:
+        """The forward's lines that make the tensor the GEMM reads from the ones held (none for one
+        tensor in the GEMM's order)."""
+        held = self.op.held_rows
+        if held is None:
+            return []
+        if held.blocks:  # TE's noop_cat
+            locals_ = ", ".join(local for *_, local in self.tensors)
+            return [f"{self.name} = join_rows({locals_})  # {held.describe()}: a view while adjacent"]
+        groups, per_group = held.groups
+        return [f"{self.name} = grouped_rows({self.name}, {groups}, {per_group})  # {held.describe()}, as [q | k | "
+                "v]: a copy"]
+
+    def block_attributes(self) -> tuple[str, ...]:
+        """The row blocks' attributes on their holder (``query_weight``, ...), for adjacent_rows."""
+        return tuple(attribute.rpartition(".")[2] for attribute, *_ in self.tensors) if self.blocks else ()
+
+    def holder(self) -> str:
+        """The expression of the (sub)module that holds the tensors."""
+        submodule = self.tensors[0][0].rpartition(".")[0]
+        return f"{self.child}.{submodule}" if submodule else self.child
+
+
+def held_parameters(p) -> list[Held]:
+    """Every parameter of pipeline ``p`` in order, with the tensors its module holds for it."""
+    params = []
+    for op in p.ops:
+        for attr, _, shape, init in op.params:
+            name = p.value(op.param(attr)).name
+            pairs = op.held_rows.held(attr, shape) if op.held_rows is not None else [(attr, shape)]
+            tensors = []
+            for held_name, held_shape in pairs:
+                attribute = op.holder_attribute(held_name)
+                local = name if held_name == attr else f"{op.module_hint}_{attribute.replace('.', '_')}"
+                tensors.append((attribute, f"{op.module_index}.{attribute}", held_shape, local))
+            params.append(Held(op, attr, name, shape, init, tuple(tensors)))
+    return params
+
+
+def runtime_helpers(params: list[Held]) -> list[str]:
+    """The runtime's functions the module's held parameters need."""
+    helpers = set()
+    for param in params:
+        if param.op.held_rows is not None:
+            helpers |= {"adjacent_rows", "join_rows"} if param.blocks else {"grouped_rows"}
+    return sorted(helpers)
