@@ -188,7 +188,7 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeGptAttention", inputs=1, per_call=(8,), dtypes=(torch.bfloat16, torch.float16),
+    "TeGptAttention", inputs=1, per_call=(3, 4, 8), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
     "te_gpt_attention_no_grad_7842561f",
@@ -310,7 +310,7 @@ register_training_ops(
         "mha0_layernorm_qkv_bias, Tensor mha0_proj_weight, Tensor mha0_proj_bias, bool training, "
         "Tensor cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 8)),
+        forward_pass, (0, 3, 4, 8)),
     (
         "te_gpt_attention_backward_c6b131e9",
         "(Tensor d_mha0_out, Tensor? x, Tensor? mha0_layernorm_qkv_layer_norm_pre_linear, Tensor? "
@@ -320,7 +320,7 @@ register_training_ops(
         "max_seqlen, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor "
         "mha0_layernorm_qkv_weight, Tensor mha0_proj_weight) -> (Tensor, Tensor, Tensor, Tensor, "
         "Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 

@@ -363,7 +363,7 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeGptLayer", inputs=1, per_call=(14,), dtypes=(torch.bfloat16, torch.float16),
+    "TeGptLayer", inputs=1, per_call=(3, 4, 14), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
     "te_gpt_layer_no_grad_00e35586",
@@ -575,7 +575,7 @@ register_training_ops(
         "layer0_layernorm_mlp_fc2_bias, bool training, Tensor cu_seqlens, int max_seqlen) -> "
         "(Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 14)),
+        forward_pass, (0, 3, 4, 14)),
     (
         "te_gpt_layer_backward_28bc142b",
         "(Tensor d_layer0_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
@@ -592,7 +592,7 @@ register_training_ops(
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 20)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 

@@ -273,7 +273,7 @@ register_training_ops(
         "(Tensor x, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor mha0_layernorm_qkv_weight, "
         "Tensor mha0_proj_weight, bool training, Tensor cu_seqlens, int max_seqlen) -> (Tensor, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 5)),
+        forward_pass, (0, 2, 5)),
     (
         "te_gqa_attention_backward_d7ea6891",
         "(Tensor d_mha0_out, Tensor? x, Tensor? mha0_layernorm_qkv_layer_norm_pre_linear, Tensor? "
@@ -282,7 +282,7 @@ register_training_ops(
         "mha0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor "
         "mha0_layernorm_qkv_layer_norm_weight, Tensor mha0_layernorm_qkv_weight, Tensor "
         "mha0_proj_weight) -> (Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 11)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 

@@ -464,7 +464,7 @@ register_training_ops(
         "Tensor layer0_layernorm_mlp_fc2_weight, bool training, Tensor cu_seqlens, int max_seqlen) "
         "-> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 8)),
+        forward_pass, (0, 2, 8)),
     (
         "te_llama_layer_backward_eb6fd52d",
         "(Tensor d_layer0_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
@@ -479,7 +479,7 @@ register_training_ops(
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 

@@ -31,7 +31,9 @@ def training_ops(name: str, args: list[convention.Argument], f: dict) -> dict:
     # the saved tensors the forward op makes: neither an argument nor an output (each once)
     made = [s for s in dict.fromkeys(f["saved"]) if s not in inputs and s not in outputs]
     host = {f["saved"][i] for i in f["host"]}
+    # parameters read where they are; one made anew each call (convention's compiled_per_call) is copied in
     parameters = {arg.name for arg in args if arg.role is Role.PARAMETER}
+    fresh = {arg.name for arg in args if arg.compiled_per_call}
     forward_schema = (f"({convention.schema_arguments(args)}) -> "
                       + _schema_returns(["Tensor"] * len(outputs) + ["Tensor?"] * len(made)))
     grads = f["grad_outputs"]
@@ -48,9 +50,10 @@ def training_ops(name: str, args: list[convention.Argument], f: dict) -> dict:
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     # each call's own tensors, copied into a replayed graph's buffers (the rest: parameters, read
     # where they are, and flags and host ints, which pick the graph)
-    forward_per_call = [i for i, arg in enumerate(args) if arg.role in convention.CALLER_ROLES or arg.typed == "Tensor"]
+    forward_per_call = [i for i, arg in enumerate(args)
+                        if arg.role in convention.CALLER_ROLES or arg.typed == "Tensor" or arg.name in fresh]
     backward_per_call = list(range(len(grads))) + [len(grads) + i for i, s in enumerate(f["saved"])
-                                                   if saved_type(s) == "Tensor?"]
+                                                   if saved_type(s) == "Tensor?" or s in fresh]
     return dict(
         forward=f"{name}_forward_{digest}", forward_schema=forward_schema, forward_per_call=tuple(forward_per_call),
         backward=f"{name}_backward_{digest}", backward_schema=backward_schema,

@@ -50,6 +50,9 @@ class Argument:
     # a tensor the module's forward makes anew each call (the sequences' offsets): a CUDA graph
     # copies it into its buffers as it does the caller's tensors, never reads it where it was
     per_call: bool = False
+    # a tensor made anew each call under torch.compile only (TE's row blocks, joined by torch.cat
+    # there: held.py): the compiled passes' graphs copy it in; the module's own read it in place
+    compiled_per_call: bool = False
 
     @property
     def tensor(self) -> bool:
@@ -93,8 +96,10 @@ class ModuleForward:
     sequence_format: str | None = None  # how x is read (TE's qkv_format), None: fusegen's call forms
     te_masks: tuple[str, ...] = ()  # a TE attention module's masks: the module takes TE's forward keywords
     # parameters the module hands as a new tensor each call (TE's interleaved QKV rows gathered:
-    # held.py): a CUDA graph copies them in as it does x, never reading them where they were
+    # held.py), under torch.compile also TE's row blocks joined: a CUDA graph copies them in as it
+    # does x, never reading them where they were
     fresh: frozenset[int] = frozenset()
+    fresh_compiled: frozenset[int] = frozenset()
 
     @property
     def like_is(self) -> str:
@@ -132,7 +137,8 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
                          in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
                          sequences=p.sequences, graphs=graphs, sequence_format=p.sequence_format,
                          te_masks=te_masks(p), fresh=frozenset(param.op.param(param.attr) for param in held
-                                                                if param.copies))
+                                                                if param.copies),
+                         fresh_compiled=frozenset(param.op.param(param.attr) for param in held if param.blocks))
 
 
 def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=(), graphs=False) -> list[Argument]:
@@ -173,7 +179,8 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
                         checked_by="check_row_input")
     if value.role is Role.PARAMETER:  # the parameters, on one line, checked on one line
         return Argument(value.id, value.role, name, name, line="parameters", check=(f.parameters_check,),
-                        checked_by="check_parameters", per_call=value.id in f.fresh)
+                        checked_by="check_parameters", per_call=value.id in f.fresh,
+                        compiled_per_call=value.id in f.fresh | f.fresh_compiled)
     if value.role is Role.FLAG:
         return Argument(value.id, value.role, name, "self.training", line=name,
                         comment="Dropout draws its masks in training only")
@@ -310,11 +317,11 @@ def grad_inputs(args: list[Argument], x_grad, grad: Callable) -> list:
     return [x_grad if arg.value == 0 else grad(arg.value) if arg.tensor else None for arg in args]
 
 
-def per_call_positions(args: list[Argument]) -> tuple[int, ...]:
+def per_call_positions(args: list[Argument], compiled: bool = False) -> tuple[int, ...]:
     """The positions, among the Function's arguments, of the tensors made anew each call besides
-    the caller's (the packed sequences' offsets): a CUDA graph copies them in (CudaGraphs'
-    ``per_call``)."""
-    return tuple(i for i, arg in enumerate(args) if arg.per_call)
+    the caller's (the packed sequences' offsets; ``compiled``: under torch.compile): a CUDA graph
+    copies them in (CudaGraphs' ``per_call``)."""
+    return tuple(i for i, arg in enumerate(args) if arg.per_call or (compiled and arg.compiled_per_call))
 
 
 def caller_tensors(args: list[Argument]) -> list[str]:

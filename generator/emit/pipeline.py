@@ -144,12 +144,12 @@ def replay_dtypes(plan: Plan) -> tuple[str, ...] | None:
     return tuple(name for name in DTYPES if all(name in dtypes for dtypes in declared))
 
 
-def graphs_arguments(args: list[convention.Argument], dtypes: tuple[str, ...] | None) -> str:
+def graphs_arguments(args: list[convention.Argument], dtypes: tuple[str, ...] | None, compiled: bool = False) -> str:
     """CudaGraphs' arguments after the module's name: how many tensors the caller hands, the
-    positions of the tensors made per call (the packed sequences' offsets), the dtypes a graph
-    can capture in."""
+    positions of the tensors made per call (the packed sequences' offsets; ``compiled``: of the
+    graphs torch.compile's op replays), the dtypes a graph can capture in."""
     text = f"inputs={len(convention.caller_tensors(args))}"
-    per_call = convention.per_call_positions(args)
+    per_call = convention.per_call_positions(args, compiled)
     if per_call:
         text += f", per_call={per_call!r}"
     return text + dtypes_argument(dtypes)
@@ -243,6 +243,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         functions=functions, grad_steps=grad_steps,
         cuda_graphs=graphs, function_inputs=function_inputs,
         graphs_arguments=graphs_arguments(args, replay_dtypes(plan)) if graphs else "",
+        compiled_graphs_arguments=graphs_arguments(args, replay_dtypes(plan), compiled=True) if graphs else "",
         pass_graphs_dtypes=dtypes_argument(replay_dtypes(plan)) if graphs else "",
         no_grad_op=no_grad_op(p.name, args, no_grad, [output] + extra_outputs) if graphs else None,
         # torch.compile's forward and backward ops under autograd, where the module replays graphs
