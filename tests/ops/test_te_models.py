@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import generated
-from tests.ops.test_te_attention import assert_close_fa2
+from tests.ops.test_te_attention import assert_close_fa2, grad_groups
 from tests.references import assert_close_to_reference
 
 HIDDEN = 256
@@ -18,12 +18,19 @@ LENGTHS = [5, 1, 17, 9]  # the Llama stack's packed sequences (TE's "thd")
 SEQ, BATCH = 12, 3  # the GPT stack's x [seq, batch, hidden] (TE's default "sbhd")
 
 # The layers of each stack as the spec builds them: heads, kv groups, normalization, activation,
-# zero-centred gamma, eps, biases, residual after the norm (apply_residual_connection_post_layernorm)
-GPT = [dict(heads=4, groups=4, norm="LayerNorm", act="gelu", zcg=False, eps=1e-5, bias=True, post=False, ffn=1024),
-       dict(heads=4, groups=4, norm="LayerNorm", act="qgelu", zcg=True, eps=1e-6, bias=True, post=False, ffn=1024),
-       dict(heads=4, groups=4, norm="LayerNorm", act="gelu", zcg=False, eps=1e-5, bias=True, post=True, ffn=1024)]
-LLAMA = [dict(heads=8, groups=2, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512),
-         dict(heads=8, groups=1, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512)]
+# zero-centred gamma, eps, biases, residual after the norm (apply_residual_connection_post_layernorm),
+# the QKV parameters (TE's default split query/key/value, or fused with rows per GQA group)
+GPT = [dict(heads=4, groups=4, norm="LayerNorm", act="gelu", zcg=False, eps=1e-5, bias=True, post=False, ffn=1024,
+            qkv="split"),
+       dict(heads=4, groups=4, norm="LayerNorm", act="qgelu", zcg=True, eps=1e-6, bias=True, post=False, ffn=1024,
+            qkv="split"),
+       dict(heads=4, groups=4, norm="LayerNorm", act="gelu", zcg=False, eps=1e-5, bias=True, post=True, ffn=1024,
+            qkv="split")]
+LLAMA = [dict(heads=8, groups=2, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512,
+              qkv="split"),
+         dict(heads=8, groups=1, norm="RMSNorm", act="swiglu", zcg=False, eps=1e-5, bias=False, post=False, ffn=512,
+              qkv="interleaved")]
+BLOCKS = ("query", "key", "value")
 STACKS = {"gpt": ("TeGptStack", "GptStack", GPT), "llama": ("TeLlamaStack", "LlamaStack", LLAMA)}
 
 
@@ -39,14 +46,20 @@ def inputs(stack, gen, device="cpu", dtype=torch.float32):
 # --- TE's state_dict layout (transformer.py, multi_head_attention.py, layernorm_mlp.py) -------------
 
 def te_layer_layout(cfg) -> dict:
-    """One TransformerLayer's parameters as TE registers them (no _extra_state)."""
+    """One TransformerLayer's parameters as TE registers them (no _extra_state): with split QKV
+    parameters (parameters_split, layernorm_linear.py) the query, key and value weights, then their
+    biases."""
     hn = HIDDEN // cfg["heads"]
     qkv = (cfg["heads"] + 2 * cfg["groups"]) * hn
     fc1 = 2 * cfg["ffn"] if cfg["act"] == "swiglu" else cfg["ffn"]
     norm = lambda stem: {f"{stem}weight": (HIDDEN,), **({f"{stem}bias": (HIDDEN,)} if cfg["norm"] == "LayerNorm" else {})}
     bias = lambda name, n: {name: (n,)} if cfg["bias"] else {}
-    return {**norm("self_attention.layernorm_qkv.layer_norm_"),
-            "self_attention.layernorm_qkv.weight": (qkv, HIDDEN), **bias("self_attention.layernorm_qkv.bias", qkv),
+    stem = "self_attention.layernorm_qkv."
+    rows = {"query": cfg["heads"] * hn, "key": cfg["groups"] * hn, "value": cfg["groups"] * hn}
+    projection = ({**{f"{stem}{b}_weight": (rows[b], HIDDEN) for b in BLOCKS},
+                   **{k: v for b in BLOCKS for k, v in bias(f"{stem}{b}_bias", rows[b]).items()}}
+                  if cfg["qkv"] == "split" else {f"{stem}weight": (qkv, HIDDEN), **bias(f"{stem}bias", qkv)})
+    return {**norm("self_attention.layernorm_qkv.layer_norm_"), **projection,
             "self_attention.proj.weight": (HIDDEN, HIDDEN), **bias("self_attention.proj.bias", HIDDEN),
             **norm("layernorm_mlp.layer_norm_"),
             "layernorm_mlp.fc1_weight": (fc1, HIDDEN), **bias("layernorm_mlp.fc1_bias", fc1),
@@ -55,6 +68,30 @@ def te_layer_layout(cfg) -> dict:
 
 def te_stack_layout(layers) -> dict:
     return {f"{i}.{k}": shape for i, cfg in enumerate(layers) for k, shape in te_layer_layout(cfg).items()}
+
+
+def as_q_k_v(p, layers) -> dict:
+    """TE's parameters with each layer's QKV projection as one weight (and bias) of rows [all q
+    heads | all k heads | all v heads], in TE's order otherwise: TE's split blocks concatenated
+    (noop_cat), TE's rows per GQA group read through TE's view [groups, heads / groups + 2, hn]
+    (multi_head_attention.py); differentiable, so grads reach TE's own parameters."""
+    fused = {}
+    for key, value in p.items():
+        layer, _, name = key.partition(".")
+        cfg = layers[int(layer)]
+        stem, _, attr = name.rpartition("layernorm_qkv.")
+        if not stem or "layer_norm" in attr:
+            fused[key] = value
+        elif cfg["qkv"] == "split" and attr.startswith("query_"):  # the key and value blocks join it
+            kind = attr.removeprefix("query_")
+            fused[f"{layer}.{stem}layernorm_qkv.{kind}"] = torch.cat(
+                [p[f"{layer}.{stem}layernorm_qkv.{b}_{kind}"] for b in BLOCKS])
+        elif cfg["qkv"] == "interleaved":
+            per_group, hn = cfg["heads"] // cfg["groups"], HIDDEN // cfg["heads"]
+            by_group = value.reshape(cfg["groups"], per_group + 2, hn, -1)
+            q, k, v = by_group.split((per_group, 1, 1), dim=1)
+            fused[key] = torch.cat([t.reshape(-1, *value.shape[1:]) for t in (q, k, v)])
+    return fused
 
 
 # --- the float64 reference of TE's semantics --------------------------------------------------------
@@ -114,6 +151,7 @@ def te_stack_reference(p, x, layers, lengths=None):
         seq, batch = x.shape[:2]
         rows = te_stack_reference(p, x.transpose(0, 1).reshape(batch * seq, -1), layers, [seq] * batch)
         return rows.reshape(batch, seq, -1).transpose(0, 1)
+    p = as_q_k_v(p, layers)
     for i, cfg in enumerate(layers):
         x = te_layer_reference({k.removeprefix(f"{i}."): v for k, v in p.items() if k.startswith(f"{i}.")}, x, cfg,
                                lengths)
@@ -129,12 +167,14 @@ def te_checkpoint(layers, seed):
             for k, shape in te_stack_layout(layers).items()}
 
 
-def handwritten_state(module, checkpoint):
+def handwritten_state(module, checkpoint, layers):
     """The TE checkpoint as the hand-written Sequential's state_dict: the same parameters in the
-    same order (TE's layer: norm, QKV, proj, norm, fc1, fc2; the Sequential's residuals hold them so)."""
+    same order (TE's layer: norm, QKV, proj, norm, fc1, fc2; the Sequential's residuals hold them
+    so), each QKV projection as the one [q | k | v] weight its Linear holds (as_q_k_v)."""
     keys = [k for k in module.state_dict() if not k.endswith("_extra_state")]
-    assert len(keys) == len(checkpoint)
-    return dict(zip(keys, checkpoint.values()))
+    fused = as_q_k_v(checkpoint, layers)
+    assert len(keys) == len(fused)
+    return dict(zip(keys, fused.values()))
 
 
 def load(module, state):
@@ -164,8 +204,11 @@ def test_te_stack_holds_te_s_names_and_computes_te_s_semantics(stack):
     want.backward(dy.double())
     assert_close_to_reference(f"{te_name} y", y, want, torch.float32)
     assert_close_to_reference(f"{te_name} dx", x.grad, x64.grad, torch.float32)
-    for name, p in module.named_parameters():
-        assert_close_to_reference(f"{te_name} d{name}", p.grad, p64[name].grad, torch.float32)
+    grads = dict(module.named_parameters())
+    for names in grad_groups(p64):  # TE's query, key, value blocks together (grad_groups says why)
+        got = torch.cat([grads[name].grad for name in names])
+        assert_close_to_reference(f"{te_name} d{'+'.join(names)}", got, torch.cat([p64[n].grad for n in names]),
+                                  torch.float32)
 
 
 def _train(module, x, target, steps, keywords):
@@ -188,15 +231,16 @@ def _train_both(stack, device, dtype, steps):
     hand = getattr(generated, hand_name)(device=device, dtype=dtype)
     checkpoint = {k: v.to(device=device, dtype=dtype) for k, v in te_checkpoint(layers, seed=7).items()}
     load(te_module, checkpoint)
-    load(hand, handwritten_state(hand, checkpoint))
+    load(hand, handwritten_state(hand, checkpoint, layers))
     x, target, keywords = inputs(stack, torch.Generator().manual_seed(8), device, dtype)
     te_losses = _train(te_module, x, target.float(), steps, keywords)
     hand_losses = _train(hand, x, target.float(), steps, keywords)
     return te_module, hand, te_losses, hand_losses
 
 
-def _assert_same_parameters(te_module, hand):
-    te_params = [(k, v) for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")]
+def _assert_same_parameters(te_module, hand, layers):
+    te_state = {k: v for k, v in te_module.state_dict().items() if not k.endswith("_extra_state")}
+    te_params = list(as_q_k_v(te_state, layers).items())
     hand_params = [v for k, v in hand.state_dict().items() if not k.endswith("_extra_state")]
     assert len(te_params) == len(hand_params)
     for (name, p), q in zip(te_params, hand_params):
@@ -211,7 +255,7 @@ def test_te_stack_trains_as_the_handwritten_sequential_on_the_cpu(stack):
     te_module, hand, te_losses, hand_losses = _train_both(stack, "cpu", torch.float32, steps=3)
     assert te_losses == hand_losses
     assert te_losses[0] > te_losses[1] > te_losses[2], te_losses
-    _assert_same_parameters(te_module, hand)
+    _assert_same_parameters(te_module, hand, STACKS[stack][2])
 
 
 @pytest.mark.cuda
@@ -234,8 +278,10 @@ def test_te_stack_in_bf16_on_cuda(stack):
     grouped = any(cfg["groups"] != cfg["heads"] for cfg in layers)
     assert_close_fa2(f"{te_name} y", y, want, grouped)
     assert_close_fa2(f"{te_name} dx", xg.grad, x64.grad, grouped)
-    for name, p in module.named_parameters():
-        assert_close_fa2(f"{te_name} d{name}", p.grad, p64[name].grad, grouped)
+    grads = dict(module.named_parameters())
+    for names in grad_groups(p64):
+        got = torch.cat([grads[name].grad for name in names])
+        assert_close_fa2(f"{te_name} d{'+'.join(names)}", got, torch.cat([p64[n].grad for n in names]), grouped)
     te_module, hand, te_losses, hand_losses = _train_both(stack, "cuda", torch.bfloat16, steps=3)
     assert te_losses == hand_losses
-    _assert_same_parameters(te_module, hand)
+    _assert_same_parameters(te_module, hand, STACKS[stack][2])
