@@ -5,7 +5,11 @@ residual; no biases; bf16) as eager PyTorch (attention through torch.nn.attentio
 FlashAttention-2 varlen) and as torch.compile of that module, and the generated layer
 (``generated.LlamaLayer``, specs/llama_layer.py) with the eager module's weights, called as the note
 calls it: ``module(x, seq_lens=..., max_seqlen=...)`` (lengths on the GPU and the bound given: no
-sync), side by side in one run; first the generated layer's output is checked against the eager one.
+sync), and the same layer as a Transformer Engine user writes it (``generated.LlamaLayerTe``:
+te.TransformerLayer, its q/k/v weights under TE's names, called with TE's forward keywords:
+``cu_seqlens_q/kv``, ``max_seqlen_q/kv`` and ``rotary_pos_emb``, TE's RotaryPositionEmbedding
+table), side by side in one run; first each generated layer's output is checked against the eager
+one.
 
 - a training step (forward + backward) and a no-grad forward, steps run back to back under CUDA
   events (``steps`` of them, the median of ``rounds`` turns, the modules taking turns);
@@ -114,17 +118,50 @@ GENERATED_KEYS = {"norm1.weight": "0.0.weight", "qkv.weight": "0.1.weight", "pro
                   "norm2.weight": "1.0.weight", "fc1.weight": "1.1.weight", "fc2.weight": "1.3.weight"}
 
 
-def generated_layer(eager, device, dtype):
-    """generated.LlamaLayer holding the eager peer's weights, or None where the package lacks it."""
+# the eager peer's parameters → te.TransformerLayer's state_dict keys (the QKV weight split in TE's
+# query, key and value blocks: fuse_qkv_params=False)
+TE_KEYS = {"norm1.weight": "0.self_attention.layernorm_qkv.layer_norm_weight",
+           "proj.weight": "0.self_attention.proj.weight", "norm2.weight": "0.layernorm_mlp.layer_norm_weight",
+           "fc1.weight": "0.layernorm_mlp.fc1_weight", "fc2.weight": "0.layernorm_mlp.fc2_weight"}
+
+
+def generated_layer(name, eager, device, dtype):
+    """generated.<name> holding the eager peer's weights, or None where the package lacks it."""
     try:
         import generated
     except ImportError:
         return None
-    if not hasattr(generated, "LlamaLayer"):
+    if not hasattr(generated, name):
         return None
-    module = generated.LlamaLayer(device=device, dtype=dtype)
-    module.load_state_dict({GENERATED_KEYS[k]: v for k, v in eager.state_dict().items()})
+    module = getattr(generated, name)(device=device, dtype=dtype)
+    weights = eager.state_dict()
+    if name == "LlamaLayer":
+        module.load_state_dict({GENERATED_KEYS[k]: v for k, v in weights.items()})
+        return module
+    state = {TE_KEYS[k]: v for k, v in weights.items() if k in TE_KEYS}
+    q, k, v = weights["qkv.weight"].split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM])
+    state.update({"0.self_attention.layernorm_qkv.query_weight": q, "0.self_attention.layernorm_qkv.key_weight": k,
+                  "0.self_attention.layernorm_qkv.value_weight": v})
+    extra = {key: value for key, value in module.state_dict().items() if key.endswith("_extra_state")}
+    module.load_state_dict({**state, **extra})
     return module
+
+
+def te_rotary_table(max_len, device):
+    """TE's RotaryPositionEmbedding(HEAD_DIM, rotary_base=ROTARY_BASE)(max_len) (attention/rope.py):
+    float32 angles [max_len, 1, 1, HEAD_DIM], cat(freqs, freqs)."""
+    inv_freq = 1.0 / (ROTARY_BASE ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device=device) / HEAD_DIM))
+    freqs = torch.einsum("i , j -> i j", torch.arange(max_len, dtype=torch.float32, device=device), inv_freq)
+    return torch.cat((freqs, freqs), dim=-1).reshape(max_len, 1, 1, HEAD_DIM)
+
+
+def fused_call(module, x, cu, max_len, seq_lens, table):
+    """The generated layer's call: the note's form for LlamaLayer, TE's forward keywords for
+    te.TransformerLayer's (the offsets and bound as TE takes them, the rotary table)."""
+    if type(module).__name__ == "LlamaLayer":
+        return module(x, seq_lens=seq_lens, max_seqlen=max_len)
+    return module(x, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max_len, max_seqlen_kv=max_len,
+                  rotary_pos_emb=table)
 
 
 def check_generated(module, eager, device, dtype):
@@ -133,10 +170,11 @@ def check_generated(module, eager, device, dtype):
     lengths = (5, 1, 17, 40)
     cu, max_len, positions = packed(lengths, device)
     seq_lens = torch.tensor(lengths, device=device, dtype=torch.int32)
+    table = te_rotary_table(max_len, device)
     x = torch.randn(sum(lengths), HIDDEN, device=device, dtype=dtype)
     dy = torch.randn_like(x)
     results = []
-    calls = (lambda x: eager(x, cu, max_len, positions), lambda x: module(x, seq_lens=seq_lens, max_seqlen=max_len))
+    calls = (lambda x: eager(x, cu, max_len, positions), lambda x: fused_call(module, x, cu, max_len, seq_lens, table))
     for call in calls:
         xi = x.clone().requires_grad_()
         y = call(xi)
@@ -145,8 +183,8 @@ def check_generated(module, eager, device, dtype):
     for what, want, got in zip(("y", "dx"), results[0], results[1]):
         err, scale = (got - want).abs().max().item(), want.abs().max().item()
         if not err <= 4 * 2.0**-8 * scale:
-            raise AssertionError(f"generated LlamaLayer {what} differs from the eager layer's: max |err| {err:.3e}, "
-                                 f"max |eager| {scale:.3e}")
+            raise AssertionError(f"generated {type(module).__name__} {what} differs from the eager layer's: max |err| "
+                                 f"{err:.3e}, max |eager| {scale:.3e}")
 
 
 def timed(step, steps: int) -> float:
@@ -195,10 +233,12 @@ def main():
             if p.dim() > 1:  # the Linears' weights; the norms' stay ones
                 p.normal_(std=1 / math.sqrt(p.shape[-1]))
     modules = {"eager": eager, "torch.compile": torch.compile(eager)}
-    fused = generated_layer(eager, device, dtype)
-    if fused is not None:
-        check_generated(fused, eager, device, dtype)
-        modules["fusegen"] = fused
+    fused_modules = {"fusegen": generated_layer("LlamaLayer", eager, device, dtype),
+                 "fusegen te.TransformerLayer": generated_layer("LlamaLayerTe", eager, device, dtype)}
+    for name, fused in fused_modules.items():
+        if fused is not None:
+            check_generated(fused, eager, device, dtype)
+            modules[name] = fused
     lines = [f"GPU: {torch.cuda.get_device_name()} · torch {torch.__version__} · bf16 · ms per step, steps back to "
              f"back under CUDA events, median of {args.rounds} turns", "",
              "| tokens | pass | " + " | ".join(modules) + " |", "|---|---|" + "---|" * len(modules)]
@@ -206,15 +246,16 @@ def main():
     for lengths, steps in ((DOCUMENTS, 10), (DECODE, 50)):
         cu, max_len, positions = packed(lengths, device)
         seq_lens = torch.tensor(lengths, device=device, dtype=torch.int32)
+        table = te_rotary_table(max_len, device)  # a TE user builds it once for the longest length
         tokens = sum(lengths)
         x = torch.randn(tokens, HIDDEN, device=device, dtype=dtype, requires_grad=True)
         dy = torch.randn(tokens, HIDDEN, device=device, dtype=dtype)
 
         def call(module):
-            """The module's call: the eager peers take offsets and positions, the generated layer
-            the note's form (lengths and their bound)."""
-            if module is fused:
-                return lambda: module(x, seq_lens=seq_lens, max_seqlen=max_len)
+            """The module's call: the eager peers take offsets and positions, the generated layers
+            theirs (fused_call)."""
+            if module in fused_modules.values():
+                return lambda: fused_call(module, x, cu, max_len, seq_lens, table)
             return lambda: module(x, cu, max_len, positions)
 
         def train(module):

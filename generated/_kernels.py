@@ -3968,6 +3968,39 @@ def qgelu_fwd_n512(x):
     return a.to(x.dtype)
 
 
+_QKV_PREP_BWD_H32_KV8_D128 = Kernel("qkv_prep_bwd_h32_kv8_d128", "pppppiiii")
+_QKV_PREP_BWD_H32_KV8_D128_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_BWD_H32_KV8_D128_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 1}
+
+
+def qkv_prep_bwd_h32_kv8_d128(dq, dk, dv, cu_seqlens):
+    """attention prep backward: dq, dk, dv copied (32 + 2 x 8 heads of 128).
+
+    dq [rows, 32, 128], dk and dv [rows, 8, 128], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 6144] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_bwd_h32_kv8_d128_34d899ec(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 6144, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 4096, 1024
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_BWD_H32_KV8_D128_ROWS[dq.dtype])
+            _QKV_PREP_BWD_H32_KV8_D128.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H32_KV8_D128_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, None)
+    return dx.to(dq.dtype)
+
+
 _QKV_PREP_BWD_H4_KV4_D64 = Kernel("qkv_prep_bwd_h4_kv4_d64", "pppppiiii")
 _QKV_PREP_BWD_H4_KV4_D64_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
 # rows a block
@@ -6187,6 +6220,10 @@ register_op(
 register_op("qgeglu_fwd_n512_2f36c7c9", "(Tensor x) -> Tensor", qgeglu_fwd_n512, qgeglu_fwd_n512)
 register_op("qgelu_fwd_n1024_51ae349d", "(Tensor x) -> Tensor", qgelu_fwd_n1024, qgelu_fwd_n1024)
 register_op("qgelu_fwd_n512_c4bbf851", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
+register_op(
+    "qkv_prep_bwd_h32_kv8_d128_34d899ec",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h32_kv8_d128,
+    qkv_prep_bwd_h32_kv8_d128)
 register_op(
     "qkv_prep_bwd_h4_kv4_d64_5f2b5fac",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h4_kv4_d64,

@@ -1,5 +1,6 @@
-"""The Llama-3-8B decoder layer of issue 38, in the design note's spelling: bench/bench_layer.py
-measures it (``generated.LlamaLayer``) against eager PyTorch and torch.compile.
+"""The Llama-3-8B decoder layer of issue 38, in the design note's spelling (``llama_layer``) and as
+a Transformer Engine user writes it (``llama_layer_te``, issue 39): bench/bench_layer.py measures
+both (``generated.LlamaLayer``, ``generated.LlamaLayerTe``) against eager PyTorch and torch.compile.
 
 Grouped-query attention of 32 query heads and 8 key/value heads of 128 with rotary base 500000,
 over packed sequences, then a SwiGLU MLP of 14336; each block pre-norm (RMSNorm) inside a
@@ -27,4 +28,12 @@ llama_layer = te.Sequential(
         te.SwiGLU(),
         te.Linear(FFN, HIDDEN, bias=False),
     ),
+)
+
+# te.TransformerLayer at TE's defaults but Llama's settings: its query, key and value weights
+# (fuse_qkv_params=False), packed sequences ("thd"), no dropout; the rotary comes through forward's
+# rotary_pos_emb, TE's RotaryPositionEmbedding(128, rotary_base=500000) table
+llama_layer_te = te.Sequential(
+    te.TransformerLayer(HIDDEN, FFN, HEADS, num_gqa_groups=KV_HEADS, hidden_dropout=0.0, attention_dropout=0.0,
+                        bias=False, activation="swiglu", normalization="RMSNorm", attn_input_format="thd"),
 )
