@@ -419,6 +419,7 @@ INPUT_SHAPES = {
     "TeGptStack": lambda rows: ((rows, 1, 256), []),
     "GptStack": lambda rows: ((rows, 1, 256), []),
     "TeLlamaStack": lambda rows: ((rows, 256), []),
+    "LlamaLayerTe": lambda rows: ((rows, 4096), []),  # specs/llama_layer.py's te.TransformerLayer: "thd"
 }
 
 

@@ -140,7 +140,10 @@ def grads_have_their_own_memory(module, inputs):
     """Runs the module's forward and backward on inputs reached from their leaves through
     ``.clone()`` and a view (autograd may keep a view of a returned grad as the leaf's .grad, and
     a later backward accumulates into it in place), and asserts that no two leaves' grads (inputs
-    and parameters) share memory."""
+    and parameters) share memory: no byte of one is a byte of another. TE's row blocks
+    (query_weight, key_weight, value_weight) get disjoint slices of their joined weight's one grad,
+    as TE's noop_cat hands them (module/_common.py): one storage, no byte shared, so each
+    accumulates into its own."""
     leaves = [t.detach().requires_grad_() for t in inputs]
     outputs = module(*(leaf.clone().view(leaf.shape) for leaf in leaves))
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
@@ -149,7 +152,8 @@ def grads_have_their_own_memory(module, inputs):
     grads = [(f"input {i}", leaf.grad) for i, leaf in enumerate(leaves)]
     grads += [(name, p.grad) for name, p in module.named_parameters()]
     assert all(grad is not None for _, grad in grads)
-    spans = sorted((g.untyped_storage().data_ptr(), g.untyped_storage().nbytes(), name) for name, g in grads)
+    assert all(g.is_contiguous() for _, g in grads)  # then its bytes are one span from data_ptr
+    spans = sorted((g.data_ptr(), g.numel() * g.element_size(), name) for name, g in grads)
     for (start, size, name), (next_start, _, next_name) in zip(spans, spans[1:]):
         assert start + size <= next_start, f"{type(module).__name__}: the grads of {name} and {next_name} share memory"
 

@@ -489,6 +489,9 @@ def test_every_kernel_has_a_test():
     # through test_te_models.py (bf16 on the GPU against float64, every parameter's grad, and trained)
     tested |= {"bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256", "bias_qgelu_bwd_n1024",
                "layernorm_zc_bwd_h256_add_dresidual", "qgelu_fwd_n1024", "qkv_prep_bwd_h8_kv1_d32"}
+    # specs/llama_layer.py's te.TransformerLayer spelling, checked through test_te_llama_layer.py (bf16
+    # on the GPU against float64, every parameter's grad)
+    tested |= {"qkv_prep_bwd_h32_kv8_d128"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
