@@ -129,8 +129,8 @@ register(OpDef(
           _NORMALIZATION, _RETURN_BIAS, _PARAMS_DTYPE, _parallel("parallel_mode", "object", None), _RETURN_LN,
           _hint("return_layernorm_output_gathered", "bool", False),
           _refuse("parameters_split", "object", None,
-                  "splits the weight into parameters of other names, which fusegen does not lay out yet (the "
-                  "MultiheadAttention part of issue 39); leave it out"),
+                  "splits the weight into parameters of other names, which fusegen holds for te.MultiheadAttention's "
+                  "QKV projection only (fuse_qkv_params=False); leave it out"),
           _ZCG, _DEVICE, *_UB, *reversed(_UB_BULK), _hint("ub_name", "str", None), _DELAY, _SYMMETRIC_AR,
           _NAME),
     expand=_layernorm_linear,

@@ -225,7 +225,7 @@ ERRORS = [
     ("import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.Linaer(4, 4))\n",
      2, 23, "te.Linaer", "unknown op 'te.Linaer'; did you mean 'te.Linear'?"),
     ("import transformer_engine.pytorch as te\nm = te.Sequential(te.TransformerLayer(4, 4, 1))\n",
-     2, 19, "te.TransformerLayer", "TransformerLayer(): argument 'fuse_qkv_params', left at TE's default, keeps"),
+     2, 19, "te.TransformerLayer", "TransformerLayer(): head_dim = hidden / heads = 4: the attention kernels"),
     (EAGER + "m = Sequential(RMSNorm(4))\n",
      2, 16, "RMSNorm", "unknown op 'RMSNorm' ('RMSNorm' is not imported from transformer_engine.pytorch.ops or "
                        "transformer_engine.pytorch or fusegen.eager or torch.nn); import it: from transformer_engine.pytorch.ops import RMSNorm"),
