@@ -58,7 +58,7 @@ def forward_stages(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_llama_stack` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -73,10 +73,13 @@ def forward_stages(
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
     # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     layer0_core_attention_pre_linear, layer0_core_attention_lse = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
         max_seqlen, True)
@@ -112,10 +115,13 @@ def forward_stages(
     layer1_layernorm_qkv_pre_attention = layer1_layernorm_qkv_layer_norm_pre_linear.mm(
         layer1_self_attention_layernorm_qkv_weight.t())
     # forward stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1, qkv_format='thd')
+    layer1_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv1_d32(
+        layer1_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32))
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32)).split([8, 1, 1], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([8, 1, 1], dim=1)
     layer1_core_attention_pre_linear, layer1_core_attention_lse = ref.flash_attention_forward(
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v, cu_seqlens,
         max_seqlen, True)
@@ -142,17 +148,17 @@ def forward_stages(
         layer1_mlp_residual, layer1_layernorm_mlp_activation_pre_linear,
         layer1_layernorm_mlp_fc2_weight.t())
     return layer1_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-        layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen, rotary_table,
+        layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -163,15 +169,15 @@ def forward_stages(
 
 def backward_stages(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -211,8 +217,7 @@ def backward_stages(
     # qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32)).split([8, 1, 1], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([8, 1, 1], dim=1)
     (
         d_layer1_core_attention_q, d_layer1_core_attention_k,
         d_layer1_core_attention_v
@@ -220,7 +225,10 @@ def backward_stages(
         d_layer1_core_attention_pre_linear, layer1_core_attention_pre_linear,
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v,
         layer1_core_attention_lse, cu_seqlens, max_seqlen, True)
-    d_layer1_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h8_kv1_d32(
+    d_layer1_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h8_kv1_d32(
+        d_layer1_core_attention_q, d_layer1_core_attention_k, d_layer1_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h8_kv1_d32(
         d_layer1_core_attention_q, d_layer1_core_attention_k, d_layer1_core_attention_v, cu_seqlens)
     # backward stage 9 · rule linear_backward · op 1c: BasicLinear(256, 320)
     d_layer1_layernorm_qkv_layer_norm_pre_linear = d_layer1_layernorm_qkv_pre_attention.mm(
@@ -265,8 +273,7 @@ def backward_stages(
     # qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     (
         d_layer0_core_attention_q, d_layer0_core_attention_k,
         d_layer0_core_attention_v
@@ -274,7 +281,10 @@ def backward_stages(
         d_layer0_core_attention_pre_linear, layer0_core_attention_pre_linear,
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v,
         layer0_core_attention_lse, cu_seqlens, max_seqlen, True)
-    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h8_kv2_d32(
+    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h8_kv2_d32(
+        d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h8_kv2_d32(
         d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens)
     # backward stage 1 · rule linear_backward · op 0c: BasicLinear(256, 384)
     d_layer0_layernorm_qkv_layer_norm_pre_linear = d_layer0_layernorm_qkv_pre_attention.mm(
@@ -306,7 +316,7 @@ class TeLlamaStackFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(19,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(18,))
 
     @staticmethod
     @first_order_only("TeLlamaStack")  # a double backward raises instead of being wrong
@@ -324,17 +334,17 @@ class TeLlamaStackFunction(torch.autograd.Function):
             d_layer0_layernorm_mlp_fc1_pre_glu, d_layer0_proj_pre_add_extra_input,
             d_layer0_layernorm_qkv_pre_attention) = operands
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
             layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-            layer1_layernorm_mlp_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen,
+            rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv,
+            layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -399,7 +409,7 @@ class TeLlamaStackFunction(torch.autograd.Function):
             d_layer1_self_attention_layernorm_qkv_layer_norm_weight,
             d_layer1_self_attention_layernorm_qkv_weight, d_layer1_self_attention_proj_weight,
             d_layer1_layernorm_mlp_layer_norm_weight, d_layer1_layernorm_mlp_fc1_weight,
-            d_layer1_layernorm_mlp_fc2_weight, None, None)
+            d_layer1_layernorm_mlp_fc2_weight, None, None, None)
 
 
 def no_grad_forward(
@@ -409,19 +419,19 @@ def no_grad_forward(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_llama_stack` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_llama_stack_no_grad_1e5219ad(
+        return torch.ops.fusegen.te_llama_stack_no_grad_237282c6(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
             layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
             layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-            layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen)
+            layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     layer0_attention_residual = x
     # no-grad stage 1 · rule norm · op 0b: RMSNorm(256)
@@ -431,10 +441,13 @@ def no_grad_forward(
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     layer0_core_attention_pre_linear = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
         max_seqlen, True)[0]
@@ -470,10 +483,13 @@ def no_grad_forward(
     layer1_layernorm_qkv_pre_attention = layer1_layernorm_qkv_layer_norm_pre_linear.mm(
         layer1_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1, qkv_format='thd')
+    layer1_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv1_d32(
+        layer1_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32))
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32)).split([8, 1, 1], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([8, 1, 1], dim=1)
     layer1_core_attention_pre_linear = ref.flash_attention_forward(
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v, cu_seqlens,
         max_seqlen, True)[0]
@@ -506,10 +522,10 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeLlamaStack", inputs=1, per_call=(13,), dtypes=(torch.bfloat16, torch.float16),
+    "TeLlamaStack", inputs=1, per_call=(13, 15), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_llama_stack_no_grad_1e5219ad",
+    "te_llama_stack_no_grad_237282c6",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, Tensor "
     "layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, Tensor "
@@ -517,7 +533,8 @@ register_no_grad_op(
     "layer1_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer1_self_attention_layernorm_qkv_weight, Tensor layer1_self_attention_proj_weight, Tensor "
     "layer1_layernorm_mlp_layer_norm_weight, Tensor layer1_layernorm_mlp_fc1_weight, Tensor "
-    "layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen) -> Tensor",
+    "layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen, Tensor rotary_table) -> "
+    "Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -533,22 +550,22 @@ def forward_pass(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     layer1_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-        layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen, rotary_table,
+        layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -562,32 +579,31 @@ def forward_pass(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen)
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table)
     return (
-        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd)
 
 
 def backward_pass(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -599,15 +615,15 @@ def backward_pass(
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -627,33 +643,32 @@ def setup_compiled_backward(ctx, inputs, output):
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen) = inputs
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table) = inputs
     (
-        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd) = output
     keep_for_backward(
         ctx,
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
             layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-            layer1_layernorm_mlp_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen,
+            rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv,
+            layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -662,18 +677,18 @@ def setup_compiled_backward(ctx, inputs, output):
             layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
             layer1_layernorm_mlp_fc2_weight),
         (
-            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
             layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
-            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+            layer0_core_attention_qkv, layer0_core_attention_lse,
+            layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+            layer1_core_attention_qkv, layer1_core_attention_lse,
             layer1_layernorm_mlp_layer_norm_rstd),
-        host=(19,))
+        host=(18,))
 
 
 def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no grads)
@@ -681,17 +696,17 @@ def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no gr
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-        layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen, rotary_table,
+        layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -707,17 +722,17 @@ def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_pre_add_extra_input, d_layer0_layernorm_mlp_fc1_pre_glu,
         d_layer0_proj_pre_add_extra_input,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_llama_stack_backward_c98fe467(
+    ) = torch.ops.fusegen.te_llama_stack_backward_20bcb124(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -760,13 +775,13 @@ def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_weight, d_layer1_self_attention_layernorm_qkv_layer_norm_weight,
         d_layer1_self_attention_layernorm_qkv_weight, d_layer1_self_attention_proj_weight,
         d_layer1_layernorm_mlp_layer_norm_weight, d_layer1_layernorm_mlp_fc1_weight,
-        d_layer1_layernorm_mlp_fc2_weight, None, None)
+        d_layer1_layernorm_mlp_fc2_weight, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeLlamaStack", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_llama_stack_forward_c98fe467",
+        "te_llama_stack_forward_20bcb124",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
@@ -774,25 +789,26 @@ register_training_ops(
         "layer1_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer1_self_attention_layernorm_qkv_weight, Tensor layer1_self_attention_proj_weight, "
         "Tensor layer1_layernorm_mlp_layer_norm_weight, Tensor layer1_layernorm_mlp_fc1_weight, "
-        "Tensor layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen) -> (Tensor, "
+        "Tensor layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen, Tensor "
+        "rotary_table) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?)",
-        forward_pass, (0, 13)),
+        "Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 13, 15)),
     (
-        "te_llama_stack_backward_c98fe467",
+        "te_llama_stack_backward_20bcb124",
         "(Tensor d_layer1_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
-        "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
-        "layer0_layernorm_mlp_fc1_pre_glu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
-        "Tensor? layer1_attention_residual, Tensor? layer1_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer1_layernorm_qkv_pre_attention, Tensor? layer1_core_attention_pre_linear, "
-        "Tensor? layer1_mlp_residual, Tensor? layer1_layernorm_mlp_layer_norm_pre_linear, Tensor? "
-        "layer1_layernorm_mlp_fc1_pre_glu, Tensor? layer1_layernorm_mlp_activation_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "cu_seqlens, int max_seqlen, Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor? "
-        "layer1_layernorm_qkv_layer_norm_rstd, Tensor? layer1_core_attention_lse, Tensor? "
-        "layer1_layernorm_mlp_layer_norm_rstd, Tensor "
+        "Tensor? layer0_core_attention_pre_linear, Tensor? layer0_mlp_residual, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? layer0_layernorm_mlp_fc1_pre_glu, "
+        "Tensor? layer0_layernorm_mlp_activation_pre_linear, Tensor? layer1_attention_residual, "
+        "Tensor? layer1_layernorm_qkv_layer_norm_pre_linear, Tensor? "
+        "layer1_core_attention_pre_linear, Tensor? layer1_mlp_residual, Tensor? "
+        "layer1_layernorm_mlp_layer_norm_pre_linear, Tensor? layer1_layernorm_mlp_fc1_pre_glu, "
+        "Tensor? layer1_layernorm_mlp_activation_pre_linear, Tensor? "
+        "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_qkv, Tensor? "
+        "layer0_core_attention_lse, Tensor? cu_seqlens, int max_seqlen, Tensor? rotary_table, "
+        "Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor? "
+        "layer1_layernorm_qkv_layer_norm_rstd, Tensor? layer1_core_attention_qkv, Tensor? "
+        "layer1_core_attention_lse, Tensor? layer1_layernorm_mlp_layer_norm_rstd, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
@@ -803,7 +819,7 @@ register_training_ops(
         "Tensor layer1_layernorm_mlp_fc2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
         backward_pass,
-        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24)),
+        (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22, 23, 24, 25)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
 
@@ -876,7 +892,7 @@ class TeLlamaStack(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeLlamaStack", inputs=1, per_call=(13,), dtypes=(torch.bfloat16, torch.float16))
+            "TeLlamaStack", inputs=1, per_call=(13, 15), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(
@@ -966,9 +982,11 @@ class TeLlamaStack(torch.nn.Module):
             "TeLlamaStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeLlamaStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
+        rotary_table = ref.rotary_table_argument(
+            "TeLlamaStack", rotary_pos_emb, (32,), x, seq_lens, "thd")
         lead = x.shape[:-1]
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
         # are)
@@ -983,11 +1001,13 @@ class TeLlamaStack(torch.nn.Module):
             layer1_layernorm_mlp_fc2_weight,
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_llama_stack_forward_c98fe467(*args)[0]
+                outputs = torch.ops.fusegen.te_llama_stack_forward_20bcb124(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeLlamaStackFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -489,6 +489,11 @@ def test_every_kernel_has_a_test():
     # through test_te_models.py (bf16 on the GPU against float64, every parameter's grad, and trained)
     tested |= {"bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256", "bias_qgelu_bwd_n1024",
                "layernorm_zc_bwd_h256_add_dresidual", "qgelu_fwd_n1024", "qkv_prep_bwd_h8_kv1_d32"}
+    # the prep kernels' table variant of the TE attention specs (TE's forward(rotary_pos_emb=...)),
+    # checked through test_attention_prep_table.py (every dtype against float64, a general table) and
+    # test_te_rotary.py (the modules in bf16 against float64)
+    tested |= {f"qkv_prep_table_{way}_{shape}" for way in ("fwd", "bwd") for shape in ("h4_kv4_d64", "h8_kv2_d32",
+                                                                                       "h8_kv1_d32")}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
