@@ -4293,9 +4293,9 @@ def qkv_prep_table_bwd_h4_kv4_d64(dq, dk, dv, cu_seqlens, table):
     """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
     per-call table) (4 + 2 x 4 heads of 64).
 
-    dq [rows, 4, 64], dk and dv [rows, 4, 64], cu_seqlens int32 [batch + 1], table float32 [max_s,
-    64] on their
-    device: returns the fused projection's grad [rows, 768] in dq's dtype."""
+    dq [rows, 4, 64], dk and dv [rows, 4, 64], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 768] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 64], contiguous, on that device (at least one row)."""
     if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.qkv_prep_table_bwd_h4_kv4_d64_d16cda41(
             dq, dk, dv, cu_seqlens, table)
@@ -4331,9 +4331,9 @@ def qkv_prep_table_bwd_h8_kv1_d32(dq, dk, dv, cu_seqlens, table):
     """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
     per-call table) (8 + 2 x 1 heads of 32).
 
-    dq [rows, 8, 32], dk and dv [rows, 1, 32], cu_seqlens int32 [batch + 1], table float32 [max_s,
-    32] on their
-    device: returns the fused projection's grad [rows, 320] in dq's dtype."""
+    dq [rows, 8, 32], dk and dv [rows, 1, 32], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 320] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 32], contiguous, on that device (at least one row)."""
     if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.qkv_prep_table_bwd_h8_kv1_d32_e61ba6b6(
             dq, dk, dv, cu_seqlens, table)
@@ -4369,9 +4369,9 @@ def qkv_prep_table_bwd_h8_kv2_d32(dq, dk, dv, cu_seqlens, table):
     """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
     per-call table) (8 + 2 x 2 heads of 32).
 
-    dq [rows, 8, 32], dk and dv [rows, 2, 32], cu_seqlens int32 [batch + 1], table float32 [max_s,
-    32] on their
-    device: returns the fused projection's grad [rows, 384] in dq's dtype."""
+    dq [rows, 8, 32], dk and dv [rows, 2, 32], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 384] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 32], contiguous, on that device (at least one row)."""
     if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.qkv_prep_table_bwd_h8_kv2_d32_453b87bf(
             dq, dk, dv, cu_seqlens, table)
@@ -4407,9 +4407,9 @@ def qkv_prep_table_fwd_h4_kv4_d64(x, cu_seqlens, table):
     """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (4 + 2 x
     4 heads of 64).
 
-    x [rows, 768] (any row stride, dense columns), cu_seqlens int32 [batch + 1], table float32
-    [max_s, 64] on x's
-    device: returns one [rows, 12, 64] buffer in x's dtype."""
+    x [rows, 768] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 12, 64] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 64], contiguous, on that device (at least one row)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.qkv_prep_table_fwd_h4_kv4_d64_3384bb44(x, cu_seqlens, table)
     if x.is_cuda:
@@ -4445,9 +4445,9 @@ def qkv_prep_table_fwd_h8_kv1_d32(x, cu_seqlens, table):
     """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (8 + 2 x
     1 heads of 32).
 
-    x [rows, 320] (any row stride, dense columns), cu_seqlens int32 [batch + 1], table float32
-    [max_s, 32] on x's
-    device: returns one [rows, 10, 32] buffer in x's dtype."""
+    x [rows, 320] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 10, 32] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 32], contiguous, on that device (at least one row)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.qkv_prep_table_fwd_h8_kv1_d32_75e07125(x, cu_seqlens, table)
     if x.is_cuda:
@@ -4483,9 +4483,9 @@ def qkv_prep_table_fwd_h8_kv2_d32(x, cu_seqlens, table):
     """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (8 + 2 x
     2 heads of 32).
 
-    x [rows, 384] (any row stride, dense columns), cu_seqlens int32 [batch + 1], table float32
-    [max_s, 32] on x's
-    device: returns one [rows, 12, 32] buffer in x's dtype."""
+    x [rows, 384] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 12, 32] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 32], contiguous, on that device (at least one row)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.qkv_prep_table_fwd_h8_kv2_d32_2815a373(x, cu_seqlens, table)
     if x.is_cuda:

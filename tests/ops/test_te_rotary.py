@@ -478,8 +478,8 @@ def _gqa_rope_reference(p, x, lengths, table):
 def test_the_shipped_gqa_module_rotates_by_the_table_in_bf16(lengths, table):
     """generated.TeGqaAttention on CUDA in bf16 (the table variant's kernels, FlashAttention-2) with a
     table: output and every grad against float64 (TE's bf16 attention tolerance); at a few rows the
-    module replays CUDA graphs, so a second table of the same shape must be copied in (its own
-    result), and None after it runs the no-rotary graph."""
+    module replays CUDA graphs, so each call's table of the same shape must be copied in (its own
+    result), and None after them runs the no-rotary path."""
     import generated
     from tests.ops.test_te_attention import assert_close_fa2
     module = generated.TeGqaAttention(device="cuda", dtype=torch.bfloat16)
@@ -494,12 +494,14 @@ def test_the_shipped_gqa_module_rotates_by_the_table_in_bf16(lengths, table):
     x = torch.randn(sum(lengths), 256, generator=gen)
     dy = torch.randn(sum(lengths), 256, generator=gen)
     tables = [te_table(32, max(lengths), base=base) if table == "te" else general_table(32, max(lengths), seed)
-              for base, seed in ((500000.0, 1), (10000.0, 2))]
-    for angles in tables:  # two tables of one shape: a replayed graph reads each call's
+              for base, seed in ((500000.0, 1), (10000.0, 2), (1000.0, 3))]
+    # three tables of one shape: at a few rows the first call runs as is, the second captures a graph,
+    # the third replays it, which must read that call's table (copied into the graph's buffer)
+    for angles in tables:
         x64 = x.double().requires_grad_()
         want = _gqa_rope_reference(params64, x64, lengths, angles)
         want.backward(dy.double())
-        xc = x.to("cuda", torch.bfloat16).requires_grad_()
+        xc = x.to("cuda", torch.bfloat16).detach().requires_grad_()
         module.zero_grad()
         y = module(xc, seq_lens, rotary_pos_emb=angles.cuda())
         y.backward(dy.to("cuda", torch.bfloat16))
@@ -515,11 +517,41 @@ def test_the_shipped_gqa_module_rotates_by_the_table_in_bf16(lengths, table):
 
 
 @pytest.mark.cuda
-def test_the_generated_sbhd_module_rotates_by_the_table_on_cuda_in_fp32(pkg):
-    """The tmp package has no GPU binaries: its CUDA calls run the launchers' reference path on
-    CUDA tensors (fp32, so not FlashAttention-2), the table and the checks on the device."""
-    y, want, dx, dx64, grads = _run_format(pkg, "sbhd", general_table(16, 12), device="cuda")
-    assert_close_to_reference("y", y.cpu(), want, torch.float32)
-    assert_close_to_reference("dx", dx.cpu(), dx64, torch.float32)
-    for name, (got, ref) in grads.items():
-        assert_close_to_reference(f"d{name}", got.cpu(), ref, torch.float32)
+@pytest.mark.parametrize("table", ["te", "general"])
+def test_the_shipped_sbhd_stack_rotates_by_the_table_in_bf16(monkeypatch, table):
+    """generated.TeGptStack (specs/te_models.py: three te.TransformerLayers reading TE's default
+    x [seq, batch, hidden]) on CUDA in bf16 with one table for its layers: output and every grad
+    against test_te_models' float64 stack reference with each layer's attention rotating q and k
+    by the table (positions from 0 in each batch column)."""
+    from tests.ops import test_te_attention, test_te_models as models
+    angles = (te_table(64, models.SEQ, base=10000.0) if table == "te" else general_table(64, models.SEQ))
+
+    def rotated(p, x, cfg, lengths):  # test_te_models' _attention with q and k rotated
+        qkv = {"qkv.weight": p["layernorm_qkv.weight"], "proj.weight": p["proj.weight"],
+               **({"qkv.bias": p["layernorm_qkv.bias"]} if "layernorm_qkv.bias" in p else {}),
+               **({"proj.bias": p["proj.bias"]} if "proj.bias" in p else {})}
+        return te_mha_rope_reference(qkv, x, lengths, cfg["heads"], cfg["groups"], angles)
+
+    monkeypatch.setattr(models, "_attention", rotated)
+    module = generated_module("TeGptStack")
+    checkpoint = models.te_checkpoint(models.GPT, seed=5)
+    models.load(module, {k: v.cuda().bfloat16() for k, v in checkpoint.items()})
+    x, dy, _ = models.inputs("gpt", torch.Generator().manual_seed(6), "cuda", torch.bfloat16)
+    xg = x.requires_grad_()
+    y = module(xg, rotary_pos_emb=angles.cuda())
+    y.backward(dy)
+    p64 = {k: v.bfloat16().double().requires_grad_() for k, v in checkpoint.items()}
+    x64 = x.detach().cpu().double().requires_grad_()
+    want = models.te_stack_reference(p64, x64, models.GPT)
+    want.backward(dy.cpu().double())
+    test_te_attention.assert_close_fa2("y", y, want, False)
+    test_te_attention.assert_close_fa2("dx", xg.grad, x64.grad, False)
+    for name, p in module.named_parameters():
+        test_te_attention.assert_close_fa2(f"d{name}", p.grad, p64[name].grad, False)
+
+
+def generated_module(name):
+    """A module of the committed package (its kernels compiled) on CUDA in bf16, in eval (TE's
+    attention and hidden dropout off: the references have none)."""
+    import generated
+    return getattr(generated, name)(device="cuda", dtype=torch.bfloat16).eval()
