@@ -4315,6 +4315,310 @@ def qkv_prep_rope500000_fwd_h32_kv8_d128(x, cu_seqlens):
     return torch.cat([q, k, v], dim=1).to(x.dtype)
 
 
+_QKV_PREP_TABLE_BWD_H32_KV8_D128 = Kernel("qkv_prep_table_bwd_h32_kv8_d128", "ppppppiiiii")
+_QKV_PREP_TABLE_BWD_H32_KV8_D128_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_BWD_H32_KV8_D128_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 1}
+
+
+def qkv_prep_table_bwd_h32_kv8_d128(dq, dk, dv, cu_seqlens, table):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
+    per-call table) (32 + 2 x 8 heads of 128).
+
+    dq [rows, 32, 128], dk and dv [rows, 8, 128], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 6144] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 128], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_bwd_h32_kv8_d128_e4a6735c(
+            dq, dk, dv, cu_seqlens, table)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 6144, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 4096, 1024
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_BWD_H32_KV8_D128_ROWS[dq.dtype])
+            _QKV_PREP_TABLE_BWD_H32_KV8_D128.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_BWD_H32_KV8_D128_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_table_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, table)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_TABLE_BWD_H4_KV4_D64 = Kernel("qkv_prep_table_bwd_h4_kv4_d64", "ppppppiiiii")
+_QKV_PREP_TABLE_BWD_H4_KV4_D64_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_BWD_H4_KV4_D64_ROWS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 8}
+
+
+def qkv_prep_table_bwd_h4_kv4_d64(dq, dk, dv, cu_seqlens, table):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
+    per-call table) (4 + 2 x 4 heads of 64).
+
+    dq [rows, 4, 64], dk and dv [rows, 4, 64], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 768] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 64], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_bwd_h4_kv4_d64_d16cda41(
+            dq, dk, dv, cu_seqlens, table)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 768, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 256
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_BWD_H4_KV4_D64_ROWS[dq.dtype])
+            _QKV_PREP_TABLE_BWD_H4_KV4_D64.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_BWD_H4_KV4_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_table_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, table)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_TABLE_BWD_H8_KV1_D32 = Kernel("qkv_prep_table_bwd_h8_kv1_d32", "ppppppiiiii")
+_QKV_PREP_TABLE_BWD_H8_KV1_D32_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_BWD_H8_KV1_D32_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 19}
+
+
+def qkv_prep_table_bwd_h8_kv1_d32(dq, dk, dv, cu_seqlens, table):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
+    per-call table) (8 + 2 x 1 heads of 32).
+
+    dq [rows, 8, 32], dk and dv [rows, 1, 32], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 320] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 32], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_bwd_h8_kv1_d32_e61ba6b6(
+            dq, dk, dv, cu_seqlens, table)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 320, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 32
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_BWD_H8_KV1_D32_ROWS[dq.dtype])
+            _QKV_PREP_TABLE_BWD_H8_KV1_D32.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_BWD_H8_KV1_D32_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_table_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, table)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_TABLE_BWD_H8_KV2_D32 = Kernel("qkv_prep_table_bwd_h8_kv2_d32", "ppppppiiiii")
+_QKV_PREP_TABLE_BWD_H8_KV2_D32_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_BWD_H8_KV2_D32_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 16}
+
+
+def qkv_prep_table_bwd_h8_kv2_d32(dq, dk, dv, cu_seqlens, table):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
+    per-call table) (8 + 2 x 2 heads of 32).
+
+    dq [rows, 8, 32], dk and dv [rows, 2, 32], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 384] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 32], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_bwd_h8_kv2_d32_453b87bf(
+            dq, dk, dv, cu_seqlens, table)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 384, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 256, 64
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_BWD_H8_KV2_D32_ROWS[dq.dtype])
+            _QKV_PREP_TABLE_BWD_H8_KV2_D32.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_BWD_H8_KV2_D32_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_table_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, table)
+    return dx.to(dq.dtype)
+
+
+_QKV_PREP_TABLE_FWD_H32_KV8_D128 = Kernel("qkv_prep_table_fwd_h32_kv8_d128", "ppppppiiiii")
+_QKV_PREP_TABLE_FWD_H32_KV8_D128_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_FWD_H32_KV8_D128_ROWS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 1}
+
+
+def qkv_prep_table_fwd_h32_kv8_d128(x, cu_seqlens, table):
+    """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (32 + 2 x
+    8 heads of 128).
+
+    x [rows, 6144] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 48, 128] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 128], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_fwd_h32_kv8_d128_80f04ec5(x, cu_seqlens, table)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 48, 128, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 4096:], x[:, 5120:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_FWD_H32_KV8_D128_ROWS[x.dtype])
+            _QKV_PREP_TABLE_FWD_H32_KV8_D128.launch(
+                x.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_FWD_H32_KV8_D128_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs_table(ref.compute(x), cu_seqlens, 32, 8, table)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
+
+
+_QKV_PREP_TABLE_FWD_H4_KV4_D64 = Kernel("qkv_prep_table_fwd_h4_kv4_d64", "ppppppiiiii")
+_QKV_PREP_TABLE_FWD_H4_KV4_D64_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_FWD_H4_KV4_D64_ROWS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 8}
+
+
+def qkv_prep_table_fwd_h4_kv4_d64(x, cu_seqlens, table):
+    """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (4 + 2 x
+    4 heads of 64).
+
+    x [rows, 768] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 12, 64] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 64], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_fwd_h4_kv4_d64_3384bb44(x, cu_seqlens, table)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 12, 64, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 256:], x[:, 512:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_FWD_H4_KV4_D64_ROWS[x.dtype])
+            _QKV_PREP_TABLE_FWD_H4_KV4_D64.launch(
+                x.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_FWD_H4_KV4_D64_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs_table(ref.compute(x), cu_seqlens, 4, 4, table)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
+
+
+_QKV_PREP_TABLE_FWD_H8_KV1_D32 = Kernel("qkv_prep_table_fwd_h8_kv1_d32", "ppppppiiiii")
+_QKV_PREP_TABLE_FWD_H8_KV1_D32_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_FWD_H8_KV1_D32_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 19}
+
+
+def qkv_prep_table_fwd_h8_kv1_d32(x, cu_seqlens, table):
+    """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (8 + 2 x
+    1 heads of 32).
+
+    x [rows, 320] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 10, 32] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 32], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_fwd_h8_kv1_d32_75e07125(x, cu_seqlens, table)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 10, 32, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 256:], x[:, 288:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_FWD_H8_KV1_D32_ROWS[x.dtype])
+            _QKV_PREP_TABLE_FWD_H8_KV1_D32.launch(
+                x.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_FWD_H8_KV1_D32_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs_table(ref.compute(x), cu_seqlens, 8, 1, table)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
+
+
+_QKV_PREP_TABLE_FWD_H8_KV2_D32 = Kernel("qkv_prep_table_fwd_h8_kv2_d32", "ppppppiiiii")
+_QKV_PREP_TABLE_FWD_H8_KV2_D32_THREADS = {
+    torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_FWD_H8_KV2_D32_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 16}
+
+
+def qkv_prep_table_fwd_h8_kv2_d32(x, cu_seqlens, table):
+    """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (8 + 2 x
+    2 heads of 32).
+
+    x [rows, 384] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 12, 32] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 32], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_fwd_h8_kv2_d32_2815a373(x, cu_seqlens, table)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 12, 32, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 256:], x[:, 320:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_FWD_H8_KV2_D32_ROWS[x.dtype])
+            _QKV_PREP_TABLE_FWD_H8_KV2_D32.launch(
+                x.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_FWD_H8_KV2_D32_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs_table(ref.compute(x), cu_seqlens, 8, 2, table)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
+
+
 _REGLU_FWD_N512 = Kernel("reglu_fwd_n512", "ppi")
 _REGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -6257,6 +6561,38 @@ register_op(
 register_op(
     "qkv_prep_rope500000_fwd_h32_kv8_d128_ebe85640", "(Tensor x, Tensor cu_seqlens) -> Tensor",
     qkv_prep_rope500000_fwd_h32_kv8_d128, qkv_prep_rope500000_fwd_h32_kv8_d128)
+register_op(
+    "qkv_prep_table_bwd_h32_kv8_d128_e4a6735c",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens, Tensor table) -> Tensor",
+    qkv_prep_table_bwd_h32_kv8_d128, qkv_prep_table_bwd_h32_kv8_d128)
+register_op(
+    "qkv_prep_table_bwd_h4_kv4_d64_d16cda41",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens, Tensor table) -> Tensor",
+    qkv_prep_table_bwd_h4_kv4_d64, qkv_prep_table_bwd_h4_kv4_d64)
+register_op(
+    "qkv_prep_table_bwd_h8_kv1_d32_e61ba6b6",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens, Tensor table) -> Tensor",
+    qkv_prep_table_bwd_h8_kv1_d32, qkv_prep_table_bwd_h8_kv1_d32)
+register_op(
+    "qkv_prep_table_bwd_h8_kv2_d32_453b87bf",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens, Tensor table) -> Tensor",
+    qkv_prep_table_bwd_h8_kv2_d32, qkv_prep_table_bwd_h8_kv2_d32)
+register_op(
+    "qkv_prep_table_fwd_h32_kv8_d128_80f04ec5",
+    "(Tensor x, Tensor cu_seqlens, Tensor table) -> Tensor", qkv_prep_table_fwd_h32_kv8_d128,
+    qkv_prep_table_fwd_h32_kv8_d128)
+register_op(
+    "qkv_prep_table_fwd_h4_kv4_d64_3384bb44",
+    "(Tensor x, Tensor cu_seqlens, Tensor table) -> Tensor", qkv_prep_table_fwd_h4_kv4_d64,
+    qkv_prep_table_fwd_h4_kv4_d64)
+register_op(
+    "qkv_prep_table_fwd_h8_kv1_d32_75e07125",
+    "(Tensor x, Tensor cu_seqlens, Tensor table) -> Tensor", qkv_prep_table_fwd_h8_kv1_d32,
+    qkv_prep_table_fwd_h8_kv1_d32)
+register_op(
+    "qkv_prep_table_fwd_h8_kv2_d32_2815a373",
+    "(Tensor x, Tensor cu_seqlens, Tensor table) -> Tensor", qkv_prep_table_fwd_h8_kv2_d32,
+    qkv_prep_table_fwd_h8_kv2_d32)
 register_op("reglu_fwd_n512_68515910", "(Tensor x) -> Tensor", reglu_fwd_n512, reglu_fwd_n512)
 register_op(
     "relu_bwd_n768_8879dfa7", "(Tensor dy, Tensor x) -> Tensor", relu_bwd_n768, relu_bwd_n768)

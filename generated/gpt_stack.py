@@ -82,7 +82,7 @@ def forward_stages(
         layernorm3_0_bias, linear3_1_weight, linear3_1_bias, linear3_3_weight, linear3_3_bias,
         layernorm4_weight, layernorm4_bias, linear5_0_weight, linear5_0_bias, linear5_2_weight,
         linear5_2_bias, layernorm6_weight, layernorm6_bias, linear7_0_weight, linear7_0_bias,
-        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen):
+        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `gpt_stack` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -95,10 +95,12 @@ def forward_stages(
     linear0_1_out = torch.addmm(linear0_1_bias, layernorm0_0_out, linear0_1_weight.t())
     # forward stage 3 · rule attention · op 0.2: MultiHeadedSelfAttention(256, 4, dropout=0.1,
     # qkv_format='sbhd')
+    multiheadedselfattention0_2_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        linear0_1_out, cu_seqlens,
+        rotary_table) if rotary_table.shape[0] else linear0_1_out.unflatten(1, (12, 64))
     (
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v
-    ) = linear0_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention0_2_v) = multiheadedselfattention0_2_qkv.split([4, 4, 4], dim=1)
     (
         multiheadedselfattention0_2_out, multiheadedselfattention0_2_lse,
         multiheadedselfattention0_2_rng
@@ -135,10 +137,12 @@ def forward_stages(
     linear2_1_out = torch.addmm(linear2_1_bias, layernorm2_0_out, linear2_1_weight.t())
     # forward stage 11 · rule attention · op 2.2: MultiHeadedSelfAttention(256, 4, dropout=0.1,
     # qkv_format='sbhd')
+    multiheadedselfattention2_2_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        linear2_1_out, cu_seqlens,
+        rotary_table) if rotary_table.shape[0] else linear2_1_out.unflatten(1, (12, 64))
     (
         multiheadedselfattention2_2_q, multiheadedselfattention2_2_k,
-        multiheadedselfattention2_2_v
-    ) = linear2_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention2_2_v) = multiheadedselfattention2_2_qkv.split([4, 4, 4], dim=1)
     (
         multiheadedselfattention2_2_out, multiheadedselfattention2_2_lse,
         multiheadedselfattention2_2_rng
@@ -178,10 +182,12 @@ def forward_stages(
     linear5_0_out = torch.addmm(linear5_0_bias, layernorm4_out, linear5_0_weight.t())
     # forward stage 20 · rule attention · op 5.1: MultiHeadedSelfAttention(256, 4, dropout=0.1,
     # qkv_format='sbhd')
+    multiheadedselfattention5_1_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        linear5_0_out, cu_seqlens,
+        rotary_table) if rotary_table.shape[0] else linear5_0_out.unflatten(1, (12, 64))
     (
         multiheadedselfattention5_1_q, multiheadedselfattention5_1_k,
-        multiheadedselfattention5_1_v
-    ) = linear5_0_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention5_1_v) = multiheadedselfattention5_1_qkv.split([4, 4, 4], dim=1)
     (
         multiheadedselfattention5_1_out, multiheadedselfattention5_1_lse,
         multiheadedselfattention5_1_rng
@@ -211,16 +217,17 @@ def forward_stages(
     dropout7_3_seed = ref.new_seed(linear7_2_out) if training else None
     residual7_out = kernels.dropout0p1_add_fwd_n256(linear7_2_out, dropout7_3_seed, residual7)
     return residual7_out, (
-        x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, linear2_1_out,
-        multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
-        residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        cu_seqlens, max_seqlen, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
-        multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
+        x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1, layernorm1_0_out,
+        linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, multiheadedselfattention2_2_out,
+        residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out, residual3_out, layernorm4_out,
+        multiheadedselfattention5_1_out, residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_qkv,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen,
+        rotary_table, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed,
+        layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_qkv,
+        multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng, dropout2_4_seed,
+        layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean, layernorm4_rstd,
+        multiheadedselfattention5_1_qkv, multiheadedselfattention5_1_lse,
         multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
         dropout7_3_seed, layernorm0_0_weight, linear0_1_weight, linear0_3_weight,
         layernorm1_0_weight, linear1_1_weight, linear1_3_weight, layernorm2_0_weight,
@@ -230,22 +237,23 @@ def forward_stages(
 
 
 def backward_stages(
-        d_residual7_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        residual1, layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
-        linear2_1_out, multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out,
-        qgelu3_2_out, residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        cu_seqlens, max_seqlen, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
+        d_residual7_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1,
+        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
+        multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
+        residual3_out, layernorm4_out, multiheadedselfattention5_1_out, residual5_out,
+        layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd,
+        multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, rotary_table, dropout0_4_seed,
+        layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd,
+        multiheadedselfattention2_2_qkv, multiheadedselfattention2_2_lse,
         multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
-        multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
-        dropout7_3_seed, layernorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        layernorm1_0_weight, linear1_1_weight, linear1_3_weight, layernorm2_0_weight,
-        linear2_1_weight, linear2_3_weight, layernorm3_0_weight, linear3_1_weight, linear3_3_weight,
-        layernorm4_weight, linear5_0_weight, linear5_2_weight, layernorm6_weight, linear7_0_weight,
-        linear7_2_weight):
+        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_qkv,
+        multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng, dropout5_3_seed,
+        layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, layernorm1_0_weight, linear1_1_weight, linear1_3_weight,
+        layernorm2_0_weight, linear2_1_weight, linear2_3_weight, layernorm3_0_weight,
+        linear3_1_weight, linear3_3_weight, layernorm4_weight, linear5_0_weight, linear5_2_weight,
+        layernorm6_weight, linear7_0_weight, linear7_2_weight):
     """The backward of `gpt_stack` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -276,8 +284,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='sbhd')
     (
         multiheadedselfattention5_1_q, multiheadedselfattention5_1_k,
-        multiheadedselfattention5_1_v
-    ) = linear5_0_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention5_1_v) = multiheadedselfattention5_1_qkv.split([4, 4, 4], dim=1)
     (
         d_multiheadedselfattention5_1_q, d_multiheadedselfattention5_1_k,
         d_multiheadedselfattention5_1_v
@@ -286,7 +293,11 @@ def backward_stages(
         multiheadedselfattention5_1_q, multiheadedselfattention5_1_k, multiheadedselfattention5_1_v,
         multiheadedselfattention5_1_lse, cu_seqlens, max_seqlen, True,
         multiheadedselfattention5_1_rng, 0.1)
-    d_linear5_0_out = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_linear5_0_out = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_multiheadedselfattention5_1_q, d_multiheadedselfattention5_1_k,
+        d_multiheadedselfattention5_1_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_multiheadedselfattention5_1_q, d_multiheadedselfattention5_1_k,
         d_multiheadedselfattention5_1_v, cu_seqlens)
     # backward stage 24 · rule elementwise_backward · op 5.0b: Bias(768)
@@ -326,8 +337,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='sbhd')
     (
         multiheadedselfattention2_2_q, multiheadedselfattention2_2_k,
-        multiheadedselfattention2_2_v
-    ) = linear2_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention2_2_v) = multiheadedselfattention2_2_qkv.split([4, 4, 4], dim=1)
     (
         d_multiheadedselfattention2_2_q, d_multiheadedselfattention2_2_k,
         d_multiheadedselfattention2_2_v
@@ -336,7 +346,11 @@ def backward_stages(
         multiheadedselfattention2_2_q, multiheadedselfattention2_2_k, multiheadedselfattention2_2_v,
         multiheadedselfattention2_2_lse, cu_seqlens, max_seqlen, True,
         multiheadedselfattention2_2_rng, 0.1)
-    d_linear2_1_out = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_linear2_1_out = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_multiheadedselfattention2_2_q, d_multiheadedselfattention2_2_k,
+        d_multiheadedselfattention2_2_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_multiheadedselfattention2_2_q, d_multiheadedselfattention2_2_k,
         d_multiheadedselfattention2_2_v, cu_seqlens)
     # backward stage 13 · rule elementwise_backward · op 2.1b: Bias(768)
@@ -380,8 +394,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='sbhd')
     (
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v
-    ) = linear0_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention0_2_v) = multiheadedselfattention0_2_qkv.split([4, 4, 4], dim=1)
     (
         d_multiheadedselfattention0_2_q, d_multiheadedselfattention0_2_k,
         d_multiheadedselfattention0_2_v
@@ -390,7 +403,11 @@ def backward_stages(
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
         multiheadedselfattention0_2_lse, cu_seqlens, max_seqlen, True,
         multiheadedselfattention0_2_rng, 0.1)
-    d_linear0_1_out = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_linear0_1_out = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_multiheadedselfattention0_2_q, d_multiheadedselfattention0_2_k,
+        d_multiheadedselfattention0_2_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_multiheadedselfattention0_2_q, d_multiheadedselfattention0_2_k,
         d_multiheadedselfattention0_2_v, cu_seqlens)
     # backward stage 2 · rule elementwise_backward · op 0.1b: Bias(768)
@@ -423,7 +440,7 @@ class GptStackFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(29,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(27,))
 
     @staticmethod
     @first_order_only("GptStack")  # a double backward raises instead of being wrong
@@ -444,18 +461,19 @@ class GptStackFunction(torch.autograd.Function):
             d_linear1_3_pre_bias, d_linear1_1_pre_bias, d_linear0_3_pre_bias,
             d_linear0_1_out) = operands
         (
-            x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-            layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
-            linear2_1_out, multiheadedselfattention2_2_out, residual3, layernorm3_0_out,
-            linear3_1_out, qgelu3_2_out, residual3_out, layernorm4_out, linear5_0_out,
-            multiheadedselfattention5_1_out, residual5_out, layernorm6_out, linear7_0_out,
-            gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse,
-            multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, dropout0_4_seed,
+            x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1, layernorm1_0_out,
+            linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
+            multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out,
+            qgelu3_2_out, residual3_out, layernorm4_out, multiheadedselfattention5_1_out,
+            residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
+            layernorm0_0_rstd, multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+            multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, rotary_table, dropout0_4_seed,
             layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean,
-            layernorm2_0_rstd, multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng,
-            dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean,
-            layernorm4_rstd, multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng,
-            dropout5_3_seed, layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight,
+            layernorm2_0_rstd, multiheadedselfattention2_2_qkv, multiheadedselfattention2_2_lse,
+            multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
+            dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_qkv,
+            multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng, dropout5_3_seed,
+            layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight,
             linear0_1_weight, linear0_3_weight, layernorm1_0_weight, linear1_1_weight,
             linear1_3_weight, layernorm2_0_weight, linear2_1_weight, linear2_3_weight,
             layernorm3_0_weight, linear3_1_weight, linear3_3_weight, layernorm4_weight,
@@ -510,7 +528,7 @@ class GptStackFunction(torch.autograd.Function):
             d_linear3_3_bias, d_layernorm4_weight, d_layernorm4_bias, d_linear5_0_weight,
             d_linear5_0_bias, d_linear5_2_weight, d_linear5_2_bias, d_layernorm6_weight,
             d_layernorm6_bias, d_linear7_0_weight, d_linear7_0_bias, d_linear7_2_weight,
-            d_linear7_2_bias, None, None, None)
+            d_linear7_2_bias, None, None, None, None)
 
 
 def no_grad_forward(
@@ -521,13 +539,13 @@ def no_grad_forward(
         layernorm3_0_bias, linear3_1_weight, linear3_1_bias, linear3_3_weight, linear3_3_bias,
         layernorm4_weight, layernorm4_bias, linear5_0_weight, linear5_0_bias, linear5_2_weight,
         linear5_2_bias, layernorm6_weight, layernorm6_bias, linear7_0_weight, linear7_0_bias,
-        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen):
+        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `gpt_stack` when autograd is off (torch.no_grad, torch.inference_mode):
     nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
     "Without grad")."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.gpt_stack_no_grad_a886b5b2(
+        return torch.ops.fusegen.gpt_stack_no_grad_220f648f(
             x, layernorm0_0_weight, layernorm0_0_bias, linear0_1_weight, linear0_1_bias,
             linear0_3_weight, linear0_3_bias, layernorm1_0_weight, layernorm1_0_bias,
             linear1_1_weight, linear1_1_bias, linear1_3_weight, linear1_3_bias, layernorm2_0_weight,
@@ -536,7 +554,7 @@ def no_grad_forward(
             linear3_3_weight, linear3_3_bias, layernorm4_weight, layernorm4_bias, linear5_0_weight,
             linear5_0_bias, linear5_2_weight, linear5_2_bias, layernorm6_weight, layernorm6_bias,
             linear7_0_weight, linear7_0_bias, linear7_2_weight, linear7_2_bias, training,
-            cu_seqlens, max_seqlen)
+            cu_seqlens, max_seqlen, rotary_table)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # no-grad stage 1 · rule norm · op 0.0: LayerNorm(256)
@@ -545,10 +563,12 @@ def no_grad_forward(
     linear0_1_out = torch.addmm(linear0_1_bias, layernorm0_0_out, linear0_1_weight.t())
     # no-grad stage 3 · rule attention · op 0.2: MultiHeadedSelfAttention(256, 4, dropout=0.1,
     # qkv_format='sbhd')
+    multiheadedselfattention0_2_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        linear0_1_out, cu_seqlens,
+        rotary_table) if rotary_table.shape[0] else linear0_1_out.unflatten(1, (12, 64))
     (
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k,
-        multiheadedselfattention0_2_v
-    ) = linear0_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention0_2_v) = multiheadedselfattention0_2_qkv.split([4, 4, 4], dim=1)
     multiheadedselfattention0_2_out = ref.flash_attention_forward(
         multiheadedselfattention0_2_q, multiheadedselfattention0_2_k, multiheadedselfattention0_2_v,
         cu_seqlens, max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -575,10 +595,12 @@ def no_grad_forward(
     linear2_1_out = torch.addmm(linear2_1_bias, layernorm2_0_out, linear2_1_weight.t())
     # no-grad stage 10 · rule attention · op 2.2: MultiHeadedSelfAttention(256, 4, dropout=0.1,
     # qkv_format='sbhd')
+    multiheadedselfattention2_2_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        linear2_1_out, cu_seqlens,
+        rotary_table) if rotary_table.shape[0] else linear2_1_out.unflatten(1, (12, 64))
     (
         multiheadedselfattention2_2_q, multiheadedselfattention2_2_k,
-        multiheadedselfattention2_2_v
-    ) = linear2_1_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention2_2_v) = multiheadedselfattention2_2_qkv.split([4, 4, 4], dim=1)
     multiheadedselfattention2_2_out = ref.flash_attention_forward(
         multiheadedselfattention2_2_q, multiheadedselfattention2_2_k, multiheadedselfattention2_2_v,
         cu_seqlens, max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -609,10 +631,12 @@ def no_grad_forward(
     linear5_0_out = torch.addmm(linear5_0_bias, layernorm4_out, linear5_0_weight.t())
     # no-grad stage 19 · rule attention · op 5.1: MultiHeadedSelfAttention(256, 4, dropout=0.1,
     # qkv_format='sbhd')
+    multiheadedselfattention5_1_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        linear5_0_out, cu_seqlens,
+        rotary_table) if rotary_table.shape[0] else linear5_0_out.unflatten(1, (12, 64))
     (
         multiheadedselfattention5_1_q, multiheadedselfattention5_1_k,
-        multiheadedselfattention5_1_v
-    ) = linear5_0_out.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        multiheadedselfattention5_1_v) = multiheadedselfattention5_1_qkv.split([4, 4, 4], dim=1)
     multiheadedselfattention5_1_out = ref.flash_attention_forward(
         multiheadedselfattention5_1_q, multiheadedselfattention5_1_k, multiheadedselfattention5_1_v,
         cu_seqlens, max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -641,10 +665,10 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "GptStack", inputs=1, per_call=(38,), dtypes=(torch.bfloat16, torch.float16),
+    "GptStack", inputs=1, per_call=(38, 40), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "gpt_stack_no_grad_a886b5b2",
+    "gpt_stack_no_grad_220f648f",
     "(Tensor x, Tensor layernorm0_0_weight, Tensor layernorm0_0_bias, Tensor linear0_1_weight, "
     "Tensor linear0_1_bias, Tensor linear0_3_weight, Tensor linear0_3_bias, Tensor "
     "layernorm1_0_weight, Tensor layernorm1_0_bias, Tensor linear1_1_weight, Tensor "
@@ -656,7 +680,7 @@ register_no_grad_op(
     "linear5_0_weight, Tensor linear5_0_bias, Tensor linear5_2_weight, Tensor linear5_2_bias, "
     "Tensor layernorm6_weight, Tensor layernorm6_bias, Tensor linear7_0_weight, Tensor "
     "linear7_0_bias, Tensor linear7_2_weight, Tensor linear7_2_bias, bool training, Tensor "
-    "cu_seqlens, int max_seqlen) -> Tensor",
+    "cu_seqlens, int max_seqlen, Tensor rotary_table) -> Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -673,21 +697,22 @@ def forward_pass(
         layernorm3_0_bias, linear3_1_weight, linear3_1_bias, linear3_3_weight, linear3_3_bias,
         layernorm4_weight, layernorm4_bias, linear5_0_weight, linear5_0_bias, linear5_2_weight,
         linear5_2_bias, layernorm6_weight, layernorm6_bias, linear7_0_weight, linear7_0_bias,
-        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen):
+        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     residual7_out, (
-        x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, linear2_1_out,
-        multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
-        residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        cu_seqlens, max_seqlen, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
-        multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
+        x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1, layernorm1_0_out,
+        linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, multiheadedselfattention2_2_out,
+        residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out, residual3_out, layernorm4_out,
+        multiheadedselfattention5_1_out, residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_qkv,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen,
+        rotary_table, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed,
+        layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_qkv,
+        multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng, dropout2_4_seed,
+        layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean, layernorm4_rstd,
+        multiheadedselfattention5_1_qkv, multiheadedselfattention5_1_lse,
         multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
         dropout7_3_seed, layernorm0_0_weight, linear0_1_weight, linear0_3_weight,
         layernorm1_0_weight, linear1_1_weight, linear1_3_weight, layernorm2_0_weight,
@@ -702,57 +727,61 @@ def forward_pass(
         layernorm3_0_bias, linear3_1_weight, linear3_1_bias, linear3_3_weight, linear3_3_bias,
         layernorm4_weight, layernorm4_bias, linear5_0_weight, linear5_0_bias, linear5_2_weight,
         linear5_2_bias, layernorm6_weight, layernorm6_bias, linear7_0_weight, linear7_0_bias,
-        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen)
+        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen, rotary_table)
     return (
-        residual7_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, linear2_1_out,
+        residual7_out, layernorm0_0_out, multiheadedselfattention0_2_out, residual1,
+        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
         multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
-        residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean,
-        layernorm2_0_rstd, multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng,
-        dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean,
-        layernorm4_rstd, multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng,
-        dropout5_3_seed, layernorm6_mean, layernorm6_rstd, dropout7_3_seed)
+        residual3_out, layernorm4_out, multiheadedselfattention5_1_out, residual5_out,
+        layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd,
+        multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
+        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_qkv,
+        multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng, dropout2_4_seed,
+        layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean, layernorm4_rstd,
+        multiheadedselfattention5_1_qkv, multiheadedselfattention5_1_lse,
+        multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
+        dropout7_3_seed)
 
 
 def backward_pass(
-        d_residual7_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        residual1, layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
-        linear2_1_out, multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out,
-        qgelu3_2_out, residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        cu_seqlens, max_seqlen, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
+        d_residual7_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1,
+        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
+        multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
+        residual3_out, layernorm4_out, multiheadedselfattention5_1_out, residual5_out,
+        layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd,
+        multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, rotary_table, dropout0_4_seed,
+        layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd,
+        multiheadedselfattention2_2_qkv, multiheadedselfattention2_2_lse,
         multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
-        multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
-        dropout7_3_seed, layernorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        layernorm1_0_weight, linear1_1_weight, linear1_3_weight, layernorm2_0_weight,
-        linear2_1_weight, linear2_3_weight, layernorm3_0_weight, linear3_1_weight, linear3_3_weight,
-        layernorm4_weight, linear5_0_weight, linear5_2_weight, layernorm6_weight, linear7_0_weight,
-        linear7_2_weight):
+        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_qkv,
+        multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng, dropout5_3_seed,
+        layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, layernorm1_0_weight, linear1_1_weight, linear1_3_weight,
+        layernorm2_0_weight, linear2_1_weight, linear2_3_weight, layernorm3_0_weight,
+        linear3_1_weight, linear3_3_weight, layernorm4_weight, linear5_0_weight, linear5_2_weight,
+        layernorm6_weight, linear7_0_weight, linear7_2_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
-        d_residual7_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        residual1, layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
-        linear2_1_out, multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out,
-        qgelu3_2_out, residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        cu_seqlens, max_seqlen, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
+        d_residual7_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1,
+        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
+        multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
+        residual3_out, layernorm4_out, multiheadedselfattention5_1_out, residual5_out,
+        layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd,
+        multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, rotary_table, dropout0_4_seed,
+        layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd,
+        multiheadedselfattention2_2_qkv, multiheadedselfattention2_2_lse,
         multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
-        multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
-        dropout7_3_seed, layernorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        layernorm1_0_weight, linear1_1_weight, linear1_3_weight, layernorm2_0_weight,
-        linear2_1_weight, linear2_3_weight, layernorm3_0_weight, linear3_1_weight, linear3_3_weight,
-        layernorm4_weight, linear5_0_weight, linear5_2_weight, layernorm6_weight, linear7_0_weight,
-        linear7_2_weight)
+        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_qkv,
+        multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng, dropout5_3_seed,
+        layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, layernorm1_0_weight, linear1_1_weight, linear1_3_weight,
+        layernorm2_0_weight, linear2_1_weight, linear2_3_weight, layernorm3_0_weight,
+        linear3_1_weight, linear3_3_weight, layernorm4_weight, linear5_0_weight, linear5_2_weight,
+        layernorm6_weight, linear7_0_weight, linear7_2_weight)
     return (*stage_grads, *operands)
 
 
@@ -766,53 +795,57 @@ def setup_compiled_backward(ctx, inputs, output):
         layernorm3_0_bias, linear3_1_weight, linear3_1_bias, linear3_3_weight, linear3_3_bias,
         layernorm4_weight, layernorm4_bias, linear5_0_weight, linear5_0_bias, linear5_2_weight,
         linear5_2_bias, layernorm6_weight, layernorm6_bias, linear7_0_weight, linear7_0_bias,
-        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen) = inputs
+        linear7_2_weight, linear7_2_bias, training, cu_seqlens, max_seqlen, rotary_table) = inputs
     (
-        residual7_out, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, linear2_1_out,
+        residual7_out, layernorm0_0_out, multiheadedselfattention0_2_out, residual1,
+        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
         multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
-        residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean,
-        layernorm2_0_rstd, multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng,
-        dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean,
-        layernorm4_rstd, multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng,
-        dropout5_3_seed, layernorm6_mean, layernorm6_rstd, dropout7_3_seed) = output
+        residual3_out, layernorm4_out, multiheadedselfattention5_1_out, residual5_out,
+        layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd,
+        multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
+        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_qkv,
+        multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng, dropout2_4_seed,
+        layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean, layernorm4_rstd,
+        multiheadedselfattention5_1_qkv, multiheadedselfattention5_1_lse,
+        multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
+        dropout7_3_seed) = output
     keep_for_backward(
         ctx,
         (
-            x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-            layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
-            linear2_1_out, multiheadedselfattention2_2_out, residual3, layernorm3_0_out,
-            linear3_1_out, qgelu3_2_out, residual3_out, layernorm4_out, linear5_0_out,
-            multiheadedselfattention5_1_out, residual5_out, layernorm6_out, linear7_0_out,
-            gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse,
-            multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, dropout0_4_seed,
+            x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1, layernorm1_0_out,
+            linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
+            multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out,
+            qgelu3_2_out, residual3_out, layernorm4_out, multiheadedselfattention5_1_out,
+            residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
+            layernorm0_0_rstd, multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+            multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, rotary_table, dropout0_4_seed,
             layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean,
-            layernorm2_0_rstd, multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng,
-            dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean,
-            layernorm4_rstd, multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng,
-            dropout5_3_seed, layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight,
+            layernorm2_0_rstd, multiheadedselfattention2_2_qkv, multiheadedselfattention2_2_lse,
+            multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
+            dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_qkv,
+            multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng, dropout5_3_seed,
+            layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight,
             linear0_1_weight, linear0_3_weight, layernorm1_0_weight, linear1_1_weight,
             linear1_3_weight, layernorm2_0_weight, linear2_1_weight, linear2_3_weight,
             layernorm3_0_weight, linear3_1_weight, linear3_3_weight, layernorm4_weight,
             linear5_0_weight, linear5_2_weight, layernorm6_weight, linear7_0_weight,
             linear7_2_weight),
         (
-            layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-            layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
-            linear2_1_out, multiheadedselfattention2_2_out, residual3, layernorm3_0_out,
-            linear3_1_out, qgelu3_2_out, residual3_out, layernorm4_out, linear5_0_out,
-            multiheadedselfattention5_1_out, residual5_out, layernorm6_out, linear7_0_out,
-            gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_lse,
+            layernorm0_0_out, multiheadedselfattention0_2_out, residual1, layernorm1_0_out,
+            linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
+            multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out,
+            qgelu3_2_out, residual3_out, layernorm4_out, multiheadedselfattention5_1_out,
+            residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
+            layernorm0_0_rstd, multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
             multiheadedselfattention0_2_rng, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-            dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
-            multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-            dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
+            dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_qkv,
+            multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng, dropout2_4_seed,
+            layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean, layernorm4_rstd,
+            multiheadedselfattention5_1_qkv, multiheadedselfattention5_1_lse,
             multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
             dropout7_3_seed),
-        host=(29,))
+        host=(27,))
 
 
 def compiled_backward(ctx, d_residual7_out, *_):  # (_: the made tensors have no grads)
@@ -820,16 +853,17 @@ def compiled_backward(ctx, d_residual7_out, *_):  # (_: the made tensors have no
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out, residual1,
-        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, linear2_1_out,
-        multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
-        residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        cu_seqlens, max_seqlen, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
-        multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
+        x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1, layernorm1_0_out,
+        linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out, multiheadedselfattention2_2_out,
+        residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out, residual3_out, layernorm4_out,
+        multiheadedselfattention5_1_out, residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out,
+        layernorm0_0_mean, layernorm0_0_rstd, multiheadedselfattention0_2_qkv,
+        multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen,
+        rotary_table, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed,
+        layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_qkv,
+        multiheadedselfattention2_2_lse, multiheadedselfattention2_2_rng, dropout2_4_seed,
+        layernorm3_0_mean, layernorm3_0_rstd, dropout3_4_seed, layernorm4_mean, layernorm4_rstd,
+        multiheadedselfattention5_1_qkv, multiheadedselfattention5_1_lse,
         multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
         dropout7_3_seed, layernorm0_0_weight, linear0_1_weight, linear0_3_weight,
         layernorm1_0_weight, linear1_1_weight, linear1_3_weight, layernorm2_0_weight,
@@ -847,23 +881,24 @@ def compiled_backward(ctx, d_residual7_out, *_):  # (_: the made tensors have no
         d_linear3_3_pre_bias, d_linear3_1_pre_bias, d_linear2_3_pre_bias, d_linear2_1_out,
         d_linear1_3_pre_bias, d_linear1_1_pre_bias, d_linear0_3_pre_bias,
         d_linear0_1_out
-    ) = torch.ops.fusegen.gpt_stack_backward_222eddd4(
-        d_residual7_out, x, layernorm0_0_out, linear0_1_out, multiheadedselfattention0_2_out,
-        residual1, layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
-        linear2_1_out, multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out,
-        qgelu3_2_out, residual3_out, layernorm4_out, linear5_0_out, multiheadedselfattention5_1_out,
-        residual5_out, layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean,
-        layernorm0_0_rstd, multiheadedselfattention0_2_lse, multiheadedselfattention0_2_rng,
-        cu_seqlens, max_seqlen, dropout0_4_seed, layernorm1_0_mean, layernorm1_0_rstd,
-        dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd, multiheadedselfattention2_2_lse,
+    ) = torch.ops.fusegen.gpt_stack_backward_5693a84c(
+        d_residual7_out, x, layernorm0_0_out, multiheadedselfattention0_2_out, residual1,
+        layernorm1_0_out, linear1_1_out, gelu1_2_out, residual2, layernorm2_0_out,
+        multiheadedselfattention2_2_out, residual3, layernorm3_0_out, linear3_1_out, qgelu3_2_out,
+        residual3_out, layernorm4_out, multiheadedselfattention5_1_out, residual5_out,
+        layernorm6_out, linear7_0_out, gelu7_1_out, layernorm0_0_mean, layernorm0_0_rstd,
+        multiheadedselfattention0_2_qkv, multiheadedselfattention0_2_lse,
+        multiheadedselfattention0_2_rng, cu_seqlens, max_seqlen, rotary_table, dropout0_4_seed,
+        layernorm1_0_mean, layernorm1_0_rstd, dropout1_4_seed, layernorm2_0_mean, layernorm2_0_rstd,
+        multiheadedselfattention2_2_qkv, multiheadedselfattention2_2_lse,
         multiheadedselfattention2_2_rng, dropout2_4_seed, layernorm3_0_mean, layernorm3_0_rstd,
-        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_lse,
-        multiheadedselfattention5_1_rng, dropout5_3_seed, layernorm6_mean, layernorm6_rstd,
-        dropout7_3_seed, layernorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        layernorm1_0_weight, linear1_1_weight, linear1_3_weight, layernorm2_0_weight,
-        linear2_1_weight, linear2_3_weight, layernorm3_0_weight, linear3_1_weight, linear3_3_weight,
-        layernorm4_weight, linear5_0_weight, linear5_2_weight, layernorm6_weight, linear7_0_weight,
-        linear7_2_weight)
+        dropout3_4_seed, layernorm4_mean, layernorm4_rstd, multiheadedselfattention5_1_qkv,
+        multiheadedselfattention5_1_lse, multiheadedselfattention5_1_rng, dropout5_3_seed,
+        layernorm6_mean, layernorm6_rstd, dropout7_3_seed, layernorm0_0_weight, linear0_1_weight,
+        linear0_3_weight, layernorm1_0_weight, linear1_1_weight, linear1_3_weight,
+        layernorm2_0_weight, linear2_1_weight, linear2_3_weight, layernorm3_0_weight,
+        linear3_1_weight, linear3_3_weight, layernorm4_weight, linear5_0_weight, linear5_2_weight,
+        layernorm6_weight, linear7_0_weight, linear7_2_weight)
     d_linear7_2_weight = None if not ctx.needs_input_grad[35] else ref.weight_grad(
         ctx, linear7_2_weight, d_linear7_2_pre_bias, gelu7_1_out)
     d_linear7_0_weight = None if not ctx.needs_input_grad[33] else ref.weight_grad(
@@ -898,13 +933,13 @@ def compiled_backward(ctx, d_residual7_out, *_):  # (_: the made tensors have no
         d_layernorm4_weight, d_layernorm4_bias, d_linear5_0_weight, d_linear5_0_bias,
         d_linear5_2_weight, d_linear5_2_bias, d_layernorm6_weight, d_layernorm6_bias,
         d_linear7_0_weight, d_linear7_0_bias, d_linear7_2_weight, d_linear7_2_bias, None, None,
-        None)
+        None, None)
 
 
 COMPILED_PASSES = PassGraphs("GptStack", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "gpt_stack_forward_222eddd4",
+        "gpt_stack_forward_5693a84c",
         "(Tensor x, Tensor layernorm0_0_weight, Tensor layernorm0_0_bias, Tensor linear0_1_weight, "
         "Tensor linear0_1_bias, Tensor linear0_3_weight, Tensor linear0_3_bias, Tensor "
         "layernorm1_0_weight, Tensor layernorm1_0_bias, Tensor linear1_1_weight, Tensor "
@@ -916,30 +951,31 @@ register_training_ops(
         "Tensor layernorm4_bias, Tensor linear5_0_weight, Tensor linear5_0_bias, Tensor "
         "linear5_2_weight, Tensor linear5_2_bias, Tensor layernorm6_weight, Tensor "
         "layernorm6_bias, Tensor linear7_0_weight, Tensor linear7_0_bias, Tensor linear7_2_weight, "
-        "Tensor linear7_2_bias, bool training, Tensor cu_seqlens, int max_seqlen) -> (Tensor, "
+        "Tensor linear7_2_bias, bool training, Tensor cu_seqlens, int max_seqlen, Tensor "
+        "rotary_table) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 38)),
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 38, 40)),
     (
-        "gpt_stack_backward_222eddd4",
-        "(Tensor d_residual7_out, Tensor? x, Tensor? layernorm0_0_out, Tensor? linear0_1_out, "
-        "Tensor? multiheadedselfattention0_2_out, Tensor? residual1, Tensor? layernorm1_0_out, "
-        "Tensor? linear1_1_out, Tensor? gelu1_2_out, Tensor? residual2, Tensor? layernorm2_0_out, "
-        "Tensor? linear2_1_out, Tensor? multiheadedselfattention2_2_out, Tensor? residual3, "
-        "Tensor? layernorm3_0_out, Tensor? linear3_1_out, Tensor? qgelu3_2_out, Tensor? "
-        "residual3_out, Tensor? layernorm4_out, Tensor? linear5_0_out, Tensor? "
-        "multiheadedselfattention5_1_out, Tensor? residual5_out, Tensor? layernorm6_out, Tensor? "
-        "linear7_0_out, Tensor? gelu7_1_out, Tensor? layernorm0_0_mean, Tensor? layernorm0_0_rstd, "
-        "Tensor? multiheadedselfattention0_2_lse, Tensor? multiheadedselfattention0_2_rng, Tensor? "
-        "cu_seqlens, int max_seqlen, Tensor? dropout0_4_seed, Tensor? layernorm1_0_mean, Tensor? "
-        "layernorm1_0_rstd, Tensor? dropout1_4_seed, Tensor? layernorm2_0_mean, Tensor? "
-        "layernorm2_0_rstd, Tensor? multiheadedselfattention2_2_lse, Tensor? "
-        "multiheadedselfattention2_2_rng, Tensor? dropout2_4_seed, Tensor? layernorm3_0_mean, "
-        "Tensor? layernorm3_0_rstd, Tensor? dropout3_4_seed, Tensor? layernorm4_mean, Tensor? "
-        "layernorm4_rstd, Tensor? multiheadedselfattention5_1_lse, Tensor? "
+        "gpt_stack_backward_5693a84c",
+        "(Tensor d_residual7_out, Tensor? x, Tensor? layernorm0_0_out, Tensor? "
+        "multiheadedselfattention0_2_out, Tensor? residual1, Tensor? layernorm1_0_out, Tensor? "
+        "linear1_1_out, Tensor? gelu1_2_out, Tensor? residual2, Tensor? layernorm2_0_out, Tensor? "
+        "multiheadedselfattention2_2_out, Tensor? residual3, Tensor? layernorm3_0_out, Tensor? "
+        "linear3_1_out, Tensor? qgelu3_2_out, Tensor? residual3_out, Tensor? layernorm4_out, "
+        "Tensor? multiheadedselfattention5_1_out, Tensor? residual5_out, Tensor? layernorm6_out, "
+        "Tensor? linear7_0_out, Tensor? gelu7_1_out, Tensor? layernorm0_0_mean, Tensor? "
+        "layernorm0_0_rstd, Tensor? multiheadedselfattention0_2_qkv, Tensor? "
+        "multiheadedselfattention0_2_lse, Tensor? multiheadedselfattention0_2_rng, Tensor? "
+        "cu_seqlens, int max_seqlen, Tensor? rotary_table, Tensor? dropout0_4_seed, Tensor? "
+        "layernorm1_0_mean, Tensor? layernorm1_0_rstd, Tensor? dropout1_4_seed, Tensor? "
+        "layernorm2_0_mean, Tensor? layernorm2_0_rstd, Tensor? multiheadedselfattention2_2_qkv, "
+        "Tensor? multiheadedselfattention2_2_lse, Tensor? multiheadedselfattention2_2_rng, Tensor? "
+        "dropout2_4_seed, Tensor? layernorm3_0_mean, Tensor? layernorm3_0_rstd, Tensor? "
+        "dropout3_4_seed, Tensor? layernorm4_mean, Tensor? layernorm4_rstd, Tensor? "
+        "multiheadedselfattention5_1_qkv, Tensor? multiheadedselfattention5_1_lse, Tensor? "
         "multiheadedselfattention5_1_rng, Tensor? dropout5_3_seed, Tensor? layernorm6_mean, "
         "Tensor? layernorm6_rstd, Tensor? dropout7_3_seed, Tensor layernorm0_0_weight, Tensor "
         "linear0_1_weight, Tensor linear0_3_weight, Tensor layernorm1_0_weight, Tensor "
@@ -954,8 +990,8 @@ register_training_ops(
         backward_pass,
         (
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
-            24, 25, 26, 27, 28, 29, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
-            47, 48, 49, 50)
+            24, 25, 26, 27, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
+            47, 48, 49, 50, 51)
     ),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
@@ -1090,7 +1126,7 @@ class GptStack(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "GptStack", inputs=1, per_call=(38,), dtypes=(torch.bfloat16, torch.float16))
+            "GptStack", inputs=1, per_call=(38, 40), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"]._modules["0"].weight, "ones")
@@ -1225,9 +1261,11 @@ class GptStack(torch.nn.Module):
             "GptStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "GptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="sbhd")
+        rotary_table = ref.rotary_table_argument(
+            "GptStack", rotary_pos_emb, (64,), x, seq_lens, "sbhd")
         # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence
         x = x.transpose(0, 1)
         lead = x.shape[:-1]
@@ -1246,11 +1284,13 @@ class GptStack(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.gpt_stack_forward_222eddd4(*args)[0]
+                outputs = torch.ops.fusegen.gpt_stack_forward_5693a84c(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = GptStackFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

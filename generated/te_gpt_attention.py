@@ -30,7 +30,7 @@ from ._runtime import (
 def forward_stages(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_layer_norm_bias,
         mha0_layernorm_qkv_weight, mha0_layernorm_qkv_bias, mha0_proj_weight, mha0_proj_bias,
-        training, cu_seqlens, max_seqlen):
+        training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_gpt_attention` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -46,10 +46,13 @@ def forward_stages(
         mha0_layernorm_qkv_weight.t())
     # forward stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='bshd')
+    mha0_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        mha0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         mha0_core_attention_q, mha0_core_attention_k,
-        mha0_core_attention_v
-    ) = mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        mha0_core_attention_v) = mha0_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         mha0_core_attention_pre_linear, mha0_core_attention_lse,
         mha0_core_attention_rng
@@ -59,18 +62,18 @@ def forward_stages(
     # forward stage 3 · rule linear_bias · ops 0e, 0f: BasicLinear(256, 256), Bias(256)
     mha0_out = torch.addmm(mha0_proj_bias, mha0_core_attention_pre_linear, mha0_proj_weight.t())
     return mha0_out, (
-        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-        cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight)
 
 
 def backward_stages(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-        cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight):
     """The backward of `te_gpt_attention` but its weight-grad GEMMs.
 
@@ -84,8 +87,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='bshd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
-        mha0_core_attention_v
-    ) = mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        mha0_core_attention_v) = mha0_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         d_mha0_core_attention_q, d_mha0_core_attention_k,
         d_mha0_core_attention_v
@@ -93,7 +95,10 @@ def backward_stages(
         d_mha0_core_attention_pre_linear, mha0_core_attention_pre_linear, mha0_core_attention_q,
         mha0_core_attention_k, mha0_core_attention_v, mha0_core_attention_lse, cu_seqlens,
         max_seqlen, True, mha0_core_attention_rng, 0.1)
-    d_mha0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_mha0_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_mha0_core_attention_q, d_mha0_core_attention_k, d_mha0_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_mha0_core_attention_q, d_mha0_core_attention_k, d_mha0_core_attention_v, cu_seqlens)
     # backward stage 2 · rule elementwise_backward · op 0c: Bias(768)
     d_mha0_layernorm_qkv_bias = kernels.bias_bwd_n768(d_mha0_layernorm_qkv_pre_attention)
@@ -132,11 +137,11 @@ class TeGptAttentionFunction(torch.autograd.Function):
             d_mha0_layernorm_qkv_bias, d_mha0_proj_bias) = stage_grads
         d_mha0_layernorm_qkv_pre_attention, = operands
         (
-            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-            mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-            mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-            cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
-            mha0_proj_weight) = saved
+            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+            mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+            mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+            max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight,
+            mha0_layernorm_qkv_weight, mha0_proj_weight) = saved
         # backward stage 4 · rule linear_backward · op 0e: BasicLinear(256, 256) · weight grad
         d_mha0_proj_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
             ctx, mha0_proj_weight, d_mha0_out, mha0_core_attention_pre_linear)
@@ -148,21 +153,21 @@ class TeGptAttentionFunction(torch.autograd.Function):
         return (
             None, d_x, d_mha0_layernorm_qkv_layer_norm_weight, d_mha0_layernorm_qkv_layer_norm_bias,
             d_mha0_layernorm_qkv_weight, d_mha0_layernorm_qkv_bias, d_mha0_proj_weight,
-            d_mha0_proj_bias, None, None, None)
+            d_mha0_proj_bias, None, None, None, None)
 
 
 def no_grad_forward(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_layer_norm_bias,
         mha0_layernorm_qkv_weight, mha0_layernorm_qkv_bias, mha0_proj_weight, mha0_proj_bias,
-        training, cu_seqlens, max_seqlen):
+        training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_gpt_attention` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_gpt_attention_no_grad_7842561f(
+        return torch.ops.fusegen.te_gpt_attention_no_grad_0a3b9b8b(
             x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_layer_norm_bias,
             mha0_layernorm_qkv_weight, mha0_layernorm_qkv_bias, mha0_proj_weight, mha0_proj_bias,
-            training, cu_seqlens, max_seqlen)
+            training, cu_seqlens, max_seqlen, rotary_table)
     # no-grad stage 0 · rule norm · op 0a: LayerNorm(256)
     mha0_layernorm_qkv_layer_norm_pre_linear = kernels.layernorm_fwd_h256_no_grad(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_layer_norm_bias)
@@ -172,10 +177,13 @@ def no_grad_forward(
         mha0_layernorm_qkv_weight.t())
     # no-grad stage 2 · rule attention · op 0d: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='bshd')
+    mha0_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        mha0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         mha0_core_attention_q, mha0_core_attention_k,
-        mha0_core_attention_v
-    ) = mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        mha0_core_attention_v) = mha0_core_attention_qkv.split([4, 4, 4], dim=1)
     mha0_core_attention_pre_linear = ref.flash_attention_forward(
         mha0_core_attention_q, mha0_core_attention_k, mha0_core_attention_v, cu_seqlens, max_seqlen,
         True, 0.1 if training else 0.0)[0]
@@ -188,14 +196,14 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeGptAttention", inputs=1, per_call=(3, 4, 8), dtypes=(torch.bfloat16, torch.float16),
+    "TeGptAttention", inputs=1, per_call=(3, 4, 8, 10), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_gpt_attention_no_grad_7842561f",
+    "te_gpt_attention_no_grad_0a3b9b8b",
     "(Tensor x, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor "
     "mha0_layernorm_qkv_layer_norm_bias, Tensor mha0_layernorm_qkv_weight, Tensor "
     "mha0_layernorm_qkv_bias, Tensor mha0_proj_weight, Tensor mha0_proj_bias, bool training, "
-    "Tensor cu_seqlens, int max_seqlen) -> Tensor",
+    "Tensor cu_seqlens, int max_seqlen, Tensor rotary_table) -> Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -207,39 +215,39 @@ register_no_grad_op(
 def forward_pass(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_layer_norm_bias,
         mha0_layernorm_qkv_weight, mha0_layernorm_qkv_bias, mha0_proj_weight, mha0_proj_bias,
-        training, cu_seqlens, max_seqlen):
+        training, cu_seqlens, max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     mha0_out, (
-        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-        cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight
     ) = forward_stages(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_layer_norm_bias,
         mha0_layernorm_qkv_weight, mha0_layernorm_qkv_bias, mha0_proj_weight, mha0_proj_bias,
-        training, cu_seqlens, max_seqlen)
+        training, cu_seqlens, max_seqlen, rotary_table)
     return (
-        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng)
+        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng)
 
 
 def backward_pass(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-        cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-        cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight)
     return (*stage_grads, *operands)
 
@@ -249,24 +257,23 @@ def setup_compiled_backward(ctx, inputs, output):
     (
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_layer_norm_bias,
         mha0_layernorm_qkv_weight, mha0_layernorm_qkv_bias, mha0_proj_weight, mha0_proj_bias,
-        training, cu_seqlens, max_seqlen) = inputs
+        training, cu_seqlens, max_seqlen, rotary_table) = inputs
     (
-        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng) = output
+        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng) = output
     keep_for_backward(
         ctx,
         (
-            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-            mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-            mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-            cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
-            mha0_proj_weight),
+            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+            mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+            mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+            max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight,
+            mha0_layernorm_qkv_weight, mha0_proj_weight),
         (
-            mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-            mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-            mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng),
+            mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+            mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+            mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng),
         host=(9,))
 
 
@@ -275,20 +282,20 @@ def compiled_backward(ctx, d_mha0_out, *_):  # (_: the made tensors have no grad
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-        cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight) = saved_tensors(ctx)
     (
         d_x, d_mha0_layernorm_qkv_layer_norm_weight, d_mha0_layernorm_qkv_layer_norm_bias,
         d_mha0_layernorm_qkv_bias, d_mha0_proj_bias,
         d_mha0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_gpt_attention_backward_c6b131e9(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_mean,
-        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse, mha0_core_attention_rng,
-        cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+    ) = torch.ops.fusegen.te_gpt_attention_backward_122a919a(
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_mean, mha0_layernorm_qkv_layer_norm_rstd,
+        mha0_core_attention_qkv, mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight)
     d_mha0_proj_weight = None if not ctx.needs_input_grad[5] else ref.weight_grad(
         ctx, mha0_proj_weight, d_mha0_out, mha0_core_attention_pre_linear)
@@ -298,29 +305,29 @@ def compiled_backward(ctx, d_mha0_out, *_):  # (_: the made tensors have no grad
     return (
         d_x, d_mha0_layernorm_qkv_layer_norm_weight, d_mha0_layernorm_qkv_layer_norm_bias,
         d_mha0_layernorm_qkv_weight, d_mha0_layernorm_qkv_bias, d_mha0_proj_weight,
-        d_mha0_proj_bias, None, None, None)
+        d_mha0_proj_bias, None, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeGptAttention", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_gpt_attention_forward_c6b131e9",
+        "te_gpt_attention_forward_122a919a",
         "(Tensor x, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor "
         "mha0_layernorm_qkv_layer_norm_bias, Tensor mha0_layernorm_qkv_weight, Tensor "
         "mha0_layernorm_qkv_bias, Tensor mha0_proj_weight, Tensor mha0_proj_bias, bool training, "
-        "Tensor cu_seqlens, int max_seqlen) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 3, 4, 8)),
+        "Tensor cu_seqlens, int max_seqlen, Tensor rotary_table) -> (Tensor, Tensor?, Tensor?, "
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 3, 4, 8, 10)),
     (
-        "te_gpt_attention_backward_c6b131e9",
+        "te_gpt_attention_backward_122a919a",
         "(Tensor d_mha0_out, Tensor? x, Tensor? mha0_layernorm_qkv_layer_norm_pre_linear, Tensor? "
-        "mha0_layernorm_qkv_pre_attention, Tensor? mha0_core_attention_pre_linear, Tensor? "
-        "mha0_layernorm_qkv_layer_norm_mean, Tensor? mha0_layernorm_qkv_layer_norm_rstd, Tensor? "
+        "mha0_core_attention_pre_linear, Tensor? mha0_layernorm_qkv_layer_norm_mean, Tensor? "
+        "mha0_layernorm_qkv_layer_norm_rstd, Tensor? mha0_core_attention_qkv, Tensor? "
         "mha0_core_attention_lse, Tensor? mha0_core_attention_rng, Tensor? cu_seqlens, int "
-        "max_seqlen, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor "
+        "max_seqlen, Tensor? rotary_table, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor "
         "mha0_layernorm_qkv_weight, Tensor mha0_proj_weight) -> (Tensor, Tensor, Tensor, Tensor, "
         "Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
@@ -370,7 +377,7 @@ class TeGptAttention(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeGptAttention", inputs=1, per_call=(8,), dtypes=(torch.bfloat16, torch.float16))
+            "TeGptAttention", inputs=1, per_call=(8, 10), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"].layernorm_qkv.layer_norm_weight, "ones")
@@ -445,9 +452,11 @@ class TeGptAttention(torch.nn.Module):
             "TeGptAttention", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
+        rotary_table = ref.rotary_table_argument(
+            "TeGptAttention", rotary_pos_emb, (64,), x, seq_lens, "bshd")
         lead = x.shape[:-1]
         # TE's parameters_split, row blocks of one buffer: a view while adjacent
         mha0_layernorm_qkv_weight = join_rows(
@@ -466,11 +475,13 @@ class TeGptAttention(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_gpt_attention_forward_c6b131e9(*args)[0]
+                outputs = torch.ops.fusegen.te_gpt_attention_forward_122a919a(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGptAttentionFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -48,7 +48,7 @@ def forward_stages(
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_layer_norm_bias,
         layer0_layernorm_mlp_fc1_weight, layer0_layernorm_mlp_fc1_bias,
         layer0_layernorm_mlp_fc2_weight, layer0_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen):
+        max_seqlen, rotary_table):
     """The forward of `te_gpt_layer` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -67,10 +67,13 @@ def forward_stages(
         layer0_self_attention_layernorm_qkv_weight.t())
     # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='bshd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         layer0_core_attention_pre_linear, layer0_core_attention_lse,
         layer0_core_attention_rng
@@ -108,12 +111,12 @@ def forward_stages(
     layer0_out = kernels.dropout0p1_add_fwd_n256(
         layer0_layernorm_mlp_fc2_pre_dropout, layer0_mlp_hidden_dropout_seed, layer0_mlp_residual)
     return layer0_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
         layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
         layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
@@ -123,13 +126,14 @@ def forward_stages(
 
 def backward_stages(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -178,8 +182,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='bshd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         d_layer0_core_attention_q, d_layer0_core_attention_k,
         d_layer0_core_attention_v
@@ -187,7 +190,10 @@ def backward_stages(
         d_layer0_core_attention_pre_linear, layer0_core_attention_pre_linear,
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v,
         layer0_core_attention_lse, cu_seqlens, max_seqlen, True, layer0_core_attention_rng, 0.1)
-    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens)
     # backward stage 2 · rule elementwise_backward · op 0d: Bias(768)
     d_layer0_self_attention_layernorm_qkv_bias = kernels.bias_bwd_n768(
@@ -240,12 +246,12 @@ class TeGptLayerFunction(torch.autograd.Function):
             d_layer0_layernorm_mlp_fc2_pre_bias, d_layer0_layernorm_mlp_fc1_pre_bias,
             d_layer0_proj_pre_bias, d_layer0_layernorm_qkv_pre_attention) = operands
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-            layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
-            layer0_core_attention_rng, cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+            layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
+            cu_seqlens, max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
             layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
             layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
@@ -284,7 +290,7 @@ class TeGptLayerFunction(torch.autograd.Function):
             d_layer0_self_attention_proj_bias, d_layer0_layernorm_mlp_layer_norm_weight,
             d_layer0_layernorm_mlp_layer_norm_bias, d_layer0_layernorm_mlp_fc1_weight,
             d_layer0_layernorm_mlp_fc1_bias, d_layer0_layernorm_mlp_fc2_weight,
-            d_layer0_layernorm_mlp_fc2_bias, None, None, None)
+            d_layer0_layernorm_mlp_fc2_bias, None, None, None, None)
 
 
 def no_grad_forward(
@@ -295,13 +301,13 @@ def no_grad_forward(
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_layer_norm_bias,
         layer0_layernorm_mlp_fc1_weight, layer0_layernorm_mlp_fc1_bias,
         layer0_layernorm_mlp_fc2_weight, layer0_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen):
+        max_seqlen, rotary_table):
     """The forward of `te_gpt_layer` when autograd is off (torch.no_grad, torch.inference_mode):
     nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
     "Without grad")."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_gpt_layer_no_grad_00e35586(
+        return torch.ops.fusegen.te_gpt_layer_no_grad_c5062751(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_layer_norm_bias,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_layernorm_qkv_bias,
@@ -309,7 +315,7 @@ def no_grad_forward(
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_layer_norm_bias,
             layer0_layernorm_mlp_fc1_weight, layer0_layernorm_mlp_fc1_bias,
             layer0_layernorm_mlp_fc2_weight, layer0_layernorm_mlp_fc2_bias, training, cu_seqlens,
-            max_seqlen)
+            max_seqlen, rotary_table)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     layer0_attention_residual = x
     # no-grad stage 1 · rule norm · op 0b: LayerNorm(256)
@@ -322,10 +328,13 @@ def no_grad_forward(
         layer0_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='bshd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([4, 4, 4], dim=1)
     layer0_core_attention_pre_linear = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
         max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -363,10 +372,10 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeGptLayer", inputs=1, per_call=(3, 4, 14), dtypes=(torch.bfloat16, torch.float16),
+    "TeGptLayer", inputs=1, per_call=(3, 4, 14, 16), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_gpt_layer_no_grad_00e35586",
+    "te_gpt_layer_no_grad_c5062751",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_layernorm_qkv_bias, "
@@ -374,7 +383,7 @@ register_no_grad_op(
     "layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_layer_norm_bias, Tensor "
     "layer0_layernorm_mlp_fc1_weight, Tensor layer0_layernorm_mlp_fc1_bias, Tensor "
     "layer0_layernorm_mlp_fc2_weight, Tensor layer0_layernorm_mlp_fc2_bias, bool training, Tensor "
-    "cu_seqlens, int max_seqlen) -> Tensor",
+    "cu_seqlens, int max_seqlen, Tensor rotary_table) -> Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -391,17 +400,17 @@ def forward_pass(
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_layer_norm_bias,
         layer0_layernorm_mlp_fc1_weight, layer0_layernorm_mlp_fc1_bias,
         layer0_layernorm_mlp_fc2_weight, layer0_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen):
+        max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     layer0_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
         layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
         layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
@@ -415,26 +424,27 @@ def forward_pass(
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_layer_norm_bias,
         layer0_layernorm_mlp_fc1_weight, layer0_layernorm_mlp_fc1_bias,
         layer0_layernorm_mlp_fc2_weight, layer0_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen)
+        max_seqlen, rotary_table)
     return (
-        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
         layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed)
 
 
 def backward_pass(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -442,13 +452,14 @@ def backward_pass(
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -465,38 +476,37 @@ def setup_compiled_backward(ctx, inputs, output):
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_layer_norm_bias,
         layer0_layernorm_mlp_fc1_weight, layer0_layernorm_mlp_fc1_bias,
         layer0_layernorm_mlp_fc2_weight, layer0_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen) = inputs
+        max_seqlen, rotary_table) = inputs
     (
-        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
         layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed) = output
     keep_for_backward(
         ctx,
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-            layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
-            layer0_core_attention_rng, cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+            layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
+            cu_seqlens, max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
             layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
             layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight),
         (
-            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-            layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse,
-            layer0_core_attention_rng, layer0_attention_hidden_dropout_seed,
-            layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-            layer0_mlp_hidden_dropout_seed),
+            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+            layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
+            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed),
         host=(13,))
 
 
@@ -505,12 +515,12 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
         layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
         layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
@@ -525,15 +535,16 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_pre_bias, d_layer0_layernorm_mlp_fc1_pre_bias,
         d_layer0_proj_pre_bias,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_gpt_layer_backward_28bc142b(
+    ) = torch.ops.fusegen.te_gpt_layer_backward_cb188929(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -558,13 +569,13 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_layer0_self_attention_proj_weight, d_layer0_self_attention_proj_bias,
         d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_layer_norm_bias,
         d_layer0_layernorm_mlp_fc1_weight, d_layer0_layernorm_mlp_fc1_bias,
-        d_layer0_layernorm_mlp_fc2_weight, d_layer0_layernorm_mlp_fc2_bias, None, None, None)
+        d_layer0_layernorm_mlp_fc2_weight, d_layer0_layernorm_mlp_fc2_bias, None, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeGptLayer", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_gpt_layer_forward_28bc142b",
+        "te_gpt_layer_forward_cb188929",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor "
@@ -572,27 +583,28 @@ register_training_ops(
         "Tensor layer0_self_attention_proj_bias, Tensor layer0_layernorm_mlp_layer_norm_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_bias, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc1_bias, Tensor layer0_layernorm_mlp_fc2_weight, Tensor "
-        "layer0_layernorm_mlp_fc2_bias, bool training, Tensor cu_seqlens, int max_seqlen) -> "
-        "(Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 3, 4, 14)),
+        "layer0_layernorm_mlp_fc2_bias, bool training, Tensor cu_seqlens, int max_seqlen, Tensor "
+        "rotary_table) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 3, 4, 14, 16)),
     (
-        "te_gpt_layer_backward_28bc142b",
+        "te_gpt_layer_backward_cb188929",
         "(Tensor d_layer0_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
-        "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
-        "layer0_layernorm_mlp_fc1_pre_gelu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_layer_norm_mean, Tensor? "
-        "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "layer0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor? "
-        "layer0_attention_hidden_dropout_seed, Tensor? layer0_layernorm_mlp_layer_norm_mean, "
-        "Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor? layer0_mlp_hidden_dropout_seed, "
-        "Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
+        "Tensor? layer0_core_attention_pre_linear, Tensor? layer0_mlp_residual, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? layer0_layernorm_mlp_fc1_pre_gelu, "
+        "Tensor? layer0_layernorm_mlp_activation_pre_linear, Tensor? "
+        "layer0_layernorm_qkv_layer_norm_mean, Tensor? layer0_layernorm_qkv_layer_norm_rstd, "
+        "Tensor? layer0_core_attention_qkv, Tensor? layer0_core_attention_lse, Tensor? "
+        "layer0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor? rotary_table, "
+        "Tensor? layer0_attention_hidden_dropout_seed, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_mean, Tensor? layer0_layernorm_mlp_layer_norm_rstd, "
+        "Tensor? layer0_mlp_hidden_dropout_seed, Tensor "
+        "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 20)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19, 21)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
@@ -657,7 +669,7 @@ class TeGptLayer(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeGptLayer", inputs=1, per_call=(14,), dtypes=(torch.bfloat16, torch.float16))
+            "TeGptLayer", inputs=1, per_call=(14, 16), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(
@@ -788,9 +800,11 @@ class TeGptLayer(torch.nn.Module):
             "TeGptLayer", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
+        rotary_table = ref.rotary_table_argument(
+            "TeGptLayer", rotary_pos_emb, (64,), x, seq_lens, "bshd")
         lead = x.shape[:-1]
         # TE's parameters_split, row blocks of one buffer: a view while adjacent
         layer0_self_attention_layernorm_qkv_weight = join_rows(
@@ -816,11 +830,13 @@ class TeGptLayer(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_gpt_layer_forward_28bc142b(*args)[0]
+                outputs = torch.ops.fusegen.te_gpt_layer_forward_cb188929(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGptLayerFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

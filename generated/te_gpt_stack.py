@@ -98,7 +98,7 @@ def forward_stages(
         layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias,
         layer2_layernorm_mlp_fc1_weight, layer2_layernorm_mlp_fc1_bias,
         layer2_layernorm_mlp_fc2_weight, layer2_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen):
+        max_seqlen, rotary_table):
     """The forward of `te_gpt_stack` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -117,10 +117,13 @@ def forward_stages(
         layer0_self_attention_layernorm_qkv_weight.t())
     # forward stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='sbhd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         layer0_core_attention_pre_linear, layer0_core_attention_lse,
         layer0_core_attention_rng
@@ -170,10 +173,13 @@ def forward_stages(
         layer1_self_attention_layernorm_qkv_weight.t())
     # forward stage 11 · rule attention · op 1e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='sbhd')
+    layer1_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer1_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer1_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         layer1_core_attention_pre_linear, layer1_core_attention_lse,
         layer1_core_attention_rng
@@ -226,10 +232,13 @@ def forward_stages(
         layer2_self_attention_layernorm_qkv_weight.t())
     # forward stage 20 · rule attention · op 2e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='sbhd')
+    layer2_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer2_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer2_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer2_core_attention_q, layer2_core_attention_k,
-        layer2_core_attention_v
-    ) = layer2_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer2_core_attention_v) = layer2_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         layer2_core_attention_pre_linear, layer2_core_attention_lse,
         layer2_core_attention_rng
@@ -269,27 +278,27 @@ def forward_stages(
     layer2_out = kernels.dropout0p1_add_fwd_n256(
         layer2_layernorm_mlp_fc2_pre_dropout, layer2_mlp_hidden_dropout_seed, layer2_mlp_residual)
     return layer2_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
         layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
-        layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
-        layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
-        layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
+        layer2_attention_residual_pre_norm, layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
+        layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
         layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
         layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse, layer1_core_attention_rng,
-        layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
-        layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
-        layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-        layer2_core_attention_lse, layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
+        layer1_core_attention_rng, layer1_attention_hidden_dropout_seed,
+        layer1_layernorm_mlp_layer_norm_mean, layer1_layernorm_mlp_layer_norm_rstd,
+        layer1_mlp_hidden_dropout_seed, layer2_layernorm_qkv_layer_norm_mean,
+        layer2_layernorm_qkv_layer_norm_rstd, layer2_core_attention_qkv, layer2_core_attention_lse,
+        layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
         layer2_layernorm_mlp_layer_norm_mean, layer2_layernorm_mlp_layer_norm_rstd,
         layer2_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
@@ -305,28 +314,29 @@ def forward_stages(
 
 def backward_stages(
         d_layer2_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
-        layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_activation, layer1_layernorm_mlp_activation_pre_linear,
+        layer1_out, layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
         layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
         layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
         layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse, layer1_core_attention_rng,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_core_attention_rng,
         layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
         layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
         layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-        layer2_core_attention_lse, layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
-        layer2_layernorm_mlp_layer_norm_mean, layer2_layernorm_mlp_layer_norm_rstd,
-        layer2_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
+        layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
+        layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -381,8 +391,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='sbhd')
     (
         layer2_core_attention_q, layer2_core_attention_k,
-        layer2_core_attention_v
-    ) = layer2_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer2_core_attention_v) = layer2_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         d_layer2_core_attention_q, d_layer2_core_attention_k,
         d_layer2_core_attention_v
@@ -390,7 +399,10 @@ def backward_stages(
         d_layer2_core_attention_pre_linear, layer2_core_attention_pre_linear,
         layer2_core_attention_q, layer2_core_attention_k, layer2_core_attention_v,
         layer2_core_attention_lse, cu_seqlens, max_seqlen, True, layer2_core_attention_rng, 0.1)
-    d_layer2_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_layer2_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_layer2_core_attention_q, d_layer2_core_attention_k, d_layer2_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_layer2_core_attention_q, d_layer2_core_attention_k, d_layer2_core_attention_v, cu_seqlens)
     # backward stage 24 · rule elementwise_backward · op 2d: Bias(768)
     d_layer2_self_attention_layernorm_qkv_bias = kernels.bias_bwd_n768(
@@ -451,8 +463,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='sbhd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         d_layer1_core_attention_q, d_layer1_core_attention_k,
         d_layer1_core_attention_v
@@ -460,7 +471,10 @@ def backward_stages(
         d_layer1_core_attention_pre_linear, layer1_core_attention_pre_linear,
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v,
         layer1_core_attention_lse, cu_seqlens, max_seqlen, True, layer1_core_attention_rng, 0.1)
-    d_layer1_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_layer1_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_layer1_core_attention_q, d_layer1_core_attention_k, d_layer1_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_layer1_core_attention_q, d_layer1_core_attention_k, d_layer1_core_attention_v, cu_seqlens)
     # backward stage 13 · rule elementwise_backward · op 1d: Bias(768)
     d_layer1_self_attention_layernorm_qkv_bias = kernels.bias_bwd_n768(
@@ -520,8 +534,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='sbhd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([4, 4, 4], dim=1)
     (
         d_layer0_core_attention_q, d_layer0_core_attention_k,
         d_layer0_core_attention_v
@@ -529,7 +542,10 @@ def backward_stages(
         d_layer0_core_attention_pre_linear, layer0_core_attention_pre_linear,
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v,
         layer0_core_attention_lse, cu_seqlens, max_seqlen, True, layer0_core_attention_rng, 0.1)
-    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h4_kv4_d64(
+    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h4_kv4_d64(
+        d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h4_kv4_d64(
         d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens)
     # backward stage 2 · rule elementwise_backward · op 0d: Bias(768)
     d_layer0_self_attention_layernorm_qkv_bias = kernels.bias_bwd_n768(
@@ -579,7 +595,7 @@ class TeGptStackFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(29,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(27,))
 
     @staticmethod
     @first_order_only("TeGptStack")  # a double backward raises instead of being wrong
@@ -610,29 +626,28 @@ class TeGptStackFunction(torch.autograd.Function):
             d_layer0_layernorm_mlp_fc2_pre_bias, d_layer0_layernorm_mlp_fc1_pre_bias,
             d_layer0_proj_pre_bias, d_layer0_layernorm_qkv_pre_attention) = operands
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
             layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-            layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
-            layer2_layernorm_qkv_pre_attention, layer2_core_attention_pre_linear,
+            layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
             layer2_attention_residual_pre_norm,
             layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
             layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
             layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-            layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
+            cu_seqlens, max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
+            layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+            layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
+            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv,
             layer1_core_attention_lse, layer1_core_attention_rng,
             layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
             layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
             layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-            layer2_core_attention_lse, layer2_core_attention_rng,
+            layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
             layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
             layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
@@ -744,7 +759,7 @@ class TeGptStackFunction(torch.autograd.Function):
             d_layer2_self_attention_proj_bias, d_layer2_layernorm_mlp_layer_norm_weight,
             d_layer2_layernorm_mlp_layer_norm_bias, d_layer2_layernorm_mlp_fc1_weight,
             d_layer2_layernorm_mlp_fc1_bias, d_layer2_layernorm_mlp_fc2_weight,
-            d_layer2_layernorm_mlp_fc2_bias, None, None, None)
+            d_layer2_layernorm_mlp_fc2_bias, None, None, None, None)
 
 
 def no_grad_forward(
@@ -769,13 +784,13 @@ def no_grad_forward(
         layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias,
         layer2_layernorm_mlp_fc1_weight, layer2_layernorm_mlp_fc1_bias,
         layer2_layernorm_mlp_fc2_weight, layer2_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen):
+        max_seqlen, rotary_table):
     """The forward of `te_gpt_stack` when autograd is off (torch.no_grad, torch.inference_mode):
     nothing is kept for a backward, and it fuses what only a forward without one can (the plan's
     "Without grad")."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_gpt_stack_no_grad_541cfa4d(
+        return torch.ops.fusegen.te_gpt_stack_no_grad_6b9e0fe0(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_layer_norm_bias,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_layernorm_qkv_bias,
@@ -797,7 +812,7 @@ def no_grad_forward(
             layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias,
             layer2_layernorm_mlp_fc1_weight, layer2_layernorm_mlp_fc1_bias,
             layer2_layernorm_mlp_fc2_weight, layer2_layernorm_mlp_fc2_bias, training, cu_seqlens,
-            max_seqlen)
+            max_seqlen, rotary_table)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     layer0_attention_residual = x
     # no-grad stage 1 · rule norm · op 0b: LayerNorm(256)
@@ -810,10 +825,13 @@ def no_grad_forward(
         layer0_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 3 · rule attention · op 0e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='sbhd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([4, 4, 4], dim=1)
     layer0_core_attention_pre_linear = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
         max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -856,10 +874,13 @@ def no_grad_forward(
         layer1_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 10 · rule attention · op 1e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='sbhd')
+    layer1_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer1_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer1_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([4, 4, 4], dim=1)
     layer1_core_attention_pre_linear = ref.flash_attention_forward(
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v, cu_seqlens,
         max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -906,10 +927,13 @@ def no_grad_forward(
         layer2_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 19 · rule attention · op 2e: GroupedQueryAttention(256, 4, 4, dropout=0.1,
     # qkv_format='sbhd')
+    layer2_core_attention_qkv = kernels.qkv_prep_table_fwd_h4_kv4_d64(
+        layer2_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer2_layernorm_qkv_pre_attention.unflatten(1, (12, 64))
     (
         layer2_core_attention_q, layer2_core_attention_k,
-        layer2_core_attention_v
-    ) = layer2_layernorm_qkv_pre_attention.unflatten(1, (12, 64)).split([4, 4, 4], dim=1)
+        layer2_core_attention_v) = layer2_core_attention_qkv.split([4, 4, 4], dim=1)
     layer2_core_attention_pre_linear = ref.flash_attention_forward(
         layer2_core_attention_q, layer2_core_attention_k, layer2_core_attention_v, cu_seqlens,
         max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -949,10 +973,10 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeGptStack", inputs=1, per_call=(3, 4, 15, 16, 27, 28, 38),
+    "TeGptStack", inputs=1, per_call=(3, 4, 15, 16, 27, 28, 38, 40),
     dtypes=(torch.bfloat16, torch.float16), by_parameters=True)
 register_no_grad_op(
-    "te_gpt_stack_no_grad_541cfa4d",
+    "te_gpt_stack_no_grad_6b9e0fe0",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_layernorm_qkv_bias, "
@@ -974,7 +998,7 @@ register_no_grad_op(
     "layer2_layernorm_mlp_layer_norm_weight, Tensor layer2_layernorm_mlp_layer_norm_bias, Tensor "
     "layer2_layernorm_mlp_fc1_weight, Tensor layer2_layernorm_mlp_fc1_bias, Tensor "
     "layer2_layernorm_mlp_fc2_weight, Tensor layer2_layernorm_mlp_fc2_bias, bool training, Tensor "
-    "cu_seqlens, int max_seqlen) -> Tensor",
+    "cu_seqlens, int max_seqlen, Tensor rotary_table) -> Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -1005,32 +1029,32 @@ def forward_pass(
         layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias,
         layer2_layernorm_mlp_fc1_weight, layer2_layernorm_mlp_fc1_bias,
         layer2_layernorm_mlp_fc2_weight, layer2_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen):
+        max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     layer2_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
         layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
-        layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
-        layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
-        layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
+        layer2_attention_residual_pre_norm, layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
+        layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
         layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
         layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse, layer1_core_attention_rng,
-        layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
-        layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
-        layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-        layer2_core_attention_lse, layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
+        layer1_core_attention_rng, layer1_attention_hidden_dropout_seed,
+        layer1_layernorm_mlp_layer_norm_mean, layer1_layernorm_mlp_layer_norm_rstd,
+        layer1_mlp_hidden_dropout_seed, layer2_layernorm_qkv_layer_norm_mean,
+        layer2_layernorm_qkv_layer_norm_rstd, layer2_core_attention_qkv, layer2_core_attention_lse,
+        layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
         layer2_layernorm_mlp_layer_norm_mean, layer2_layernorm_mlp_layer_norm_rstd,
         layer2_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
@@ -1064,56 +1088,57 @@ def forward_pass(
         layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias,
         layer2_layernorm_mlp_fc1_weight, layer2_layernorm_mlp_fc1_bias,
         layer2_layernorm_mlp_fc2_weight, layer2_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen)
+        max_seqlen, rotary_table)
     return (
-        layer2_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        layer2_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
         layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
-        layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
-        layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
-        layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
+        layer2_attention_residual_pre_norm, layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
+        layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
         layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
-        layer1_core_attention_lse, layer1_core_attention_rng, layer1_attention_hidden_dropout_seed,
-        layer1_layernorm_mlp_layer_norm_mean, layer1_layernorm_mlp_layer_norm_rstd,
-        layer1_mlp_hidden_dropout_seed, layer2_layernorm_qkv_layer_norm_mean,
-        layer2_layernorm_qkv_layer_norm_rstd, layer2_core_attention_lse, layer2_core_attention_rng,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_core_attention_rng,
+        layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
+        layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
+        layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
+        layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
         layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
         layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed)
 
 
 def backward_pass(
         d_layer2_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
-        layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_activation, layer1_layernorm_mlp_activation_pre_linear,
+        layer1_out, layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
         layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
         layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
         layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse, layer1_core_attention_rng,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_core_attention_rng,
         layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
         layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
         layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-        layer2_core_attention_lse, layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
-        layer2_layernorm_mlp_layer_norm_mean, layer2_layernorm_mlp_layer_norm_rstd,
-        layer2_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
+        layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
+        layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -1127,28 +1152,29 @@ def backward_pass(
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_layer2_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
-        layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_activation, layer1_layernorm_mlp_activation_pre_linear,
+        layer1_out, layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
         layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
         layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
         layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse, layer1_core_attention_rng,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_core_attention_rng,
         layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
         layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
         layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-        layer2_core_attention_lse, layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
-        layer2_layernorm_mlp_layer_norm_mean, layer2_layernorm_mlp_layer_norm_rstd,
-        layer2_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
+        layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
+        layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -1185,56 +1211,55 @@ def setup_compiled_backward(ctx, inputs, output):
         layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_layer_norm_bias,
         layer2_layernorm_mlp_fc1_weight, layer2_layernorm_mlp_fc1_bias,
         layer2_layernorm_mlp_fc2_weight, layer2_layernorm_mlp_fc2_bias, training, cu_seqlens,
-        max_seqlen) = inputs
+        max_seqlen, rotary_table) = inputs
     (
-        layer2_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        layer2_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
         layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
-        layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
-        layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
-        layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
+        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
+        layer2_attention_residual_pre_norm, layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
+        layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
         layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
         layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
-        layer1_core_attention_lse, layer1_core_attention_rng, layer1_attention_hidden_dropout_seed,
-        layer1_layernorm_mlp_layer_norm_mean, layer1_layernorm_mlp_layer_norm_rstd,
-        layer1_mlp_hidden_dropout_seed, layer2_layernorm_qkv_layer_norm_mean,
-        layer2_layernorm_qkv_layer_norm_rstd, layer2_core_attention_lse, layer2_core_attention_rng,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_core_attention_rng,
+        layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
+        layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
+        layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
+        layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
         layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
         layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed) = output
     keep_for_backward(
         ctx,
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
             layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-            layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
-            layer2_layernorm_qkv_pre_attention, layer2_core_attention_pre_linear,
+            layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
             layer2_attention_residual_pre_norm,
             layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
             layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
             layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-            layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
-            layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
-            layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
+            cu_seqlens, max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
+            layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
+            layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
+            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv,
             layer1_core_attention_lse, layer1_core_attention_rng,
             layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
             layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
             layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-            layer2_core_attention_lse, layer2_core_attention_rng,
+            layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
             layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
             layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
@@ -1248,32 +1273,30 @@ def setup_compiled_backward(ctx, inputs, output):
             layer2_layernorm_mlp_layer_norm_weight, layer2_layernorm_mlp_fc1_weight,
             layer2_layernorm_mlp_fc2_weight),
         (
-            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
             layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-            layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
-            layer2_layernorm_qkv_pre_attention, layer2_core_attention_pre_linear,
+            layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
             layer2_attention_residual_pre_norm,
             layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
             layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
             layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, layer0_core_attention_rng,
+            layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng,
             layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
             layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
             layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
-            layer1_core_attention_lse, layer1_core_attention_rng,
+            layer1_core_attention_qkv, layer1_core_attention_lse, layer1_core_attention_rng,
             layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
             layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
             layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-            layer2_core_attention_lse, layer2_core_attention_rng,
+            layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
             layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
             layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed),
-        host=(29,))
+        host=(27,))
 
 
 def compiled_backward(ctx, d_layer2_out, *_):  # (_: the made tensors have no grads)
@@ -1281,27 +1304,27 @@ def compiled_backward(ctx, d_layer2_out, *_):  # (_: the made tensors have no gr
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_gelu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
         layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
-        layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
-        layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
-        layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
+        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_core_attention_pre_linear,
+        layer2_attention_residual_pre_norm, layer2_layernorm_mlp_layer_norm_pre_make_extra_output,
+        layer2_layernorm_mlp_fc1_pre_gelu, layer2_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_mean, layer0_layernorm_qkv_layer_norm_rstd,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_attention_hidden_dropout_seed,
         layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
         layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse, layer1_core_attention_rng,
-        layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
-        layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
-        layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-        layer2_core_attention_lse, layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
+        layer1_core_attention_rng, layer1_attention_hidden_dropout_seed,
+        layer1_layernorm_mlp_layer_norm_mean, layer1_layernorm_mlp_layer_norm_rstd,
+        layer1_mlp_hidden_dropout_seed, layer2_layernorm_qkv_layer_norm_mean,
+        layer2_layernorm_qkv_layer_norm_rstd, layer2_core_attention_qkv, layer2_core_attention_lse,
+        layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
         layer2_layernorm_mlp_layer_norm_mean, layer2_layernorm_mlp_layer_norm_rstd,
         layer2_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
@@ -1336,30 +1359,31 @@ def compiled_backward(ctx, d_layer2_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_pre_bias, d_layer0_layernorm_mlp_fc1_pre_bias,
         d_layer0_proj_pre_bias,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_gpt_stack_backward_180986db(
+    ) = torch.ops.fusegen.te_gpt_stack_backward_1fee0702(
         d_layer2_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_gelu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_activation,
-        layer1_layernorm_mlp_activation_pre_linear, layer1_out,
-        layer2_layernorm_qkv_layer_norm_pre_make_extra_output, layer2_layernorm_qkv_pre_attention,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_activation, layer1_layernorm_mlp_activation_pre_linear,
+        layer1_out, layer2_layernorm_qkv_layer_norm_pre_make_extra_output,
         layer2_core_attention_pre_linear, layer2_attention_residual_pre_norm,
         layer2_layernorm_mlp_layer_norm_pre_make_extra_output, layer2_layernorm_mlp_fc1_pre_gelu,
         layer2_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_mean,
-        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_lse, layer0_core_attention_rng,
-        cu_seqlens, max_seqlen, layer0_attention_hidden_dropout_seed,
-        layer0_layernorm_mlp_layer_norm_mean, layer0_layernorm_mlp_layer_norm_rstd,
-        layer0_mlp_hidden_dropout_seed, layer1_layernorm_qkv_layer_norm_mean,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse, layer1_core_attention_rng,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        layer0_attention_hidden_dropout_seed, layer0_layernorm_mlp_layer_norm_mean,
+        layer0_layernorm_mlp_layer_norm_rstd, layer0_mlp_hidden_dropout_seed,
+        layer1_layernorm_qkv_layer_norm_mean, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_core_attention_rng,
         layer1_attention_hidden_dropout_seed, layer1_layernorm_mlp_layer_norm_mean,
         layer1_layernorm_mlp_layer_norm_rstd, layer1_mlp_hidden_dropout_seed,
         layer2_layernorm_qkv_layer_norm_mean, layer2_layernorm_qkv_layer_norm_rstd,
-        layer2_core_attention_lse, layer2_core_attention_rng, layer2_attention_hidden_dropout_seed,
-        layer2_layernorm_mlp_layer_norm_mean, layer2_layernorm_mlp_layer_norm_rstd,
-        layer2_mlp_hidden_dropout_seed, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer2_core_attention_qkv, layer2_core_attention_lse, layer2_core_attention_rng,
+        layer2_attention_hidden_dropout_seed, layer2_layernorm_mlp_layer_norm_mean,
+        layer2_layernorm_mlp_layer_norm_rstd, layer2_mlp_hidden_dropout_seed,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -1432,13 +1456,13 @@ def compiled_backward(ctx, d_layer2_out, *_):  # (_: the made tensors have no gr
         d_layer2_self_attention_proj_weight, d_layer2_self_attention_proj_bias,
         d_layer2_layernorm_mlp_layer_norm_weight, d_layer2_layernorm_mlp_layer_norm_bias,
         d_layer2_layernorm_mlp_fc1_weight, d_layer2_layernorm_mlp_fc1_bias,
-        d_layer2_layernorm_mlp_fc2_weight, d_layer2_layernorm_mlp_fc2_bias, None, None, None)
+        d_layer2_layernorm_mlp_fc2_weight, d_layer2_layernorm_mlp_fc2_bias, None, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeGptStack", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_gpt_stack_forward_180986db",
+        "te_gpt_stack_forward_1fee0702",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_bias, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor "
@@ -1462,44 +1486,44 @@ register_training_ops(
         "Tensor layer2_self_attention_proj_bias, Tensor layer2_layernorm_mlp_layer_norm_weight, "
         "Tensor layer2_layernorm_mlp_layer_norm_bias, Tensor layer2_layernorm_mlp_fc1_weight, "
         "Tensor layer2_layernorm_mlp_fc1_bias, Tensor layer2_layernorm_mlp_fc2_weight, Tensor "
-        "layer2_layernorm_mlp_fc2_bias, bool training, Tensor cu_seqlens, int max_seqlen) -> "
-        "(Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
+        "layer2_layernorm_mlp_fc2_bias, bool training, Tensor cu_seqlens, int max_seqlen, Tensor "
+        "rotary_table) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 3, 4, 15, 16, 27, 28, 38)),
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 3, 4, 15, 16, 27, 28, 38, 40)),
     (
-        "te_gpt_stack_backward_180986db",
+        "te_gpt_stack_backward_1fee0702",
         "(Tensor d_layer2_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
-        "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
-        "layer0_layernorm_mlp_fc1_pre_gelu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
-        "Tensor? layer1_attention_residual, Tensor? layer1_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer1_layernorm_qkv_pre_attention, Tensor? layer1_core_attention_pre_linear, "
-        "Tensor? layer1_mlp_residual, Tensor? layer1_layernorm_mlp_layer_norm_pre_linear, Tensor? "
+        "Tensor? layer0_core_attention_pre_linear, Tensor? layer0_mlp_residual, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? layer0_layernorm_mlp_fc1_pre_gelu, "
+        "Tensor? layer0_layernorm_mlp_activation_pre_linear, Tensor? layer1_attention_residual, "
+        "Tensor? layer1_layernorm_qkv_layer_norm_pre_linear, Tensor? "
+        "layer1_core_attention_pre_linear, Tensor? layer1_mlp_residual, Tensor? "
+        "layer1_layernorm_mlp_layer_norm_pre_linear, Tensor? "
         "layer1_layernorm_mlp_fc1_pre_activation, Tensor? "
         "layer1_layernorm_mlp_activation_pre_linear, Tensor? layer1_out, Tensor? "
         "layer2_layernorm_qkv_layer_norm_pre_make_extra_output, Tensor? "
-        "layer2_layernorm_qkv_pre_attention, Tensor? layer2_core_attention_pre_linear, Tensor? "
-        "layer2_attention_residual_pre_norm, Tensor? "
+        "layer2_core_attention_pre_linear, Tensor? layer2_attention_residual_pre_norm, Tensor? "
         "layer2_layernorm_mlp_layer_norm_pre_make_extra_output, Tensor? "
         "layer2_layernorm_mlp_fc1_pre_gelu, Tensor? layer2_layernorm_mlp_activation_pre_linear, "
         "Tensor? layer0_layernorm_qkv_layer_norm_mean, Tensor? "
-        "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "layer0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor? "
-        "layer0_attention_hidden_dropout_seed, Tensor? layer0_layernorm_mlp_layer_norm_mean, "
-        "Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor? layer0_mlp_hidden_dropout_seed, "
-        "Tensor? layer1_layernorm_qkv_layer_norm_mean, Tensor? "
-        "layer1_layernorm_qkv_layer_norm_rstd, Tensor? layer1_core_attention_lse, Tensor? "
-        "layer1_core_attention_rng, Tensor? layer1_attention_hidden_dropout_seed, Tensor? "
-        "layer1_layernorm_mlp_layer_norm_mean, Tensor? layer1_layernorm_mlp_layer_norm_rstd, "
-        "Tensor? layer1_mlp_hidden_dropout_seed, Tensor? layer2_layernorm_qkv_layer_norm_mean, "
-        "Tensor? layer2_layernorm_qkv_layer_norm_rstd, Tensor? layer2_core_attention_lse, Tensor? "
-        "layer2_core_attention_rng, Tensor? layer2_attention_hidden_dropout_seed, Tensor? "
-        "layer2_layernorm_mlp_layer_norm_mean, Tensor? layer2_layernorm_mlp_layer_norm_rstd, "
-        "Tensor? layer2_mlp_hidden_dropout_seed, Tensor "
-        "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
+        "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_qkv, Tensor? "
+        "layer0_core_attention_lse, Tensor? layer0_core_attention_rng, Tensor? cu_seqlens, int "
+        "max_seqlen, Tensor? rotary_table, Tensor? layer0_attention_hidden_dropout_seed, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_mean, Tensor? layer0_layernorm_mlp_layer_norm_rstd, "
+        "Tensor? layer0_mlp_hidden_dropout_seed, Tensor? layer1_layernorm_qkv_layer_norm_mean, "
+        "Tensor? layer1_layernorm_qkv_layer_norm_rstd, Tensor? layer1_core_attention_qkv, Tensor? "
+        "layer1_core_attention_lse, Tensor? layer1_core_attention_rng, Tensor? "
+        "layer1_attention_hidden_dropout_seed, Tensor? layer1_layernorm_mlp_layer_norm_mean, "
+        "Tensor? layer1_layernorm_mlp_layer_norm_rstd, Tensor? layer1_mlp_hidden_dropout_seed, "
+        "Tensor? layer2_layernorm_qkv_layer_norm_mean, Tensor? "
+        "layer2_layernorm_qkv_layer_norm_rstd, Tensor? layer2_core_attention_qkv, Tensor? "
+        "layer2_core_attention_lse, Tensor? layer2_core_attention_rng, Tensor? "
+        "layer2_attention_hidden_dropout_seed, Tensor? layer2_layernorm_mlp_layer_norm_mean, "
+        "Tensor? layer2_layernorm_mlp_layer_norm_rstd, Tensor? layer2_mlp_hidden_dropout_seed, "
+        "Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc2_weight, Tensor "
@@ -1517,8 +1541,8 @@ register_training_ops(
         backward_pass,
         (
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
-            24, 25, 26, 27, 28, 29, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
-            47, 48, 49, 50, 52, 58, 64)
+            24, 25, 26, 27, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
+            47, 48, 49, 50, 51, 53, 59, 65)
     ),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
@@ -1680,7 +1704,7 @@ class TeGptStack(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeGptStack", inputs=1, per_call=(38,), dtypes=(torch.bfloat16, torch.float16))
+            "TeGptStack", inputs=1, per_call=(38, 40), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(
@@ -2009,9 +2033,11 @@ class TeGptStack(torch.nn.Module):
             "TeGptStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="sbhd")
+        rotary_table = ref.rotary_table_argument(
+            "TeGptStack", rotary_pos_emb, (64,), x, seq_lens, "sbhd")
         # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence
         x = x.transpose(0, 1)
         lead = x.shape[:-1]
@@ -2073,11 +2099,13 @@ class TeGptStack(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_gpt_stack_forward_180986db(*args)[0]
+                outputs = torch.ops.fusegen.te_gpt_stack_forward_1fee0702(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGptStackFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -27,7 +27,7 @@ from ._runtime import (
 
 def forward_stages(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight,
-        training, cu_seqlens, max_seqlen):
+        training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_gqa_attention` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -41,10 +41,13 @@ def forward_stages(
         mha0_layernorm_qkv_weight.t())
     # forward stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, dropout=0.1,
     # qkv_format='thd')
+    mha0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        mha0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         mha0_core_attention_q, mha0_core_attention_k,
-        mha0_core_attention_v
-    ) = mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        mha0_core_attention_v) = mha0_core_attention_qkv.split([8, 2, 2], dim=1)
     (
         mha0_core_attention_pre_linear, mha0_core_attention_lse,
         mha0_core_attention_rng
@@ -54,17 +57,17 @@ def forward_stages(
     # forward stage 3 · rule linear · op 0d: BasicLinear(256, 256)
     mha0_out = mha0_core_attention_pre_linear.mm(mha0_proj_weight.t())
     return mha0_out, (
-        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng, cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight,
-        mha0_layernorm_qkv_weight, mha0_proj_weight)
+        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+        mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight)
 
 
 def backward_stages(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng, cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight,
-        mha0_layernorm_qkv_weight, mha0_proj_weight):
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+        mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight):
     """The backward of `te_gqa_attention` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -75,8 +78,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='thd')
     (
         mha0_core_attention_q, mha0_core_attention_k,
-        mha0_core_attention_v
-    ) = mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        mha0_core_attention_v) = mha0_core_attention_qkv.split([8, 2, 2], dim=1)
     (
         d_mha0_core_attention_q, d_mha0_core_attention_k,
         d_mha0_core_attention_v
@@ -84,7 +86,10 @@ def backward_stages(
         d_mha0_core_attention_pre_linear, mha0_core_attention_pre_linear, mha0_core_attention_q,
         mha0_core_attention_k, mha0_core_attention_v, mha0_core_attention_lse, cu_seqlens,
         max_seqlen, True, mha0_core_attention_rng, 0.1)
-    d_mha0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h8_kv2_d32(
+    d_mha0_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h8_kv2_d32(
+        d_mha0_core_attention_q, d_mha0_core_attention_k, d_mha0_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h8_kv2_d32(
         d_mha0_core_attention_q, d_mha0_core_attention_k, d_mha0_core_attention_v, cu_seqlens)
     # backward stage 1 · rule linear_backward · op 0b: BasicLinear(256, 384)
     d_mha0_layernorm_qkv_layer_norm_pre_linear = d_mha0_layernorm_qkv_pre_attention.mm(
@@ -114,9 +119,9 @@ class TeGqaAttentionFunction(torch.autograd.Function):
         d_x, d_mha0_layernorm_qkv_layer_norm_weight = stage_grads
         d_mha0_layernorm_qkv_pre_attention, = operands
         (
-            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-            mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd,
-            mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens, max_seqlen,
+            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+            mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+            mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
             mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
             mha0_proj_weight) = saved
         # backward stage 3 · rule linear_backward · op 0d: BasicLinear(256, 256) · weight grad
@@ -129,19 +134,19 @@ class TeGqaAttentionFunction(torch.autograd.Function):
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_mha0_layernorm_qkv_layer_norm_weight, d_mha0_layernorm_qkv_weight,
-            d_mha0_proj_weight, None, None, None)
+            d_mha0_proj_weight, None, None, None, None)
 
 
 def no_grad_forward(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight,
-        training, cu_seqlens, max_seqlen):
+        training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_gqa_attention` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_gqa_attention_no_grad_cc08d5ae(
+        return torch.ops.fusegen.te_gqa_attention_no_grad_c8510d8f(
             x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight,
-            training, cu_seqlens, max_seqlen)
+            training, cu_seqlens, max_seqlen, rotary_table)
     # no-grad stage 0 · rule norm · op 0a: RMSNorm(256)
     mha0_layernorm_qkv_layer_norm_pre_linear = kernels.rmsnorm_fwd_h256_no_grad(
         x, mha0_layernorm_qkv_layer_norm_weight)
@@ -150,10 +155,13 @@ def no_grad_forward(
         mha0_layernorm_qkv_weight.t())
     # no-grad stage 2 · rule attention · op 0c: GroupedQueryAttention(256, 8, 2, dropout=0.1,
     # qkv_format='thd')
+    mha0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        mha0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         mha0_core_attention_q, mha0_core_attention_k,
-        mha0_core_attention_v
-    ) = mha0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        mha0_core_attention_v) = mha0_core_attention_qkv.split([8, 2, 2], dim=1)
     mha0_core_attention_pre_linear = ref.flash_attention_forward(
         mha0_core_attention_q, mha0_core_attention_k, mha0_core_attention_v, cu_seqlens, max_seqlen,
         True, 0.1 if training else 0.0)[0]
@@ -166,12 +174,13 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeGqaAttention", inputs=1, per_call=(2, 5), dtypes=(torch.bfloat16, torch.float16),
+    "TeGqaAttention", inputs=1, per_call=(2, 5, 7), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_gqa_attention_no_grad_cc08d5ae",
+    "te_gqa_attention_no_grad_c8510d8f",
     "(Tensor x, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor mha0_layernorm_qkv_weight, "
-    "Tensor mha0_proj_weight, bool training, Tensor cu_seqlens, int max_seqlen) -> Tensor",
+    "Tensor mha0_proj_weight, bool training, Tensor cu_seqlens, int max_seqlen, Tensor "
+    "rotary_table) -> Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -182,37 +191,37 @@ register_no_grad_op(
 
 def forward_pass(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight,
-        training, cu_seqlens, max_seqlen):
+        training, cu_seqlens, max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     mha0_out, (
-        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng, cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight,
-        mha0_layernorm_qkv_weight,
+        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+        mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
         mha0_proj_weight
     ) = forward_stages(
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight,
-        training, cu_seqlens, max_seqlen)
+        training, cu_seqlens, max_seqlen, rotary_table)
     return (
-        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
+        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
         mha0_core_attention_rng)
 
 
 def backward_pass(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng, cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight,
-        mha0_layernorm_qkv_weight, mha0_proj_weight):
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+        mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight):
     """torch.compile's backward op: backward_stages' grads but the weight grads, then what the
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng, cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight,
-        mha0_layernorm_qkv_weight, mha0_proj_weight)
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+        mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight)
     return (*stage_grads, *operands)
 
 
@@ -220,22 +229,22 @@ def setup_compiled_backward(ctx, inputs, output):
     """The forward op as autograd records it: what its backward reads kept on ``ctx``."""
     (
         x, mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight,
-        training, cu_seqlens, max_seqlen) = inputs
+        training, cu_seqlens, max_seqlen, rotary_table) = inputs
     (
-        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
+        mha0_out, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
         mha0_core_attention_rng) = output
     keep_for_backward(
         ctx,
         (
-            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-            mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd,
-            mha0_core_attention_lse, mha0_core_attention_rng, cu_seqlens, max_seqlen,
+            x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+            mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+            mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
             mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight),
         (
-            mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-            mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd,
-            mha0_core_attention_lse, mha0_core_attention_rng),
+            mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+            mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+            mha0_core_attention_rng),
         host=(8,))
 
 
@@ -244,18 +253,19 @@ def compiled_backward(ctx, d_mha0_out, *_):  # (_: the made tensors have no grad
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng, cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight,
-        mha0_layernorm_qkv_weight, mha0_proj_weight) = saved_tensors(ctx)
+        x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+        mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight,
+        mha0_proj_weight) = saved_tensors(ctx)
     (
         d_x, d_mha0_layernorm_qkv_layer_norm_weight,
         d_mha0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_gqa_attention_backward_d7ea6891(
-        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_layernorm_qkv_pre_attention,
-        mha0_core_attention_pre_linear, mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_lse,
-        mha0_core_attention_rng, cu_seqlens, max_seqlen, mha0_layernorm_qkv_layer_norm_weight,
-        mha0_layernorm_qkv_weight, mha0_proj_weight)
+    ) = torch.ops.fusegen.te_gqa_attention_backward_9131b458(
+        d_mha0_out, x, mha0_layernorm_qkv_layer_norm_pre_linear, mha0_core_attention_pre_linear,
+        mha0_layernorm_qkv_layer_norm_rstd, mha0_core_attention_qkv, mha0_core_attention_lse,
+        mha0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
+        mha0_layernorm_qkv_layer_norm_weight, mha0_layernorm_qkv_weight, mha0_proj_weight)
     d_mha0_proj_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
         ctx, mha0_proj_weight, d_mha0_out, mha0_core_attention_pre_linear)
     d_mha0_layernorm_qkv_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
@@ -263,26 +273,26 @@ def compiled_backward(ctx, d_mha0_out, *_):  # (_: the made tensors have no grad
         mha0_layernorm_qkv_layer_norm_pre_linear)
     return (
         d_x, d_mha0_layernorm_qkv_layer_norm_weight, d_mha0_layernorm_qkv_weight,
-        d_mha0_proj_weight, None, None, None)
+        d_mha0_proj_weight, None, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeGqaAttention", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_gqa_attention_forward_d7ea6891",
+        "te_gqa_attention_forward_9131b458",
         "(Tensor x, Tensor mha0_layernorm_qkv_layer_norm_weight, Tensor mha0_layernorm_qkv_weight, "
-        "Tensor mha0_proj_weight, bool training, Tensor cu_seqlens, int max_seqlen) -> (Tensor, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 2, 5)),
+        "Tensor mha0_proj_weight, bool training, Tensor cu_seqlens, int max_seqlen, Tensor "
+        "rotary_table) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 2, 5, 7)),
     (
-        "te_gqa_attention_backward_d7ea6891",
+        "te_gqa_attention_backward_9131b458",
         "(Tensor d_mha0_out, Tensor? x, Tensor? mha0_layernorm_qkv_layer_norm_pre_linear, Tensor? "
-        "mha0_layernorm_qkv_pre_attention, Tensor? mha0_core_attention_pre_linear, Tensor? "
-        "mha0_layernorm_qkv_layer_norm_rstd, Tensor? mha0_core_attention_lse, Tensor? "
-        "mha0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor "
+        "mha0_core_attention_pre_linear, Tensor? mha0_layernorm_qkv_layer_norm_rstd, Tensor? "
+        "mha0_core_attention_qkv, Tensor? mha0_core_attention_lse, Tensor? "
+        "mha0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor? rotary_table, Tensor "
         "mha0_layernorm_qkv_layer_norm_weight, Tensor mha0_layernorm_qkv_weight, Tensor "
         "mha0_proj_weight) -> (Tensor, Tensor, Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 11)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
@@ -319,7 +329,7 @@ class TeGqaAttention(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeGqaAttention", inputs=1, per_call=(2, 5), dtypes=(torch.bfloat16, torch.float16))
+            "TeGqaAttention", inputs=1, per_call=(2, 5, 7), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"].layernorm_qkv.layer_norm_weight, "ones")
@@ -352,9 +362,11 @@ class TeGqaAttention(torch.nn.Module):
             "TeGqaAttention", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeGqaAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
+        rotary_table = ref.rotary_table_argument(
+            "TeGqaAttention", rotary_pos_emb, (32,), x, seq_lens, "thd")
         lead = x.shape[:-1]
         # TE's qkv_weight_interleaved, rows per GQA group (2 of 4 q heads, a k head, a v head), as
         # [q | k | v]: a copy
@@ -367,11 +379,13 @@ class TeGqaAttention(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_gqa_attention_forward_d7ea6891(*args)[0]
+                outputs = torch.ops.fusegen.te_gqa_attention_forward_9131b458(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGqaAttentionFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -40,7 +40,7 @@ def forward_stages(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen):
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_llama_layer` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -56,10 +56,13 @@ def forward_stages(
         layer0_self_attention_layernorm_qkv_weight.t())
     # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, dropout=0.1,
     # qkv_format='thd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     (
         layer0_core_attention_pre_linear, layer0_core_attention_lse,
         layer0_core_attention_rng
@@ -89,11 +92,11 @@ def forward_stages(
         layer0_mlp_residual, layer0_layernorm_mlp_activation_pre_linear,
         layer0_layernorm_mlp_fc2_weight.t())
     return layer0_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -102,11 +105,12 @@ def forward_stages(
 
 def backward_stages(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -142,8 +146,7 @@ def backward_stages(
     # dropout=0.1, qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     (
         d_layer0_core_attention_q, d_layer0_core_attention_k,
         d_layer0_core_attention_v
@@ -151,7 +154,10 @@ def backward_stages(
         d_layer0_core_attention_pre_linear, layer0_core_attention_pre_linear,
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v,
         layer0_core_attention_lse, cu_seqlens, max_seqlen, True, layer0_core_attention_rng, 0.1)
-    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h8_kv2_d32(
+    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h8_kv2_d32(
+        d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h8_kv2_d32(
         d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens)
     # backward stage 1 · rule linear_backward · op 0c: BasicLinear(256, 384)
     d_layer0_layernorm_qkv_layer_norm_pre_linear = d_layer0_layernorm_qkv_pre_attention.mm(
@@ -193,12 +199,12 @@ class TeLlamaLayerFunction(torch.autograd.Function):
             d_layer0_layernorm_mlp_fc1_pre_glu, d_layer0_proj_pre_add_extra_input,
             d_layer0_layernorm_qkv_pre_attention) = operands
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv,
             layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-            layer0_layernorm_mlp_layer_norm_rstd,
+            rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -232,23 +238,23 @@ class TeLlamaLayerFunction(torch.autograd.Function):
             None, d_x, d_layer0_self_attention_layernorm_qkv_layer_norm_weight,
             d_layer0_self_attention_layernorm_qkv_weight, d_layer0_self_attention_proj_weight,
             d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_fc1_weight,
-            d_layer0_layernorm_mlp_fc2_weight, None, None, None)
+            d_layer0_layernorm_mlp_fc2_weight, None, None, None, None)
 
 
 def no_grad_forward(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen):
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_llama_layer` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_llama_layer_no_grad_ac605218(
+        return torch.ops.fusegen.te_llama_layer_no_grad_efdbaade(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-            layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen)
+            layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen, rotary_table)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     layer0_attention_residual = x
     # no-grad stage 1 · rule norm · op 0b: RMSNorm(256)
@@ -259,10 +265,13 @@ def no_grad_forward(
         layer0_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, dropout=0.1,
     # qkv_format='thd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     layer0_core_attention_pre_linear = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
         max_seqlen, True, 0.1 if training else 0.0)[0]
@@ -295,14 +304,15 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeLlamaLayer", inputs=1, per_call=(2, 8), dtypes=(torch.bfloat16, torch.float16),
+    "TeLlamaLayer", inputs=1, per_call=(2, 8, 10), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_llama_layer_no_grad_ac605218",
+    "te_llama_layer_no_grad_efdbaade",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, Tensor "
     "layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, Tensor "
-    "layer0_layernorm_mlp_fc2_weight, bool training, Tensor cu_seqlens, int max_seqlen) -> Tensor",
+    "layer0_layernorm_mlp_fc2_weight, bool training, Tensor cu_seqlens, int max_seqlen, Tensor "
+    "rotary_table) -> Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -315,16 +325,16 @@ def forward_pass(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen):
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     layer0_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -333,22 +343,23 @@ def forward_pass(
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen)
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen, rotary_table)
     return (
-        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, layer0_layernorm_mlp_layer_norm_rstd)
+        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, layer0_layernorm_mlp_layer_norm_rstd)
 
 
 def backward_pass(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight):
@@ -356,11 +367,12 @@ def backward_pass(
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -373,32 +385,31 @@ def setup_compiled_backward(ctx, inputs, output):
         x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
-        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen) = inputs
+        layer0_layernorm_mlp_fc2_weight, training, cu_seqlens, max_seqlen, rotary_table) = inputs
     (
-        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng,
-        layer0_layernorm_mlp_layer_norm_rstd) = output
+        layer0_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, layer0_layernorm_mlp_layer_norm_rstd) = output
     keep_for_backward(
         ctx,
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv,
             layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-            layer0_layernorm_mlp_layer_norm_rstd,
+            rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight),
         (
-            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
+            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv,
             layer0_core_attention_lse, layer0_core_attention_rng,
             layer0_layernorm_mlp_layer_norm_rstd),
         host=(12,))
@@ -409,11 +420,11 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        layer0_core_attention_rng, cu_seqlens, max_seqlen, rotary_table,
         layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -423,13 +434,14 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_fc1_pre_glu,
         d_layer0_proj_pre_add_extra_input,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_llama_layer_backward_eb6fd52d(
+    ) = torch.ops.fusegen.te_llama_layer_backward_161aafea(
         d_layer0_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens, max_seqlen,
-        layer0_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_core_attention_rng, cu_seqlens,
+        max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight)
@@ -451,35 +463,35 @@ def compiled_backward(ctx, d_layer0_out, *_):  # (_: the made tensors have no gr
         d_x, d_layer0_self_attention_layernorm_qkv_layer_norm_weight,
         d_layer0_self_attention_layernorm_qkv_weight, d_layer0_self_attention_proj_weight,
         d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_fc1_weight,
-        d_layer0_layernorm_mlp_fc2_weight, None, None, None)
+        d_layer0_layernorm_mlp_fc2_weight, None, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeLlamaLayer", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_llama_layer_forward_eb6fd52d",
+        "te_llama_layer_forward_161aafea",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
-        "Tensor layer0_layernorm_mlp_fc2_weight, bool training, Tensor cu_seqlens, int max_seqlen) "
-        "-> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?)",
-        forward_pass, (0, 2, 8)),
+        "Tensor layer0_layernorm_mlp_fc2_weight, bool training, Tensor cu_seqlens, int max_seqlen, "
+        "Tensor rotary_table) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
+        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 2, 8, 10)),
     (
-        "te_llama_layer_backward_eb6fd52d",
+        "te_llama_layer_backward_161aafea",
         "(Tensor d_layer0_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
-        "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
-        "layer0_layernorm_mlp_fc1_pre_glu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "layer0_core_attention_rng, Tensor? cu_seqlens, int max_seqlen, Tensor? "
-        "layer0_layernorm_mlp_layer_norm_rstd, Tensor "
+        "Tensor? layer0_core_attention_pre_linear, Tensor? layer0_mlp_residual, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? layer0_layernorm_mlp_fc1_pre_glu, "
+        "Tensor? layer0_layernorm_mlp_activation_pre_linear, Tensor? "
+        "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_qkv, Tensor? "
+        "layer0_core_attention_lse, Tensor? layer0_core_attention_rng, Tensor? cu_seqlens, int "
+        "max_seqlen, Tensor? rotary_table, Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
         "Tensor layer0_layernorm_mlp_fc2_weight) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
         "Tensor)",
-        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16)),
+        backward_pass, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 17)),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward, random=True)
 
 
@@ -526,7 +538,7 @@ class TeLlamaLayer(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeLlamaLayer", inputs=1, per_call=(2, 8), dtypes=(torch.bfloat16, torch.float16))
+            "TeLlamaLayer", inputs=1, per_call=(2, 8, 10), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(
@@ -583,9 +595,11 @@ class TeLlamaLayer(torch.nn.Module):
             "TeLlamaLayer", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeLlamaLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
+        rotary_table = ref.rotary_table_argument(
+            "TeLlamaLayer", rotary_pos_emb, (32,), x, seq_lens, "thd")
         lead = x.shape[:-1]
         # TE's qkv_weight_interleaved, rows per GQA group (2 of 4 q heads, a k head, a v head), as
         # [q | k | v]: a copy
@@ -602,11 +616,13 @@ class TeLlamaLayer(torch.nn.Module):
             self.training,  # Dropout draws its masks in training only
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_llama_layer_forward_eb6fd52d(*args)[0]
+                outputs = torch.ops.fusegen.te_llama_layer_forward_161aafea(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeLlamaLayerFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -57,7 +57,7 @@ def forward_stages(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_llama_stack` under autograd.
 
     Returns its output, then the tensors its backward reads."""
@@ -72,10 +72,13 @@ def forward_stages(
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
     # forward stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     layer0_core_attention_pre_linear, layer0_core_attention_lse = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
         max_seqlen, True)
@@ -111,10 +114,13 @@ def forward_stages(
     layer1_layernorm_qkv_pre_attention = layer1_layernorm_qkv_layer_norm_pre_linear.mm(
         layer1_self_attention_layernorm_qkv_weight.t())
     # forward stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1, qkv_format='thd')
+    layer1_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv1_d32(
+        layer1_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32))
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32)).split([8, 1, 1], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([8, 1, 1], dim=1)
     layer1_core_attention_pre_linear, layer1_core_attention_lse = ref.flash_attention_forward(
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v, cu_seqlens,
         max_seqlen, True)
@@ -141,17 +147,17 @@ def forward_stages(
         layer1_mlp_residual, layer1_layernorm_mlp_activation_pre_linear,
         layer1_layernorm_mlp_fc2_weight.t())
     return layer1_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-        layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen, rotary_table,
+        layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -162,15 +168,15 @@ def forward_stages(
 
 def backward_stages(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -210,8 +216,7 @@ def backward_stages(
     # qkv_format='thd')
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32)).split([8, 1, 1], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([8, 1, 1], dim=1)
     (
         d_layer1_core_attention_q, d_layer1_core_attention_k,
         d_layer1_core_attention_v
@@ -219,7 +224,10 @@ def backward_stages(
         d_layer1_core_attention_pre_linear, layer1_core_attention_pre_linear,
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v,
         layer1_core_attention_lse, cu_seqlens, max_seqlen, True)
-    d_layer1_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h8_kv1_d32(
+    d_layer1_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h8_kv1_d32(
+        d_layer1_core_attention_q, d_layer1_core_attention_k, d_layer1_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h8_kv1_d32(
         d_layer1_core_attention_q, d_layer1_core_attention_k, d_layer1_core_attention_v, cu_seqlens)
     # backward stage 9 · rule linear_backward · op 1c: BasicLinear(256, 320)
     d_layer1_layernorm_qkv_layer_norm_pre_linear = d_layer1_layernorm_qkv_pre_attention.mm(
@@ -264,8 +272,7 @@ def backward_stages(
     # qkv_format='thd')
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     (
         d_layer0_core_attention_q, d_layer0_core_attention_k,
         d_layer0_core_attention_v
@@ -273,7 +280,10 @@ def backward_stages(
         d_layer0_core_attention_pre_linear, layer0_core_attention_pre_linear,
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v,
         layer0_core_attention_lse, cu_seqlens, max_seqlen, True)
-    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_bwd_h8_kv2_d32(
+    d_layer0_layernorm_qkv_pre_attention = kernels.qkv_prep_table_bwd_h8_kv2_d32(
+        d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else kernels.qkv_prep_bwd_h8_kv2_d32(
         d_layer0_core_attention_q, d_layer0_core_attention_k, d_layer0_core_attention_v, cu_seqlens)
     # backward stage 1 · rule linear_backward · op 0c: BasicLinear(256, 384)
     d_layer0_layernorm_qkv_layer_norm_pre_linear = d_layer0_layernorm_qkv_pre_attention.mm(
@@ -305,7 +315,7 @@ class TeLlamaStackFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages, args, host=(19,))
+        return replay_forward(graph, ctx, forward_stages, args, host=(18,))
 
     @staticmethod
     @first_order_only("TeLlamaStack")  # a double backward raises instead of being wrong
@@ -323,17 +333,17 @@ class TeLlamaStackFunction(torch.autograd.Function):
             d_layer0_layernorm_mlp_fc1_pre_glu, d_layer0_proj_pre_add_extra_input,
             d_layer0_layernorm_qkv_pre_attention) = operands
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
             layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-            layer1_layernorm_mlp_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen,
+            rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv,
+            layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -398,7 +408,7 @@ class TeLlamaStackFunction(torch.autograd.Function):
             d_layer1_self_attention_layernorm_qkv_layer_norm_weight,
             d_layer1_self_attention_layernorm_qkv_weight, d_layer1_self_attention_proj_weight,
             d_layer1_layernorm_mlp_layer_norm_weight, d_layer1_layernorm_mlp_fc1_weight,
-            d_layer1_layernorm_mlp_fc2_weight, None, None)
+            d_layer1_layernorm_mlp_fc2_weight, None, None, None)
 
 
 def no_grad_forward(
@@ -408,19 +418,19 @@ def no_grad_forward(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table):
     """The forward of `te_llama_stack` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
     # torch.compile: the custom op below
     if torch.compiler.is_compiling() and x.device.type != "meta":
-        return torch.ops.fusegen.te_llama_stack_no_grad_1e5219ad(
+        return torch.ops.fusegen.te_llama_stack_no_grad_237282c6(
             x, layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
             layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
             layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
             layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-            layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen)
+            layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table)
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     layer0_attention_residual = x
     # no-grad stage 1 · rule norm · op 0b: RMSNorm(256)
@@ -430,10 +440,13 @@ def no_grad_forward(
     layer0_layernorm_qkv_pre_attention = layer0_layernorm_qkv_layer_norm_pre_linear.mm(
         layer0_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 3 · rule attention · op 0d: GroupedQueryAttention(256, 8, 2, qkv_format='thd')
+    layer0_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv2_d32(
+        layer0_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32))
     (
         layer0_core_attention_q, layer0_core_attention_k,
-        layer0_core_attention_v
-    ) = layer0_layernorm_qkv_pre_attention.unflatten(1, (12, 32)).split([8, 2, 2], dim=1)
+        layer0_core_attention_v) = layer0_core_attention_qkv.split([8, 2, 2], dim=1)
     layer0_core_attention_pre_linear = ref.flash_attention_forward(
         layer0_core_attention_q, layer0_core_attention_k, layer0_core_attention_v, cu_seqlens,
         max_seqlen, True)[0]
@@ -469,10 +482,13 @@ def no_grad_forward(
     layer1_layernorm_qkv_pre_attention = layer1_layernorm_qkv_layer_norm_pre_linear.mm(
         layer1_self_attention_layernorm_qkv_weight.t())
     # no-grad stage 11 · rule attention · op 1d: GroupedQueryAttention(256, 8, 1, qkv_format='thd')
+    layer1_core_attention_qkv = kernels.qkv_prep_table_fwd_h8_kv1_d32(
+        layer1_layernorm_qkv_pre_attention, cu_seqlens,
+        rotary_table
+    ) if rotary_table.shape[0] else layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32))
     (
         layer1_core_attention_q, layer1_core_attention_k,
-        layer1_core_attention_v
-    ) = layer1_layernorm_qkv_pre_attention.unflatten(1, (10, 32)).split([8, 1, 1], dim=1)
+        layer1_core_attention_v) = layer1_core_attention_qkv.split([8, 1, 1], dim=1)
     layer1_core_attention_pre_linear = ref.flash_attention_forward(
         layer1_core_attention_q, layer1_core_attention_k, layer1_core_attention_v, cu_seqlens,
         max_seqlen, True)[0]
@@ -505,10 +521,10 @@ def no_grad_forward(
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
 COMPILED_GRAPHS = CudaGraphs(
-    "TeLlamaStack", inputs=1, per_call=(2, 8, 13), dtypes=(torch.bfloat16, torch.float16),
+    "TeLlamaStack", inputs=1, per_call=(2, 8, 13, 15), dtypes=(torch.bfloat16, torch.float16),
     by_parameters=True)
 register_no_grad_op(
-    "te_llama_stack_no_grad_1e5219ad",
+    "te_llama_stack_no_grad_237282c6",
     "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, Tensor "
     "layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, Tensor "
@@ -516,7 +532,8 @@ register_no_grad_op(
     "layer1_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
     "layer1_self_attention_layernorm_qkv_weight, Tensor layer1_self_attention_proj_weight, Tensor "
     "layer1_layernorm_mlp_layer_norm_weight, Tensor layer1_layernorm_mlp_fc1_weight, Tensor "
-    "layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen) -> Tensor",
+    "layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen, Tensor rotary_table) -> "
+    "Tensor",
     no_grad_forward, COMPILED_GRAPHS)
 
 
@@ -532,22 +549,22 @@ def forward_pass(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen):
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table):
     """torch.compile's forward op under autograd: forward_stages' output, then the tensors its
     backward reads that are neither the op's arguments nor its outputs (an op's outputs are tensors
     of its own)."""
     layer1_out, (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-        layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen, rotary_table,
+        layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -561,32 +578,31 @@ def forward_pass(
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen)
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table)
     return (
-        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd)
 
 
 def backward_pass(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -598,15 +614,15 @@ def backward_pass(
     weight-grad GEMMs read, as one tuple."""
     stage_grads, operands = backward_stages(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -626,33 +642,32 @@ def setup_compiled_backward(ctx, inputs, output):
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
         layer1_self_attention_layernorm_qkv_weight, layer1_self_attention_proj_weight,
         layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
-        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen) = inputs
+        layer1_layernorm_mlp_fc2_weight, cu_seqlens, max_seqlen, rotary_table) = inputs
     (
-        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        layer1_out, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer0_core_attention_qkv, layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd) = output
     keep_for_backward(
         ctx,
         (
-            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
             layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-            layer1_layernorm_mlp_layer_norm_rstd,
+            layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen,
+            rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv,
+            layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
             layer0_self_attention_layernorm_qkv_layer_norm_weight,
             layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
             layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -661,18 +676,18 @@ def setup_compiled_backward(ctx, inputs, output):
             layer1_layernorm_mlp_layer_norm_weight, layer1_layernorm_mlp_fc1_weight,
             layer1_layernorm_mlp_fc2_weight),
         (
-            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-            layer0_core_attention_pre_linear, layer0_mlp_residual,
-            layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-            layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-            layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+            layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+            layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+            layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+            layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
             layer1_core_attention_pre_linear, layer1_mlp_residual,
             layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
             layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-            layer0_core_attention_lse, layer0_layernorm_mlp_layer_norm_rstd,
-            layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+            layer0_core_attention_qkv, layer0_core_attention_lse,
+            layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+            layer1_core_attention_qkv, layer1_core_attention_lse,
             layer1_layernorm_mlp_layer_norm_rstd),
-        host=(19,))
+        host=(18,))
 
 
 def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no grads)
@@ -680,17 +695,17 @@ def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no gr
     that need a grad. (A double backward raises: AOT autograd does not differentiate a compiled
     backward.)"""
     (
-        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_layernorm_qkv_pre_attention,
-        layer0_core_attention_pre_linear, layer0_mlp_residual,
-        layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
-        layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
+        x, layer0_layernorm_qkv_layer_norm_pre_linear, layer0_core_attention_pre_linear,
+        layer0_mlp_residual, layer0_layernorm_mlp_layer_norm_pre_linear,
+        layer0_layernorm_mlp_fc1_pre_glu, layer0_layernorm_mlp_activation_pre_linear,
+        layer1_attention_residual, layer1_layernorm_qkv_layer_norm_pre_linear,
         layer1_core_attention_pre_linear, layer1_mlp_residual,
         layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
         layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
-        layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
+        layer0_core_attention_qkv, layer0_core_attention_lse, cu_seqlens, max_seqlen, rotary_table,
+        layer0_layernorm_mlp_layer_norm_rstd, layer1_layernorm_qkv_layer_norm_rstd,
+        layer1_core_attention_qkv, layer1_core_attention_lse, layer1_layernorm_mlp_layer_norm_rstd,
+        layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
         layer0_layernorm_mlp_fc2_weight, layer1_self_attention_layernorm_qkv_layer_norm_weight,
@@ -706,17 +721,17 @@ def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_pre_add_extra_input, d_layer0_layernorm_mlp_fc1_pre_glu,
         d_layer0_proj_pre_add_extra_input,
         d_layer0_layernorm_qkv_pre_attention
-    ) = torch.ops.fusegen.te_llama_stack_backward_c98fe467(
+    ) = torch.ops.fusegen.te_llama_stack_backward_20bcb124(
         d_layer1_out, x, layer0_layernorm_qkv_layer_norm_pre_linear,
-        layer0_layernorm_qkv_pre_attention, layer0_core_attention_pre_linear, layer0_mlp_residual,
+        layer0_core_attention_pre_linear, layer0_mlp_residual,
         layer0_layernorm_mlp_layer_norm_pre_linear, layer0_layernorm_mlp_fc1_pre_glu,
         layer0_layernorm_mlp_activation_pre_linear, layer1_attention_residual,
-        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_layernorm_qkv_pre_attention,
-        layer1_core_attention_pre_linear, layer1_mlp_residual,
-        layer1_layernorm_mlp_layer_norm_pre_linear, layer1_layernorm_mlp_fc1_pre_glu,
-        layer1_layernorm_mlp_activation_pre_linear, layer0_layernorm_qkv_layer_norm_rstd,
-        layer0_core_attention_lse, cu_seqlens, max_seqlen, layer0_layernorm_mlp_layer_norm_rstd,
-        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_lse,
+        layer1_layernorm_qkv_layer_norm_pre_linear, layer1_core_attention_pre_linear,
+        layer1_mlp_residual, layer1_layernorm_mlp_layer_norm_pre_linear,
+        layer1_layernorm_mlp_fc1_pre_glu, layer1_layernorm_mlp_activation_pre_linear,
+        layer0_layernorm_qkv_layer_norm_rstd, layer0_core_attention_qkv, layer0_core_attention_lse,
+        cu_seqlens, max_seqlen, rotary_table, layer0_layernorm_mlp_layer_norm_rstd,
+        layer1_layernorm_qkv_layer_norm_rstd, layer1_core_attention_qkv, layer1_core_attention_lse,
         layer1_layernorm_mlp_layer_norm_rstd, layer0_self_attention_layernorm_qkv_layer_norm_weight,
         layer0_self_attention_layernorm_qkv_weight, layer0_self_attention_proj_weight,
         layer0_layernorm_mlp_layer_norm_weight, layer0_layernorm_mlp_fc1_weight,
@@ -759,13 +774,13 @@ def compiled_backward(ctx, d_layer1_out, *_):  # (_: the made tensors have no gr
         d_layer0_layernorm_mlp_fc2_weight, d_layer1_self_attention_layernorm_qkv_layer_norm_weight,
         d_layer1_self_attention_layernorm_qkv_weight, d_layer1_self_attention_proj_weight,
         d_layer1_layernorm_mlp_layer_norm_weight, d_layer1_layernorm_mlp_fc1_weight,
-        d_layer1_layernorm_mlp_fc2_weight, None, None)
+        d_layer1_layernorm_mlp_fc2_weight, None, None, None)
 
 
 COMPILED_PASSES = PassGraphs("TeLlamaStack", dtypes=(torch.bfloat16, torch.float16))
 register_training_ops(
     (
-        "te_llama_stack_forward_c98fe467",
+        "te_llama_stack_forward_20bcb124",
         "(Tensor x, Tensor layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
@@ -773,25 +788,26 @@ register_training_ops(
         "layer1_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer1_self_attention_layernorm_qkv_weight, Tensor layer1_self_attention_proj_weight, "
         "Tensor layer1_layernorm_mlp_layer_norm_weight, Tensor layer1_layernorm_mlp_fc1_weight, "
-        "Tensor layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen) -> (Tensor, "
+        "Tensor layer1_layernorm_mlp_fc2_weight, Tensor cu_seqlens, int max_seqlen, Tensor "
+        "rotary_table) -> (Tensor, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
         "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, Tensor?, "
-        "Tensor?)",
-        forward_pass, (0, 2, 8, 13)),
+        "Tensor?, Tensor?, Tensor?, Tensor?)",
+        forward_pass, (0, 2, 8, 13, 15)),
     (
-        "te_llama_stack_backward_c98fe467",
+        "te_llama_stack_backward_20bcb124",
         "(Tensor d_layer1_out, Tensor? x, Tensor? layer0_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_pre_attention, Tensor? layer0_core_attention_pre_linear, "
-        "Tensor? layer0_mlp_residual, Tensor? layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? "
-        "layer0_layernorm_mlp_fc1_pre_glu, Tensor? layer0_layernorm_mlp_activation_pre_linear, "
-        "Tensor? layer1_attention_residual, Tensor? layer1_layernorm_qkv_layer_norm_pre_linear, "
-        "Tensor? layer1_layernorm_qkv_pre_attention, Tensor? layer1_core_attention_pre_linear, "
-        "Tensor? layer1_mlp_residual, Tensor? layer1_layernorm_mlp_layer_norm_pre_linear, Tensor? "
-        "layer1_layernorm_mlp_fc1_pre_glu, Tensor? layer1_layernorm_mlp_activation_pre_linear, "
-        "Tensor? layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_lse, Tensor? "
-        "cu_seqlens, int max_seqlen, Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor? "
-        "layer1_layernorm_qkv_layer_norm_rstd, Tensor? layer1_core_attention_lse, Tensor? "
-        "layer1_layernorm_mlp_layer_norm_rstd, Tensor "
+        "Tensor? layer0_core_attention_pre_linear, Tensor? layer0_mlp_residual, Tensor? "
+        "layer0_layernorm_mlp_layer_norm_pre_linear, Tensor? layer0_layernorm_mlp_fc1_pre_glu, "
+        "Tensor? layer0_layernorm_mlp_activation_pre_linear, Tensor? layer1_attention_residual, "
+        "Tensor? layer1_layernorm_qkv_layer_norm_pre_linear, Tensor? "
+        "layer1_core_attention_pre_linear, Tensor? layer1_mlp_residual, Tensor? "
+        "layer1_layernorm_mlp_layer_norm_pre_linear, Tensor? layer1_layernorm_mlp_fc1_pre_glu, "
+        "Tensor? layer1_layernorm_mlp_activation_pre_linear, Tensor? "
+        "layer0_layernorm_qkv_layer_norm_rstd, Tensor? layer0_core_attention_qkv, Tensor? "
+        "layer0_core_attention_lse, Tensor? cu_seqlens, int max_seqlen, Tensor? rotary_table, "
+        "Tensor? layer0_layernorm_mlp_layer_norm_rstd, Tensor? "
+        "layer1_layernorm_qkv_layer_norm_rstd, Tensor? layer1_core_attention_qkv, Tensor? "
+        "layer1_core_attention_lse, Tensor? layer1_layernorm_mlp_layer_norm_rstd, Tensor "
         "layer0_self_attention_layernorm_qkv_layer_norm_weight, Tensor "
         "layer0_self_attention_layernorm_qkv_weight, Tensor layer0_self_attention_proj_weight, "
         "Tensor layer0_layernorm_mlp_layer_norm_weight, Tensor layer0_layernorm_mlp_fc1_weight, "
@@ -803,8 +819,8 @@ register_training_ops(
         "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
         backward_pass,
         (
-            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24,
-            26, 32)
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22, 23, 24,
+            25, 27, 33)
     ),
     COMPILED_PASSES, setup_compiled_backward, compiled_backward)
 
@@ -885,7 +901,7 @@ class TeLlamaStack(torch.nn.Module):
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
-            "TeLlamaStack", inputs=1, per_call=(8, 13), dtypes=(torch.bfloat16, torch.float16))
+            "TeLlamaStack", inputs=1, per_call=(8, 13, 15), dtypes=(torch.bfloat16, torch.float16))
 
     def reset_parameters(self):
         ref.init_parameter(
@@ -1000,9 +1016,11 @@ class TeLlamaStack(torch.nn.Module):
             "TeLlamaStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
-            attn_mask_type=attn_mask_type, window_size=window_size, rotary_pos_emb=rotary_pos_emb)
+            attn_mask_type=attn_mask_type, window_size=window_size)
         cu_seqlens, max_seqlen = packed_sequences(
             "TeLlamaStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
+        rotary_table = ref.rotary_table_argument(
+            "TeLlamaStack", rotary_pos_emb, (32,), x, seq_lens, "thd")
         lead = x.shape[:-1]
         # TE's parameters_split, row blocks of one buffer: a view while adjacent
         layer0_self_attention_layernorm_qkv_weight = join_rows(
@@ -1026,11 +1044,13 @@ class TeLlamaStack(torch.nn.Module):
             layer1_layernorm_mlp_fc2_weight,
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
+            # TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)
+            rotary_table,
         )
         if torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
-                outputs = torch.ops.fusegen.te_llama_stack_forward_c98fe467(*args)[0]
+                outputs = torch.ops.fusegen.te_llama_stack_forward_20bcb124(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeLlamaStackFunction.apply(
                     self.cuda_graphs.training(forward_stages, args), *args)

@@ -22,6 +22,7 @@ from .errors import Location, SpecError
 from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, HeldRows, OpDef, part_attribute
+from .ops.attention import reads_rotary_table
 from .values import (HOST_INT, X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
                      module_name, param_name, residual_name, seed_name)
 
@@ -57,6 +58,7 @@ class Op:
     # pipeline's int32 offsets cu_seqlens [batch + 1] on x's device and its host int max_seqlen
     cu_seqlens: int | None = None
     max_seqlen: int | None = None
+    rotary_table: int | None = None  # TE's per-call rotary table where it reads one (``reads_rotary_table``)
     # a Residual's tee (its extra_out) and add (its extra_in): the Residual's path; the two are
     # joined by one internal value, neither an extra input nor an extra output of the pipeline
     residual: str = ""
@@ -131,6 +133,7 @@ class Pipeline:
     # how x is read where an op reads the sequences (TE's qkv_format: "sbhd", "bshd", "thd"), or None
     # for fusegen's own call forms; "sbhd" makes the module run batch-major rows inside (pipeline.py.j2)
     sequence_format: str | None = None
+    rotary_table: int | None = None  # TE's forward(rotary_pos_emb=...), float32 [max_s, d] ([0, d]: None)
 
     def value(self, id: int) -> Value:
         return self.values[id]
@@ -269,7 +272,7 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
     ops, values, training, width, sequences = _values(graph, ops)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
                     len(graph.outputs) - 1, graph, tuple(specialise), values, training, width, sequences,
-                    _sequence_format(ops))
+                    _sequence_format(ops), next((op.rotary_table for op in ops if op.rotary_table), None))
 
 
 def _sequence_format(ops: list[Op]) -> str | None:
@@ -305,7 +308,7 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
         return id
 
     add(Role.ACTIVATION, X_DTYPE, "x", graph.features(0), id=0)
-    sequences = None
+    sequences = rotary_table = None
     graph_nodes = iter(node for node in graph.nodes if not node.opdef.view)
     with_ids, running = [], 0
     for op in ops:
@@ -332,6 +335,8 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
             sequences = sequences or (add(Role.METADATA, "int32", "cu_seqlens"),
                                       add(Role.METADATA, HOST_INT, "max_seqlen"))
             fields["cu_seqlens"], fields["max_seqlen"] = sequences
+        if reads_rotary_table(op.opdef, op.args):  # one table a pipeline, as TE's forward takes one
+            rotary_table = fields["rotary_table"] = rotary_table or add(Role.METADATA, "float32", "rotary_table")
         if op.opdef.user_module:
             fields["module_object"] = add(Role.OBJECT, "object", module_name(op))
             fields["lead"] = add(Role.METADATA, "object", lead_name(op))

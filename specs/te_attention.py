@@ -20,8 +20,8 @@ te_gpt_attention = te.Sequential(
     te.MultiheadAttention(HIDDEN, 4, input_layernorm=True, qkv_format="bshd"),
 )
 
-# Llama-style without rotary (TE passes rotary through forward's rotary_pos_emb, which fusegen's
-# module has not): RMSNorm, grouped-query attention (8 query heads sharing 2 kv heads of 32), no biases
+# Llama-style: RMSNorm, grouped-query attention (8 query heads sharing 2 kv heads of 32), no biases;
+# rotary as TE passes it, a table through forward's rotary_pos_emb (the prep kernels' table variant)
 te_gqa_attention = te.Sequential(
     te.MultiheadAttention(HIDDEN, 8, num_gqa_groups=2, input_layernorm=True,
                           normalization="RMSNorm", bias=False, fuse_qkv_params=True, qkv_format="thd"),

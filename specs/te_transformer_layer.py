@@ -15,8 +15,8 @@ te_gpt_layer = te.Sequential(
     te.TransformerLayer(HIDDEN, 4 * HIDDEN, 4, attn_input_format="bshd"),
 )
 
-# Llama-style (without rotary, which TE passes through forward): pre-RMSNorm, grouped-query
-# attention (8 query heads sharing 2 kv heads of 32), SwiGLU, no biases, no hidden dropout
+# Llama-style (rotary as TE passes it, a table through forward(rotary_pos_emb=...)): pre-RMSNorm,
+# grouped-query attention (8 query heads sharing 2 kv heads of 32), SwiGLU, no biases, no hidden dropout
 te_llama_layer = te.Sequential(
     te.TransformerLayer(HIDDEN, 512, 8, num_gqa_groups=2, hidden_dropout=0.0, bias=False,
                         activation="swiglu", normalization="RMSNorm", fuse_qkv_params=True,

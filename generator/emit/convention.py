@@ -21,7 +21,7 @@ from typing import Callable
 from ..ir import Size, size_expr
 from ..source_text import comment_text
 from ..values import Role, Value, module_name
-from .held import held_parameters
+from .held import fresh_parameters, held_parameters
 
 # the roles of values that are tensors with grads (a flag, an object or metadata has none: the
 # Function returns None for it, and a custom op's schema has no tensor for it)
@@ -50,9 +50,7 @@ class Argument:
     # a tensor the module's forward makes anew each call (the sequences' offsets): a CUDA graph
     # copies it into its buffers as it does the caller's tensors, never reads it where it was
     per_call: bool = False
-    # a tensor made anew each call under torch.compile only (TE's row blocks, joined by torch.cat
-    # there: held.py): the compiled passes' graphs copy it in; the module's own read it in place
-    compiled_per_call: bool = False
+    compiled_per_call: bool = False  # made anew under torch.compile (TE's joined row blocks): copied in there
 
     @property
     def tensor(self) -> bool:
@@ -74,7 +72,8 @@ def free_values(pipeline) -> list[int]:
     p = pipeline
     modules = [value for op in p.ops if op.module_object is not None for value in (op.module_object, op.lead)]
     return ([0, *p.extra_input_values, *(value for op in p.ops for _, value in op.param_ids)]
-            + ([p.training] if p.training is not None else []) + list(p.sequences or ()) + modules)
+            + ([p.training] if p.training is not None else []) + list(p.sequences or ())
+            + ([p.rotary_table] if p.rotary_table is not None else []) + modules)
 
 
 @dataclass(frozen=True)
@@ -95,11 +94,11 @@ class ModuleForward:
     graphs: bool = False  # the module replays CUDA graphs (emit.replays_graphs)
     sequence_format: str | None = None  # how x is read (TE's qkv_format), None: fusegen's call forms
     te_masks: tuple[str, ...] = ()  # a TE attention module's masks: the module takes TE's forward keywords
-    # parameters the module hands as a new tensor each call (TE's interleaved QKV rows gathered:
-    # held.py), under torch.compile also TE's row blocks joined: a CUDA graph copies them in as it
-    # does x, never reading them where they were
+    # parameters handed as a new tensor each call, CUDA graphs copy them in as x (held.fresh_parameters)
     fresh: frozenset[int] = frozenset()
-    fresh_compiled: frozenset[int] = frozenset()
+    fresh_compiled: frozenset[int] = frozenset()  # under torch.compile
+    rotary_table: int | None = None  # TE's per-call rotary table, where an attention op reads it
+    head_dims: tuple[int, ...] = ()  # the head sizes of the attention ops that read it
 
     @property
     def like_is(self) -> str:
@@ -136,9 +135,11 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
                          any_shape=takes_any_shape(p), divisor=p.divisor if p.generic else 1,
                          in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
                          sequences=p.sequences, graphs=graphs, sequence_format=p.sequence_format,
-                         te_masks=te_masks(p), fresh=frozenset(param.op.param(param.attr) for param in held
-                                                                if param.copies),
-                         fresh_compiled=frozenset(param.op.param(param.attr) for param in held if param.blocks))
+                         te_masks=te_masks(p), fresh=fresh_parameters(held),
+                         fresh_compiled=fresh_parameters(held, compiled=True),
+                         rotary_table=p.rotary_table,
+                         head_dims=tuple(sorted({op.args["hidden"] // op.args["heads"] for op in p.ops
+                                                 if op.rotary_table is not None})))
 
 
 def arguments(pipeline, leads: dict[int, str], copied: set[int], lead_lines=(), graphs=False) -> list[Argument]:
@@ -180,7 +181,7 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
     if value.role is Role.PARAMETER:  # the parameters, on one line, checked on one line
         return Argument(value.id, value.role, name, name, line="parameters", check=(f.parameters_check,),
                         checked_by="check_parameters", per_call=value.id in f.fresh,
-                        compiled_per_call=value.id in f.fresh | f.fresh_compiled)
+                        compiled_per_call=value.id in f.fresh_compiled)
     if value.role is Role.FLAG:
         return Argument(value.id, value.role, name, "self.training", line=name,
                         comment="Dropout draws its masks in training only")
@@ -193,14 +194,21 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
         # every set of lengths of a row and batch count)
         few_rows = ", self.cuda_graphs.max_rows" if f.graphs else ""
         form = f', qkv_format="{f.sequence_format}"' if f.sequence_format else ""
+        keywords = [k for k in TE_KEYWORDS if k != "rotary_pos_emb" or f.rotary_table is None]  # else read below
         check = ((f'seq_lens, max_seqlen = te_sequences("{f.module}", seq_lens, max_seqlen, {f.te_masks!r}, '
-                  f'{", ".join(f"{k}={k}" for k in TE_KEYWORDS)})',) if f.te_masks else ()) + (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form})',)
+                  f'{", ".join(f"{k}={k}" for k in keywords)})',) if f.te_masks else ()) + (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form})',)
+        if f.rotary_table is not None:  # TE's table checked against the call: float32 [max_s, d], or [0, d] for None
+            check += (f'rotary_table = ref.rotary_table_argument("{f.module}", rotary_pos_emb, {f.head_dims!r}, x, '
+                      f'seq_lens, "{f.sequence_format}")',)
         if f.sequence_format == "sbhd":  # TE's default: x [seq, batch, hidden] runs as batch-major rows inside
             check += ("x = x.transpose(0, 1)  # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence",)
         first = value.id == f.sequences[0]
         return Argument(value.id, value.role, name, name, line="sequences", check=check,
                         checked_by="packed_sequences", typed="Tensor" if first else "int", per_call=first,
                         comment="the packed sequences: offsets [batch + 1], a bound on the longest length" if not first else "")
+    if value.role is Role.METADATA and value.id == f.rotary_table:  # made and checked with the sequences
+        return Argument(value.id, value.role, name, name, line=name, typed="Tensor", per_call=True,
+                        comment="TE's rotary_pos_emb: float32 angles [max_s, d]; [0, d] for None (no rotary)")
     if value.role is Role.METADATA and op is not None and op.lead == value.id:
         return Argument(value.id, value.role, name, f.leads[op.index], line=module_name(op),
                         comment=f"{comment_text(op.args['call'])}: run as it is")
@@ -257,9 +265,10 @@ def check_helpers(args: list[Argument]) -> list[str]:
 
 # TE's attention modules' forward keywords (MultiheadAttention.forward, TransformerLayer.forward) a
 # module built from them takes besides fusegen's call form, all None by default; runtime te_sequences
-# turns them into seq_lens / max_seqlen and refuses what fusegen cannot honour (rotary_pos_emb, TE's
-# per-call rotary table: the generated stage does not read it yet, so a table is refused with what to
-# do, not dropped; fusegen.eager's modules take it)
+# turns them into seq_lens / max_seqlen and refuses what fusegen cannot honour; rotary_pos_emb, TE's
+# per-call rotary table, becomes the rotary_table argument where an attention op reads it
+# (Pipeline.rotary_table: ref.rotary_table_argument checks it), and te_sequences refuses a table
+# elsewhere (attention ops that rotate by a rotary_base of their own), never dropping it
 TE_KEYWORDS = ("cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv", "attention_mask",
                "self_attn_mask_type", "attn_mask_type", "window_size", "rotary_pos_emb")
 

@@ -109,6 +109,14 @@ def held_parameters(p) -> list[Held]:
     return params
 
 
+def fresh_parameters(params: list[Held], compiled: bool = False) -> frozenset[int]:
+    """The parameter values the forward hands the pipeline as a new tensor each call (TE's
+    interleaved rows gathered; ``compiled``: under torch.compile, where TE's row blocks are joined
+    by ``torch.cat``, those too): a CUDA graph copies them in as it does x, never reading them where
+    they were at its capture."""
+    return frozenset(param.op.param(param.attr) for param in params if param.copies or (compiled and param.blocks))
+
+
 def runtime_helpers(params: list[Held]) -> list[str]:
     """The runtime's functions the module's held parameters need."""
     helpers = set()

@@ -26,6 +26,8 @@ import math
 from .attention_math import (attention_blocks, attention_bounds, attention_core, attention_core_bwd,
                              attention_dropout_scale, attention_inputs, attention_inputs_bwd, attention_positions,
                              attention_rotary, attention_rotary_angles, attention_split)
+from .attention_rotary_table import (attention_inputs_table, attention_inputs_table_bwd, attention_rotary_partial,
+                                     attention_rotary_table_angles, rotary_table_argument, rotary_table_of)
 from .common import compute, new_seed
 from .lazy import torch
 from .opdef import Arg, OpDef, check_probability, float_tag, register
@@ -119,6 +121,13 @@ def sequences_of(x2d, lead):
     return torch.arange(0, count + 1, dtype=torch.int32, device=x2d.device) * length
 
 
+def reads_rotary_table(opdef, args) -> bool:
+    """Whether an op rotates q and k by TE's per-call table (forward(rotary_pos_emb=...), ops/
+    attention_rotary_table.py): an attention op of TE's modules (its qkv_format set: the module takes
+    TE's forward keywords) without a rotary_base of its own."""
+    return opdef.reads_sequences and args.get("qkv_format") is not None and args.get("rotary_base") is None
+
+
 # --- the ops ------------------------------------------------------------------------------------
 
 def _backend(v):
@@ -190,7 +199,10 @@ DROPOUT = Arg("dropout", "float", 0.0, keyword_only=True, check=_dropout)
 FORMAT = Arg("qkv_format", "str", None, keyword_only=True, in_kernel=False, check=_format)
 HELPERS = (attention_dropout_scale, attention_positions, attention_rotary_angles, attention_rotary, attention_split, attention_bounds,
            attention_blocks, attention_core, attention_core_bwd, attention_inputs, attention_inputs_bwd,
-           attention_on_flash, flash_attention_forward, flash_attention_backward, sequences_of)
+           attention_on_flash, flash_attention_forward, flash_attention_backward, sequences_of,
+           # TE's per-call rotary table (ops/attention_rotary_table.py): its check and the prep kernels' CPU math
+           rotary_table_of, rotary_table_argument, attention_rotary_table_angles, attention_rotary_partial,
+           attention_inputs_table, attention_inputs_table_bwd)
 
 
 def _attention(name, args, kv_heads, summary, helpers):

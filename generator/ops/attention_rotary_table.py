@@ -10,12 +10,16 @@ first ``d`` features of each q and k head by the angles of the row's position in
 computed from a base, so a table built from the same base gives the same rotation.
 
 fusegen.eager's modules take ``forward(rotary_pos_emb=...)`` through ``self_attention_from_table``
-(gradients by autograd). The generated forward takes the keyword and refuses a table (runtime
-te_sequences): the stage and the prep kernel's table variant are the next step (README "TE's
-modules" says so).
-Written as shipped reference math (torch through ``.lazy``, no closure), ready for ops/shipped.py.
+(gradients by autograd). The generated modules of TE's attention modules take it as their
+``rotary_table`` argument (``rotary_table_argument``: checked, [0, d] for None), which the attention
+stage hands the prep kernels' table variant (stages/attention/kernels.py; their CPU launchers run
+``attention_inputs_table`` / ``attention_inputs_table_bwd``). TE's two halves' angles (entries i
+and i + d/2) are equal in its own tables; everything here is exact for any table.
+Shipped reference math (torch through ``.lazy``, no closure; ops/attention.py lists it).
 """
 
+from .attention_math import attention_core, attention_split
+from .common import new_seed
 from .lazy import torch
 
 
@@ -67,14 +71,60 @@ def attention_rotary_table_angles(cu_seqlens, total, table, like):
 
 def attention_rotary_partial(t, cos, sin, inverse):
     """Rotate-half rotary embedding of the first d = cos.shape[-1] features of t [total, heads,
-    head_dim] (t cos + rotate_half(t) sin, rotate_half([a | b]) = [-b | a]); the rest pass.
-    ``inverse``: its transpose (the backward: the rotation by the negated angle)."""
-    if inverse:
-        sin = -sin
+    head_dim] (t cos + rotate_half(t) sin, rotate_half([a | b]) = [-b | a], as TE's): with the
+    halves' angles t_i and t_{i + d/2}, [a cos t_i - b sin t_i | b cos t_{i+d/2} + a sin t_{i+d/2}];
+    the rest pass. ``inverse``: its transpose (the backward), [a cos t_i + b sin t_{i+d/2} |
+    b cos t_{i+d/2} - a sin t_i] (the rotation by the negated angle where the halves agree)."""
     rotated = cos.shape[-1]
     head, rest = t[..., :rotated], t[..., rotated:]
     a, b = head.chunk(2, dim=-1)
-    return torch.cat([head * cos + torch.cat([-b, a], dim=-1) * sin, rest], dim=-1)
+    (c1, c2), (s1, s2) = cos.chunk(2, dim=-1), sin.chunk(2, dim=-1)
+    if inverse:
+        return torch.cat([a * c1 + b * s2, b * c2 - a * s1, rest], dim=-1)
+    return torch.cat([a * c1 - b * s1, b * c2 + a * s2, rest], dim=-1)
+
+
+def attention_inputs_table(x, cu_seqlens, heads, kv_heads, table):
+    """q, k, v [total, heads, d] of the fused projection, q and k rotated by ``table`` [max_s, d]
+    (the prep kernels' table variant's CPU math; ops/attention.py attention_inputs with a table)."""
+    q, k, v = attention_split(x, heads, kv_heads)
+    cos, sin = attention_rotary_table_angles(cu_seqlens, q.shape[0], table, q)
+    return attention_rotary_partial(q, cos, sin, False), attention_rotary_partial(k, cos, sin, False), v
+
+
+def attention_inputs_table_bwd(dq, dk, dv, cu_seqlens, table):
+    """The fused projection's grad [total, (heads + 2 kv_heads) d] from q's, k's and v's grads: the
+    transpose of ``attention_inputs_table``."""
+    cos, sin = attention_rotary_table_angles(cu_seqlens, dq.shape[0], table, dq)
+    dq, dk = attention_rotary_partial(dq, cos, sin, True), attention_rotary_partial(dk, cos, sin, True)
+    return torch.cat([dq, dk, dv], dim=1).reshape(dq.shape[0], -1)
+
+
+def rotary_table_argument(module, rotary_pos_emb, head_dims, x, seq_lens, qkv_format):
+    """A generated module's ``rotary_table`` from TE's forward(rotary_pos_emb=...), on the line
+    after its packed sequences: None gives an empty float32 [0, d] on x's device (its attention
+    stage then runs without rotary, as before); a table is checked by ``rotary_table_of`` against
+    each attention op's head size ``head_dims`` and the longest sequence (x's sequence dim for
+    'sbhd' / 'bshd'; seq_lens for 'thd': read on the host where that costs no device sync, else
+    checked on the device) and returned as [max_s, d], contiguous. The prep kernels rotate whole
+    heads: d must be the head size (TE's rotary_percent < 1 runs in fusegen.eager)."""
+    if rotary_pos_emb is None:
+        return torch.empty(0, head_dims[0], dtype=torch.float32, device=x.device)
+    host = seq_lens is None or (seq_lens.device.type == "cpu" and not torch.compiler.is_compiling())
+    if qkv_format != "thd":
+        longest = x.shape[0 if qkv_format == "sbhd" else 1]
+    else:
+        longest = x.shape[0] if seq_lens is None else int(seq_lens.max()) if host and seq_lens.numel() else 0
+    for head_dim in head_dims:
+        table = rotary_table_of(rotary_pos_emb, head_dim, longest, x.device)
+        if table.shape[1] != head_dim:
+            raise ValueError(f"{module}: forward(rotary_pos_emb=...) rotates d = {table.shape[1]} features of each "
+                             f"head, but fusegen's generated attention rotates whole heads (head_dim = {head_dim}); "
+                             "TE's rotary_percent < 1 runs in fusegen.eager (its modules take any d)")
+    if not host and seq_lens.numel():  # no sync: the device checks the lengths against the table
+        torch._assert_async(seq_lens.max() <= table.shape[0], f"{module}: forward(rotary_pos_emb=...) has "
+                            f"{table.shape[0]} positions, fewer than the longest sequence's tokens")
+    return table.contiguous()
 
 
 def self_attention_from_table(x, cu_seqlens, heads, kv_heads, causal, rotary_base, dropout, table, *, training=False):
@@ -82,9 +132,6 @@ def self_attention_from_table(x, cu_seqlens, heads, kv_heads, causal, rotary_bas
     ``table`` [max_s, d] (rotary_table_of's) instead of angles from ``rotary_base``, which must be
     None (one rotary, not two); in ``training`` with ``dropout`` > 0 under a fresh key, as
     self_attention."""
-    from .attention import attention_core, attention_split  # the op's own math, imported when run
-    from .common import new_seed
-
     if rotary_base is not None:
         raise ValueError(f"forward(rotary_pos_emb=...): the attention op already rotates by rotary_base="
                          f"{rotary_base:g}; pass one rotary, the table or the base")

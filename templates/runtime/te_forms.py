@@ -15,12 +15,12 @@ def te_sequences(module, seq_lens, max_seqlen, masks, cu_seqlens_q=None, cu_seql
     form (seq_lens, max_seqlen): the offsets cu_seqlens_q (int32 [batch + 1]; cu_seqlens_kv the same
     in self-attention) give the lengths, max_seqlen_q (= max_seqlen_kv) the bound. The masks are the
     module's (``masks``): TE's keywords may name them, not change them. ``rotary_pos_emb`` (TE's
-    per-call rotary table) must be None: the generated attention does not read a table yet."""
-    if rotary_pos_emb is not None:  # refused, never dropped: q and k would go unrotated
-        raise ValueError(f"{module}: rotary_pos_emb (TE's per-call rotary table) is not supported by fusegen's "
-                         "generated modules yet; run the spec with fusegen.eager, which takes it, or spell the "
-                         "attention te.ops.GroupedQueryAttention(..., rotary_base=b) in the Sequential (the "
-                         "rotary of a table of base b)")
+    per-call rotary table) reaches this only where no attention op reads a table (the module reads
+    it itself where one does): its attention ops rotate by a rotary_base of their own."""
+    if rotary_pos_emb is not None:  # refused, never dropped: q and k would be rotated twice, or by the wrong one
+        raise ValueError(f"{module}: rotary_pos_emb (TE's per-call rotary table) is not taken here: this module's "
+                         "attention ops rotate q and k by their own rotary_base; leave it None, or drop rotary_base "
+                         "from the spec's attention ops to rotate by the table")
     if attention_mask is not None:
         raise ValueError(f"{module}: attention_mask must be None: the module's masks are {list(masks)}, "
                          "built in (TE reads attention_mask only for padding and arbitrary masks, which "

@@ -55,3 +55,58 @@ def test_llama_layer_te_in_bf16_against_float64():
     for names in grad_groups(p64):  # TE's query, key, value blocks together (grad_groups says why)
         got = torch.cat([grads[f"0.{name}"].grad for name in names])
         assert_close_fa2(f"d{'+'.join(names)}", got, torch.cat([p64[n].grad for n in names]), True)
+
+
+@pytest.mark.cuda
+def test_llama_layer_te_with_te_s_rotary_table_computes_the_hand_written_layer():
+    """With TE's RotaryPositionEmbedding(128, rotary_base=500000) table (_te_rotary_table, as
+    bench/bench_layer.py passes it), the te.TransformerLayer spelling computes what specs/llama_layer.py's
+    hand-written LlamaLayer (GroupedQueryAttention(rotary_base=500000)) computes on the same
+    weights: output, x's grad and every weight's grad, in bf16 on CUDA, to within TE's bf16
+    attention tolerance of the largest value (the angles come from TE's fp32 table there, from
+    fusegen's fp32 frequencies here; the rest is the same kernels)."""
+    from tests.ops.test_attention_ops import fa2_tolerance
+    te_layer = generated.LlamaLayerTe(device="cuda", dtype=torch.bfloat16)
+    hand = generated.LlamaLayer(device="cuda", dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in te_layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() == 2 else 1))
+    state = {k: v for k, v in te_layer.state_dict().items() if not k.endswith("_extra_state")}
+    qkv = torch.cat([state[f"{QKV}{b}_weight"] for b in ("query", "key", "value")])
+    hand.load_state_dict({"0.0.weight": state[f"{QKV}layer_norm_weight"], "0.1.weight": qkv,
+                          "0.3.weight": state["0.self_attention.proj.weight"],
+                          "1.0.weight": state["0.layernorm_mlp.layer_norm_weight"],
+                          "1.1.weight": state["0.layernorm_mlp.fc1_weight"],
+                          "1.3.weight": state["0.layernorm_mlp.fc2_weight"]})
+    lengths = [9, 1, 300]
+    cu = torch.tensor([0, 9, 10, 310], dtype=torch.int32, device="cuda")
+    x = torch.randn(sum(lengths), HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+    dy = torch.randn(sum(lengths), HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+    xt, xh = x.clone().requires_grad_(), x.clone().requires_grad_()
+    yt = te_layer(xt, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=300, max_seqlen_kv=300,
+                  rotary_pos_emb=_te_rotary_table(300))
+    yh = hand(xh, seq_lens=torch.tensor(lengths, dtype=torch.int32, device="cuda"), max_seqlen=300)
+    yt.backward(dy)
+    yh.backward(dy)
+    grads = dict(te_layer.named_parameters())
+    te_qkv = torch.cat([grads[f"{QKV}{b}_weight"].grad for b in ("query", "key", "value")])
+    pairs = [("y", yt, yh), ("dx", xt.grad, xh.grad), ("dqkv", te_qkv, hand.get_parameter("0.1.weight").grad),
+             ("dproj", grads["0.self_attention.proj.weight"].grad, hand.get_parameter("0.3.weight").grad),
+             ("dfc1", grads["0.layernorm_mlp.fc1_weight"].grad, hand.get_parameter("1.1.weight").grad),
+             ("dfc2", grads["0.layernorm_mlp.fc2_weight"].grad, hand.get_parameter("1.3.weight").grad),
+             ("dnorm1", grads[f"{QKV}layer_norm_weight"].grad, hand.get_parameter("0.0.weight").grad),
+             ("dnorm2", grads["0.layernorm_mlp.layer_norm_weight"].grad, hand.get_parameter("1.0.weight").grad)]
+    tol = fa2_tolerance(torch.bfloat16, True)
+    for what, got, want in pairs:
+        err = (got.double() - want.double()).abs().max().item()
+        scale = want.double().abs().max().item()
+        assert err <= tol * scale, f"{what}: max |err| {err:.3e} > {tol} x {scale:.3e}"
+
+
+def _te_rotary_table(max_len):
+    """TE's RotaryPositionEmbedding(128, rotary_base=500000)(max_len) (attention/rope.py): float32
+    angles [max_len, 1, 1, 128], cat(freqs, freqs), freqs = outer(positions, 1 / base^(2i / d))."""
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32, device="cuda") / HEAD_DIM))
+    freqs = torch.einsum("i , j -> i j", torch.arange(max_len, dtype=torch.float32, device="cuda"), inv_freq)
+    return torch.cat((freqs, freqs), dim=-1).reshape(max_len, 1, 1, HEAD_DIM)

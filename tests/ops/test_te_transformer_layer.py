@@ -258,18 +258,20 @@ def _stage_rows(plan_md):
 
 @pytest.mark.parametrize("module, chain", [
     (f"te.TransformerLayer(64, 96, 4, hidden_dropout=0.0, {FUSED})",
-     "te.Residual(te.LayerNorm(64), te.Linear(64, 192), te.GroupedQueryAttention(64, 4, 4), te.Linear(64, 64)), "
+     "te.Residual(te.LayerNorm(64), te.Linear(64, 192), te.GroupedQueryAttention(64, 4, 4, qkv_format='thd'), te.Linear(64, 64)), "
      "te.Residual(te.LayerNorm(64), te.Linear(64, 96), te.GELU(), te.Linear(96, 64))"),
     (f"te.TransformerLayer(64, 128, 8, num_gqa_groups=2, hidden_dropout=0.0, {FUSED}, bias=False, "
      "normalization='RMSNorm', activation='swiglu')",
-     "te.Residual(te.RMSNorm(64), te.Linear(64, 96, bias=False), te.GroupedQueryAttention(64, 8, 2), "
+     "te.Residual(te.RMSNorm(64), te.Linear(64, 96, bias=False), te.GroupedQueryAttention(64, 8, 2, qkv_format='thd'), "
      "te.Linear(64, 64, bias=False)), te.Residual(te.RMSNorm(64), te.Linear(64, 256, bias=False), te.SwiGLU(), "
      "te.Linear(128, 64, bias=False))"),
     (f"te.MultiheadAttention(64, 4, input_layernorm=True, {FUSED.replace('attn_input_format', 'qkv_format')})",
-     "te.LayerNorm(64), te.Linear(64, 192), te.GroupedQueryAttention(64, 4, 4), te.Linear(64, 64)"),
+     "te.LayerNorm(64), te.Linear(64, 192), te.GroupedQueryAttention(64, 4, 4, qkv_format='thd'), "
+     "te.Linear(64, 64)"),
 ])
 def test_a_te_layer_plans_as_the_hand_written_chain_of_its_ops(tmp_path, module, chain):
-    """The macro fuses exactly as the te.ops chain (with te.Residual) it stands for."""
+    """The macro fuses exactly as the te.ops chain (with te.Residual) it stands for (its attention op
+    reading x as the module does, so both take TE's per-call rotary table)."""
     from fusegen import build
     (tmp_path / "spec.py").write_text(HEAD + f"a = te.Sequential({module})\nb = te.Sequential({chain})\n")
     config = build.Config((tmp_path / "spec.py",), tmp_path / "pkg", archs=(), dtypes=("float32",), root=tmp_path)

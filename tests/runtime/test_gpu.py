@@ -491,7 +491,12 @@ def test_every_kernel_has_a_test():
                "layernorm_zc_bwd_h256_add_dresidual", "qgelu_fwd_n1024", "qkv_prep_bwd_h8_kv1_d32"}
     # specs/llama_layer.py's te.TransformerLayer spelling, checked through test_te_llama_layer.py (bf16
     # on the GPU against float64, every parameter's grad)
-    tested |= {"qkv_prep_bwd_h32_kv8_d128"}
+    tested |= {"qkv_prep_bwd_h32_kv8_d128", "qkv_prep_table_fwd_h32_kv8_d128", "qkv_prep_table_bwd_h32_kv8_d128"}
+    # the prep kernels' table variant of the TE attention specs (TE's forward(rotary_pos_emb=...)),
+    # checked through test_attention_prep_table.py (every dtype against float64, a general table) and
+    # test_te_rotary.py (the modules in bf16 against float64)
+    tested |= {f"qkv_prep_table_{way}_{shape}" for way in ("fwd", "bwd") for shape in ("h4_kv4_d64", "h8_kv2_d32",
+                                                                                       "h8_kv1_d32")}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above

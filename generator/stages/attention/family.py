@@ -14,12 +14,17 @@ THREADS, MAX_UNITS, MAX_THREADS = 128, 4, 1024
 # search, the angles, the barrier) need that many bytes in flight to hide behind.
 BLOCK_BYTES = 24 * 1024
 MAX_ROWS = 32  # rows a block at most (a row's angles take head_dim / 2 floats of shared memory each)
+# the shared memory a block's cos and sin take at most: a row holds head_dim / 2 angles of each (a
+# table variant's head_dim, both halves'), so the table variant of head_dim 256 runs 16 rows a block
+ANGLE_BYTES = 32 * 1024
 
 
-def prep_rows(heads: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """Rows a block of a prep kernel: enough for BLOCK_BYTES of input, at most MAX_ROWS."""
+def prep_rows(heads: int, kv_heads: int, head_dim: int, itemsize: int, table: bool = False) -> int:
+    """Rows a block of a prep kernel: enough for BLOCK_BYTES of input, at most MAX_ROWS and what
+    ANGLE_BYTES holds."""
     row_bytes = (heads + 2 * kv_heads) * head_dim * itemsize
-    return max(1, min(MAX_ROWS, BLOCK_BYTES // row_bytes))
+    angle_rows = ANGLE_BYTES // (2 * 4 * (head_dim if table else head_dim // 2))
+    return max(1, min(MAX_ROWS, angle_rows, BLOCK_BYTES // row_bytes))
 
 
 def prep_threads(heads: int, kv_heads: int, head_dim: int, vec: int, rows: int) -> int:
@@ -41,7 +46,7 @@ class AttentionPrep(KernelFamily):
     def rows(self, spec, itemsize):
         """Rows a block."""
         ctx = spec.ctx
-        return prep_rows(ctx["heads"], ctx["kv_heads"], ctx["head_dim"], itemsize)
+        return prep_rows(ctx["heads"], ctx["kv_heads"], ctx["head_dim"], itemsize, ctx["table"])
 
     def launch_size(self, spec, itemsize):
         """Threads a block."""
@@ -57,6 +62,7 @@ class AttentionPrep(KernelFamily):
 
     def launcher_io(self, spec):
         args = ["dq", "dk", "dv", "cu_seqlens"] if spec.ctx["inverse"] else ["x", "cu_seqlens"]
+        args += ["table"] if spec.ctx["table"] else []  # TE's per-call rotary table
         return dict(args=args, outputs=1)
 
 

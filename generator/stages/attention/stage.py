@@ -14,6 +14,12 @@ every path). With dropout (the op's ``dropout`` > 0) the forward passes ``p if t
 eval), which the backward passes back with p. Backward: ``ref.flash_attention_backward`` to dq,
 dk, dv, then the backward prep kernel to the projection's grad (the rotary's transpose of dq and
 dk, dv copied). On CPU every launcher runs its reference math.
+
+An op that reads TE's per-call table (``Op.rotary_table``: te.MultiheadAttention's forward(
+rotary_pos_emb=...), float32 [max_s, d], [0, d] for None) branches on it at run time, one line each
+pass: with rows, the prep kernels' table variant (forward and backward); without, exactly the
+no-rotary path (views of the projection, the backward's copy). A replayed CUDA graph keys on the
+table's shape, so each graph holds one branch.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 from ...calls import Launch, TorchCall, literal
 from ...values import Role
 from ..base import Saves, StageImpl
-from .kernels import attention_shape, prep_backward, prep_forward
+from .kernels import attention_shape, prep_backward, prep_forward, prep_table
 
 # what flash_attention_forward returns after y, in order: (name suffix, role, dtype); the rng
 # state (FA2's philox seed and offset, or the reference path's key; None in eval mode) only where
@@ -49,42 +55,56 @@ class AttentionStage(StageImpl):
     def saves(self, pipeline, stage, have):
         # FA2's backward reads the output, and q, k, v: views of the prep kernel's buffer (a value
         # the forward makes, saved by the calls that read it), or without rotary of the input
-        without_prep = prep_forward(stage.ops[0]) is None
+        without_prep = prep_forward(stage.ops[0]) is None and stage.ops[0].rotary_table is None
         return Saves(values=frozenset({stage.output, *([stage.input] if without_prep else [])}))
 
     def kernels(self, plan, stage, pass_):
         op = stage.ops[0]
-        spec = prep_forward(op) if pass_ == "forward" else prep_backward(op)
-        return [spec] if spec is not None else []
+        specs = [prep_forward(op)] if pass_ == "forward" else [prep_backward(op)]
+        return [spec for spec in (*specs, prep_table(op, pass_ != "forward")) if spec is not None]
 
     def saved_shapes(self, em, stage):
         op = stage.ops[0]
         heads, kv_heads, head_dim, rotary = attention_shape(op)
         qkv, lse, *rng = (em.table[value].name for value in em.stats[op.index])
-        what = "the prep kernel's buffer: rotary(q), rotary(k), v" if rotary is not None else "the projection"
+        what = ("the prep kernel's buffer: rotary(q), rotary(k), v" if rotary is not None else
+                "the prep kernel's buffer where TE's table has rows, else a view of the projection"
+                if op.rotary_table is not None else "the projection")
         return {qkv: (f"[rows, {heads} + 2 x {kv_heads}, {head_dim}], {what}; q, k, v its views", "x's dtype"),
                 lse: (f"[{heads}, rows], FA2's layout on every path", "float32"),
                 **{name: ("[2], the dropout's rng state (FA2's philox seed and offset; the reference's key), None in "
                           "eval mode", "int64") for name in rng},
                 em.name(op.cu_seqlens): ("[batch + 1]", "int32"),
+                **({em.name(op.rotary_table): ("[max_s, d], TE's rotary table ([0, d]: none)", "float32")}
+                   if op.rotary_table is not None else {}),
                 em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int")}
 
     def runs_as(self, pass_, stage, kernels):
-        prep = " + ".join(f"`{k.name}`" for k in kernels)
+        names = [f"`{k.name}`" for k in kernels]
+        table = stage.ops[0].rotary_table is not None  # a run-time branch on TE's table (its variant listed last)
         if pass_ == "forward":
-            first = f"{prep} (split, rotary) -> " if prep else "q, k, v views of x -> "
+            first = (f"{names[-1]} (split, rotary by TE's table) where the table has rows, else q, k, v views of x -> "
+                     if table else f"{' + '.join(names)} (split, rotary) -> " if names else "q, k, v views of x -> ")
             return (f"{first}FlashAttention-2 varlen (`aten._flash_attention_forward`) on CUDA bf16/fp16, else the "
                     "reference math (`ref.flash_attention_forward`)")
+        last = (f"{names[-1]} (the table rotary's transpose, dqkv) where TE's table has rows, else {names[0]} (a copy)"
+                if table else f"{' + '.join(names)} (rotary's transpose, dqkv)")
         return (f"FlashAttention-2 varlen backward (`aten._flash_attention_backward`) on CUDA bf16/fp16, else the "
-                f"reference math (`ref.flash_attention_backward`) -> {prep} (rotary's transpose, dqkv)")
+                f"reference math (`ref.flash_attention_backward`) -> {last}")
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
         qkv = [em.table.add(Role.ACTIVATION, "x", f"{op.hint}_{name}") for name in ("q", "k", "v")]
-        spec = prep_forward(op)
+        spec, table = prep_forward(op), prep_table(op, inverse=False)
         if spec is not None:  # one buffer [rows, heads + 2 kv_heads, d]: q, k, v are views of it
             heads_in = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_qkv")
             block.add(Launch(spec.name, [stage.input, op.cu_seqlens], [heads_in]))
+        elif table is not None:  # TE's table: its prep kernel's buffer where it has rows, else views of x
+            heads_in = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_qkv")
+            heads, kv_heads, head_dim, _ = attention_shape(op)
+            block.add(TorchCall(f"{{b}} = kernels.{table.name}({{x}}, {{cu}}, {{t}}) if {{t}}.shape[0] else "
+                                f"{{x}}.unflatten(1, ({heads + 2 * kv_heads}, {head_dim}))",
+                                dict(x=stage.input, cu=op.cu_seqlens, t=op.rotary_table), dict(b=heads_in)))
         else:  # no rotary: views of the projection itself
             heads_in = stage.input
         block.add(_split(op, heads_in, qkv))
@@ -123,7 +143,13 @@ class AttentionStage(StageImpl):
         dropout = f", {{s4}}, {op.args['dropout']!r}" if len(saved) > 4 else ""  # the rng state, p
         block.add(TorchCall(f"{{dq}}, {{dk}}, {{dv}} = ref.flash_attention_backward({{dy}}, {{y}}, {slots}, {{cu}}, "
                             f"{{max}}, {causal!r}{dropout})", reads, dict(dq=grads[0], dk=grads[1], dv=grads[2])))
-        block.add(Launch(prep_backward(op).name, [*grads, op.cu_seqlens], [d_in]))
+        table = prep_table(op, inverse=True)
+        if table is None:
+            block.add(Launch(prep_backward(op).name, [*grads, op.cu_seqlens], [d_in]))
+            return d_in
+        reads = dict(dq=grads[0], dk=grads[1], dv=grads[2], cu=op.cu_seqlens, t=op.rotary_table)
+        block.add(TorchCall(f"{{d}} = kernels.{table.name}({{dq}}, {{dk}}, {{dv}}, {{cu}}, {{t}}) if {{t}}.shape[0] else "
+                            f"kernels.{prep_backward(op).name}({{dq}}, {{dk}}, {{dv}}, {{cu}})", reads, dict(d=d_in)))
         return d_in
 
 
@@ -131,7 +157,7 @@ def _split(op, heads_in, qkv) -> TorchCall:
     """q, k, v: views of ``heads_in`` (the prep kernel's buffer [rows, heads + 2 kv_heads, d], or
     without rotary the projection [rows, (heads + 2 kv_heads) d])."""
     heads, kv_heads, head_dim, rotary = attention_shape(op)
-    view = "" if rotary is not None else f".unflatten(1, ({heads + 2 * kv_heads}, {head_dim}))"
+    view = "" if rotary is not None or op.rotary_table is not None else f".unflatten(1, ({heads + 2 * kv_heads}, {head_dim}))"
     split = literal(f"{view}.split([{heads}, {kv_heads}, {kv_heads}], dim=1)")
     return TorchCall("{q}, {k}, {v} = {b}" + split, dict(b=heads_in), dict(q=qkv[0], k=qkv[1], v=qkv[2]))
 
