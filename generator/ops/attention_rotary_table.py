@@ -29,32 +29,38 @@ def rotary_table_of(rotary_pos_emb, head_dim, longest, device):
     and at most ``head_dim``, max_s at least the ``longest`` sequence. Raises ValueError saying
     what to pass."""
     where = "forward(rotary_pos_emb=...)"
+    te_table = "TE's RotaryPositionEmbedding(d)(max_s)"
     if isinstance(rotary_pos_emb, (tuple, list)):
         if len(rotary_pos_emb) != 2 or rotary_pos_emb[0] is not rotary_pos_emb[1]:
-            raise ValueError(f"{where}: a (q, k) tuple of two different tables is not supported (fusegen rotates "
-                             "q and k by one table); pass one tensor, as TE's RotaryPositionEmbedding returns")
+            raise ValueError(f"{where}: a (q, k) tuple of two different tables is not "
+                             "supported (fusegen rotates q and k by one table); pass one "
+                             "tensor, as TE's RotaryPositionEmbedding returns")
         rotary_pos_emb = rotary_pos_emb[0]
     if not isinstance(rotary_pos_emb, torch.Tensor):
-        raise ValueError(f"{where}: must be a tensor [max_s, 1, 1, d] of angles (TE's RotaryPositionEmbedding"
-                         f"(d)(max_s)), got {type(rotary_pos_emb).__name__}")
+        raise ValueError(f"{where}: must be a tensor [max_s, 1, 1, d] of angles ({te_table}), "
+                         f"got {type(rotary_pos_emb).__name__}")
     table = rotary_pos_emb
     shape = tuple(table.shape)
     if table.dim() != 4 or shape[1:3] != (1, 1):
-        raise ValueError(f"{where}: must have shape [max_s, 1, 1, d] (TE's RotaryPositionEmbedding(d)(max_s)), got "
+        raise ValueError(f"{where}: must have shape [max_s, 1, 1, d] ({te_table}), got "
                          f"{list(shape)}")
     if table.dtype != torch.float32:
-        raise ValueError(f"{where}: must be float32 angles (as TE's RotaryPositionEmbedding returns), got "
-                         f"{table.dtype}")
+        raise ValueError(f"{where}: must be float32 angles (as TE's RotaryPositionEmbedding "
+                         f"returns), got {table.dtype}")
     device = torch.device(device)  # "cuda" (no index) matches any CUDA device's table
-    if table.device.type != device.type or (device.index is not None and table.device.index != device.index):
-        raise ValueError(f"{where}: is on {table.device}, the input on {device}; move the table to the input's device")
+    if table.device.type != device.type or (device.index is not None
+                                            and table.device.index != device.index):
+        raise ValueError(f"{where}: is on {table.device}, the input on {device}; move the "
+                         "table to the input's device")
     rotated = shape[3]
     if rotated == 0 or rotated % 2 or rotated > head_dim:
-        raise ValueError(f"{where}: d = {rotated} must be even and between 2 and head_dim = {head_dim} (rotate-half "
-                         "rotates the first d features of each head: TE's rotary_percent * head_dim)")
+        raise ValueError(f"{where}: d = {rotated} must be even and between 2 and head_dim = "
+                         f"{head_dim} (rotate-half rotates the first d features of each head: "
+                         "TE's rotary_percent * head_dim)")
     if shape[0] < longest:
-        raise ValueError(f"{where}: has {shape[0]} positions but the longest sequence has {longest} tokens; build "
-                         f"it for at least {longest} (RotaryPositionEmbedding(d)(max_seq_len))")
+        raise ValueError(f"{where}: has {shape[0]} positions but the longest sequence has "
+                         f"{longest} tokens; build it for at least {longest} "
+                         "(RotaryPositionEmbedding(d)(max_seq_len))")
     return table.reshape(shape[0], rotated)
 
 
@@ -110,20 +116,28 @@ def rotary_table_argument(module, rotary_pos_emb, head_dims, x, seq_lens, qkv_fo
     heads: d must be the head size (TE's rotary_percent < 1 runs in fusegen.eager)."""
     if rotary_pos_emb is None:
         return torch.empty(0, head_dims[0], dtype=torch.float32, device=x.device)
-    host = seq_lens is None or (seq_lens.device.type == "cpu" and not torch.compiler.is_compiling())
+    host = seq_lens is None or (seq_lens.device.type == "cpu"
+                                and not torch.compiler.is_compiling())
     if qkv_format != "thd":
         longest = x.shape[0 if qkv_format == "sbhd" else 1]
+    elif seq_lens is None:
+        longest = x.shape[0]
     else:
-        longest = x.shape[0] if seq_lens is None else int(seq_lens.max()) if host and seq_lens.numel() else 0
+        longest = int(seq_lens.max()) if host and seq_lens.numel() else 0
     for head_dim in head_dims:
-        table = rotary_table_of(rotary_pos_emb, head_dim, longest, x.device)
+        try:
+            table = rotary_table_of(rotary_pos_emb, head_dim, longest, x.device)
+        except ValueError as error:  # the module's name first, as its other checks' errors
+            raise ValueError(f"{module}: {error}") from None
         if table.shape[1] != head_dim:
-            raise ValueError(f"{module}: forward(rotary_pos_emb=...) rotates d = {table.shape[1]} features of each "
-                             f"head, but fusegen's generated attention rotates whole heads (head_dim = {head_dim}); "
-                             "TE's rotary_percent < 1 runs in fusegen.eager (its modules take any d)")
+            raise ValueError(f"{module}: forward(rotary_pos_emb=...) rotates d = "
+                             f"{table.shape[1]} features of each head, but fusegen's generated "
+                             f"attention rotates whole heads (head_dim = {head_dim}); TE's "
+                             "rotary_percent < 1 runs in fusegen.eager (its modules take any d)")
     if not host and seq_lens.numel():  # no sync: the device checks the lengths against the table
-        torch._assert_async(seq_lens.max() <= table.shape[0], f"{module}: forward(rotary_pos_emb=...) has "
-                            f"{table.shape[0]} positions, fewer than the longest sequence's tokens")
+        torch._assert_async(seq_lens.max() <= table.shape[0],
+                            f"{module}: forward(rotary_pos_emb=...) has {table.shape[0]} "
+                            "positions, fewer than the longest sequence's tokens")
     return table.contiguous()
 
 
