@@ -448,15 +448,15 @@ class TeGptAttention(torch.nn.Module):
                 mha0_proj_bias)
         )
         check_input("TeGptAttention", "x", x, 256, mha0_layernorm_qkv_layer_norm_weight)
-        seq_lens, max_seqlen = te_sequences(
+        seq_lens, max_seqlen, offsets = te_sequences(
             "TeGptAttention", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
             attn_mask_type=attn_mask_type, window_size=window_size)
+        rotary_table = ref.rotary_table_argument("TeGptAttention", rotary_pos_emb, (64,), x)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
-        rotary_table = ref.rotary_table_argument(
-            "TeGptAttention", rotary_pos_emb, (64,), x, seq_lens, "bshd")
+            "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd",
+            offsets=offsets, positions=rotary_table.shape[0] or None)
         lead = x.shape[:-1]
         # TE's parameters_split, row blocks of one buffer: a view while adjacent
         mha0_layernorm_qkv_weight = join_rows(

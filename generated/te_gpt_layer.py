@@ -796,15 +796,15 @@ class TeGptLayer(torch.nn.Module):
         )
         check_input(
             "TeGptLayer", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
-        seq_lens, max_seqlen = te_sequences(
+        seq_lens, max_seqlen, offsets = te_sequences(
             "TeGptLayer", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
             attn_mask_type=attn_mask_type, window_size=window_size)
+        rotary_table = ref.rotary_table_argument("TeGptLayer", rotary_pos_emb, (64,), x)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd")
-        rotary_table = ref.rotary_table_argument(
-            "TeGptLayer", rotary_pos_emb, (64,), x, seq_lens, "bshd")
+            "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd",
+            offsets=offsets, positions=rotary_table.shape[0] or None)
         lead = x.shape[:-1]
         # TE's parameters_split, row blocks of one buffer: a view while adjacent
         layer0_self_attention_layernorm_qkv_weight = join_rows(

@@ -2029,15 +2029,15 @@ class TeGptStack(torch.nn.Module):
         )
         check_input(
             "TeGptStack", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
-        seq_lens, max_seqlen = te_sequences(
+        seq_lens, max_seqlen, offsets = te_sequences(
             "TeGptStack", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
             attn_mask_type=attn_mask_type, window_size=window_size)
+        rotary_table = ref.rotary_table_argument("TeGptStack", rotary_pos_emb, (64,), x)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeGptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="sbhd")
-        rotary_table = ref.rotary_table_argument(
-            "TeGptStack", rotary_pos_emb, (64,), x, seq_lens, "sbhd")
+            "TeGptStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="sbhd",
+            offsets=offsets, positions=rotary_table.shape[0] or None)
         # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence
         x = x.transpose(0, 1)
         lead = x.shape[:-1]

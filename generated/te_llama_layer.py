@@ -591,15 +591,15 @@ class TeLlamaLayer(torch.nn.Module):
         )
         check_input(
             "TeLlamaLayer", "x", x, 256, layer0_self_attention_layernorm_qkv_layer_norm_weight)
-        seq_lens, max_seqlen = te_sequences(
+        seq_lens, max_seqlen, offsets = te_sequences(
             "TeLlamaLayer", seq_lens, max_seqlen, ('causal',), cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attention_mask=attention_mask, self_attn_mask_type=self_attn_mask_type,
             attn_mask_type=attn_mask_type, window_size=window_size)
+        rotary_table = ref.rotary_table_argument("TeLlamaLayer", rotary_pos_emb, (32,), x)
         cu_seqlens, max_seqlen = packed_sequences(
-            "TeLlamaLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd")
-        rotary_table = ref.rotary_table_argument(
-            "TeLlamaLayer", rotary_pos_emb, (32,), x, seq_lens, "thd")
+            "TeLlamaLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd",
+            offsets=offsets, positions=rotary_table.shape[0] or None)
         lead = x.shape[:-1]
         # TE's qkv_weight_interleaved, rows per GQA group (2 of 4 q heads, a k head, a v head), as
         # [q | k | v]: a copy

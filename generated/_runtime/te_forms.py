@@ -14,8 +14,9 @@ def te_sequences(module, seq_lens, max_seqlen, masks, cu_seqlens_q=None, cu_seql
                  window_size=None, rotary_pos_emb=None):
     """TE's forward keywords (MultiheadAttention.forward, TransformerLayer.forward) as fusegen's
     call
-    form (seq_lens, max_seqlen): the offsets cu_seqlens_q (int32 [batch + 1]; cu_seqlens_kv the same
-    in self-attention) give the lengths, max_seqlen_q (= max_seqlen_kv) the bound. The masks are the
+    form (seq_lens, max_seqlen, offsets): the offsets cu_seqlens_q (int32 [batch + 1]; cu_seqlens_kv
+    the same in self-attention) handed on as they are, for packed_sequences to check with the
+    lengths, max_seqlen_q (= max_seqlen_kv) the bound. The masks are the
     module's (``masks``): TE's keywords may name them, not change them. ``rotary_pos_emb`` (TE's
     per-call rotary table) reaches this only where no attention op reads a table (the module reads
     it itself where one does): its attention ops rotate by a rotary_base of their own."""
@@ -43,7 +44,7 @@ def te_sequences(module, seq_lens, max_seqlen, masks, cu_seqlens_q=None, cu_seql
         raise ValueError(f"{module}: pass either fusegen's seq_lens / max_seqlen or TE's cu_seqlens_q / "
                          "cu_seqlens_kv / max_seqlen_q / max_seqlen_kv, not both")
     if not te_form:
-        return seq_lens, max_seqlen
+        return seq_lens, max_seqlen, None
     same = ("cu_seqlens_q and cu_seqlens_kv must be the same offsets in self-attention (pass both, or "
             "neither)")
     if (cu_seqlens_q is None) != (cu_seqlens_kv is None):
@@ -52,21 +53,19 @@ def te_sequences(module, seq_lens, max_seqlen, masks, cu_seqlens_q=None, cu_seql
         raise ValueError(f"{module}: max_seqlen_q ({max_seqlen_q}) and max_seqlen_kv ({max_seqlen_kv}) must be "
                          "equal in self-attention")
     if cu_seqlens_q is None:
-        return None, max_seqlen_q
+        return None, max_seqlen_q, None
     if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[
         0] < 2 \
             or cu_seqlens_q.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{module}: cu_seqlens_q must be int32 offsets [batch + 1] starting at 0, got "
-                         f"{cu_seqlens_q!r}")
+        raise ValueError(f"{module}: cu_seqlens_q must be int32 (or int64) offsets [batch + 1] starting at 0, "
+                         f"got {cu_seqlens_q!r}")
     if cu_seqlens_kv is not cu_seqlens_q:  # on the device, no sync (torch.compile: no graph break)
         if cu_seqlens_kv.shape != cu_seqlens_q.shape:
             raise ValueError(
                 f"{module}: {same}, got {list(cu_seqlens_q.shape)} and {list(cu_seqlens_kv.shape)}")
         torch._assert_async((cu_seqlens_q == cu_seqlens_kv).all(), f"{module}: {same}")
-    torch._assert_async(
-        cu_seqlens_q[0] == 0, f"{module}: cu_seqlens_q must start at 0 (offsets of x's rows)")
-    # the lengths (seq_lens), checked as seq_lens are
-    return cu_seqlens_q[1:] - cu_seqlens_q[:-1], max_seqlen_q
+    # the offsets, checked with the lengths (packed_sequences)
+    return None, max_seqlen_q, cu_seqlens_q
 
 
 _FORMS = {"sbhd": "a 3-D x [seq, batch, hidden]", "bshd": "a 3-D x [batch, seq, hidden]",

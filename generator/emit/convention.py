@@ -189,17 +189,18 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
         return Argument(value.id, value.role, name, f'self._modules["{op.module_index}"]', line=name)
     if value.role is Role.METADATA and f.sequences is not None and value.id in f.sequences:
         # the packed sequences, made once from the call form (x's rows; seq_lens=, max_seqlen=) and
-        # checked there, on one line: int32 offsets on x's device, and a host int (bounded by the
-        # rows where a module replays CUDA graphs: at most its max_rows rows, one graph serves
-        # every set of lengths of a row and batch count)
+        # checked there: int32 offsets on x's device, and a host int (bounded by the rows where a
+        # module replays CUDA graphs: one graph serves every set of lengths of a row and batch count)
         few_rows = ", self.cuda_graphs.max_rows" if f.graphs else ""
         form = f', qkv_format="{f.sequence_format}"' if f.sequence_format else ""
         keywords = [k for k in TE_KEYWORDS if k != "rotary_pos_emb" or f.rotary_table is None]  # else read below
-        check = ((f'seq_lens, max_seqlen = te_sequences("{f.module}", seq_lens, max_seqlen, {f.te_masks!r}, '
-                  f'{", ".join(f"{k}={k}" for k in keywords)})',) if f.te_masks else ()) + (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form})',)
-        if f.rotary_table is not None:  # TE's table checked against the call: float32 [max_s, d], or [0, d] for None
-            check += (f'rotary_table = ref.rotary_table_argument("{f.module}", rotary_pos_emb, {f.head_dims!r}, x, '
-                      f'seq_lens, "{f.sequence_format}")',)
+        check = (f'seq_lens, max_seqlen, offsets = te_sequences("{f.module}", seq_lens, max_seqlen, {f.te_masks!r}, '
+                 f'{", ".join(f"{k}={k}" for k in keywords)})',) if f.te_masks else ()
+        te = ", offsets=offsets" if f.te_masks else ""
+        if f.rotary_table is not None:  # TE's table: float32 [max_s, d] ([0, d] for None), its rows bound the lengths
+            check += (f'rotary_table = ref.rotary_table_argument("{f.module}", rotary_pos_emb, {f.head_dims!r}, x)',)
+            te += ", positions=rotary_table.shape[0] or None"
+        check += (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form}{te})',)
         if f.sequence_format == "sbhd":  # TE's default: x [seq, batch, hidden] runs as batch-major rows inside
             check += ("x = x.transpose(0, 1)  # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence",)
         first = value.id == f.sequences[0]
@@ -256,7 +257,7 @@ def check_lines(args: list[Argument], lead_lines: list[str]) -> list[str]:
 def check_helpers(args: list[Argument]) -> list[str]:
     """The runtime's functions the checks call, in name order (the module imports them)."""
     helpers = {arg.checked_by for arg in args if arg.checked_by}
-    if any(line.startswith("seq_lens, max_seqlen = te_sequences(") for arg in args for line in arg.check or ()):
+    if any(line.startswith("seq_lens, max_seqlen, offsets = te_sequences(") for arg in args for line in arg.check or ()):
         helpers.add("te_sequences")  # TE's forward keywords (TE_KEYWORDS)
     if ignores_sequences(args):  # the packed-sequence call form's check (ignored_sequences_lines)
         helpers.add("check_packed_form")

@@ -106,27 +106,20 @@ def attention_inputs_table_bwd(dq, dk, dv, cu_seqlens, table):
     return torch.cat([dq, dk, dv], dim=1).reshape(dq.shape[0], -1)
 
 
-def rotary_table_argument(module, rotary_pos_emb, head_dims, x, seq_lens, qkv_format):
+def rotary_table_argument(module, rotary_pos_emb, head_dims, x):
     """A generated module's ``rotary_table`` from TE's forward(rotary_pos_emb=...), on the line
-    after its packed sequences: None gives an empty float32 [0, d] on x's device (its attention
+    before its packed sequences: None gives an empty float32 [0, d] on x's device (its attention
     stage then runs without rotary, as before); a table is checked by ``rotary_table_of`` against
-    each attention op's head size ``head_dims`` and the longest sequence (x's sequence dim for
-    'sbhd' / 'bshd'; seq_lens for 'thd': read on the host where that costs no device sync, else
-    checked on the device) and returned as [max_s, d], contiguous. The prep kernels rotate whole
-    heads: d must be the head size (TE's rotary_percent < 1 runs in fusegen.eager)."""
+    each attention op's head size ``head_dims`` and returned as [max_s, d], contiguous. Its rows
+    against the longest sequence: packed_sequences' ``positions``, with the lengths (on the host
+    where they are known there, else on the device in the one check of the lengths). The prep
+    kernels rotate whole heads: d must be the head size (TE's rotary_percent < 1 runs in
+    fusegen.eager)."""
     if rotary_pos_emb is None:
         return torch.empty(0, head_dims[0], dtype=torch.float32, device=x.device)
-    host = seq_lens is None or (seq_lens.device.type == "cpu"
-                                and not torch.compiler.is_compiling())
-    if qkv_format != "thd":
-        longest = x.shape[0 if qkv_format == "sbhd" else 1]
-    elif seq_lens is None:
-        longest = x.shape[0]
-    else:
-        longest = int(seq_lens.max()) if host and seq_lens.numel() else 0
     for head_dim in head_dims:
         try:
-            table = rotary_table_of(rotary_pos_emb, head_dim, longest, x.device)
+            table = rotary_table_of(rotary_pos_emb, head_dim, 0, x.device)
         except ValueError as error:  # the module's name first, as its other checks' errors
             raise ValueError(f"{module}: {error}") from None
         if table.shape[1] != head_dim:
@@ -134,10 +127,6 @@ def rotary_table_argument(module, rotary_pos_emb, head_dims, x, seq_lens, qkv_fo
                              f"{table.shape[1]} features of each head, but fusegen's generated "
                              f"attention rotates whole heads (head_dim = {head_dim}); TE's "
                              "rotary_percent < 1 runs in fusegen.eager (its modules take any d)")
-    if not host and seq_lens.numel():  # no sync: the device checks the lengths against the table
-        torch._assert_async(seq_lens.max() <= table.shape[0],
-                            f"{module}: forward(rotary_pos_emb=...) has {table.shape[0]} "
-                            "positions, fewer than the longest sequence's tokens")
     return table.contiguous()
 
 

@@ -148,7 +148,8 @@ def check_packed_form(module, x):
                          "x.shape[1] tokens)")
 
 
-def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=None):
+def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=None, offsets=None,
+                     positions=None):
     """(cu_seqlens, max_seqlen) of a call: int32 offsets [batch + 1] on x's device and the host
     int bounding the longest sequence. Call forms: ``m(x, seq_lens)`` with x [total, hidden] and
     seq_lens [batch] (int32 or int64, on x's device or the CPU); ``m(x)`` with a 2-D x (one
@@ -165,7 +166,10 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
     No sync means the lengths are checked on the device (torch._assert_async), before anything
     reads the offsets. The rows as a bound costs FlashAttention-2 empty blocks (it launches
     blocks for max_seqlen tokens a sequence): nothing at a few rows, more at many (pass
-    max_seqlen then). One quick pass a call; errors say what to pass."""
+    max_seqlen then). One quick pass a call; errors say what to pass.
+    ``offsets``: TE's cu_seqlens_q (te_sequences) in place of seq_lens, taken as they are (their
+    start checked to be 0 with the lengths). ``positions``: the most tokens a sequence may have
+    (the rows of TE's rotary table, forward(rotary_pos_emb=...)), checked with the lengths."""
     if max_seqlen is not None and (type(max_seqlen) is not int or max_seqlen < 0):  # (not a bool)
         raise TypeError(f"{module}: max_seqlen must be None or an int of 0 or more (the longest "
                         f"sequence's length, or more), got {max_seqlen!r}")
@@ -175,13 +179,14 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
         if qkv_format == "sbhd":  # [seq, batch, hidden]: batch sequences of seq tokens, as [batch, seq]
             x = x.transpose(0, 1)
     compiling = torch.compiler.is_compiling()
-    if seq_lens is None:
+    if seq_lens is None and offsets is None:
         if dims not in (2, 3):
             raise ValueError(f"{module}: x must be 2-D [tokens, hidden] (one sequence) or 3-D "
                              f"[batch, seq, hidden] (batch sequences of seq tokens), got "
                              f"{list(x.shape)}")
         batch, seq = (1, x.shape[0]) if dims == 2 else (x.shape[0], x.shape[1])
         _check_bound(module, max_seqlen, seq, "x's sequence length")
+        _check_positions(module, positions, seq)
         cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=x.device) * seq
         few = _few_rows(x, few_rows, compiling, batch * seq)
         return cu_seqlens, seq if max_seqlen is None or few else max_seqlen
@@ -190,31 +195,49 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
     if dims != 2:
         raise ValueError(f"{module}: with seq_lens, x must be 2-D [total_tokens, hidden], got "
                          f"{list(x.shape)}")
-    _check_lengths(module, x, seq_lens)
     rows = x.shape[0]
     few = _few_rows(x, few_rows, compiling, rows)
-    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int64), (1, 0))
+    if offsets is None:
+        _check_lengths(module, x, seq_lens)
+        cu_seqlens = torch.nn.functional.pad(torch.cumsum(seq_lens, 0, dtype=torch.int64), (1, 0))
+    else:  # TE's offsets as they are (te_sequences checked their form): no lengths summed back
+        if offsets.device.type != "cpu" and offsets.device != x.device:
+            raise ValueError(f"{module}: cu_seqlens_q is on {offsets.device} but x on {x.device}; put it "
+                             "on x's device (or on the CPU)")
+        seq_lens, cu_seqlens = offsets.diff(), offsets
     lowest, longest = torch.aminmax(seq_lens)  # one reduction for both
     # the lengths read on the host where that costs no device sync (a CPU seq_lens outside
     # compile), or where no bound is known (a device seq_lens, no max_seqlen, many rows: a sync)
     if ((seq_lens.device.type == "cpu" and not compiling)
             or (max_seqlen is None and not few and not compiling)):
-        lowest, total, longest = torch.stack([lowest.long(), cu_seqlens[-1], longest.long()]).tolist()
+        start, lowest, total, longest = torch.stack(
+            [cu_seqlens[0].long(), lowest.long(), cu_seqlens[-1].long(), longest.long()]).tolist()
+        given = "seq_lens" if offsets is None else "cu_seqlens_q"
+        if start != 0:
+            raise ValueError(f"{module}: cu_seqlens_q must start at 0 (offsets of x's rows), got {start}")
         if lowest < 0:
-            raise ValueError(f"{module}: seq_lens holds a negative length ({lowest}); lengths are "
-                             "0 or more")
+            raise ValueError(f"{module}: {given} holds a negative length ({lowest}); lengths are "
+                             "0 or more" + ("" if offsets is None else ": the offsets must not decrease"))
         if total != rows:
-            raise ValueError(f"{module}: seq_lens sums to {total} tokens but x has {rows} rows; "
+            raise ValueError(f"{module}: " + (f"seq_lens sums to {total} tokens" if offsets is None else
+                                              f"cu_seqlens_q ends at {total}") + f" but x has {rows} rows; "
                              "the lengths of the packed sequences must add up to x.shape[0]")
-        _check_bound(module, max_seqlen, longest, "the longest of seq_lens")
+        _check_bound(module, max_seqlen, longest, f"the longest of {given}")
+        _check_positions(module, positions, longest)
         bound = longest if max_seqlen is None else max_seqlen
     else:  # no sync: the device checks them before anything reads the offsets
         bound = rows if max_seqlen is None else max_seqlen
+        valid = (lowest >= 0) & (cu_seqlens[-1] == rows) & (longest <= bound)
+        if offsets is not None:
+            valid &= cu_seqlens[0] == 0
+        if positions is not None:
+            valid &= longest <= positions
+        what = ("seq_lens must be lengths of 0 or more" if offsets is None else
+                "cu_seqlens_q must be non-decreasing offsets from 0 of lengths")
         torch._assert_async(
-            (lowest >= 0) & (cu_seqlens[-1] == rows) & (longest <= bound),
-            f"{module}: seq_lens must be lengths of 0 or more summing to x's {rows} rows, the "
-            f"longest at most max_seqlen={bound}" if max_seqlen is not None else
-            f"{module}: seq_lens must be lengths of 0 or more summing to x's {rows} rows")
+            valid, f"{module}: {what} summing to x's {rows} rows"
+            + (f", the longest at most max_seqlen={bound}" if max_seqlen is not None else "")
+            + (f", at most forward(rotary_pos_emb=...)'s {positions} positions" if positions is not None else ""))
     return (cu_seqlens.to(device=x.device, dtype=torch.int32, non_blocking=True),
             rows if few else bound)
 
@@ -241,6 +264,14 @@ def _check_lengths(module, x, seq_lens):
         raise ValueError(f"{module}: seq_lens is on {seq_lens.device} but x on {x.device}; put it "
                          "on x's device or on the CPU (a CPU seq_lens gives the longest length "
                          "without a device sync)")
+
+
+def _check_positions(module, positions, longest):
+    """The longest sequence against TE's rotary table's rows (packed_sequences' ``positions``)."""
+    if positions is not None and positions < longest:
+        raise ValueError(f"{module}: forward(rotary_pos_emb=...) has {positions} positions but the "
+                         f"longest sequence has {longest} tokens; build it for at least {longest} "
+                         "(RotaryPositionEmbedding(d)(max_seq_len))")
 
 
 def _check_bound(module, max_seqlen, longest, what):

@@ -191,7 +191,7 @@ def test_every_generated_module_takes_the_call_form_and_only_attentions_compute_
     tables = {path.name for path in Path(generated.__file__).parent.glob("*.py")
               if "ref.rotary_table_argument(" in path.read_text()}
     assert tables == {"te_gpt_attention.py", "te_gqa_attention.py", "te_gpt_layer.py", "te_llama_layer.py",
-                      "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py"}
+                      "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py", "llama_layer_te.py"}
     assert "packed_sequences(" in Path(pkg.__file__).with_name("packed.py").read_text()
     assert "packed_sequences(" not in Path(pkg.__file__).with_name("plain.py").read_text()
 

@@ -240,7 +240,7 @@ class _Keywords(torch.nn.Module):
     (dict(cu_seqlens_q=_offsets()), ValueError, r"pass both, or neither"),
     (dict(cu_seqlens_q=_offsets(), cu_seqlens_kv=_offsets(), max_seqlen_q=6, max_seqlen_kv=7), ValueError,
      r"max_seqlen_q \(6\) and max_seqlen_kv \(7\) must be equal"),
-    (dict(cu_seqlens_q=_offsets() + 1, cu_seqlens_kv=_offsets() + 1), RuntimeError, "must start at 0"),
+    (dict(cu_seqlens_q=_offsets() + 1, cu_seqlens_kv=_offsets() + 1), ValueError, "must start at 0"),
     (dict(attention_mask=torch.ones(3, 1, 6, 6, dtype=torch.bool)), ValueError, "attention_mask must be None"),
     (dict(self_attn_mask_type="no_mask"), ValueError,
      r"self_attn_mask_type='no_mask', but the module was built with \['causal'\]"),
