@@ -53,8 +53,7 @@ def weight_grad(ctx, weight, dy, x, alpha=1.0):
     without a parameter-sized temporary and a separate add (a sixth of the device time of a TE MLP
     training step at a few rows)."""
     grad = _grad_to_add_into(ctx, weight, x)
-    if grad is not None:
-        weight.grad = None
+    if grad is not None:  # (its .grad now None: autograd takes the sum back as it is)
         return grad.addmm_(dy.t(), x, alpha=alpha)
     if alpha == 1.0:
         return dy.t().mm(x)
@@ -67,8 +66,11 @@ def _grad_to_add_into(ctx, weight, x):
     backward(inputs=...) that leaves the weight's grad alone, create_graph (the grad is then
     differentiable), torch.compile's tracing, or a grad that is a view (DDP's bucket views), of
     another dtype or layout, or itself differentiable."""
-    if (torch.compiler.is_compiling() or torch.is_grad_enabled() or not weight.is_leaf
-            or not weight.requires_grad or weight._backward_hooks):
+    if torch.compiler.is_compiling() or torch.is_grad_enabled() or not weight.requires_grad:
+        return None
+    if not weight.is_leaf:
+        return _joined_grad_to_add_into(ctx, weight, x)
+    if weight._backward_hooks:
         return None
     grad = weight.grad
     if (grad is None or grad.dtype != x.dtype or grad.device != x.device
@@ -85,7 +87,44 @@ def _grad_to_add_into(ctx, weight, x):
         accumulates = torch._C._will_engine_execute_node(accumulator)
     except RuntimeError:  # (torch 2.11 under torch.autograd.grad, which leaves .grad alone)
         return None
-    return grad if accumulates else None
+    if not accumulates:
+        return None
+    weight.grad = None
+    return grad
+
+
+def _joined_grad_to_add_into(ctx, weight, x):
+    """For a weight joined from TE's row blocks (the runtime's row_blocks.join_rows, whose backward
+    node holds them as ``row_blocks``): the blocks' grads as one tensor of the weight's shape, set
+    to None on the blocks, where weight_grad's GEMM may add into them: each as _grad_to_add_into
+    asks, the backward accumulating into every block, and the grads adjacent slices of one buffer
+    (as the join's backward hands them out and autograd keeps them). Else None."""
+    join = weight.grad_fn
+    blocks = getattr(join, "row_blocks", None)
+    if blocks is None or not any(node is join for node, _ in ctx.next_functions):
+        return None
+    grads = [block.grad for block in blocks]
+    if any(g is None or g.dtype != x.dtype or g.device != x.device or g.layout != torch.strided
+           or not g.is_contiguous() or g.requires_grad or block._backward_hooks
+           for g, block in zip(grads, blocks)):
+        return None
+    address = grads[0].data_ptr()
+    for g in grads:  # one after another in one buffer
+        if g.data_ptr() != address:
+            return None
+        address += g.numel() * g.element_size()
+    storage = grads[0].untyped_storage()
+    if address > storage.data_ptr() + storage.nbytes():
+        return None
+    try:  # the join and every block's AccumulateGrad run in this backward
+        if not torch._C._will_engine_execute_node(join) or not all(
+                torch._C._will_engine_execute_node(node) for node, _ in join.next_functions if node is not None):
+            return None
+    except RuntimeError:
+        return None
+    for block in blocks:
+        block.grad = None
+    return grads[0].as_strided(weight.shape, weight.stride())
 
 
 register(OpDef(
@@ -95,7 +134,8 @@ register(OpDef(
     params=(Param("weight", lambda a: (a["out_features"], a["in_features"]), lambda a: "kaiming_uniform"),),
     fixed_in=lambda a: a["in_features"],
     out_features=lambda a, n: a["out_features"],
-    reference=(linear, linear_bwd), reference_helpers=(accumulate_into_main_grad, weight_grad, _grad_to_add_into),
+    reference=(linear, linear_bwd),
+    reference_helpers=(accumulate_into_main_grad, weight_grad, _grad_to_add_into, _joined_grad_to_add_into),
     summary="y = x W^T",
     needs_input_in_backward=True,
 ))

@@ -30,6 +30,9 @@ class _JoinAdjacent(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *blocks):
         ctx.rows = [b.shape[0] for b in blocks]
+        # the blocks (parameters: nothing kept alive that is not anyway), for a weight-grad GEMM
+        # that adds into their grads in place (the shipped reference's weight_grad)
+        ctx.row_blocks = blocks
         first = blocks[0]
         shape = (sum(ctx.rows), *first.shape[1:])
         return first.as_strided(shape, first.stride(), first.storage_offset())

@@ -298,3 +298,32 @@ def test_interleaved_rows_train_under_cuda_graph_replay_as_without():
             torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=f"step {step}: {name}")
             p.grad = q.grad = None
     assert module.cuda_graphs.captured >= 1, "the module replayed graphs"
+
+
+def test_the_weight_grad_gemm_adds_into_the_blocks_grads_in_place(monkeypatch):
+    """A second backward adds the QKV weight's grad into the blocks' grads with the GEMM itself
+    (beta = 1, as for a weight held whole), in their memory: the sum of two backwards, each
+    block's own; not where a backward leaves some block's grad alone (backward(inputs=...))."""
+    import generated
+    from generated import _reference
+    found = []
+    joined = _reference._joined_grad_to_add_into
+    monkeypatch.setattr(_reference, "_joined_grad_to_add_into",
+                        lambda *a: found.append(joined(*a)) or found[-1])
+    module = _gpt_attention()
+    x = torch.randn(2, 7, 256, generator=torch.Generator().manual_seed(3))
+    blocks = [module.get_parameter(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
+    module(x).sum().backward()
+    once = [b.grad.clone() for b in blocks]
+    memory = [b.grad.data_ptr() for b in blocks]
+    module(x).sum().backward()
+    assert found[0] is None and found[-1] is not None, "the second backward's GEMM adds into the grads"
+    assert [b.grad.data_ptr() for b in blocks] == memory
+    for block, first in zip(blocks, once):
+        torch.testing.assert_close(block.grad, 2 * first, rtol=1e-6, atol=1e-6)
+    found.clear()
+    module(x).sum().backward(inputs=[blocks[0]])  # the key and value grads stay as they are
+    assert found[-1] is None
+    torch.testing.assert_close(blocks[0].grad, 3 * once[0], rtol=1e-6, atol=1e-6)
+    for block, first in zip(blocks[1:], once[1:]):
+        torch.testing.assert_close(block.grad, 2 * first, rtol=1e-6, atol=1e-6)
