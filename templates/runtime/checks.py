@@ -230,14 +230,15 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
         valid = (lowest >= 0) & (cu_seqlens[-1] == rows) & (longest <= bound)
         if offsets is not None:
             valid &= cu_seqlens[0] == 0
-        if positions is not None:
+        if positions is not None and positions < bound:  # (else longest <= bound says it)
             valid &= longest <= positions
         what = ("seq_lens must be lengths of 0 or more" if offsets is None else
                 "cu_seqlens_q must be non-decreasing offsets from 0 of lengths")
         torch._assert_async(
             valid, f"{module}: {what} summing to x's {rows} rows"
             + (f", the longest at most max_seqlen={bound}" if max_seqlen is not None else "")
-            + (f", at most forward(rotary_pos_emb=...)'s {positions} positions" if positions is not None else ""))
+            + (f", at most forward(rotary_pos_emb=...)'s {positions} positions"
+               if positions is not None and positions < bound else ""))
     return (cu_seqlens.to(device=x.device, dtype=torch.int32, non_blocking=True),
             rows if few else bound)
 
