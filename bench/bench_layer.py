@@ -17,7 +17,7 @@ one.
   (decode-like, where the host's time is the step's);
 - a per-kernel profile of one training step of each (torch.profiler): GEMMs, attention, the rest.
 
-    python3 bench/bench_layer.py [--out bench/results/layer_h100.md]
+    python3 bench/bench_layer.py [--out bench/results/layer_te_h100.md]
 """
 
 import argparse
