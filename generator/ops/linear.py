@@ -116,9 +116,9 @@ def _joined_grad_to_add_into(ctx, weight, x):
     storage = grads[0].untyped_storage()
     if address > storage.data_ptr() + storage.nbytes():
         return None
+    accumulators = [node for node, _ in join.next_functions if node is not None]
     try:  # the join and every block's AccumulateGrad run in this backward
-        if not torch._C._will_engine_execute_node(join) or not all(
-                torch._C._will_engine_execute_node(node) for node, _ in join.next_functions if node is not None):
+        if not all(torch._C._will_engine_execute_node(node) for node in (join, *accumulators)):
             return None
     except RuntimeError:
         return None
