@@ -327,3 +327,29 @@ def test_the_weight_grad_gemm_adds_into_the_blocks_grads_in_place(monkeypatch):
     torch.testing.assert_close(blocks[0].grad, 3 * once[0], rtol=1e-6, atol=1e-6)
     for block, first in zip(blocks[1:], once[1:]):
         torch.testing.assert_close(block.grad, 2 * first, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_blocks_grads_accumulate_in_place_under_cuda_graph_replay_as_without():
+    """te_gpt_attention (TE's split QKV parameters) at a few rows on CUDA replays CUDA graphs; its
+    weight-grad GEMMs run after the replayed backward and add into the blocks' grads in place: three
+    backwards without zeroing give what the graph-free module gives, bit for bit, each block's grad
+    staying in its memory."""
+    import generated
+    torch.manual_seed(0)
+    module = generated.TeGptAttention(device="cuda", dtype=torch.bfloat16).eval()
+    reference = generated.TeGptAttention(device="cuda", dtype=torch.bfloat16).eval()
+    reference.cuda_graphs.max_rows = 0  # no graphs
+    reference.load_state_dict(module.state_dict())
+    blocks = [module.get_parameter(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
+    memory = None
+    for step in range(4):
+        x = torch.randn(1, 8, 256, device="cuda", dtype=torch.bfloat16)
+        module(x).float().square().sum().backward()
+        reference(x).float().square().sum().backward()
+        if step == 1:  # the first backward's grads, the second adds into them
+            memory = [b.grad.data_ptr() for b in blocks]
+    assert module.cuda_graphs.captured >= 1, "the module replayed graphs"
+    assert [b.grad.data_ptr() for b in blocks] == memory
+    for (name, p), q in zip(module.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
