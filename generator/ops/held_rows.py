@@ -51,7 +51,7 @@ class HeldRows:
     @property
     def copies(self) -> bool:
         """Whether the GEMM's tensor is a new one every forward (grouped rows: gathered), so a CUDA
-        graph, which reads parameters where they were at capture, cannot take it."""
+        graph copies it in as it does x rather than read it where it was at capture."""
         return self.groups is not None
 
     def describe(self) -> str:

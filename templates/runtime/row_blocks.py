@@ -14,10 +14,10 @@ def _adjacent(blocks) -> bool:
     reads a call (a forward's host time counts at a few rows): the blocks' addresses follow one
     another and the first's storage holds them all (memory of one allocation is one storage's)."""
     first = blocks[0]
-    address, dtype, tail = first.data_ptr(), first.dtype, first.shape[1:]
+    address, dtype, tail, device = first.data_ptr(), first.dtype, first.shape[1:], first.device
     for block in blocks:
         if (block.data_ptr() != address or block.dtype != dtype or block.shape[1:] != tail
-                or not block.is_contiguous()):
+                or block.device != device or not block.is_contiguous()):
             return False
         address += block.numel() * block.element_size()
     storage = first.untyped_storage()
