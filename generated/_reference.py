@@ -900,10 +900,7 @@ def rotary_table_argument(module, rotary_pos_emb, head_dims, x):
 def attention_rotary_table_angles(cu_seqlens, total, table, like):
     """cos and sin [total, 1, d] in ``like``'s dtype of ``table`` [max_s, d] (rotary_table_of's) at
     each row's position inside its sequence."""
-    cu = cu_seqlens.to(device=like.device, dtype=torch.int64)
-    lengths = cu[1:] - cu[:-1]
-    starts = torch.repeat_interleave(cu[:-1], lengths, output_size=total)
-    position = torch.arange(total, device=like.device, dtype=torch.int64) - starts
+    position = attention_positions(cu_seqlens, total, like.device)
     angle = table.to(device=like.device, dtype=like.dtype)[position][:, None, :]
     return torch.cos(angle), torch.sin(angle)
 

@@ -31,6 +31,29 @@ __device__ __forceinline__ int sequence_start(const int* __restrict__ cu_seqlens
   return __ldg(cu_seqlens + lo);
 }
 
+// Each unit's two vectors (the VEC elements at lane * VEC of its head's first half and of its
+// second half) loaded from the projection (q, k, v: pointers into one row-strided tensor), the
+// ``units`` of this block's rows from ``first_row`` on: the loads in flight while the block works
+// out its rows' angles. Shared by the prep kernels and their table variant.
+template <typename T, int HEADS, int KV_HEADS, int D, int VEC, int THREADS, int PER_THREAD>
+__device__ __forceinline__ void load_head_halves(const T* __restrict__ q, const T* __restrict__ k,
+                                                 const T* __restrict__ v, int q_stride, int kv_stride, int first_row,
+                                                 int units, Vec<T, VEC> (&first)[PER_THREAD],
+                                                 Vec<T, VEC> (&second)[PER_THREAD]) {
+  constexpr int HALF = D / 2, LANES = HALF / VEC, ROTATED = HEADS + KV_HEADS, ROW_UNITS = (HEADS + 2 * KV_HEADS) * LANES;
+#pragma unroll
+  for (int u = 0; u < PER_THREAD; ++u) {
+    const int unit = threadIdx.x + u * THREADS;
+    if (unit >= units) break;
+    const int row = first_row + unit / ROW_UNITS, head = unit % ROW_UNITS / LANES, lane = unit % LANES;
+    const T* src = head < HEADS     ? q + (long long)row * q_stride + head * D
+                   : head < ROTATED ? k + (long long)row * kv_stride + (head - HEADS) * D
+                                    : v + (long long)row * kv_stride + (head - ROTATED) * D;
+    first[u] = load_raw<T, VEC>(src + lane * VEC);
+    second[u] = load_raw<T, VEC>(src + HALF + lane * VEC);
+  }
+}
+
 // ROWS rows a block (grid = ceil(rows / ROWS), block = THREADS): enough bytes a block that its
 // fixed latencies (the offsets' search, the angles, the barrier) hide behind its loads (one 12 KB
 // bf16 row a block ran at 59% of a copy on an H100, 24 KB at 96%). A unit of work is (row, head,
@@ -51,17 +74,8 @@ __device__ __forceinline__ void attention_prep(const T* __restrict__ q, const T*
   const int first_row = blockIdx.x * ROWS;
   const int units = min(ROWS, rows - first_row) * ROW_UNITS;  // the last block may hold fewer rows
   Vec<T, VEC> first[PER_THREAD], second[PER_THREAD];
-#pragma unroll
-  for (int u = 0; u < PER_THREAD; ++u) {
-    const int unit = threadIdx.x + u * THREADS;
-    if (unit >= units) break;
-    const int row = first_row + unit / ROW_UNITS, head = unit % ROW_UNITS / LANES, lane = unit % LANES;
-    const T* src = head < HEADS     ? q + (long long)row * q_stride + head * D
-                   : head < ROTATED ? k + (long long)row * kv_stride + (head - HEADS) * D
-                                    : v + (long long)row * kv_stride + (head - ROTATED) * D;
-    first[u] = load_raw<T, VEC>(src + lane * VEC);
-    second[u] = load_raw<T, VEC>(src + HALF + lane * VEC);
-  }
+  load_head_halves<T, HEADS, KV_HEADS, D, VEC, THREADS, PER_THREAD>(q, k, v, q_stride, kv_stride, first_row, units,
+                                                                    first, second);
   if (ROTARY) {
     for (int j = threadIdx.x; j < ROWS * HALF; j += THREADS) {
       const int row = min(first_row + j / HALF, rows - 1), i = j % HALF;

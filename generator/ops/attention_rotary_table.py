@@ -18,7 +18,7 @@ and i + d/2) are equal in its own tables; everything here is exact for any table
 Shipped reference math (torch through ``.lazy``, no closure; ops/attention.py lists it).
 """
 
-from .attention_math import attention_core, attention_split
+from .attention_math import attention_core, attention_positions, attention_split
 from .common import new_seed
 from .lazy import torch
 
@@ -67,10 +67,7 @@ def rotary_table_of(rotary_pos_emb, head_dim, longest, device):
 def attention_rotary_table_angles(cu_seqlens, total, table, like):
     """cos and sin [total, 1, d] in ``like``'s dtype of ``table`` [max_s, d] (rotary_table_of's) at
     each row's position inside its sequence."""
-    cu = cu_seqlens.to(device=like.device, dtype=torch.int64)
-    lengths = cu[1:] - cu[:-1]
-    starts = torch.repeat_interleave(cu[:-1], lengths, output_size=total)
-    position = torch.arange(total, device=like.device, dtype=torch.int64) - starts
+    position = attention_positions(cu_seqlens, total, like.device)
     angle = table.to(device=like.device, dtype=like.dtype)[position][:, None, :]
     return torch.cos(angle), torch.sin(angle)
 

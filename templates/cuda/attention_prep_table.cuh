@@ -27,18 +27,9 @@ __device__ __forceinline__ void attention_prep_table(const T* __restrict__ q, co
   __shared__ float cos_rows[ROWS * D], sin_rows[ROWS * D];  // both halves' angles: a table's may differ
   const int first_row = blockIdx.x * ROWS;
   const int units = min(ROWS, rows - first_row) * ROW_UNITS;  // the last block may hold fewer rows
-  Vec<T, VEC> first[PER_THREAD], second[PER_THREAD];
-#pragma unroll
-  for (int u = 0; u < PER_THREAD; ++u) {  // the loads in flight while the angles are read
-    const int unit = threadIdx.x + u * THREADS;
-    if (unit >= units) break;
-    const int row = first_row + unit / ROW_UNITS, head = unit % ROW_UNITS / LANES, lane = unit % LANES;
-    const T* src = head < HEADS     ? q + (long long)row * q_stride + head * D
-                   : head < ROTATED ? k + (long long)row * kv_stride + (head - HEADS) * D
-                                    : v + (long long)row * kv_stride + (head - ROTATED) * D;
-    first[u] = load_raw<T, VEC>(src + lane * VEC);
-    second[u] = load_raw<T, VEC>(src + HALF + lane * VEC);
-  }
+  Vec<T, VEC> first[PER_THREAD], second[PER_THREAD];  // in flight while the angles are read
+  load_head_halves<T, HEADS, KV_HEADS, D, VEC, THREADS, PER_THREAD>(q, k, v, q_stride, kv_stride, first_row, units,
+                                                                    first, second);
   for (int j = threadIdx.x; j < ROWS * D; j += THREADS) {
     const int row = min(first_row + j / D, rows - 1), i = j % D;
     const int position = min(row - sequence_start(cu_seqlens, batch, row), table_rows - 1);
