@@ -233,66 +233,64 @@ def _grad_to_add_into(ctx, weight, x):
     see the difference: a hook on the weight (it sees the increment), torch.autograd.grad or
     backward(inputs=...) that leaves the weight's grad alone, create_graph (the grad is then
     differentiable), torch.compile's tracing, or a grad that is a view (DDP's bucket views), of
-    another dtype or layout, or itself differentiable."""
-    if torch.compiler.is_compiling() or torch.is_grad_enabled() or not weight.requires_grad:
+    another dtype or layout, or itself differentiable. A weight joined from TE's row blocks, which
+    the Function takes after its stages' arguments (its forward's ``ctx.row_blocks``): the blocks'
+    grads as one tensor of the weight's shape, where each block's is as a weight's must be and they
+    follow one another in one buffer (as the Function's split_rows handed them out and autograd
+    kept them). The grads it returns are set to None: autograd takes the sum back as it is."""
+    if torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
-    if not weight.is_leaf:
-        return _joined_grad_to_add_into(ctx, weight, x)
-    if weight._backward_hooks:
-        return None
-    grad = weight.grad
-    if (grad is None or grad.dtype != x.dtype or grad.device != x.device
-            or grad.layout != torch.strided or grad._base is not None or not grad.is_contiguous()
-            or grad.requires_grad):
-        return None
-    # does the running backward accumulate into weight.grad at all? (its AccumulateGrad node is
-    # among the Function's next ones)
-    accumulator = next((node for node, _ in ctx.next_functions
-                        if getattr(node, "variable", None) is weight), None)
-    if accumulator is None:
-        return None
-    try:
-        accumulates = torch._C._will_engine_execute_node(accumulator)
-    except RuntimeError:  # (torch 2.11 under torch.autograd.grad, which leaves .grad alone)
-        return None
-    if not accumulates:
-        return None
-    weight.grad = None
-    return grad
-
-
-def _joined_grad_to_add_into(ctx, weight, x):
-    """For a weight joined from TE's row blocks (the runtime's row_blocks.join_rows, whose backward
-    node holds them as ``row_blocks``): the blocks' grads as one tensor of the weight's shape, set
-    to None on the blocks, where weight_grad's GEMM may add into them: each as _grad_to_add_into
-    asks, the backward accumulating into every block, and the grads adjacent slices of one buffer
-    (as the join's backward hands them out and autograd keeps them). Else None."""
-    join = weight.grad_fn
-    blocks = getattr(join, "row_blocks", None)
-    if blocks is None or not any(node is join for node, _ in ctx.next_functions):
-        return None
-    grads = [block.grad for block in blocks]
-    if any(g is None or g.dtype != x.dtype or g.device != x.device or g.layout != torch.strided
-           or not g.is_contiguous() or g.requires_grad or block._backward_hooks
-           for g, block in zip(grads, blocks)):
+    blocks = _row_blocks_of(ctx, weight)
+    tensors = (weight,) if blocks is None else blocks
+    following = ctx.next_functions  # (a tuple built per read: read once)
+    grads = [
+        _accumulated_grad(following, tensor, x, views=blocks is not None) for tensor in tensors]
+    if any(grad is None for grad in grads):
         return None
     address = grads[0].data_ptr()
-    for g in grads:  # one after another in one buffer
-        if g.data_ptr() != address:
+    for grad in grads:  # one after another in one buffer
+        if grad.data_ptr() != address:
             return None
-        address += g.numel() * g.element_size()
+        address += grad.numel() * grad.element_size()
     storage = grads[0].untyped_storage()
     if address > storage.data_ptr() + storage.nbytes():
         return None
-    accumulators = [node for node, _ in join.next_functions if node is not None]
-    try:  # the join and every block's AccumulateGrad run in this backward
-        if not all(torch._C._will_engine_execute_node(node) for node in (join, *accumulators)):
-            return None
-    except RuntimeError:
+    for tensor in tensors:
+        tensor.grad = None
+    return grads[0] if blocks is None else grads[0].as_strided(weight.shape, weight.stride())
+
+
+def _row_blocks_of(ctx, weight):
+    """The row blocks a Function took for ``weight`` (its forward's ``ctx.row_blocks``: TE's blocks,
+    which the stages read joined, a view at the first one's address), or None."""
+    held = getattr(ctx, "row_blocks", ())  # (none on torch.compile's ctx: weight may be fake there)
+    if not held:
         return None
-    for block in blocks:
-        block.grad = None
-    return grads[0].as_strided(weight.shape, weight.stride())
+    address, rows = weight.data_ptr(), weight.shape[0]
+    return next((blocks for blocks in held if blocks[0].data_ptr() == address
+                 and sum(block.shape[0] for block in blocks) == rows), None)
+
+
+def _accumulated_grad(following, tensor, x, views=False):
+    """``tensor.grad`` (a parameter the Function took) where the running backward accumulates into
+    it (its AccumulateGrad node among the Function's next ones, ``following``, and executed) and an
+    add in place would go unseen (_grad_to_add_into), else None. ``views``: the grad may be a view
+    (TE's row blocks' grads are slices of one buffer)."""
+    if not tensor.requires_grad or not tensor.is_leaf or tensor._backward_hooks:
+        return None
+    grad = tensor.grad
+    if (grad is None or grad.dtype != x.dtype or grad.device != x.device
+            or grad.layout != torch.strided or (grad._base is not None and not views)
+            or not grad.is_contiguous() or grad.requires_grad):
+        return None
+    accumulator = next(
+        (node for node, _ in following if getattr(node, "variable", None) is tensor), None)
+    if accumulator is None:
+        return None
+    try:
+        return grad if torch._C._will_engine_execute_node(accumulator) else None
+    except RuntimeError:  # (torch 2.11 under torch.autograd.grad, which leaves .grad alone)
+        return None
 
 
 def linear(x, weight):

@@ -22,7 +22,7 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, adjacent_rows, check_input,
-    check_parameters, join_rows, packed_sequences, te_sequences, first_order_only,
+    check_parameters, packed_sequences, rows_view, split_rows, te_sequences, first_order_only,
     keep_for_backward, register_no_grad_op, register_training_ops, replay_backward, replay_forward,
     saved_tensors, with_lead)
 
@@ -125,6 +125,10 @@ class TeGptAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
+        # after the stages' arguments, TE's row blocks of the parameters they read joined (the
+        # backward hands each block its grad)
+        ctx.row_blocks = (args[11:14], args[14:17],)
+        args = args[:11]
         return replay_forward(graph, ctx, forward_stages, args, host=(9,))
 
     @staticmethod
@@ -146,14 +150,17 @@ class TeGptAttentionFunction(torch.autograd.Function):
         d_mha0_proj_weight = None if not ctx.needs_input_grad[6] else ref.weight_grad(
             ctx, mha0_proj_weight, d_mha0_out, mha0_core_attention_pre_linear)
         # backward stage 1 · rule linear_backward · op 0b: BasicLinear(256, 768) · weight grad
-        d_mha0_layernorm_qkv_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+        d_mha0_layernorm_qkv_weight = None if not any(
+            ctx.needs_input_grad[12:15]
+        ) else ref.weight_grad(
             ctx, mha0_layernorm_qkv_weight, d_mha0_layernorm_qkv_pre_attention,
             mha0_layernorm_qkv_layer_norm_pre_linear)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_mha0_layernorm_qkv_layer_norm_weight, d_mha0_layernorm_qkv_layer_norm_bias,
-            d_mha0_layernorm_qkv_weight, d_mha0_layernorm_qkv_bias, d_mha0_proj_weight,
-            d_mha0_proj_bias, None, None, None, None)
+            None, None, d_mha0_proj_weight, d_mha0_proj_bias, None, None, None, None,
+            *split_rows(d_mha0_layernorm_qkv_weight, (256, 256, 256)),
+            *split_rows(d_mha0_layernorm_qkv_bias, (256, 256, 256)))
 
 
 def no_grad_forward(
@@ -404,16 +411,18 @@ class TeGptAttention(torch.nn.Module):
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
             attn_mask_type=None, window_size=None, rotary_pos_emb=None):
-        mha0_layernorm_qkv_layer_norm_weight = self._modules["0"].layernorm_qkv.layer_norm_weight
-        mha0_layernorm_qkv_layer_norm_bias = self._modules["0"].layernorm_qkv.layer_norm_bias
-        mha0_layernorm_qkv_query_weight = self._modules["0"].layernorm_qkv.query_weight
-        mha0_layernorm_qkv_key_weight = self._modules["0"].layernorm_qkv.key_weight
-        mha0_layernorm_qkv_value_weight = self._modules["0"].layernorm_qkv.value_weight
-        mha0_layernorm_qkv_query_bias = self._modules["0"].layernorm_qkv.query_bias
-        mha0_layernorm_qkv_key_bias = self._modules["0"].layernorm_qkv.key_bias
-        mha0_layernorm_qkv_value_bias = self._modules["0"].layernorm_qkv.value_bias
-        mha0_proj_weight = self._modules["0"].proj.weight
-        mha0_proj_bias = self._modules["0"].proj.bias
+        mha0_layernorm_qkv_layer_norm_weight = self._modules["0"]._modules[
+            "layernorm_qkv"].layer_norm_weight
+        mha0_layernorm_qkv_layer_norm_bias = self._modules["0"]._modules[
+            "layernorm_qkv"].layer_norm_bias
+        mha0_layernorm_qkv_query_weight = self._modules["0"]._modules["layernorm_qkv"].query_weight
+        mha0_layernorm_qkv_key_weight = self._modules["0"]._modules["layernorm_qkv"].key_weight
+        mha0_layernorm_qkv_value_weight = self._modules["0"]._modules["layernorm_qkv"].value_weight
+        mha0_layernorm_qkv_query_bias = self._modules["0"]._modules["layernorm_qkv"].query_bias
+        mha0_layernorm_qkv_key_bias = self._modules["0"]._modules["layernorm_qkv"].key_bias
+        mha0_layernorm_qkv_value_bias = self._modules["0"]._modules["layernorm_qkv"].value_bias
+        mha0_proj_weight = self._modules["0"]._modules["proj"].weight
+        mha0_proj_bias = self._modules["0"]._modules["proj"].bias
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
@@ -458,12 +467,14 @@ class TeGptAttention(torch.nn.Module):
             "TeGptAttention", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd",
             offsets=offsets, positions=rotary_table.shape[0] or None)
         lead = x.shape[:-1]
-        # TE's parameters_split, row blocks of one buffer: a view while adjacent
-        mha0_layernorm_qkv_weight = join_rows(
+        # TE's parameters_split, row blocks of one buffer: a view while adjacent; the Function takes
+        # the blocks too
+        mha0_layernorm_qkv_weight = rows_view(
             mha0_layernorm_qkv_query_weight, mha0_layernorm_qkv_key_weight,
             mha0_layernorm_qkv_value_weight)
-        # TE's parameters_split, row blocks of one buffer: a view while adjacent
-        mha0_layernorm_qkv_bias = join_rows(
+        # TE's parameters_split, row blocks of one buffer: a view while adjacent; the Function takes
+        # the blocks too
+        mha0_layernorm_qkv_bias = rows_view(
             mha0_layernorm_qkv_query_bias, mha0_layernorm_qkv_key_bias,
             mha0_layernorm_qkv_value_bias)
         # 2-D and contiguous once here, so every saved tensor is dense (dense 2-D inputs as they
@@ -484,7 +495,10 @@ class TeGptAttention(torch.nn.Module):
                 outputs = torch.ops.fusegen.te_gpt_attention_forward_122a919a(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGptAttentionFunction.apply(
-                    self.cuda_graphs.training(forward_stages, args), *args)
+                    self.cuda_graphs.training(forward_stages, args), *args,
+                    mha0_layernorm_qkv_query_weight, mha0_layernorm_qkv_key_weight,
+                    mha0_layernorm_qkv_value_weight, mha0_layernorm_qkv_query_bias,
+                    mha0_layernorm_qkv_key_bias, mha0_layernorm_qkv_value_bias)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

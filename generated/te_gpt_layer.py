@@ -35,7 +35,7 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, adjacent_rows, check_input,
-    check_parameters, join_rows, packed_sequences, te_sequences, first_order_only,
+    check_parameters, packed_sequences, rows_view, split_rows, te_sequences, first_order_only,
     keep_for_backward, register_no_grad_op, register_training_ops, replay_backward, replay_forward,
     saved_tensors, with_lead)
 
@@ -229,6 +229,10 @@ class TeGptLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
+        # after the stages' arguments, TE's row blocks of the parameters they read joined (the
+        # backward hands each block its grad)
+        ctx.row_blocks = (args[17:20], args[20:23],)
+        args = args[:17]
         return replay_forward(graph, ctx, forward_stages, args, host=(13,))
 
     @staticmethod
@@ -276,21 +280,21 @@ class TeGptLayerFunction(torch.autograd.Function):
             ctx, layer0_self_attention_proj_weight, d_layer0_proj_pre_bias,
             layer0_core_attention_pre_linear)
         # backward stage 1 · rule linear_backward · op 0c: BasicLinear(256, 768) · weight grad
-        d_layer0_self_attention_layernorm_qkv_weight = None if not ctx.needs_input_grad[
-            4
-        ] else ref.weight_grad(
+        d_layer0_self_attention_layernorm_qkv_weight = None if not any(
+            ctx.needs_input_grad[18:21]
+        ) else ref.weight_grad(
             ctx, layer0_self_attention_layernorm_qkv_weight, d_layer0_layernorm_qkv_pre_attention,
             layer0_layernorm_qkv_layer_norm_pre_linear)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
             None, d_x, d_layer0_self_attention_layernorm_qkv_layer_norm_weight,
-            d_layer0_self_attention_layernorm_qkv_layer_norm_bias,
-            d_layer0_self_attention_layernorm_qkv_weight,
-            d_layer0_self_attention_layernorm_qkv_bias, d_layer0_self_attention_proj_weight,
-            d_layer0_self_attention_proj_bias, d_layer0_layernorm_mlp_layer_norm_weight,
-            d_layer0_layernorm_mlp_layer_norm_bias, d_layer0_layernorm_mlp_fc1_weight,
-            d_layer0_layernorm_mlp_fc1_bias, d_layer0_layernorm_mlp_fc2_weight,
-            d_layer0_layernorm_mlp_fc2_bias, None, None, None, None)
+            d_layer0_self_attention_layernorm_qkv_layer_norm_bias, None, None,
+            d_layer0_self_attention_proj_weight, d_layer0_self_attention_proj_bias,
+            d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_layer_norm_bias,
+            d_layer0_layernorm_mlp_fc1_weight, d_layer0_layernorm_mlp_fc1_bias,
+            d_layer0_layernorm_mlp_fc2_weight, d_layer0_layernorm_mlp_fc2_bias, None, None, None,
+            None, *split_rows(d_layer0_self_attention_layernorm_qkv_weight, (256, 256, 256)),
+            *split_rows(d_layer0_self_attention_layernorm_qkv_bias, (256, 256, 256)))
 
 
 def no_grad_forward(
@@ -709,30 +713,34 @@ class TeGptLayer(torch.nn.Module):
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
             attn_mask_type=None, window_size=None, rotary_pos_emb=None):
-        layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.layer_norm_weight
-        layer0_self_attention_layernorm_qkv_layer_norm_bias = self._modules[
-            "0"].self_attention.layernorm_qkv.layer_norm_bias
-        layer0_self_attention_layernorm_qkv_query_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.query_weight
-        layer0_self_attention_layernorm_qkv_key_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.key_weight
-        layer0_self_attention_layernorm_qkv_value_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.value_weight
-        layer0_self_attention_layernorm_qkv_query_bias = self._modules[
-            "0"].self_attention.layernorm_qkv.query_bias
-        layer0_self_attention_layernorm_qkv_key_bias = self._modules[
-            "0"].self_attention.layernorm_qkv.key_bias
-        layer0_self_attention_layernorm_qkv_value_bias = self._modules[
-            "0"].self_attention.layernorm_qkv.value_bias
-        layer0_self_attention_proj_weight = self._modules["0"].self_attention.proj.weight
-        layer0_self_attention_proj_bias = self._modules["0"].self_attention.proj.bias
-        layer0_layernorm_mlp_layer_norm_weight = self._modules["0"].layernorm_mlp.layer_norm_weight
-        layer0_layernorm_mlp_layer_norm_bias = self._modules["0"].layernorm_mlp.layer_norm_bias
-        layer0_layernorm_mlp_fc1_weight = self._modules["0"].layernorm_mlp.fc1_weight
-        layer0_layernorm_mlp_fc1_bias = self._modules["0"].layernorm_mlp.fc1_bias
-        layer0_layernorm_mlp_fc2_weight = self._modules["0"].layernorm_mlp.fc2_weight
-        layer0_layernorm_mlp_fc2_bias = self._modules["0"].layernorm_mlp.fc2_bias
+        layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].layer_norm_weight
+        layer0_self_attention_layernorm_qkv_layer_norm_bias = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].layer_norm_bias
+        layer0_self_attention_layernorm_qkv_query_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].query_weight
+        layer0_self_attention_layernorm_qkv_key_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].key_weight
+        layer0_self_attention_layernorm_qkv_value_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].value_weight
+        layer0_self_attention_layernorm_qkv_query_bias = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].query_bias
+        layer0_self_attention_layernorm_qkv_key_bias = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].key_bias
+        layer0_self_attention_layernorm_qkv_value_bias = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].value_bias
+        layer0_self_attention_proj_weight = self._modules["0"]._modules["self_attention"]._modules[
+            "proj"].weight
+        layer0_self_attention_proj_bias = self._modules["0"]._modules["self_attention"]._modules[
+            "proj"].bias
+        layer0_layernorm_mlp_layer_norm_weight = self._modules["0"]._modules[
+            "layernorm_mlp"].layer_norm_weight
+        layer0_layernorm_mlp_layer_norm_bias = self._modules["0"]._modules[
+            "layernorm_mlp"].layer_norm_bias
+        layer0_layernorm_mlp_fc1_weight = self._modules["0"]._modules["layernorm_mlp"].fc1_weight
+        layer0_layernorm_mlp_fc1_bias = self._modules["0"]._modules["layernorm_mlp"].fc1_bias
+        layer0_layernorm_mlp_fc2_weight = self._modules["0"]._modules["layernorm_mlp"].fc2_weight
+        layer0_layernorm_mlp_fc2_bias = self._modules["0"]._modules["layernorm_mlp"].fc2_bias
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
@@ -806,13 +814,15 @@ class TeGptLayer(torch.nn.Module):
             "TeGptLayer", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="bshd",
             offsets=offsets, positions=rotary_table.shape[0] or None)
         lead = x.shape[:-1]
-        # TE's parameters_split, row blocks of one buffer: a view while adjacent
-        layer0_self_attention_layernorm_qkv_weight = join_rows(
+        # TE's parameters_split, row blocks of one buffer: a view while adjacent; the Function takes
+        # the blocks too
+        layer0_self_attention_layernorm_qkv_weight = rows_view(
             layer0_self_attention_layernorm_qkv_query_weight,
             layer0_self_attention_layernorm_qkv_key_weight,
             layer0_self_attention_layernorm_qkv_value_weight)
-        # TE's parameters_split, row blocks of one buffer: a view while adjacent
-        layer0_self_attention_layernorm_qkv_bias = join_rows(
+        # TE's parameters_split, row blocks of one buffer: a view while adjacent; the Function takes
+        # the blocks too
+        layer0_self_attention_layernorm_qkv_bias = rows_view(
             layer0_self_attention_layernorm_qkv_query_bias,
             layer0_self_attention_layernorm_qkv_key_bias,
             layer0_self_attention_layernorm_qkv_value_bias)
@@ -839,7 +849,13 @@ class TeGptLayer(torch.nn.Module):
                 outputs = torch.ops.fusegen.te_gpt_layer_forward_cb188929(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeGptLayerFunction.apply(
-                    self.cuda_graphs.training(forward_stages, args), *args)
+                    self.cuda_graphs.training(forward_stages, args), *args,
+                    layer0_self_attention_layernorm_qkv_query_weight,
+                    layer0_self_attention_layernorm_qkv_key_weight,
+                    layer0_self_attention_layernorm_qkv_value_weight,
+                    layer0_self_attention_layernorm_qkv_query_bias,
+                    layer0_self_attention_layernorm_qkv_key_bias,
+                    layer0_self_attention_layernorm_qkv_value_bias)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

@@ -340,9 +340,10 @@ class TeGqaAttention(torch.nn.Module):
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
             attn_mask_type=None, window_size=None, rotary_pos_emb=None):
-        mha0_layernorm_qkv_layer_norm_weight = self._modules["0"].layernorm_qkv.layer_norm_weight
-        mha0_layernorm_qkv_weight = self._modules["0"].layernorm_qkv.weight
-        mha0_proj_weight = self._modules["0"].proj.weight
+        mha0_layernorm_qkv_layer_norm_weight = self._modules["0"]._modules[
+            "layernorm_qkv"].layer_norm_weight
+        mha0_layernorm_qkv_weight = self._modules["0"]._modules["layernorm_qkv"].weight
+        mha0_proj_weight = self._modules["0"]._modules["proj"].weight
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)

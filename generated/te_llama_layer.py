@@ -554,14 +554,16 @@ class TeLlamaLayer(torch.nn.Module):
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
             attn_mask_type=None, window_size=None, rotary_pos_emb=None):
-        layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.layer_norm_weight
-        layer0_self_attention_layernorm_qkv_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.weight
-        layer0_self_attention_proj_weight = self._modules["0"].self_attention.proj.weight
-        layer0_layernorm_mlp_layer_norm_weight = self._modules["0"].layernorm_mlp.layer_norm_weight
-        layer0_layernorm_mlp_fc1_weight = self._modules["0"].layernorm_mlp.fc1_weight
-        layer0_layernorm_mlp_fc2_weight = self._modules["0"].layernorm_mlp.fc2_weight
+        layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].layer_norm_weight
+        layer0_self_attention_layernorm_qkv_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].weight
+        layer0_self_attention_proj_weight = self._modules["0"]._modules["self_attention"]._modules[
+            "proj"].weight
+        layer0_layernorm_mlp_layer_norm_weight = self._modules["0"]._modules[
+            "layernorm_mlp"].layer_norm_weight
+        layer0_layernorm_mlp_fc1_weight = self._modules["0"]._modules["layernorm_mlp"].fc1_weight
+        layer0_layernorm_mlp_fc2_weight = self._modules["0"]._modules["layernorm_mlp"].fc2_weight
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)

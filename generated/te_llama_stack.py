@@ -45,9 +45,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, adjacent_rows, check_input,
-    check_parameters, grouped_rows, join_rows, packed_sequences, te_sequences, first_order_only,
-    keep_for_backward, register_no_grad_op, register_training_ops, replay_backward, replay_forward,
-    saved_tensors, with_lead)
+    check_parameters, grouped_rows, packed_sequences, rows_view, split_rows, te_sequences,
+    first_order_only, keep_for_backward, register_no_grad_op, register_training_ops,
+    replay_backward, replay_forward, saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -315,6 +315,10 @@ class TeLlamaStackFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
+        # after the stages' arguments, TE's row blocks of the parameters they read joined (the
+        # backward hands each block its grad)
+        ctx.row_blocks = (args[16:19],)
+        args = args[:16]
         return replay_forward(graph, ctx, forward_stages, args, host=(18,))
 
     @staticmethod
@@ -394,21 +398,21 @@ class TeLlamaStackFunction(torch.autograd.Function):
             ctx, layer0_self_attention_proj_weight, d_layer0_proj_pre_add_extra_input,
             layer0_core_attention_pre_linear)
         # backward stage 1 · rule linear_backward · op 0c: BasicLinear(256, 384) · weight grad
-        d_layer0_self_attention_layernorm_qkv_weight = None if not ctx.needs_input_grad[
-            3
-        ] else ref.weight_grad(
+        d_layer0_self_attention_layernorm_qkv_weight = None if not any(
+            ctx.needs_input_grad[17:20]
+        ) else ref.weight_grad(
             ctx, layer0_self_attention_layernorm_qkv_weight, d_layer0_layernorm_qkv_pre_attention,
             layer0_layernorm_qkv_layer_norm_pre_linear)
         backward_done(ctx)  # the weight-grad GEMMs are queued: another forward may use the graph
         return (
-            None, d_x, d_layer0_self_attention_layernorm_qkv_layer_norm_weight,
-            d_layer0_self_attention_layernorm_qkv_weight, d_layer0_self_attention_proj_weight,
-            d_layer0_layernorm_mlp_layer_norm_weight, d_layer0_layernorm_mlp_fc1_weight,
-            d_layer0_layernorm_mlp_fc2_weight,
+            None, d_x, d_layer0_self_attention_layernorm_qkv_layer_norm_weight, None,
+            d_layer0_self_attention_proj_weight, d_layer0_layernorm_mlp_layer_norm_weight,
+            d_layer0_layernorm_mlp_fc1_weight, d_layer0_layernorm_mlp_fc2_weight,
             d_layer1_self_attention_layernorm_qkv_layer_norm_weight,
             d_layer1_self_attention_layernorm_qkv_weight, d_layer1_self_attention_proj_weight,
             d_layer1_layernorm_mlp_layer_norm_weight, d_layer1_layernorm_mlp_fc1_weight,
-            d_layer1_layernorm_mlp_fc2_weight, None, None, None)
+            d_layer1_layernorm_mlp_fc2_weight, None, None, None,
+            *split_rows(d_layer0_self_attention_layernorm_qkv_weight, (256, 64, 64)))
 
 
 def no_grad_forward(
@@ -938,26 +942,30 @@ class TeLlamaStack(torch.nn.Module):
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,
             max_seqlen_q=None, max_seqlen_kv=None, attention_mask=None, self_attn_mask_type=None,
             attn_mask_type=None, window_size=None, rotary_pos_emb=None):
-        layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.layer_norm_weight
-        layer0_self_attention_layernorm_qkv_query_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.query_weight
-        layer0_self_attention_layernorm_qkv_key_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.key_weight
-        layer0_self_attention_layernorm_qkv_value_weight = self._modules[
-            "0"].self_attention.layernorm_qkv.value_weight
-        layer0_self_attention_proj_weight = self._modules["0"].self_attention.proj.weight
-        layer0_layernorm_mlp_layer_norm_weight = self._modules["0"].layernorm_mlp.layer_norm_weight
-        layer0_layernorm_mlp_fc1_weight = self._modules["0"].layernorm_mlp.fc1_weight
-        layer0_layernorm_mlp_fc2_weight = self._modules["0"].layernorm_mlp.fc2_weight
-        layer1_self_attention_layernorm_qkv_layer_norm_weight = self._modules[
-            "1"].self_attention.layernorm_qkv.layer_norm_weight
-        layer1_self_attention_layernorm_qkv_weight = self._modules[
-            "1"].self_attention.layernorm_qkv.weight
-        layer1_self_attention_proj_weight = self._modules["1"].self_attention.proj.weight
-        layer1_layernorm_mlp_layer_norm_weight = self._modules["1"].layernorm_mlp.layer_norm_weight
-        layer1_layernorm_mlp_fc1_weight = self._modules["1"].layernorm_mlp.fc1_weight
-        layer1_layernorm_mlp_fc2_weight = self._modules["1"].layernorm_mlp.fc2_weight
+        layer0_self_attention_layernorm_qkv_layer_norm_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].layer_norm_weight
+        layer0_self_attention_layernorm_qkv_query_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].query_weight
+        layer0_self_attention_layernorm_qkv_key_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].key_weight
+        layer0_self_attention_layernorm_qkv_value_weight = self._modules["0"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].value_weight
+        layer0_self_attention_proj_weight = self._modules["0"]._modules["self_attention"]._modules[
+            "proj"].weight
+        layer0_layernorm_mlp_layer_norm_weight = self._modules["0"]._modules[
+            "layernorm_mlp"].layer_norm_weight
+        layer0_layernorm_mlp_fc1_weight = self._modules["0"]._modules["layernorm_mlp"].fc1_weight
+        layer0_layernorm_mlp_fc2_weight = self._modules["0"]._modules["layernorm_mlp"].fc2_weight
+        layer1_self_attention_layernorm_qkv_layer_norm_weight = self._modules["1"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].layer_norm_weight
+        layer1_self_attention_layernorm_qkv_weight = self._modules["1"]._modules[
+            "self_attention"]._modules["layernorm_qkv"].weight
+        layer1_self_attention_proj_weight = self._modules["1"]._modules["self_attention"]._modules[
+            "proj"].weight
+        layer1_layernorm_mlp_layer_norm_weight = self._modules["1"]._modules[
+            "layernorm_mlp"].layer_norm_weight
+        layer1_layernorm_mlp_fc1_weight = self._modules["1"]._modules["layernorm_mlp"].fc1_weight
+        layer1_layernorm_mlp_fc2_weight = self._modules["1"]._modules["layernorm_mlp"].fc2_weight
         if ref.autocasting(x):
             # under torch.autocast: computed in autocast's dtype, as TE does (grads reach the
             # parameters through the casts)
@@ -1022,8 +1030,9 @@ class TeLlamaStack(torch.nn.Module):
             "TeLlamaStack", x, seq_lens, max_seqlen, self.cuda_graphs.max_rows, qkv_format="thd",
             offsets=offsets, positions=rotary_table.shape[0] or None)
         lead = x.shape[:-1]
-        # TE's parameters_split, row blocks of one buffer: a view while adjacent
-        layer0_self_attention_layernorm_qkv_weight = join_rows(
+        # TE's parameters_split, row blocks of one buffer: a view while adjacent; the Function takes
+        # the blocks too
+        layer0_self_attention_layernorm_qkv_weight = rows_view(
             layer0_self_attention_layernorm_qkv_query_weight,
             layer0_self_attention_layernorm_qkv_key_weight,
             layer0_self_attention_layernorm_qkv_value_weight)
@@ -1053,7 +1062,10 @@ class TeLlamaStack(torch.nn.Module):
                 outputs = torch.ops.fusegen.te_llama_stack_forward_20bcb124(*args)[0]
             else:  # a few rows on CUDA: forward and backward replayed from CUDA graphs
                 outputs = TeLlamaStackFunction.apply(
-                    self.cuda_graphs.training(forward_stages, args), *args)
+                    self.cuda_graphs.training(forward_stages, args), *args,
+                    layer0_self_attention_layernorm_qkv_query_weight,
+                    layer0_self_attention_layernorm_qkv_key_weight,
+                    layer0_self_attention_layernorm_qkv_value_weight)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = self.cuda_graphs.no_grad(no_grad_forward, args)
         return with_lead(outputs, lead, 256)

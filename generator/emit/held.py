@@ -3,8 +3,9 @@
 op's names (the state_dict keys). Where one of TE's modules holds a GEMM's parameter otherwise than
 as one tensor in the GEMM's row order (ops/held_rows.py: TE's query/key/value row blocks, TE's rows
 grouped per GQA group), the module holds TE's tensors and the forward hands the pipeline the one
-tensor its GEMM reads (runtime row_blocks), after their checks; the Function never sees the
-difference.
+tensor its GEMM reads (runtime row_blocks), after their checks. The stages never see the
+difference; a module's one Function takes TE's row blocks themselves too, after its stages'
+arguments, and hands each its grad (function.py), so a call costs no autograd node of its own.
 """
 
 from __future__ import annotations
@@ -68,20 +69,41 @@ class Held:
         return [f'ref.init_parameter({self.child}.{attribute}, "{self.init}")' for attribute, *_ in self.tensors]
 
     def read_lines(self) -> list[str]:
-        return [f"{local} = {self.child}.{attribute}" for attribute, _, _, local in self.tensors]
+        """The forward's reads of the tensors held, each through its submodules' ``_modules``
+        (TE's ``self_attention.layernorm_qkv``): a Module.__getattr__ a submodule costs host time
+        at a few rows."""
+        lines = []
+        for attribute, _, _, local in self.tensors:
+            *submodules, name = attribute.split(".")
+            path = "".join(f'._modules["{submodule}"]' for submodule in submodules)
+            lines.append(f"{local} = {self.child}{path}.{name}")
+        return lines
 
-    def handed_lines(self) -> list[str]:
+    def handed_lines(self, function_takes_blocks: bool) -> list[str]:
         """The forward's lines that make the tensor the GEMM reads from the ones held (none for one
-        tensor in the GEMM's order)."""
+        tensor in the GEMM's order). ``function_takes_blocks``: the module's one Function takes TE's
+        row blocks after its stages' arguments (rows_view: no autograd node), else autograd joins
+        them (join_rows: a module running user modules between Functions)."""
         held = self.op.held_rows
         if held is None:
             return []
         if held.blocks:  # TE's noop_cat
-            locals_ = ", ".join(local for *_, local in self.tensors)
+            locals_ = ", ".join(self.block_locals())
+            if function_takes_blocks:
+                return [f"{self.name} = rows_view({locals_})  # {held.describe()}: a view while adjacent; the "
+                        "Function takes the blocks too"]
             return [f"{self.name} = join_rows({locals_})  # {held.describe()}: a view while adjacent"]
         groups, per_group = held.groups
         return [f"{self.name} = grouped_rows({self.name}, {groups}, {per_group})  # {held.describe()}, as [q | k | "
                 "v]: a copy"]
+
+    def block_locals(self) -> list[str]:
+        """The forward's locals of TE's row blocks, in row order (none for a parameter held whole)."""
+        return [local for *_, local in self.tensors] if self.blocks else []
+
+    def block_rows(self) -> tuple[int, ...]:
+        """The rows of each of TE's row blocks, in order."""
+        return tuple(shape[0] for _, _, shape, _ in self.tensors) if self.blocks else ()
 
     def block_attributes(self) -> tuple[str, ...]:
         """The row blocks' attributes on their holder (``query_weight``, ...), for adjacent_rows."""
@@ -117,10 +139,12 @@ def fresh_parameters(params: list[Held], compiled: bool = False) -> frozenset[in
     return frozenset(param.op.param(param.attr) for param in params if param.copies or (compiled and param.blocks))
 
 
-def runtime_helpers(params: list[Held]) -> list[str]:
-    """The runtime's functions the module's held parameters need."""
+def runtime_helpers(params: list[Held], function_takes_blocks: bool) -> list[str]:
+    """The runtime's functions the module's held parameters need (``function_takes_blocks``: as
+    Held.handed_lines)."""
     helpers = set()
+    joins = {"rows_view", "split_rows"} if function_takes_blocks else {"join_rows"}
     for param in params:
         if param.op.held_rows is not None:
-            helpers |= {"adjacent_rows", "join_rows"} if param.blocks else {"grouped_rows"}
+            helpers |= {"adjacent_rows", *joins} if param.blocks else {"grouped_rows"}
     return sorted(helpers)

@@ -210,6 +210,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         bwd += [copies] if copies else []
     function_inputs = [arg.name for arg in args]
     no_grad = no_grad_blocks(plan, stage_kernels)
+    # TE's row blocks: the module's one Function takes them after its stages' arguments (held.py)
+    blocks = [] if between else [param for param in held if param.blocks]
     if between:
         functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved_values, tees, [arg.value for arg in args])
     else:
@@ -220,7 +222,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         functions = [function_parts(
             em, f"{p.class_name}Function", f"`{p.name}`", doc, "", function_inputs, fwd,
             distinct_returns([output] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs,
-            "args[0].shape[1]" if takes_n else None)]
+            "args[0].shape[1]" if takes_n else None,
+            tuple((em.grad(param.op.param(param.attr)), param.block_rows()) for param in blocks))]
         grad_steps = []
     return dict(
         traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
@@ -233,7 +236,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         tensor_arguments=[local for arg in args if arg.tensor for local in held_locals.get(arg.name, [arg.name])],
         reset_lines=[line for param in held for line in param.reset_lines()],
         read_lines=[line for param in held for line in param.read_lines()],
-        handed_lines=[line for param in held for line in param.handed_lines()],
+        handed_lines=[line for param in held for line in param.handed_lines(not between)],
+        function_blocks="".join(f", {local}" for param in blocks for local in param.block_locals()),
         adjacent_blocks=[(param.holder(), param.block_attributes()) for param in held if param.blocks],
         extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
                                             for op in p.ops if op.extra_input is not None),
@@ -252,6 +256,6 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         forward_parameters=convention.forward_parameters(args, convention.te_masks(p)),
         # the module forward's checks of its arguments
         check_lines=convention.check_lines(args, lead_lines) + convention.ignored_sequences_lines(p.class_name, args),
-        check_helpers=sorted(convention.check_helpers(args) + runtime_helpers(held)),
+        check_helpers=sorted(convention.check_helpers(args) + runtime_helpers(held, not between)),
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
     )

@@ -3,6 +3,11 @@
 tensor a GEMM reads, and kept one buffer when a module is moved or cast; a QKV parameter whose
 rows go per GQA group (TE's qkv_weight_interleaved) handed to the GEMM as [q | k | v] (part of a
 fusegen output's runtime: templates/runtime/, copied verbatim; do not edit).
+
+Two ways to join the blocks under autograd: a module whose one autograd.Function takes the blocks
+themselves (after the arguments of its stages) hands its stages ``rows_view`` (no autograd node:
+the Function splits the parameter's grad per block, ``split_rows``); a module running user modules
+between Functions joins them with ``join_rows``, an autograd node of its own.
 """
 
 import torch
@@ -14,12 +19,12 @@ def _adjacent(blocks) -> bool:
     reads a call (a forward's host time counts at a few rows): the blocks' addresses follow one
     another and the first's storage holds them all (memory of one allocation is one storage's)."""
     first = blocks[0]
-    address, dtype, tail, device = first.data_ptr(), first.dtype, first.shape[1:], first.device
-    for block in blocks:
-        if (block.data_ptr() != address or block.dtype != dtype or block.shape[1:] != tail
-                or block.device != device or not block.is_contiguous()):
+    address, dtype, tail = first.data_ptr(), first.dtype, first.shape[1:]
+    for block in blocks:  # (one device: the addresses of one storage)
+        if (block.data_ptr() != address or block.dtype is not dtype or block.shape[1:] != tail
+                or not block.is_contiguous()):
             return False
-        address += block.numel() * block.element_size()
+        address += block.nbytes
     storage = first.untyped_storage()
     return address <= storage.data_ptr() + storage.nbytes()
 
@@ -30,9 +35,6 @@ class _JoinAdjacent(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *blocks):
         ctx.rows = [b.shape[0] for b in blocks]
-        # the blocks (parameters: nothing kept alive that is not anyway), for a weight-grad GEMM
-        # that adds into their grads in place (the shipped reference's weight_grad)
-        ctx.row_blocks = blocks
         first = blocks[0]
         shape = (sum(ctx.rows), *first.shape[1:])
         return first.as_strided(shape, first.stride(), first.storage_offset())
@@ -55,6 +57,26 @@ def join_rows(*blocks: torch.Tensor) -> torch.Tensor:
         first = blocks[0]
         return first.as_strided((sum(b.shape[0] for b in blocks), *first.shape[1:]), first.stride())
     return _JoinAdjacent.apply(*blocks)
+
+
+def rows_view(*blocks: torch.Tensor) -> torch.Tensor:
+    """The blocks' rows as the one tensor a generated Function's stages read, where that Function
+    takes the blocks themselves as inputs and hands each its grad (split_rows): a view of their
+    storage where they are adjacent, else ``torch.cat``, without autograd history either way (no
+    autograd node per call, a host cost at a few rows). Under torch.compile it is ``torch.cat``,
+    which the compiled graph differentiates (storage addresses cannot be traced)."""
+    if torch.compiler.is_compiling():
+        return torch.cat(blocks, dim=0)
+    if not _adjacent(blocks):
+        with torch.no_grad():
+            return torch.cat(blocks, dim=0)
+    first = blocks[0]
+    return first.detach().as_strided((sum(b.shape[0] for b in blocks), *first.shape[1:]), first.stride())
+
+
+def split_rows(grad, rows):
+    """The grads of the row blocks ``rows`` long that a parameter's ``grad`` holds (None: none)."""
+    return (None,) * len(rows) if grad is None else grad.split(rows, dim=0)
 
 
 def adjacent_rows(holder: torch.nn.Module, names) -> None:

@@ -95,6 +95,42 @@ def test_join_rows_compiles_fullgraph_on_cpu():
         torch.testing.assert_close(block.grad, r.grad, rtol=1.3e-6, atol=1e-5)
 
 
+def test_rows_view_is_the_blocks_without_autograd_and_split_rows_their_grads():
+    """rows_view (the stages' tensor where the Function takes the blocks themselves): a view of
+    adjacent blocks, a copy of others, with no autograd history either way; split_rows hands each
+    block its rows of a grad (None: none)."""
+    blocks = _split_parameters()
+    joined = row_blocks.rows_view(*blocks)
+    assert joined.data_ptr() == blocks[0].data_ptr() and joined.grad_fn is None and not joined.requires_grad
+    torch.testing.assert_close(joined, torch.cat([b.detach() for b in blocks]), rtol=0, atol=0)
+    blocks[1].data = blocks[1].data.clone()
+    copied = row_blocks.rows_view(*blocks)
+    assert copied.data_ptr() != blocks[0].data_ptr() and copied.grad_fn is None
+    torch.testing.assert_close(copied, torch.cat([b.detach() for b in blocks]), rtol=0, atol=0)
+    grad = torch.randn(sum(ROWS.values()), HIDDEN, dtype=torch.float64)
+    rows = tuple(ROWS.values())
+    assert [g.data_ptr() for g in row_blocks.split_rows(grad, rows)] == [
+        grad[start:].data_ptr() for start in (0, rows[0], rows[0] + rows[1])]
+    assert row_blocks.split_rows(None, rows) == (None, None, None)
+
+
+def test_rows_view_compiles_to_a_differentiated_cat_on_cpu():
+    blocks = _split_parameters(dtype=torch.float32)
+
+    def project(x, *weights):
+        return x @ row_blocks.rows_view(*weights).t()
+
+    compiled = torch.compile(project, fullgraph=True, backend="aot_eager")
+    x = torch.randn(3, HIDDEN, requires_grad=True)
+    compiled(x, *blocks).sum().backward()
+    ref = [b.detach().clone().requires_grad_() for b in blocks]
+    ref_x = x.detach().clone().requires_grad_()
+    (ref_x @ torch.cat(ref).t()).sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1.3e-6, atol=1e-5)
+    for block, r in zip(blocks, ref):
+        torch.testing.assert_close(block.grad, r.grad, rtol=1.3e-6, atol=1e-5)
+
+
 def _te_interleaved_split(weight, heads, groups, head_dim):
     """TE's forward on the fused projection's rows, as multi_head_attention.py reads them with
     qkv_weight_interleaved=True: view [groups, heads/groups + 2, head_dim], split (heads/groups, 1, 1)."""
@@ -306,10 +342,16 @@ def test_the_weight_grad_gemm_adds_into_the_blocks_grads_in_place(monkeypatch):
     block's own; not where a backward leaves some block's grad alone (backward(inputs=...))."""
     import generated
     from generated import _reference
-    found = []
-    joined = _reference._joined_grad_to_add_into
-    monkeypatch.setattr(_reference, "_joined_grad_to_add_into",
-                        lambda *a: found.append(joined(*a)) or found[-1])
+    found = []  # what _grad_to_add_into found for the QKV weight (768 rows: the three blocks')
+    to_add_into = _reference._grad_to_add_into
+
+    def recorded(ctx, weight, x):
+        grad = to_add_into(ctx, weight, x)
+        if weight.shape[0] == 768:
+            found.append(grad)
+        return grad
+
+    monkeypatch.setattr(_reference, "_grad_to_add_into", recorded)
     module = _gpt_attention()
     x = torch.randn(2, 7, 256, generator=torch.Generator().manual_seed(3))
     blocks = [module.get_parameter(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
@@ -353,3 +395,53 @@ def test_blocks_grads_accumulate_in_place_under_cuda_graph_replay_as_without():
     assert [b.grad.data_ptr() for b in blocks] == memory
     for (name, p), q in zip(module.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
+
+
+GATED_SPEC = '''\
+import transformer_engine.pytorch as te
+from user_gates import Gate
+
+gated_attention = te.Sequential(
+    te.MultiheadAttention(256, 4, input_layernorm=True, qkv_format="bshd"),
+    Gate(256),
+)
+'''
+GATE = '''\
+import torch
+
+
+class Gate(torch.nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.gate = torch.nn.Parameter(torch.linspace(-1, 1, features))
+
+    def forward(self, x):
+        return x * torch.tanh(self.gate)
+'''
+
+
+def test_blocks_beside_a_user_module_are_joined_by_autograd(tmp_path):
+    """A pipeline running a user module between its Functions (emit/segments.py) joins TE's row
+    blocks with join_rows, an autograd node, not by its Functions: it computes what te_gpt_attention
+    followed by the module computes, its blocks' grads included, also accumulated over two backwards."""
+    from spec_packages import imported_package
+
+    with imported_package(tmp_path, "spec.py", GATED_SPEC, "gated_pkg", files={"user_gates.py": GATE}) as pkg:
+        source = Path(pkg.__file__).with_name("gated_attention.py").read_text()
+        assert "join_rows(" in source and "rows_view(" not in source
+        module = pkg.GatedAttention(dtype=torch.float64).eval()
+        attention = _gpt_attention(dtype=torch.float64)
+        torch.manual_seed(4)
+        for p in attention.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+        module.load_state_dict({**attention.state_dict(), "1.gate": torch.linspace(-1, 1, 256, dtype=torch.float64)},
+                               strict=True)
+        x = torch.randn(2, 7, 256, dtype=torch.float64)
+        for _ in range(2):
+            got, want = module(x), attention(x) * torch.tanh(torch.linspace(-1, 1, 256, dtype=torch.float64))
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            dy = torch.randn_like(got)
+            got.backward(dy)
+            want.backward(dy)
+        for name, p in attention.named_parameters():
+            torch.testing.assert_close(module.get_parameter(name).grad, p.grad, rtol=1e-10, atol=1e-12, msg=name)
