@@ -15,9 +15,12 @@ one.
   events (``steps`` of them, the median of ``rounds`` turns, the modules taking turns);
 - 16,384 tokens in 7 documents of uneven lengths (498 to 3,778), and 8 sequences of 1 token
   (decode-like, where the host's time is the step's);
-- a per-kernel profile of one training step of each (torch.profiler): GEMMs, attention, the rest.
+- a per-kernel profile of one training step of each (torch.profiler): GEMMs, attention, the rest;
+- ``--ab TURNS``: then the two generated layers alone at 8 tokens, A/B/A/B for TURNS turns of 100
+  steps each (host-bound steps vary from turn to turn with the machine: many short turns side by
+  side rank them better than a few long ones), their quartiles.
 
-    python3 bench/bench_layer.py [--out bench/results/layer_te_h100.md]
+    python3 bench/bench_layer.py [--ab 40] [--out bench/results/layer_te_h100.md]
 """
 
 import argparse
@@ -219,10 +222,43 @@ def profile(step) -> dict[str, float]:
     return kinds
 
 
+def ab_turns(fused_modules: dict, turns: int, device, dtype) -> list[str]:
+    """The generated layers at 8 tokens, A/B/A/B: ``turns`` turns of 100 steps each, a training step
+    and a no-grad forward; the lines of a table of their quartiles (ms per step)."""
+    cu, max_len, _ = packed(DECODE, device)
+    seq_lens = torch.tensor(DECODE, device=device, dtype=torch.int32)
+    table = te_rotary_table(max_len, device)
+    x = torch.randn(sum(DECODE), HIDDEN, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(sum(DECODE), HIDDEN, device=device, dtype=dtype)
+    lines = ["", f"The generated layers alone at 8 tokens, A/B/A/B: {turns} turns of 100 steps each "
+                 "(ms per step; quartiles over the turns):", "",
+             "| pass | layer | 25% | median | 75% | fastest turn |", "|---|---|---|---|---|---|"]
+    for label, grad in (("forward + backward", True), ("no-grad forward", False)):
+        def step(module):
+            def run():
+                with torch.set_grad_enabled(grad):
+                    y = fused_call(module, x, cu, max_len, seq_lens, table)
+                if grad:
+                    y.backward(dy)
+            return run
+        times = {name: [] for name in fused_modules}
+        for module in fused_modules.values():
+            timed(step(module), 20)
+        for _ in range(turns):
+            for name, module in fused_modules.items():
+                times[name].append(timed(step(module), 100))
+        for name, values in times.items():
+            q1, q2, q3 = statistics.quantiles(values, n=4)
+            lines.append(f"| {label} | {name} | {q1:.3f} | {q2:.3f} | {q3:.3f} | {min(values):.3f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--ab", type=int, default=0, help="turns of the generated layers' A/B at 8 tokens")
     args = parser.parse_args()
     torch.manual_seed(0)
     device, dtype = "cuda", torch.bfloat16
@@ -286,6 +322,8 @@ def main():
                 profiles.append(f"| {name} | " + " | ".join(f"{ms:.2f}" for ms in kinds.values()) + " |")
     lines += ["", f"Kernels of one training step at {sum(DOCUMENTS):,} tokens (ms, torch.profiler):", "",
               "| module | GEMMs | attention | the rest |", "|---|---|---|---|", *profiles]
+    if args.ab and len(fused_modules) == 2 and None not in fused_modules.values():
+        lines += ab_turns(fused_modules, args.ab, device, dtype)
     table = "\n".join(lines)
     print(table)
     if args.out:

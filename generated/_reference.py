@@ -241,10 +241,18 @@ def _grad_to_add_into(ctx, weight, x):
     if torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
     blocks = _row_blocks_of(ctx, weight)
-    tensors = (weight,) if blocks is None else blocks
     following = ctx.next_functions  # (a tuple built per read: read once)
+    if blocks is None:  # its AccumulateGrad node among the Function's next ones
+        tensors = (weight,)
+        nodes = [
+            next((node for node, _ in following if getattr(node, "variable", None) is weight), None)
+        ]
+    else:  # the blocks' nodes: those of the Function's inputs from ``first`` (from the end) on
+        first, tensors = blocks
+        nodes = [node for node, _ in following[first:first + len(tensors) or None]]
     grads = [
-        _accumulated_grad(following, tensor, x, views=blocks is not None) for tensor in tensors]
+        _accumulated_grad(node, tensor, x, views=blocks is not None) for node,
+        tensor in zip(nodes, tensors)]
     if any(grad is None for grad in grads):
         return None
     address = grads[0].data_ptr()
@@ -261,31 +269,29 @@ def _grad_to_add_into(ctx, weight, x):
 
 
 def _row_blocks_of(ctx, weight):
-    """The row blocks a Function took for ``weight`` (its forward's ``ctx.row_blocks``: TE's blocks,
-    which the stages read joined, a view at the first one's address), or None."""
+    """(the position of the first among the Function's inputs, counted from the last: negative,
+    the blocks) of the row blocks a Function took for ``weight`` (its forward's ``ctx.row_blocks``:
+    TE's blocks, which the stages read joined, a view at the first one's address), or None."""
     held = getattr(ctx, "row_blocks", ())  # (none on torch.compile's ctx: weight may be fake there)
     if not held:
         return None
     address, rows = weight.data_ptr(), weight.shape[0]
-    return next((blocks for blocks in held if blocks[0].data_ptr() == address
+    return next(((first, blocks) for first, blocks in held if blocks[0].data_ptr() == address
                  and sum(block.shape[0] for block in blocks) == rows), None)
 
 
-def _accumulated_grad(following, tensor, x, views=False):
+def _accumulated_grad(accumulator, tensor, x, views=False):
     """``tensor.grad`` (a parameter the Function took) where the running backward accumulates into
-    it (its AccumulateGrad node among the Function's next ones, ``following``, and executed) and an
+    it (``accumulator``: its AccumulateGrad node among the Function's next ones, executed) and an
     add in place would go unseen (_grad_to_add_into), else None. ``views``: the grad may be a view
     (TE's row blocks' grads are slices of one buffer)."""
-    if not tensor.requires_grad or not tensor.is_leaf or tensor._backward_hooks:
+    if (not tensor.requires_grad or not tensor.is_leaf or tensor._backward_hooks
+            or getattr(accumulator, "variable", None) is not tensor):
         return None
     grad = tensor.grad
     if (grad is None or grad.dtype != x.dtype or grad.device != x.device
             or grad.layout != torch.strided or (grad._base is not None and not views)
             or not grad.is_contiguous() or grad.requires_grad):
-        return None
-    accumulator = next(
-        (node for node, _ in following if getattr(node, "variable", None) is tensor), None)
-    if accumulator is None:
         return None
     try:
         return grad if torch._C._will_engine_execute_node(accumulator) else None

@@ -125,9 +125,10 @@ class TeGptAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        # after the stages' arguments, TE's row blocks of the parameters they read joined (the
-        # backward hands each block its grad)
-        ctx.row_blocks = (args[11:14], args[14:17],)
+        # TE's row blocks, after the stages' arguments: (the first's position among the inputs
+        # from the last, the blocks) of each parameter the stages read joined; the backward hands
+        # each its grad
+        ctx.row_blocks = ((-6, args[11:14]), (-3, args[14:17]),)
         args = args[:11]
         return replay_forward(graph, ctx, forward_stages, args, host=(9,))
 

@@ -229,9 +229,10 @@ class TeGptLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        # after the stages' arguments, TE's row blocks of the parameters they read joined (the
-        # backward hands each block its grad)
-        ctx.row_blocks = (args[17:20], args[20:23],)
+        # TE's row blocks, after the stages' arguments: (the first's position among the inputs
+        # from the last, the blocks) of each parameter the stages read joined; the backward hands
+        # each its grad
+        ctx.row_blocks = ((-6, args[17:20]), (-3, args[20:23]),)
         args = args[:17]
         return replay_forward(graph, ctx, forward_stages, args, host=(13,))
 

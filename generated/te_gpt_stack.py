@@ -595,10 +595,12 @@ class TeGptStackFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        # after the stages' arguments, TE's row blocks of the parameters they read joined (the
-        # backward hands each block its grad)
+        # TE's row blocks, after the stages' arguments: (the first's position among the inputs
+        # from the last, the blocks) of each parameter the stages read joined; the backward hands
+        # each its grad
         ctx.row_blocks = (
-            args[41:44], args[44:47], args[47:50], args[50:53], args[53:56], args[56:59],)
+            (-18, args[41:44]), (-15, args[44:47]), (-12, args[47:50]), (-9, args[50:53]),
+            (-6, args[53:56]), (-3, args[56:59]),)
         args = args[:41]
         return replay_forward(graph, ctx, forward_stages, args, host=(27,))
 

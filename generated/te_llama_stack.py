@@ -315,9 +315,10 @@ class TeLlamaStackFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        # after the stages' arguments, TE's row blocks of the parameters they read joined (the
-        # backward hands each block its grad)
-        ctx.row_blocks = (args[16:19],)
+        # TE's row blocks, after the stages' arguments: (the first's position among the inputs
+        # from the last, the blocks) of each parameter the stages read joined; the backward hands
+        # each its grad
+        ctx.row_blocks = ((-3, args[16:19]),)
         args = args[:16]
         return replay_forward(graph, ctx, forward_stages, args, host=(18,))
 

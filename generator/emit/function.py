@@ -46,9 +46,12 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
     # for a parameter taken as row blocks, any of its blocks'
     needs = {grad: f"ctx.needs_input_grad[{1 + i}]" for i, grad in enumerate(grad_names) if grad != "None"}
     first, taken, split = 1 + len(inputs), [], []
+    # each block's AccumulateGrad node is in ctx.next_functions, which has the tensor inputs only
+    # (not ``graph``, nor a host int): the blocks, the last inputs, are counted from its end
+    end = first + sum(len(rows) for _, rows in row_blocks)
     for grad, rows in row_blocks:
         needs[em.name(grad)] = f"any(ctx.needs_input_grad[{first}:{first + len(rows)}])"
-        taken.append(f"args[{first - 1}:{first - 1 + len(rows)}]")
+        taken.append(f"({first - end}, args[{first - 1}:{first - 1 + len(rows)}])")
         split.append(f"*split_rows({em.name(grad)}, {rows!r})")
         first += len(rows)
     joined = {em.name(grad) for grad, _ in row_blocks}
@@ -57,7 +60,8 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
         backward_stages=f"backward_stages{suffix}", inputs=inputs, forward=forward, returns=returns, saved=saved,
         grad_outputs=grad_output_names, backward=backward, width=width,
         grad_inputs=grad_names, needs=needs,
-        # ctx.row_blocks: the blocks of each parameter taken as TE's row blocks (slices of ``args``)
+        # ctx.row_blocks: the blocks of each parameter taken as TE's row blocks (slices of ``args``),
+        # each after its first's position among the Function's inputs, counted from the last
         row_blocks=taken, stage_arguments=len(inputs),
         # what the backward returns: None for ``graph`` and for a parameter whose blocks take its grad
         backward_returns=["None"] + ["None" if grad in joined else grad for grad in grad_names] + split,
