@@ -102,6 +102,8 @@ def test_rows_view_is_the_blocks_without_autograd_and_split_rows_their_grads():
     blocks = _split_parameters()
     joined = row_blocks.rows_view(*blocks)
     assert joined.data_ptr() == blocks[0].data_ptr() and joined.grad_fn is None and not joined.requires_grad
+    with torch.no_grad():  # (a view made without grad of a tensor that requires it would require it too)
+        assert not row_blocks.rows_view(*blocks).requires_grad
     torch.testing.assert_close(joined, torch.cat([b.detach() for b in blocks]), rtol=0, atol=0)
     blocks[1].data = blocks[1].data.clone()
     copied = row_blocks.rows_view(*blocks)
