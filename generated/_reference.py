@@ -240,7 +240,8 @@ def _grad_to_add_into(ctx, weight, x):
     kept them). The grads it returns are set to None: autograd takes the sum back as it is."""
     if torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
-    blocks = _row_blocks_of(ctx, weight)
+    # (a joined view needs no grad itself: a weight that does is no blocks' join)
+    blocks = None if weight.requires_grad else _row_blocks_of(ctx, weight)
     following = ctx.next_functions  # (a tuple built per read: read once)
     if blocks is None:  # its AccumulateGrad node among the Function's next ones
         tensors = (weight,)

@@ -64,19 +64,29 @@ def rows_view(*blocks: torch.Tensor) -> torch.Tensor:
     takes the blocks themselves as inputs and hands each its grad (split_rows): a view of their
     storage where they are adjacent, else ``torch.cat``, without autograd history either way (no
     autograd node per call, a host cost at a few rows). Under torch.compile it is ``torch.cat``,
-    which the compiled graph differentiates (storage addresses cannot be traced)."""
+    which the compiled graph differentiates (storage addresses cannot be traced). Called after
+    the module's check_parameters, which leaves only their places to check here (_joined_rows'
+    pass less the shapes and dtypes, a host cost at a few rows)."""
     if torch.compiler.is_compiling():
         return torch.cat(blocks, dim=0)
-    if not _adjacent(blocks):
-        with torch.no_grad():
-            return torch.cat(blocks, dim=0)
     first = blocks[0]
-    return first.detach().as_strided((sum(b.shape[0] for b in blocks), *first.shape[1:]), first.stride())
+    address, rows = first.data_ptr(), 0
+    for block in blocks:  # (after check_parameters: their shapes, one dtype, one device)
+        if block.data_ptr() != address or not block.is_contiguous():
+            break
+        address += block.nbytes
+        rows += block.shape[0]
+    else:
+        storage = first.untyped_storage()
+        if address <= storage.data_ptr() + storage.nbytes():
+            return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+    with torch.no_grad():
+        return torch.cat(blocks, dim=0)
 
 
 def split_rows(grad, rows):
     """The grads of the row blocks ``rows`` long that a parameter's ``grad`` holds (None: none)."""
-    return (None,) * len(rows) if grad is None else grad.split(rows, dim=0)
+    return (None,) * len(rows) if grad is None else torch.split_with_sizes(grad, rows)
 
 
 def adjacent_rows(holder: torch.nn.Module, names) -> None:

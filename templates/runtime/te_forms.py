@@ -33,7 +33,8 @@ def te_sequences(module, seq_lens, max_seqlen, masks, cu_seqlens_q=None, cu_seql
     if window_size is not None and (len(masks) != 1 or tuple(window_size) != _WINDOWS[masks[0]]):
         raise ValueError(f"{module}: window_size={window_size!r}: fusegen's attention has no sliding window; "
                          f"leave it None or pass {[_WINDOWS[m] for m in masks]} (its mask's)")
-    te_form = any(v is not None for v in (cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv))
+    te_form = (cu_seqlens_q is not None or cu_seqlens_kv is not None or max_seqlen_q is not None
+               or max_seqlen_kv is not None)
     if te_form and (seq_lens is not None or max_seqlen is not None):
         raise ValueError(f"{module}: pass either fusegen's seq_lens / max_seqlen or TE's cu_seqlens_q / "
                          "cu_seqlens_kv / max_seqlen_q / max_seqlen_kv, not both")
