@@ -8,15 +8,16 @@ calls it: ``module(x, seq_lens=..., max_seqlen=...)`` (lengths on the GPU and th
 sync), and the same layer as a Transformer Engine user writes it (``generated.LlamaLayerTe``:
 te.TransformerLayer, its q/k/v weights under TE's names, called with TE's forward keywords:
 ``cu_seqlens_q/kv``, ``max_seqlen_q/kv`` and ``rotary_pos_emb``, TE's RotaryPositionEmbedding
-table), side by side in one run; first each generated layer's output is checked against the eager
-one.
+table) and with TE's one fused QKV weight (``generated.LlamaLayerTeFused``: fuse_qkv_params=True,
+the hand-written layer's parameters under TE's names), side by side in one run; first each
+generated layer's output is checked against the eager one.
 
 - a training step (forward + backward) and a no-grad forward, steps run back to back under CUDA
   events (``steps`` of them, the median of ``rounds`` turns, the modules taking turns);
 - 16,384 tokens in 7 documents of uneven lengths (498 to 3,778), and 8 sequences of 1 token
   (decode-like, where the host's time is the step's);
 - a per-kernel profile of one training step of each (torch.profiler): GEMMs, attention, the rest;
-- ``--ab TURNS``: then the two generated layers alone at 8 tokens, A/B/A/B for TURNS turns of 100
+- ``--ab TURNS``: then the generated layers alone at 8 tokens, taking turns for TURNS turns of 100
   steps each (host-bound steps vary from turn to turn with the machine: many short turns side by
   side rank them better than a few long ones), their quartiles.
 
@@ -142,9 +143,13 @@ def generated_layer(name, eager, device, dtype):
         module.load_state_dict({GENERATED_KEYS[k]: v for k, v in weights.items()})
         return module
     state = {TE_KEYS[k]: v for k, v in weights.items() if k in TE_KEYS}
-    q, k, v = weights["qkv.weight"].split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM])
-    state.update({"0.self_attention.layernorm_qkv.query_weight": q, "0.self_attention.layernorm_qkv.key_weight": k,
-                  "0.self_attention.layernorm_qkv.value_weight": v})
+    if name == "LlamaLayerTeFused":  # TE's one QKV weight, [q | k | v] rows as the eager peer's
+        state["0.self_attention.layernorm_qkv.weight"] = weights["qkv.weight"]
+    else:
+        q, k, v = weights["qkv.weight"].split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM])
+        state.update({"0.self_attention.layernorm_qkv.query_weight": q,
+                      "0.self_attention.layernorm_qkv.key_weight": k,
+                      "0.self_attention.layernorm_qkv.value_weight": v})
     extra = {key: value for key, value in module.state_dict().items() if key.endswith("_extra_state")}
     module.load_state_dict({**state, **extra})
     return module
@@ -223,14 +228,15 @@ def profile(step) -> dict[str, float]:
 
 
 def ab_turns(fused_modules: dict, turns: int, device, dtype) -> list[str]:
-    """The generated layers at 8 tokens, A/B/A/B: ``turns`` turns of 100 steps each, a training step
-    and a no-grad forward; the lines of a table of their quartiles (ms per step)."""
+    """The generated layers at 8 tokens taking turns (A/B/C/A/B/C...): ``turns`` turns of 100 steps
+    each, a training step and a no-grad forward; the lines of a table of their quartiles (ms per
+    step)."""
     cu, max_len, _ = packed(DECODE, device)
     seq_lens = torch.tensor(DECODE, device=device, dtype=torch.int32)
     table = te_rotary_table(max_len, device)
     x = torch.randn(sum(DECODE), HIDDEN, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(sum(DECODE), HIDDEN, device=device, dtype=dtype)
-    lines = ["", f"The generated layers alone at 8 tokens, A/B/A/B: {turns} turns of 100 steps each "
+    lines = ["", f"The generated layers alone at 8 tokens, taking turns: {turns} turns of 100 steps each "
                  "(ms per step; quartiles over the turns):", "",
              "| pass | layer | 25% | median | 75% | fastest turn |", "|---|---|---|---|---|---|"]
     for label, grad in (("forward + backward", True), ("no-grad forward", False)):
@@ -270,7 +276,9 @@ def main():
                 p.normal_(std=1 / math.sqrt(p.shape[-1]))
     modules = {"eager": eager, "torch.compile": torch.compile(eager)}
     fused_modules = {"fusegen": generated_layer("LlamaLayer", eager, device, dtype),
-                 "fusegen te.TransformerLayer": generated_layer("LlamaLayerTe", eager, device, dtype)}
+                     "fusegen te.TransformerLayer": generated_layer("LlamaLayerTe", eager, device, dtype),
+                     "fusegen te.TransformerLayer, one QKV weight": generated_layer("LlamaLayerTeFused", eager,
+                                                                                    device, dtype)}
     for name, fused in fused_modules.items():
         if fused is not None:
             check_generated(fused, eager, device, dtype)
@@ -322,8 +330,8 @@ def main():
                 profiles.append(f"| {name} | " + " | ".join(f"{ms:.2f}" for ms in kinds.values()) + " |")
     lines += ["", f"Kernels of one training step at {sum(DOCUMENTS):,} tokens (ms, torch.profiler):", "",
               "| module | GEMMs | attention | the rest |", "|---|---|---|---|", *profiles]
-    if args.ab and len(fused_modules) == 2 and None not in fused_modules.values():
-        lines += ab_turns(fused_modules, args.ab, device, dtype)
+    if args.ab:
+        lines += ab_turns({name: m for name, m in fused_modules.items() if m is not None}, args.ab, device, dtype)
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -14,6 +14,7 @@ from .elementwise_chain import ElementwiseChain
 from .gpt2_mlp import Gpt2Mlp
 from .llama_layer import LlamaLayer
 from .llama_layer_te import LlamaLayerTe
+from .llama_layer_te_fused import LlamaLayerTeFused
 from .prenorm_block import PrenormBlock
 from .residual_blocks import ResidualBlocks
 from .nested_residual import NestedResidual
@@ -72,13 +73,13 @@ from .te_llama_layer import TeLlamaLayer
 
 __all__ = [
     "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
-    "Gpt2Mlp", "LlamaLayer", "LlamaLayerTe", "PrenormBlock", "ResidualBlocks", "NestedResidual",
-    "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp",
-    "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeGptAttention",
-    "TeGqaAttention", "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout",
-    "TeeNormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection",
-    "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp",
-    "InterleavedAny", "TeMlp", "TeGptStack", "GptStack", "TeLlamaStack", "LlamaStack",
-    "TeLayernormMlp", "TeLayernormLinear", "L2normBlock", "Layernorm2d", "RmsnormGroups",
-    "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu", "MoeSwiglu",
-    "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer"]
+    "Gpt2Mlp", "LlamaLayer", "LlamaLayerTe", "LlamaLayerTeFused", "PrenormBlock", "ResidualBlocks",
+    "NestedResidual", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny",
+    "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp",
+    "TeGptAttention", "TeGqaAttention", "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention",
+    "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear",
+    "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid",
+    "InterleavedMlp", "InterleavedAny", "TeMlp", "TeGptStack", "GptStack", "TeLlamaStack",
+    "LlamaStack", "TeLayernormMlp", "TeLayernormLinear", "L2normBlock", "Layernorm2d",
+    "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu",
+    "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer"]

@@ -37,3 +37,12 @@ llama_layer_te = te.Sequential(
     te.TransformerLayer(HIDDEN, FFN, HEADS, num_gqa_groups=KV_HEADS, hidden_dropout=0.0, attention_dropout=0.0,
                         bias=False, activation="swiglu", normalization="RMSNorm", attn_input_format="thd"),
 )
+
+# The same layer with TE's one fused QKV weight in [q | k | v] row order (fuse_qkv_params=True,
+# qkv_weight_interleaved=False): the hand-written layer's parameters under TE's names, so the
+# benchmark tells TE's call form's host time from its three split parameters'
+llama_layer_te_fused = te.Sequential(
+    te.TransformerLayer(HIDDEN, FFN, HEADS, num_gqa_groups=KV_HEADS, hidden_dropout=0.0, attention_dropout=0.0,
+                        bias=False, activation="swiglu", normalization="RMSNorm", attn_input_format="thd",
+                        fuse_qkv_params=True, qkv_weight_interleaved=False),
+)

@@ -420,6 +420,7 @@ INPUT_SHAPES = {
     "GptStack": lambda rows: ((rows, 1, 256), []),
     "TeLlamaStack": lambda rows: ((rows, 256), []),
     "LlamaLayerTe": lambda rows: ((rows, 4096), []),  # specs/llama_layer.py's te.TransformerLayer: "thd"
+    "LlamaLayerTeFused": lambda rows: ((rows, 4096), []),  # the same with TE's one fused QKV weight
 }
 
 

@@ -1,9 +1,10 @@
 """The Llama-3-8B layer as a Transformer Engine user writes it (specs/llama_layer.py's
 ``llama_layer_te``: te.TransformerLayer at TE's defaults but Llama's settings, split q/k/v
-parameters, packed sequences), which bench/bench_layer.py times beside the hand-written spelling:
-its names and layout, and on CUDA in bf16 against float64 TE semantics (te.TransformerLayer's
-reference of test_te_transformer_layer.py, at its real sizes: 4096 hidden, 32 heads sharing 8 kv
-heads of 128, SwiGLU of 14336)."""
+parameters, packed sequences; ``llama_layer_te_fused``, the same with TE's one fused QKV
+weight), which bench/bench_layer.py times beside the hand-written spelling: their names and
+layout, and on CUDA in bf16 against float64 TE semantics (te.TransformerLayer's reference of
+test_te_transformer_layer.py, at its real sizes: 4096 hidden, 32 heads sharing 8 kv heads of 128,
+SwiGLU of 14336), the fused spelling against the split one bit for bit."""
 
 import pytest
 import torch
@@ -102,6 +103,50 @@ def test_llama_layer_te_with_te_s_rotary_table_computes_the_hand_written_layer()
         err = (got.double() - want.double()).abs().max().item()
         scale = want.double().abs().max().item()
         assert err <= tol * scale, f"{what}: max |err| {err:.3e} > {tol} x {scale:.3e}"
+
+
+def test_llama_layer_te_fused_holds_one_qkv_weight_under_te_s_name():
+    """``llama_layer_te_fused`` (fuse_qkv_params=True, qkv_weight_interleaved=False): TE's one
+    ``layernorm_qkv.weight`` in [q | k | v] row order, the other parameters as llama_layer_te's."""
+    shapes = {k: tuple(v.shape) for k, v in generated.LlamaLayerTeFused(device="meta").state_dict().items()
+              if not k.endswith("_extra_state")}
+    split = {k: tuple(v.shape) for k, v in generated.LlamaLayerTe(device="meta").state_dict().items()
+             if not k.endswith("_extra_state") and not k.endswith(("query_weight", "key_weight", "value_weight"))}
+    assert shapes == {**split, f"{QKV}weight": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN)}
+
+
+@pytest.mark.cuda
+def test_llama_layer_te_fused_computes_the_split_spelling_bit_for_bit():
+    """With its fused weight the concatenation of the split spelling's blocks, the fused spelling
+    runs the same kernels on the same joined weight: output, x's grad and every grad (the fused
+    weight's against the blocks' together) equal, bit for bit, with TE's rotary table, twice (the
+    second call replays CUDA graphs and adds into the grads)."""
+    split = generated.LlamaLayerTe(device="cuda", dtype=torch.bfloat16)
+    fused = generated.LlamaLayerTeFused(device="cuda", dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in split.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() == 2 else 1))
+    state = {k: v for k, v in split.state_dict().items()}
+    blocks = [state.pop(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
+    fused.load_state_dict({**state, f"{QKV}weight": torch.cat(blocks)})
+    cu = torch.tensor([0, 1, 2, 5, 8], dtype=torch.int32, device="cuda")
+    table = _te_rotary_table(3)
+    for step in range(2):
+        x = torch.randn(8, HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+        dy = torch.randn(8, HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+        xs, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ys, yf = (m(xi, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=3, max_seqlen_kv=3, rotary_pos_emb=table)
+                  for m, xi in ((split, xs), (fused, xf)))
+        ys.backward(dy)
+        yf.backward(dy)
+        torch.testing.assert_close(ys, yf, rtol=0, atol=0, msg=f"y, call {step}")
+        torch.testing.assert_close(xs.grad, xf.grad, rtol=0, atol=0, msg=f"dx, call {step}")
+    grads = {k: p.grad for k, p in split.named_parameters()}
+    qkv = torch.cat([grads.pop(f"{QKV}{b}_weight") for b in ("query", "key", "value")])
+    torch.testing.assert_close(qkv, fused.get_parameter(f"{QKV}weight").grad, rtol=0, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, fused.get_parameter(name).grad, rtol=0, atol=0, msg=name)
 
 
 def _te_rotary_table(max_len):

@@ -181,7 +181,7 @@ def test_every_generated_module_takes_the_call_form_and_only_attentions_compute_
     with_attention = {path.name for path in Path(generated.__file__).parent.glob("*.py")
                       if "ref.flash_attention_forward(" in path.read_text()}
     assert computing == with_attention == {"attention_block.py", "mha_block.py", "mqa_block.py", "llama_layer.py",
-                                           "llama_layer_te.py",  # specs/llama_layer.py
+                                           "llama_layer_te.py", "llama_layer_te_fused.py",  # specs/llama_layer.py
                                            "te_gpt_attention.py", "te_gqa_attention.py",  # specs/te_attention.py
                                            "te_gpt_layer.py", "te_llama_layer.py",  # specs/te_transformer_layer.py
                                            "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py",
@@ -191,7 +191,8 @@ def test_every_generated_module_takes_the_call_form_and_only_attentions_compute_
     tables = {path.name for path in Path(generated.__file__).parent.glob("*.py")
               if "ref.rotary_table_argument(" in path.read_text()}
     assert tables == {"te_gpt_attention.py", "te_gqa_attention.py", "te_gpt_layer.py", "te_llama_layer.py",
-                      "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py", "llama_layer_te.py"}
+                      "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py", "llama_layer_te.py",
+                      "llama_layer_te_fused.py"}
     assert "packed_sequences(" in Path(pkg.__file__).with_name("packed.py").read_text()
     assert "packed_sequences(" not in Path(pkg.__file__).with_name("plain.py").read_text()
 
