@@ -84,14 +84,15 @@ def _grad_to_add_into(ctx, weight, x):
     grads = [_accumulated_grad(node, tensor, x, views=blocks is not None) for node, tensor in zip(nodes, tensors)]
     if any(grad is None for grad in grads):
         return None
-    address = grads[0].data_ptr()
-    for grad in grads:  # one after another in one buffer
-        if grad.data_ptr() != address:
+    if blocks is not None:  # the blocks' grads one after another in one buffer
+        address = grads[0].data_ptr()
+        for grad in grads:
+            if grad.data_ptr() != address:
+                return None
+            address += grad.nbytes
+        storage = grads[0].untyped_storage()
+        if address > storage.data_ptr() + storage.nbytes():
             return None
-        address += grad.numel() * grad.element_size()
-    storage = grads[0].untyped_storage()
-    if address > storage.data_ptr() + storage.nbytes():
-        return None
     for tensor in tensors:
         tensor.grad = None
     return grads[0] if blocks is None else grads[0].as_strided(weight.shape, weight.stride())
@@ -114,8 +115,8 @@ def _accumulated_grad(accumulator, tensor, x, views=False):
     it (``accumulator``: its AccumulateGrad node among the Function's next ones, executed) and an
     add in place would go unseen (_grad_to_add_into), else None. ``views``: the grad may be a view
     (TE's row blocks' grads are slices of one buffer)."""
-    if (not tensor.requires_grad or not tensor.is_leaf or tensor._backward_hooks
-            or getattr(accumulator, "variable", None) is not tensor):
+    # (an AccumulateGrad node of its own: a leaf that requires grad)
+    if getattr(accumulator, "variable", None) is not tensor or tensor._backward_hooks:
         return None
     grad = tensor.grad
     if (grad is None or grad.dtype != x.dtype or grad.device != x.device
