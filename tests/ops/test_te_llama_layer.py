@@ -34,10 +34,7 @@ def test_llama_layer_te_in_bf16_against_float64():
     """bf16 on CUDA (FlashAttention-2, no rotary table: TE's rotary_pos_emb=None) against the float64
     reference: output, grads of x and of every parameter, at TE's FA2 tolerance."""
     module = generated.LlamaLayerTe(device="cuda", dtype=torch.bfloat16)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() == 2 else 1))
+    gen = _randomized(module, 3)
     lengths = [9, 1, 30]
     x = torch.randn(sum(lengths), HIDDEN, generator=gen)
     dy = torch.randn(sum(lengths), HIDDEN, generator=gen)
@@ -69,10 +66,7 @@ def test_llama_layer_te_with_te_s_rotary_table_computes_the_hand_written_layer()
     from tests.ops.test_attention_ops import fa2_tolerance
     te_layer = generated.LlamaLayerTe(device="cuda", dtype=torch.bfloat16)
     hand = generated.LlamaLayer(device="cuda", dtype=torch.bfloat16)
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in te_layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() == 2 else 1))
+    gen = _randomized(te_layer, 5)
     state = {k: v for k, v in te_layer.state_dict().items() if not k.endswith("_extra_state")}
     qkv = torch.cat([state[f"{QKV}{b}_weight"] for b in ("query", "key", "value")])
     hand.load_state_dict({"0.0.weight": state[f"{QKV}layer_norm_weight"], "0.1.weight": qkv,
@@ -123,10 +117,7 @@ def test_llama_layer_te_fused_computes_the_split_spelling_bit_for_bit():
     second call replays CUDA graphs and adds into the grads)."""
     split = generated.LlamaLayerTe(device="cuda", dtype=torch.bfloat16)
     fused = generated.LlamaLayerTeFused(device="cuda", dtype=torch.bfloat16)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in split.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() == 2 else 1))
+    gen = _randomized(split, 7)
     state = {k: v for k, v in split.state_dict().items()}
     blocks = [state.pop(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
     fused.load_state_dict({**state, f"{QKV}weight": torch.cat(blocks)})
@@ -147,6 +138,16 @@ def test_llama_layer_te_fused_computes_the_split_spelling_bit_for_bit():
     torch.testing.assert_close(qkv, fused.get_parameter(f"{QKV}weight").grad, rtol=0, atol=0)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, fused.get_parameter(name).grad, rtol=0, atol=0, msg=name)
+
+
+def _randomized(module, seed):
+    """Sets ``module``'s parameters to random signed values (a weight's scaled by 1 / sqrt(its
+    inputs)) from a generator seeded ``seed``; returns the generator, for the inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5 if p.dim() == 2 else 1))
+    return gen
 
 
 def _te_rotary_table(max_len):
