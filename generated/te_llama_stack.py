@@ -45,8 +45,8 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, PassGraphs, SpecOp, TeModuleOp, as_rows, backward_done, adjacent_rows, check_input,
-    check_parameters, grouped_rows, packed_sequences, rows_view, split_rows, te_sequences,
-    first_order_only, keep_for_backward, register_no_grad_op, register_training_ops,
+    check_parameters, grouped_rows, packed_sequences, rows_after_load, rows_view, split_rows,
+    te_sequences, first_order_only, keep_for_backward, register_no_grad_op, register_training_ops,
     replay_backward, replay_forward, saved_tensors, with_lead)
 
 
@@ -904,6 +904,8 @@ class TeLlamaStack(torch.nn.Module):
         self._modules["1"].layernorm_mlp.fc2_weight = torch.nn.Parameter(
             torch.empty((256, 512), device=device, dtype=dtype))
         self.reset_parameters()
+        # load_state_dict(assign=True) re-creates each parameter on its own (_adjacent_row_blocks)
+        self.register_load_state_dict_post_hook(rows_after_load)
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
             "TeLlamaStack", inputs=1, per_call=(8, 13, 15), dtypes=(torch.bfloat16, torch.float16))
@@ -931,13 +933,21 @@ class TeLlamaStack(torch.nn.Module):
         ref.init_parameter(self._modules["1"].layernorm_mlp.fc2_weight, "kaiming_uniform")
 
     def _apply(self, fn, recurse=True):
-        # .to(), .cuda(), .half() re-create each parameter on its own: TE's row blocks become one
-        # buffer again, so join_rows hands the GEMM a view of them, not a copy
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # .to(), .cuda(), .half() re-create each parameter on its own
+        self._adjacent_row_blocks()
+        return self
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # copy.deepcopy (and pickle) copy each parameter on its own
+        self._adjacent_row_blocks()
+
+    def _adjacent_row_blocks(self):
+        # TE's row blocks one buffer again where .to(), load_state_dict(assign=True) or a deepcopy
+        # made each a tensor of its own: the forward then hands the GEMM a view of them, not a copy
+        # a call
         adjacent_rows(
             self._modules["0"].self_attention.layernorm_qkv,
             ('query_weight', 'key_weight', 'value_weight'))
-        return self
 
     def forward(
             self, x, seq_lens=None, *, max_seqlen=None, cu_seqlens_q=None, cu_seqlens_kv=None,

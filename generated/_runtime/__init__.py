@@ -15,7 +15,8 @@ subject, each importing only those listed above it:
 results in the caller's shape, first_order_only;
 - row_blocks: rows_view and join_rows (TE's noop_cat: a parameter held as named row blocks joined
   for its GEMM, their grads split back by the Function, split_rows, or by autograd), adjacent_rows
-  (the blocks one buffer again after a move or cast), grouped_rows (TE's interleaved QKV rows in
+  (the blocks one buffer again after a move, a cast or rows_after_load), grouped_rows (TE's
+  interleaved QKV rows in
   the order fusegen's attention reads);
 - graphs: CudaGraphs, a module's graphs per input shape;
 - custom_ops: the ``fusegen::`` custom ops that torch.compile calls;
@@ -32,7 +33,8 @@ from .graphs import CudaGraphs
 from .launch import Kernel, pointer
 from .loading import KernelIntegrityError, KernelNotAvailableError
 from .module_helpers import SpecOp, TeModuleOp, as_rows, first_order_only, with_lead, with_shape
-from .row_blocks import adjacent_rows, grouped_rows, join_rows, rows_view, split_rows
+from .row_blocks import (
+    adjacent_rows, grouped_rows, join_rows, rows_after_load, rows_view, split_rows)
 from .training_graphs import backward_done, replay_backward, replay_forward, saved_tensors
 
 __all__ = [
@@ -41,6 +43,6 @@ __all__ = [
     "TeModuleOp", "adjacent_rows", "as_rows", "backward_done", "check_input", "check_packed_form",
     "check_parameters", "check_row_input", "first_order_only", "grouped_rows", "join_rows",
     "keep_for_backward", "packed_sequences", "pointer", "register_no_grad_op", "register_op",
-    "register_training_ops", "replay_backward", "replay_forward", "rows_view", "saved_tensors",
-    "split_rows", "te_sequences", "with_lead", "with_shape",
+    "register_training_ops", "replay_backward", "replay_forward", "rows_after_load", "rows_view",
+    "saved_tensors", "split_rows", "te_sequences", "with_lead", "with_shape",
 ]

@@ -146,5 +146,5 @@ def runtime_helpers(params: list[Held], function_takes_blocks: bool) -> list[str
     joins = {"rows_view", "split_rows"} if function_takes_blocks else {"join_rows"}
     for param in params:
         if param.op.held_rows is not None:
-            helpers |= {"adjacent_rows", *joins} if param.blocks else {"grouped_rows"}
+            helpers |= {"adjacent_rows", "rows_after_load", *joins} if param.blocks else {"grouped_rows"}
     return sorted(helpers)

@@ -107,6 +107,13 @@ def adjacent_rows(holder: torch.nn.Module, names) -> None:
         start += rows
 
 
+def rows_after_load(module: torch.nn.Module, incompatible_keys) -> None:
+    """A generated module's load_state_dict post hook: load_state_dict(assign=True) makes each
+    loaded tensor a parameter of its own, so TE's row blocks are one buffer again after it (the
+    module's ``_adjacent_row_blocks``: adjacent_rows, as after ``.to()``)."""
+    module._adjacent_row_blocks()
+
+
 def grouped_rows(tensor: torch.Tensor, groups: int, per_group: int) -> torch.Tensor:
     """TE's qkv_weight_interleaved rows, [group: its ``per_group`` q heads, its k head, its v head]
     (TE's view [groups, per_group + 2, head_dim]), as the [all q heads | all k heads | all v heads]

@@ -223,6 +223,49 @@ def test_the_split_parameters_are_te_s_blocks_of_one_buffer_joined_without_a_cop
     assert row_blocks._adjacent(blocks), "one buffer again after .to() (the module's _apply)"
 
 
+def test_load_state_dict_with_assign_makes_the_blocks_one_buffer_again():
+    """load_state_dict(assign=True) makes each loaded tensor a parameter of its own (as from a meta
+    module, or a checkpoint of separate tensors): the module's load hook makes TE's blocks one
+    buffer again, keeping the new Parameter objects and their values, so the forward reads them
+    as a view (a copy a call otherwise, and a CUDA graph's parameters moved every call); a load
+    without assign leaves the buffer as it is."""
+    import generated
+    source = _gpt_attention(dtype=torch.float64)
+    torch.manual_seed(6)
+    for p in source.parameters():
+        torch.nn.init.normal_(p)
+    state = {k: v.clone() for k, v in source.state_dict().items()}  # each its own tensor
+    names = [f"{QKV}{b}_{attr}" for attr in ("weight", "bias") for b in ("query", "key", "value")]
+    module = generated.TeGptAttention(device="meta", dtype=torch.float64).eval()
+    module.load_state_dict(state, assign=True)
+    for group in (names[:3], names[3:]):
+        blocks = [module.get_parameter(name) for name in group]
+        assert row_blocks._adjacent(blocks), f"{group}: one buffer after load_state_dict(assign=True)"
+        assert all(type(b) is torch.nn.Parameter and b.requires_grad for b in blocks)
+        assert row_blocks.rows_view(*blocks).data_ptr() == blocks[0].data_ptr()
+    for name in names:
+        torch.testing.assert_close(module.get_parameter(name), state[name], rtol=0, atol=0)
+    x = torch.randn(2, 7, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    torch.testing.assert_close(module(x), source.eval()(x), rtol=0, atol=0)
+    memory = module.get_parameter(names[0]).data_ptr()
+    module.load_state_dict(state)  # copied into the parameters: the same buffer
+    assert module.get_parameter(names[0]).data_ptr() == memory
+
+
+def test_a_deepcopy_holds_the_blocks_as_one_buffer_of_its_own():
+    """copy.deepcopy copies each Parameter on its own (Parameter.__deepcopy__ clones its data): the
+    module's __setstate__ makes the copy's blocks one buffer again, the original's untouched."""
+    import copy
+    module = _gpt_attention(dtype=torch.float64)
+    twin = copy.deepcopy(module)
+    blocks = [twin.get_parameter(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
+    originals = [module.get_parameter(f"{QKV}{b}_weight") for b in ("query", "key", "value")]
+    assert row_blocks._adjacent(blocks) and row_blocks._adjacent(originals)
+    assert blocks[0].data_ptr() != originals[0].data_ptr()
+    x = torch.randn(2, 7, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(twin(x), module(x), rtol=0, atol=0)
+
+
 def _run_both(module, eager_model, x, run):
     """y and every parameter's grad of the generated ``module`` and of fusegen.eager's (its float64
     reference math) on the same checkpoint."""
