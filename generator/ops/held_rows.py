@@ -12,8 +12,10 @@ are in the order the GEMM reads them:
 
 An expansion (``OpDef.expand``) gives a part this as the fourth item of its tuple. The generated
 module (emit/held.py) and fusegen.eager hold the parameters so, under TE's names and shapes (the
-state_dict keys), and hand the GEMM the one tensor it reads: runtime row_blocks' ``join_rows``
-(a view of adjacent blocks) or ``grouped_rows`` (one gather a forward). The kernels never see it.
+state_dict keys), and hand the GEMM the one tensor it reads: runtime row_blocks' ``rows_view``
+(a view of adjacent blocks; the module's Function takes the blocks too and hands each its grad;
+``join_rows`` where user modules run between Functions) or ``grouped_rows`` (one gather a
+forward). The kernels never see it.
 """
 
 from __future__ import annotations
