@@ -16,8 +16,9 @@ or refused at its position in the spec with the reason:
   warm-up sizes (seq_length, micro_batch_size), ``name`` (debugging), ``ub_name``, ``checkpoint``
   (TE's recompute of fc1 in the backward: the same values, fusegen saves what its plan saves);
 - refused where given another value than TE's default: parallelism (issue 41), initialisers and
-  the RNG tracker (fusegen initialises as te.ops does; load a checkpoint instead), return_bias and
-  parameters_split (other outputs and parameter names), delay_wgrad_compute (no backward_dw),
+  the RNG tracker (fusegen initialises as te.ops does; load a checkpoint instead), return_bias (another
+  output), parameters_split's dict of sizes (its tuple of names is honoured: the weight and bias
+  as equal row blocks, ops/held_rows.py), delay_wgrad_compute (no backward_dw),
   activation_params (a dict: write te.ops.ClampedSwiGLU(limit=...) in a Sequential instead).
 TE's modules default ``device="cuda"``; here, as for every op, the generated module's ``device=``
 places the parameters unless the spec gives one.
@@ -118,7 +119,45 @@ def _layernorm_output(a: dict) -> list[tuple]:
 
 
 def _layernorm_linear(a: dict) -> list[tuple]:
-    return [_norm(a, a["in_features"]), *_layernorm_output(a), *_linear(a, "", a["in_features"], a["out_features"])]
+    held = _split_blocks(a["parameters_split"], a["out_features"])
+    return [_norm(a, a["in_features"]), *_layernorm_output(a),
+            *_linear(a, "", a["in_features"], a["out_features"], held)]
+
+
+def _split_blocks(names, out_features: int) -> HeldRows | None:
+    """TE's parameters_split as a tuple of names (module/layernorm_linear.py): the weight and bias
+    held as equal row blocks of one buffer, ``<name>_weight`` and ``<name>_bias`` (trailing
+    underscores stripped, as TE does)."""
+    if names is None:
+        return None
+    return HeldRows(blocks=tuple((name.rstrip("_"), out_features // len(names)) for name in names))
+
+
+def _check_split(names) -> str | None:
+    """parameters_split's form: TE's tuple of names (its dict of sizes is not read)."""
+    if names is None:
+        return None
+    if not isinstance(names, tuple) or not names or not all(isinstance(name, str) for name in names):
+        return ("must be a tuple of names, e.g. ('query_', 'key_', 'value_') (TE's parameters_split: the weight "
+                "and bias split along dim 0 into equal blocks <name>_weight, <name>_bias)")
+    stripped = [name.rstrip("_") for name in names]
+    if not all(name.isidentifier() for name in stripped) or len(set(stripped)) != len(stripped):
+        return f"must name distinct parameters (identifiers once trailing underscores go), got {names!r}"
+    if "layer_norm" in stripped:
+        return "must not name 'layer_norm', the norm's own layer_norm_weight and layer_norm_bias; choose another name"
+    return None
+
+
+def _validate_layernorm_linear(a: dict) -> str | None:
+    names = a["parameters_split"]
+    if names is not None and a["out_features"] % len(names):
+        return (f"parameters_split splits out_features={a['out_features']} into {len(names)} equal blocks, "
+                f"which it is not a multiple of")
+    if names is not None and a["fuse_wgrad_accumulation"]:
+        return ("fuse_wgrad_accumulation=True adds the weight's grad into the one weight's main_grad, which fusegen "
+                "does for a weight held whole only (TE keeps one per parameters_split block); leave one of the two "
+                "out")
+    return None
 
 
 register(OpDef(
@@ -128,12 +167,10 @@ register(OpDef(
           _parallel("tp_size", "int", 1), _TRACKER, _refuse("init_method", "object", None, _INIT), _BIAS,
           _NORMALIZATION, _RETURN_BIAS, _PARAMS_DTYPE, _parallel("parallel_mode", "object", None), _RETURN_LN,
           _hint("return_layernorm_output_gathered", "bool", False),
-          _refuse("parameters_split", "object", None,
-                  "splits the weight into parameters of other names, which fusegen holds for te.MultiheadAttention's "
-                  "QKV projection only (fuse_qkv_params=False); leave it out"),
+          Arg("parameters_split", "object", None, check=_check_split),
           _ZCG, _DEVICE, *_UB, *reversed(_UB_BULK), _hint("ub_name", "str", None), _DELAY, _SYMMETRIC_AR,
           _NAME),
-    expand=_layernorm_linear,
+    validate=_validate_layernorm_linear, expand=_layernorm_linear,
     summary="TE's module: LayerNorm or RMSNorm (layer_norm_weight, layer_norm_bias), then Linear (weight, bias)",
 ))
 

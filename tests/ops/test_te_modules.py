@@ -281,7 +281,12 @@ def error(text):
     ("te.LayerNormMLP(32, 48, return_bias=True)", "True", "returns the bias unadded"),
     ("te.LayerNormMLP(32, 48, activation_params={'limit': 5.0})", "{", "unsupported expression in argument 'activation_params'"),
     ("te.LayerNormMLP(32, 48, delay_wgrad_compute=True)", "True", "backward_dw"),
-    ("te.LayerNormLinear(32, 48, parameters_split=('q', 'k', 'v'))", "'q'", "splits the weight"),
+    # (a tuple's place: its first element, or its closing parenthesis where it has none)
+    ("te.LayerNormLinear(32, 48, parameters_split=('q', 'q'))", "'q', 'q'", "must name distinct parameters"),
+    ("te.LayerNormLinear(32, 48, parameters_split=())", "))", "must be a tuple of names"),
+    ("te.LayerNormLinear(32, 48, parameters_split=('layer_norm_',))", "'layer_norm_'", "must not name 'layer_norm'"),
+    ("te.LayerNormLinear(32, 48, parameters_split={'q': 48})", "{", "unsupported expression in argument "
+     "'parameters_split'"),
     ("te.LayerNormLinear(32, 48, eps=0.0)", "0.0", "must be positive"),
     ("te.LayerNormLinear(32, 48, 1e-5, True)", "True", "issue 41"),  # TE's 4th: sequence_parallel
 ])
@@ -290,6 +295,63 @@ def test_bad_arguments_are_refused_where_they_are_written(call, at, says):
     err = error(f"m = te.Sequential({call})\n")
     assert says in err.message, err.message
     assert (err.location.line, err.location.col) == (3, 19 + call.rindex(at)), str(err)
+
+
+@pytest.mark.parametrize("call, says", [
+    ("te.LayerNormLinear(32, 48, parameters_split=('a', 'b', 'c', 'd', 'e'))",
+     "parameters_split splits out_features=48 into 5 equal blocks, which it is not a multiple of"),
+    ("te.LayerNormLinear(32, 48, parameters_split=('a',), fuse_wgrad_accumulation=True)",
+     "fuse_wgrad_accumulation=True adds the weight's grad into the one weight's main_grad"),
+])
+def test_parameters_split_against_the_other_arguments_is_refused_at_the_module(call, says):
+    err = error(f"m = te.Sequential({call})\n")
+    assert says in err.message, err.message
+    assert (err.location.line, err.location.col) == (3, 19), str(err)
+
+
+def test_parameters_split_holds_te_s_blocks_and_computes_the_whole_weight_s_function(tmp_path):
+    """te.LayerNormLinear(parameters_split=(...)) (TE's layernorm_linear.py): the weight and bias as
+    equal row blocks of one buffer named <name>_weight, <name>_bias (trailing underscores stripped),
+    in the generated and the eager module; on their concatenation both compute what the unsplit
+    module computes: output, x's grad and each block's grad its rows of the whole weight's, in
+    float64 on the CPU."""
+    spec = HEAD + ("split = te.Sequential(te.LayerNormLinear(64, 96, parameters_split=('query_', 'key_', 'value_')))\n"
+                   "whole = te.Sequential(te.LayerNormLinear(64, 96))\n")
+    blocks = ("query", "key", "value")
+    with imported_package(tmp_path, "spec.py", spec, "pkg") as pkg:
+        split, whole = pkg.Split(dtype=torch.float64), pkg.Whole(dtype=torch.float64)
+        shapes = {k: tuple(v.shape) for k, v in split.state_dict().items() if not k.endswith("_extra_state")}
+        assert shapes == {"0.layer_norm_weight": (64,), "0.layer_norm_bias": (64,),
+                          **{f"0.{b}_weight": (32, 64) for b in blocks}, **{f"0.{b}_bias": (32,) for b in blocks}}
+        model = eager.Sequential(eager.LayerNormLinear(64, 96, parameters_split=("query_", "key_", "value_"),
+                                                       params_dtype=torch.float64))
+        assert [k for k in model.state_dict() if not k.endswith("_extra_state")] == list(shapes)
+        gen = torch.Generator().manual_seed(11)
+        with torch.no_grad():
+            for p in split.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        state = split.state_dict()
+        model.load_state_dict(state)
+        whole.load_state_dict({
+            **{k: v for k, v in whole.state_dict().items() if k.endswith("_extra_state")},
+            "0.layer_norm_weight": state["0.layer_norm_weight"], "0.layer_norm_bias": state["0.layer_norm_bias"],
+            "0.weight": torch.cat([state[f"0.{b}_weight"] for b in blocks]),
+            "0.bias": torch.cat([state[f"0.{b}_bias"] for b in blocks])})
+        x = torch.randn(2, 5, 64, generator=gen, dtype=torch.float64)
+        dy = torch.randn(2, 5, 96, generator=gen, dtype=torch.float64)
+        results = []
+        for module in (split, model, whole):
+            xi = x.clone().requires_grad_()
+            y = module(xi)
+            y.backward(dy)
+            grads = dict(module.named_parameters())
+            held = [grads[f"0.{b}_{attr}"] for attr in ("weight", "bias") for b in blocks] if module is not whole else []
+            weight = torch.cat([g.grad for g in held[:3]]) if held else grads["0.weight"].grad
+            bias = torch.cat([g.grad for g in held[3:]]) if held else grads["0.bias"].grad
+            results.append((y.detach(), xi.grad, weight, bias))
+        for got in results[:2]:
+            for what, a, b in zip(("y", "dx", "dweight", "dbias"), got, results[2]):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=what)
 
 
 def test_the_eager_modules_refuse_the_same_arguments():
