@@ -37,8 +37,8 @@ MODULE_ONLY_ARGS: dict[str, dict[str, tuple[object, str]]] = {
                                "bias=False and add a te.ops.Bias after it in the Sequential instead"),
         "parallel_mode": (None, _PARALLEL),
         "parameters_split": (None, "splits the weight into parameters of other names, which fusegen's te.Linear "
-                                   "does not hold; leave it out (te.MultiheadAttention's fuse_qkv_params=False "
-                                   "is read)"),
+                                   "does not hold; leave it out (te.LayerNormLinear's parameters_split and "
+                                   "te.MultiheadAttention's fuse_qkv_params=False are read)"),
         **{name: (ANY, "") for name in ("ub_overlap_ag", "ub_overlap_rs", "ub_overlap_rs_dgrad", "ub_bulk_dgrad",
                                         "ub_bulk_wgrad", "ub_name", "save_original_input", "name")},
         "delay_wgrad_compute": (False, "defers the weight grads to a backward_dw() call, which fusegen's module "
