@@ -66,7 +66,7 @@ def rows_view(*blocks: torch.Tensor) -> torch.Tensor:
     storage where they are adjacent, else ``torch.cat``, without autograd history either way (no
     autograd node per call, a host cost at a few rows). Under torch.compile it is ``torch.cat``,
     which the compiled graph differentiates (storage addresses cannot be traced). Called after
-    the module's check_parameters, which leaves only their places to check here (_joined_rows'
+    the module's check_parameters, which leaves only their places to check here (_adjacent's
     pass less the shapes and dtypes, a host cost at a few rows)."""
     if torch.compiler.is_compiling():
         return torch.cat(blocks, dim=0)
