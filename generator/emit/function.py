@@ -62,7 +62,7 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
         grad_inputs=grad_names, needs=needs,
         # ctx.row_blocks: the blocks of each parameter taken as TE's row blocks (slices of ``args``),
         # each after its first's position among the Function's inputs, counted from the last
-        row_blocks=taken, stage_arguments=len(inputs),
+        row_blocks=taken,
         # what the backward returns: None for ``graph`` and for a parameter whose blocks take its grad
         backward_returns=["None"] + ["None" if grad in joined else grad for grad in grad_names] + split,
         stage_grads=[em.name(grad) for grad in stage_grads], weight_grad_operands=[em.name(grad) for grad in operands],

@@ -161,15 +161,6 @@ def test_grouped_rows_and_eager_s_gather_give_te_s_q_k_v(heads, groups, head_dim
     torch.testing.assert_close(row_blocks.grouped_rows(te_bias, groups, heads // groups), bias_expected, rtol=0, atol=0)
 
 
-def _te_interleaved_split(weight, heads, groups, head_dim):
-    """TE's forward on the fused projection's rows, as multi_head_attention.py reads them with
-    qkv_weight_interleaved=True: view [groups, heads/groups + 2, head_dim], split (heads/groups, 1, 1)."""
-    per_group = heads // groups
-    view = weight.reshape(groups, per_group + 2, head_dim, -1)
-    q, k, v = view.split((per_group, 1, 1), dim=1)
-    return q.reshape(heads * head_dim, -1), k.reshape(groups * head_dim, -1), v.reshape(groups * head_dim, -1)
-
-
 def test_grouped_rows_grads_land_in_te_s_layout():
     torch.manual_seed(3)
     heads, groups, head_dim = 4, 2, 4

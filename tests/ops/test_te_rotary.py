@@ -242,20 +242,24 @@ def test_eager_refuses_a_bad_table_and_a_table_without_attention():
         ops(torch.randn(9, 128), rotary_pos_emb=te_table(16, 9))
 
 
+def _rotated_mha(table):
+    """The layer tests' te_mha_reference with q and k rotated by ``table`` (te_mha_rope_reference),
+    for the layer tests' cases' fused [q | k | v] layout."""
+    def rotated_mha(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal, interleaved=False):
+        assert not interleaved
+        if input_layernorm:  # TE's LayerNormLinear: the norm, then the qkv projection
+            x = layer_tests._norm(p, x, normalization, zcg)
+            p = {k.replace("layernorm_qkv.", "qkv."): v for k, v in p.items() if "layer_norm_" not in k}
+        return te_mha_rope_reference(p, x, lengths, heads, groups, table, causal)
+    return rotated_mha
+
+
 @pytest.mark.parametrize("case", [layer_tests.CASES[0], layer_tests.CASES[1]], ids=["GPT", "Llama"])
 def test_eager_transformer_layer_rotates_by_the_table_as_te(monkeypatch, case):
     """te.TransformerLayer's forward(rotary_pos_emb=...) reaches its self-attention: the layer
     tests' float64 reference of TE's layer with its attention rotating q and k by the table."""
     table = te_table(layer_tests.HIDDEN // case[0], 12, base=500000.0)
-
-    def rotated_mha(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal, interleaved=False):
-        assert not interleaved  # the cases' fused [q | k | v] layout
-        if input_layernorm:  # TE's LayerNormLinear: the norm, then the qkv projection
-            x = layer_tests._norm(p, x, normalization, zcg)
-            p = {k.replace("layernorm_qkv.", "qkv."): v for k, v in p.items() if "layer_norm_" not in k}
-        return te_mha_rope_reference(p, x, lengths, heads, groups, table, causal)
-
-    monkeypatch.setattr(layer_tests, "te_mha_reference", rotated_mha)
+    monkeypatch.setattr(layer_tests, "te_mha_reference", _rotated_mha(table))
     checkpoint = layer_tests._checkpoint(layer_tests.te_layer_layout(case), seed=6)
     model = layer_tests._eager(case)
     model.load_state_dict(checkpoint)
@@ -446,15 +450,7 @@ def test_generated_transformer_layer_rotates_by_the_table_as_te(tmp_path, monkey
     case = layer_tests.CASES[1]
     angles = (te_table(layer_tests.HIDDEN // case[0], 12, base=500000.0) if table == "te"
               else general_table(layer_tests.HIDDEN // case[0], 12))
-
-    def rotated_mha(p, x, lengths, heads, groups, normalization, zcg, input_layernorm, causal, interleaved=False):
-        assert not interleaved  # the layer tests' default QKV layout: fused [q | k | v]
-        if input_layernorm:  # TE's LayerNormLinear: the norm, then the qkv projection
-            x = layer_tests._norm(p, x, normalization, zcg)
-            p = {k.replace("layernorm_qkv.", "qkv."): v for k, v in p.items() if "layer_norm_" not in k}
-        return te_mha_rope_reference(p, x, lengths, heads, groups, angles, causal)
-
-    monkeypatch.setattr(layer_tests, "te_mha_reference", rotated_mha)
+    monkeypatch.setattr(layer_tests, "te_mha_reference", _rotated_mha(angles))
     checkpoint = layer_tests._checkpoint(layer_tests.te_layer_layout(case), seed=6)
     with imported_package(tmp_path, "spec.py", layer_tests._spec(case), "layer_pkg") as package:
         module = package.M()
