@@ -3,6 +3,9 @@
 Needs only torch (and cuda-bindings for CUDA tensors). Kernels are prebuilt for
 sm_80, sm_90, sm_100, sm_120, compute_80 in bfloat16, float16, float32; nothing is compiled at run
 time.
+
+FP8 ([tool.fusegen] fp8): LlamaMlp, Fp8LayernormMlp run their GEMMs in FP8 inside
+``autocast(recipe=...)``, TE's te.autocast; every other module runs in high precision there.
 """
 
 from .gpt_oss_mlp import GptOssMlp
@@ -11,6 +14,8 @@ from .attention_block import AttentionBlock
 from .mha_block import MhaBlock
 from .mqa_block import MqaBlock
 from .elementwise_chain import ElementwiseChain
+from .llama_mlp import LlamaMlp
+from .fp8_layernorm_mlp import Fp8LayernormMlp
 from .gpt2_mlp import Gpt2Mlp
 from .llama_layer import LlamaLayer
 from .llama_layer_te import LlamaLayerTe
@@ -70,16 +75,21 @@ from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
 from .te_gpt_layer import TeGptLayer
 from .te_llama_layer import TeLlamaLayer
+from ._runtime import (
+    DelayedScaling, Float8CurrentScaling, Float8RowwiseScaling, Format, autocast, fp8_autocast,
+    forget_fp8_weights)
 
 __all__ = [
     "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
-    "Gpt2Mlp", "LlamaLayer", "LlamaLayerTe", "LlamaLayerTeFused", "PrenormBlock", "ResidualBlocks",
-    "NestedResidual", "Fc1", "Fc2", "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny",
-    "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp",
-    "TeGptAttention", "TeGqaAttention", "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention",
-    "NormDropout", "TeeNormDropout", "LinearResidual", "ScaledResidual", "ScaledLinear",
-    "ScaledProjection", "ReluMlp", "ResidualInPlace", "PrenormInPlace", "InPlaceMid",
-    "InterleavedMlp", "InterleavedAny", "TeMlp", "TeGptStack", "GptStack", "TeLlamaStack",
-    "LlamaStack", "TeLayernormMlp", "TeLayernormLinear", "L2normBlock", "Layernorm2d",
-    "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm", "IdentityOnly", "MoeSrelu",
-    "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer"]
+    "LlamaMlp", "Fp8LayernormMlp", "Gpt2Mlp", "LlamaLayer", "LlamaLayerTe", "LlamaLayerTeFused",
+    "PrenormBlock", "ResidualBlocks", "NestedResidual", "Fc1", "Fc2", "GeluAny", "SwigluAny",
+    "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp",
+    "SregluMlp", "SitugluMlp", "TeGptAttention", "TeGqaAttention", "DropoutMlp", "DropoutGlu",
+    "DropoutAny", "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual",
+    "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace",
+    "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "TeGptStack",
+    "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear", "L2normBlock",
+    "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
+    "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
+    "DelayedScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "autocast",
+    "fp8_autocast", "forget_fp8_weights"]

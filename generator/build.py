@@ -8,6 +8,7 @@ the existing package's binaries whose sources, headers and compiler options have
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -15,11 +16,11 @@ from typing import Callable, Iterable, Sequence
 from . import emit, ops, plugins, stages
 from . import kernels as kn
 from .config import Config
-from .errors import UsageError
+from .errors import SpecError, UsageError
 from .frontend import SequentialSpec, parse_spec_file
 from .names import NameTable
 from .output import MANIFEST, manifest_bytes
-from .pipeline import build_pipeline
+from .pipeline import Pipeline, build_pipeline
 from .plan import Plan, Rule, plan_pipeline
 from .progress import Progress
 from .stages.launchers import cuda_source, fixed_sizes, kernel_details, kernels_module
@@ -35,7 +36,8 @@ def display(path: Path, root: Path) -> str:
 
 
 def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules: Sequence[Rule],
-               backward_rules: Sequence[Rule], features: dict[str, tuple[int, ...]] | None = None) -> list[Plan]:
+               backward_rules: Sequence[Rule], features: dict[str, tuple[int, ...]] | None = None,
+               fp8: Config | None = None) -> list[Plan]:
     """Pipelines and plans for parsed specs, each name claimed in ``names`` (one table per build,
     so names collide across files too). The whole path from a parsed file to its plans.
     ``features``: input sizes to specialise size-generic pipelines for, by name."""
@@ -43,8 +45,36 @@ def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules:
     for spec in specs:
         names.claim(spec.name, spec.name_location)
         pipeline = build_pipeline(spec, (features or {}).get(spec.name, ()))
+        if fp8 is not None:
+            pipeline = with_fp8(pipeline, fp8)
         plans.append(plan_pipeline(pipeline, forward_rules, backward_rules))
     return plans
+
+
+def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
+    """The pipeline with the FP8 recipes it is built for: its own table's ``fp8``, else
+    [tool.fusegen] fp8 where it has a GEMM and runs no user module (its FP8 Function is one). The
+    GEMMs' sizes must suit FP8 GEMMs (multiples of 16, TE's rule)."""
+    own = dict(config.pipeline_fp8).get(pipeline.name)
+    recipes = own if own is not None else config.fp8
+    gemms = [op for op in pipeline.ops if op.kind == "linear"]
+    if not recipes or (own is None and (not gemms or any(op.opdef.user_module for op in pipeline.ops))):
+        return pipeline
+    where = f"{config.source}: [tool.fusegen.pipelines.{pipeline.name}] fp8"
+    if not gemms:
+        raise UsageError(f"{where}: pipeline '{pipeline.name}' ({pipeline.location}) has no Linear, so nothing of it "
+                         "runs in FP8; remove the setting")
+    if any(op.opdef.user_module for op in pipeline.ops):
+        raise UsageError(f"{where}: pipeline '{pipeline.name}' ({pipeline.location}) runs a module of your code; "
+                         "FP8 is built for pipelines of TE's ops and modules only (yet); remove the setting")
+    for op in gemms:
+        for size, what in ((op.in_features, "in_features"), (op.out_features, "out_features")):
+            if isinstance(size, int) and size % 16:
+                raise SpecError(f"{op.describe()}: {what}={size} is not a multiple of 16, which FP8 GEMMs need "
+                                f"(TE's rule); pipeline '{pipeline.name}' is built for FP8 ([tool.fusegen] fp8): give "
+                                "it sizes that are multiples of 16, or fp8 = [] in its "
+                                f"[tool.fusegen.pipelines.{pipeline.name}] table", op.location)
+    return dataclasses.replace(pipeline, fp8=recipes)
 
 
 def check_features(config: Config, plans: list[Plan]) -> None:
@@ -53,6 +83,11 @@ def check_features(config: Config, plans: list[Plan]) -> None:
     the project's: a table naming a pipeline they do not hold is then for another file."""
     where = f"{config.source}: [tool.fusegen.pipelines"
     pipelines = {plan.pipeline.name: plan.pipeline for plan in plans}
+    for name in sorted({name for name, _ in config.features} | {name for name, _ in config.pipeline_fp8}):
+        if name not in pipelines and not config.specs_named_on_command_line:
+            close = difflib.get_close_matches(name, pipelines, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"pipelines: {', '.join(sorted(pipelines))}"
+            raise UsageError(f"{where}.{name}] names no pipeline of the specs; {hint}")
     for name, sizes in config.features:
         pipeline = pipelines.get(name)
         if pipeline is None and config.specs_named_on_command_line:
@@ -83,7 +118,7 @@ def plans_with(config: Config, ext: plugins.Extensions) -> list[Plan]:
     features = dict(config.features)
     for path in config.specs:
         specs = parse_spec_file(path, display(path, config.root))
-        plans.extend(plan_specs(specs, names, ext.forward_rules, ext.backward_rules, features))
+        plans.extend(plan_specs(specs, names, ext.forward_rules, ext.backward_rules, features, config))
     check_features(config, plans)
     return plans
 

@@ -36,11 +36,15 @@ SCHEMA = {
     "dtypes": (list, "dtypes to build kernels for", '["bfloat16", "float16", "float32"]'),
     "plugins": (list, "modules that register ops and fusion rules", '["mypkg.fusegen_ext"]'),
     "pipelines": (dict, "per-pipeline settings", "{ mlp = { features = [4096, 8192] } }"),
+    "fp8": (list, "FP8 recipes the modules with GEMMs run under the package's autocast", '["delayed", "current"]'),
 }
 # [tool.fusegen.pipelines.<name>] keys -> (what the value is, example)
 PIPELINE_SCHEMA = {
     "features": ("input sizes to build fixed-size kernels for, besides the size-generic ones", "[4096, 8192]"),
+    "fp8": ("FP8 recipes this pipeline runs under autocast, instead of [tool.fusegen] fp8 ([] for none)",
+            '["current"]'),
 }
+FP8_RECIPES = ("delayed", "current", "rowwise")  # the runtime's fp8.RECIPES
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -55,6 +59,8 @@ class Config:
     plugins: tuple[str, ...] = ()  # modules imported (with ``root`` on sys.path) before specs are read
     # pipeline name -> input sizes its size-generic kernels are also specialised for
     features: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    fp8: tuple[str, ...] = ()  # the FP8 recipes of every pipeline with a GEMM
+    pipeline_fp8: tuple[tuple[str, tuple[str, ...]], ...] = ()  # pipeline name -> its own recipes
     specs_named_on_command_line: bool = False  # a subset of the project's specs, maybe
 
 
@@ -114,7 +120,12 @@ def pipeline_features(table: dict, where: str) -> tuple[tuple[str, tuple[int, ..
                 close = difflib.get_close_matches(key, PIPELINE_SCHEMA, n=1)
                 hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(PIPELINE_SCHEMA)}"
                 raise UsageError(f"{at} has an unknown key '{key}'; {hint}")
-        sizes = settings.get("features", [])
+        if not settings:
+            raise UsageError(f"{at} is empty; give features = {PIPELINE_SCHEMA['features'][1]} or fp8 = "
+                             f"{PIPELINE_SCHEMA['fp8'][1]}")
+        if "features" not in settings:
+            continue
+        sizes = settings["features"]
         what, example = PIPELINE_SCHEMA["features"]
         if (not isinstance(sizes, list) or not sizes
                 or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_FEATURES for v in sizes)):
@@ -122,6 +133,23 @@ def pipeline_features(table: dict, where: str) -> tuple[tuple[str, tuple[int, ..
                              f"e.g. features = {example}; got {sizes!r}")
         result.append((name, tuple(sorted(set(sizes)))))
     return tuple(result)
+
+
+def fp8_recipes(value, where: str, empty: bool = False) -> tuple[str, ...]:
+    """An fp8 setting: a list of recipe names (FP8_RECIPES), each once, in FP8_RECIPES' order."""
+    if (not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (not value and not empty)
+            or any(v not in FP8_RECIPES for v in value)):
+        raise UsageError(f"{where} fp8 must be a list of FP8 recipes from {list(FP8_RECIPES)} (delayed: TE's "
+                         "DelayedScaling, current: Float8CurrentScaling, rowwise: per-row scales), e.g. fp8 = "
+                         f'["delayed", "current"]{"; [] builds none for this pipeline" if empty else ""}; got {value!r}')
+    return tuple(name for name in FP8_RECIPES if name in value)
+
+
+def pipeline_fp8(table: dict) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """[tool.fusegen.pipelines.<name>] fp8 settings (their tables already checked by
+    pipeline_features), by name."""
+    return tuple((name, fp8_recipes(settings["fp8"], f"[tool.fusegen.pipelines.{name}]", empty=True))
+                 for name, settings in sorted(table.items()) if isinstance(settings, dict) and "fp8" in settings)
 
 
 def split_list(text: str, option: str) -> tuple[str, ...]:
@@ -215,6 +243,8 @@ def load_config(cli_specs: list[str], config: str | None, out: str | None, archs
             raise UsageError(f"{source} plugins: {name!r} is not a module name; write a dotted import path "
                              "like 'mypkg.fusegen_ext' (the module is imported from the project folder)")
     features = pipeline_features(table.get("pipelines", {}), source)
+    fp8 = fp8_recipes(table["fp8"], source) if "fp8" in table else ()
     return Config(specs, out_path, tuple(dict.fromkeys(arch_list)), tuple(dict.fromkeys(dtype_list)),
                   root=root.resolve(), source=pyproject, plugins=tuple(dict.fromkeys(plugins)), features=features,
+                  fp8=fp8, pipeline_fp8=pipeline_fp8(table.get("pipelines", {})),
                   specs_named_on_command_line=bool(cli_specs))

@@ -127,13 +127,13 @@ class Pipeline:
     values: tuple[Value, ...] = ()  # every value the pipeline's code handles, by id (values.py)
     training: int | None = None  # the training FLAG, where the forward depends on it (a Dropout)
     input_width: int | None = None  # a size-generic pipeline's input width n (a backward's reshape reads it)
-    # (cu_seqlens, max_seqlen): the call's packed sequences, made once in the module's forward
-    # where an op reads them (OpDef.reads_sequences); None elsewhere (no cost)
+    # (cu_seqlens, max_seqlen): the packed sequences, made once where an op reads them (reads_sequences)
     sequences: tuple[int, int] | None = None
     # how x is read where an op reads the sequences (TE's qkv_format: "sbhd", "bshd", "thd"), or None
     # for fusegen's own call forms; "sbhd" makes the module run batch-major rows inside (pipeline.py.j2)
     sequence_format: str | None = None
     rotary_table: int | None = None  # TE's forward(rotary_pos_emb=...), float32 [max_s, d] ([0, d]: None)
+    fp8: tuple[str, ...] = ()  # the FP8 recipes it is built for ([tool.fusegen] fp8: build.with_fp8)
 
     def value(self, id: int) -> Value:
         return self.values[id]

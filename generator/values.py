@@ -24,20 +24,22 @@ class Role(Enum):
     METADATA = "metadata"  # about the rows, not of them: a user module's leading dims, a random op's key
     STATISTIC = "statistic"  # a norm's fp32 mean or rstd, one per row, kept for its backward
     PARAMETER = "parameter"  # a module parameter (its own dtype)
-    STATE = "state"  # kept across calls in the state_dict (none yet: an FP8 scale's place)
+    STATE = "state"  # kept across calls in the state_dict (none yet: FP8 scales live in the runtime's Fp8State)
     OBJECT = "object"  # a Python object handed in: a user's module
     FLAG = "flag"  # a bool: the module's training mode
 
 
 X_DTYPE = "x"  # a value's dtype: the pipeline input's, whatever it is at run time
 HOST_INT = "host int"  # a value's dtype: a Python int, no tensor (max_seqlen), kept beside a backward's tensors
+HOST_OBJECT = "host object"  # a value's dtype: a Python object (an FP8 call, an FP8 weight), kept likewise
+HOST_DTYPES = (HOST_INT, HOST_OBJECT)  # what the ctx keeps beside save_for_backward's tensors
 
 
 @dataclass(frozen=True)
 class Value:
     id: int
     role: Role
-    dtype: str  # X_DTYPE, "float32", "int64", "bool", "param" (the parameter's own), "object", HOST_INT
+    dtype: str  # X_DTYPE, "float32", "int64", "bool", "param" (the parameter's own), "object", HOST_INT, HOST_OBJECT
     name: str  # its name in generated code
     features: Size | None = None  # an activation's width (a statistic or a flag has none)
     grad_of: int | None = None  # a grad: the id of the value it is the grad of (None: not a grad)

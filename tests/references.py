@@ -11,6 +11,13 @@ import torch.nn.functional as F
 EPS = 1e-5
 
 
+def module_names(package):
+    """The generated modules a package exports (its ``__all__`` holds its FP8 recipes and autocast
+    too, where a pipeline is built for FP8)."""
+    return sorted(name for name in package.__all__
+                  if isinstance(getattr(package, name), type) and issubclass(getattr(package, name), torch.nn.Module))
+
+
 def linear(x, w, b=None):
     """F.linear, or for a weight given as a StreamedWeight (the large pipelines' GEMMs) the same
     product with the module's own weight read a block of rows at a time."""

@@ -8,14 +8,15 @@ from fusegen import build, output
 
 
 @contextlib.contextmanager
-def imported_package(folder, spec_name, spec_text, package, dtypes=("float32",), files=None):
+def imported_package(folder, spec_name, spec_text, package, dtypes=("float32",), files=None, fp8=()):
     """Writes ``spec_text`` as ``folder/spec_name`` (and ``files``, name -> text: the user's own
     modules the spec imports), generates ``folder/package`` from it without binaries (CPU) and
     yields it imported, with ``folder`` on sys.path for the block (a generated module imports the
-    user's modules when it is built)."""
+    user's modules when it is built). ``fp8``: [tool.fusegen] fp8, the FP8 recipes of every pipeline
+    with a GEMM."""
     for name, text in {**(files or {}), spec_name: spec_text}.items():
         (folder / name).write_text(text, encoding="utf-8")
-    config = build.Config((folder / spec_name,), folder / package, archs=(), dtypes=dtypes, root=folder)
+    config = build.Config((folder / spec_name,), folder / package, archs=(), dtypes=dtypes, root=folder, fp8=fp8)
     output.write_package(build.build_package(config), config.out)
     sys.path.insert(0, str(folder))
     try:

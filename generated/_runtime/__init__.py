@@ -20,7 +20,11 @@ results in the caller's shape, first_order_only;
   the order fusegen's attention reads);
 - graphs: CudaGraphs, a module's graphs per input shape;
 - custom_ops: the ``fusegen::`` custom ops that torch.compile calls;
-- compiled_passes: torch.compile's forward and backward ops of a graph-replaying module.
+- compiled_passes: torch.compile's forward and backward ops of a graph-replaying module;
+- fp8_recipes: TE's FP8 formats and recipes (and fusegen's row-wise one), autocast;
+- fp8_state: delayed scaling's scales and amax histories (Fp8State, saved as TE's _extra_state;
+  Fp8SpecOp) and TE's update of them after a step;
+- fp8: a call's FP8 GEMMs (fp8_call, Fp8Call): the casts, torch._scaled_mm, the weight cache.
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
 """
 
@@ -28,6 +32,10 @@ from .checks import (check_input, check_packed_form, check_parameters, check_row
                      packed_sequences)
 from .te_forms import te_sequences
 from .compiled_passes import PassGraphs, keep_for_backward, register_training_ops
+from .fp8 import fp8_call
+from .fp8_recipes import (DelayedScaling, Float8CurrentScaling, Float8RowwiseScaling, Format, autocast,
+                          fp8_autocast)
+from .fp8_state import Fp8SpecOp, Fp8State, forget_fp8_weights
 from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
 from .launch import Kernel, pointer
@@ -38,10 +46,14 @@ from .row_blocks import (
 from .training_graphs import backward_done, replay_backward, replay_forward, saved_tensors
 
 __all__ = [
-    "CudaGraphs", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "PassGraphs",
-    "SpecOp",
-    "TeModuleOp", "adjacent_rows", "as_rows", "backward_done", "check_input", "check_packed_form",
-    "check_parameters", "check_row_input", "first_order_only", "grouped_rows", "join_rows",
+    "CudaGraphs", "DelayedScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format",
+    "Fp8SpecOp",
+    "Fp8State", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "PassGraphs", "SpecOp",
+    "TeModuleOp", "adjacent_rows", "as_rows", "autocast", "backward_done", "check_input",
+    "check_packed_form",
+    "check_parameters", "check_row_input", "first_order_only", "forget_fp8_weights", "fp8_autocast",
+    "fp8_call",
+    "grouped_rows", "join_rows",
     "keep_for_backward", "packed_sequences", "pointer", "register_no_grad_op", "register_op",
     "register_training_ops", "replay_backward", "replay_forward", "rows_after_load", "rows_view",
     "saved_tensors", "split_rows", "te_sequences", "with_lead", "with_shape",

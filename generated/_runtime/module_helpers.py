@@ -32,16 +32,23 @@ class TeModuleOp(SpecOp):
     child saves and loads the same way, so a TE state_dict loads with strict=True."""
 
     def get_extra_state(self):
-        return torch.empty(0, dtype=torch.uint8)
+        fp8 = self.__dict__.get("fp8")  # its GEMMs' FP8 state (fp8.Fp8State) where built for FP8
+        return torch.empty(0, dtype=torch.uint8) if fp8 is None else fp8.extra_state(module=True)
 
     def set_extra_state(self, state):
+        fp8 = self.__dict__.get("fp8")
+        if fp8 is not None:
+            fp8.load_extra_state(state, self.call)
+            return
         if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
             return
         raise RuntimeError(
             f"{self.call}: the checkpoint's _extra_state holds TE's FP8 scaling state (saved after training under "
-            "FP8), which fusegen does not use yet; leave the '_extra_state' entries out of the "
-            "dictionary and load "
-            "it with strict=False (the parameters are all there)")
+            "FP8), which this module does not hold (its pipeline is not built for FP8: "
+            "[tool.fusegen] fp8); build it "
+            "for FP8, or leave the '_extra_state' entries out and load with strict=False (the "
+            "parameters are all "
+            "there)")
 
 
 def as_rows(tensor, features):

@@ -19,7 +19,7 @@ from .blocks import (backward_blocks, distinct_returns, forward_blocks, no_grad_
                      saved_for_backward)
 from .compiled import training_ops
 from .function import function_parts
-from .held import held_parameters, runtime_helpers
+from .held import child_module, held_parameters, runtime_helpers
 from .plan_doc import diagrams, runs_as, saved_table, spec_rows, traffic_cells
 from .segments import segments
 
@@ -225,6 +225,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
             "args[0].shape[1]" if takes_n else None,
             tuple((em.grad(param.op.param(param.attr)), param.block_rows()) for param in blocks))]
         grad_steps = []
+    fp8 = fp8_parts(plan, stage_kernels, p, function_inputs, args, output, extra_outputs, tees, blocks,
+                    "args[0].shape[1]" if not between and takes_n else None) if p.fp8 else None
     return dict(
         traffic=traffic_cells(plan), spec_rows=spec_rows(p, extra_inputs),
         pipeline=p, plan=plan, output=output, no_grad=no_grad, no_grad_fuses_more=plan.inference != plan.forward,
@@ -242,7 +244,8 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         extra_input_features=_sizes_literal("rows" if op in per_row else op.in_features
                                             for op in p.ops if op.extra_input is not None),
         extra_output_features=_sizes_literal(p.graph.features(v) for v in p.graph.outputs[1:]),
-        children=children(p, modules, modules_run), saved_table=saved_table(plan, em, saved, params),
+        children=fp8_children(children(p, modules, modules_run), p) if p.fp8 else children(p, modules, modules_run),
+        saved_table=saved_table(plan, em, saved, params),
         user_modules=[(op, module_name(op), lead_name(op)) for op in modules_run],
         functions=functions, grad_steps=grad_steps,
         cuda_graphs=graphs, function_inputs=function_inputs,
@@ -258,4 +261,57 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         check_lines=convention.check_lines(args, lead_lines) + convention.ignored_sequences_lines(p.class_name, args),
         check_helpers=sorted(convention.check_helpers(args) + runtime_helpers(held, not between)),
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
+        fp8=fp8,
     )
+
+
+def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], args, output: str,
+              extra_outputs: list[str], tees: list, blocks: list, width: str | None) -> dict:
+    """The pipeline's FP8 emission (built for [tool.fusegen] fp8): its stages once more with the
+    GEMM stages through the runtime's Fp8Call (the stages' last argument, ``fp8``), as a Function of
+    its own and a no-grad forward; what the module needs to make the call (fp8.py's fp8_call):
+    each GEMM's holder of TE's FP8 state and the GEMM's index there."""
+    em = Emitter(plan, stage_kernels, fp8=True)
+    fwd = forward_blocks(em)
+    bwd, grads = backward_blocks(em)
+    saved = [em.name(value) for value in saved_for_backward(plan, em, bwd)]
+    grad_outputs = [em.grad(p.output)] + [em.grad(op.extra_out) for op in tees]
+    grad_inputs = convention.grad_inputs(args, grads[0], em.grad) + [None]  # (none for fp8)
+    copies = own_memory(em, [g for g in grad_inputs if g is not None])
+    bwd += [copies] if copies else []
+    function = function_parts(
+        em, f"{p.class_name}Fp8Function", f"`{p.name}` under FP8", "The stages above with FP8 GEMMs (``graph``: "
+        "None, FP8 calls replay no CUDA graphs yet).", "_fp8", function_inputs + ["fp8"], fwd,
+        distinct_returns([output] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs, width,
+        tuple((em.grad(param.op.param(param.attr)), param.block_rows()) for param in blocks))
+    no_grad_kernels = {("forward", start): specs for (pass_, start), specs in stage_kernels.items()
+                       if pass_ == "inference"}
+    no_grad = forward_blocks(Emitter(plan, no_grad_kernels, saving=False, fp8=True), plan.inference, "no-grad")
+    gemms = fp8_gemms(p)
+    return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8), gemms=gemms,
+                arguments=", ".join(f"({holder}.fp8, {index})" for holder, index, _, _ in gemms))
+
+
+def fp8_gemms(p) -> list[tuple[str, int, int, bool]]:
+    """Each GEMM's FP8 state as the module holds it, in the plan's order: (the expression of its
+    holder, the GEMM's index there, the holder's GEMMs, whether the holder is one of TE's modules).
+    The holder is the child (or TE submodule) that holds the weight: a TE module keeps its GEMMs'
+    state together (its _extra_state), as te.ops' Linear its one."""
+    gemms, counts = [], {}
+    for op in p.ops:
+        if op.kind != "linear":
+            continue
+        *submodules, _ = op.holder_attribute("weight").split(".")
+        holder = child_module(op.module_index) + "".join(f'._modules["{name}"]' for name in submodules)
+        te_module = bool(submodules) or te_holder(op.spec_op) == "TeModuleOp"
+        gemms.append((holder, counts.get(holder, 0), te_module))
+        counts[holder] = counts.get(holder, 0) + 1
+    return [(holder, index, counts[holder], te_module) for holder, index, te_module in gemms]
+
+
+def fp8_children(children_: list, p) -> list:
+    """``children``' entries with the class of a te.ops child that holds an FP8 GEMM's state
+    Fp8SpecOp (a SpecOp with TE's _extra_state)."""
+    holders = {op.module_index for op in p.ops if op.kind == "linear"}
+    return [(*entry[:6], "Fp8SpecOp" if entry[6] == "SpecOp" and entry[0] in holders else entry[6], *entry[7:])
+            for entry in children_]

@@ -19,7 +19,7 @@ from ..calls import Alias, Call
 from ..kernels import KernelSpec
 from ..pipeline import Op, Pipeline, ops_cited
 from ..planned import Plan, Recompute, Saves, Stage
-from ..values import ValueTable, extra_input_name, extra_output_name, grad_name, param_name
+from ..values import HOST_OBJECT, Role, ValueTable, extra_input_name, extra_output_name, grad_name, param_name
 
 # the plan model's and the names' parts the stage modules take from here too
 __all__ = ["NO_TRAFFIC", "Block", "Emitter", "Recompute", "RowTraffic", "Saves", "StageImpl", "extra_input_name",
@@ -183,6 +183,9 @@ class Emitter:
     # a grad named by grad_alias -> (its block, its line there, the grad it names, why)
     grad_aliases: dict[int, tuple[Block, int, int, str]] = field(default_factory=dict)
     table: ValueTable | None = None  # the pipeline's values, and those the stages add (statistics, grads)
+    # the FP8 emission (the pipeline's FP8 Function and no-grad forward): the value of the call's
+    # runtime Fp8Call, which its GEMM stages call (None: high precision)
+    fp8: int | None = None
 
     def alias(self, block: Block, value: int, of: int) -> None:
         """``value = of`` in the forward: one tensor under a second name (an extra output that is
@@ -219,6 +222,8 @@ class Emitter:
     def __post_init__(self):
         if self.table is None:
             self.table = ValueTable(self.plan.pipeline.values)
+        if self.fp8 is not None:  # (True asks for it)
+            self.fp8 = self.table.add(Role.OBJECT, HOST_OBJECT, "fp8")
         if self.plan.pipeline.input_width is not None:  # the backward's input width
             self.names.setdefault(self.plan.pipeline.input_width, self.width)
 
@@ -229,6 +234,11 @@ class Emitter:
     @property
     def pipeline(self) -> Pipeline:
         return self.plan.pipeline
+
+    def gemm_number(self, op) -> int:
+        """An FP8 GEMM's number: the op's place among the pipeline's Linears (its slots in the
+        Fp8Call's list)."""
+        return [o.index for o in self.pipeline.ops if o.kind == "linear"].index(op.index)
 
     def kernel(self, pass_: str, stage: Stage) -> KernelSpec:
         """The stage's main kernel."""

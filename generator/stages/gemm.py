@@ -20,6 +20,7 @@ fails when it is defined.
 from __future__ import annotations
 
 from ..calls import TorchCall
+from ..values import HOST_OBJECT, Role
 from .base import RowTraffic, Saves, StageImpl, fixed
 
 FORMS = {
@@ -64,6 +65,8 @@ class GemmStage(StageImpl):
         return RowTraffic(x + y + (y if stage.first("add_extra_input") else 0))  # x, y (+ the residual as C)
 
     def forward(self, em, stage, block):
+        if em.fp8 is not None:
+            return self.fp8_forward(em, stage, block)
         linear, bias, scale, add = (stage.first(kind) for kind in ("linear", "bias", "scale", "add_extra_input"))
         io = dict(x=stage.input, w=linear.param("weight"))
         out = dict(y=stage.output)
@@ -87,6 +90,8 @@ class GemmStage(StageImpl):
         return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
+        if em.fp8 is not None:
+            return self.fp8_backward(em, stage, block, dy, d_in)
         linear, meo, scale = stage.first("linear"), stage.first("make_extra_output"), stage.first("scale")
         weight = linear.param("weight")
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
@@ -103,6 +108,58 @@ class GemmStage(StageImpl):
         helper = "accumulate_into_main_grad(" if linear.args["accumulate_into_main_grad"] else "weight_grad(ctx, "
         wgrad = TorchCall(f"ref.{helper}{{w}}, {{dy}}, {{x}}{alpha})", dict(w=weight, dy=dy, x=linear.input))
         # kept apart from the stage's other calls: it may run after every stage
+        block.weight_grad_calls.append((em.grad(weight), wgrad))
+        return d_in
+
+
+    # The FP8 emission (issue 40): the same forms through the runtime's Fp8Call, which casts each
+    # operand with the autocast recipe's scales and runs torch._scaled_mm (fp8.py). The forward
+    # returns x's scale and the FP8 weight beside y, which the backward reads: its weight grad casts
+    # x again with that scale (the forward's FP8 values), its dgrad reads that weight.
+    def fp8_forward(self, em, stage, block):
+        linear, bias, scale, add, relu, gelu = (stage.first(kind) for kind in (
+            "linear", "bias", "scale", "add_extra_input", "relu", "gelu"))
+        reads = dict(fp8=em.fp8, x=stage.input, w=linear.param("weight"))
+        extra = ""
+        if bias is not None:
+            reads["b"] = bias.param("bias")
+            extra += ", {b}"
+        if scale is not None:
+            extra += f", alpha={scale.args['scale']!r}"
+        if add is not None:
+            reads["r"] = add.extra_in
+            extra += ", add={r}"
+        if relu is not None or gelu is not None:
+            extra += f", activation={'relu' if relu is not None else 'gelu'!r}"
+        call = f"{{fp8}}.linear({em.gemm_number(linear)}, {{x}}, {{w}}{extra})"
+        if not em.saving:  # the no-grad forward: y alone
+            block.add(TorchCall("{y}, _, _ = " + call, reads, dict(y=stage.output)))
+            return em.table[stage.output].name
+        x_scale = em.table.add(Role.STATISTIC, "float32", f"{linear.hint}_x_scale")
+        weight_fp8 = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(linear.param('weight'))}_fp8")
+        em.stats[linear.index] = [x_scale, weight_fp8]
+        block.add(TorchCall("{y}, {x_scale}, {w_fp8} = " + call, reads,
+                            dict(y=stage.output, x_scale=x_scale, w_fp8=weight_fp8)))
+        return em.table[stage.output].name
+
+    def fp8_backward(self, em, stage, block, dy, d_in):
+        linear, meo, scale = stage.first("linear"), stage.first("make_extra_output"), stage.first("scale")
+        x_scale, weight_fp8 = em.stats[linear.index]
+        weight = linear.param("weight")
+        # dy cast once for both GEMMs (a grad's own: the weight grad after the stages reads it)
+        dy_fp8 = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(dy)}_fp8", grad_of=em.table[dy].grad_of)
+        block.add(TorchCall(f"{{dy_fp8}} = {{fp8}}.grad_output({em.gemm_number(linear)}, {{dy}})",
+                            dict(fp8=em.fp8, dy=dy), dict(dy_fp8=dy_fp8)))
+        alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
+        reads = dict(fp8=em.fp8, dy_fp8=dy_fp8, w_fp8=weight_fp8)
+        extra = alpha
+        if meo is not None:  # dgrad accumulates into the extra output's grad
+            reads["d_extra"] = em.grad(meo.extra_out)
+            extra += ", add={d_extra}"
+        block.add(TorchCall("{dx} = {fp8}.dgrad({dy_fp8}, {w_fp8}" + extra + ")", reads, dict(dx=d_in)))
+        main_grad = ", main_grad=True" if linear.args["accumulate_into_main_grad"] else ""
+        wgrad = TorchCall("{fp8}.weight_grad({w}, {dy_fp8}, {x}, {x_scale}" + alpha + main_grad + ")",
+                          dict(fp8=em.fp8, w=weight, dy_fp8=dy_fp8, x=linear.input, x_scale=x_scale))
         block.weight_grad_calls.append((em.grad(weight), wgrad))
         return d_in
 

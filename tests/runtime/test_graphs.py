@@ -22,7 +22,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 # the modules that replay graphs in float32, as these tests run them (instances on the meta device:
 # no parameter memory, no initialisation work); an attention pipeline replays them in bf16/fp16
 # only (FlashAttention-2): test_attention_graphs.py
-GRAPHED = sorted(name for name in generated.__all__ if R.replays_graphs_in(getattr(generated, name), torch.float32))
+GRAPHED = sorted(name for name in R.module_names(generated) if R.replays_graphs_in(getattr(generated, name), torch.float32))
 
 
 def _module(name, dtype=torch.float32, device="cuda"):

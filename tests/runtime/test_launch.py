@@ -107,7 +107,7 @@ def test_threads_load_and_launch_at_once():
 
 @pytest.mark.cuda
 @needs_gpu
-@pytest.mark.parametrize("name", sorted(generated.__all__))
+@pytest.mark.parametrize("name", R.module_names(generated))
 def test_cuda_graph_of_forward_backward_replays_on_new_inputs(name):
     """Every shipped module: capture forward + backward once, copy new inputs into the static
     ones, replay: every output and grad equals an eager run on those inputs (fp32, where cuBLAS

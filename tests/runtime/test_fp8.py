@@ -1,0 +1,469 @@
+"""FP8 (issue 40): the runtime's recipes against independent implementations of TE's documented
+rules (docs/fp8_te_semantics.md), and generated modules built for FP8 against float64 references
+of the quantized computation (each operand quantized with the recipe's scales, then exact math).
+
+CPU tests emulate the recipes (the same FP8 values multiplied in fp32); the cuda tests run
+torch._scaled_mm."""
+
+import copy
+import importlib.util
+import math
+import struct
+import types
+
+import pytest
+import torch
+
+from tests.spec_packages import imported_package
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# TE's FP8 tolerances (tests/pytorch/utils.py dtype_tols): E4M3 rtol 0.125, atol 0.0675; E5M2 0.25, 0.125
+FP8_TOLS = {E4M3: dict(rtol=0.125, atol=0.0675), E5M2: dict(rtol=0.25, atol=0.125)}
+
+
+@pytest.fixture(scope="module")
+def fp8(package):
+    """The runtime's FP8 modules (fp8_recipes, fp8_state, fp8) as a generated package holds them,
+    their names in one namespace."""
+    names = {}
+    for module in ("fp8_recipes", "fp8_state", "fp8"):
+        names.update(vars(importlib.import_module(f"{package.__name__}._runtime.{module}")))
+    return types.SimpleNamespace(**names)
+
+
+# --- independent implementations of TE's rules ---------------------------------------------------
+
+def f32(value):
+    """``value`` rounded to float32, as a Python float."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def te_current_scale(amax, fp8_max, epsilon=0.0, power_2=False):
+    """compute_scale_from_amax (common/recipe/recipe_common.cuh), one float at a time (floats: the
+    amax and epsilon are fp32 there)."""
+    amax, epsilon = f32(amax), f32(epsilon)
+    if amax < epsilon:
+        amax = epsilon
+    if math.isinf(amax) or amax == 0.0 or math.isnan(amax):
+        return 1.0
+    scale = f32(fp8_max / amax)  # __fdiv_rn: the float32 division rounded once
+    if math.isinf(scale) or scale > 3.4028234663852886e38:
+        scale = 3.4028234663852886e38
+    if power_2:
+        bits = struct.unpack("I", struct.pack("f", scale))[0] & 0xFF800000
+        scale = struct.unpack("f", struct.pack("I", bits))[0]
+    return scale
+
+
+def te_delayed_update(history, scale, amax, algo, fp8_max, margin):
+    """kernel_bulk of common/recipe/delayed_scaling.cu for one tensor, as lists: returns the new
+    history (a list of rows) and scale."""
+    length = len(history)
+    last = amax
+    new = [row for row in history]
+    chosen = 0.0
+    if last != 0.0:
+        for i in range(length):
+            a = history[i + 1] if i < length - 1 else last
+            chosen = max(chosen, a)
+            new[i] = a if i > 0 else 0.0
+    if algo == "most_recent":
+        chosen = last
+    scaled_max = f32(fp8_max * f32(2.0 ** -margin))
+    if math.isfinite(chosen) and chosen > 0:
+        out = f32(scaled_max / chosen)
+    else:
+        out = scale
+    if math.isinf(out):
+        out = 3.4028234663852886e38
+    return new, out
+
+
+def quantized(t, scale, dtype):
+    """t's FP8 values times 1/scale, in float64: x * scale rounded to float32, saturated, converted."""
+    limit = torch.finfo(dtype).max
+    scale_inv = torch.tensor(scale, dtype=torch.float32).reciprocal().double()  # as the GEMM scales back
+    return (t.to(torch.float32) * scale).clamp(-limit, limit).to(dtype).to(torch.float64) * scale_inv
+
+
+# --- the rules -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("power_2", [False, True])
+def test_current_scale_follows_te(fp8, power_2):
+    amaxes = [3.0, 1e-30, 0.0, float("inf"), float("nan"), 448.0, 7.3e-4, 1e-45, 65504.0]
+    for amax in amaxes:
+        for epsilon in (0.0, 1e-3):
+            got = fp8.current_scale(torch.tensor(amax), 448.0, epsilon, power_2).item()
+            want = te_current_scale(amax, 448.0, epsilon, power_2)
+            assert got == want or (math.isnan(got) and math.isnan(want)), (amax, epsilon, got, want)
+
+
+@pytest.mark.parametrize("length", [1, 2, 5])
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0, 2])
+def test_delayed_update_follows_te_step_by_step(fp8, length, algo, margin):
+    recipe = fp8.DelayedScaling(amax_history_len=length, amax_compute_algo=algo, margin=margin)
+    generator = torch.Generator().manual_seed(length * 10 + margin)
+    history = torch.zeros(length, 3)
+    scale = torch.ones(3)
+    mine = [([0.0] * length, 1.0) for _ in range(3)]
+    for step in range(9):
+        amax = torch.rand(3, generator=generator) * 10 ** torch.randint(-3, 4, (3,), generator=generator)
+        if step in (2, 5):
+            amax[step % 3] = 0.0  # no roll, no new scale
+        if step == 6:
+            amax[1] = float("inf")  # the scale kept
+        history[0] = amax
+        fp8.delayed_update(history, scale, history[0].clone(), recipe, 448.0)
+        for i in range(3):
+            rows, old = mine[i]
+            rows = [amax[i].item()] + rows[1:]
+            mine[i] = te_delayed_update(rows, old, amax[i].item(), algo, 448.0, margin)
+            assert history[:, i].tolist() == [f32(v) for v in mine[i][0]], (step, i)
+            assert scale[i].item() == mine[i][1], (step, i, scale[i].item(), mine[i][1])
+
+
+def test_cast_saturates(fp8):
+    """TE's casts saturate (__NV_SATFINITE); torch's conversion on CUDA does not (1000 -> NaN in
+    E4M3 on the H100, torch 2.11), so the cast clamps first."""
+    x = torch.tensor([1000.0, -1000.0, 447.0, float("nan"), float("inf"), 1e-9])
+    got = fp8.cast(x, torch.tensor(1.0), E4M3).float()
+    assert got[:3].tolist() == [448.0, -448.0, 448.0] and math.isnan(got[3]) and got[4] == 448.0
+    assert fp8.cast(torch.tensor([1e6]), torch.tensor(1.0), E5M2).item() == 57344.0
+
+
+def test_rowwise_scale_is_torchaos(fp8):
+    amax = torch.tensor([[3.0], [0.0], [1e-20], [448.0]])
+    want = [2 ** math.floor(math.log2(f32(448.0 / max(a, 1e-12)))) for a in amax.flatten().tolist()]
+    assert fp8.rowwise_scale(amax, 448.0).flatten().tolist() == want
+
+
+# --- recipes and autocast --------------------------------------------------------------------------
+
+def test_recipes_mirror_te_defaults(fp8):
+    delayed = fp8.DelayedScaling()
+    assert (delayed.margin, delayed.fp8_format, delayed.amax_history_len, delayed.amax_compute_algo,
+            delayed.reduce_amax) == (0, fp8.Format.HYBRID, 1024, "max", True)
+    current = fp8.Float8CurrentScaling()
+    assert (current.use_power_2_scales, current.fp8_format) == (False, fp8.Format.HYBRID)
+    assert fp8.fp8_dtype(delayed, True) == E4M3 and fp8.fp8_dtype(delayed, False) == E5M2
+    assert fp8.fp8_dtype(fp8.Float8RowwiseScaling(), False) == E4M3
+    with pytest.raises(ValueError, match="pure E5M2 training is not supported"):
+        fp8.DelayedScaling(fp8_format=fp8.Format.E5M2)
+    with pytest.raises(ValueError, match="amax_compute_algo"):
+        fp8.DelayedScaling(amax_compute_algo="mean")
+
+
+def test_te_recipe_objects_are_read_by_name(fp8):
+    class Format:  # TE's enum, by its members' names
+        HYBRID = type("Member", (), {"name": "HYBRID"})()
+
+    class DelayedScaling:  # TE's dataclass, its fields by name
+        margin, fp8_format, amax_history_len, amax_compute_algo = 1, Format.HYBRID, 16, "most_recent"
+
+    made = fp8.as_recipe(DelayedScaling())
+    assert isinstance(made, fp8.DelayedScaling) and (made.margin, made.amax_history_len) == (1, 16)
+    assert made.fp8_format is fp8.Format.HYBRID and made.amax_compute_algo == "most_recent"
+
+    class MXFP8BlockScaling:
+        pass
+
+    with pytest.raises(TypeError, match="MXFP8BlockScaling.*not supported"):
+        fp8.autocast(recipe=MXFP8BlockScaling())
+
+
+def test_fp8_autocast_is_deprecated(fp8):
+    with pytest.warns(DeprecationWarning, match="fp8_autocast is deprecated"):
+        context = fp8.fp8_autocast(fp8_recipe=fp8.Float8CurrentScaling())
+    with context:
+        assert fp8.active().recipe == fp8.Float8CurrentScaling()
+    assert fp8.active() is None
+
+
+def test_nested_autocast(fp8):
+    with fp8.autocast(recipe=fp8.DelayedScaling()) as outer:
+        with fp8.autocast(enabled=False):
+            assert fp8.active() is None
+        with fp8.autocast(recipe=fp8.Float8CurrentScaling()) as inner:
+            assert fp8.active() is inner and inner.step is outer.step
+        assert fp8.active() is outer
+
+
+# --- generated modules -----------------------------------------------------------------------------
+
+LINEAR = """import transformer_engine.pytorch as te
+
+linear = te.ops.Sequential(te.ops.Linear(64, 48))
+mlp = te.ops.Sequential(te.ops.RMSNorm(64), te.ops.Linear(64, 96, bias=False), te.ops.SwiGLU(),
+                        te.ops.Linear(48, 64))
+layer_mlp = te.Sequential(te.LayerNormMLP(64, 96, activation="swiglu", normalization="RMSNorm"))
+"""
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fp8")
+    with imported_package(folder, "spec.py", LINEAR, "fp8_pkg", fp8=("delayed", "current", "rowwise")) as pkg:
+        yield pkg
+
+
+def reference_current(t, dtype, fp8_max):
+    """t quantized with current scaling (TE: one scale from t's amax), float64."""
+    scale = te_current_scale(t.abs().max().item(), fp8_max)
+    return quantized(t, scale, dtype)
+
+
+def reference_rowwise(t, dtype=E4M3, fp8_max=448.0):
+    """t [rows, k] quantized with a power-of-2 scale per row (torchao's rowwise), float64."""
+    out = torch.empty(t.shape, dtype=torch.float64)
+    for i, row in enumerate(t):
+        scale = 2 ** math.floor(math.log2(f32(fp8_max / max(row.abs().max().item(), 1e-12))))
+        out[i] = quantized(row, scale, dtype)
+    return out
+
+
+def inputs(rows=24, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, 64, generator=generator) * 3, torch.randn(rows, 48, generator=generator))
+
+
+def close_to_float64(got, want, k):
+    """The emulated GEMM sums FP8 products in fp32: within k fp32 roundings of max |want|."""
+    assert torch.allclose(got.double(), want, rtol=0, atol=4 * k * 2 ** -24 * want.abs().max().item()), \
+        (got.double() - want).abs().max()
+
+
+@pytest.mark.parametrize("recipe", ["current", "rowwise"])
+def test_linear_computes_the_quantized_gemms(fp8, package, recipe):
+    """One Linear: y, dx, dW and db against the GEMMs of the recipe's quantized operands in float64
+    (the operands given exactly, so the FP8 values match bit for bit)."""
+    torch.manual_seed(1)
+    module = package.Linear()
+    x, dy = inputs()
+    x.requires_grad_(True)
+    made = {"current": package.Float8CurrentScaling(), "rowwise": package.Float8RowwiseScaling()}[recipe]
+    with package.autocast(recipe=made):
+        y = module(x)
+    y.backward(dy)
+    w, b = module._modules["0"].weight.detach(), module._modules["0"].bias.detach()
+    if recipe == "current":
+        qx, qw = reference_current(x.detach(), E4M3, 448.0), reference_current(w, E4M3, 448.0)
+        qdy = reference_current(dy, E5M2, 57344.0)  # HYBRID: the grads in E5M2
+        want_dx, want_dw = qdy @ qw, qdy.t() @ qx
+    else:  # each operand per row along its GEMM's reduction dim
+        qx, qw = reference_rowwise(x.detach()), reference_rowwise(w)
+        want_dx = reference_rowwise(dy) @ reference_rowwise(w.t().contiguous()).t()
+        want_dw = reference_rowwise(dy.t().contiguous()) @ reference_rowwise(x.detach().t().contiguous()).t()
+    close_to_float64(y.detach(), qx @ qw.t() + b.double(), 64)
+    close_to_float64(x.grad, want_dx, 48)
+    close_to_float64(module._modules["0"].weight.grad, want_dw, 24)
+    close_to_float64(module._modules["0"].bias.grad, dy.double().sum(0), 24)  # in high precision
+
+
+def test_linear_outside_autocast_is_high_precision(package):
+    module = package.Linear()
+    x, _ = inputs()
+    with package.autocast(enabled=False):
+        inside = module(x)
+    assert torch.equal(inside, module(x))
+    assert torch.allclose(module(x), x @ module._modules["0"].weight.t() + module._modules["0"].bias, atol=1e-5)
+
+
+def test_delayed_scaling_steps(fp8, package):
+    """Delayed scaling over three steps: each step casts with the scales of the steps before
+    (1 at first), records its amaxes in the history's first row, and the update after the
+    forward (the outermost autocast's exit) and after the backward follows TE's rule."""
+    module = package.Linear()
+    recipe = package.DelayedScaling(amax_history_len=3)
+    state = module._modules["0"].fp8
+    scales = {"forward": [1.0, 1.0], "backward": [1.0]}
+    rows = {"forward": [[0.0] * 3, [0.0] * 3], "backward": [[0.0] * 3]}
+    w = module._modules["0"].weight
+    for step in range(3):
+        x, dy = inputs(seed=step)
+        x = x * (step + 1)
+        x.requires_grad_(True)
+        with package.autocast(recipe=recipe):
+            y = module(x)
+            # the forward recorded x's and W's amaxes in row 0; scales not updated yet
+            history = state.modes["forward"][1]
+            assert history[0].tolist() == [f32(x.abs().max().item()), f32(w.abs().max().item())]
+        qx = quantized(x.detach(), scales["forward"][0], E4M3)
+        qw = quantized(w.detach(), scales["forward"][1], E4M3)
+        close_to_float64(y.detach(), qx @ qw.double().t() + module._modules["0"].bias.double(), 64)
+        for i, amax in enumerate((x.abs().max().item(), w.abs().max().item())):
+            rows["forward"][i] = [amax] + rows["forward"][i][1:]
+            rows["forward"][i], scales["forward"][i] = te_delayed_update(
+                rows["forward"][i], scales["forward"][i], amax, "max", 448.0, 0)
+        assert state.modes["forward"][0].tolist() == scales["forward"]
+        y.backward(dy)
+        qdy = quantized(dy, scales["backward"][0], E5M2)
+        close_to_float64(x.grad, qdy @ qw, 48)
+        amax = dy.abs().max().item()
+        rows["backward"][0] = [amax] + rows["backward"][0][1:]
+        rows["backward"][0], scales["backward"][0] = te_delayed_update(
+            rows["backward"][0], scales["backward"][0], amax, "max", 57344.0, 0)
+        assert state.modes["backward"][0].tolist() == scales["backward"]
+        assert state.modes["backward"][1][:, 0].tolist() == [f32(v) for v in rows["backward"][0]]
+        with torch.no_grad():
+            w.add_(0.01)  # an optimizer step: the weight is cast again next time
+
+
+def test_weight_cache(package):
+    """The FP8 weight is cast once while the parameter is unchanged (TE's weight cache), again
+    after an in-place update, and forget_fp8_weights drops it."""
+    module = package.Linear()
+    x, _ = inputs()
+    with package.autocast(recipe=package.Float8CurrentScaling()):
+        module(x)
+        first = module._modules["0"].fp8.weights[0]
+        module(x)
+        assert module._modules["0"].fp8.weights[0] is first
+        with torch.no_grad():
+            module._modules["0"].weight.mul_(2)
+        module(x)
+        assert module._modules["0"].fp8.weights[0] is not first
+        package.forget_fp8_weights(module)
+        assert module._modules["0"].fp8.weights == [None]
+
+
+def test_only_the_first_module_updates_the_backward_scales(package):
+    first, second = package.Linear(), package.Linear()
+    x, dy = inputs()
+    with package.autocast(recipe=package.DelayedScaling(amax_history_len=2)):
+        y = second(first(x[:, :64]) @ torch.ones(48, 64))
+    y.backward(torch.ones_like(y))
+    for module in (first, second):  # both updated by the first module's backward, the last to run
+        assert module._modules["0"].fp8.modes["backward"][0].item() != 1.0
+        assert module._modules["0"].fp8.modes["backward"][1][0].item() == 0.0
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
+@pytest.mark.parametrize("name", ["Mlp", "LayerMlp"])
+def test_mlps_against_the_quantized_reference(package, recipe, name):
+    """RMSNorm, Linear, SwiGLU, Linear (te.ops, and TE's LayerNormMLP, two GEMMs in one holder):
+    output and every grad within TE's FP8 tolerances of the same ops in float64 with each GEMM's
+    operands quantized as the recipe does; the first call of delayed scaling casts with scale 1."""
+    torch.manual_seed(2)
+    module = getattr(package, name)()
+    for parameter in module.parameters():
+        torch.nn.init.normal_(parameter, 0.5, 0.2)
+    x, _ = inputs(16, seed=3)
+    x.requires_grad_(True)
+    dy = torch.randn(16, 64)
+    made = {"current": package.Float8CurrentScaling(), "delayed": package.DelayedScaling(),
+            "rowwise": package.Float8RowwiseScaling()}[recipe]
+    with package.autocast(recipe=made):
+        y = module(x)
+    y.backward(dy)
+    params = [p.detach().double().requires_grad_(True) for p in module.parameters()]
+
+    def q(t, forward, reduction_last=True):
+        if recipe == "rowwise":
+            return reference_rowwise(t.detach().float()).to(t.device)
+        if recipe == "delayed":  # the first step: scale 1
+            return quantized(t.detach().float(), 1.0, E4M3 if forward else E5M2)
+        return reference_current(t.detach().float(), E4M3 if forward else E5M2, 448.0 if forward else 57344.0)
+
+    class QuantizedLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, w):
+            ctx.save_for_backward(a, w)
+            return q(a, True) @ q(w, True).t()
+
+        @staticmethod
+        def backward(ctx, g):
+            a, w = ctx.saved_tensors
+            if recipe == "rowwise":
+                return q(g, False) @ q(w.t().contiguous(), True).t(), \
+                    q(g.t().contiguous(), False) @ q(a.t().contiguous(), True).t()
+            return q(g, False) @ q(w, True), q(g, False).t() @ q(a, True)
+
+    xd = x.detach().double().requires_grad_(True)
+    if name == "Mlp":
+        norm_w, w1, w2, b2 = params
+        b1 = None
+    else:
+        norm_w, w1, b1, w2, b2 = params
+    h = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w
+    h = QuantizedLinear.apply(h, w1) + (b1 if b1 is not None else 0)
+    a, g = h.chunk(2, dim=-1)
+    want = QuantizedLinear.apply(torch.nn.functional.silu(a) * g, w2) + b2
+    want.backward(dy.double())
+    grads = FP8_TOLS[E5M2 if recipe != "rowwise" else E4M3]  # (row-wise: E4M3 grads, torchao's)
+    for got, ref, tols in [(y, want, FP8_TOLS[E4M3]), (x.grad, xd.grad, grads),
+                           *((p.grad, r.grad, grads) for p, r in zip(module.parameters(), params))]:
+        scale = ref.abs().max()  # relative to the largest value: grads are not O(1)
+        assert torch.allclose(got.double() / scale, ref.detach() / scale, **tols), (got.shape, (got - ref).abs().max())
+
+
+def test_extra_state_round_trip(package):
+    """Delayed scaling's state is in the state_dict as TE's _extra_state (te.ops: per mode; TE's
+    modules: one dict with num_gemms), and loads into a fresh module and a deepcopy."""
+    for name, key in (("Linear", "0._extra_state"), ("LayerMlp", "0._extra_state")):
+        module = getattr(package, name)()
+        x, _ = inputs()
+        with package.autocast(recipe=package.DelayedScaling(amax_history_len=4)):
+            y = module(x)
+        y.sum().backward()
+        state = module.state_dict()
+        assert state[key].dtype == torch.uint8 and state[key].numel() > 0
+        fresh = getattr(package, name)()
+        fresh.load_state_dict(state)
+        holder = fresh._modules["0"].fp8
+        for mode in ("forward", "backward"):
+            for got, want in zip(holder.modes[mode], module._modules["0"].fp8.modes[mode]):
+                assert torch.equal(got, want)
+        assert holder.recipe == package.DelayedScaling(amax_history_len=4)
+        assert torch.equal(copy.deepcopy(module)._modules["0"].fp8.modes["forward"][0],
+                           module._modules["0"].fp8.modes["forward"][0])
+    assert package.Linear().state_dict()["0._extra_state"].numel() == 0  # FP8 never ran: TE's empty tensor
+    # a checkpoint without it (saved before the pipeline was built for FP8) loads strictly
+    plain = {key: value for key, value in package.Linear().state_dict().items() if "_extra_state" not in key}
+    package.Linear().load_state_dict(plain)
+    bad = package.Linear().state_dict()
+    bad["0._extra_state"] = torch.tensor([1, 2, 3], dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="not TE's FP8 scaling state"):
+        package.Linear().load_state_dict(bad)
+
+
+def test_recipe_not_built_is_a_clear_error(tmp_path):
+    with imported_package(tmp_path, "spec.py", LINEAR, "fp8_current_only", fp8=("current",)) as pkg:
+        module = pkg.Linear()
+        with pkg.autocast(recipe=pkg.DelayedScaling()):
+            with pytest.raises(RuntimeError, match=r'generated for the FP8 recipes \[.current.\], not '
+                                                   r'DelayedScaling: add "delayed" to fp8 in \[tool.fusegen\]'):
+                module(torch.randn(4, 64))
+
+
+def test_calibrating_runs_high_precision_and_records(package):
+    module = package.Linear()
+    x, _ = inputs()
+    with package.autocast(enabled=False, calibrating=True, recipe=package.DelayedScaling()):
+        y = module(x)
+    assert torch.allclose(y, x @ module._modules["0"].weight.t() + module._modules["0"].bias, atol=1e-5)
+    # the forward update ran on the recorded amax: scale = 448 / amax(x)
+    want = f32(448.0 / f32(x.abs().max().item()))
+    assert module._modules["0"].fp8.modes["forward"][0][0].item() == want
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
+def test_linear_on_the_gpu_matches_the_emulation(package, recipe):
+    """torch._scaled_mm against the CPU emulation of the same FP8 values (bf16 out)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability 8.9")
+    made = {"current": package.Float8CurrentScaling(), "delayed": package.DelayedScaling(),
+            "rowwise": package.Float8RowwiseScaling()}[recipe]
+    cpu = package.Linear()
+    gpu = copy.deepcopy(cpu).cuda()
+    x, dy = inputs(40)
+    results = []
+    for module, device in ((cpu, "cpu"), (gpu, "cuda")):
+        xd = x.to(device).requires_grad_(True)
+        with package.autocast(recipe=made):
+            y = module(xd)
+        y.backward(dy.to(device))
+        results.append((y, xd.grad, module._modules["0"].weight.grad))
+    for got, want in zip(results[1], results[0]):
+        assert torch.allclose(got.cpu().double(), want.double(), rtol=1e-5, atol=1e-4 * want.abs().max().item())
