@@ -9,7 +9,7 @@ float64 math (``compute``) through the whole fused stage, one rounding at the en
 import torch
 
 from . import _reference as ref
-from ._runtime import Kernel, pointer, register_op
+from ._runtime import Kernel, fp8_reference_amax, fp8_reference_cast, pointer, register_op
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
 # a norm backward of at most this many row splits adds its parameter grads itself, in one
@@ -3001,6 +3001,104 @@ def dropout0p3_bwd_n256(dy, seed0):
     g, dt = ref.dropout_bwd(None, ref.draws(seed0, g), g, 0.30000001192092896, 1.4285714285714286)
     dx = g.to(dy.dtype)
     return dx
+
+
+_FP8_AMAX = Kernel("fp8_amax", "ppi")
+
+
+def fp8_amax(x):
+    """max |x| over x (FP8 current scaling's amax pass): an fp32 0-dim tensor."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_amax_9eefefa6(x)
+    if not x.is_cuda:
+        return fp8_reference_amax(x)
+    x = x.contiguous()
+    n = x.numel()
+    amax = torch.zeros((), device=x.device, dtype=torch.float32)
+    if n:
+        if n % 8 or n >= 2**31 or x.data_ptr() % 16:
+            return fp8_reference_amax(x)
+        blocks = min(-(-n // (256 * 8)), 4 * 132)  # a few waves: the rest loop
+        _FP8_AMAX.launch(
+            x.dtype, (blocks, 1, 1), (256, 1, 1), (x.data_ptr(), amax.data_ptr(), n),
+            x.get_device())
+    return amax
+
+
+_FP8_CAST_E4M3 = Kernel("fp8_cast_e4m3", "pppppppiiiii")
+
+
+def fp8_cast_e4m3(x, scale, amax, eps_bits, power_2, transpose, record):
+    """x [rows, cols] * scale cast to FP8 E4M3, saturating: the scale is ``scale`` (a 0-dim
+    fp32 tensor: delayed scaling's), or with ``amax`` given TE's scale from it (current scaling:
+    ``eps_bits``, the epsilon's float bits; ``power_2``). Returns the FP8 tensor, with
+    ``transpose`` its transpose [cols, rows rounded up to 16] (zeros past rows: a GEMM over the
+    rows reads them), the scale's inverse and, with ``record``, x's amax (else empty tensors)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_e4m3_be842ad3(
+            x, scale, amax, eps_bits, power_2, transpose, record)
+    rows, cols = x.shape
+    if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
+        return fp8_reference_cast(
+            x, scale, amax, eps_bits, power_2, transpose, record, torch.float8_e4m3fn)
+    x = x.contiguous()
+    y = torch.empty((rows, cols), device=x.device, dtype=torch.float8_e4m3fn)
+    t_cols = -(-rows // 16) * 16
+    y_t = y.new_empty(0)
+    if transpose:  # zeros past the rows, which a GEMM over them reads
+        y_t = (torch.zeros if t_cols != rows else torch.empty)(
+            (cols, t_cols), device=x.device, dtype=y.dtype)
+    scale_inv = torch.empty((), device=x.device, dtype=torch.float32)
+    amax_out = torch.zeros(
+        (), device=x.device, dtype=torch.float32) if record else scale_inv.new_empty(0)
+    if rows and cols:
+        grid = (-(-cols // 128), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
+        _FP8_CAST_E4M3.launch(
+            x.dtype, grid, (256, 1, 1),
+            (
+                x.data_ptr(), y.data_ptr(), (y_t.data_ptr() if transpose else 0), pointer(scale),
+                pointer(amax), scale_inv.data_ptr(), (amax_out.data_ptr() if record else 0), rows,
+                cols, t_cols, eps_bits, power_2),
+            x.get_device())
+    return y, y_t, scale_inv, amax_out
+
+
+_FP8_CAST_E5M2 = Kernel("fp8_cast_e5m2", "pppppppiiiii")
+
+
+def fp8_cast_e5m2(x, scale, amax, eps_bits, power_2, transpose, record):
+    """x [rows, cols] * scale cast to FP8 E5M2, saturating: the scale is ``scale`` (a 0-dim
+    fp32 tensor: delayed scaling's), or with ``amax`` given TE's scale from it (current scaling:
+    ``eps_bits``, the epsilon's float bits; ``power_2``). Returns the FP8 tensor, with
+    ``transpose`` its transpose [cols, rows rounded up to 16] (zeros past rows: a GEMM over the
+    rows reads them), the scale's inverse and, with ``record``, x's amax (else empty tensors)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_e5m2_74cc0320(
+            x, scale, amax, eps_bits, power_2, transpose, record)
+    rows, cols = x.shape
+    if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
+        return fp8_reference_cast(
+            x, scale, amax, eps_bits, power_2, transpose, record, torch.float8_e5m2)
+    x = x.contiguous()
+    y = torch.empty((rows, cols), device=x.device, dtype=torch.float8_e5m2)
+    t_cols = -(-rows // 16) * 16
+    y_t = y.new_empty(0)
+    if transpose:  # zeros past the rows, which a GEMM over them reads
+        y_t = (torch.zeros if t_cols != rows else torch.empty)(
+            (cols, t_cols), device=x.device, dtype=y.dtype)
+    scale_inv = torch.empty((), device=x.device, dtype=torch.float32)
+    amax_out = torch.zeros(
+        (), device=x.device, dtype=torch.float32) if record else scale_inv.new_empty(0)
+    if rows and cols:
+        grid = (-(-cols // 128), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
+        _FP8_CAST_E5M2.launch(
+            x.dtype, grid, (256, 1, 1),
+            (
+                x.data_ptr(), y.data_ptr(), (y_t.data_ptr() if transpose else 0), pointer(scale),
+                pointer(amax), scale_inv.data_ptr(), (amax_out.data_ptr() if record else 0), rows,
+                cols, t_cols, eps_bits, power_2),
+            x.get_device())
+    return y, y_t, scale_inv, amax_out
 
 
 _GELU_BWD_ANY = Kernel("gelu_bwd_any", "pppii")
@@ -6496,6 +6594,17 @@ register_op(
 register_op(
     "dropout0p3_bwd_n256_708f8ee3", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
     dropout0p3_bwd_n256)
+register_op("fp8_amax_9eefefa6", "(Tensor x) -> Tensor", fp8_amax, fp8_amax)
+register_op(
+    "fp8_cast_e4m3_be842ad3",
+    "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, int record) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+    fp8_cast_e4m3, fp8_cast_e4m3)
+register_op(
+    "fp8_cast_e5m2_74cc0320",
+    "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, int record) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+    fp8_cast_e5m2, fp8_cast_e5m2)
 register_op("gelu_bwd_any_5f3d006e", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
 register_op(
     "gelu_bwd_n256_041237f9", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)

@@ -123,27 +123,33 @@ def forward_stages_fp8(
     layernormmlp0_layer_norm_pre_linear, layernormmlp0_layer_norm_rstd = kernels.rmsnorm_fwd_h256(
         x, layernormmlp0_layer_norm_weight)
     # forward stage 1 · rule linear_bias · ops 0b, 0c: BasicLinear(256, 1024), Bias(1024)
-    layernormmlp0_fc1_pre_glu, layernormmlp0_fc1_x_scale, layernormmlp0_fc1_weight_fp8 = fp8.linear(
+    (
+        layernormmlp0_fc1_pre_glu, layernormmlp0_layer_norm_pre_linear_fp8_t,
+        layernormmlp0_fc1_weight_fp8
+    ) = fp8.linear(
         0, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias)
     # forward stage 2 · rule elementwise · op 0d: SwiGLU()
     layernormmlp0_activation_pre_linear = kernels.swiglu_fwd_n512(layernormmlp0_fc1_pre_glu)
     # forward stage 3 · rule linear_bias · ops 0e, 0f: BasicLinear(512, 256), Bias(256)
-    layernormmlp0_out, layernormmlp0_fc2_x_scale, layernormmlp0_fc2_weight_fp8 = fp8.linear(
+    (
+        layernormmlp0_out, layernormmlp0_activation_pre_linear_fp8_t,
+        layernormmlp0_fc2_weight_fp8
+    ) = fp8.linear(
         1, layernormmlp0_activation_pre_linear, layernormmlp0_fc2_weight, layernormmlp0_fc2_bias)
     return layernormmlp0_out, (
         x, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_pre_glu,
         layernormmlp0_activation_pre_linear, layernormmlp0_layer_norm_rstd, fp8,
-        layernormmlp0_fc1_weight_fp8, layernormmlp0_fc1_x_scale, layernormmlp0_fc2_weight_fp8,
-        layernormmlp0_fc2_x_scale, layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight,
-        layernormmlp0_fc2_weight)
+        layernormmlp0_fc1_weight_fp8, layernormmlp0_layer_norm_pre_linear_fp8_t,
+        layernormmlp0_fc2_weight_fp8, layernormmlp0_activation_pre_linear_fp8_t,
+        layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight, layernormmlp0_fc2_weight)
 
 
 def backward_stages_fp8(
         d_layernormmlp0_out, x, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_pre_glu,
         layernormmlp0_activation_pre_linear, layernormmlp0_layer_norm_rstd, fp8,
-        layernormmlp0_fc1_weight_fp8, layernormmlp0_fc1_x_scale, layernormmlp0_fc2_weight_fp8,
-        layernormmlp0_fc2_x_scale, layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight,
-        layernormmlp0_fc2_weight):
+        layernormmlp0_fc1_weight_fp8, layernormmlp0_layer_norm_pre_linear_fp8_t,
+        layernormmlp0_fc2_weight_fp8, layernormmlp0_activation_pre_linear_fp8_t,
+        layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight, layernormmlp0_fc2_weight):
     """The backward of `fp8_layernorm_mlp` under FP8 but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -177,7 +183,7 @@ class Fp8LayernormMlpFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(5, 6, 8))
+        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(5, 6, 7, 8, 9))
 
     @staticmethod
     @first_order_only("Fp8LayernormMlp")  # a double backward raises instead of being wrong
@@ -192,17 +198,18 @@ class Fp8LayernormMlpFp8Function(torch.autograd.Function):
         (
             x, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_pre_glu,
             layernormmlp0_activation_pre_linear, layernormmlp0_layer_norm_rstd, fp8,
-            layernormmlp0_fc1_weight_fp8, layernormmlp0_fc1_x_scale, layernormmlp0_fc2_weight_fp8,
-            layernormmlp0_fc2_x_scale, layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight,
+            layernormmlp0_fc1_weight_fp8, layernormmlp0_layer_norm_pre_linear_fp8_t,
+            layernormmlp0_fc2_weight_fp8, layernormmlp0_activation_pre_linear_fp8_t,
+            layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight,
             layernormmlp0_fc2_weight) = saved
         # backward stage 3 · rule linear_backward · op 0e: BasicLinear(512, 256) · weight grad
         d_layernormmlp0_fc2_weight = None if not ctx.needs_input_grad[5] else fp8.weight_grad(
             layernormmlp0_fc2_weight, d_layernormmlp0_out_fp8, layernormmlp0_activation_pre_linear,
-            layernormmlp0_fc2_x_scale)
+            layernormmlp0_activation_pre_linear_fp8_t)
         # backward stage 1 · rule linear_backward · op 0b: BasicLinear(256, 1024) · weight grad
         d_layernormmlp0_fc1_weight = None if not ctx.needs_input_grad[3] else fp8.weight_grad(
             layernormmlp0_fc1_weight, d_layernormmlp0_fc1_pre_bias_fp8,
-            layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_x_scale)
+            layernormmlp0_layer_norm_pre_linear, layernormmlp0_layer_norm_pre_linear_fp8_t)
         # delayed scaling: the first FP8 module of its autocast updates the grads' scales
         fp8.backward_done()
         backward_done(ctx)  # frees a replayed forward's graph (FP8 calls replay none)
@@ -449,7 +456,7 @@ class Fp8LayernormMlp(torch.nn.Module):
             layernormmlp0_fc2_weight, layernormmlp0_fc2_bias,
         )
         # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
-        fp8 = fp8_call(self, x, (self._modules["0"].fp8, 0), (self._modules["0"].fp8, 1))
+        fp8 = fp8_call(self, x, kernels, (self._modules["0"].fp8, 0), (self._modules["0"].fp8, 1))
         # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
         if fp8 is not None:
             if torch.is_grad_enabled():

@@ -105,23 +105,23 @@ def forward_stages_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
     # forward stage 1 · rule norm · op 0.0: RMSNorm(4096)
     rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm0_0_weight)
     # forward stage 2 · rule linear · op 0.1: BasicLinear(4096, 28672)
-    linear0_1_out, linear0_1_x_scale, linear0_1_weight_fp8 = fp8.linear(
+    linear0_1_out, rmsnorm0_0_out_fp8_t, linear0_1_weight_fp8 = fp8.linear(
         0, rmsnorm0_0_out, linear0_1_weight)
     # forward stage 3 · rule elementwise · op 0.2: SwiGLU()
     swiglu0_2_out = kernels.swiglu_fwd_n14336(linear0_1_out)
     # forward stage 4 · rule linear_scale_add · ops 0.3, 0b: BasicLinear(14336, 4096), Residual: x +
     # ops(x)
-    residual0_out, linear0_3_x_scale, linear0_3_weight_fp8 = fp8.linear(
+    residual0_out, swiglu0_2_out_fp8_t, linear0_3_weight_fp8 = fp8.linear(
         1, swiglu0_2_out, linear0_3_weight, add=residual0)
     return residual0_out, (
         x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
-        linear0_1_x_scale, linear0_3_weight_fp8, linear0_3_x_scale, rmsnorm0_0_weight,
+        rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t, rmsnorm0_0_weight,
         linear0_1_weight, linear0_3_weight)
 
 
 def backward_stages_fp8(
         d_residual0_out, x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8,
-        linear0_1_weight_fp8, linear0_1_x_scale, linear0_3_weight_fp8, linear0_3_x_scale,
+        linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
     """The backward of `llama_mlp` under FP8 but its weight-grad GEMMs.
 
@@ -150,7 +150,7 @@ class LlamaMlpFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(5, 6, 8))
+        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(5, 6, 7, 8, 9))
 
     @staticmethod
     @first_order_only("LlamaMlp")  # a double backward raises instead of being wrong
@@ -161,14 +161,14 @@ class LlamaMlpFp8Function(torch.autograd.Function):
         d_residual0_out_fp8, d_linear0_1_out_fp8 = operands
         (
             x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8,
-            linear0_1_weight_fp8, linear0_1_x_scale, linear0_3_weight_fp8, linear0_3_x_scale,
+            linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t,
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved
         # backward stage 3 · rule linear_backward · op 0.3: BasicLinear(14336, 4096) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[4] else fp8.weight_grad(
-            linear0_3_weight, d_residual0_out_fp8, swiglu0_2_out, linear0_3_x_scale)
+            linear0_3_weight, d_residual0_out_fp8, swiglu0_2_out, swiglu0_2_out_fp8_t)
         # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(4096, 28672) · weight grad
         d_linear0_1_weight = None if not ctx.needs_input_grad[3] else fp8.weight_grad(
-            linear0_1_weight, d_linear0_1_out_fp8, rmsnorm0_0_out, linear0_1_x_scale)
+            linear0_1_weight, d_linear0_1_out_fp8, rmsnorm0_0_out, rmsnorm0_0_out_fp8_t)
         # delayed scaling: the first FP8 module of its autocast updates the grads' scales
         fp8.backward_done()
         backward_done(ctx)  # frees a replayed forward's graph (FP8 calls replay none)
@@ -363,7 +363,7 @@ class LlamaMlp(torch.nn.Module):
         )
         # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
         fp8 = fp8_call(
-            self, x, (self._modules["0"]._modules["1"].fp8, 0),
+            self, x, kernels, (self._modules["0"]._modules["1"].fp8, 0),
             (self._modules["0"]._modules["3"].fp8, 0))
         # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
         if fp8 is not None:

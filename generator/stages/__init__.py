@@ -4,7 +4,8 @@ A rule (fusion_rules/) produces a stage of one of these; everything about runnin
 its home: which op chains it can run (checked when a rule is defined), what it saves for
 backward, the kernels it needs, and the calls over values it lowers the stage's forward and
 backward into (emit renders them). A kernel family has a folder (elementwise/, norm/,
-column_sum/, attention/ (the attention stage and its attention_prep kernels): its stage, its
+column_sum/, attention/ (the attention stage and its attention_prep kernels), quantize/ (the FP8
+casts a GEMM stage built for FP8 launches through the runtime): its stage, its
 KernelSpecs and tuning, its KernelFamily objects; templates/<family>/ mirrors it); the stages that
 launch no generated kernel (gemm, opaque, module, reshape) are one module each.
 """
@@ -15,11 +16,12 @@ from .base import Block, Emitter, StageImpl
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM
+from .quantize import QUANTIZE
 from .module import MODULE
 from .opaque import OPAQUE
 from .reshape import RESHAPE
 
-__all__ = ["ATTENTION", "ATTENTION_PREP", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ATTENTION", "ATTENTION_PREP", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "QUANTIZE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:

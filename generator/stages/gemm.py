@@ -22,6 +22,7 @@ from __future__ import annotations
 from ..calls import TorchCall
 from ..values import HOST_OBJECT, Role
 from .base import RowTraffic, Saves, StageImpl, fixed
+from .quantize import fp8_kernels
 
 FORMS = {
     "forward": {("linear",): "GEMM", ("linear", "bias"): "GEMM with the bias in its epilogue",
@@ -113,9 +114,12 @@ class GemmStage(StageImpl):
 
 
     # The FP8 emission (issue 40): the same forms through the runtime's Fp8Call, which casts each
-    # operand with the autocast recipe's scales and runs torch._scaled_mm (fp8.py). The forward
-    # returns x's scale and the FP8 weight beside y, which the backward reads: its weight grad casts
-    # x again with that scale (the forward's FP8 values), its dgrad reads that weight.
+    # operand with the autocast recipe's scales (the quantize family's kernels) and runs
+    # torch._scaled_mm (fp8.py). The forward returns x's FP8 transpose and the FP8 weight beside y,
+    # which the backward reads: its weight grad multiplies that transpose, its dgrad that weight.
+    def kernels(self, plan, stage, pass_):
+        return fp8_kernels() if plan.pipeline.fp8 else []
+
     def fp8_forward(self, em, stage, block):
         linear, bias, scale, add, relu, gelu = (stage.first(kind) for kind in (
             "linear", "bias", "scale", "add_extra_input", "relu", "gelu"))
@@ -135,16 +139,16 @@ class GemmStage(StageImpl):
         if not em.saving:  # the no-grad forward: y alone
             block.add(TorchCall("{y}, _, _ = " + call, reads, dict(y=stage.output)))
             return em.table[stage.output].name
-        x_scale = em.table.add(Role.STATISTIC, "float32", f"{linear.hint}_x_scale")
+        x_fp8 = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(stage.input)}_fp8_t")
         weight_fp8 = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(linear.param('weight'))}_fp8")
-        em.stats[linear.index] = [x_scale, weight_fp8]
-        block.add(TorchCall("{y}, {x_scale}, {w_fp8} = " + call, reads,
-                            dict(y=stage.output, x_scale=x_scale, w_fp8=weight_fp8)))
+        em.stats[linear.index] = [x_fp8, weight_fp8]
+        block.add(TorchCall("{y}, {x_fp8}, {w_fp8} = " + call, reads,
+                            dict(y=stage.output, x_fp8=x_fp8, w_fp8=weight_fp8)))
         return em.table[stage.output].name
 
     def fp8_backward(self, em, stage, block, dy, d_in):
         linear, meo, scale = stage.first("linear"), stage.first("make_extra_output"), stage.first("scale")
-        x_scale, weight_fp8 = em.stats[linear.index]
+        x_fp8, weight_fp8 = em.stats[linear.index]
         weight = linear.param("weight")
         # dy cast once for both GEMMs (a grad's own: the weight grad after the stages reads it)
         dy_fp8 = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(dy)}_fp8", grad_of=em.table[dy].grad_of)
@@ -158,8 +162,8 @@ class GemmStage(StageImpl):
             extra += ", add={d_extra}"
         block.add(TorchCall("{dx} = {fp8}.dgrad({dy_fp8}, {w_fp8}" + extra + ")", reads, dict(dx=d_in)))
         main_grad = ", main_grad=True" if linear.args["accumulate_into_main_grad"] else ""
-        wgrad = TorchCall("{fp8}.weight_grad({w}, {dy_fp8}, {x}, {x_scale}" + alpha + main_grad + ")",
-                          dict(fp8=em.fp8, w=weight, dy_fp8=dy_fp8, x=linear.input, x_scale=x_scale))
+        wgrad = TorchCall("{fp8}.weight_grad({w}, {dy_fp8}, {x}, {x_fp8}" + alpha + main_grad + ")",
+                          dict(fp8=em.fp8, w=weight, dy_fp8=dy_fp8, x=linear.input, x_fp8=x_fp8))
         block.weight_grad_calls.append((em.grad(weight), wgrad))
         return d_in
 

@@ -3,104 +3,16 @@ templates/runtime/, copied verbatim; do not edit).
 
 ``fp8_call`` gives a module called inside ``autocast`` its ``Fp8Call``, which the generated FP8
 stages call: each GEMM's operands cast to FP8 with the recipe's scales (delayed: the state's,
-recording the amaxes; current: each tensor's own; row-wise: each row's), the GEMM through
-``torch._scaled_mm`` (on CPU, or without FP8 hardware, the same FP8 values multiplied in fp32:
-the recipe emulated, so CPU tests check it), the FP8 weight kept until the parameter changes.
+recording the amaxes; current: each tensor's own; row-wise: each row's) by the package's quantize
+kernels, the GEMM through fp8_casts.scaled_mm, the FP8 weight kept until the parameter changes.
 """
+
+import struct
 
 import torch
 
-from .fp8_recipes import _EPS_ROWWISE, FLT_MAX, active, fp8_dtype, fp8_max, recipe_kind, update_states
-
-def cast(x, scale, dtype):
-    """``x * scale`` in fp32, converted to ``dtype`` saturating (TE's cast: __NV_SATFINITE; torch's
-    own conversion does not saturate, 1000 -> NaN in E4M3)."""
-    limit = torch.finfo(dtype).max
-    return (x.to(torch.float32) * scale).clamp_(-limit, limit).to(dtype)
-
-
-def current_scale(amax, max_value, epsilon=0.0, power_2=False):
-    """TE's compute_scale_from_amax (common/recipe/recipe_common.cuh): ``max / max(amax, epsilon)``;
-    1 where the amax is 0, inf or NaN; FLT_MAX where the division overflows; with ``power_2``, the
-    mantissa dropped (the scale floored to a power of 2)."""
-    amax = amax.to(torch.float32)
-    if epsilon > 0:
-        amax = torch.where(amax < epsilon, torch.full_like(amax, epsilon), amax)
-    scale = torch.tensor(max_value, dtype=torch.float32, device=amax.device) / amax
-    bad = (amax == 0) | torch.isinf(amax) | torch.isnan(amax)
-    scale = torch.where(bad, torch.ones_like(scale), scale)
-    scale = torch.where(torch.isinf(scale), torch.full_like(scale, FLT_MAX), scale)
-    if power_2:
-        scale = (scale.view(torch.int32) & -8388608).view(torch.float32)  # & 0xFF800000
-    return scale
-
-
-def rowwise_scale(amax, max_value):
-    """torchao's row-wise scale: ``max / max(amax, 1e-12)`` in fp64, rounded down to a power of 2."""
-    scale = (max_value / torch.clamp(amax.to(torch.float64), min=_EPS_ROWWISE)).to(torch.float32)
-    return torch.exp2(torch.floor(torch.log2(scale)))
-
-
-class _Quantized:
-    """An FP8 tensor: ``data`` [rows, k], one per element, and ``scale_inv``, a 0-dim tensor or one
-    per row [rows, 1]; its value is ``data * scale_inv``."""
-
-    __slots__ = ("data", "scale_inv")
-
-    def __init__(self, data, scale_inv):
-        self.data, self.scale_inv = data, scale_inv
-
-
-class _QuantizedWeight:
-    """A weight [N, K] cast for the forward (``rows``: row-major [N, K]) and for the dgrad
-    (``columns``: its transpose [K, N]), in ``dtype`` before the cast, as of ``key`` (the
-    parameter's address and _version counter, and the recipe): TE's weight cache, reused until
-    the parameter changes."""
-
-    __slots__ = ("rows", "columns", "dtype", "key")
-
-    def __init__(self, rows, columns, dtype, key):
-        self.rows, self.columns, self.dtype, self.key = rows, columns, dtype, key
-
-
-def scaled_mm(a, b, out_dtype, bias=None, fast_accum=False):
-    """``(a.data * a.scale_inv) (b.data * b.scale_inv)^T``: a [M, K], b [N, K] (row-major FP8), plus
-    ``bias``, in ``out_dtype``. ``torch._scaled_mm`` on GPUs with FP8 (compute capability 8.9 on)
-    where K and N are multiples of 16; elsewhere the same FP8 values multiplied in fp32."""
-    n, k = b.data.shape
-    scale_b = b.scale_inv if b.scale_inv.dim() == 0 else b.scale_inv.reshape(1, n)
-    if a.data.is_cuda and k % 16 == 0 and n % 16 == 0 and _fp8_gemms(a.data.device):
-        # _scaled_mm takes a bias in a 16-bit output's dtype only
-        fused_bias = bias is not None and out_dtype != torch.float32 and bias.dtype == out_dtype
-        out = torch._scaled_mm(a.data, b.data.t(), a.scale_inv, scale_b, bias=bias if fused_bias else None,
-                               out_dtype=out_dtype, use_fast_accum=fast_accum)
-        return out if bias is None or fused_bias else out.add_(bias)
-    out = (a.data.to(torch.float32) @ b.data.to(torch.float32).t()) * (a.scale_inv * scale_b)
-    if bias is not None:
-        out = out + bias.to(torch.float32)
-    return out.to(out_dtype)
-
-
-_FP8_DEVICES = {}
-
-
-def _fp8_gemms(device):
-    """Whether the GPU multiplies FP8 (compute capability 8.9 on), asked once per device."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _FP8_DEVICES:
-        _FP8_DEVICES[index] = torch.cuda.get_device_capability(index) >= (8, 9)
-    return _FP8_DEVICES[index]
-
-
-def _padded_mm(a, b, out_dtype):
-    """scaled_mm over the step's rows (the weight grad's reduction dim), zero-padded to a multiple
-    of 16 on the GPU where it is not (zeros add nothing), as _scaled_mm needs."""
-    m = a.data.shape[1]
-    if m % 16 and a.data.is_cuda:
-        pad = 16 - m % 16
-        a = _Quantized(torch.cat([a.data, a.data.new_zeros(a.data.shape[0], pad)], 1), a.scale_inv)
-        b = _Quantized(torch.cat([b.data, b.data.new_zeros(b.data.shape[0], pad)], 1), b.scale_inv)
-    return scaled_mm(a, b, out_dtype)
+from .fp8_casts import _padded_mm, _Quantized, _QuantizedWeight, cast, rowwise_scale, scaled_mm
+from .fp8_recipes import active, fp8_dtype, fp8_max, recipe_kind, update_states
 
 
 def _epilogue(y, alpha, bias, add, activation, bias_added):
@@ -141,14 +53,18 @@ def add_into_main_grad(weight, dw):
 # --- what generated FP8 stages call -----------------------------------------------------------------
 
 class Fp8Call:
-    """One module call under ``autocast``: its recipe, and each GEMM's state and index in it, in
-    the plan's order. The generated FP8 stages call ``linear`` in the forward, ``grad_output``,
-    ``dgrad`` and ``weight_grad`` in the backward, and the Function ``backward_done`` last."""
+    """One module call under ``autocast``: its recipe, each GEMM's state and index in it (in the
+    plan's order) and the package's quantize launchers (``casts``: _kernels' fp8_amax and
+    fp8_cast_e4m3 / _e5m2). The generated FP8 stages call ``linear`` in the forward,
+    ``grad_output``, ``dgrad`` and ``weight_grad`` in the backward, and the Function
+    ``backward_done`` last."""
 
-    def __init__(self, frame, gemms, device, training):
+    def __init__(self, frame, gemms, casts, device, training):
         self.recipe, self.calibrating = frame.recipe, not frame.enabled
         self.kind = recipe_kind(self.recipe)
-        self.gemms, self.step, self.first = gemms, frame.step, False
+        self.gemms, self.casts, self.training = gemms, casts, training
+        self.step, self.first = frame.step, False
+        self.eps_bits = struct.unpack("<i", struct.pack("<f", getattr(self.recipe, "amax_epsilon", 0.0)))[0]
         if self.kind == "delayed":
             for state in dict.fromkeys(state for state, _ in gemms):
                 state.prepare(self.recipe, device)
@@ -159,28 +75,32 @@ class Fp8Call:
             self.step.first_taken = self.first = True
 
     def _record(self, x, gemm, mode, which):
-        """Delayed scaling: x's amax into its slot of the history's first row (max with what the
-        step recorded there already)."""
+        """Delayed scaling (calibrating): x's amax into its slot of the history's first row."""
         state, index = self.gemms[gemm]
         history = state.modes[mode][1]
         slot = state.slot(mode, index, which)
-        history[0, slot] = torch.maximum(history[0, slot], x.abs().amax().to(torch.float32))
+        history[0, slot] = torch.maximum(history[0, slot], self.casts.fp8_amax(x))
 
-    def _tensorwise(self, x, gemm, mode, which):
-        """x cast with one scale, the state's (delayed: x's amax recorded) or x's own (current).
-        Returns the FP8 tensor and the scale (a tensor of its own: the backward casts with it)."""
+    def _tensorwise(self, x, gemm, mode, which, transpose):
+        """x cast with one scale, the state's (delayed: x's amax recorded in its slot, in the same
+        pass) or x's own (current: an amax pass first), and with ``transpose`` its transpose
+        (TE's cast-transpose). Returns the _Quantized x and its transpose (or None)."""
         forward = mode == "forward"
+        cast = self.casts.fp8_cast_e4m3 if fp8_dtype(self.recipe, forward) == torch.float8_e4m3fn \
+            else self.casts.fp8_cast_e5m2
         if self.kind == "delayed":
             state, index = self.gemms[gemm]
-            scale = state.modes[mode][0][state.slot(mode, index, which)].clone()
-            self._record(x, gemm, mode, which)
+            scales, history = state.modes[mode]
+            slot = state.slot(mode, index, which)
+            y, y_t, scale_inv, amax = cast(x, scales[slot], None, 0, 0, int(transpose), 1)
+            history[0, slot] = torch.maximum(history[0, slot], amax)
         else:
-            scale = current_scale(x.abs().amax(), fp8_max(self.recipe, forward), self.recipe.amax_epsilon,
-                                  self.recipe.use_power_2_scales)
-        return _Quantized(cast(x, scale, fp8_dtype(self.recipe, forward)), torch.reciprocal(scale)), scale
+            y, y_t, scale_inv, _ = cast(x, None, self.casts.fp8_amax(x), self.eps_bits,
+                                        int(self.recipe.use_power_2_scales), int(transpose), 0)
+        return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
     def _rowwise(self, x, forward):
-        """x [rows, k] cast with a scale per row (the row-wise recipe)."""
+        """x [rows, k] cast with a scale per row (the row-wise recipe; torch's ops, no kernel yet)."""
         scale = rowwise_scale(x.abs().amax(dim=1, keepdim=True), fp8_max(self.recipe, forward))
         return _Quantized(cast(x, scale, fp8_dtype(self.recipe, forward)), torch.reciprocal(scale))
 
@@ -196,41 +116,39 @@ class Fp8Call:
         if self.kind == "rowwise":
             rows, columns = self._rowwise(w, True), self._rowwise(w.t().contiguous(), True)
         else:
-            rows, _ = self._tensorwise(w, gemm, "forward", 1)
-            columns = _Quantized(rows.data.t().contiguous(), rows.scale_inv)
+            rows, columns = self._tensorwise(w, gemm, "forward", 1, transpose=True)
         state.weights[index] = cached = _QuantizedWeight(rows, columns, weight.dtype, key)
         return cached
 
     def linear(self, gemm, x, weight, bias=None, alpha=1.0, add=None, activation=None):
         """The forward GEMM number ``gemm``: ``activation(alpha (x W^T + bias) + add)`` with x and W
-        cast to FP8. Returns y, x's scale (the weight grad casts x with it again: the forward's
-        FP8 values; None row-wise) and the FP8 weight (the dgrad's)."""
+        cast to FP8. Returns y, x's FP8 transpose (the weight grad's operand, cast with x in one
+        pass; None without grad, and row-wise, whose weight grad casts x per column) and the FP8
+        weight (the dgrad's)."""
         if self.calibrating:  # high precision, the amaxes recorded
             if self.kind == "delayed":
                 self._record(x, gemm, "forward", 0)
                 self._record(weight, gemm, "forward", 1)
-            y = x.mm(weight.t())
-            return _epilogue(y, alpha, bias, add, activation, False), None, weight
+            return _epilogue(x.mm(weight.t()), alpha, bias, add, activation, False), None, weight
         w = self._weight(gemm, weight)
         if self.kind == "rowwise":
-            xq, x_scale = self._rowwise(x, True), None
+            xq, x_t = self._rowwise(x, True), None
         else:
-            xq, x_scale = self._tensorwise(x, gemm, "forward", 0)
+            xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training)
         fused_bias = bias if alpha == 1.0 else None
         y = scaled_mm(xq, w.rows, x.dtype, fused_bias, fast_accum=True)  # TE: fprop with fast accumulation
-        return _epilogue(y, alpha, bias, add, activation, fused_bias is not None), x_scale, w
+        return _epilogue(y, alpha, bias, add, activation, fused_bias is not None), x_t, w
 
     def grad_output(self, gemm, dy):
-        """dy cast for the GEMM's dgrad and weight grad (E5M2 under HYBRID): tensorwise one cast,
-        its transpose the weight grad's; row-wise per row of dy and per column."""
+        """dy cast for the GEMM's dgrad and weight grad (E5M2 under HYBRID): tensorwise one
+        cast-transpose; row-wise per row of dy and per column."""
         if self.calibrating:
             if self.kind == "delayed":
                 self._record(dy, gemm, "backward", 0)
             return dy, dy
         if self.kind == "rowwise":
             return self._rowwise(dy, False), self._rowwise(dy.t().contiguous(), False)
-        rows, _ = self._tensorwise(dy, gemm, "backward", 0)
-        return rows, _Quantized(rows.data.t().contiguous(), rows.scale_inv)
+        return self._tensorwise(dy, gemm, "backward", 0, transpose=True)
 
     def dgrad(self, dy, weight, alpha=1.0, add=None):
         """dx = alpha dy W (+ add): ``dy`` from grad_output, ``weight`` the forward's FP8 weight."""
@@ -243,21 +161,18 @@ class Fp8Call:
             dx.mul_(alpha)
         return dx if add is None else dx.add_(add)
 
-    def weight_grad(self, weight, dy, x, x_scale, alpha=1.0, main_grad=False):
-        """dW = alpha dy^T x: ``dy`` from grad_output, x cast as the forward cast it (its scale
-        ``x_scale``; row-wise, per column); added into ``weight.main_grad`` where ``main_grad``
+    def weight_grad(self, weight, dy, x, x_t, alpha=1.0, main_grad=False):
+        """dW = alpha dy^T x: ``dy`` from grad_output, ``x_t`` x's FP8 transpose from the forward
+        (row-wise: x cast per column here); added into ``weight.main_grad`` where ``main_grad``
         (TE's accumulate_into_main_grad)."""
         _, columns = dy
         out_dtype = torch.float32 if main_grad else weight.dtype
         if self.calibrating:
             dw = columns.t().mm(x).to(out_dtype)
-        else:
-            if self.kind == "rowwise":
-                xt = self._rowwise(x.t().contiguous(), True)
-            else:
-                xt = _Quantized(cast(x.t().contiguous(), x_scale, fp8_dtype(self.recipe, True)),
-                                torch.reciprocal(x_scale))
-            dw = _padded_mm(columns, xt, out_dtype)
+        elif self.kind == "rowwise":
+            dw = _padded_mm(columns, self._rowwise(x.t().contiguous(), True), out_dtype)
+        else:  # both transposes zero-padded alike to a multiple of 16 rows of the step
+            dw = scaled_mm(columns, x_t, out_dtype)
         if alpha != 1.0:
             dw.mul_(alpha)
         return add_into_main_grad(weight, dw) if main_grad else dw
@@ -269,10 +184,11 @@ class Fp8Call:
             update_states(self.step.backward.values())
 
 
-def fp8_call(module, x, *gemms):
+def fp8_call(module, x, casts, *gemms):
     """The Fp8Call of a call of ``module`` (on ``x``) inside an autocast that quantizes or
-    calibrates, else None (the module runs in high precision). ``gemms``: (Fp8State, the GEMM's
-    index in it) per GEMM, in the plan's order."""
+    calibrates, else None (the module runs in high precision). ``casts``: the package's quantize
+    launchers (its _kernels); ``gemms``: (Fp8State, the GEMM's index in it) per GEMM, in the plan's
+    order."""
     if torch.compiler.is_compiling():  # (the FP8 stages are no compiled op yet: high precision there)
         return None
     frame = active()
@@ -284,4 +200,4 @@ def fp8_call(module, x, *gemms):
             f"{type(module).__name__} was generated for the FP8 recipes {list(module.fp8_recipes)}, not "
             f"{type(frame.recipe).__name__}: add \"{kind}\" to fp8 in [tool.fusegen] (or its pipeline's table) "
             "and generate again")
-    return Fp8Call(frame, gemms, x.device, torch.is_grad_enabled())
+    return Fp8Call(frame, gemms, casts, x.device, torch.is_grad_enabled())

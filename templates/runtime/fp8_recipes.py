@@ -272,8 +272,9 @@ def delayed_update(history, scale, amax, recipe, max_value):
         window, new_history = amax, zero[None]
     chosen = torch.where(rolled, amax if recipe.amax_compute_algo == "most_recent" else window, zero)
     history.copy_(torch.where(rolled, new_history, history))
-    scaled_max = torch.tensor(max_value, dtype=torch.float32) * torch.tensor(2.0 ** -recipe.margin, dtype=torch.float32)
-    new = scaled_max.to(chosen.device) / chosen
+    # fp8_max * 2**-margin in fp32, as TE's host computes it; a full tensor, no host-to-device copy
+    scaled_max = float(torch.tensor(max_value, dtype=torch.float32) * torch.tensor(2.0**-recipe.margin))
+    new = torch.full_like(chosen, scaled_max) / chosen
     new = torch.where(torch.isfinite(chosen) & (chosen > 0), new, scale)
     scale.copy_(torch.where(torch.isinf(new), torch.full_like(new, FLT_MAX), new))
 

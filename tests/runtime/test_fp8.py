@@ -23,10 +23,10 @@ FP8_TOLS = {E4M3: dict(rtol=0.125, atol=0.0675), E5M2: dict(rtol=0.25, atol=0.12
 
 @pytest.fixture(scope="module")
 def fp8(package):
-    """The runtime's FP8 modules (fp8_recipes, fp8_state, fp8) as a generated package holds them,
+    """The runtime's FP8 modules (fp8_recipes, fp8_state, fp8_casts, fp8) as a generated package holds them,
     their names in one namespace."""
     names = {}
-    for module in ("fp8_recipes", "fp8_state", "fp8"):
+    for module in ("fp8_recipes", "fp8_state", "fp8_casts", "fp8"):
         names.update(vars(importlib.import_module(f"{package.__name__}._runtime.{module}")))
     return types.SimpleNamespace(**names)
 
@@ -447,23 +447,106 @@ def test_calibrating_runs_high_precision_and_records(package):
     assert module._modules["0"].fp8.modes["forward"][0][0].item() == want
 
 
+def _needs_fp8_gpu():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need a GPU of compute capability 8.9 or later")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_quantize_kernels_match_their_reference(fp8, dtype):
+    """The quantize family's kernels (fp8_amax, fp8_cast_e4m3, fp8_cast_e5m2) against the runtime's
+    reference of the same math, bit for bit: amax over one block and many, with a NaN; casts with a
+    given scale (delayed) and from an amax (current: epsilon, power of 2), saturating, transposed
+    with rows that are no multiple of 16 or 32 and columns no multiple of 128, recording the amax."""
+    _needs_fp8_gpu()
+    import generated
+
+    kernels = generated._kernels
+    generator = torch.Generator().manual_seed(9)
+    for shape in ((8, 16), (77, 200), (1024, 4096), (33, 1032)):
+        x = (torch.randn(shape, generator=generator) * 50).to(dtype)
+        x[shape[0] // 2, 3] = 700.0  # beyond E4M3's 448 at scale 1: saturates
+        gpu = x.cuda()
+        assert torch.equal(kernels.fp8_amax(gpu).cpu(), fp8.fp8_reference_amax(x)), shape
+        for cast, fp8_dtype in ((kernels.fp8_cast_e4m3, E4M3), (kernels.fp8_cast_e5m2, E5M2)):
+            eps = struct.unpack("<i", struct.pack("<f", 2.5))[0]
+            for scale, amax, eps_bits, power_2 in ((torch.tensor(1.0), None, 0, 0), (torch.tensor(0.37), None, 0, 0),
+                                                   (None, fp8.fp8_reference_amax(x), 0, 0),
+                                                   (None, torch.tensor(1.5), eps, 1)):
+                for transpose in (0, 1):
+                    want = fp8.fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, 1, fp8_dtype)
+                    got = cast(gpu, None if scale is None else scale.cuda(), None if amax is None else amax.cuda(),
+                               eps_bits, power_2, transpose, 1)
+                    for g, w in zip(got, want):
+                        g = g.cpu()
+                        assert g.dtype == w.dtype and g.shape == w.shape, (shape, g.shape, w.shape)
+                        as_bits = (lambda t: t.view(torch.uint8)) if w.dtype in (E4M3, E5M2) else (lambda t: t)
+                        assert torch.equal(as_bits(g), as_bits(w)), (shape, fp8_dtype, scale, amax, transpose)
+    nan = torch.ones(4096, 8, dtype=dtype)
+    nan[1000, 5] = float("nan")
+    assert kernels.fp8_amax(nan.cuda()).isnan().item()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("a_dtype, b_dtype", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)])
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_scaled_mm_on_the_gpu(fp8, a_dtype, b_dtype, rowwise):
+    """torch._scaled_mm of FP8 operands and their scales against the float64 product of the same
+    FP8 values: within the FP8 tensor cores' accumulation (Hopper's adds in fewer bits than fp32:
+    2**-10 of the sum of |products|), in fp32, bf16 (one more rounding) and with a bias."""
+    _needs_fp8_gpu()
+    generator = torch.Generator().manual_seed(5)
+    a = (torch.randn(40, 256, generator=generator) * 3).to(a_dtype).cuda()
+    b = (torch.randn(96, 256, generator=generator) * 3).to(b_dtype).cuda()
+    if rowwise:
+        sa, sb = torch.rand(40, 1, generator=generator).cuda() + 0.5, torch.rand(96, 1, generator=generator).cuda() + 0.5
+    else:
+        sa, sb = torch.tensor(0.75).cuda(), torch.tensor(1.5).cuda()
+    bias = torch.randn(96, generator=generator).cuda()
+    exact = (a.double() * sa.double()) @ (b.double() * (sb.double() if not rowwise else sb.double())).t()
+    bound = (a.double().abs() * sa.double()) @ (b.double().abs() * sb.double()).t()
+    for out_dtype, rounding in ((torch.float32, 0.0), (torch.bfloat16, 2.0 ** -8)):
+        got = fp8.scaled_mm(fp8._Quantized(a, sa), fp8._Quantized(b, sb), out_dtype, bias.to(out_dtype))
+        want = exact + bias.to(out_dtype).double()
+        err = (got.double() - want).abs()
+        assert (err <= 2.0 ** -10 * bound + rounding * want.abs() + 1e-6).all(), err.max()
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
-def test_linear_on_the_gpu_matches_the_emulation(package, recipe):
-    """torch._scaled_mm against the CPU emulation of the same FP8 values (bf16 out)."""
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 GEMMs need compute capability 8.9")
-    made = {"current": package.Float8CurrentScaling(), "delayed": package.DelayedScaling(),
-            "rowwise": package.Float8RowwiseScaling()}[recipe]
-    cpu = package.Linear()
+def test_generated_mlp_on_the_gpu_matches_its_emulation(recipe):
+    """generated.Fp8LayernormMlp (TE's LayerNormMLP: RMSNorm, two GEMMs, SwiGLU) in bf16 under each
+    recipe on the GPU (its kernels, torch._scaled_mm) against the same module on the CPU (the
+    reference math, the FP8 GEMMs emulated): output, x's grad and every parameter's, within TE's FP8
+    tolerances of the largest value, over two steps (delayed scaling's second casts with the
+    scales the first's updates made, which both compute alike)."""
+    _needs_fp8_gpu()
+    import generated
+
+    made = {"current": generated.Float8CurrentScaling(), "delayed": generated.DelayedScaling(),
+            "rowwise": generated.Float8RowwiseScaling()}[recipe]
+    torch.manual_seed(6)
+    cpu = generated.Fp8LayernormMlp(dtype=torch.bfloat16)
+    for parameter in cpu.parameters():
+        torch.nn.init.normal_(parameter, 0.3, 0.2)
     gpu = copy.deepcopy(cpu).cuda()
-    x, dy = inputs(40)
-    results = []
-    for module, device in ((cpu, "cpu"), (gpu, "cuda")):
-        xd = x.to(device).requires_grad_(True)
-        with package.autocast(recipe=made):
-            y = module(xd)
-        y.backward(dy.to(device))
-        results.append((y, xd.grad, module._modules["0"].weight.grad))
-    for got, want in zip(results[1], results[0]):
-        assert torch.allclose(got.cpu().double(), want.double(), rtol=1e-5, atol=1e-4 * want.abs().max().item())
+    for step in range(2):
+        x = torch.randn(48, 256, dtype=torch.bfloat16) * 2
+        dy = torch.randn(48, 256, dtype=torch.bfloat16)
+        results = []
+        for module, device in ((cpu, "cpu"), (gpu, "cuda")):
+            xd = x.to(device).requires_grad_(True) if device == "cuda" else x.clone().requires_grad_(True)
+            with generated.autocast(recipe=made):
+                y = module(xd)
+            y.backward(dy.to(device))
+            results.append([y, xd.grad, *(p.grad for p in module.parameters())])
+            module.zero_grad()
+        for got, want in zip(results[1], results[0]):
+            scale = want.double().abs().max()
+            assert torch.allclose(got.cpu().double() / scale, want.double() / scale, **FP8_TOLS[E5M2]), step
+        if recipe == "delayed":
+            for a, b in zip(cpu.modules(), gpu.modules()):
+                if isinstance(a.__dict__.get("fp8"), type(gpu._modules["0"].fp8)):
+                    torch.testing.assert_close(b.fp8.modes["forward"][0].cpu(), a.fp8.modes["forward"][0],
+                                               rtol=2e-2, atol=0)

@@ -1,0 +1,130 @@
+"""FP8 casts and GEMMs as TE makes them (part of a fusegen output's runtime: templates/runtime/,
+copied verbatim; do not edit): the cast (saturating), TE's current scale, torchao's row-wise one,
+the quantize kernels' CPU path (fp8_reference_amax, fp8_reference_cast), an FP8 tensor and a cached
+FP8 weight, and ``scaled_mm``: torch._scaled_mm on GPUs with FP8, elsewhere the same FP8 values
+multiplied in fp32 (the recipe emulated, so CPU tests check it).
+"""
+
+import struct
+
+import torch
+
+from .fp8_recipes import _EPS_ROWWISE, FLT_MAX
+
+
+def cast(x, scale, dtype):
+    """``x * scale`` in fp32, converted to ``dtype`` saturating (TE's cast: __NV_SATFINITE; torch's
+    own conversion does not saturate, 1000 -> NaN in E4M3)."""
+    limit = torch.finfo(dtype).max
+    return (x.to(torch.float32) * scale).clamp_(-limit, limit).to(dtype)
+
+
+def current_scale(amax, max_value, epsilon=0.0, power_2=False):
+    """TE's compute_scale_from_amax (common/recipe/recipe_common.cuh): ``max / max(amax, epsilon)``;
+    1 where the amax is 0, inf or NaN; FLT_MAX where the division overflows; with ``power_2``, the
+    mantissa dropped (the scale floored to a power of 2)."""
+    amax = amax.to(torch.float32)
+    if epsilon > 0:
+        amax = torch.where(amax < epsilon, torch.full_like(amax, epsilon), amax)
+    scale = torch.full_like(amax, max_value) / amax  # (no host-to-device copy)
+    bad = (amax == 0) | torch.isinf(amax) | torch.isnan(amax)
+    scale = torch.where(bad, torch.ones_like(scale), scale)
+    scale = torch.where(torch.isinf(scale), torch.full_like(scale, FLT_MAX), scale)
+    if power_2:
+        scale = (scale.view(torch.int32) & -8388608).view(torch.float32)  # & 0xFF800000
+    return scale
+
+
+def rowwise_scale(amax, max_value):
+    """torchao's row-wise scale: ``max / max(amax, 1e-12)`` in fp64, rounded down to a power of 2.
+    """
+    scale = (max_value / torch.clamp(amax.to(torch.float64), min=_EPS_ROWWISE)).to(torch.float32)
+    return torch.exp2(torch.floor(torch.log2(scale)))
+
+
+def fp8_reference_amax(x):
+    """max |x| as a 0-dim fp32 tensor (a NaN wins): the quantize family's fp8_amax off the GPU."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return x.detach().abs().amax().to(torch.float32)
+
+
+def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, record, dtype):
+    """The quantize family's fp8_cast_* off the GPU (CPU, meta): the same results (templates/
+    quantize/quantize.py.j2 documents them) from torch's ops."""
+    x = x.detach()
+    if amax is not None:
+        epsilon = struct.unpack("<f", struct.pack("<i", eps_bits))[0]
+        scale = current_scale(amax, torch.finfo(dtype).max, epsilon, bool(power_2))
+    y = cast(x, scale, dtype)
+    rows, cols = x.shape
+    y_t = y.new_empty(0)
+    if transpose:
+        y_t = torch.zeros((cols, -(-rows // 16) * 16), dtype=torch.uint8, device=x.device).view(
+            dtype)
+        y_t[:, :rows] = y.t()
+    amax_out = fp8_reference_amax(x) if record else y.new_empty(0, dtype=torch.float32)
+    return y, y_t, torch.reciprocal(
+        torch.as_tensor(scale, dtype=torch.float32, device=x.device)), amax_out
+
+
+class _Quantized:
+    """An FP8 tensor: ``data`` [rows, k], one per element, and ``scale_inv``, a 0-dim tensor or one
+    per row [rows, 1]; its value is ``data * scale_inv``."""
+
+    __slots__ = ("data", "scale_inv")
+
+    def __init__(self, data, scale_inv):
+        self.data, self.scale_inv = data, scale_inv
+
+
+class _QuantizedWeight:
+    """A weight [N, K] cast for the forward (``rows``: row-major [N, K]) and for the dgrad
+    (``columns``: its transpose [K, N]), in ``dtype`` before the cast, as of ``key`` (the
+    parameter's address and _version counter, and the recipe): TE's weight cache, reused until
+    the parameter changes."""
+
+    __slots__ = ("rows", "columns", "dtype", "key")
+
+    def __init__(self, rows, columns, dtype, key):
+        self.rows, self.columns, self.dtype, self.key = rows, columns, dtype, key
+
+
+def scaled_mm(a, b, out_dtype, bias=None, fast_accum=False):
+    """``(a.data * a.scale_inv) (b.data * b.scale_inv)^T``: a [M, K], b [N, K] (row-major FP8), plus
+    ``bias``, in ``out_dtype``. ``torch._scaled_mm`` on GPUs with FP8 (compute capability 8.9 on)
+    where K and N are multiples of 16; elsewhere the same FP8 values multiplied in fp32."""
+    n, k = b.data.shape
+    scale_b = b.scale_inv if b.scale_inv.dim() == 0 else b.scale_inv.reshape(1, n)
+    if a.data.is_cuda and k % 16 == 0 and n % 16 == 0 and _fp8_gemms(a.data.device):
+        # _scaled_mm takes a bias in a 16-bit output's dtype only
+        fused_bias = bias is not None and out_dtype != torch.float32 and bias.dtype == out_dtype
+        out = torch._scaled_mm(a.data, b.data.t(), a.scale_inv, scale_b, bias=bias if fused_bias else None,
+                               out_dtype=out_dtype, use_fast_accum=fast_accum)
+        return out if bias is None or fused_bias else out.add_(bias)
+    out = (a.data.to(torch.float32) @ b.data.to(torch.float32).t()) * (a.scale_inv * scale_b)
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(out_dtype)
+
+
+_FP8_DEVICES = {}
+
+
+def _fp8_gemms(device):
+    """Whether the GPU multiplies FP8 (compute capability 8.9 on), asked once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _FP8_DEVICES:
+        _FP8_DEVICES[index] = torch.cuda.get_device_capability(index) >= (8, 9)
+    return _FP8_DEVICES[index]
+
+
+def _padded_mm(a, b, out_dtype):
+    """scaled_mm over the step's rows (the weight grad's reduction dim), zero-padded to a multiple
+    of 16 on the GPU where it is not (zeros add nothing), as _scaled_mm needs."""
+    m = a.data.shape[1]
+    if m % 16 and a.data.is_cuda:
+        pad = 16 - m % 16
+        a = _Quantized(torch.cat([a.data, a.data.new_zeros(a.data.shape[0], pad)], 1), a.scale_inv)
+        b = _Quantized(torch.cat([b.data, b.data.new_zeros(b.data.shape[0], pad)], 1), b.scale_inv)
+    return scaled_mm(a, b, out_dtype)

@@ -1,0 +1,63 @@
+"""The quantize family's specs and its KernelFamily: templates/quantize/ (its .cu.j2 and
+launchers) and templates/cuda/quantize.cuh (its math). Its kernels take any size at run time (one
+kernel a format serves every GEMM operand of every pipeline), so their names carry no width."""
+
+from __future__ import annotations
+
+from ...kernels import KernelFamily, KernelParam, KernelSpec, kernel_name, make_spec, register_family
+
+# the FP8 formats: (kernel name part, CUDA type, largest value, torch dtype)
+FORMATS = {"e4m3": ("__nv_fp8_e4m3", 448, "float8_e4m3fn"), "e5m2": ("__nv_fp8_e5m2", 57344, "float8_e5m2")}
+AMAX_THREADS = 256
+
+
+def fp8_amax() -> KernelSpec:
+    """max |x| of a whole tensor (current scaling's first pass), into a float."""
+    P = KernelParam
+    return make_spec(kernel_name("fp8_amax", ""), "quantize", "max |x| over a tensor (FP8 current scaling's amax)",
+                     abi=(P("x", "const T*"), P("amax", "float*"), P("n", "int")), returned=("amax",),
+                     headers=("quantize.cuh",), kind="amax", align=8)
+
+
+def fp8_cast(fmt: str) -> KernelSpec:
+    """x [rows, cols] cast to FP8 ``fmt`` with a scale (given, or from a finished amax pass),
+    optionally its transpose too, the scale's inverse and x's amax."""
+    P = KernelParam
+    ctype, largest, _ = FORMATS[fmt]
+    return make_spec(kernel_name("fp8_cast", fmt), "quantize",
+                     f"x * scale to FP8 {fmt.upper()} saturating (and its transpose, the inverse scale, the amax)",
+                     abi=(P("x", "const T*"), P("y", "unsigned char*"), P("y_t", "unsigned char*"),
+                          P("scale", "const float*"), P("amax", "const float*"), P("scale_inv", "float*"),
+                          P("amax_out", "float*"), P("rows", "int"), P("cols", "int"), P("t_cols", "int"),
+                          P("eps_bits", "int"), P("power_2", "int")),
+                     returned=("y", "y_t", "scale_inv", "amax_out"), headers=("quantize.cuh",), kind="cast",
+                     fmt=fmt, fp8_type=ctype, fp8_max=largest, torch_dtype=FORMATS[fmt][2], align=8)
+
+
+def fp8_kernels() -> list[KernelSpec]:
+    """What a pipeline built for FP8 launches around its GEMMs: the amax pass and a cast a format."""
+    return [fp8_amax(), *(fp8_cast(fmt) for fmt in FORMATS)]
+
+
+class Quantize(KernelFamily):
+    name = "quantize"
+    template = "quantize/quantize.cu.j2"
+    launcher_template = "quantize/quantize.py.j2"
+    head_position = 50
+    module_constants = {"amax_threads": AMAX_THREADS}
+
+    def template_context(self, spec, dtype, itemsize):
+        return {"amax_threads": AMAX_THREADS}
+
+    def launcher_io(self, spec):
+        if spec.ctx["kind"] == "amax":
+            return dict(args=["x"], outputs=1)
+        return dict(args=["x", "scale", "amax", "eps_bits", "power_2", "transpose", "record"], outputs=4,
+                    random=["scale", "amax"],
+                    types={"eps_bits": "int", "power_2": "int", "transpose": "int", "record": "int"})
+
+    def runtime_names(self, spec):
+        return ("fp8_reference_amax",) if spec.ctx["kind"] == "amax" else ("fp8_reference_cast",)
+
+
+QUANTIZE = register_family(Quantize())
