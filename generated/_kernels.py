@@ -3052,7 +3052,7 @@ def fp8_cast_e4m3(x, scale, amax, eps_bits, power_2, transpose, record):
     amax_out = torch.zeros(
         (), device=x.device, dtype=torch.float32) if record else scale_inv.new_empty(0)
     if rows and cols:
-        grid = (-(-cols // 128), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
+        grid = (-(-cols // 256), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
         _FP8_CAST_E4M3.launch(
             x.dtype, grid, (256, 1, 1),
             (
@@ -3090,7 +3090,7 @@ def fp8_cast_e5m2(x, scale, amax, eps_bits, power_2, transpose, record):
     amax_out = torch.zeros(
         (), device=x.device, dtype=torch.float32) if record else scale_inv.new_empty(0)
     if rows and cols:
-        grid = (-(-cols // 128), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
+        grid = (-(-cols // 256), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
         _FP8_CAST_E5M2.launch(
             x.dtype, grid, (256, 1, 1),
             (

@@ -10,6 +10,15 @@
 #include <cuda_fp8.h>
 #include "common.cuh"
 
+// cuda_fp8.hpp converts with one cvt.rn.satfinite instruction per pair from sm_89 on and in
+// software below (it tests __CUDA_ARCH__): this test of the arch makes fusegen compile these
+// kernels for each arch by itself (toolchain/nvrtc.py TESTS_ARCH), so sm_90's binary is not
+// assembled from sm_80's PTX: on the H100 a bf16 [16384, 28672] cast took 1053 us from sm_80's
+// PTX, 465 us (3.0 TB/s, a copy's speed) compiled for sm_90; with its transpose 1104 -> 756 us.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define FG_FP8_CONVERSION_INSTRUCTIONS 1
+#endif
+
 namespace fg {
 
 // Maxima of |x| are kept as the bits of fabsf(x), an int: non-negative floats order as their
@@ -68,49 +77,52 @@ __device__ __forceinline__ float scale_from_amax(float amax, float epsilon, int 
   return scale;
 }
 
-// One tile of QR rows x QC columns per block of QT threads: each thread casts 8 consecutive
-// elements of a row (a 16-byte load at 16 bits), writing 8 FP8 bytes; with y_t, the tile goes
-// through shared memory and out transposed, each thread writing 16 bytes of a column. Rows past
-// ``rows`` are skipped (y_t's columns past them stay as the launcher made them: zeros where the
-// weight grad pads its reduction to a multiple of 16).
-constexpr int QR = 32, QC = 128, QT = 256;
+// One tile of QR rows x QC columns per block of QT threads, a warp per 4 consecutive rows: lane
+// l casts 8 consecutive columns (8l..8l+7) of each, loaded as one 16-byte vector a row at 16 bits
+// (two at 32), so a warp's load is 512 contiguous bytes of a row and its store of 8 FP8 bytes a
+// lane 256. For the transpose, each column's 4 bytes (the warp's 4 rows) make one 32-bit word of
+// a shared [column][row / 4] array (padded by a word: the stores conflict 8-way, far below what
+// the memory traffic leaves the SM), and each column goes out as QR bytes, 16 a thread. Rows
+// past ``rows`` are skipped (y_t's columns past them stay as the launcher made them: zeros where
+// the weight grad pads its reduction to a multiple of 16).
+constexpr int QR = 32, QC = 256, QT = 256;
 
 template <typename T, typename F8, int FP8_MAX>
 __device__ __forceinline__ void cast_tile(
     const T* __restrict__ x, unsigned char* __restrict__ y, unsigned char* __restrict__ y_t,
     const float* __restrict__ scale_in, const float* __restrict__ amax_in, float* __restrict__ scale_inv,
     float* __restrict__ amax_out, int rows, int cols, int t_cols, int eps_bits, int power_2) {
-  constexpr int E = 8, PER_ROW = QC / E, ROWS_PER_PASS = QT / PER_ROW;
-  __shared__ __align__(16) unsigned char tile[QC][QR + 16];  // [column][row], padded
+  constexpr int E = 8, WORDS = QR / 4 + 1;
+  static_assert(QT / 32 * 4 == QR && 32 * E == QC, "a warp per 4 rows, 8 columns a lane");
+  __shared__ unsigned int tile[QC * WORDS];  // [column][row / 4], 4 rows' bytes a word
   const float scale = amax_in != nullptr ? scale_from_amax<FP8_MAX>(*amax_in, __int_as_float(eps_bits), power_2)
                                          : *scale_in;
   if (scale_inv != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
-  const int row0 = blockIdx.y * QR, col0 = blockIdx.x * QC;
-  const int c = (threadIdx.x % PER_ROW) * E;
+  const int warp = threadIdx.x / 32, c = (threadIdx.x % 32) * E;
+  const int row0 = blockIdx.y * QR + 4 * warp, col = blockIdx.x * QC + c;
   int m = 0;
+  unsigned int words[E] = {};  // column k's 4 bytes, row row0 + j in byte j
+  if (col < cols) {
 #pragma unroll
-  for (int pass = 0; pass < QR / ROWS_PER_PASS; ++pass) {
-    const int r = pass * ROWS_PER_PASS + threadIdx.x / PER_ROW;
-    const int row = row0 + r, col = col0 + c;
-    if (row < rows && col < cols) {
-      const long long at = static_cast<long long>(row) * cols + col;
-      float f[E];
-      if constexpr (sizeof(T) == 4) {
-        to_floats(load_raw<T, 4>(x + at), *reinterpret_cast<float(*)[4]>(f));
-        to_floats(load_raw<T, 4>(x + at + 4), *reinterpret_cast<float(*)[4]>(f + 4));
-      } else {
-        to_floats(load_raw<T, E>(x + at), f);
-      }
-      Vec<unsigned char, E> out;
+    for (int j = 0; j < 4; ++j) {
+      const int row = row0 + j;
+      if (row < rows) {
+        const long long at = static_cast<long long>(row) * cols + col;
+        float f[E];
+        if constexpr (sizeof(T) == 4) {
+          to_floats(load_raw<T, 4>(x + at), *reinterpret_cast<float(*)[4]>(f));
+          to_floats(load_raw<T, 4>(x + at + 4), *reinterpret_cast<float(*)[4]>(f + 4));
+        } else {
+          to_floats(load_raw<T, E>(x + at), f);
+        }
+        Vec<unsigned char, E> out;
 #pragma unroll
-      for (int k = 0; k < E; ++k) {
-        m = max(m, abs_bits(f[k]));
-        out.v[k] = F8(f[k] * scale).__x;  // fp32 product, saturating conversion
-      }
-      *reinterpret_cast<Vec<unsigned char, E>*>(y + at) = out;
-      if (y_t != nullptr) {
-#pragma unroll
-        for (int k = 0; k < E; ++k) tile[c + k][r] = out.v[k];
+        for (int k = 0; k < E; ++k) {
+          m = max(m, abs_bits(f[k]));
+          out.v[k] = F8(f[k] * scale).__x;  // the fp32 product, converted saturating
+          words[k] |= static_cast<unsigned int>(out.v[k]) << (8 * j);
+        }
+        *reinterpret_cast<Vec<unsigned char, E>*>(y + at) = out;
       }
     }
   }
@@ -119,18 +131,26 @@ __device__ __forceinline__ void cast_tile(
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax_out), m);
   }
   if (y_t == nullptr) return;
+#pragma unroll
+  for (int k = 0; k < E; ++k) tile[(c + k) * WORDS + warp] = words[k];
   __syncthreads();
-  // the transpose: QC columns of QR bytes, two threads a column, 16 bytes each
-  const int column = threadIdx.x / 2, half = (threadIdx.x % 2) * 16;
-  const int col = col0 + column;
-  if (col >= cols) return;
-  const int row = row0 + half;
-  const Vec<unsigned char, 16> bytes = *reinterpret_cast<const Vec<unsigned char, 16>*>(&tile[column][half]);
-  unsigned char* out = y_t + static_cast<long long>(col) * t_cols + row;
-  if (row + 16 <= rows) {
-    *reinterpret_cast<Vec<unsigned char, 16>*>(out) = bytes;
-  } else {
-    for (int k = 0; k < 16 && row + k < rows; ++k) out[k] = bytes.v[k];
+  // the transpose: QC columns of QR bytes, 16 bytes (4 words) a thread
+#pragma unroll
+  for (int pass = 0; pass < QC * QR / 16 / QT; ++pass) {
+    const int item = pass * QT + threadIdx.x;
+    const int column = item / (QR / 16), part = item % (QR / 16);
+    const int out_col = blockIdx.x * QC + column, row = blockIdx.y * QR + part * 16;
+    if (out_col >= cols || row >= rows) continue;
+    Vec<unsigned int, 4> four;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) four.v[w] = tile[column * WORDS + part * 4 + w];
+    unsigned char* out = y_t + static_cast<long long>(out_col) * t_cols + row;
+    if (row + 16 <= rows) {
+      *reinterpret_cast<Vec<unsigned int, 4>*>(out) = four;
+    } else {
+      const unsigned char* bytes = reinterpret_cast<const unsigned char*>(four.v);
+      for (int k = 0; k < 16 && row + k < rows; ++k) out[k] = bytes[k];
+    }
   }
 }
 
