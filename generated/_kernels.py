@@ -9,7 +9,9 @@ float64 math (``compute``) through the whole fused stage, one rounding at the en
 import torch
 
 from . import _reference as ref
-from ._runtime import Kernel, fp8_reference_amax, fp8_reference_cast, pointer, register_op
+from ._runtime import (
+    Kernel, fp8_reference_amax, fp8_reference_cast, fp8_reference_delayed_update, pointer,
+    register_op)
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
 # a norm backward of at most this many row splits adds its parameter grads itself, in one
@@ -3099,6 +3101,30 @@ def fp8_cast_e5m2(x, scale, amax, eps_bits, power_2, transpose, record):
                 cols, t_cols, eps_bits, power_2),
             x.get_device())
     return y, y_t, scale_inv, amax_out
+
+
+_FP8_DELAYED_UPDATE = Kernel("fp8_delayed_update", "pppiiii")
+
+
+def fp8_delayed_update(history, scale, amax, most_recent, scaled_max_bits):
+    """Delayed scaling's update of ``history`` [length, n] and ``scale`` [n] in place (fp32, TE's
+    fused kernel): ``amax`` [n], the step's reduced amax, or None (the history's first row);
+    ``most_recent``: the recipe's amax_compute_algo; ``scaled_max_bits``: fp8_max * 2**-margin's
+    fp32 bits. Returns them."""
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and history.device.type != "meta":
+        return torch.ops.fusegen.fp8_delayed_update_86ab0c5b(
+            history, scale, amax, most_recent, scaled_max_bits)
+    if not history.is_cuda:
+        return fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_bits)
+    length, n = history.shape
+    _FP8_DELAYED_UPDATE.launch(
+        torch.float32, (1, 1, 1), (128, 1, 1),
+        (
+            history.data_ptr(), scale.data_ptr(), pointer(amax), length, n, most_recent,
+            scaled_max_bits),
+        history.get_device())
+    return history, scale
 
 
 _GELU_BWD_ANY = Kernel("gelu_bwd_any", "pppii")
@@ -6605,6 +6631,11 @@ register_op(
     "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, int record) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     fp8_cast_e5m2, fp8_cast_e5m2)
+register_op(
+    "fp8_delayed_update_86ab0c5b",
+    "(Tensor history, Tensor scale, Tensor? amax, int most_recent, int scaled_max_bits) -> "
+    "(Tensor, Tensor)",
+    fp8_delayed_update, fp8_delayed_update)
 register_op("gelu_bwd_any_5f3d006e", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_any, gelu_bwd_any)
 register_op(
     "gelu_bwd_n256_041237f9", "(Tensor dy, Tensor x) -> Tensor", gelu_bwd_n256, gelu_bwd_n256)

@@ -308,6 +308,8 @@ class LlamaMlp(torch.nn.Module):
     extra_output_features = ()
     # what the package's autocast may run it under ([tool.fusegen] fp8)
     fp8_recipes = ('delayed', 'current', 'rowwise')
+    # fewer rows run in high precision inside autocast ([tool.fusegen] fp8_min_rows; 0: always FP8)
+    fp8_min_rows = 1024
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
@@ -363,7 +365,7 @@ class LlamaMlp(torch.nn.Module):
         )
         # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
         fp8 = fp8_call(
-            self, x, kernels, (self._modules["0"]._modules["1"].fp8, 0),
+            self, args[0], kernels, (self._modules["0"]._modules["1"].fp8, 0),
             (self._modules["0"]._modules["3"].fp8, 0))
         # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
         if fp8 is not None:

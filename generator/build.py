@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Sequence
 
 from . import emit, ops, plugins, stages
 from . import kernels as kn
-from .config import Config
+from .config import Config, Fp8Build
 from .errors import SpecError, UsageError
 from .frontend import SequentialSpec, parse_spec_file
 from .names import NameTable
@@ -74,7 +74,7 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
                                 f"(TE's rule); pipeline '{pipeline.name}' is built for FP8 ([tool.fusegen] fp8): give "
                                 "it sizes that are multiples of 16, or fp8 = [] in its "
                                 f"[tool.fusegen.pipelines.{pipeline.name}] table", op.location)
-    return dataclasses.replace(pipeline, fp8=recipes)
+    return dataclasses.replace(pipeline, fp8=Fp8Build(recipes, config.fp8_min_rows))
 
 
 def check_features(config: Config, plans: list[Plan]) -> None:

@@ -37,6 +37,8 @@ SCHEMA = {
     "plugins": (list, "modules that register ops and fusion rules", '["mypkg.fusegen_ext"]'),
     "pipelines": (dict, "per-pipeline settings", "{ mlp = { features = [4096, 8192] } }"),
     "fp8": (list, "FP8 recipes the modules with GEMMs run under the package's autocast", '["delayed", "current"]'),
+    "fp8_min_rows": (int, "rows from which FP8 modules run FP8 GEMMs (fewer: high precision, 0: always FP8)",
+                     "1024"),
 }
 # [tool.fusegen.pipelines.<name>] keys -> (what the value is, example)
 PIPELINE_SCHEMA = {
@@ -44,7 +46,21 @@ PIPELINE_SCHEMA = {
     "fp8": ("FP8 recipes this pipeline runs under autocast, instead of [tool.fusegen] fp8 ([] for none)",
             '["current"]'),
 }
-FP8_RECIPES = ("delayed", "current", "rowwise")  # the runtime's fp8.RECIPES
+FP8_RECIPES = ("delayed", "current", "rowwise")  # the runtime's fp8_recipes.RECIPES
+# Below this many rows a module built for FP8 runs its high-precision path inside autocast (its
+# CUDA graphs): on the H100 the Llama MLP block's FP8 training step lost to bf16's at 128 tokens
+# (1.11 against 0.76 ms, current scaling) and won from 1,024 on (1.53 against 1.70 ms):
+# bench/results/fp8_h100.md. 0 keeps TE's behaviour: FP8 at any size.
+FP8_MIN_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Fp8Build:
+    """What a pipeline built for FP8 is built with: its recipes and the rows from which it runs
+    FP8 GEMMs (``pipeline.Pipeline.fp8``)."""
+
+    recipes: tuple[str, ...]
+    min_rows: int
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -61,6 +77,7 @@ class Config:
     features: tuple[tuple[str, tuple[int, ...]], ...] = ()
     fp8: tuple[str, ...] = ()  # the FP8 recipes of every pipeline with a GEMM
     pipeline_fp8: tuple[tuple[str, tuple[str, ...]], ...] = ()  # pipeline name -> its own recipes
+    fp8_min_rows: int = FP8_MIN_ROWS
     specs_named_on_command_line: bool = False  # a subset of the project's specs, maybe
 
 
@@ -97,11 +114,11 @@ def fusegen_table(path: Path) -> dict:
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(SCHEMA)}"
             raise UsageError(f"{where} has an unknown key '{key}'; {hint}")
         kind, what, example = SCHEMA[key]
-        if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
-            expected = {list: "a list of strings", str: "a string", dict: "a table"}[kind]
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)) or (kind is list and not all(isinstance(v, str) for v in value)):
+            expected = {list: "a list of strings", str: "a string", dict: "a table", int: "an integer"}[kind]
             raise UsageError(f"{where} {key} must be {expected} ({what}), e.g. {key} = {example}; "
                              f"got {value!r}")
-        if not value:
+        if not value and kind is not int:
             raise UsageError(f"{where} {key} is empty; give {what}, e.g. {key} = {example}")
     return table
 
@@ -247,4 +264,5 @@ def load_config(cli_specs: list[str], config: str | None, out: str | None, archs
     return Config(specs, out_path, tuple(dict.fromkeys(arch_list)), tuple(dict.fromkeys(dtype_list)),
                   root=root.resolve(), source=pyproject, plugins=tuple(dict.fromkeys(plugins)), features=features,
                   fp8=fp8, pipeline_fp8=pipeline_fp8(table.get("pipelines", {})),
+                  fp8_min_rows=table.get("fp8_min_rows", FP8_MIN_ROWS),
                   specs_named_on_command_line=bool(cli_specs))

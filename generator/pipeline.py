@@ -133,7 +133,7 @@ class Pipeline:
     # for fusegen's own call forms; "sbhd" makes the module run batch-major rows inside (pipeline.py.j2)
     sequence_format: str | None = None
     rotary_table: int | None = None  # TE's forward(rotary_pos_emb=...), float32 [max_s, d] ([0, d]: None)
-    fp8: tuple[str, ...] = ()  # the FP8 recipes it is built for ([tool.fusegen] fp8: build.with_fp8)
+    fp8: object = None  # config.Fp8Build: its FP8 recipes and rows ([tool.fusegen] fp8: build.with_fp8)
 
     def value(self, id: int) -> Value:
         return self.values[id]

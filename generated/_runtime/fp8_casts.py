@@ -68,6 +68,30 @@ def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, record, dty
         torch.as_tensor(scale, dtype=torch.float32, device=x.device)), amax_out
 
 
+def fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_bits):
+    """The quantize family's fp8_delayed_update off the GPU, in place (quantize.cuh:
+    delayed_update_slots, TE's fused kernel): the step's amax is ``amax`` where given and not 0,
+    else the history's first row; where it is not 0 the history rolls up a row, its first zeroed
+    and the amax last; the amax to scale from is the max of the old window but its first row and
+    the step's (a NaN drops out, as fmaxf drops it) or, ``most_recent``, the step's; the scale
+    max / amax where that is finite and positive, else kept, FLT_MAX where it overflows."""
+    last = history[0].clone()
+    if amax is not None:
+        last = torch.where(amax != 0, amax.to(torch.float32), last)
+    rolled = last != 0
+    zero = torch.zeros_like(last)
+    window = torch.cat([history[1:], last[None]]).nan_to_num(nan=0.0, posinf=float("inf")).amax(0)
+    new_history = torch.cat([zero[None], history[2:], last[None]]) if history.shape[
+        0] > 1 else zero[None]
+    chosen = last if most_recent else torch.where(rolled, window, zero)
+    history.copy_(torch.where(rolled, new_history, history))
+    scaled_max = torch.tensor(scaled_max_bits, dtype=torch.int32).view(torch.float32).item()
+    new = torch.where(
+        torch.isfinite(chosen) & (chosen > 0), torch.full_like(chosen, scaled_max) / chosen, scale)
+    scale.copy_(torch.where(torch.isinf(new), torch.full_like(new, FLT_MAX), new))
+    return history, scale
+
+
 class _Quantized:
     """An FP8 tensor: ``data`` [rows, k], one per element, and ``scale_inv``, a 0-dim tensor or one
     per row [rows, 1]; its value is ``data * scale_inv``."""

@@ -288,7 +288,7 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
                        if pass_ == "inference"}
     no_grad = forward_blocks(Emitter(plan, no_grad_kernels, saving=False, fp8=True), plan.inference, "no-grad")
     gemms = fp8_gemms(p)
-    return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8), gemms=gemms,
+    return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows, gemms=gemms,
                 arguments=", ".join(f"({holder}.fp8, {index})" for holder, index, _, _ in gemms))
 
 

@@ -154,4 +154,32 @@ __device__ __forceinline__ void cast_tile(
   }
 }
 
+// Delayed scaling's update after a step for one state's n slots (TE's fused kernel, kernel_bulk of
+// common/recipe/delayed_scaling.cu, one thread a slot): the step's amax is the reduced one where
+// given and not 0, else the history's first row; where it is not 0 the history [len, n] rolls
+// up by a row, its first zeroed and the amax last; the amax to scale from is the max over the old
+// window but its first row and the step's (fmaxf: a NaN drops out) or, most_recent, the step's;
+// the scale max * 2^-margin / amax where that is finite and positive, else kept, FLT_MAX where it
+// overflows.
+__device__ __forceinline__ void delayed_update_slots(float* __restrict__ history, float* __restrict__ scale,
+                                                     const float* __restrict__ amax, int length, int n,
+                                                     int most_recent, float scaled_max) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float last = (amax != nullptr && amax[i] != 0.0f) ? amax[i] : history[i];
+    float chosen = 0.0f;
+    if (last != 0.0f) {
+      for (int k = 0; k < length; ++k) {
+        const float a = k < length - 1 ? history[(k + 1) * n + i] : last;
+        chosen = fmaxf(chosen, a);
+        history[k * n + i] = k > 0 ? a : 0.0f;
+      }
+    }
+    if (most_recent) chosen = last;
+    float updated = scale[i];
+    if (isfinite(chosen) && chosen > 0.0f) updated = __fdiv_rn(scaled_max, chosen);
+    if (isinf(updated)) updated = 3.402823466e38f;
+    scale[i] = updated;
+  }
+}
+
 }  // namespace fg

@@ -69,8 +69,8 @@ class Fp8Call:
             for state in dict.fromkeys(state for state, _ in gemms):
                 state.prepare(self.recipe, device)
                 if training:
-                    self.step.forward.setdefault(id(state), (state, "forward", self.recipe, frame.group))
-                    self.step.backward.setdefault(id(state), (state, "backward", self.recipe, frame.group))
+                    self.step.forward.setdefault(id(state), (state, "forward", self.recipe, frame.group, casts))
+                    self.step.backward.setdefault(id(state), (state, "backward", self.recipe, frame.group, casts))
         if training and not self.step.first_taken:  # TE's is_first_fp8_module: it updates the backward slots
             self.step.first_taken = self.first = True
 
@@ -185,14 +185,15 @@ class Fp8Call:
 
 
 def fp8_call(module, x, casts, *gemms):
-    """The Fp8Call of a call of ``module`` (on ``x``) inside an autocast that quantizes or
-    calibrates, else None (the module runs in high precision). ``casts``: the package's quantize
-    launchers (its _kernels); ``gemms``: (Fp8State, the GEMM's index in it) per GEMM, in the plan's
-    order."""
+    """The Fp8Call of a call of ``module`` on ``x`` (its [rows, features] input) inside an autocast
+    that quantizes or calibrates, else None: the module runs in high precision, as it does on
+    fewer than ``module.fp8_min_rows`` rows (where FP8 GEMMs do not pay; delayed scaling then
+    records no amax). ``casts``: the package's quantize launchers (its _kernels); ``gemms``:
+    (Fp8State, the GEMM's index in it) per GEMM, in the plan's order."""
     if torch.compiler.is_compiling():  # (the FP8 stages are no compiled op yet: high precision there)
         return None
     frame = active()
-    if frame is None:
+    if frame is None or x.shape[0] < module.fp8_min_rows:
         return None
     kind = recipe_kind(frame.recipe)
     if kind not in module.fp8_recipes:

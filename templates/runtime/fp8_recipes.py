@@ -9,7 +9,7 @@ fusegen output's runtime: templates/runtime/, copied verbatim; do not edit).
 - ``autocast`` (TE's ``te.autocast``; ``fp8_autocast`` its deprecated spelling): the modules built
   for FP8 called inside it run their GEMMs in FP8 under its recipe, outside it in high precision;
 - ``update_states``: delayed scaling's update after a step (TE's reduce_and_update_fp8_tensors),
-  ``delayed_update`` its fused kernel's math.
+  ``delayed_update`` one state's (the quantize family's fp8_delayed_update, or TE's unfused path).
 
 The rules and the TE sources they come from: docs/fp8_te_semantics.md in fusegen's repository.
 """
@@ -211,24 +211,25 @@ def active():
 
 def update_states(entries):
     """Delayed scaling's update after a step (TE's reduce_and_update_fp8_tensors): each group's
-    amaxes (slot 0 of the histories) reduced with max over its process group where the recipe
+    amaxes (the histories' first rows) reduced with max over its process group where the recipe
     says so, then each state's scales and histories updated (``entries``: (state, mode, recipe,
-    group))."""
+    group, the package's quantize launchers))."""
     entries = list(entries)
     if not entries:
         return
     by_group = {}
-    for state, mode, recipe, group in entries:
-        by_group.setdefault(id(group), (group, []))[1].append((state, mode, recipe))
+    for state, mode, recipe, group, casts in entries:
+        by_group.setdefault(id(group), (group, []))[1].append((state, mode, recipe, casts))
     for group, members in by_group.values():
-        amaxes = [state.modes[mode][1][0] for state, mode, _ in members]
-        if any(recipe.reduce_amax for _, _, recipe in members) and _distributed(group):
-            joined = torch.cat(amaxes)
+        amaxes = [None] * len(members)  # None: the history's first row, as it is
+        if any(recipe.reduce_amax for _, _, recipe, _ in members) and _distributed(group):
+            rows = [state.modes[mode][1][0] for state, mode, _, _ in members]
+            joined = torch.cat(rows)
             torch.distributed.all_reduce(joined, op=torch.distributed.ReduceOp.MAX, group=group)
-            amaxes = list(joined.split([a.numel() for a in amaxes]))
-        for (state, mode, recipe), amax in zip(members, amaxes):
+            amaxes = list(joined.split([row.numel() for row in rows]))
+        for (state, mode, recipe, casts), amax in zip(members, amaxes):
             scale, history = state.modes[mode]
-            delayed_update(history, scale, amax, recipe, fp8_max(recipe, mode == "forward"))
+            delayed_update(history, scale, amax, recipe, fp8_max(recipe, mode == "forward"), casts)
 
 
 def _distributed(group):
@@ -236,17 +237,15 @@ def _distributed(group):
             and torch.distributed.get_world_size(group) > 1)
 
 
-def delayed_update(history, scale, amax, recipe, max_value):
-    """TE's fused amax-and-scale update (common/recipe/delayed_scaling.cu), in place: where the
-    step's (reduced) amax is not 0, the history rolls left by one with its first slot zeroed and the
-    amax last; the amax to scale from is that amax ("most_recent") or the max of it and the old
-    window but its first slot ("max"; 0 where nothing rolled); the scale ``fp8_max * 2**-margin /
-    amax`` where that amax is finite and positive, else the old one, FLT_MAX where it overflows.
-    A function ``amax_compute_algo`` or ``scaling_factor_compute_algo`` takes TE's unfused
-    path, which always rolls."""
-    amax = amax.to(torch.float32)
+def delayed_update(history, scale, amax, recipe, max_value, casts):
+    """TE's amax-and-scale update after a step, in place: its fused kernel (the quantize family's
+    fp8_delayed_update, ``casts``; fp8_casts.fp8_reference_delayed_update off the GPU) with the
+    recipe's amax_compute_algo and ``max_value * 2**-margin`` in fp32, or, where the recipe gives
+    amax_compute_algo or scaling_factor_compute_algo as a function, TE's unfused path, which always
+    rolls. ``amax``: the step's reduced amax, or None (the history's first row)."""
     if callable(recipe.amax_compute_algo) or callable(recipe.scaling_factor_compute_algo):
-        history[0] = amax
+        if amax is not None:
+            history[0] = amax
         if callable(recipe.amax_compute_algo):
             chosen = recipe.amax_compute_algo(history)
         else:
@@ -263,20 +262,9 @@ def delayed_update(history, scale, amax, recipe, max_value):
             new = torch.where(torch.isinf(new), torch.full_like(new, FLT_MAX), new)
         scale.copy_(new)
         return
-    rolled = amax != 0
-    zero = torch.zeros_like(amax)
-    if history.shape[0] > 1:
-        window = torch.maximum(history[1:].amax(0), amax)
-        new_history = torch.cat([zero[None], history[2:], amax[None]])
-    else:
-        window, new_history = amax, zero[None]
-    chosen = torch.where(rolled, amax if recipe.amax_compute_algo == "most_recent" else window, zero)
-    history.copy_(torch.where(rolled, new_history, history))
-    # fp8_max * 2**-margin in fp32, as TE's host computes it; a full tensor, no host-to-device copy
-    scaled_max = float(torch.tensor(max_value, dtype=torch.float32) * torch.tensor(2.0**-recipe.margin))
-    new = torch.full_like(chosen, scaled_max) / chosen
-    new = torch.where(torch.isfinite(chosen) & (chosen > 0), new, scale)
-    scale.copy_(torch.where(torch.isinf(new), torch.full_like(new, FLT_MAX), new))
+    scaled_max = torch.tensor(max_value, dtype=torch.float32) * torch.tensor(2.0**-recipe.margin)  # fp32, as TE's host
+    casts.fp8_delayed_update(history, scale, amax, int(recipe.amax_compute_algo == "most_recent"),
+                             int(scaled_max.view(torch.int32)))
 
 
 def fp8_dtype(recipe, forward):

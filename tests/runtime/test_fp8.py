@@ -101,7 +101,7 @@ def test_current_scale_follows_te(fp8, power_2):
 @pytest.mark.parametrize("length", [1, 2, 5])
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("margin", [0, 2])
-def test_delayed_update_follows_te_step_by_step(fp8, length, algo, margin):
+def test_delayed_update_follows_te_step_by_step(fp8, package, length, algo, margin):
     recipe = fp8.DelayedScaling(amax_history_len=length, amax_compute_algo=algo, margin=margin)
     generator = torch.Generator().manual_seed(length * 10 + margin)
     history = torch.zeros(length, 3)
@@ -114,7 +114,7 @@ def test_delayed_update_follows_te_step_by_step(fp8, length, algo, margin):
         if step == 6:
             amax[1] = float("inf")  # the scale kept
         history[0] = amax
-        fp8.delayed_update(history, scale, history[0].clone(), recipe, 448.0)
+        fp8.delayed_update(history, scale, None, recipe, 448.0, package._kernels)
         for i in range(3):
             rows, old = mine[i]
             rows = [amax[i].item()] + rows[1:]
@@ -436,6 +436,20 @@ def test_recipe_not_built_is_a_clear_error(tmp_path):
                 module(torch.randn(4, 64))
 
 
+def test_fewer_rows_than_fp8_min_rows_run_in_high_precision(package):
+    """Below the module's fp8_min_rows ([tool.fusegen] fp8_min_rows) a call inside autocast runs
+    the high-precision path, and records nothing; from it on, FP8."""
+    module = package.Linear()
+    module.fp8_min_rows = 16
+    x, _ = inputs(24)
+    high = module(x)
+    with package.autocast(recipe=package.DelayedScaling()):
+        assert torch.equal(module(x[:15]), high[:15])
+        assert not module._modules["0"].fp8.modes  # no state made, no amax recorded
+        assert not torch.equal(module(x[:16]), high[:16])
+    assert package.Linear.fp8_min_rows == 0  # as the test package was built
+
+
 def test_calibrating_runs_high_precision_and_records(package):
     module = package.Linear()
     x, _ = inputs()
@@ -489,6 +503,32 @@ def test_quantize_kernels_match_their_reference(fp8, dtype):
 
 
 @pytest.mark.cuda
+def test_delayed_update_kernel_matches_its_reference(fp8):
+    """fp8_delayed_update against its torch reference, bit for bit: histories of 1, 2 and 16 rows
+    with zeros (no roll), inf and NaN amaxes, a reduced amax given or not (0 where given: the
+    history's own), "max" and "most_recent", and a scaled max that overflows a tiny amax."""
+    _needs_fp8_gpu()
+    import generated
+
+    generator = torch.Generator().manual_seed(11)
+    for length in (1, 2, 16):
+        history = torch.rand(length, 37, generator=generator) * 100
+        history[:, 3] = 0.0
+        history[0, 5], history[0, 6], history[0, 7] = float("inf"), float("nan"), 1e-38
+        history[2 % length, 8] = float("nan")
+        scale = torch.rand(37, generator=generator) + 0.5
+        for amax in (None, torch.where(torch.rand(37, generator=generator) < 0.3, 0.0,
+                                       torch.rand(37, generator=generator) * 200)):
+            for most_recent in (0, 1):
+                bits = int(torch.tensor(448.0 * 2 ** -2).view(torch.int32))
+                want = fp8.fp8_reference_delayed_update(history.clone(), scale.clone(), amax, most_recent, bits)
+                got = generated._kernels.fp8_delayed_update(history.cuda(), scale.cuda(),
+                                                            None if amax is None else amax.cuda(), most_recent, bits)
+                for g, w in zip(got, want):
+                    assert torch.equal(g.cpu().nan_to_num(nan=-1.0), w.nan_to_num(nan=-1.0)), (length, most_recent)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("a_dtype, b_dtype", [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)])
 @pytest.mark.parametrize("rowwise", [False, True])
 def test_scaled_mm_on_the_gpu(fp8, a_dtype, b_dtype, rowwise):
@@ -528,6 +568,7 @@ def test_generated_mlp_on_the_gpu_matches_its_emulation(recipe):
             "rowwise": generated.Float8RowwiseScaling()}[recipe]
     torch.manual_seed(6)
     cpu = generated.Fp8LayernormMlp(dtype=torch.bfloat16)
+    cpu.fp8_min_rows = 0  # FP8 at this size too (the package's default runs it in bf16)
     for parameter in cpu.parameters():
         torch.nn.init.normal_(parameter, 0.3, 0.2)
     gpu = copy.deepcopy(cpu).cuda()

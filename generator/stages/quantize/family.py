@@ -34,9 +34,21 @@ def fp8_cast(fmt: str) -> KernelSpec:
                      fmt=fmt, fp8_type=ctype, fp8_max=largest, torch_dtype=FORMATS[fmt][2], align=8)
 
 
+def fp8_delayed_update() -> KernelSpec:
+    """Delayed scaling's update of one state's scales and amax history after a step (TE's fused
+    kernel): one launch a state and mode where torch's ops took some twenty."""
+    P = KernelParam
+    return make_spec(kernel_name("fp8_delayed_update", ""), "quantize",
+                     "delayed scaling's amax history roll and scale update (TE's fused kernel)",
+                     abi=(P("history", "float*"), P("scale", "float*"), P("amax", "const float*"),
+                          P("length", "int"), P("n", "int"), P("most_recent", "int"), P("scaled_max_bits", "int")),
+                     returned=("history", "scale"), headers=("quantize.cuh",), kind="update", align=8)
+
+
 def fp8_kernels() -> list[KernelSpec]:
-    """What a pipeline built for FP8 launches around its GEMMs: the amax pass and a cast a format."""
-    return [fp8_amax(), *(fp8_cast(fmt) for fmt in FORMATS)]
+    """What a pipeline built for FP8 launches around its GEMMs: the amax pass, a cast a format,
+    and delayed scaling's update."""
+    return [fp8_amax(), *(fp8_cast(fmt) for fmt in FORMATS), fp8_delayed_update()]
 
 
 class Quantize(KernelFamily):
@@ -52,12 +64,16 @@ class Quantize(KernelFamily):
     def launcher_io(self, spec):
         if spec.ctx["kind"] == "amax":
             return dict(args=["x"], outputs=1)
+        if spec.ctx["kind"] == "update":
+            return dict(args=["history", "scale", "amax", "most_recent", "scaled_max_bits"], outputs=2,
+                        random=["amax"], types={"most_recent": "int", "scaled_max_bits": "int"})
         return dict(args=["x", "scale", "amax", "eps_bits", "power_2", "transpose", "record"], outputs=4,
                     random=["scale", "amax"],
                     types={"eps_bits": "int", "power_2": "int", "transpose": "int", "record": "int"})
 
     def runtime_names(self, spec):
-        return ("fp8_reference_amax",) if spec.ctx["kind"] == "amax" else ("fp8_reference_cast",)
+        return {"amax": ("fp8_reference_amax",), "cast": ("fp8_reference_cast",),
+                "update": ("fp8_reference_delayed_update",)}[spec.ctx["kind"]]
 
 
 QUANTIZE = register_family(Quantize())
