@@ -10,7 +10,8 @@ Linear 14336 -> 4096, the residual around them; no biases; bf16 parameters and a
 side by side in one run, each holding the eager module's weights. A training step (forward +
 backward, the backward outside the autocast as TE's users write it) and a no-grad forward, steps
 run back to back under CUDA events (``steps`` of them, the median of ``rounds`` turns, the modules
-taking turns), at 16,384, 8,192, 1,024 and 128 tokens. First each FP8 module's output and x's grad
+taking turns), at 16,384, 8,192, 2,048, 1,024 and 128 tokens (below the block's fp8_min_rows, 2,048,
+the FP8 modules run in bf16). First each FP8 module's output and x's grad
 are checked against the bf16 block's (FP8 rounds operands to 3 or 2 mantissa bits: within 10% of
 the largest value, a check of wiring, not of numerics, which tests/runtime/test_fp8.py holds).
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 HIDDEN, FFN = 4096, 14336
-TOKENS = (16384, 8192, 1024, 128)
+TOKENS = (16384, 8192, 2048, 1024, 128)
 KEYS = {"norm.weight": "0.0.weight", "fc1.weight": "0.1.weight", "fc2.weight": "0.3.weight"}
 
 

@@ -389,7 +389,7 @@ class Fp8LayernormMlp(torch.nn.Module):
     # what the package's autocast may run it under ([tool.fusegen] fp8)
     fp8_recipes = ('delayed', 'current', 'rowwise')
     # fewer rows run in high precision inside autocast ([tool.fusegen] fp8_min_rows; 0: always FP8)
-    fp8_min_rows = 1024
+    fp8_min_rows = 2048
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()

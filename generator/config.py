@@ -38,7 +38,7 @@ SCHEMA = {
     "pipelines": (dict, "per-pipeline settings", "{ mlp = { features = [4096, 8192] } }"),
     "fp8": (list, "FP8 recipes the modules with GEMMs run under the package's autocast", '["delayed", "current"]'),
     "fp8_min_rows": (int, "rows from which FP8 modules run FP8 GEMMs (fewer: high precision, 0: always FP8)",
-                     "1024"),
+                     "2048"),
 }
 # [tool.fusegen.pipelines.<name>] keys -> (what the value is, example)
 PIPELINE_SCHEMA = {
@@ -49,9 +49,10 @@ PIPELINE_SCHEMA = {
 FP8_RECIPES = ("delayed", "current", "rowwise")  # the runtime's fp8_recipes.RECIPES
 # Below this many rows a module built for FP8 runs its high-precision path inside autocast (its
 # CUDA graphs): on the H100 the Llama MLP block's FP8 training step lost to bf16's at 128 tokens
-# (1.11 against 0.76 ms, current scaling) and won from 1,024 on (1.53 against 1.70 ms):
-# bench/results/fp8_h100.md. 0 keeps TE's behaviour: FP8 at any size.
-FP8_MIN_ROWS = 1024
+# (1.11 against 0.76 ms, current scaling), was even at 1,024 (1.53 to 1.93 against 1.70 to 1.75 ms
+# over runs; delayed 2.29 ms) and won by 1.5x from 8,192 on (bench/results/fp8_h100.md). 0 keeps
+# TE's behaviour: FP8 at any size.
+FP8_MIN_ROWS = 2048
 
 
 @dataclass(frozen=True)

@@ -288,7 +288,12 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
                        if pass_ == "inference"}
     no_grad = forward_blocks(Emitter(plan, no_grad_kernels, saving=False, fp8=True), plan.inference, "no-grad")
     gemms = fp8_gemms(p)
-    return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows, gemms=gemms,
+    # plan.md's table: each GEMM's op and the values cast for it (x and, backward, the output's grad)
+    linears = [op for op in p.ops if op.kind == "linear"]
+    table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name)
+             for n, op in enumerate(linears)]
+    return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
+                names=list(p.fp8.recipes), table=table, gemms=gemms,
                 arguments=", ".join(f"({holder}.fp8, {index})" for holder, index, _, _ in gemms))
 
 
