@@ -10,7 +10,8 @@ import torch
 
 from . import _reference as ref
 from ._runtime import (
-    Kernel, fp8_reference_amax, fp8_reference_cast, fp8_reference_delayed_update, pointer,
+    Kernel, fp8_reference_amax, fp8_reference_amax_cols, fp8_reference_cast,
+    fp8_reference_cast_cols, fp8_reference_cast_rows, fp8_reference_delayed_update, pointer,
     register_op)
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
@@ -3027,6 +3028,82 @@ def fp8_amax(x):
     return amax
 
 
+_FP8_AMAX_COLS = Kernel("fp8_amax_cols", "ppii")
+
+
+def fp8_amax_cols(x):
+    """max |x| per column of x [rows, cols] (a NaN wins): fp32 [cols]."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_amax_cols_7396214a(x)
+    rows, cols = x.shape
+    if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
+        return fp8_reference_amax_cols(x)
+    x = x.contiguous()
+    amax = torch.zeros(cols, device=x.device, dtype=torch.float32)
+    if rows and cols:
+        # 256 columns of 256 rows a block (quantize.cuh)
+        grid = (-(-cols // 256), -(-rows // 256), 1)
+        _FP8_AMAX_COLS.launch(
+            x.dtype, grid, (256, 1, 1), (x.data_ptr(), amax.data_ptr(), rows, cols), x.get_device())
+    return amax
+
+
+_FP8_CAST_COLS_E4M3 = Kernel("fp8_cast_cols_e4m3", "ppppiiii")
+
+
+def fp8_cast_cols_e4m3(x, amax, power_2):
+    """x [rows, cols] cast to FP8 E4M3 with a scale per column from its amax (``amax``
+    [cols], fp8_amax_cols'), transposed: [cols, rows rounded up to 16], zeros past the rows, and the
+    inverse scales [cols, 1]."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_cols_e4m3_02e7914e(x, amax, power_2)
+    rows, cols = x.shape
+    if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
+        return fp8_reference_cast_cols(x, amax, power_2, torch.float8_e4m3fn)
+    x = x.contiguous()
+    t_cols = -(-rows // 16) * 16
+    y_t = (torch.zeros if t_cols != rows else torch.empty)((cols, t_cols), device=x.device,
+                                                           dtype=torch.float8_e4m3fn)
+    scale_inv = torch.empty((cols, 1), device=x.device, dtype=torch.float32)
+    if rows and cols:
+        grid = (-(-cols // 256), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
+        _FP8_CAST_COLS_E4M3.launch(
+            x.dtype, grid, (256, 1, 1),
+            (
+                x.data_ptr(), y_t.data_ptr(), amax.data_ptr(), scale_inv.data_ptr(), rows, cols,
+                t_cols, power_2),
+            x.get_device())
+    return y_t, scale_inv
+
+
+_FP8_CAST_COLS_E5M2 = Kernel("fp8_cast_cols_e5m2", "ppppiiii")
+
+
+def fp8_cast_cols_e5m2(x, amax, power_2):
+    """x [rows, cols] cast to FP8 E5M2 with a scale per column from its amax (``amax``
+    [cols], fp8_amax_cols'), transposed: [cols, rows rounded up to 16], zeros past the rows, and the
+    inverse scales [cols, 1]."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_cols_e5m2_6201c887(x, amax, power_2)
+    rows, cols = x.shape
+    if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
+        return fp8_reference_cast_cols(x, amax, power_2, torch.float8_e5m2)
+    x = x.contiguous()
+    t_cols = -(-rows // 16) * 16
+    y_t = (torch.zeros if t_cols != rows else torch.empty)((cols, t_cols), device=x.device,
+                                                           dtype=torch.float8_e5m2)
+    scale_inv = torch.empty((cols, 1), device=x.device, dtype=torch.float32)
+    if rows and cols:
+        grid = (-(-cols // 256), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
+        _FP8_CAST_COLS_E5M2.launch(
+            x.dtype, grid, (256, 1, 1),
+            (
+                x.data_ptr(), y_t.data_ptr(), amax.data_ptr(), scale_inv.data_ptr(), rows, cols,
+                t_cols, power_2),
+            x.get_device())
+    return y_t, scale_inv
+
+
 _FP8_CAST_E4M3 = Kernel("fp8_cast_e4m3", "pppppppiiiii")
 
 
@@ -3101,6 +3178,50 @@ def fp8_cast_e5m2(x, scale, amax, eps_bits, power_2, transpose, record):
                 cols, t_cols, eps_bits, power_2),
             x.get_device())
     return y, y_t, scale_inv, amax_out
+
+
+_FP8_CAST_ROWS_E4M3 = Kernel("fp8_cast_rows_e4m3", "pppii")
+
+
+def fp8_cast_rows_e4m3(x, power_2):
+    """x [rows, cols] cast to FP8 E4M3 with a scale per row (torchao's rowwise: max /
+    max(amax, 1e-12), with ``power_2`` floored to a power of 2). Returns it and the inverse scales
+    [rows, 1]."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_rows_e4m3_714f02d9(x, power_2)
+    rows, cols = x.shape
+    if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
+        return fp8_reference_cast_rows(x, power_2, torch.float8_e4m3fn)
+    x = x.contiguous()
+    y = torch.empty((rows, cols), device=x.device, dtype=torch.float8_e4m3fn)
+    scale_inv = torch.empty((rows, 1), device=x.device, dtype=torch.float32)
+    if rows and cols:
+        _FP8_CAST_ROWS_E4M3.launch(
+            x.dtype, (rows, 1, 1), (256, 1, 1),
+            (x.data_ptr(), y.data_ptr(), scale_inv.data_ptr(), cols, power_2), x.get_device())
+    return y, scale_inv
+
+
+_FP8_CAST_ROWS_E5M2 = Kernel("fp8_cast_rows_e5m2", "pppii")
+
+
+def fp8_cast_rows_e5m2(x, power_2):
+    """x [rows, cols] cast to FP8 E5M2 with a scale per row (torchao's rowwise: max /
+    max(amax, 1e-12), with ``power_2`` floored to a power of 2). Returns it and the inverse scales
+    [rows, 1]."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_rows_e5m2_abb1a8f7(x, power_2)
+    rows, cols = x.shape
+    if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
+        return fp8_reference_cast_rows(x, power_2, torch.float8_e5m2)
+    x = x.contiguous()
+    y = torch.empty((rows, cols), device=x.device, dtype=torch.float8_e5m2)
+    scale_inv = torch.empty((rows, 1), device=x.device, dtype=torch.float32)
+    if rows and cols:
+        _FP8_CAST_ROWS_E5M2.launch(
+            x.dtype, (rows, 1, 1), (256, 1, 1),
+            (x.data_ptr(), y.data_ptr(), scale_inv.data_ptr(), cols, power_2), x.get_device())
+    return y, scale_inv
 
 
 _FP8_DELAYED_UPDATE = Kernel("fp8_delayed_update", "pppiiii")
@@ -6621,6 +6742,13 @@ register_op(
     "dropout0p3_bwd_n256_708f8ee3", "(Tensor dy, Tensor? seed0) -> Tensor", dropout0p3_bwd_n256,
     dropout0p3_bwd_n256)
 register_op("fp8_amax_9eefefa6", "(Tensor x) -> Tensor", fp8_amax, fp8_amax)
+register_op("fp8_amax_cols_7396214a", "(Tensor x) -> Tensor", fp8_amax_cols, fp8_amax_cols)
+register_op(
+    "fp8_cast_cols_e4m3_02e7914e", "(Tensor x, Tensor amax, int power_2) -> (Tensor, Tensor)",
+    fp8_cast_cols_e4m3, fp8_cast_cols_e4m3)
+register_op(
+    "fp8_cast_cols_e5m2_6201c887", "(Tensor x, Tensor amax, int power_2) -> (Tensor, Tensor)",
+    fp8_cast_cols_e5m2, fp8_cast_cols_e5m2)
 register_op(
     "fp8_cast_e4m3_be842ad3",
     "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, int record) "
@@ -6631,6 +6759,12 @@ register_op(
     "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, int record) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     fp8_cast_e5m2, fp8_cast_e5m2)
+register_op(
+    "fp8_cast_rows_e4m3_714f02d9", "(Tensor x, int power_2) -> (Tensor, Tensor)",
+    fp8_cast_rows_e4m3, fp8_cast_rows_e4m3)
+register_op(
+    "fp8_cast_rows_e5m2_abb1a8f7", "(Tensor x, int power_2) -> (Tensor, Tensor)",
+    fp8_cast_rows_e5m2, fp8_cast_rows_e5m2)
 register_op(
     "fp8_delayed_update_86ab0c5b",
     "(Tensor history, Tensor scale, Tensor? amax, int most_recent, int scaled_max_bits) -> "

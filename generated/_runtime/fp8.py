@@ -11,8 +11,8 @@ import struct
 
 import torch
 
-from .fp8_casts import _padded_mm, _Quantized, _QuantizedWeight, cast, rowwise_scale, scaled_mm
-from .fp8_recipes import active, fp8_dtype, fp8_max, recipe_kind, update_states
+from .fp8_casts import _Quantized, _QuantizedWeight, scaled_mm
+from .fp8_recipes import active, fp8_dtype, recipe_kind, update_states
 
 
 def _epilogue(y, alpha, bias, add, activation, bias_added):
@@ -106,10 +106,19 @@ class Fp8Call:
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
     def _rowwise(self, x, forward):
-        """x [rows, k] cast with a scale per row (the row-wise recipe; torch's ops, no kernel yet).
+        """x [rows, k] cast with a scale per row (the row-wise recipe: one kernel, a block a row).
         """
-        scale = rowwise_scale(x.abs().amax(dim=1, keepdim=True), fp8_max(self.recipe, forward))
-        return _Quantized(cast(x, scale, fp8_dtype(self.recipe, forward)), torch.reciprocal(scale))
+        e4m3 = fp8_dtype(self.recipe, forward) == torch.float8_e4m3fn
+        cast_rows = self.casts.fp8_cast_rows_e4m3 if e4m3 else self.casts.fp8_cast_rows_e5m2
+        return _Quantized(*cast_rows(x, int(self.recipe.use_power_2_scales)))
+
+    def _columnwise(self, x, forward):
+        """x [rows, k] cast with a scale per column, transposed ([k, rows rounded up to 16]): the
+        row-wise recipe's weight-grad and dgrad operands (a column amax pass, then the cast)."""
+        e4m3 = fp8_dtype(self.recipe, forward) == torch.float8_e4m3fn
+        cast_cols = self.casts.fp8_cast_cols_e4m3 if e4m3 else self.casts.fp8_cast_cols_e5m2
+        return _Quantized(
+            *cast_cols(x, self.casts.fp8_amax_cols(x), int(self.recipe.use_power_2_scales)))
 
     def _weight(self, gemm, weight):
         """The GEMM's FP8 weight, cast again only when the parameter changed (TE's weight cache:
@@ -121,7 +130,7 @@ class Fp8Call:
             return cached
         w = weight.detach()
         if self.kind == "rowwise":
-            rows, columns = self._rowwise(w, True), self._rowwise(w.t().contiguous(), True)
+            rows, columns = self._rowwise(w, True), self._columnwise(w, True)
         else:
             rows, columns = self._tensorwise(w, gemm, "forward", 1, transpose=True)
         state.weights[index] = cached = _QuantizedWeight(rows, columns, weight.dtype, key)
@@ -155,7 +164,7 @@ class Fp8Call:
                 self._record(dy, gemm, "backward", 0)
             return dy, dy
         if self.kind == "rowwise":
-            return self._rowwise(dy, False), self._rowwise(dy.t().contiguous(), False)
+            return self._rowwise(dy, False), self._columnwise(dy, False)
         return self._tensorwise(dy, gemm, "backward", 0, transpose=True)
 
     def dgrad(self, dy, weight, alpha=1.0, add=None):
@@ -179,7 +188,7 @@ class Fp8Call:
         if self.calibrating:
             dw = columns.t().mm(x).to(out_dtype)
         elif self.kind == "rowwise":
-            dw = _padded_mm(columns, self._rowwise(x.t().contiguous(), True), out_dtype)
+            dw = scaled_mm(columns, self._columnwise(x, True), out_dtype)  # both padded alike
         else:  # both transposes zero-padded alike to a multiple of 16 rows of the step
             dw = scaled_mm(columns, x_t, out_dtype)
         if alpha != 1.0:

@@ -35,11 +35,46 @@ def current_scale(amax, max_value, epsilon=0.0, power_2=False):
     return scale
 
 
-def rowwise_scale(amax, max_value):
-    """torchao's row-wise scale: ``max / max(amax, 1e-12)`` in fp64, rounded down to a power of 2.
-    """
+def rowwise_scale(amax, max_value, power_2=True):
+    """torchao's row-wise scale: ``max / max(amax, 1e-12)`` in fp64, rounded to fp32, with
+    ``power_2`` floored to a power of 2 by dropping its mantissa (TE's mask; torchao's
+    exp2(floor(log2)) agrees but where log2 rounds up just below a power of 2)."""
     scale = (max_value / torch.clamp(amax.to(torch.float64), min=_EPS_ROWWISE)).to(torch.float32)
-    return torch.exp2(torch.floor(torch.log2(scale)))
+    return (scale.view(torch.int32) & -8388608).view(torch.float32) if power_2 else scale
+
+
+def fp8_reference_cast_rows(x, power_2, dtype):
+    """The quantize family's fp8_cast_rows_* off the GPU: x cast with a scale per row; the inverse
+    scales [rows, 1]."""
+    x = x.detach()
+    scale = rowwise_scale(fp8_reference_amax_rows(x), torch.finfo(dtype).max, bool(power_2))
+    return cast(x, scale, dtype), torch.reciprocal(scale)
+
+
+def fp8_reference_amax_rows(x):
+    """max |x| per row, [rows, 1] fp32 (a NaN wins)."""
+    if x.shape[1] == 0:
+        return torch.zeros((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    return x.detach().abs().amax(dim=1, keepdim=True).to(torch.float32)
+
+
+def fp8_reference_amax_cols(x):
+    """The quantize family's fp8_amax_cols off the GPU: max |x| per column, [cols] fp32."""
+    if x.shape[0] == 0:
+        return torch.zeros(x.shape[1], dtype=torch.float32, device=x.device)
+    return x.detach().abs().amax(dim=0).to(torch.float32)
+
+
+def fp8_reference_cast_cols(x, amax, power_2, dtype):
+    """The quantize family's fp8_cast_cols_* off the GPU: x cast with a scale per column from its
+    amax, transposed and zero-padded to a multiple of 16 rows; the inverse scales [cols, 1]."""
+    x = x.detach()
+    scale = rowwise_scale(amax.reshape(1, -1), torch.finfo(dtype).max, bool(power_2))
+    y = cast(x, scale, dtype)
+    rows, cols = x.shape
+    y_t = torch.zeros((cols, -(-rows // 16) * 16), dtype=torch.uint8, device=x.device).view(dtype)
+    y_t[:, :rows] = y.t()
+    return y_t, torch.reciprocal(scale).reshape(-1, 1)
 
 
 def fp8_reference_amax(x):
@@ -141,14 +176,3 @@ def _fp8_gemms(device):
     if index not in _FP8_DEVICES:
         _FP8_DEVICES[index] = torch.cuda.get_device_capability(index) >= (8, 9)
     return _FP8_DEVICES[index]
-
-
-def _padded_mm(a, b, out_dtype):
-    """scaled_mm over the step's rows (the weight grad's reduction dim), zero-padded to a multiple
-    of 16 on the GPU where it is not (zeros add nothing), as _scaled_mm needs."""
-    m = a.data.shape[1]
-    if m % 16 and a.data.is_cuda:
-        pad = 16 - m % 16
-        a = _Quantized(torch.cat([a.data, a.data.new_zeros(a.data.shape[0], pad)], 1), a.scale_inv)
-        b = _Quantized(torch.cat([b.data, b.data.new_zeros(b.data.shape[0], pad)], 1), b.scale_inv)
-    return scaled_mm(a, b, out_dtype)

@@ -77,6 +77,96 @@ __device__ __forceinline__ float scale_from_amax(float amax, float epsilon, int 
   return scale;
 }
 
+// torchao's row-wise scale: max / max(amax, 1e-12) in double, rounded to fp32, with power_2 its
+// mantissa dropped (floored to a power of 2: TE's mask, where torchao takes exp2(floor(log2))); a
+// NaN amax gives a NaN scale (torch.clamp keeps a NaN).
+template <int FP8_MAX>
+__device__ __forceinline__ float rowwise_scale(float amax, int power_2) {
+  float scale = amax != amax ? amax : static_cast<float>(static_cast<double>(FP8_MAX) / fmax(static_cast<double>(amax), 1e-12));
+  if (power_2) scale = __int_as_float(__float_as_int(scale) & 0xFF800000);
+  return scale;
+}
+
+// The row-wise recipe's cast of x [rows, cols] with a scale per row: a block a row, its amax in a
+// first pass over the row, the cast in a second (the row comes back from L2), the scale's inverse
+// into scale_inv[row].
+template <typename T, typename F8, int FP8_MAX, int THREADS>
+__device__ __forceinline__ void cast_rows(const T* __restrict__ x, unsigned char* __restrict__ y,
+                                          float* __restrict__ scale_inv, int cols, int power_2) {
+  constexpr int E = 8;
+  __shared__ float shared_scale;
+  const long long base = static_cast<long long>(blockIdx.x) * cols;
+  int m = 0;
+  for (int c = threadIdx.x * E; c < cols; c += THREADS * E) {
+    float f[E];
+    if constexpr (sizeof(T) == 4) {
+      to_floats(load_raw<T, 4>(x + base + c), *reinterpret_cast<float(*)[4]>(f));
+      to_floats(load_raw<T, 4>(x + base + c + 4), *reinterpret_cast<float(*)[4]>(f + 4));
+    } else {
+      to_floats(load_raw<T, E>(x + base + c), f);
+    }
+#pragma unroll
+    for (int k = 0; k < E; ++k) m = max(m, abs_bits(f[k]));
+  }
+  m = block_max<THREADS>(m);
+  if (threadIdx.x == 0) {
+    shared_scale = rowwise_scale<FP8_MAX>(__int_as_float(m), power_2);
+    scale_inv[blockIdx.x] = __frcp_rn(shared_scale);
+  }
+  __syncthreads();
+  const float scale = shared_scale;
+  for (int c = threadIdx.x * E; c < cols; c += THREADS * E) {
+    float f[E];
+    if constexpr (sizeof(T) == 4) {
+      to_floats(load_raw<T, 4>(x + base + c), *reinterpret_cast<float(*)[4]>(f));
+      to_floats(load_raw<T, 4>(x + base + c + 4), *reinterpret_cast<float(*)[4]>(f + 4));
+    } else {
+      to_floats(load_raw<T, E>(x + base + c), f);
+    }
+    Vec<unsigned char, E> out;
+#pragma unroll
+    for (int k = 0; k < E; ++k) out.v[k] = F8(f[k] * scale).__x;
+    *reinterpret_cast<Vec<unsigned char, E>*>(y + base + c) = out;
+  }
+}
+
+// |x|'s max per column of x [rows, cols] into amax[cols] (zeroed by the launcher): a block covers
+// 256 columns (8 a thread) of ROWS_PER_BLOCK rows, 8 threads a column group taking every 8th row,
+// one atomic max a column and block.
+constexpr int AMAX_COLS_ROWS = 256;
+
+template <typename T>
+__device__ __forceinline__ void amax_cols_pass(const T* __restrict__ x, float* __restrict__ amax, int rows, int cols) {
+  constexpr int E = 8, LANES = 8;
+  __shared__ int partial[LANES][32 * E];
+  const int group = threadIdx.x % 32, lane = threadIdx.x / 32;
+  const int col = blockIdx.x * 32 * E + group * E;
+  const int first = blockIdx.y * AMAX_COLS_ROWS;
+  int m[E] = {};
+  if (col < cols) {
+    for (int row = first + lane; row < min(rows, first + AMAX_COLS_ROWS); row += LANES) {
+      float f[E];
+      const long long at = static_cast<long long>(row) * cols + col;
+      if constexpr (sizeof(T) == 4) {
+        to_floats(load_raw<T, 4>(x + at), *reinterpret_cast<float(*)[4]>(f));
+        to_floats(load_raw<T, 4>(x + at + 4), *reinterpret_cast<float(*)[4]>(f + 4));
+      } else {
+        to_floats(load_raw<T, E>(x + at), f);
+      }
+#pragma unroll
+      for (int k = 0; k < E; ++k) m[k] = max(m[k], abs_bits(f[k]));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < E; ++k) partial[lane][group * E + k] = m[k];
+  __syncthreads();
+  const int c = threadIdx.x;  // one column of the block's 256 a thread
+  int best = 0;
+#pragma unroll
+  for (int l = 0; l < LANES; ++l) best = max(best, partial[l][c]);
+  if (blockIdx.x * 32 * E + c < cols) atomicMax(reinterpret_cast<int*>(amax + blockIdx.x * 32 * E + c), best);
+}
+
 // One tile of QR rows x QC columns per block of QT threads, a warp per 4 consecutive rows: lane
 // l casts 8 consecutive columns (8l..8l+7) of each, loaded as one 16-byte vector a row at 16 bits
 // (two at 32), so a warp's load is 512 contiguous bytes of a row and its store of 8 FP8 bytes a
@@ -87,7 +177,10 @@ __device__ __forceinline__ float scale_from_amax(float amax, float epsilon, int 
 // the weight grad pads its reduction to a multiple of 16).
 constexpr int QR = 32, QC = 256, QT = 256;
 
-template <typename T, typename F8, int FP8_MAX>
+// With PER_COLUMN (the row-wise recipe's weight-grad operands): each column its own scale, from
+// its amax over the rows (col_amax, amax_cols_pass), its inverse into scale_inv[column]; only the
+// transpose is written (y is null): a row of it is a column, scaled as one.
+template <typename T, typename F8, int FP8_MAX, bool PER_COLUMN = false>
 __device__ __forceinline__ void cast_tile(
     const T* __restrict__ x, unsigned char* __restrict__ y, unsigned char* __restrict__ y_t,
     const float* __restrict__ scale_in, const float* __restrict__ amax_in, float* __restrict__ scale_inv,
@@ -95,11 +188,22 @@ __device__ __forceinline__ void cast_tile(
   constexpr int E = 8, WORDS = QR / 4 + 1;
   static_assert(QT / 32 * 4 == QR && 32 * E == QC, "a warp per 4 rows, 8 columns a lane");
   __shared__ unsigned int tile[QC * WORDS];  // [column][row / 4], 4 rows' bytes a word
-  const float scale = amax_in != nullptr ? scale_from_amax<FP8_MAX>(*amax_in, __int_as_float(eps_bits), power_2)
-                                         : *scale_in;
-  if (scale_inv != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
   const int warp = threadIdx.x / 32, c = (threadIdx.x % 32) * E;
   const int row0 = blockIdx.y * QR + 4 * warp, col = blockIdx.x * QC + c;
+  float scales[E];
+  if constexpr (PER_COLUMN) {  // amax_in: the columns' amaxes
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      scales[k] = col + k < cols ? rowwise_scale<FP8_MAX>(amax_in[col + k], power_2) : 1.0f;
+      if (blockIdx.y == 0 && warp == 0 && col + k < cols) scale_inv[col + k] = __frcp_rn(scales[k]);
+    }
+  } else {
+    const float scale = amax_in != nullptr ? scale_from_amax<FP8_MAX>(*amax_in, __int_as_float(eps_bits), power_2)
+                                           : *scale_in;
+    if (scale_inv != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __frcp_rn(scale);
+#pragma unroll
+    for (int k = 0; k < E; ++k) scales[k] = scale;
+  }
   int m = 0;
   unsigned int words[E] = {};  // column k's 4 bytes, row row0 + j in byte j
   if (col < cols) {
@@ -119,10 +223,10 @@ __device__ __forceinline__ void cast_tile(
 #pragma unroll
         for (int k = 0; k < E; ++k) {
           m = max(m, abs_bits(f[k]));
-          out.v[k] = F8(f[k] * scale).__x;  // the fp32 product, converted saturating
+          out.v[k] = F8(f[k] * scales[k]).__x;  // the fp32 product, converted saturating
           words[k] |= static_cast<unsigned int>(out.v[k]) << (8 * j);
         }
-        *reinterpret_cast<Vec<unsigned char, E>*>(y + at) = out;
+        if constexpr (!PER_COLUMN) *reinterpret_cast<Vec<unsigned char, E>*>(y + at) = out;
       }
     }
   }

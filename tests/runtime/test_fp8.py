@@ -132,10 +132,17 @@ def test_cast_saturates(fp8):
     assert fp8.cast(torch.tensor([1e6]), torch.tensor(1.0), E5M2).item() == 57344.0
 
 
+def pow2_floor(value):
+    """A positive float32's mantissa dropped: the power of 2 at or below it (TE's mask)."""
+    return struct.unpack("f", struct.pack("I", struct.unpack("I", struct.pack("f", value))[0] & 0xFF800000))[0]
+
+
 def test_rowwise_scale_is_torchaos(fp8):
-    amax = torch.tensor([[3.0], [0.0], [1e-20], [448.0]])
-    want = [2 ** math.floor(math.log2(f32(448.0 / max(a, 1e-12)))) for a in amax.flatten().tolist()]
+    """max / max(amax, 1e-12) in fp64, rounded to fp32, floored to a power of 2."""
+    amax = torch.tensor([[3.0], [0.0], [1e-20], [448.0], [0.8]])
+    want = [pow2_floor(f32(448.0 / max(a, 1e-12))) for a in amax.flatten().tolist()]
     assert fp8.rowwise_scale(amax, 448.0).flatten().tolist() == want
+    assert want == [128.0, 2.0 ** 48, 2.0 ** 48, 1.0, 512.0]
 
 
 # --- recipes and autocast --------------------------------------------------------------------------
@@ -217,7 +224,7 @@ def reference_rowwise(t, dtype=E4M3, fp8_max=448.0):
     """t [rows, k] quantized with a power-of-2 scale per row (torchao's rowwise), float64."""
     out = torch.empty(t.shape, dtype=torch.float64)
     for i, row in enumerate(t):
-        scale = 2 ** math.floor(math.log2(f32(fp8_max / max(row.abs().max().item(), 1e-12))))
+        scale = pow2_floor(f32(fp8_max / max(row.abs().max().item(), 1e-12)))
         out[i] = quantized(row, scale, dtype)
     return out
 
@@ -469,10 +476,12 @@ def _needs_fp8_gpu():
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_quantize_kernels_match_their_reference(fp8, dtype):
-    """The quantize family's kernels (fp8_amax, fp8_cast_e4m3, fp8_cast_e5m2) against the runtime's
-    reference of the same math, bit for bit: amax over one block and many, with a NaN; casts with a
-    given scale (delayed) and from an amax (current: epsilon, power of 2), saturating, transposed
-    with rows that are no multiple of 16 or 32 and columns no multiple of 128, recording the amax."""
+    """The quantize family's casts against the runtime's reference of the same math, bit for bit:
+    fp8_amax over one block and many, with a NaN; fp8_cast_e4m3/e5m2 with a given scale (delayed)
+    and from an amax (current: epsilon, power of 2), saturating, transposed with rows that are no
+    multiple of 16 or 32 and columns no multiple of 256, recording the amax; the row-wise recipe's
+    fp8_cast_rows_*, fp8_amax_cols and fp8_cast_cols_* (a row of zeros, with and without the power
+    of 2)."""
     _needs_fp8_gpu()
     import generated
 
@@ -500,6 +509,25 @@ def test_quantize_kernels_match_their_reference(fp8, dtype):
     nan = torch.ones(4096, 8, dtype=dtype)
     nan[1000, 5] = float("nan")
     assert kernels.fp8_amax(nan.cuda()).isnan().item()
+    # the row-wise recipe's: per row, per column (amax pass, then the transposing cast)
+    for shape in ((8, 16), (77, 200), (600, 1032), (33, 4096)):
+        x = (torch.randn(shape, generator=generator) * 30).to(dtype)
+        x[0] = 0.0  # a row of zeros: the scale from the 1e-12 floor
+        gpu = x.cuda()
+        want_amax = fp8.fp8_reference_amax_cols(x)
+        assert torch.equal(kernels.fp8_amax_cols(gpu).cpu(), want_amax), shape
+        for fmt, fp8_dtype in (("e4m3", E4M3), ("e5m2", E5M2)):
+            for power_2 in (0, 1):
+                pairs = [(getattr(kernels, f"fp8_cast_rows_{fmt}")(gpu, power_2),
+                          fp8.fp8_reference_cast_rows(x, power_2, fp8_dtype)),
+                         (getattr(kernels, f"fp8_cast_cols_{fmt}")(gpu, want_amax.cuda(), power_2),
+                          fp8.fp8_reference_cast_cols(x, want_amax, power_2, fp8_dtype))]
+                for got, want in pairs:
+                    for g, w in zip(got, want):
+                        g = g.cpu()
+                        assert g.dtype == w.dtype and g.shape == w.shape, (shape, g.shape, w.shape)
+                        as_bits = (lambda t: t.view(torch.uint8)) if w.dtype in (E4M3, E5M2) else (lambda t: t)
+                        assert torch.equal(as_bits(g), as_bits(w)), (shape, fmt, power_2)
 
 
 @pytest.mark.cuda

@@ -499,7 +499,8 @@ def test_every_kernel_has_a_test():
                                                                                        "h8_kv1_d32")}
     # the quantize family's FP8 casts, checked through test_fp8.py (every dtype against their reference,
     # bit for bit), and specs/fp8_mlp.py's TE LayerNormMLP (bias, 512 wide), through its GPU tests there
-    tested |= {"fp8_amax", "fp8_cast_e4m3", "fp8_cast_e5m2", "fp8_delayed_update", "bias_swiglu_bwd_n512"}
+    tested |= {"fp8_amax", "fp8_cast_e4m3", "fp8_cast_e5m2", "fp8_delayed_update", "fp8_cast_rows_e4m3",
+               "fp8_cast_rows_e5m2", "fp8_amax_cols", "fp8_cast_cols_e4m3", "fp8_cast_cols_e5m2", "bias_swiglu_bwd_n512"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above

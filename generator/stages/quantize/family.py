@@ -45,10 +45,45 @@ def fp8_delayed_update() -> KernelSpec:
                      returned=("history", "scale"), headers=("quantize.cuh",), kind="update", align=8)
 
 
+def fp8_cast_rows(fmt: str) -> KernelSpec:
+    """The row-wise recipe's cast of x [rows, cols] to ``fmt`` with a scale per row (a block a row)."""
+    P = KernelParam
+    ctype, largest, torch_dtype = FORMATS[fmt]
+    return make_spec(kernel_name("fp8_cast_rows", fmt), "quantize",
+                     f"x cast to FP8 {fmt.upper()} with a power-of-2 scale per row (torchao's rowwise)",
+                     abi=(P("x", "const T*"), P("y", "unsigned char*"), P("scale_inv", "float*"), P("cols", "int"),
+                          P("power_2", "int")),
+                     returned=("y", "scale_inv"), headers=("quantize.cuh",), kind="rows", fmt=fmt, fp8_type=ctype,
+                     fp8_max=largest, torch_dtype=torch_dtype, align=8)
+
+
+def fp8_amax_cols() -> KernelSpec:
+    """max |x| per column of x [rows, cols] (the row-wise recipe's weight-grad operands)."""
+    P = KernelParam
+    return make_spec(kernel_name("fp8_amax_cols", ""), "quantize", "max |x| per column",
+                     abi=(P("x", "const T*"), P("amax", "float*"), P("rows", "int"), P("cols", "int")),
+                     returned=("amax",), headers=("quantize.cuh",), kind="amax_cols", align=8)
+
+
+def fp8_cast_cols(fmt: str) -> KernelSpec:
+    """x [rows, cols] cast to ``fmt`` with a scale per column (from fp8_amax_cols), written
+    transposed [cols, rows rounded up to 16]: the row-wise recipe's weight-grad operands."""
+    P = KernelParam
+    ctype, largest, torch_dtype = FORMATS[fmt]
+    return make_spec(kernel_name("fp8_cast_cols", fmt), "quantize",
+                     f"x cast to FP8 {fmt.upper()} with a power-of-2 scale per column, transposed",
+                     abi=(P("x", "const T*"), P("y_t", "unsigned char*"), P("amax", "const float*"),
+                          P("scale_inv", "float*"), P("rows", "int"), P("cols", "int"), P("t_cols", "int"),
+                          P("power_2", "int")),
+                     returned=("y_t", "scale_inv"), headers=("quantize.cuh",), kind="cols", fmt=fmt, fp8_type=ctype,
+                     fp8_max=largest, torch_dtype=torch_dtype, align=8)
+
+
 def fp8_kernels() -> list[KernelSpec]:
     """What a pipeline built for FP8 launches around its GEMMs: the amax pass, a cast a format,
-    and delayed scaling's update."""
-    return [fp8_amax(), *(fp8_cast(fmt) for fmt in FORMATS), fp8_delayed_update()]
+    delayed scaling's update, and the row-wise recipe's casts per row and per column."""
+    return [fp8_amax(), *(fp8_cast(fmt) for fmt in FORMATS), fp8_delayed_update(),
+            *(fp8_cast_rows(fmt) for fmt in FORMATS), fp8_amax_cols(), *(fp8_cast_cols(fmt) for fmt in FORMATS)]
 
 
 class Quantize(KernelFamily):
@@ -64,6 +99,12 @@ class Quantize(KernelFamily):
     def launcher_io(self, spec):
         if spec.ctx["kind"] == "amax":
             return dict(args=["x"], outputs=1)
+        if spec.ctx["kind"] == "rows":
+            return dict(args=["x", "power_2"], outputs=2, types={"power_2": "int"})
+        if spec.ctx["kind"] == "amax_cols":
+            return dict(args=["x"], outputs=1)
+        if spec.ctx["kind"] == "cols":
+            return dict(args=["x", "amax", "power_2"], outputs=2, types={"power_2": "int"})
         if spec.ctx["kind"] == "update":
             return dict(args=["history", "scale", "amax", "most_recent", "scaled_max_bits"], outputs=2,
                         random=["amax"], types={"most_recent": "int", "scaled_max_bits": "int"})
@@ -73,7 +114,8 @@ class Quantize(KernelFamily):
 
     def runtime_names(self, spec):
         return {"amax": ("fp8_reference_amax",), "cast": ("fp8_reference_cast",),
-                "update": ("fp8_reference_delayed_update",)}[spec.ctx["kind"]]
+                "update": ("fp8_reference_delayed_update",), "rows": ("fp8_reference_cast_rows",),
+                "amax_cols": ("fp8_reference_amax_cols",), "cols": ("fp8_reference_cast_cols",)}[spec.ctx["kind"]]
 
 
 QUANTIZE = register_family(Quantize())
