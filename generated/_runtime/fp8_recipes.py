@@ -17,6 +17,7 @@ The rules and the TE sources they come from: docs/fp8_te_semantics.md in fusegen
 import dataclasses
 import enum
 import threading
+import typing
 import warnings
 
 import torch
@@ -25,9 +26,9 @@ FLT_MAX = torch.finfo(torch.float32).max
 _EPS_ROWWISE = 1e-12  # torchao's floor on a row's amax (float8_utils.EPS)
 
 
-@dataclasses.dataclass(frozen=True)
-class _FormatHelper:
-    """A format's largest value forward and backward (compared by value: an enum pickles so)."""
+class _FormatHelper(typing.NamedTuple):
+    """A format's largest value forward and backward: a named tuple, as TE's (an enum member
+    unpickles by its value, TE's as well as this package's)."""
 
     max_fwd: float
     max_bwd: float
@@ -114,10 +115,11 @@ def _format_of(value, where):
     return Format[name]
 
 
-def as_recipe(recipe):
-    """``recipe`` as one of this module's classes: itself, or TE's object of the same name
+def as_recipe(recipe, fresh=False):
+    """``recipe`` as one of this module's classes: itself (``fresh``: made anew from its fields, as
+    for one unpickled from TE's payload), or TE's object of the same name
     (``transformer_engine.common.recipe``), its fields read by name."""
-    if type(recipe) in _KIND:
+    if type(recipe) in _KIND and not fresh:
         return recipe
     mirror = {cls.__name__: cls for cls in RECIPES.values()}.get(type(recipe).__name__)
     if mirror is None:

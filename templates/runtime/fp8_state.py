@@ -11,7 +11,7 @@ import pickle
 
 import torch
 
-from .fp8_recipes import as_recipe
+from .fp8_recipes import DelayedScaling, Float8CurrentScaling, Format, _FormatHelper, as_recipe
 from .module_helpers import SpecOp
 
 class Fp8State:
@@ -77,7 +77,7 @@ class Fp8State:
             return
         try:
             raw = state.detach().cpu().numpy().tobytes() if isinstance(state, torch.Tensor) else state.getvalue()
-            payload = pickle.loads(raw)
+            payload = _TeUnpickler(io.BytesIO(raw)).load()
         except Exception as error:
             raise RuntimeError(f"{where}: its _extra_state is not TE's FP8 scaling state ({error})") from None
         per_mode = "forward" in payload or "backward" in payload
@@ -92,10 +92,24 @@ class Fp8State:
             device = self.modes[mode][0].device if mode in self.modes else scale.device
             self.modes[mode] = (scale.to(device, torch.float32).clone(), history.to(device, torch.float32).clone())
             if part.get("recipe") is not None:
-                self.recipe = as_recipe(part["recipe"])
+                self.recipe = as_recipe(part["recipe"], fresh=True)
 
 
 _TAGS = {"forward": "fwd", "backward": "bwd"}
+
+
+class _TeUnpickler(pickle.Unpickler):
+    """Unpickles TE's payload without TE: its recipe classes (transformer_engine.common.recipe's
+    DelayedScaling, Float8CurrentScaling, Format and its values) are read as this package's mirrors,
+    whose fields have TE's names (a field TE has and they lack is dropped by as_recipe)."""
+
+    def find_class(self, module, name):
+        if module.startswith("transformer_engine.common.recipe"):
+            mirrors = {"DelayedScaling": DelayedScaling, "Float8CurrentScaling": Float8CurrentScaling,
+                       "Format": Format, "_FormatHelper": _FormatHelper}
+            if name in mirrors:
+                return mirrors[name]
+        return super().find_class(module, name)
 
 
 class Fp8SpecOp(SpecOp):

@@ -740,3 +740,62 @@ def test_fp8_builds_only_pipelines_with_a_gemm(tmp_path, monkeypatch):
     plans = {plan.pipeline.name: plan.pipeline.fp8 for plan in build.load_plans(config)}
     assert plans["act"] is None
     assert (plans["mlp"].recipes, plans["mlp"].min_rows) == (("delayed", "rowwise"), 512)
+
+
+def test_te_checkpoint_state_loads_without_te(package):
+    """TE's _extra_state pickles TE's recipe objects (transformer_engine.common.recipe): a payload
+    made with classes of those names loads where TE is not installed, its recipe read as the
+    package's mirror (a field only TE has, backward_override, dropped), its scales and history kept."""
+    import collections
+    import dataclasses
+    import enum
+    import pickle
+    import sys
+    import types
+
+    name = "transformer_engine.common.recipe"
+    te = types.ModuleType(name)
+    helper = collections.namedtuple("_FormatHelper", ["max_fwd", "max_bwd"])  # TE's Format values
+    helper.__module__ = name
+    te._FormatHelper = helper
+    te.Format = enum.Enum("Format", [("E4M3", helper(448, 448)), ("E5M2", helper(57344, 57344)),
+                                     ("HYBRID", helper(448, 57344))], module=name, qualname="Format")
+
+    @dataclasses.dataclass
+    class DelayedScaling:  # TE's fields, in its order
+        margin: int = 0
+        fp8_format: object = te.Format.HYBRID
+        amax_history_len: int = 1024
+        amax_compute_algo: object = "max"
+        scaling_factor_compute_algo: object = None
+        reduce_amax: bool = True
+        fp8_dpa: bool = False
+        fp8_mha: bool = False
+        backward_override: object = None
+
+    DelayedScaling.__module__, DelayedScaling.__qualname__ = name, "DelayedScaling"
+    te.DelayedScaling = DelayedScaling
+    modules = {"transformer_engine": types.ModuleType("transformer_engine"),
+               "transformer_engine.common": types.ModuleType("transformer_engine.common"), name: te}
+    recipe = DelayedScaling(margin=2, fp8_format=te.Format.E4M3, amax_history_len=8)
+    payload = {mode: {"recipe": recipe, f"scale_{tag}": torch.full((n,), 3.0), f"amax_history_{tag}": torch.ones(8, n),
+                      "extra_fp8_variables": {}} for mode, tag, n in (("forward", "fwd", 2), ("backward", "bwd", 1))}
+    saved = {key: sys.modules.get(key) for key in modules}
+    sys.modules.update(modules)
+    try:
+        raw = pickle.dumps(payload)
+    finally:
+        for key, module in saved.items():
+            if module is None:
+                sys.modules.pop(key)
+            else:
+                sys.modules[key] = module
+    assert "transformer_engine" not in sys.modules or saved["transformer_engine"] is not None
+    module = package.Linear()
+    state = module.state_dict()
+    state["0._extra_state"] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    module.load_state_dict(state)
+    holder = module._modules["0"].fp8
+    assert holder.recipe == package.DelayedScaling(margin=2, fp8_format=package.Format.E4M3, amax_history_len=8)
+    assert torch.equal(holder.modes["forward"][0], torch.full((2,), 3.0))
+    assert torch.equal(holder.modes["backward"][1], torch.ones(8, 1))
