@@ -21,6 +21,17 @@
 
 namespace fg {
 
+// 8 consecutive elements (16-byte aligned) as floats: one 16-byte load at 16 bits, two at 32.
+template <typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ p, float (&f)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    to_floats(load_raw<T, 4>(p), *reinterpret_cast<float(*)[4]>(f));
+    to_floats(load_raw<T, 4>(p + 4), *reinterpret_cast<float(*)[4]>(f + 4));
+  } else {
+    to_floats(load_raw<T, 8>(p), f);
+  }
+}
+
 // Maxima of |x| are kept as the bits of fabsf(x), an int: non-negative floats order as their
 // bits do, and a NaN's (0x7fc00000 and up) is above +inf's, so a NaN wins the max (fmaxf would
 // drop it) and reaches the scale, which is then 1 (current) or kept (delayed), as TE's.
@@ -52,12 +63,7 @@ __device__ __forceinline__ void amax_pass(const T* __restrict__ x, float* __rest
   for (long long i = (static_cast<long long>(blockIdx.x) * THREADS + threadIdx.x) * E; i < n;
        i += static_cast<long long>(gridDim.x) * THREADS * E) {
     float f[E];
-    if constexpr (sizeof(T) == 4) {
-      to_floats(load_raw<T, 4>(x + i), *reinterpret_cast<float(*)[4]>(f));
-      to_floats(load_raw<T, 4>(x + i + 4), *reinterpret_cast<float(*)[4]>(f + 4));
-    } else {
-      to_floats(load_raw<T, E>(x + i), f);
-    }
+    load8(x + i, f);
 #pragma unroll
     for (int k = 0; k < E; ++k) m = max(m, abs_bits(f[k]));
   }
@@ -99,12 +105,7 @@ __device__ __forceinline__ void cast_rows(const T* __restrict__ x, unsigned char
   int m = 0;
   for (int c = threadIdx.x * E; c < cols; c += THREADS * E) {
     float f[E];
-    if constexpr (sizeof(T) == 4) {
-      to_floats(load_raw<T, 4>(x + base + c), *reinterpret_cast<float(*)[4]>(f));
-      to_floats(load_raw<T, 4>(x + base + c + 4), *reinterpret_cast<float(*)[4]>(f + 4));
-    } else {
-      to_floats(load_raw<T, E>(x + base + c), f);
-    }
+    load8(x + base + c, f);
 #pragma unroll
     for (int k = 0; k < E; ++k) m = max(m, abs_bits(f[k]));
   }
@@ -117,12 +118,7 @@ __device__ __forceinline__ void cast_rows(const T* __restrict__ x, unsigned char
   const float scale = shared_scale;
   for (int c = threadIdx.x * E; c < cols; c += THREADS * E) {
     float f[E];
-    if constexpr (sizeof(T) == 4) {
-      to_floats(load_raw<T, 4>(x + base + c), *reinterpret_cast<float(*)[4]>(f));
-      to_floats(load_raw<T, 4>(x + base + c + 4), *reinterpret_cast<float(*)[4]>(f + 4));
-    } else {
-      to_floats(load_raw<T, E>(x + base + c), f);
-    }
+    load8(x + base + c, f);
     Vec<unsigned char, E> out;
 #pragma unroll
     for (int k = 0; k < E; ++k) out.v[k] = F8(f[k] * scale).__x;
@@ -146,13 +142,7 @@ __device__ __forceinline__ void amax_cols_pass(const T* __restrict__ x, float* _
   if (col < cols) {
     for (int row = first + lane; row < min(rows, first + AMAX_COLS_ROWS); row += LANES) {
       float f[E];
-      const long long at = static_cast<long long>(row) * cols + col;
-      if constexpr (sizeof(T) == 4) {
-        to_floats(load_raw<T, 4>(x + at), *reinterpret_cast<float(*)[4]>(f));
-        to_floats(load_raw<T, 4>(x + at + 4), *reinterpret_cast<float(*)[4]>(f + 4));
-      } else {
-        to_floats(load_raw<T, E>(x + at), f);
-      }
+      load8(x + static_cast<long long>(row) * cols + col, f);
 #pragma unroll
       for (int k = 0; k < E; ++k) m[k] = max(m[k], abs_bits(f[k]));
     }
@@ -213,12 +203,7 @@ __device__ __forceinline__ void cast_tile(
       if (row < rows) {
         const long long at = static_cast<long long>(row) * cols + col;
         float f[E];
-        if constexpr (sizeof(T) == 4) {
-          to_floats(load_raw<T, 4>(x + at), *reinterpret_cast<float(*)[4]>(f));
-          to_floats(load_raw<T, 4>(x + at + 4), *reinterpret_cast<float(*)[4]>(f + 4));
-        } else {
-          to_floats(load_raw<T, E>(x + at), f);
-        }
+        load8(x + at, f);
         Vec<unsigned char, E> out;
 #pragma unroll
         for (int k = 0; k < E; ++k) {
