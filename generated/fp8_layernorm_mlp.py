@@ -116,7 +116,7 @@ class Fp8LayernormMlpFunction(torch.autograd.Function):
 def forward_stages_fp8(
         x, layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias,
         layernormmlp0_fc2_weight, layernormmlp0_fc2_bias, fp8):
-    """The forward of `fp8_layernorm_mlp` under FP8 under autograd.
+    """The forward of `fp8_layernorm_mlp` (FP8 GEMMs) under autograd.
 
     Returns its output, then the tensors its backward reads."""
     # forward stage 0 · rule norm · op 0a: RMSNorm(256)
@@ -150,7 +150,7 @@ def backward_stages_fp8(
         layernormmlp0_fc1_weight_fp8, layernormmlp0_layer_norm_pre_linear_fp8_t,
         layernormmlp0_fc2_weight_fp8, layernormmlp0_activation_pre_linear_fp8_t,
         layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight, layernormmlp0_fc2_weight):
-    """The backward of `fp8_layernorm_mlp` under FP8 but its weight-grad GEMMs.
+    """The backward of `fp8_layernorm_mlp` (FP8 GEMMs) but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
@@ -177,7 +177,7 @@ def backward_stages_fp8(
 
 
 class Fp8LayernormMlpFp8Function(torch.autograd.Function):
-    """Forward and backward of `fp8_layernorm_mlp` under FP8 on 2-D [rows, features] tensors.
+    """Forward and backward of `fp8_layernorm_mlp` (FP8 GEMMs) on 2-D [rows, features] tensors.
 
     The stages above with FP8 GEMMs (``graph``: None, FP8 calls replay no CUDA graphs yet)."""
 

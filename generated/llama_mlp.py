@@ -97,7 +97,7 @@ class LlamaMlpFunction(torch.autograd.Function):
 
 
 def forward_stages_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, fp8):
-    """The forward of `llama_mlp` under FP8 under autograd.
+    """The forward of `llama_mlp` (FP8 GEMMs) under autograd.
 
     Returns its output, then the tensors its backward reads."""
     # forward stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
@@ -123,7 +123,7 @@ def backward_stages_fp8(
         d_residual0_out, x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8,
         linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t,
         rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
-    """The backward of `llama_mlp` under FP8 but its weight-grad GEMMs.
+    """The backward of `llama_mlp` (FP8 GEMMs) but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
@@ -144,7 +144,7 @@ def backward_stages_fp8(
 
 
 class LlamaMlpFp8Function(torch.autograd.Function):
-    """Forward and backward of `llama_mlp` under FP8 on 2-D [rows, features] tensors.
+    """Forward and backward of `llama_mlp` (FP8 GEMMs) on 2-D [rows, features] tensors.
 
     The stages above with FP8 GEMMs (``graph``: None, FP8 calls replay no CUDA graphs yet)."""
 

@@ -37,16 +37,17 @@ def display(path: Path, root: Path) -> str:
 
 def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules: Sequence[Rule],
                backward_rules: Sequence[Rule], features: dict[str, tuple[int, ...]] | None = None,
-               fp8: Config | None = None) -> list[Plan]:
+               config: Config | None = None) -> list[Plan]:
     """Pipelines and plans for parsed specs, each name claimed in ``names`` (one table per build,
     so names collide across files too). The whole path from a parsed file to its plans.
-    ``features``: input sizes to specialise size-generic pipelines for, by name."""
+    ``features``: input sizes to specialise size-generic pipelines for, by name; ``config``: the
+    build's settings, which say which pipelines are built for FP8 (with_fp8)."""
     plans = []
     for spec in specs:
         names.claim(spec.name, spec.name_location)
         pipeline = build_pipeline(spec, (features or {}).get(spec.name, ()))
-        if fp8 is not None:
-            pipeline = with_fp8(pipeline, fp8)
+        if config is not None:
+            pipeline = with_fp8(pipeline, config)
         plans.append(plan_pipeline(pipeline, forward_rules, backward_rules))
     return plans
 

@@ -62,6 +62,8 @@ class Fp8Build:
 
     recipes: tuple[str, ...]
     min_rows: int
+
+
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -115,7 +117,8 @@ def fusegen_table(path: Path) -> dict:
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(SCHEMA)}"
             raise UsageError(f"{where} has an unknown key '{key}'; {hint}")
         kind, what, example = SCHEMA[key]
-        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)) or (kind is list and not all(isinstance(v, str) for v in value)):
+        if (not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))
+                or (kind is list and not all(isinstance(v, str) for v in value))):
             expected = {list: "a list of strings", str: "a string", dict: "a table", int: "an integer"}[kind]
             raise UsageError(f"{where} {key} must be {expected} ({what}), e.g. {key} = {example}; "
                              f"got {value!r}")

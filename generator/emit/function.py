@@ -40,7 +40,7 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
                              for read in call.reads.values() if em.is_grad(read) and read not in grad_outputs)
     grad_output_names = [em.name(grad) for grad in grad_outputs]
     # the saved values that are no tensors (max_seqlen, an FP8 call): replay_forward keeps them on the ctx
-    host_ints = {value.name for value in em.table if value.dtype in HOST_DTYPES}
+    host_values = {value.name for value in em.table if value.dtype in HOST_DTYPES}
     grad_names = ["None" if grad is None else em.name(grad) for grad in grad_inputs]
     # whether the backward computes each grad: its input's needs_input_grad (after ``graph``), or
     # for a parameter taken as row blocks, any of its blocks'
@@ -69,7 +69,7 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
         # what backward_stages takes (the input width last, where it reshapes)
         backward_stages_inputs=grad_output_names + saved + (["n"] if width is not None else []),
         weight_grad_blocks=[block for block in backward if block.weight_grads],
-        host=tuple(i for i, name in enumerate(saved) if name in host_ints),
+        host=tuple(i for i, name in enumerate(saved) if name in host_values),
         # an FP8 Function's call (runtime Fp8Call), told when its backward is done
         fp8=em.name(em.fp8) if em.fp8 is not None else None,
     )

@@ -280,7 +280,7 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     copies = own_memory(em, [g for g in grad_inputs if g is not None])
     bwd += [copies] if copies else []
     function = function_parts(
-        em, f"{p.class_name}Fp8Function", f"`{p.name}` under FP8", "The stages above with FP8 GEMMs (``graph``: "
+        em, f"{p.class_name}Fp8Function", f"`{p.name}` (FP8 GEMMs)", "The stages above with FP8 GEMMs (``graph``: "
         "None, FP8 calls replay no CUDA graphs yet).", "_fp8", function_inputs + ["fp8"], fwd,
         distinct_returns([output] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs, width,
         tuple((em.grad(param.op.param(param.attr)), param.block_rows()) for param in blocks))

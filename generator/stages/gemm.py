@@ -112,7 +112,6 @@ class GemmStage(StageImpl):
         block.weight_grad_calls.append((em.grad(weight), wgrad))
         return d_in
 
-
     # The FP8 emission (issue 40): the same forms through the runtime's Fp8Call, which casts each
     # operand with the autocast recipe's scales (the quantize family's kernels) and runs
     # torch._scaled_mm (fp8.py). The forward returns x's FP8 transpose and the FP8 weight beside y,
