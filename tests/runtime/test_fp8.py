@@ -7,6 +7,7 @@ torch._scaled_mm."""
 
 import copy
 import importlib.util
+import io
 import math
 import struct
 import types
@@ -424,6 +425,11 @@ def test_extra_state_round_trip(package):
         assert holder.recipe == package.DelayedScaling(amax_history_len=4)
         assert torch.equal(copy.deepcopy(module)._modules["0"].fp8.modes["forward"][0],
                            module._modules["0"].fp8.modes["forward"][0])
+        buffer = io.BytesIO()
+        torch.save(module, buffer)  # the whole module, pickled
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        assert torch.equal(loaded._modules["0"].fp8.modes["backward"][1], module._modules["0"].fp8.modes["backward"][1])
     assert package.Linear().state_dict()["0._extra_state"].numel() == 0  # FP8 never ran: TE's empty tensor
     # a checkpoint without it (saved before the pipeline was built for FP8) loads strictly
     plain = {key: value for key, value in package.Linear().state_dict().items() if "_extra_state" not in key}
