@@ -30,6 +30,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_layer import timed  # noqa: E402  (steps back to back under CUDA events)
+
 HIDDEN, FFN = 4096, 14336
 TOKENS = (16384, 8192, 2048, 1024, 128)
 KEYS = {"norm.weight": "0.0.weight", "fc1.weight": "0.1.weight", "fc2.weight": "0.3.weight"}
@@ -48,17 +50,6 @@ class EagerMlp(torch.nn.Module):
     def forward(self, x):
         a, b = self.fc1(self.norm(x)).chunk(2, dim=-1)
         return x + self.fc2(F.silu(a) * b)
-
-
-def timed(step, steps: int) -> float:
-    """ms per step, ``steps`` of them back to back under CUDA events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps
 
 
 def modules(device, dtype):

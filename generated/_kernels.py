@@ -3107,19 +3107,20 @@ def fp8_cast_cols_e5m2(x, amax, power_2):
 _FP8_CAST_E4M3 = Kernel("fp8_cast_e4m3", "pppppppiiiii")
 
 
-def fp8_cast_e4m3(x, scale, amax, eps_bits, power_2, transpose, record):
+def fp8_cast_e4m3(x, scale, amax, eps_bits, power_2, transpose, amax_out):
     """x [rows, cols] * scale cast to FP8 E4M3, saturating: the scale is ``scale`` (a 0-dim
     fp32 tensor: delayed scaling's), or with ``amax`` given TE's scale from it (current scaling:
     ``eps_bits``, the epsilon's float bits; ``power_2``). Returns the FP8 tensor, with
     ``transpose`` its transpose [cols, rows rounded up to 16] (zeros past rows: a GEMM over the
-    rows reads them), the scale's inverse and, with ``record``, x's amax (else empty tensors)."""
+    rows reads them; else an empty tensor) and the scale's inverse. ``amax_out``: a 0-dim fp32
+    tensor x's amax is max-ed into in place (delayed scaling's history slot), or None."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.fp8_cast_e4m3_be842ad3(
-            x, scale, amax, eps_bits, power_2, transpose, record)
+            x, scale, amax, eps_bits, power_2, transpose, amax_out)
     rows, cols = x.shape
     if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
         return fp8_reference_cast(
-            x, scale, amax, eps_bits, power_2, transpose, record, torch.float8_e4m3fn)
+            x, scale, amax, eps_bits, power_2, transpose, amax_out, torch.float8_e4m3fn)
     x = x.contiguous()
     y = torch.empty((rows, cols), device=x.device, dtype=torch.float8_e4m3fn)
     t_cols = -(-rows // 16) * 16
@@ -3128,36 +3129,35 @@ def fp8_cast_e4m3(x, scale, amax, eps_bits, power_2, transpose, record):
         y_t = (torch.zeros if t_cols != rows else torch.empty)(
             (cols, t_cols), device=x.device, dtype=y.dtype)
     scale_inv = torch.empty((), device=x.device, dtype=torch.float32)
-    amax_out = torch.zeros(
-        (), device=x.device, dtype=torch.float32) if record else scale_inv.new_empty(0)
     if rows and cols:
         grid = (-(-cols // 256), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
         _FP8_CAST_E4M3.launch(
             x.dtype, grid, (256, 1, 1),
             (
                 x.data_ptr(), y.data_ptr(), (y_t.data_ptr() if transpose else 0), pointer(scale),
-                pointer(amax), scale_inv.data_ptr(), (amax_out.data_ptr() if record else 0), rows,
-                cols, t_cols, eps_bits, power_2),
+                pointer(amax), scale_inv.data_ptr(), pointer(amax_out), rows, cols, t_cols,
+                eps_bits, power_2),
             x.get_device())
-    return y, y_t, scale_inv, amax_out
+    return y, y_t, scale_inv
 
 
 _FP8_CAST_E5M2 = Kernel("fp8_cast_e5m2", "pppppppiiiii")
 
 
-def fp8_cast_e5m2(x, scale, amax, eps_bits, power_2, transpose, record):
+def fp8_cast_e5m2(x, scale, amax, eps_bits, power_2, transpose, amax_out):
     """x [rows, cols] * scale cast to FP8 E5M2, saturating: the scale is ``scale`` (a 0-dim
     fp32 tensor: delayed scaling's), or with ``amax`` given TE's scale from it (current scaling:
     ``eps_bits``, the epsilon's float bits; ``power_2``). Returns the FP8 tensor, with
     ``transpose`` its transpose [cols, rows rounded up to 16] (zeros past rows: a GEMM over the
-    rows reads them), the scale's inverse and, with ``record``, x's amax (else empty tensors)."""
+    rows reads them; else an empty tensor) and the scale's inverse. ``amax_out``: a 0-dim fp32
+    tensor x's amax is max-ed into in place (delayed scaling's history slot), or None."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
         return torch.ops.fusegen.fp8_cast_e5m2_74cc0320(
-            x, scale, amax, eps_bits, power_2, transpose, record)
+            x, scale, amax, eps_bits, power_2, transpose, amax_out)
     rows, cols = x.shape
     if not x.is_cuda or cols % 8 or x.data_ptr() % 16 or rows * cols >= 2**31:
         return fp8_reference_cast(
-            x, scale, amax, eps_bits, power_2, transpose, record, torch.float8_e5m2)
+            x, scale, amax, eps_bits, power_2, transpose, amax_out, torch.float8_e5m2)
     x = x.contiguous()
     y = torch.empty((rows, cols), device=x.device, dtype=torch.float8_e5m2)
     t_cols = -(-rows // 16) * 16
@@ -3166,18 +3166,16 @@ def fp8_cast_e5m2(x, scale, amax, eps_bits, power_2, transpose, record):
         y_t = (torch.zeros if t_cols != rows else torch.empty)(
             (cols, t_cols), device=x.device, dtype=y.dtype)
     scale_inv = torch.empty((), device=x.device, dtype=torch.float32)
-    amax_out = torch.zeros(
-        (), device=x.device, dtype=torch.float32) if record else scale_inv.new_empty(0)
     if rows and cols:
         grid = (-(-cols // 256), -(-rows // 32), 1)  # tiles of QC x QR (quantize.cuh)
         _FP8_CAST_E5M2.launch(
             x.dtype, grid, (256, 1, 1),
             (
                 x.data_ptr(), y.data_ptr(), (y_t.data_ptr() if transpose else 0), pointer(scale),
-                pointer(amax), scale_inv.data_ptr(), (amax_out.data_ptr() if record else 0), rows,
-                cols, t_cols, eps_bits, power_2),
+                pointer(amax), scale_inv.data_ptr(), pointer(amax_out), rows, cols, t_cols,
+                eps_bits, power_2),
             x.get_device())
-    return y, y_t, scale_inv, amax_out
+    return y, y_t, scale_inv
 
 
 _FP8_CAST_ROWS_E4M3 = Kernel("fp8_cast_rows_e4m3", "pppii")
@@ -6751,13 +6749,13 @@ register_op(
     fp8_cast_cols_e5m2, fp8_cast_cols_e5m2)
 register_op(
     "fp8_cast_e4m3_be842ad3",
-    "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, int record) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
+    "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, Tensor(a!)? "
+    "amax_out) -> (Tensor, Tensor, Tensor)",
     fp8_cast_e4m3, fp8_cast_e4m3)
 register_op(
     "fp8_cast_e5m2_74cc0320",
-    "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, int record) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
+    "(Tensor x, Tensor? scale, Tensor? amax, int eps_bits, int power_2, int transpose, Tensor(a!)? "
+    "amax_out) -> (Tensor, Tensor, Tensor)",
     fp8_cast_e5m2, fp8_cast_e5m2)
 register_op(
     "fp8_cast_rows_e4m3_714f02d9", "(Tensor x, int power_2) -> (Tensor, Tensor)",

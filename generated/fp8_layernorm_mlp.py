@@ -390,6 +390,8 @@ class Fp8LayernormMlp(torch.nn.Module):
     fp8_recipes = ('delayed', 'current', 'rowwise')
     # fewer rows run in high precision inside autocast ([tool.fusegen] fp8_min_rows; 0: always FP8)
     fp8_min_rows = 2048
+    # each GEMM's FP8 state, in the plan's order: (its holder's path, the GEMM's index there)
+    fp8_gemms = (('0', 0), ('0', 1))
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
@@ -458,8 +460,7 @@ class Fp8LayernormMlp(torch.nn.Module):
             layernormmlp0_fc2_weight, layernormmlp0_fc2_bias,
         )
         # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
-        fp8 = fp8_call(
-            self, args[0], kernels, (self._modules["0"].fp8, 0), (self._modules["0"].fp8, 1))
+        fp8 = fp8_call(self, args[0], kernels)
         # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
         if fp8 is not None:
             if torch.is_grad_enabled():

@@ -310,6 +310,8 @@ class LlamaMlp(torch.nn.Module):
     fp8_recipes = ('delayed', 'current', 'rowwise')
     # fewer rows run in high precision inside autocast ([tool.fusegen] fp8_min_rows; 0: always FP8)
     fp8_min_rows = 2048
+    # each GEMM's FP8 state, in the plan's order: (its holder's path, the GEMM's index there)
+    fp8_gemms = (('0.1', 0), ('0.3', 0))
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
@@ -364,9 +366,7 @@ class LlamaMlp(torch.nn.Module):
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
         )
         # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
-        fp8 = fp8_call(
-            self, args[0], kernels, (self._modules["0"]._modules["1"].fp8, 0),
-            (self._modules["0"]._modules["3"].fp8, 0))
+        fp8 = fp8_call(self, args[0], kernels)
         # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
         if fp8 is not None:
             if torch.is_grad_enabled():

@@ -33,24 +33,6 @@ def _epilogue(y, alpha, bias, add, activation, bias_added):
     return y
 
 
-def add_into_main_grad(weight, dw):
-    """TE's accumulate_into_main_grad for an FP8 weight grad ``dw`` (fp32): added into
-    ``weight.main_grad``; returns what autograd gets as the weight's grad, as the shipped
-    reference's accumulate_into_main_grad does (Megatron's grad_added_to_main_grad protocol)."""
-    main_grad = getattr(weight, "main_grad", None)
-    if main_grad is None or tuple(main_grad.shape) != tuple(weight.shape):
-        raise RuntimeError(
-            "a Linear with accumulate_into_main_grad=True adds its weight gradient into "
-            "weight.main_grad: set "
-            "weight.main_grad to a tensor of the weight's shape (usually float32, zeroed per step) before backward")
-    main_grad.add_(dw.to(main_grad.dtype))
-    if not hasattr(weight, "grad_added_to_main_grad"):
-        return None
-    weight.grad_added_to_main_grad = True
-    placeholder = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
-    return placeholder(weight.shape, dtype=weight.dtype, device=weight.device)
-
-
 # --- what generated FP8 stages call
 # -----------------------------------------------------------------
 
@@ -98,11 +80,11 @@ class Fp8Call:
             state, index = self.gemms[gemm]
             scales, history = state.modes[mode]
             slot = state.slot(mode, index, which)
-            y, y_t, scale_inv, amax = cast(x, scales[slot], None, 0, 0, int(transpose), 1)
-            history[0, slot] = torch.maximum(history[0, slot], amax)
+            # x's amax max-ed into its history slot by the cast itself
+            y, y_t, scale_inv = cast(x, scales[slot], None, 0, 0, int(transpose), history[0, slot])
         else:
-            y, y_t, scale_inv, _ = cast(x, None, self.casts.fp8_amax(x), self.eps_bits,
-                                        int(self.recipe.use_power_2_scales), int(transpose), 0)
+            y, y_t, scale_inv = cast(x, None, self.casts.fp8_amax(x), self.eps_bits,
+                                     int(self.recipe.use_power_2_scales), int(transpose), None)
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
     def _rowwise(self, x, forward):
@@ -179,12 +161,12 @@ class Fp8Call:
             dx.mul_(alpha)
         return dx if add is None else dx.add_(add)
 
-    def weight_grad(self, weight, dy, x, x_t, alpha=1.0, main_grad=False):
+    def weight_grad(self, weight, dy, x, x_t, alpha=1.0, out_dtype=None):
         """dW = alpha dy^T x: ``dy`` from grad_output, ``x_t`` x's FP8 transpose from the forward
-        (row-wise: x cast per column here); added into ``weight.main_grad`` where ``main_grad``
-        (TE's accumulate_into_main_grad)."""
+        (row-wise: x cast per column here), in ``out_dtype`` (default the weight's; fp32 for
+        TE's accumulate_into_main_grad, which the shipped reference's add_into_main_grad does)."""
         _, columns = dy
-        out_dtype = torch.float32 if main_grad else weight.dtype
+        out_dtype = out_dtype or weight.dtype
         if self.calibrating:
             dw = columns.t().mm(x).to(out_dtype)
         elif self.kind == "rowwise":
@@ -193,7 +175,7 @@ class Fp8Call:
             dw = scaled_mm(columns, x_t, out_dtype)
         if alpha != 1.0:
             dw.mul_(alpha)
-        return add_into_main_grad(weight, dw) if main_grad else dw
+        return dw
 
     def backward_done(self):
         """After the module's backward: the backward slots' update, where this was the first FP8
@@ -203,12 +185,13 @@ class Fp8Call:
             update_states(self.step.backward.values())
 
 
-def fp8_call(module, x, casts, *gemms):
+def fp8_call(module, x, casts):
     """The Fp8Call of a call of ``module`` on ``x`` (its [rows, features] input) inside an autocast
     that quantizes or calibrates, else None: the module runs in high precision, as it does on
     fewer than ``module.fp8_min_rows`` rows (where FP8 GEMMs do not pay; delayed scaling then
-    records no amax). ``casts``: the package's quantize launchers (its _kernels); ``gemms``:
-    (Fp8State, the GEMM's index in it) per GEMM, in the plan's order."""
+    records no amax). ``casts``: the package's quantize launchers (its _kernels). Each GEMM's
+    state is found from ``module.fp8_gemms`` (its holder's path, its index there) only inside
+    autocast: outside it a call costs the module two checks."""
     # (the FP8 stages are no compiled op yet: high precision there)
     if torch.compiler.is_compiling():
         return None
@@ -221,4 +204,5 @@ def fp8_call(module, x, casts, *gemms):
             f"{type(module).__name__} was generated for the FP8 recipes {list(module.fp8_recipes)}, not "
             f"{type(frame.recipe).__name__}: add \"{kind}\" to fp8 in [tool.fusegen] (or its pipeline's table) "
             "and generate again")
+    gemms = tuple((module.get_submodule(path).fp8, index) for path, index in module.fp8_gemms)
     return Fp8Call(frame, gemms, casts, x.device, torch.is_grad_enabled())

@@ -294,24 +294,26 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
              for n, op in enumerate(linears)]
     return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
                 names=list(p.fp8.recipes), table=table, gemms=gemms,
-                arguments=", ".join(f"({holder}.fp8, {index})" for holder, index, _, _ in gemms))
+                paths=repr(tuple((path, index) for _, path, index, _, _ in gemms)))
 
 
-def fp8_gemms(p) -> list[tuple[str, int, int, bool]]:
+def fp8_gemms(p) -> list[tuple[str, str, int, int, bool]]:
     """Each GEMM's FP8 state as the module holds it, in the plan's order: (the expression of its
-    holder, the GEMM's index there, the holder's GEMMs, whether the holder is one of TE's modules).
-    The holder is the child (or TE submodule) that holds the weight: a TE module keeps its GEMMs'
-    state together (its _extra_state), as te.ops' Linear its one."""
+    holder, its path in the module (get_submodule's), the GEMM's index there, the holder's GEMMs,
+    whether the holder is one of TE's modules). The holder is the child (or TE submodule) that
+    holds the weight: a TE module keeps its GEMMs' state together (its _extra_state), as te.ops'
+    Linear its one."""
     gemms, counts = [], {}
     for op in p.ops:
         if op.kind != "linear":
             continue
         *submodules, _ = op.holder_attribute("weight").split(".")
         holder = child_module(op.module_index) + "".join(f'._modules["{name}"]' for name in submodules)
+        path = ".".join([op.module_index, *submodules])
         te_module = bool(submodules) or te_holder(op.spec_op) == "TeModuleOp"
-        gemms.append((holder, counts.get(holder, 0), te_module))
+        gemms.append((holder, path, counts.get(holder, 0), te_module))
         counts[holder] = counts.get(holder, 0) + 1
-    return [(holder, index, counts[holder], te_module) for holder, index, te_module in gemms]
+    return [(holder, path, index, counts[holder], te_module) for holder, path, index, te_module in gemms]
 
 
 def fp8_children(children_: list, p) -> list:

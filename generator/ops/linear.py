@@ -24,8 +24,21 @@ def linear_bwd(dy, x, weight):
 def accumulate_into_main_grad(weight, dy, x, alpha=1.0):
     """TE's accumulate_into_main_grad (catalog 2.1): dW = alpha dy^T x is added into ``weight.main_grad``
     in that tensor's dtype (float32, as Megatron keeps it). Returns what autograd gets as the
-    weight's grad: with Megatron's ``grad_added_to_main_grad`` attribute, that flag set and a
-    placeholder (zeros when ``weight.zero_out_wgrad``), else None."""
+    weight's grad (_main_grad_result)."""
+    main_grad = _main_grad_of(weight)
+    main_grad.addmm_(dy.t().to(main_grad.dtype), x.to(main_grad.dtype), alpha=alpha)
+    return _main_grad_result(weight)
+
+
+def add_into_main_grad(weight, dw):
+    """accumulate_into_main_grad for a weight grad ``dw`` computed already (an FP8 GEMM's, in fp32)."""
+    main_grad = _main_grad_of(weight)
+    main_grad.add_(dw.to(main_grad.dtype))
+    return _main_grad_result(weight)
+
+
+def _main_grad_of(weight):
+    """``weight.main_grad``, checked: there, and of the weight's shape."""
     main_grad = getattr(weight, "main_grad", None)
     if main_grad is None:
         raise RuntimeError(
@@ -35,7 +48,13 @@ def accumulate_into_main_grad(weight, dy, x, alpha=1.0):
     if tuple(main_grad.shape) != tuple(weight.shape):
         raise RuntimeError(f"weight.main_grad has shape {list(main_grad.shape)}, but the weight is "
                            f"{list(weight.shape)}; give it the weight's shape")
-    main_grad.addmm_(dy.t().to(main_grad.dtype), x.to(main_grad.dtype), alpha=alpha)
+    return main_grad
+
+
+def _main_grad_result(weight):
+    """What autograd gets as a weight's grad once it is in ``weight.main_grad``: with Megatron's
+    ``grad_added_to_main_grad`` attribute, that flag set and a placeholder (zeros when
+    ``weight.zero_out_wgrad``), else None."""
     if not hasattr(weight, "grad_added_to_main_grad"):
         return None
     weight.grad_added_to_main_grad = True
@@ -137,7 +156,7 @@ register(OpDef(
     fixed_in=lambda a: a["in_features"],
     out_features=lambda a, n: a["out_features"],
     reference=(linear, linear_bwd),
-    reference_helpers=(accumulate_into_main_grad, weight_grad, _grad_to_add_into, _row_blocks_of,
+    reference_helpers=(accumulate_into_main_grad, add_into_main_grad, _main_grad_of, _main_grad_result, weight_grad, _grad_to_add_into, _row_blocks_of,
                        _accumulated_grad),
     summary="y = x W^T",
     needs_input_in_backward=True,

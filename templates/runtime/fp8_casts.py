@@ -84,7 +84,7 @@ def fp8_reference_amax(x):
     return x.detach().abs().amax().to(torch.float32)
 
 
-def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, record, dtype):
+def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, amax_out, dtype):
     """The quantize family's fp8_cast_* off the GPU (CPU, meta): the same results (templates/
     quantize/quantize.py.j2 documents them) from torch's ops."""
     x = x.detach()
@@ -97,8 +97,9 @@ def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, record, dty
     if transpose:
         y_t = torch.zeros((cols, -(-rows // 16) * 16), dtype=torch.uint8, device=x.device).view(dtype)
         y_t[:, :rows] = y.t()
-    amax_out = fp8_reference_amax(x) if record else y.new_empty(0, dtype=torch.float32)
-    return y, y_t, torch.reciprocal(torch.as_tensor(scale, dtype=torch.float32, device=x.device)), amax_out
+    if amax_out is not None:
+        amax_out.copy_(torch.maximum(amax_out, fp8_reference_amax(x)))
+    return y, y_t, torch.reciprocal(torch.as_tensor(scale, dtype=torch.float32, device=x.device))
 
 
 def fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_bits):

@@ -86,11 +86,11 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
         leaves_them = ["0" if p.name == "grads" else v for p, v in zip(abi, values)]
         assert len(arguments) == 2 and arguments[1] == leaves_them
         arguments = arguments[:1]
-    if spec.family == "quantize":  # a cast's scale or amax given (its launcher's random operands), its
-        # transpose and amax written only where asked; the delayed update's reduced amax given or not
+    if spec.family == "quantize":  # a cast's scale, amax and amax_out given or not (its launcher's random
+        # operands), its transpose written only where asked; the delayed update's reduced amax given or not
         asked = {name: f"pointer({name})" for name in kn.launcher_io(spec)["random"]}
         if spec.ctx["kind"] == "cast":
-            asked.update({"y_t": "y_t.data_ptr() if transpose else 0", "amax_out": "amax_out.data_ptr() if record else 0"})
+            asked["y_t"] = "y_t.data_ptr() if transpose else 0"
         values = [asked.get(p.name, v) for p, v in zip(abi, values)]
     if spec.ctx.get("column_tiled"):  # a column-tiled launch (no partials), then row splits' (no grads)
         assert arguments == [["0" if p.name == unwritten else v for p, v in zip(abi, values)]

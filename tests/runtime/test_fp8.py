@@ -205,6 +205,7 @@ linear = te.ops.Sequential(te.ops.Linear(64, 48))
 mlp = te.ops.Sequential(te.ops.RMSNorm(64), te.ops.Linear(64, 96, bias=False), te.ops.SwiGLU(),
                         te.ops.Linear(48, 64))
 layer_mlp = te.Sequential(te.LayerNormMLP(64, 96, activation="swiglu", normalization="RMSNorm"))
+main_grad = te.ops.Sequential(te.ops.BasicLinear(64, 48, accumulate_into_main_grad=True))
 """
 
 
@@ -266,6 +267,24 @@ def test_linear_computes_the_quantized_gemms(fp8, package, recipe):
     close_to_float64(x.grad, want_dx, 48)
     close_to_float64(module._modules["0"].weight.grad, want_dw, 24)
     close_to_float64(module._modules["0"].bias.grad, dy.double().sum(0), 24)  # in high precision
+
+
+def test_accumulate_into_main_grad_under_fp8(package):
+    """TE's accumulate_into_main_grad: the FP8 weight grad, computed in fp32, is added into
+    weight.main_grad (twice: it accumulates), autograd given Megatron's placeholder (zeros)."""
+    module = package.MainGrad()
+    weight = module._modules["0"].weight
+    weight.main_grad = torch.zeros_like(weight)
+    weight.grad_added_to_main_grad = False
+    weight.zero_out_wgrad = True  # Megatron's: the placeholder grad autograd gets is zeros
+    x, dy = inputs()
+    for _ in range(2):
+        with package.autocast(recipe=package.Float8CurrentScaling()):
+            y = module(x)
+        y.backward(dy)
+    want = 2 * (reference_current(dy, E5M2, 57344.0).t() @ reference_current(x, E4M3, 448.0))
+    close_to_float64(weight.main_grad, want, 24)
+    assert weight.grad_added_to_main_grad and not weight.grad.any()
 
 
 def test_linear_outside_autocast_is_high_precision(package):
@@ -504,9 +523,15 @@ def test_quantize_kernels_match_their_reference(fp8, dtype):
                                                    (None, fp8.fp8_reference_amax(x), 0, 0),
                                                    (None, torch.tensor(1.5), eps, 1)):
                 for transpose in (0, 1):
-                    want = fp8.fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, 1, fp8_dtype)
-                    got = cast(gpu, None if scale is None else scale.cuda(), None if amax is None else amax.cuda(),
-                               eps_bits, power_2, transpose, 1)
+                    # the amax max-ed into a given float: one below x's (it rises to it), one above (kept)
+                    for start in (1.0, 1e6):
+                        want_amax, got_amax = torch.tensor(start), torch.tensor(start).cuda()
+                        want = fp8.fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, want_amax,
+                                                      fp8_dtype)
+                        got = cast(gpu, None if scale is None else scale.cuda(), None if amax is None else amax.cuda(),
+                                   eps_bits, power_2, transpose, got_amax)
+                        assert torch.equal(got_amax.cpu(), want_amax), (shape, start)
+                        assert want_amax.item() == (start if start > 1e5 else float(x.abs().max()))
                     for g, w in zip(got, want):
                         g = g.cpu()
                         assert g.dtype == w.dtype and g.shape == w.shape, (shape, g.shape, w.shape)

@@ -21,7 +21,7 @@ def fp8_amax() -> KernelSpec:
 
 def fp8_cast(fmt: str) -> KernelSpec:
     """x [rows, cols] cast to FP8 ``fmt`` with a scale (given, or from a finished amax pass),
-    optionally its transpose too, the scale's inverse and x's amax."""
+    optionally its transpose too, the scale's inverse, and x's amax max-ed into a given float."""
     P = KernelParam
     ctype, largest, _ = FORMATS[fmt]
     return make_spec(kernel_name("fp8_cast", fmt), "quantize",
@@ -30,7 +30,7 @@ def fp8_cast(fmt: str) -> KernelSpec:
                           P("scale", "const float*"), P("amax", "const float*"), P("scale_inv", "float*"),
                           P("amax_out", "float*"), P("rows", "int"), P("cols", "int"), P("t_cols", "int"),
                           P("eps_bits", "int"), P("power_2", "int")),
-                     returned=("y", "y_t", "scale_inv", "amax_out"), headers=("quantize.cuh",), kind="cast",
+                     returned=("y", "y_t", "scale_inv"), headers=("quantize.cuh",), kind="cast",
                      fmt=fmt, fp8_type=ctype, fp8_max=largest, torch_dtype=FORMATS[fmt][2], align=8)
 
 
@@ -108,9 +108,9 @@ class Quantize(KernelFamily):
         if spec.ctx["kind"] == "update":
             return dict(args=["history", "scale", "amax", "most_recent", "scaled_max_bits"], outputs=2,
                         random=["amax"], types={"most_recent": "int", "scaled_max_bits": "int"})
-        return dict(args=["x", "scale", "amax", "eps_bits", "power_2", "transpose", "record"], outputs=4,
-                    random=["scale", "amax"],
-                    types={"eps_bits": "int", "power_2": "int", "transpose": "int", "record": "int"})
+        return dict(args=["x", "scale", "amax", "eps_bits", "power_2", "transpose", "amax_out"], outputs=3,
+                    random=["scale", "amax", "amax_out"],
+                    types={"eps_bits": "int", "power_2": "int", "transpose": "int", "amax_out": "Tensor(a!)?"})
 
     def runtime_names(self, spec):
         return {"amax": ("fp8_reference_amax",), "cast": ("fp8_reference_cast",),
