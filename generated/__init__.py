@@ -4,7 +4,7 @@ Needs only torch (and cuda-bindings for CUDA tensors). Kernels are prebuilt for
 sm_80, sm_90, sm_100, sm_120, compute_80 in bfloat16, float16, float32; nothing is compiled at run
 time.
 
-FP8 ([tool.fusegen] fp8): LlamaMlp, Fp8LayernormMlp run their GEMMs in FP8 inside
+FP8 ([tool.fusegen] fp8): LlamaMlp, Fp8LayernormMlp, LlamaLayer run their GEMMs in FP8 inside
 ``autocast(recipe=...)``, TE's te.autocast; every other module runs in high precision there.
 """
 

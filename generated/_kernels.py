@@ -2439,6 +2439,61 @@ def bias_swiglu_bwd_n512(dy, x):
     return dx, dbias0
 
 
+_BIAS_SWIGLU_BWD_N512_AMAX = Kernel("bias_swiglu_bwd_n512_amax", "ppppppi", shared=4096)
+_BIAS_SWIGLU_BWD_N512_AMAX_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SWIGLU_BWD_N512_AMAX_ROW_VECTORS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
+
+
+def bias_swiglu_bwd_n512_amax(dy, x, amax):
+    """Bias(1024), SwiGLU() backward, dx's amax: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_swiglu_bwd_n512_amax_329e7a5a(dy, x, amax)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
+            _BIAS_SWIGLU_BWD_N512_AMAX.launch(
+                dy.dtype, (-(-_BIAS_SWIGLU_BWD_N512_AMAX_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), 0, column_grads.data_ptr(),
+                    pointer(amax), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SWIGLU_BWD_N512_AMAX_GRID_X[dy.dtype]
+            resident = _BIAS_SWIGLU_BWD_N512_AMAX.resident_blocks(dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+            _BIAS_SWIGLU_BWD_N512_AMAX.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0,
+                    pointer(amax), rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    if amax is not None:  # max |dx| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(dx)))
+    return dx, dbias0
+
+
 _BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512", "pppppi", shared=4096)
 _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 # vectors a row, by dtype
@@ -3232,17 +3287,18 @@ def fp8_delayed_update(history, scale, amax, most_recent, scaled_max_bits):
     fp32 bits. Returns them."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and history.device.type != "meta":
-        return torch.ops.fusegen.fp8_delayed_update_86ab0c5b(
+        return torch.ops.fusegen.fp8_delayed_update_2ed84fe9(
             history, scale, amax, most_recent, scaled_max_bits)
     if not history.is_cuda:
         return fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_bits)
     length, n = history.shape
-    _FP8_DELAYED_UPDATE.launch(
-        torch.float32, (1, 1, 1), (128, 1, 1),
-        (
-            history.data_ptr(), scale.data_ptr(), pointer(amax), length, n, most_recent,
-            scaled_max_bits),
-        history.get_device())
+    if n:  # a block a slot
+        _FP8_DELAYED_UPDATE.launch(
+            torch.float32, (n, 1, 1), (256, 1, 1),
+            (
+                history.data_ptr(), scale.data_ptr(), pointer(amax), length, n, most_recent,
+                scaled_max_bits),
+            history.get_device())
     return history, scale
 
 
@@ -5997,6 +6053,35 @@ def swiglu_bwd_n14336(dy, x):
     return dx
 
 
+_SWIGLU_BWD_N14336_AMAX = Kernel("swiglu_bwd_n14336_amax", "ppppi")
+_SWIGLU_BWD_N14336_AMAX_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
+
+
+def swiglu_bwd_n14336_amax(dy, x, amax):
+    """SwiGLU() backward, dx's amax: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_bwd_n14336_amax_223f8002(dy, x, amax)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 28672), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _SWIGLU_BWD_N14336_AMAX.launch(
+                dy.dtype, (_SWIGLU_BWD_N14336_AMAX_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), pointer(amax), rows), dy.get_device())
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    if amax is not None:  # max |dx| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(dx)))
+    return dx
+
+
 _SWIGLU_BWD_N384 = Kernel("swiglu_bwd_n384", "pppi")
 _SWIGLU_BWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -6128,6 +6213,32 @@ def swiglu_fwd_n14336(x):
     return a.to(x.dtype)
 
 
+_SWIGLU_FWD_N14336_AMAX = Kernel("swiglu_fwd_n14336_amax", "pppi")
+_SWIGLU_FWD_N14336_AMAX_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
+
+
+def swiglu_fwd_n14336_amax(x, amax):
+    """SwiGLU(), its amax: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_fwd_n14336_amax_e4fa91a4(x, amax)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 14336), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SWIGLU_FWD_N14336_AMAX_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_FWD_N14336_AMAX.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), pointer(amax), rows),
+                x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    y = a.to(x.dtype)
+    if amax is not None:  # max |y| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(y)))
+    return y
+
+
 _SWIGLU_FWD_N384 = Kernel("swiglu_fwd_n384", "ppi")
 _SWIGLU_FWD_N384_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 
@@ -6192,6 +6303,32 @@ def swiglu_fwd_n512(x):
     a = ref.compute(x)
     a = ref.swiglu(a)
     return a.to(x.dtype)
+
+
+_SWIGLU_FWD_N512_AMAX = Kernel("swiglu_fwd_n512_amax", "pppi")
+_SWIGLU_FWD_N512_AMAX_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_fwd_n512_amax(x, amax):
+    """SwiGLU(), its amax: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_fwd_n512_amax_93efdfc5(x, amax)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SWIGLU_FWD_N512_AMAX_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_FWD_N512_AMAX.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), pointer(amax), rows),
+                x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    y = a.to(x.dtype)
+    if amax is not None:  # max |y| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(y)))
+    return y
 
 
 _SWIGLU_I32_FWD_N512 = Kernel("swiglu_i32_fwd_n512", "ppi")
@@ -6664,6 +6801,10 @@ register_op(
     "bias_swiglu_bwd_n512_403318ec", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n512, bias_swiglu_bwd_n512)
 register_op(
+    "bias_swiglu_bwd_n512_amax_329e7a5a",
+    "(Tensor dy, Tensor x, Tensor(a!)? amax) -> (Tensor, Tensor)", bias_swiglu_bwd_n512_amax,
+    bias_swiglu_bwd_n512_amax)
+register_op(
     "bias_swiglu_i32_bwd_n512_375e611f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)
 register_op(
@@ -6764,7 +6905,7 @@ register_op(
     "fp8_cast_rows_e5m2_abb1a8f7", "(Tensor x, int power_2) -> (Tensor, Tensor)",
     fp8_cast_rows_e5m2, fp8_cast_rows_e5m2)
 register_op(
-    "fp8_delayed_update_86ab0c5b",
+    "fp8_delayed_update_2ed84fe9",
     "(Tensor history, Tensor scale, Tensor? amax, int most_recent, int scaled_max_bits) -> "
     "(Tensor, Tensor)",
     fp8_delayed_update, fp8_delayed_update)
@@ -7004,6 +7145,9 @@ register_op(
     "swiglu_bwd_n14336_d389d894", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n14336,
     swiglu_bwd_n14336)
 register_op(
+    "swiglu_bwd_n14336_amax_223f8002", "(Tensor dy, Tensor x, Tensor(a!)? amax) -> Tensor",
+    swiglu_bwd_n14336_amax, swiglu_bwd_n14336_amax)
+register_op(
     "swiglu_bwd_n384_e7da8003", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(
     "swiglu_bwd_n4096_de13aa17", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n4096,
@@ -7013,9 +7157,15 @@ register_op(
 register_op("swiglu_fwd_any_a7d2996d", "(Tensor x) -> Tensor", swiglu_fwd_any, swiglu_fwd_any)
 register_op(
     "swiglu_fwd_n14336_f84cf6eb", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
+register_op(
+    "swiglu_fwd_n14336_amax_e4fa91a4", "(Tensor x, Tensor(a!)? amax) -> Tensor",
+    swiglu_fwd_n14336_amax, swiglu_fwd_n14336_amax)
 register_op("swiglu_fwd_n384_aad5aa3e", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
 register_op("swiglu_fwd_n4096_5a8e83aa", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
 register_op("swiglu_fwd_n512_d5382d44", "(Tensor x) -> Tensor", swiglu_fwd_n512, swiglu_fwd_n512)
+register_op(
+    "swiglu_fwd_n512_amax_93efdfc5", "(Tensor x, Tensor(a!)? amax) -> Tensor", swiglu_fwd_n512_amax,
+    swiglu_fwd_n512_amax)
 register_op(
     "swiglu_i32_fwd_n512_f38281f1", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)

@@ -129,13 +129,17 @@ def forward_stages_fp8(
     ) = fp8.linear(
         0, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias)
     # forward stage 2 · rule elementwise · op 0d: SwiGLU()
-    layernormmlp0_activation_pre_linear = kernels.swiglu_fwd_n512(layernormmlp0_fc1_pre_glu)
+    # kept by the kernel below for its FP8 cast (current scaling)
+    layernormmlp0_activation_pre_linear_amax = fp8.amax()
+    layernormmlp0_activation_pre_linear = kernels.swiglu_fwd_n512_amax(
+        layernormmlp0_fc1_pre_glu, layernormmlp0_activation_pre_linear_amax)
     # forward stage 3 · rule linear_bias · ops 0e, 0f: BasicLinear(512, 256), Bias(256)
     (
         layernormmlp0_out, layernormmlp0_activation_pre_linear_fp8_t,
         layernormmlp0_fc2_weight_fp8
     ) = fp8.linear(
-        1, layernormmlp0_activation_pre_linear, layernormmlp0_fc2_weight, layernormmlp0_fc2_bias)
+        1, layernormmlp0_activation_pre_linear, layernormmlp0_fc2_weight, layernormmlp0_fc2_bias,
+        amax=layernormmlp0_activation_pre_linear_amax)
     return layernormmlp0_out, (
         x, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_pre_glu,
         layernormmlp0_activation_pre_linear, layernormmlp0_layer_norm_rstd, fp8,
@@ -161,10 +165,14 @@ def backward_stages_fp8(
     d_layernormmlp0_activation_pre_linear = fp8.dgrad(
         d_layernormmlp0_out_fp8, layernormmlp0_fc2_weight_fp8)
     # backward stage 2 · rule elementwise_backward · ops 0c, 0d: Bias(1024), SwiGLU()
-    d_layernormmlp0_fc1_pre_bias, d_layernormmlp0_fc1_bias = kernels.bias_swiglu_bwd_n512(
-        d_layernormmlp0_activation_pre_linear, layernormmlp0_fc1_pre_glu)
+    # kept by the kernel below for its FP8 cast (current scaling)
+    d_layernormmlp0_fc1_pre_bias_amax = fp8.amax()
+    d_layernormmlp0_fc1_pre_bias, d_layernormmlp0_fc1_bias = kernels.bias_swiglu_bwd_n512_amax(
+        d_layernormmlp0_activation_pre_linear, layernormmlp0_fc1_pre_glu,
+        d_layernormmlp0_fc1_pre_bias_amax)
     # backward stage 1 · rule linear_backward · op 0b: BasicLinear(256, 1024)
-    d_layernormmlp0_fc1_pre_bias_fp8 = fp8.grad_output(0, d_layernormmlp0_fc1_pre_bias)
+    d_layernormmlp0_fc1_pre_bias_fp8 = fp8.grad_output(
+        0, d_layernormmlp0_fc1_pre_bias, amax=d_layernormmlp0_fc1_pre_bias_amax)
     d_layernormmlp0_layer_norm_pre_linear = fp8.dgrad(
         d_layernormmlp0_fc1_pre_bias_fp8, layernormmlp0_fc1_weight_fp8)
     # backward stage 0 · rule norm_backward · op 0a: RMSNorm(256)
@@ -255,10 +263,14 @@ def no_grad_forward_fp8(
     layernormmlp0_fc1_pre_glu, _, _ = fp8.linear(
         0, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias)
     # no-grad stage 2 · rule elementwise · op 0d: SwiGLU()
-    layernormmlp0_activation_pre_linear = kernels.swiglu_fwd_n512(layernormmlp0_fc1_pre_glu)
+    # kept by the kernel below for its FP8 cast (current scaling)
+    layernormmlp0_activation_pre_linear_amax = fp8.amax()
+    layernormmlp0_activation_pre_linear = kernels.swiglu_fwd_n512_amax(
+        layernormmlp0_fc1_pre_glu, layernormmlp0_activation_pre_linear_amax)
     # no-grad stage 3 · rule linear_bias · ops 0e, 0f: BasicLinear(512, 256), Bias(256)
     layernormmlp0_out, _, _ = fp8.linear(
-        1, layernormmlp0_activation_pre_linear, layernormmlp0_fc2_weight, layernormmlp0_fc2_bias)
+        1, layernormmlp0_activation_pre_linear, layernormmlp0_fc2_weight, layernormmlp0_fc2_bias,
+        amax=layernormmlp0_activation_pre_linear_amax)
     return layernormmlp0_out
 
 

@@ -25,9 +25,10 @@ import torch
 from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
-    CudaGraphs, PassGraphs, SpecOp, as_rows, backward_done, check_input, check_parameters,
-    packed_sequences, first_order_only, keep_for_backward, register_no_grad_op,
-    register_training_ops, replay_backward, replay_forward, saved_tensors, with_lead)
+    CudaGraphs, Fp8SpecOp, Fp8State, PassGraphs, SpecOp, as_rows, backward_done, check_input,
+    check_parameters, packed_sequences, first_order_only, fp8_call, keep_for_backward,
+    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
+    with_lead)
 
 
 def forward_stages(
@@ -161,6 +162,161 @@ class LlamaLayerFunction(torch.autograd.Function):
             d_rmsnorm1_0_weight, d_linear1_1_weight, d_linear1_3_weight, None, None)
 
 
+def forward_stages_fp8(
+        x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
+        linear1_1_weight, linear1_3_weight, cu_seqlens, max_seqlen, fp8):
+    """The forward of `llama_layer` (FP8 GEMMs) under autograd.
+
+    Returns its output, then the tensors its backward reads."""
+    # forward stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
+    residual0 = x
+    # forward stage 1 · rule norm · op 0.0: RMSNorm(4096)
+    rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm0_0_weight)
+    # forward stage 2 · rule linear · op 0.1: BasicLinear(4096, 6144)
+    linear0_1_out, rmsnorm0_0_out_fp8_t, linear0_1_weight_fp8 = fp8.linear(
+        0, rmsnorm0_0_out, linear0_1_weight)
+    # forward stage 3 · rule attention · op 0.2: GroupedQueryAttention(4096, 32, 8,
+    # rotary_base=500000.0)
+    groupedqueryattention0_2_qkv = kernels.qkv_prep_rope500000_fwd_h32_kv8_d128(
+        linear0_1_out, cu_seqlens)
+    (
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k,
+        groupedqueryattention0_2_v) = groupedqueryattention0_2_qkv.split([32, 8, 8], dim=1)
+    groupedqueryattention0_2_out, groupedqueryattention0_2_lse = ref.flash_attention_forward(
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        cu_seqlens, max_seqlen, True)
+    # forward stage 4 · rule linear · op 0.3: BasicLinear(4096, 4096)
+    linear0_3_out, groupedqueryattention0_2_out_fp8_t, linear0_3_weight_fp8 = fp8.linear(
+        1, groupedqueryattention0_2_out, linear0_3_weight)
+    # forward stage 5 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,
+    # RMSNorm(4096)
+    rmsnorm1_0_out, residual1, rmsnorm1_0_rstd = kernels.add_rmsnorm_fwd_h4096(
+        linear0_3_out, residual0, rmsnorm1_0_weight)
+    # forward stage 6 · rule linear · op 1.1: BasicLinear(4096, 28672)
+    linear1_1_out, rmsnorm1_0_out_fp8_t, linear1_1_weight_fp8 = fp8.linear(
+        2, rmsnorm1_0_out, linear1_1_weight)
+    # forward stage 7 · rule elementwise · op 1.2: SwiGLU()
+    swiglu1_2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    swiglu1_2_out = kernels.swiglu_fwd_n14336_amax(linear1_1_out, swiglu1_2_out_amax)
+    # forward stage 8 · rule linear_scale_add · ops 1.3, 1b: BasicLinear(14336, 4096), Residual: x +
+    # ops(x)
+    residual1_out, swiglu1_2_out_fp8_t, linear1_3_weight_fp8 = fp8.linear(
+        3, swiglu1_2_out, linear1_3_weight, add=residual1, amax=swiglu1_2_out_amax)
+    return residual1_out, (
+        x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
+        swiglu1_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t,
+        groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse, cu_seqlens, max_seqlen,
+        linear0_3_weight_fp8, groupedqueryattention0_2_out_fp8_t, rmsnorm1_0_rstd,
+        linear1_1_weight_fp8, rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8, swiglu1_2_out_fp8_t,
+        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
+        linear1_3_weight)
+
+
+def backward_stages_fp8(
+        d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
+        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
+        rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse,
+        cu_seqlens, max_seqlen, linear0_3_weight_fp8, groupedqueryattention0_2_out_fp8_t,
+        rmsnorm1_0_rstd, linear1_1_weight_fp8, rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8,
+        swiglu1_2_out_fp8_t, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
+        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
+    """The backward of `llama_layer` (FP8 GEMMs) but its weight-grad GEMMs.
+
+    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
+    Returns the other grads, then what those GEMMs read."""
+    # backward stage 8 · rule elementwise_backward · op 1b: Residual: x + ops(x) · no kernel
+    d_residual1 = d_residual1_out
+    # backward stage 7 · rule linear_backward · op 1.3: BasicLinear(14336, 4096)
+    d_residual1_out_fp8 = fp8.grad_output(3, d_residual1_out)
+    d_swiglu1_2_out = fp8.dgrad(d_residual1_out_fp8, linear1_3_weight_fp8)
+    # backward stage 6 · rule elementwise_backward · op 1.2: SwiGLU()
+    d_linear1_1_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    d_linear1_1_out = kernels.swiglu_bwd_n14336_amax(
+        d_swiglu1_2_out, linear1_1_out, d_linear1_1_out_amax)
+    # backward stage 5 · rule linear_backward · op 1.1: BasicLinear(4096, 28672)
+    d_linear1_1_out_fp8 = fp8.grad_output(2, d_linear1_1_out, amax=d_linear1_1_out_amax)
+    d_rmsnorm1_0_out = fp8.dgrad(d_linear1_1_out_fp8, linear1_1_weight_fp8)
+    # backward stage 4 · rule norm_residual_grad · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual:
+    # keeps x, RMSNorm(4096)
+    d_linear0_3_out, d_rmsnorm1_0_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(
+        d_rmsnorm1_0_out, residual1, rmsnorm1_0_rstd, rmsnorm1_0_weight, d_residual1)
+    d_residual0 = d_linear0_3_out  # the residual's grad is the sum's grad
+    # backward stage 3 · rule linear_backward · op 0.3: BasicLinear(4096, 4096)
+    d_linear0_3_out_fp8 = fp8.grad_output(1, d_linear0_3_out)
+    d_groupedqueryattention0_2_out = fp8.dgrad(d_linear0_3_out_fp8, linear0_3_weight_fp8)
+    # backward stage 2 · rule attention_backward · op 0.2: GroupedQueryAttention(4096, 32, 8,
+    # rotary_base=500000.0)
+    (
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k,
+        groupedqueryattention0_2_v) = groupedqueryattention0_2_qkv.split([32, 8, 8], dim=1)
+    (
+        d_groupedqueryattention0_2_q, d_groupedqueryattention0_2_k,
+        d_groupedqueryattention0_2_v
+    ) = ref.flash_attention_backward(
+        d_groupedqueryattention0_2_out, groupedqueryattention0_2_out, groupedqueryattention0_2_q,
+        groupedqueryattention0_2_k, groupedqueryattention0_2_v, groupedqueryattention0_2_lse,
+        cu_seqlens, max_seqlen, True)
+    d_linear0_1_out = kernels.qkv_prep_rope500000_bwd_h32_kv8_d128(
+        d_groupedqueryattention0_2_q, d_groupedqueryattention0_2_k, d_groupedqueryattention0_2_v,
+        cu_seqlens)
+    # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(4096, 6144)
+    d_linear0_1_out_fp8 = fp8.grad_output(0, d_linear0_1_out)
+    d_rmsnorm0_0_out = fp8.dgrad(d_linear0_1_out_fp8, linear0_1_weight_fp8)
+    # backward stage 0 · rule norm_residual_grad · ops 0a, 0.0: Residual: keeps x, RMSNorm(4096)
+    d_x, d_rmsnorm0_0_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(
+        d_rmsnorm0_0_out, x, rmsnorm0_0_rstd, rmsnorm0_0_weight, d_residual0)
+    return (d_x, d_rmsnorm0_0_weight, d_rmsnorm1_0_weight), (
+        d_residual1_out_fp8, d_linear1_1_out_fp8, d_linear0_3_out_fp8, d_linear0_1_out_fp8)
+
+
+class LlamaLayerFp8Function(torch.autograd.Function):
+    """Forward and backward of `llama_layer` (FP8 GEMMs) on 2-D [rows, features] tensors.
+
+    The stages above with FP8 GEMMs (``graph``: None, FP8 calls replay no CUDA graphs yet)."""
+
+    @staticmethod
+    def forward(ctx, graph, *args):
+        return replay_forward(
+            graph, ctx, forward_stages_fp8, args, host=(8, 9, 10, 14, 15, 16, 18, 19, 20, 21))
+
+    @staticmethod
+    @first_order_only("LlamaLayer")  # a double backward raises instead of being wrong
+    def backward(ctx, d_residual1_out):
+        saved = saved_tensors(ctx)
+        stage_grads, operands = replay_backward(ctx, backward_stages_fp8, (d_residual1_out, *saved))
+        d_x, d_rmsnorm0_0_weight, d_rmsnorm1_0_weight = stage_grads
+        (
+            d_residual1_out_fp8, d_linear1_1_out_fp8, d_linear0_3_out_fp8,
+            d_linear0_1_out_fp8) = operands
+        (
+            x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
+            linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
+            rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse,
+            cu_seqlens, max_seqlen, linear0_3_weight_fp8, groupedqueryattention0_2_out_fp8_t,
+            rmsnorm1_0_rstd, linear1_1_weight_fp8, rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8,
+            swiglu1_2_out_fp8_t, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
+            rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight) = saved
+        # backward stage 7 · rule linear_backward · op 1.3: BasicLinear(14336, 4096) · weight grad
+        d_linear1_3_weight = None if not ctx.needs_input_grad[7] else fp8.weight_grad(
+            linear1_3_weight, d_residual1_out_fp8, swiglu1_2_out, swiglu1_2_out_fp8_t)
+        # backward stage 5 · rule linear_backward · op 1.1: BasicLinear(4096, 28672) · weight grad
+        d_linear1_1_weight = None if not ctx.needs_input_grad[6] else fp8.weight_grad(
+            linear1_1_weight, d_linear1_1_out_fp8, rmsnorm1_0_out, rmsnorm1_0_out_fp8_t)
+        # backward stage 3 · rule linear_backward · op 0.3: BasicLinear(4096, 4096) · weight grad
+        d_linear0_3_weight = None if not ctx.needs_input_grad[4] else fp8.weight_grad(
+            linear0_3_weight, d_linear0_3_out_fp8, groupedqueryattention0_2_out,
+            groupedqueryattention0_2_out_fp8_t)
+        # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(4096, 6144) · weight grad
+        d_linear0_1_weight = None if not ctx.needs_input_grad[3] else fp8.weight_grad(
+            linear0_1_weight, d_linear0_1_out_fp8, rmsnorm0_0_out, rmsnorm0_0_out_fp8_t)
+        # delayed scaling: the first FP8 module of its autocast updates the grads' scales
+        fp8.backward_done()
+        backward_done(ctx)  # frees a replayed forward's graph (FP8 calls replay none)
+        return (
+            None, d_x, d_rmsnorm0_0_weight, d_linear0_1_weight, d_linear0_3_weight,
+            d_rmsnorm1_0_weight, d_linear1_1_weight, d_linear1_3_weight, None, None, None)
+
+
 def no_grad_forward(
         x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
         linear1_1_weight, linear1_3_weight, cu_seqlens, max_seqlen):
@@ -200,6 +356,45 @@ def no_grad_forward(
     # no-grad stage 8 · rule linear_scale_add · ops 1.3, 1b: BasicLinear(14336, 4096), Residual: x +
     # ops(x)
     residual1_out = torch.addmm(residual1, swiglu1_2_out, linear1_3_weight.t())
+    return residual1_out
+
+
+def no_grad_forward_fp8(
+        x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight,
+        linear1_1_weight, linear1_3_weight, cu_seqlens, max_seqlen, fp8):
+    """The no-grad forward with FP8 GEMMs under the call's recipe (``fp8``: the runtime's Fp8Call).
+    """
+    # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
+    residual0 = x
+    # no-grad stage 1 · rule norm · op 0.0: RMSNorm(4096)
+    rmsnorm0_0_out = kernels.rmsnorm_fwd_h4096_no_grad(x, rmsnorm0_0_weight)
+    # no-grad stage 2 · rule linear · op 0.1: BasicLinear(4096, 6144)
+    linear0_1_out, _, _ = fp8.linear(0, rmsnorm0_0_out, linear0_1_weight)
+    # no-grad stage 3 · rule attention · op 0.2: GroupedQueryAttention(4096, 32, 8,
+    # rotary_base=500000.0)
+    groupedqueryattention0_2_qkv = kernels.qkv_prep_rope500000_fwd_h32_kv8_d128(
+        linear0_1_out, cu_seqlens)
+    (
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k,
+        groupedqueryattention0_2_v) = groupedqueryattention0_2_qkv.split([32, 8, 8], dim=1)
+    groupedqueryattention0_2_out = ref.flash_attention_forward(
+        groupedqueryattention0_2_q, groupedqueryattention0_2_k, groupedqueryattention0_2_v,
+        cu_seqlens, max_seqlen, True)[0]
+    # no-grad stage 4 · rule linear · op 0.3: BasicLinear(4096, 4096)
+    linear0_3_out, _, _ = fp8.linear(1, groupedqueryattention0_2_out, linear0_3_weight)
+    # no-grad stage 5 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,
+    # RMSNorm(4096)
+    rmsnorm1_0_out, residual1 = kernels.add_rmsnorm_fwd_h4096_no_grad(
+        linear0_3_out, residual0, rmsnorm1_0_weight, keep_sum=True)
+    # no-grad stage 6 · rule linear · op 1.1: BasicLinear(4096, 28672)
+    linear1_1_out, _, _ = fp8.linear(2, rmsnorm1_0_out, linear1_1_weight)
+    # no-grad stage 7 · rule elementwise · op 1.2: SwiGLU()
+    swiglu1_2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    swiglu1_2_out = kernels.swiglu_fwd_n14336_amax(linear1_1_out, swiglu1_2_out_amax)
+    # no-grad stage 8 · rule linear_scale_add · ops 1.3, 1b: BasicLinear(14336, 4096), Residual: x +
+    # ops(x)
+    residual1_out, _, _ = fp8.linear(
+        3, swiglu1_2_out, linear1_3_weight, add=residual1, amax=swiglu1_2_out_amax)
     return residual1_out
 
 
@@ -346,6 +541,12 @@ class LlamaLayer(torch.nn.Module):
     out_features = 4096
     extra_input_features = ()
     extra_output_features = ()
+    # what the package's autocast may run it under ([tool.fusegen] fp8)
+    fp8_recipes = ('delayed', 'current', 'rowwise')
+    # fewer rows run in high precision inside autocast ([tool.fusegen] fp8_min_rows; 0: always FP8)
+    fp8_min_rows = 2048
+    # each GEMM's FP8 state, in the plan's order: (its holder's path, the GEMM's index there)
+    fp8_gemms = (('0.1', 0), ('0.3', 0), ('1.1', 0), ('1.3', 0))
 
     def __init__(self, *, device=None, dtype=None):
         super().__init__()
@@ -354,25 +555,32 @@ class LlamaLayer(torch.nn.Module):
         self._modules["0"].add_module("0", SpecOp("RMSNorm(4096)"))
         self._modules["0"]._modules["0"].weight = torch.nn.Parameter(
             torch.empty((4096,), device=device, dtype=dtype))
-        self._modules["0"].add_module("1", SpecOp("Linear(4096, 6144, bias=False)"))
+        self._modules["0"].add_module("1", Fp8SpecOp("Linear(4096, 6144, bias=False)"))
         self._modules["0"]._modules["1"].weight = torch.nn.Parameter(
             torch.empty((6144, 4096), device=device, dtype=dtype))
         self._modules["0"].add_module(
             "2", SpecOp("GroupedQueryAttention(4096, 32, 8, rotary_base=500000.0)"))
-        self._modules["0"].add_module("3", SpecOp("Linear(4096, 4096, bias=False)"))
+        self._modules["0"].add_module("3", Fp8SpecOp("Linear(4096, 4096, bias=False)"))
         self._modules["0"]._modules["3"].weight = torch.nn.Parameter(
             torch.empty((4096, 4096), device=device, dtype=dtype))
         self.add_module("1", SpecOp("Residual()"))
         self._modules["1"].add_module("0", SpecOp("RMSNorm(4096)"))
         self._modules["1"]._modules["0"].weight = torch.nn.Parameter(
             torch.empty((4096,), device=device, dtype=dtype))
-        self._modules["1"].add_module("1", SpecOp("Linear(4096, 28672, bias=False)"))
+        self._modules["1"].add_module("1", Fp8SpecOp("Linear(4096, 28672, bias=False)"))
         self._modules["1"]._modules["1"].weight = torch.nn.Parameter(
             torch.empty((28672, 4096), device=device, dtype=dtype))
         self._modules["1"].add_module("2", SpecOp("SwiGLU()"))
-        self._modules["1"].add_module("3", SpecOp("Linear(14336, 4096, bias=False)"))
+        self._modules["1"].add_module("3", Fp8SpecOp("Linear(14336, 4096, bias=False)"))
         self._modules["1"]._modules["3"].weight = torch.nn.Parameter(
             torch.empty((4096, 14336), device=device, dtype=dtype))
+        # TE's FP8 scaling state, in each GEMM's holder (its _extra_state): per GEMM (forward slots,
+        # backward slots), te.ops' (input, weight; grad output), TE modules' (and output; grad
+        # input)
+        self._modules["0"]._modules["1"].fp8 = Fp8State(1, (2, 1))
+        self._modules["0"]._modules["3"].fp8 = Fp8State(1, (2, 1))
+        self._modules["1"]._modules["1"].fp8 = Fp8State(1, (2, 1))
+        self._modules["1"]._modules["3"].fp8 = Fp8State(1, (2, 1))
         self.reset_parameters()
         # calls of a few rows on CUDA replay graphs captured per input shape
         self.cuda_graphs = CudaGraphs(
@@ -424,7 +632,15 @@ class LlamaLayer(torch.nn.Module):
             # the packed sequences: offsets [batch + 1], a bound on the longest length
             cu_seqlens, max_seqlen,
         )
-        if torch.is_grad_enabled():
+        # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
+        fp8 = fp8_call(self, args[0], kernels)
+        # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
+        if fp8 is not None:
+            if torch.is_grad_enabled():
+                outputs = LlamaLayerFp8Function.apply(None, *args, fp8)
+            else:
+                outputs = no_grad_forward_fp8(*args, fp8)
+        elif torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():
                 outputs = torch.ops.fusegen.llama_layer_forward_c273990d(*args)[0]

@@ -108,11 +108,12 @@ def forward_stages_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
     linear0_1_out, rmsnorm0_0_out_fp8_t, linear0_1_weight_fp8 = fp8.linear(
         0, rmsnorm0_0_out, linear0_1_weight)
     # forward stage 3 · rule elementwise · op 0.2: SwiGLU()
-    swiglu0_2_out = kernels.swiglu_fwd_n14336(linear0_1_out)
+    swiglu0_2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    swiglu0_2_out = kernels.swiglu_fwd_n14336_amax(linear0_1_out, swiglu0_2_out_amax)
     # forward stage 4 · rule linear_scale_add · ops 0.3, 0b: BasicLinear(14336, 4096), Residual: x +
     # ops(x)
     residual0_out, swiglu0_2_out_fp8_t, linear0_3_weight_fp8 = fp8.linear(
-        1, swiglu0_2_out, linear0_3_weight, add=residual0)
+        1, swiglu0_2_out, linear0_3_weight, add=residual0, amax=swiglu0_2_out_amax)
     return residual0_out, (
         x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
         rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t, rmsnorm0_0_weight,
@@ -133,9 +134,11 @@ def backward_stages_fp8(
     d_residual0_out_fp8 = fp8.grad_output(1, d_residual0_out)
     d_swiglu0_2_out = fp8.dgrad(d_residual0_out_fp8, linear0_3_weight_fp8)
     # backward stage 2 · rule elementwise_backward · op 0.2: SwiGLU()
-    d_linear0_1_out = kernels.swiglu_bwd_n14336(d_swiglu0_2_out, linear0_1_out)
+    d_linear0_1_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    d_linear0_1_out = kernels.swiglu_bwd_n14336_amax(
+        d_swiglu0_2_out, linear0_1_out, d_linear0_1_out_amax)
     # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(4096, 28672)
-    d_linear0_1_out_fp8 = fp8.grad_output(0, d_linear0_1_out)
+    d_linear0_1_out_fp8 = fp8.grad_output(0, d_linear0_1_out, amax=d_linear0_1_out_amax)
     d_rmsnorm0_0_out = fp8.dgrad(d_linear0_1_out_fp8, linear0_1_weight_fp8)
     # backward stage 0 · rule norm_residual_grad · ops 0a, 0.0: Residual: keeps x, RMSNorm(4096)
     d_x, d_rmsnorm0_0_weight = kernels.rmsnorm_bwd_h4096_add_dresidual(
@@ -206,10 +209,12 @@ def no_grad_forward_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight
     # no-grad stage 2 · rule linear · op 0.1: BasicLinear(4096, 28672)
     linear0_1_out, _, _ = fp8.linear(0, rmsnorm0_0_out, linear0_1_weight)
     # no-grad stage 3 · rule elementwise · op 0.2: SwiGLU()
-    swiglu0_2_out = kernels.swiglu_fwd_n14336(linear0_1_out)
+    swiglu0_2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    swiglu0_2_out = kernels.swiglu_fwd_n14336_amax(linear0_1_out, swiglu0_2_out_amax)
     # no-grad stage 4 · rule linear_scale_add · ops 0.3, 0b: BasicLinear(14336, 4096), Residual: x +
     # ops(x)
-    residual0_out, _, _ = fp8.linear(1, swiglu0_2_out, linear0_3_weight, add=residual0)
+    residual0_out, _, _ = fp8.linear(
+        1, swiglu0_2_out, linear0_3_weight, add=residual0, amax=swiglu0_2_out_amax)
     return residual0_out
 
 

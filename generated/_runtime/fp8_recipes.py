@@ -246,6 +246,9 @@ def update_states(entries):
         for (state, mode, recipe, casts), amax in zip(members, amaxes):
             scale, history = state.modes[mode]
             delayed_update(history, scale, amax, recipe, fp8_max(recipe, mode == "forward"), casts)
+            # the weights' scales may have changed: TE casts them again a step
+            if mode == "forward":
+                state.forget_weights()
 
 
 def _distributed(group):

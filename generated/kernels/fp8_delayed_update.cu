@@ -6,8 +6,8 @@
 namespace bf16 {
 using T = __nv_bfloat16;
 
-// One block, a thread a slot (quantize.cuh: delayed_update_slots); T is the launch's nominal dtype.
-extern "C" __global__ void __launch_bounds__(128) fp8_delayed_update_bf16(
+// A block a slot (quantize.cuh: delayed_update_slot); T is the launch's nominal dtype.
+extern "C" __global__ void __launch_bounds__(256) fp8_delayed_update_bf16(
     float* __restrict__ history,
     float* __restrict__ scale,
     const float* __restrict__ amax,
@@ -15,15 +15,15 @@ extern "C" __global__ void __launch_bounds__(128) fp8_delayed_update_bf16(
     int n,
     int most_recent,
     int scaled_max_bits) {
-  fg::delayed_update_slots(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
+  fg::delayed_update_slot<256>(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
 }
 }  // namespace bf16
 
 namespace fp16 {
 using T = __half;
 
-// One block, a thread a slot (quantize.cuh: delayed_update_slots); T is the launch's nominal dtype.
-extern "C" __global__ void __launch_bounds__(128) fp8_delayed_update_fp16(
+// A block a slot (quantize.cuh: delayed_update_slot); T is the launch's nominal dtype.
+extern "C" __global__ void __launch_bounds__(256) fp8_delayed_update_fp16(
     float* __restrict__ history,
     float* __restrict__ scale,
     const float* __restrict__ amax,
@@ -31,15 +31,15 @@ extern "C" __global__ void __launch_bounds__(128) fp8_delayed_update_fp16(
     int n,
     int most_recent,
     int scaled_max_bits) {
-  fg::delayed_update_slots(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
+  fg::delayed_update_slot<256>(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
 }
 }  // namespace fp16
 
 namespace fp32 {
 using T = float;
 
-// One block, a thread a slot (quantize.cuh: delayed_update_slots); T is the launch's nominal dtype.
-extern "C" __global__ void __launch_bounds__(128) fp8_delayed_update_fp32(
+// A block a slot (quantize.cuh: delayed_update_slot); T is the launch's nominal dtype.
+extern "C" __global__ void __launch_bounds__(256) fp8_delayed_update_fp32(
     float* __restrict__ history,
     float* __restrict__ scale,
     const float* __restrict__ amax,
@@ -47,6 +47,6 @@ extern "C" __global__ void __launch_bounds__(128) fp8_delayed_update_fp32(
     int n,
     int most_recent,
     int scaled_max_bits) {
-  fg::delayed_update_slots(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
+  fg::delayed_update_slot<256>(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
 }
 }  // namespace fp32

@@ -8,7 +8,7 @@
 // common/recipe/recipe_common.cuh). Plain CUDA C++; templates/quantize/ only instantiates it.
 #pragma once
 #include <cuda_fp8.h>
-#include "common.cuh"
+#include "amax.cuh"
 
 // cuda_fp8.hpp converts with one cvt.rn.satfinite instruction per pair from sm_89 on and in
 // software below (it tests __CUDA_ARCH__): this test of the arch makes fusegen compile these
@@ -31,11 +31,6 @@ __device__ __forceinline__ void load8(const T* __restrict__ p, float (&f)[8]) {
     to_floats(load_raw<T, 8>(p), f);
   }
 }
-
-// Maxima of |x| are kept as the bits of fabsf(x), an int: non-negative floats order as their
-// bits do, and a NaN's (0x7fc00000 and up) is above +inf's, so a NaN wins the max (fmaxf would
-// drop it) and reaches the scale, which is then 1 (current) or kept (delayed), as TE's.
-__device__ __forceinline__ int abs_bits(float v) { return __float_as_int(fabsf(v)); }
 
 // Block-wide max of such bits; the result is valid in thread 0.
 template <int THREADS>
@@ -243,32 +238,45 @@ __device__ __forceinline__ void cast_tile(
   }
 }
 
-// Delayed scaling's update after a step for one state's n slots (TE's fused kernel, kernel_bulk of
-// common/recipe/delayed_scaling.cu, one thread a slot): the step's amax is the reduced one where
-// given and not 0, else the history's first row; where it is not 0 the history [len, n] rolls
-// up by a row, its first zeroed and the amax last; the amax to scale from is the max over the old
-// window but its first row and the step's (fmaxf: a NaN drops out) or, most_recent, the step's;
-// the scale max * 2^-margin / amax where that is finite and positive, else kept, FLT_MAX where it
-// overflows.
-__device__ __forceinline__ void delayed_update_slots(float* __restrict__ history, float* __restrict__ scale,
-                                                     const float* __restrict__ amax, int length, int n,
-                                                     int most_recent, float scaled_max) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float last = (amax != nullptr && amax[i] != 0.0f) ? amax[i] : history[i];
-    float chosen = 0.0f;
-    if (last != 0.0f) {
-      for (int k = 0; k < length; ++k) {
-        const float a = k < length - 1 ? history[(k + 1) * n + i] : last;
-        chosen = fmaxf(chosen, a);
-        history[k * n + i] = k > 0 ? a : 0.0f;
-      }
-    }
-    if (most_recent) chosen = last;
-    float updated = scale[i];
-    if (isfinite(chosen) && chosen > 0.0f) updated = __fdiv_rn(scaled_max, chosen);
-    if (isinf(updated)) updated = 3.402823466e38f;
-    scale[i] = updated;
+// Delayed scaling's update after a step for one state's slot, a block a slot (blockIdx.x; TE's
+// fused kernel, kernel_bulk of common/recipe/delayed_scaling.cu): the step's amax is the reduced
+// one where given and not 0, else the history's first row; where it is not 0 the history [len, n]
+// rolls up by a row, its first zeroed and the amax last; the amax to scale from is the max over
+// the old window but its first row and the step's (fmaxf: a NaN drops out) or, most_recent, the
+// step's; the scale max * 2^-margin / amax where that is finite and positive, else kept, FLT_MAX
+// where it overflows. The block's threads share the window (TE's default is 1,024 rows), a row a
+// thread at a time, in order: each pass reads its rows, waits for the block, and only then writes
+// them back a row up, so no thread reads a row another already moved (a thread a slot walking
+// 1,024 dependent loads took 78 us a state on an H100).
+template <int THREADS>
+__device__ __forceinline__ void delayed_update_slot(float* __restrict__ history, float* __restrict__ scale,
+                                                    const float* __restrict__ amax, int length, int n,
+                                                    int most_recent, float scaled_max) {
+  __shared__ float maxima[THREADS / 32];
+  const int i = blockIdx.x;
+  const float last = (amax != nullptr && amax[i] != 0.0f) ? amax[i] : history[i];
+  if (last == 0.0f) return;  // nothing rolls, and the scale from an amax of 0 is kept
+  float chosen = 0.0f;
+  for (int first = 0; first < length; first += THREADS) {
+    const int k = first + threadIdx.x;  // the new row k holds the old row k + 1, the last the amax
+    const float held = k < length - 1 ? history[(k + 1) * n + i] : last;
+    if (k < length) chosen = fmaxf(chosen, held);
+    __syncthreads();  // the pass's rows all read before any is written back
+    if (k < length) history[k * n + i] = k > 0 ? held : 0.0f;
   }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) chosen = fmaxf(chosen, __shfl_xor_sync(0xffffffffu, chosen, offset));
+  if (threadIdx.x % 32 == 0) maxima[threadIdx.x / 32] = chosen;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  chosen = 0.0f;
+#pragma unroll
+  for (int w = 0; w < THREADS / 32; ++w) chosen = fmaxf(chosen, maxima[w]);
+  if (most_recent) chosen = last;
+  float updated = scale[i];
+  if (isfinite(chosen) && chosen > 0.0f) updated = __fdiv_rn(scaled_max, chosen);
+  if (isinf(updated)) updated = 3.402823466e38f;
+  scale[i] = updated;
 }
 
 }  // namespace fg

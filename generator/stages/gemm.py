@@ -134,6 +134,9 @@ class GemmStage(StageImpl):
             extra += ", add={r}"
         if relu is not None or gelu is not None:
             extra += f", activation={'relu' if relu is not None else 'gelu'!r}"
+        if stage.input in em.fp8_amaxes:  # x's amax, kept by the kernel that wrote x
+            reads["amax"] = em.fp8_amaxes[stage.input]
+            extra += ", amax={amax}"
         call = f"{{fp8}}.linear({em.gemm_number(linear)}, {{x}}, {{w}}{extra})"
         if not em.saving:  # the no-grad forward: y alone
             block.add(TorchCall("{y}, _, _ = " + call, reads, dict(y=stage.output)))
@@ -151,8 +154,11 @@ class GemmStage(StageImpl):
         weight = linear.param("weight")
         # dy cast once for both GEMMs (a grad's own: the weight grad after the stages reads it)
         dy_fp8 = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(dy)}_fp8", grad_of=em.table[dy].grad_of)
-        block.add(TorchCall(f"{{dy_fp8}} = {{fp8}}.grad_output({em.gemm_number(linear)}, {{dy}})",
-                            dict(fp8=em.fp8, dy=dy), dict(dy_fp8=dy_fp8)))
+        reads, amax = dict(fp8=em.fp8, dy=dy), ""
+        if dy in em.fp8_amaxes:  # dy's amax, kept by the kernel that wrote dy
+            reads["amax"], amax = em.fp8_amaxes[dy], ", amax={amax}"
+        block.add(TorchCall(f"{{dy_fp8}} = {{fp8}}.grad_output({em.gemm_number(linear)}, {{dy}}{amax})",
+                            reads, dict(dy_fp8=dy_fp8)))
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
         reads = dict(fp8=em.fp8, dy_fp8=dy_fp8, w_fp8=weight_fp8)
         extra = alpha
@@ -169,3 +175,34 @@ class GemmStage(StageImpl):
 
 
 GEMM = GemmStage()
+
+
+def fp8_operands(plan, pass_: str) -> frozenset[int]:
+    """In a pipeline built for FP8, the values a GEMM stage casts to FP8 (``pass_`` "forward": each
+    GEMM's x; "backward": each GEMM stage's output, whose grad it casts); the kernel that writes
+    one may keep its amax (fp8_amax), which current scaling's cast then reads."""
+    if not plan.pipeline.fp8:
+        return frozenset()
+    if pass_ == "backward":
+        return frozenset(stage.output for stage in plan.backward if stage.first("linear") is not None)
+    return frozenset(op.input for op in plan.pipeline.ops if op.kind == "linear")
+
+
+def fp8_amax(em, block, stage, pass_: str, value: int):
+    """The FP8 emission of a stage whose kernel writes ``value`` (forward: the stage's output;
+    backward: its input's grad) that an FP8 GEMM casts: its kernel's variant that keeps the amax
+    (the first of the stage's kernels with ``amax`` in its context) and the amax value it fills,
+    the call's (``Fp8Call.amax``: None where the recipe takes none), which the GEMM's cast then
+    reads instead of an amax pass. None: high precision, or no such kernel."""
+    if em.fp8 is None:
+        return None
+    spec = next((spec for spec in em.stage_kernels.get((pass_, stage.start), ()) if spec.ctx.get("amax")), None)
+    if spec is None:
+        return None
+    # (a grad's own in the backward: made there, never saved by the forward)
+    grad_of = em.table[value].grad_of if pass_ == "backward" else None
+    amax = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(value)}_amax", grad_of=grad_of)
+    block.add(TorchCall("{amax} = {fp8}.amax()  # kept by the kernel below for its FP8 cast (current scaling)",
+                        dict(fp8=em.fp8), dict(amax=amax)))
+    em.fp8_amaxes[value] = amax
+    return spec, amax

@@ -45,7 +45,8 @@ class Fp8Call:
     def __init__(self, frame, gemms, casts, device, training):
         self.recipe, self.calibrating = frame.recipe, not frame.enabled
         self.kind = recipe_kind(self.recipe)
-        self.gemms, self.casts, self.training = gemms, casts, training
+        self.gemms, self.casts, self.training, self.device = gemms, casts, training, device
+        self.amaxes, self.amaxes_taken = None, 0  # current scaling: the floats kernels keep amaxes in
         self.step, self.first = frame.step, False
         self.eps_bits = struct.unpack("<i", struct.pack("<f", getattr(self.recipe, "amax_epsilon", 0.0)))[0]
         if self.kind == "delayed":
@@ -64,10 +65,25 @@ class Fp8Call:
         slot = state.slot(mode, index, which)
         history[0, slot] = torch.maximum(history[0, slot], self.casts.fp8_amax(x))
 
-    def _tensorwise(self, x, gemm, mode, which, transpose):
+    def amax(self):
+        """For a kernel that writes an FP8 GEMM's operand: a zeroed float it keeps the tensor's amax
+        in, which the operand's cast (``linear``'s or ``grad_output``'s ``amax``) reads instead of
+        an amax pass of its own; None where the recipe reads none (delayed scaling records the amax
+        in its cast, row-wise scales per row, calibrating runs in high precision). One zeroed
+        buffer a call serves all (two operands a GEMM at most)."""
+        if self.kind != "current" or self.calibrating:
+            return None
+        if self.amaxes is None or self.amaxes_taken == self.amaxes.numel():
+            self.amaxes = torch.zeros(2 * len(self.gemms), device=self.device, dtype=torch.float32)
+            self.amaxes_taken = 0
+        self.amaxes_taken += 1
+        return self.amaxes[self.amaxes_taken - 1]
+
+    def _tensorwise(self, x, gemm, mode, which, transpose, amax=None):
         """x cast with one scale, the state's (delayed: x's amax recorded in its slot, in the same
-        pass) or x's own (current: an amax pass first), and with ``transpose`` its transpose
-        (TE's cast-transpose). Returns the _Quantized x and its transpose (or None)."""
+        pass) or x's own (current: from ``amax`` where the kernel that wrote x kept it, else an
+        amax pass first), and with ``transpose`` its transpose (TE's cast-transpose). Returns the
+        _Quantized x and its transpose (or None)."""
         forward = mode == "forward"
         cast = self.casts.fp8_cast_e4m3 if fp8_dtype(self.recipe, forward) == torch.float8_e4m3fn \
             else self.casts.fp8_cast_e5m2
@@ -78,7 +94,8 @@ class Fp8Call:
             # x's amax max-ed into its history slot by the cast itself
             y, y_t, scale_inv = cast(x, scales[slot], None, 0, 0, int(transpose), history[0, slot])
         else:
-            y, y_t, scale_inv = cast(x, None, self.casts.fp8_amax(x), self.eps_bits,
+            amax = self.casts.fp8_amax(x) if amax is None else amax
+            y, y_t, scale_inv = cast(x, None, amax, self.eps_bits,
                                      int(self.recipe.use_power_2_scales), int(transpose), None)
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
@@ -111,11 +128,11 @@ class Fp8Call:
         state.weights[index] = cached = _QuantizedWeight(rows, columns, weight.dtype, key)
         return cached
 
-    def linear(self, gemm, x, weight, bias=None, alpha=1.0, add=None, activation=None):
+    def linear(self, gemm, x, weight, bias=None, alpha=1.0, add=None, activation=None, amax=None):
         """The forward GEMM number ``gemm``: ``activation(alpha (x W^T + bias) + add)`` with x and W
-        cast to FP8. Returns y, x's FP8 transpose (the weight grad's operand, cast with x in one
-        pass; None without grad, and row-wise, whose weight grad casts x per column) and the FP8
-        weight (the dgrad's)."""
+        cast to FP8 (``amax``: x's, where the kernel that wrote x kept it). Returns y, x's FP8
+        transpose (the weight grad's operand, cast with x in one pass; None without grad, and
+        row-wise, whose weight grad casts x per column) and the FP8 weight (the dgrad's)."""
         if self.calibrating:  # high precision, the amaxes recorded
             if self.kind == "delayed":
                 self._record(x, gemm, "forward", 0)
@@ -125,21 +142,22 @@ class Fp8Call:
         if self.kind == "rowwise":
             xq, x_t = self._rowwise(x, True), None
         else:
-            xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training)
+            xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training, amax=amax)
         fused_bias = bias if alpha == 1.0 else None
         y = scaled_mm(xq, w.rows, x.dtype, fused_bias, fast_accum=True)  # TE: fprop with fast accumulation
         return _epilogue(y, alpha, bias, add, activation, fused_bias is not None), x_t, w
 
-    def grad_output(self, gemm, dy):
+    def grad_output(self, gemm, dy, amax=None):
         """dy cast for the GEMM's dgrad and weight grad (E5M2 under HYBRID): tensorwise one
-        cast-transpose; row-wise per row of dy and per column."""
+        cast-transpose (``amax``: dy's, where the kernel that wrote dy kept it); row-wise per row
+        of dy and per column."""
         if self.calibrating:
             if self.kind == "delayed":
                 self._record(dy, gemm, "backward", 0)
             return dy, dy
         if self.kind == "rowwise":
             return self._rowwise(dy, False), self._columnwise(dy, False)
-        return self._tensorwise(dy, gemm, "backward", 0, transpose=True)
+        return self._tensorwise(dy, gemm, "backward", 0, transpose=True, amax=amax)
 
     def dgrad(self, dy, weight, alpha=1.0, add=None):
         """dx = alpha dy W (+ add): ``dy`` from grad_output, ``weight`` the forward's FP8 weight."""

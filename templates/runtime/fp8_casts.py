@@ -104,7 +104,7 @@ def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, amax_out, d
 
 def fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_bits):
     """The quantize family's fp8_delayed_update off the GPU, in place (quantize.cuh:
-    delayed_update_slots, TE's fused kernel): the step's amax is ``amax`` where given and not 0,
+    delayed_update_slot, TE's fused kernel): the step's amax is ``amax`` where given and not 0,
     else the history's first row; where it is not 0 the history rolls up a row, its first zeroed
     and the amax last; the amax to scale from is the max of the old window but its first row and
     the step's (a NaN drops out, as fmaxf drops it) or, ``most_recent``, the step's; the scale

@@ -27,13 +27,18 @@ class Fp8State:
         self.modes = {}  # "forward"/"backward" -> (scale, amax_history)
         self.weights = [None] * gemms  # each GEMM's cached FP8 weight (_QuantizedWeight)
 
+    def forget_weights(self):
+        """Drops the cached FP8 weights: the parameters or the weights' scales changed (delayed
+        scaling's forward update, a loaded state, another recipe)."""
+        self.weights = [None] * self.gemms
+
     def slots(self, mode):
         return self.gemms * self.per_gemm[0 if mode == "forward" else 1]
 
     def prepare(self, recipe, device):
         """The state for ``recipe`` on ``device`` (delayed scaling only): made, moved or resized."""
         if self.recipe is not None and self.recipe != recipe:
-            self.weights = [None] * self.gemms
+            self.forget_weights()
         self.recipe = recipe
         length = recipe.amax_history_len
         for mode in ("forward", "backward"):
@@ -91,6 +96,8 @@ class Fp8State:
                                    f"module {self.slots(mode)}: it was saved from another module")
             device = self.modes[mode][0].device if mode in self.modes else scale.device
             self.modes[mode] = (scale.to(device, torch.float32).clone(), history.to(device, torch.float32).clone())
+            if mode == "forward":
+                self.forget_weights()
             if part.get("recipe") is not None:
                 self.recipe = as_recipe(part["recipe"], fresh=True)
 
@@ -138,4 +145,4 @@ def forget_fp8_weights(module):
     for child in module.modules():
         state = getattr(child, "fp8", None)
         if isinstance(state, Fp8State):
-            state.weights = [None] * state.gemms
+            state.forget_weights()

@@ -71,6 +71,8 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
     few_rows = {dtype for dtype, (_, _, itemsize) in kn.DTYPES.items() if spec.few_rows(itemsize)}
     assert keywords == ({"shared": spec.shared_bytes} if spec.shared_bytes else {}) | ({"few_rows": few_rows} if few_rows else {})
     random = {dict(step)["operand"] for step in dict(spec.context).get("steps", ()) if dict(step)["broadcast"] == "random"}
+    if spec.ctx.get("amax"):  # an FP8 operand's producer: the float it keeps the amax in, or None
+        random.add("amax")
     values = [("0" if not p.passed else p.name if not p.pointer else f"pointer({p.name})" if p.name in random
                else f"{p.name}.data_ptr()") for p in abi]
     # every K.launch(dtype, grid, block, (arguments), device) call of this kernel, as parsed

@@ -311,7 +311,8 @@ def test_llama_layer_takes_the_bench_peers_weights():
     eager = bench.EagerLlamaLayer("meta", torch.bfloat16)
     module = generated.LlamaLayer(device="meta", dtype=torch.bfloat16)
     mapped = {bench.GENERATED_KEYS[k]: tuple(v.shape) for k, v in eager.state_dict().items()}
-    assert mapped == {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    # (its Linears' FP8 state, TE's _extra_state, aside: a checkpoint without it loads, tested in test_fp8.py)
+    assert mapped == {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
     module.load_state_dict({bench.GENERATED_KEYS[k]: v for k, v in eager.state_dict().items()})
     # shapes through the packed call form, forward and backward (the reference path's meta shapes)
     x = torch.empty(23, 4096, device="meta", dtype=torch.bfloat16, requires_grad=True)

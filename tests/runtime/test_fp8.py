@@ -336,6 +336,26 @@ def test_delayed_scaling_steps(fp8, package):
             w.add_(0.01)  # an optimizer step: the weight is cast again next time
 
 
+def test_delayed_scaling_casts_an_unchanged_weight_again_after_the_update(fp8, package):
+    """The weight cache keeps a weight cast with its step's delayed-scaling scale: after the forward
+    update (the outermost autocast's exit) the next step casts the weight again with the new scale
+    though the parameter did not change (steps without an optimizer, the benchmark's), and records
+    its amax again."""
+    module = package.Linear()
+    state = module._modules["0"].fp8
+    w = module._modules["0"].weight
+    x, _ = inputs(seed=5)
+    for _ in range(2):
+        with package.autocast(recipe=package.DelayedScaling()):
+            y = module(x)
+    # the same amaxes each step: the scales after the second step are those it cast with
+    scale_x, scale_w = state.modes["forward"][0].tolist()
+    assert scale_w == te_current_scale(w.abs().max().item(), 448.0) != 1.0
+    qx, qw = quantized(x, scale_x, E4M3), quantized(w.detach(), scale_w, E4M3)
+    close_to_float64(y.detach(), qx @ qw.double().t() + module._modules["0"].bias.double(), 64)
+    assert state.modes["forward"][1][-1, 1].item() == f32(w.abs().max().item())  # the second step's amax
+
+
 def test_weight_cache(package):
     """The FP8 weight is cast once while the parameter is unchanged (TE's weight cache), again
     after an in-place update, and forget_fp8_weights drops it."""
@@ -561,17 +581,61 @@ def test_quantize_kernels_match_their_reference(fp8, dtype):
                         assert torch.equal(as_bits(g), as_bits(w)), (shape, fmt, power_2)
 
 
+# The FP8 emission's kernels that keep their output's amax for its cast (the producers of an FP8
+# GEMM's x, and of its output's grad): (kernel, its inputs' widths), each the plain kernel's
+# variant named <kernel>_amax.
+AMAX_VARIANTS = [("swiglu_fwd_n14336", (28672,)), ("swiglu_fwd_n512", (1024,)),
+                 ("swiglu_bwd_n14336", (14336, 28672)), ("bias_swiglu_bwd_n512", (512, 1024))]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kernel,widths", AMAX_VARIANTS, ids=[k for k, _ in AMAX_VARIANTS])
+def test_amax_variants_match_their_kernels(kernel, widths, dtype):
+    """A kernel's amax variant (templates/cuda/amax.cuh) writes what the plain kernel writes, bit for
+    bit, and max-es its first output's amax into the given float: bit for bit the quantize family's
+    amax pass over that output (a NaN wins; a larger float is kept); None keeps none. Rows: one, a
+    few, more than a grid's row splits (65,535) at the narrow width."""
+    _needs_fp8_gpu()
+    import generated
+
+    kernels = generated._kernels
+    plain, variant = getattr(kernels, kernel), getattr(kernels, kernel + "_amax")
+    generator = torch.Generator().manual_seed(11)
+    for rows in (1, 3, 513, 70001 if widths[-1] <= 1024 else 2049):
+        inputs = [(torch.randn(rows, width, generator=generator) * 4).to(dtype).cuda() for width in widths]
+        want = plain(*inputs)
+        want = want if isinstance(want, tuple) else (want,)
+        want_amax = kernels.fp8_amax(want[0])
+        for start in (0.0, 1e30):
+            amax = torch.tensor(start, device="cuda")
+            got = variant(*inputs, amax)
+            got = got if isinstance(got, tuple) else (got,)
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), (kernel, rows)
+            kept = torch.tensor(start).item()  # (start in float32)
+            assert amax.item() == (kept if start else want_amax.item()), (kernel, rows, start)
+        none = variant(*inputs, None)
+        assert torch.equal(none if not isinstance(none, tuple) else none[0], want[0])
+    inputs[0][rows // 2, 7] = float("nan")
+    amax = torch.zeros((), device="cuda")
+    variant(*inputs, amax)
+    assert amax.isnan().item(), kernel
+
+
 @pytest.mark.cuda
 def test_delayed_update_kernel_matches_its_reference(fp8):
-    """fp8_delayed_update against its torch reference, bit for bit: histories of 1, 2 and 16 rows
-    with zeros (no roll), inf and NaN amaxes, a reduced amax given or not (0 where given: the
-    history's own), "max" and "most_recent", and a scaled max that overflows a tiny amax."""
+    """fp8_delayed_update against its torch reference, bit for bit: histories of 1, 2, 16, 300 (two
+    passes of a block's rows, the second partial) and 1,024 rows (TE's default) with zeros (no
+    roll), inf and NaN amaxes, a reduced amax given or not (0 where given: the history's own), "max"
+    and "most_recent", and a scaled max that overflows a tiny amax."""
     _needs_fp8_gpu()
     import generated
 
     generator = torch.Generator().manual_seed(11)
-    for length in (1, 2, 16):
+    for length in (1, 2, 16, 300, 1024):
         history = torch.rand(length, 37, generator=generator) * 100
+        history[length - 1, 9] = 1e4  # the window's max in its last row (the first a block's last pass reads)
         history[:, 3] = 0.0
         history[0, 5], history[0, 6], history[0, 7] = float("inf"), float("nan"), 1e-38
         history[2 % length, 8] = float("nan")

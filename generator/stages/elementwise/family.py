@@ -25,6 +25,18 @@ def fixed_size_variant(spec) -> tuple[str, int] | None:
     return None if spec.ctx["generic"] else (spec.ctx["generic_name"], spec.ctx["width"])
 
 
+def _amax_arg(spec, name: str = "amax") -> list[str]:
+    """[``name``] for a kernel that keeps its output's amax (an FP8 GEMM reads the output), else
+    []: its launcher's last argument, a float the kernel max-es the amax into, or None; off the
+    GPU the runtime's fp8_reference_amax does it."""
+    return [name] if spec.ctx.get("amax") else []
+
+
+def _amax_type(spec) -> dict:
+    """The amax argument's custom-op type: a tensor written in place, or None."""
+    return {"amax": "Tensor(a!)?"} if spec.ctx.get("amax") else {}
+
+
 class ElementwiseForward(KernelFamily):
     name = "elementwise_fwd"
     template = "elementwise/elementwise_fwd.cu.j2"
@@ -40,8 +52,11 @@ class ElementwiseForward(KernelFamily):
 
     def launcher_io(self, spec):
         written = [name for name in spec.returned if name != "y"]  # extra outputs the kernel writes
-        return dict(args=["x", *spec.operands], outputs=1 + len(written), written=written,
-                    random=random_operands(spec.ctx["steps"]))
+        return dict(args=["x", *spec.operands, *_amax_arg(spec)], outputs=1 + len(written), written=written,
+                    random=random_operands(spec.ctx["steps"]) + _amax_arg(spec), types=_amax_type(spec))
+
+    def runtime_names(self, spec):
+        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax"))
 
 
 class ElementwiseBackward(KernelFamily):
@@ -69,7 +84,11 @@ class ElementwiseBackward(KernelFamily):
         return COLUMN_TILED_ROWS if spec.ctx["column_tiled"] else None
 
     def launcher_io(self, spec):
-        return dict(args=["dy", *spec.operands], outputs=len(spec.returned), random=random_operands(spec.ctx["steps"]))
+        return dict(args=["dy", *spec.operands, *_amax_arg(spec)], outputs=len(spec.returned),
+                    random=random_operands(spec.ctx["steps"]) + _amax_arg(spec), types=_amax_type(spec))
+
+    def runtime_names(self, spec):
+        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax"))
 
     def launcher_context(self, spec, dtypes):
         """A column-tiled backward's 16-byte (or narrower) vectors in a row of dy, by dtype (a

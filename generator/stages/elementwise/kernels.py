@@ -55,8 +55,15 @@ def _generic_name(chain: str, direction: str, qualifier: str = "") -> str:
     return kn.kernel_name(chain, f"{direction}_any", qualifier)[0]
 
 
-def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
-    """The run's forward kernel; at input size ``n`` if given (a specialisation)."""
+def _amax_param(amax: bool) -> tuple:
+    """An FP8 consumer's variant (``amax``): the output's amax, max-ed into a float the launcher is
+    handed (None: not kept), as current scaling's cast reads it (templates/cuda/amax.cuh)."""
+    return (P("amax", "float*"),) if amax else ()
+
+
+def forward_kernel(pipeline, stage, n: int | None = None, amax: bool = False) -> kn.KernelSpec:
+    """The run's forward kernel; at input size ``n`` if given (a specialisation); with ``amax``,
+    the variant that also keeps its output's amax (its consumer is an FP8 GEMM)."""
     glu = glu_index(stage.ops)
     aliases = forward_aliases(stage)
     width = pipeline.width(stage.end, n)
@@ -66,18 +73,24 @@ def forward_kernel(pipeline, stage, n: int | None = None) -> kn.KernelSpec:
     written = [dict(s)["tee"] for s in steps if dict(s)["tee"] and dict(s)["write"]]
     ctypes = operand_ctypes(steps)
     abi = (P("x", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
-           P("y", "T*"), P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
+           P("y", "T*"), *_amax_param(amax), P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     tags = "_".join(op.tag for op in stage.ops)
+    qualifier = "amax" if amax else ""
+    extra = dict(amax=True) if amax else {}  # (a plain kernel's context as before: its name and sources)
     return kn.make_spec(
-        kn.kernel_name(tags, f"fwd_{suffix}"), "elementwise_fwd", ", ".join(op.describe(kernel=True) for op in stage.ops),
-        abi=abi, operands=operands, returned=["y", *written], headers=("common.cuh", *device_headers(stage)),
+        kn.kernel_name(tags, f"fwd_{suffix}", qualifier), "elementwise_fwd",
+        ", ".join(op.describe(kernel=True) for op in stage.ops) + (", its amax" if amax else ""),
+        abi=abi, operands=operands, returned=["y", *written],
+        headers=("amax.cuh" if amax else "common.cuh", *device_headers(stage)),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None, steps=steps,
-        threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd"), **{**size, **_interleave(stage, size)},
+        threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd", qualifier),
+        **{**size, **_interleave(stage, size)}, **extra,
     )
 
 
-def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
-    """The run's backward kernel; at input size ``n`` if given (a specialisation)."""
+def backward_kernel(plan, stage, n: int | None = None, amax: bool = False) -> kn.KernelSpec:
+    """The run's backward kernel; at input size ``n`` if given (a specialisation); with ``amax``,
+    the variant that also keeps dx's amax (dx is an FP8 GEMM's output grad)."""
     pipeline = plan.pipeline
     glu = glu_index(stage.ops)
     aliases = backward_aliases(stage)
@@ -120,7 +133,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
     column_tiled = not size["generic"] and "column" in grads and "scalar" not in grads
     abi = (P("dy", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
            *((P("partials", "float*"),) if grad_columns else ()), *((P("column_grads", "T*"),) if column_tiled else ()),
-           *(P(r, "float*") for r in row_partials),
+           *(P(r, "float*") for r in row_partials), *_amax_param(amax),
            P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     first_needing = next((op.index for op in stage.ops if op.opdef.needs_input_in_backward), None)
     qualifier = ""
@@ -130,11 +143,14 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
         qualifier = f"from_{pipeline.ops[recompute.replay_from].tag}"
     tags = "_".join(op.tag for op in stage.ops)
     saved_two_lanes = recompute is not None and glu is not None and recompute.replay_from <= glu
+    qualifier = "_".join(part for part in (qualifier, "amax" if amax else "") if part)
+    extra = dict(amax=True) if amax else {}  # (a plain kernel's context as before: its name and sources)
     return kn.make_spec(
         kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
-        ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward",
+        ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward" + (", dx's amax" if amax else ""),
         abi=abi, operands=operands, returned=written + reduced,
-        headers=("column_sum.cuh" if column_tiled else "common.cuh", *device_headers(stage)),
+        headers=(*(("amax.cuh",) if amax else ()), "column_sum.cuh" if column_tiled else "common.cuh",
+                 *device_headers(stage)),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps),
         threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier),
@@ -142,6 +158,7 @@ def backward_kernel(plan, stage, n: int | None = None) -> kn.KernelSpec:
         saved_offset=None if recompute is None else recompute.replay_from - stage.start,
         saved_two_lanes=saved_two_lanes, grad_columns=_relative(grad_columns, width), column_tiled=column_tiled,
         row_unroll=_row_unroll(steps, recompute is not None, saved_two_lanes) if grads & {"column", "scalar"} else 1,
+        **extra,
     )
 
 

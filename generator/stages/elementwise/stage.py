@@ -22,6 +22,7 @@ from ...ops import elementwise_kinds
 from ...values import seed_name
 from ..base import NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, fixed
 from ..column_sum import column_sum
+from ..gemm import fp8_amax, fp8_operands
 from .kernels import backward_kernel, forward_kernel
 from .steps import (backward_aliases, forward_aliases, grad_is_reduced, io_names, new_seed, operand_width, random_ops,
                     reads_operand, width_halving_kinds)
@@ -81,11 +82,19 @@ class ElementwiseStage(StageImpl):
             return []
         specialise = plan.pipeline.specialise
         if pass_ == "forward":
-            return [forward_kernel(plan.pipeline, stage), *(forward_kernel(plan.pipeline, stage, n) for n in specialise)]
+            # an FP8 GEMM's x: also the variant that keeps its amax (the FP8 emission's)
+            variants = (False, True) if stage.output in fp8_operands(plan, "forward") else (False,)
+            return [spec for amax in variants for spec in (
+                forward_kernel(plan.pipeline, stage, amax=amax),
+                *(forward_kernel(plan.pipeline, stage, n, amax=amax) for n in specialise))]
         spec = backward_kernel(plan, stage)
         column_grads = any(step["grad"] == "column" for step in spec.ctx["steps"])
+        # dx an FP8 GEMM's output grad: also the variant that keeps its amax (the FP8 emission's)
+        amax = spec.ctx["writes_dx"] and stage.input in fp8_operands(plan, "backward")
         return [spec, *([column_sum(spec.ctx["grad_columns"])] if column_grads else []),
-                *(backward_kernel(plan, stage, n) for n in specialise)]
+                *(backward_kernel(plan, stage, n) for n in specialise),
+                *((backward_kernel(plan, stage, amax=True), *(backward_kernel(plan, stage, n, amax=True)
+                                                              for n in specialise)) if amax else ())]
 
     def row_traffic(self, plan, pass_, stage):
         if stage.kind == "passthrough":  # aliases: nothing moves
@@ -114,8 +123,12 @@ class ElementwiseStage(StageImpl):
         for op in random_ops(stage.ops):
             block.add(new_seed(p, op, stage.input))
         operands = {"y": stage.output, **io_names(stage)}
-        block.add(Launch(spec.name, [stage.input] + [operands[o] for o in spec.operands],
-                         [operands[r] for r in spec.returned]))
+        args = [stage.input] + [operands[o] for o in spec.operands]
+        fp8 = fp8_amax(em, block, stage, "forward", stage.output)  # y an FP8 GEMM's x
+        if fp8 is not None:
+            spec, amax = fp8
+            args.append(amax)
+        block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
         for index, alias in forward_aliases(stage).items():
             if alias != "write":
                 em.alias(block, p.ops[index].extra_out, stage.input if alias == "input" else stage.output)
@@ -135,7 +148,12 @@ class ElementwiseStage(StageImpl):
         recompute = em.plan.recompute.get(stage.start)
         if recompute is not None:
             operands["x"] = recompute.saved
-        block.add(Launch(spec.name, [dy] + [operands[o] for o in spec.operands], [operands[r] for r in spec.returned]))
+        args = [dy] + [operands[o] for o in spec.operands]
+        fp8 = fp8_amax(em, block, stage, "backward", d_in) if spec.ctx["writes_dx"] else None  # dx an FP8 GEMM's dy
+        if fp8 is not None:
+            spec, amax = fp8
+            args.append(amax)
+        block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
         for index, alias in backward_aliases(stage).items():
             if alias != "write":
                 em.grad_alias(block, em.grad(p.ops[index].extra_in), dy if alias == "dy" else d_in)

@@ -9,6 +9,7 @@ from ...kernels import KernelFamily, KernelParam, KernelSpec, kernel_name, make_
 # the FP8 formats: (kernel name part, CUDA type, largest value, torch dtype)
 FORMATS = {"e4m3": ("__nv_fp8_e4m3", 448, "float8_e4m3fn"), "e5m2": ("__nv_fp8_e5m2", 57344, "float8_e5m2")}
 AMAX_THREADS = 256
+UPDATE_THREADS = 256  # a block of delayed scaling's update: the threads share a slot's history rows
 
 
 def fp8_amax() -> KernelSpec:
@@ -91,10 +92,10 @@ class Quantize(KernelFamily):
     template = "quantize/quantize.cu.j2"
     launcher_template = "quantize/quantize.py.j2"
     head_position = 50
-    module_constants = {"amax_threads": AMAX_THREADS}
+    module_constants = {"amax_threads": AMAX_THREADS, "update_threads": UPDATE_THREADS}
 
     def template_context(self, spec, dtype, itemsize):
-        return {"amax_threads": AMAX_THREADS}
+        return {"amax_threads": AMAX_THREADS, "update_threads": UPDATE_THREADS}
 
     def launcher_io(self, spec):
         if spec.ctx["kind"] == "amax":
