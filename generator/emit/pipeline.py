@@ -290,7 +290,8 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     gemms = fp8_gemms(p)
     # plan.md's table: each GEMM's op and the values cast for it (x and, backward, the output's grad)
     linears = [op for op in p.ops if op.kind == "linear"]
-    table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name)
+    kept_by = {em.table[value].name: kernel for value, (_, kernel) in em.fp8_amaxes.items()}  # amaxes kept
+    table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by)
              for n, op in enumerate(linears)]
     return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
                 names=list(p.fp8.recipes), table=table, gemms=gemms,

@@ -187,8 +187,8 @@ class Emitter:
     # runtime Fp8Call, which its GEMM stages call (None: high precision)
     fp8: int | None = None
     # the FP8 emission: a value an FP8 GEMM casts (forward: its x; backward: its output's grad) ->
-    # the amax value the kernel that writes it keeps its amax in (stages/gemm.py: fp8_amax)
-    fp8_amaxes: dict[int, int] = field(default_factory=dict)
+    # (the amax value the kernel that writes it keeps its amax in, that kernel) (gemm.fp8_amax)
+    fp8_amaxes: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     def alias(self, block: Block, value: int, of: int) -> None:
         """``value = of`` in the forward: one tensor under a second name (an extra output that is

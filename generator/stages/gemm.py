@@ -135,7 +135,7 @@ class GemmStage(StageImpl):
         if relu is not None or gelu is not None:
             extra += f", activation={'relu' if relu is not None else 'gelu'!r}"
         if stage.input in em.fp8_amaxes:  # x's amax, kept by the kernel that wrote x
-            reads["amax"] = em.fp8_amaxes[stage.input]
+            reads["amax"] = em.fp8_amaxes[stage.input][0]
             extra += ", amax={amax}"
         call = f"{{fp8}}.linear({em.gemm_number(linear)}, {{x}}, {{w}}{extra})"
         if not em.saving:  # the no-grad forward: y alone
@@ -156,7 +156,7 @@ class GemmStage(StageImpl):
         dy_fp8 = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(dy)}_fp8", grad_of=em.table[dy].grad_of)
         reads, amax = dict(fp8=em.fp8, dy=dy), ""
         if dy in em.fp8_amaxes:  # dy's amax, kept by the kernel that wrote dy
-            reads["amax"], amax = em.fp8_amaxes[dy], ", amax={amax}"
+            reads["amax"], amax = em.fp8_amaxes[dy][0], ", amax={amax}"
         block.add(TorchCall(f"{{dy_fp8}} = {{fp8}}.grad_output({em.gemm_number(linear)}, {{dy}}{amax})",
                             reads, dict(dy_fp8=dy_fp8)))
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
@@ -204,5 +204,5 @@ def fp8_amax(em, block, stage, pass_: str, value: int):
     amax = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(value)}_amax", grad_of=grad_of)
     block.add(TorchCall("{amax} = {fp8}.amax()  # kept by the kernel below for its FP8 cast (current scaling)",
                         dict(fp8=em.fp8), dict(amax=amax)))
-    em.fp8_amaxes[value] = amax
+    em.fp8_amaxes[value] = (amax, spec.name)
     return spec, amax
