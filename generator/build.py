@@ -19,6 +19,7 @@ from .config import Config, Fp8Build
 from .errors import SpecError, UsageError
 from .frontend import SequentialSpec, parse_spec_file
 from .names import NameTable
+from .ops.identity import quantize_points
 from .output import MANIFEST, manifest_bytes
 from .pipeline import Pipeline, build_pipeline
 from .plan import Plan, Rule, plan_pipeline
@@ -75,6 +76,15 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
                                 f"(TE's rule); pipeline '{pipeline.name}' is built for FP8 ([tool.fusegen] fp8): give "
                                 "it sizes that are multiples of 16, or fp8 = [] in its "
                                 f"[tool.fusegen.pipelines.{pipeline.name}] table", op.location)
+    for node, mode, neighbour in quantize_points(pipeline.graph):
+        if neighbour is None or neighbour.opdef.kind != "linear":
+            there = "none" if neighbour is None else neighbour.opdef.name + (
+                f" (of {neighbour.module_call})" if not neighbour.module_call.startswith(neighbour.opdef.name) else "")
+            raise SpecError(f"Quantize({mode}=True) in pipeline '{pipeline.name}', built for FP8 ([tool.fusegen] fp8), "
+                            f"is generated where it casts a Linear's {'input' if mode == 'forward' else 'output grad'} "
+                            f"(TE's use: the Linear {'right after' if mode == 'forward' else 'right before'} it takes "
+                            f"the FP8 tensor); the op {'after' if mode == 'forward' else 'before'} it is {there}: put it "
+                            "next to a Linear, or leave it out (each Linear casts its own operands)", node.location)
     return dataclasses.replace(pipeline, fp8=Fp8Build(recipes, config.fp8_min_rows))
 
 

@@ -42,6 +42,9 @@ class Fp8State:
         self.recipe = recipe
         length = recipe.amax_history_len
         for mode in ("forward", "backward"):
+            # (a Quantize that casts in one mode: TE keeps no state for the other)
+            if not self.slots(mode):
+                continue
             have = self.modes.get(mode)
             if have is None:
                 scale = torch.ones(self.slots(mode), dtype=torch.float32, device=device)

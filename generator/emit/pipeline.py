@@ -8,6 +8,7 @@ import hashlib
 from ..ir import Sym, size_expr
 from ..kernels import DTYPES
 from ..ops import part_submodule
+from ..ops.identity import quantize_points
 from ..ops.te_modules import TE_COMPOSITES, TE_MACROS
 from ..plan import Plan
 from ..source_text import py_string
@@ -293,9 +294,26 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     kept_by = {em.table[value].name: kernel for value, (_, kernel) in em.fp8_amaxes.items()}  # amaxes kept
     table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by)
              for n, op in enumerate(linears)]
+    quantizes = fp8_quantizes(p)
     return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
                 names=list(p.fp8.recipes), table=table, gemms=gemms,
-                paths=repr(tuple((path, index) for _, path, index, _, _ in gemms)))
+                paths=repr(tuple((path, index) for _, path, index, _, _ in gemms)), quantizes=quantizes,
+                quantize_points=repr(tuple((gemm, mode, path) for _, path, _, points in quantizes
+                                           for gemm, mode in points)))
+
+
+def fp8_quantizes(p) -> list[tuple[str, str, tuple[int, int], list[tuple[int, str]]]]:
+    """The spec's Quantize ops (TE's cast points) of a pipeline built for FP8, each with its scaling
+    state (TE's: one quantizer a mode it casts in): (its holder's expression, its path, its (forward,
+    backward) slots, and what it casts: (the GEMM's number, "forward": its x, or "backward": its
+    output's grad)). build.with_fp8 checked that each sits next to its Linear."""
+    numbers = {op.node: n for n, op in enumerate(op for op in p.ops if op.kind == "linear")}
+    out: dict[str, list] = {}
+    for node, mode, linear in quantize_points(p.graph):
+        entry = out.setdefault(node.module_index, [child_module(node.module_index), node.module_index, [0, 0], []])
+        entry[2][0 if mode == "forward" else 1] = 1
+        entry[3].append((numbers[linear.index], mode))
+    return [(holder, path, tuple(slots), points) for holder, path, slots, points in out.values()]
 
 
 def fp8_gemms(p) -> list[tuple[str, str, int, int, bool]]:
@@ -320,6 +338,6 @@ def fp8_gemms(p) -> list[tuple[str, str, int, int, bool]]:
 def fp8_children(children_: list, p) -> list:
     """``children``' entries with the class of a te.ops child that holds an FP8 GEMM's state
     Fp8SpecOp (a SpecOp with TE's _extra_state)."""
-    holders = {op.module_index for op in p.ops if op.kind == "linear"}
+    holders = {op.module_index for op in p.ops if op.kind == "linear"} | {path for _, path, _, _ in fp8_quantizes(p)}
     return [(*entry[:6], "Fp8SpecOp" if entry[6] == "SpecOp" and entry[0] in holders else entry[6], *entry[7:])
             for entry in children_]

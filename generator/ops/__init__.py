@@ -57,8 +57,6 @@ def elementwise_kinds() -> frozenset[str]:
 
 # te.ops operations fusegen does not generate yet, and why: a spec naming one gets this, not "unknown op".
 NOT_YET = {
-    **dict.fromkeys(("Quantize",), "an explicit FP8 cast point is not generated yet; a pipeline built for FP8 "
-                                   "([tool.fusegen] fp8) casts each GEMM's operands itself"),
     **dict.fromkeys(("AllGather", "AllReduce", "ReduceScatter"),
                     "tensor- and sequence-parallel communication is not supported yet"),
     "GroupedLinear": "grouped (MoE expert) GEMMs are not supported yet",

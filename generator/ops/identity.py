@@ -24,6 +24,36 @@ from .opdef import MAX_FEATURES, Arg, OpDef, register
 
 register(OpDef("Identity", "identity", summary="y = x", changes_value=False, changes_grad=False, view=True))
 
+# TE's te.ops.Quantize (ops/basic/quantize.py): outside autocast y = x; inside it, the FP8 cast of
+# the tensor (forward) and of its grad (backward) with the op's own quantizers, whose FP8 tensor
+# the Linear next to it takes as its operand (a Linear casts no operand that is FP8 already). A
+# view here: the pipeline built for FP8 runs it as that Linear's cast of the operand with the
+# Quantize's scaling state (quantize_points; its _extra_state is TE's), so values are TE's.
+register(OpDef(
+    "Quantize", "quantize", args=(Arg("forward", "bool", True, in_kernel=False), Arg("backward", "bool", False,
+                                                                               in_kernel=False)),
+    summary="y = x; inside the package's autocast, the FP8 cast of the next Linear's input (forward) or of "
+            "the previous Linear's output grad (backward), with the Quantize's own scaling state",
+    changes_value=False, changes_grad=False, view=True))
+
+
+def quantize_points(graph) -> list[tuple[object, str, object | None]]:
+    """Each cast a Quantize of ``graph`` makes: (its node, "forward" (it casts the input of the
+    Linear right after it) or "backward" (the grad of the output of the Linear right before it),
+    that Linear's node, or the op's there if not a Linear). Views between them are skipped; a
+    Quantize at either end of the chain has None there."""
+    nodes = list(graph.nodes)
+    points = []
+    for i, node in enumerate(nodes):
+        if node.opdef.kind != "quantize":
+            continue
+        after = next((n for n in nodes[i + 1:] if not n.opdef.view), None)
+        before = next((n for n in reversed(nodes[:i]) if not n.opdef.view), None)
+        for mode, neighbour in (("forward", after), ("backward", before)):
+            if node.args[mode]:
+                points.append((node, mode, neighbour))
+    return points
+
 
 def _check_shape(shape):
     if shape.count(-1) > 1:

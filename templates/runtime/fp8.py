@@ -42,27 +42,37 @@ class Fp8Call:
     ``grad_output``, ``dgrad`` and ``weight_grad`` in the backward, and the Function
     ``backward_done`` last."""
 
-    def __init__(self, frame, gemms, casts, device, training):
+    def __init__(self, frame, gemms, casts, device, training, quantize=None):
         self.recipe, self.calibrating = frame.recipe, not frame.enabled
         self.kind = recipe_kind(self.recipe)
         self.gemms, self.casts, self.training, self.device = gemms, casts, training, device
+        self.quantize = quantize or {}  # (GEMM, mode) -> the state of the spec's Quantize that casts there
         self.amaxes, self.amaxes_taken = None, 0  # current scaling: the floats kernels keep amaxes in
         self.step, self.first = frame.step, False
         self.eps_bits = struct.unpack("<i", struct.pack("<f", getattr(self.recipe, "amax_epsilon", 0.0)))[0]
         if self.kind == "delayed":
-            for state in dict.fromkeys(state for state, _ in gemms):
+            for state in dict.fromkeys([*(state for state, _ in gemms), *self.quantize.values()]):
                 state.prepare(self.recipe, device)
-                if training:
-                    self.step.forward.setdefault(id(state), (state, "forward", self.recipe, frame.group, casts))
-                    self.step.backward.setdefault(id(state), (state, "backward", self.recipe, frame.group, casts))
+                for mode in state.modes if training else ():  # (a Quantize's: the modes it casts in)
+                    getattr(self.step, mode).setdefault(id(state), (state, mode, self.recipe, frame.group, casts))
         if training and not self.step.first_taken:  # TE's is_first_fp8_module: it updates the backward slots
             self.step.first_taken = self.first = True
 
+    def _slot(self, gemm, mode, which):
+        """The delayed-scaling state and slot of GEMM ``gemm``'s operand ``which`` (0: x forward, dy
+        backward; 1: the weight) in ``mode``: a Quantize's own where the spec puts one there (TE's
+        Linear then casts nothing itself: the Quantize's FP8 tensor is its operand), else the GEMM's
+        holder's."""
+        quantize = self.quantize.get((gemm, mode)) if which == 0 else None
+        if quantize is not None:
+            return quantize, 0
+        state, index = self.gemms[gemm]
+        return state, state.slot(mode, index, which)
+
     def _record(self, x, gemm, mode, which):
         """Delayed scaling (calibrating): x's amax into its slot of the history's first row."""
-        state, index = self.gemms[gemm]
+        state, slot = self._slot(gemm, mode, which)
         history = state.modes[mode][1]
-        slot = state.slot(mode, index, which)
         history[0, slot] = torch.maximum(history[0, slot], self.casts.fp8_amax(x))
 
     def amax(self):
@@ -88,9 +98,8 @@ class Fp8Call:
         cast = self.casts.fp8_cast_e4m3 if fp8_dtype(self.recipe, forward) == torch.float8_e4m3fn \
             else self.casts.fp8_cast_e5m2
         if self.kind == "delayed":
-            state, index = self.gemms[gemm]
+            state, slot = self._slot(gemm, mode, which)
             scales, history = state.modes[mode]
-            slot = state.slot(mode, index, which)
             # x's amax max-ed into its history slot by the cast itself
             y, y_t, scale_inv = cast(x, scales[slot], None, 0, 0, int(transpose), history[0, slot])
         else:
@@ -212,4 +221,6 @@ def fp8_call(module, x, casts):
             f"{type(frame.recipe).__name__}: add \"{kind}\" to fp8 in [tool.fusegen] (or its pipeline's table) "
             "and generate again")
     gemms = tuple((module.get_submodule(path).fp8, index) for path, index in module.fp8_gemms)
-    return Fp8Call(frame, gemms, casts, x.device, torch.is_grad_enabled())
+    quantize = {(gemm, mode): module.get_submodule(path).fp8  # the spec's Quantize ops, where it has any
+                for gemm, mode, path in getattr(module, "fp8_quantize", ())}
+    return Fp8Call(frame, gemms, casts, x.device, torch.is_grad_enabled(), quantize)

@@ -172,7 +172,8 @@ def test_registry_order_is_the_family_order():
     assert list(OPS) == ["BasicLinear", "Linear", "Bias", "LayerNorm", "RMSNorm", "L2Normalization", "GELU", "ReLU", "SiLU", "SReLU",
                          "QGELU", "SwiGLU", "GEGLU", "ClampedSwiGLU", "GLU", "QGEGLU", "ReGLU", "SReGLU", "SiTUGLU",
                          "RowScale", "ScaledSwiGLU", "ScaledSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU",
-                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Reshape", "FlattenRows", "UnflattenRows",
+                         "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Quantize", "Reshape", "FlattenRows",
+                         "UnflattenRows",
                          "MultiHeadedSelfAttention", "GroupedQueryAttention", "MultiQuerySelfAttention", "nn.Linear",
                          "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity",
                          "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer", "Module"]

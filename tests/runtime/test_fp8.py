@@ -206,6 +206,9 @@ mlp = te.ops.Sequential(te.ops.RMSNorm(64), te.ops.Linear(64, 96, bias=False), t
                         te.ops.Linear(48, 64))
 layer_mlp = te.Sequential(te.LayerNormMLP(64, 96, activation="swiglu", normalization="RMSNorm"))
 main_grad = te.ops.Sequential(te.ops.BasicLinear(64, 48, accumulate_into_main_grad=True))
+# TE's explicit cast points around a GEMM, and the same GEMM without them
+quantized = te.ops.Sequential(te.ops.Quantize(), te.ops.BasicLinear(64, 48), te.ops.Quantize(forward=False, backward=True))
+plain = te.ops.Sequential(te.ops.BasicLinear(64, 48))
 """
 
 
@@ -442,6 +445,67 @@ def test_mlps_against_the_quantized_reference(package, recipe, name):
                            *((p.grad, r.grad, grads) for p, r in zip(module.parameters(), params))]:
         scale = ref.abs().max()  # relative to the largest value: grads are not O(1)
         assert torch.allclose(got.double() / scale, ref.detach() / scale, **tols), (got.shape, (got - ref).abs().max())
+
+
+def quantize_pair(package):
+    """The Quantize spec's module and the plain BasicLinear's, holding the same weight."""
+    quantized, plain = package.Quantized(), package.Plain()
+    with torch.no_grad():
+        plain._modules["0"].weight.copy_(quantized._modules["1"].weight)
+    return quantized, plain
+
+
+@pytest.mark.parametrize("recipe", ["current", "rowwise", "delayed"])
+def test_quantize_ops_are_the_gemms_casts(fp8, package, recipe):
+    """te.ops.Quantize (TE's ops/basic/quantize.py) before a Linear casts its input, after one (backward=True)
+    the grad of its output: the Linear takes that FP8 tensor as its operand. So y, dx and dW are
+    those of the Linear alone, bit for bit, over three steps; with delayed scaling the casts use and
+    update the Quantizes' own state (x's amaxes in the first's forward history, dy's in the
+    second's backward one) while the Linear's input and grad slots stay as made, as TE's."""
+    quantized, plain = quantize_pair(package)
+    make = {"current": package.Float8CurrentScaling, "rowwise": package.Float8RowwiseScaling,
+            "delayed": lambda: package.DelayedScaling(amax_history_len=4)}[recipe]
+    for step in range(3):
+        x, dy = inputs(seed=20 + step)
+        results = []
+        for module in (quantized, plain):
+            xi = x.clone().requires_grad_(True)
+            with package.autocast(recipe=make()):
+                y = module(xi)
+            y.backward(dy)
+            weight = module._modules["1" if module is quantized else "0"].weight
+            results.append((y.detach(), xi.grad, weight.grad.clone()))
+            weight.grad = None
+        for got, want in zip(*results):
+            assert torch.equal(got, want), (recipe, step)
+    if recipe != "delayed":
+        return
+    first, linear, second = (quantized._modules[name].fp8 for name in ("0", "1", "2"))
+    assert set(first.modes) == {"forward"} and set(second.modes) == {"backward"}
+    assert first.modes["forward"][1][:, 0].tolist() == plain._modules["0"].fp8.modes["forward"][1][:, 0].tolist()
+    assert second.modes["backward"][1][:, 0].tolist() == plain._modules["0"].fp8.modes["backward"][1][:, 0].tolist()
+    assert linear.modes["forward"][1][:, 0].abs().sum().item() == 0.0  # its input slot never cast
+    assert linear.modes["forward"][1][:, 1].tolist() == plain._modules["0"].fp8.modes["forward"][1][:, 1].tolist()
+    assert linear.modes["backward"][1].abs().sum().item() == 0.0 and linear.modes["backward"][0].tolist() == [1.0]
+    # the Quantizes' state is their _extra_state (TE's per-mode form, only the mode each casts in)
+    state = quantized.state_dict()
+    fresh, _ = quantize_pair(package)
+    fresh.load_state_dict(state)
+    for name in ("0", "2"):
+        for mode, tensors in quantized._modules[name].fp8.modes.items():
+            for got, want in zip(fresh._modules[name].fp8.modes[mode], tensors):
+                assert torch.equal(got, want), (name, mode)
+
+
+def test_quantize_outside_fp8_is_identity(tmp_path):
+    """Outside FP8 (a pipeline not built for it, or outside autocast) a Quantize is y = x anywhere,
+    as TE's outside autocast: here before a norm."""
+    spec = ("import transformer_engine.pytorch as te\n\n"
+            "normed = te.ops.Sequential(te.ops.Quantize(backward=True), te.ops.RMSNorm(64))\n"
+            "norm = te.ops.Sequential(te.ops.RMSNorm(64))\n")
+    with imported_package(tmp_path, "spec.py", spec, "quantize_pkg") as pkg:
+        x, _ = inputs()
+        assert torch.equal(pkg.Normed()(x), pkg.Norm()(x))
 
 
 def test_extra_state_round_trip(package):
@@ -811,6 +875,12 @@ act = te.ops.Sequential(te.ops.GELU())
     ('[tool.fusegen.pipelines.mpl]\nfp8 = ["current"]', FP8_PROJECT, "names no pipeline of the specs; did you mean 'mlp'?"),
     ('fp8 = ["current"]', FP8_PROJECT.replace("96", "90"),
      "BasicLinear(64, 90): out_features=90 is not a multiple of 16, which FP8 GEMMs need (TE's rule)"),
+    ('fp8 = ["current"]', FP8_PROJECT.replace("te.ops.GELU(), te.ops.Linear", "te.ops.Quantize(), te.ops.GELU(), te.ops.Linear"),
+     "Quantize(forward=True) in pipeline 'mlp', built for FP8 ([tool.fusegen] fp8), is generated where it casts a "
+     "Linear's input (TE's use: the Linear right after it takes the FP8 tensor); the op after it is GELU: put it "
+     "next to a Linear"),
+    ('fp8 = ["current"]', FP8_PROJECT.replace("te.ops.GELU()", "te.ops.Quantize(forward=False, backward=True), te.ops.GELU()"),
+     "the op before it is Bias (of Linear(64, 96))"),
 ])
 def test_fp8_settings_are_checked(tmp_path, monkeypatch, capsys, table, spec, message):
     """A bad fp8 setting, or a GEMM FP8 cannot run, is a clear error (exit 2) naming what to do."""
