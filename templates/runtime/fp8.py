@@ -47,6 +47,8 @@ class Fp8Call:
         self.kind = recipe_kind(self.recipe)
         self.gemms, self.casts, self.training, self.device = gemms, casts, training, device
         self.quantize = quantize or {}  # (GEMM, mode) -> the state of the spec's Quantize that casts there
+        # a call captured into a user's CUDA graph: its replays are the steps (see _weight, backward_done)
+        self.capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         self.amaxes, self.amaxes_taken = None, 0  # current scaling: the floats kernels keep amaxes in
         self.step, self.first = frame.step, False
         self.eps_bits = struct.unpack("<i", struct.pack("<f", getattr(self.recipe, "amax_epsilon", 0.0)))[0]
@@ -123,18 +125,22 @@ class Fp8Call:
 
     def _weight(self, gemm, weight):
         """The GEMM's FP8 weight, cast again only when the parameter changed (TE's weight cache:
-        a weight changed through ``.data`` is not seen; ``forget_fp8_weights`` drops the cache)."""
+        a weight changed through ``.data`` is not seen; ``forget_fp8_weights`` drops the cache).
+        A call captured into a CUDA graph casts it and caches nothing: each replay casts the weight
+        as it then is (an optimizer changes it in place between replays, unseen by the cache)."""
         state, index = self.gemms[gemm]
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.kind)
         cached = state.weights[index]
-        if cached is not None and cached.key == key:
+        if cached is not None and cached.key == key and not self.capturing:
             return cached
         w = weight.detach()
         if self.kind == "rowwise":
             rows, columns = self._rowwise(w, True), self._columnwise(w, True)
         else:
             rows, columns = self._tensorwise(w, gemm, "forward", 1, transpose=True)
-        state.weights[index] = cached = _QuantizedWeight(rows, columns, weight.dtype, key)
+        cached = _QuantizedWeight(rows, columns, weight.dtype, key)
+        if not self.capturing:
+            state.weights[index] = cached
         return cached
 
     def linear(self, gemm, x, weight, bias=None, alpha=1.0, add=None, activation=None, amax=None):
@@ -197,8 +203,9 @@ class Fp8Call:
 
     def backward_done(self):
         """After the module's backward: the backward slots' update, where this was the first FP8
-        module called in its autocast (TE updates them after the last backward to run)."""
-        if self.first and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        module called in its autocast (TE updates them after the last backward to run). Under a
+        CUDA graph's capture the update is captured too: each replay updates as a step does."""
+        if self.first:
             update_states(self.step.backward.values())
 
 
