@@ -141,16 +141,14 @@ def forward_stages_fp8(
         1, layernormmlp0_activation_pre_linear, layernormmlp0_fc2_weight, layernormmlp0_fc2_bias,
         amax=layernormmlp0_activation_pre_linear_amax)
     return layernormmlp0_out, (
-        x, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_pre_glu,
-        layernormmlp0_activation_pre_linear, layernormmlp0_layer_norm_rstd, fp8,
+        x, layernormmlp0_fc1_pre_glu, layernormmlp0_layer_norm_rstd, fp8,
         layernormmlp0_fc1_weight_fp8, layernormmlp0_layer_norm_pre_linear_fp8_t,
         layernormmlp0_fc2_weight_fp8, layernormmlp0_activation_pre_linear_fp8_t,
         layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight, layernormmlp0_fc2_weight)
 
 
 def backward_stages_fp8(
-        d_layernormmlp0_out, x, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_pre_glu,
-        layernormmlp0_activation_pre_linear, layernormmlp0_layer_norm_rstd, fp8,
+        d_layernormmlp0_out, x, layernormmlp0_fc1_pre_glu, layernormmlp0_layer_norm_rstd, fp8,
         layernormmlp0_fc1_weight_fp8, layernormmlp0_layer_norm_pre_linear_fp8_t,
         layernormmlp0_fc2_weight_fp8, layernormmlp0_activation_pre_linear_fp8_t,
         layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight, layernormmlp0_fc2_weight):
@@ -191,7 +189,7 @@ class Fp8LayernormMlpFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(5, 6, 7, 8, 9))
+        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(3, 4, 5, 6, 7))
 
     @staticmethod
     @first_order_only("Fp8LayernormMlp")  # a double backward raises instead of being wrong
@@ -204,20 +202,19 @@ class Fp8LayernormMlpFp8Function(torch.autograd.Function):
             d_layernormmlp0_fc2_bias) = stage_grads
         d_layernormmlp0_out_fp8, d_layernormmlp0_fc1_pre_bias_fp8 = operands
         (
-            x, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_pre_glu,
-            layernormmlp0_activation_pre_linear, layernormmlp0_layer_norm_rstd, fp8,
+            x, layernormmlp0_fc1_pre_glu, layernormmlp0_layer_norm_rstd, fp8,
             layernormmlp0_fc1_weight_fp8, layernormmlp0_layer_norm_pre_linear_fp8_t,
             layernormmlp0_fc2_weight_fp8, layernormmlp0_activation_pre_linear_fp8_t,
             layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight,
             layernormmlp0_fc2_weight) = saved
         # backward stage 3 · rule linear_backward · op 0e: BasicLinear(512, 256) · weight grad
         d_layernormmlp0_fc2_weight = None if not ctx.needs_input_grad[5] else fp8.weight_grad(
-            layernormmlp0_fc2_weight, d_layernormmlp0_out_fp8, layernormmlp0_activation_pre_linear,
+            layernormmlp0_fc2_weight, d_layernormmlp0_out_fp8,
             layernormmlp0_activation_pre_linear_fp8_t)
         # backward stage 1 · rule linear_backward · op 0b: BasicLinear(256, 1024) · weight grad
         d_layernormmlp0_fc1_weight = None if not ctx.needs_input_grad[3] else fp8.weight_grad(
             layernormmlp0_fc1_weight, d_layernormmlp0_fc1_pre_bias_fp8,
-            layernormmlp0_layer_norm_pre_linear, layernormmlp0_layer_norm_pre_linear_fp8_t)
+            layernormmlp0_layer_norm_pre_linear_fp8_t)
         # delayed scaling: the first FP8 module of its autocast updates the grads' scales
         fp8.backward_done()
         backward_done(ctx)  # frees a replayed forward's graph (FP8 calls replay none)

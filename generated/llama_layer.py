@@ -203,23 +203,21 @@ def forward_stages_fp8(
     residual1_out, swiglu1_2_out_fp8_t, linear1_3_weight_fp8 = fp8.linear(
         3, swiglu1_2_out, linear1_3_weight, add=residual1, amax=swiglu1_2_out_amax)
     return residual1_out, (
-        x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out, linear1_1_out,
-        swiglu1_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t,
-        groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse, cu_seqlens, max_seqlen,
-        linear0_3_weight_fp8, groupedqueryattention0_2_out_fp8_t, rmsnorm1_0_rstd,
-        linear1_1_weight_fp8, rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8, swiglu1_2_out_fp8_t,
-        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
-        linear1_3_weight)
+        x, groupedqueryattention0_2_out, residual1, linear1_1_out, rmsnorm0_0_rstd, fp8,
+        linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, linear0_3_weight_fp8,
+        groupedqueryattention0_2_out_fp8_t, rmsnorm1_0_rstd, linear1_1_weight_fp8,
+        rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8, swiglu1_2_out_fp8_t, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight)
 
 
 def backward_stages_fp8(
-        d_residual1_out, x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-        linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
-        rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse,
-        cu_seqlens, max_seqlen, linear0_3_weight_fp8, groupedqueryattention0_2_out_fp8_t,
-        rmsnorm1_0_rstd, linear1_1_weight_fp8, rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8,
-        swiglu1_2_out_fp8_t, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-        rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
+        d_residual1_out, x, groupedqueryattention0_2_out, residual1, linear1_1_out, rmsnorm0_0_rstd,
+        fp8, linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv,
+        groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, linear0_3_weight_fp8,
+        groupedqueryattention0_2_out_fp8_t, rmsnorm1_0_rstd, linear1_1_weight_fp8,
+        rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8, swiglu1_2_out_fp8_t, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight):
     """The backward of `llama_layer` (FP8 GEMMs) but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -277,7 +275,7 @@ class LlamaLayerFp8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph, *args):
         return replay_forward(
-            graph, ctx, forward_stages_fp8, args, host=(8, 9, 10, 14, 15, 16, 18, 19, 20, 21))
+            graph, ctx, forward_stages_fp8, args, host=(5, 6, 7, 11, 12, 13, 15, 16, 17, 18))
 
     @staticmethod
     @first_order_only("LlamaLayer")  # a double backward raises instead of being wrong
@@ -289,26 +287,25 @@ class LlamaLayerFp8Function(torch.autograd.Function):
             d_residual1_out_fp8, d_linear1_1_out_fp8, d_linear0_3_out_fp8,
             d_linear0_1_out_fp8) = operands
         (
-            x, rmsnorm0_0_out, groupedqueryattention0_2_out, residual1, rmsnorm1_0_out,
-            linear1_1_out, swiglu1_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
-            rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv, groupedqueryattention0_2_lse,
-            cu_seqlens, max_seqlen, linear0_3_weight_fp8, groupedqueryattention0_2_out_fp8_t,
-            rmsnorm1_0_rstd, linear1_1_weight_fp8, rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8,
-            swiglu1_2_out_fp8_t, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
-            rmsnorm1_0_weight, linear1_1_weight, linear1_3_weight) = saved
+            x, groupedqueryattention0_2_out, residual1, linear1_1_out, rmsnorm0_0_rstd, fp8,
+            linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv,
+            groupedqueryattention0_2_lse, cu_seqlens, max_seqlen, linear0_3_weight_fp8,
+            groupedqueryattention0_2_out_fp8_t, rmsnorm1_0_rstd, linear1_1_weight_fp8,
+            rmsnorm1_0_out_fp8_t, linear1_3_weight_fp8, swiglu1_2_out_fp8_t, rmsnorm0_0_weight,
+            linear0_1_weight, linear0_3_weight, rmsnorm1_0_weight, linear1_1_weight,
+            linear1_3_weight) = saved
         # backward stage 7 · rule linear_backward · op 1.3: BasicLinear(14336, 4096) · weight grad
         d_linear1_3_weight = None if not ctx.needs_input_grad[7] else fp8.weight_grad(
-            linear1_3_weight, d_residual1_out_fp8, swiglu1_2_out, swiglu1_2_out_fp8_t)
+            linear1_3_weight, d_residual1_out_fp8, swiglu1_2_out_fp8_t)
         # backward stage 5 · rule linear_backward · op 1.1: BasicLinear(4096, 28672) · weight grad
         d_linear1_1_weight = None if not ctx.needs_input_grad[6] else fp8.weight_grad(
-            linear1_1_weight, d_linear1_1_out_fp8, rmsnorm1_0_out, rmsnorm1_0_out_fp8_t)
+            linear1_1_weight, d_linear1_1_out_fp8, rmsnorm1_0_out_fp8_t)
         # backward stage 3 · rule linear_backward · op 0.3: BasicLinear(4096, 4096) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[4] else fp8.weight_grad(
-            linear0_3_weight, d_linear0_3_out_fp8, groupedqueryattention0_2_out,
-            groupedqueryattention0_2_out_fp8_t)
+            linear0_3_weight, d_linear0_3_out_fp8, groupedqueryattention0_2_out_fp8_t)
         # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(4096, 6144) · weight grad
         d_linear0_1_weight = None if not ctx.needs_input_grad[3] else fp8.weight_grad(
-            linear0_1_weight, d_linear0_1_out_fp8, rmsnorm0_0_out, rmsnorm0_0_out_fp8_t)
+            linear0_1_weight, d_linear0_1_out_fp8, rmsnorm0_0_out_fp8_t)
         # delayed scaling: the first FP8 module of its autocast updates the grads' scales
         fp8.backward_done()
         backward_done(ctx)  # frees a replayed forward's graph (FP8 calls replay none)

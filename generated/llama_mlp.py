@@ -115,15 +115,15 @@ def forward_stages_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
     residual0_out, swiglu0_2_out_fp8_t, linear0_3_weight_fp8 = fp8.linear(
         1, swiglu0_2_out, linear0_3_weight, add=residual0, amax=swiglu0_2_out_amax)
     return residual0_out, (
-        x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
-        rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t, rmsnorm0_0_weight,
-        linear0_1_weight, linear0_3_weight)
+        x, linear0_1_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t,
+        linear0_3_weight_fp8, swiglu0_2_out_fp8_t, rmsnorm0_0_weight, linear0_1_weight,
+        linear0_3_weight)
 
 
 def backward_stages_fp8(
-        d_residual0_out, x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8,
-        linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t,
-        rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
+        d_residual0_out, x, linear0_1_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8,
+        rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight):
     """The backward of `llama_mlp` (FP8 GEMMs) but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
@@ -153,7 +153,7 @@ class LlamaMlpFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(5, 6, 7, 8, 9))
+        return replay_forward(graph, ctx, forward_stages_fp8, args, host=(3, 4, 5, 6, 7))
 
     @staticmethod
     @first_order_only("LlamaMlp")  # a double backward raises instead of being wrong
@@ -163,15 +163,15 @@ class LlamaMlpFp8Function(torch.autograd.Function):
         d_x, d_rmsnorm0_0_weight = stage_grads
         d_residual0_out_fp8, d_linear0_1_out_fp8 = operands
         (
-            x, rmsnorm0_0_out, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, fp8,
-            linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, linear0_3_weight_fp8, swiglu0_2_out_fp8_t,
-            rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved
+            x, linear0_1_out, rmsnorm0_0_rstd, fp8, linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t,
+            linear0_3_weight_fp8, swiglu0_2_out_fp8_t, rmsnorm0_0_weight, linear0_1_weight,
+            linear0_3_weight) = saved
         # backward stage 3 · rule linear_backward · op 0.3: BasicLinear(14336, 4096) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[4] else fp8.weight_grad(
-            linear0_3_weight, d_residual0_out_fp8, swiglu0_2_out, swiglu0_2_out_fp8_t)
+            linear0_3_weight, d_residual0_out_fp8, swiglu0_2_out_fp8_t)
         # backward stage 1 · rule linear_backward · op 0.1: BasicLinear(4096, 28672) · weight grad
         d_linear0_1_weight = None if not ctx.needs_input_grad[3] else fp8.weight_grad(
-            linear0_1_weight, d_linear0_1_out_fp8, rmsnorm0_0_out, rmsnorm0_0_out_fp8_t)
+            linear0_1_weight, d_linear0_1_out_fp8, rmsnorm0_0_out_fp8_t)
         # delayed scaling: the first FP8 module of its autocast updates the grads' scales
         fp8.backward_done()
         backward_done(ctx)  # frees a replayed forward's graph (FP8 calls replay none)

@@ -275,7 +275,10 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     em = Emitter(plan, stage_kernels, fp8=True)
     fwd = forward_blocks(em)
     bwd, grads = backward_blocks(em)
-    saved = [em.name(value) for value in saved_for_backward(plan, em, bwd)]
+    saved_values = saved_for_backward(plan, em, bwd)
+    saved = [em.name(value) for value in saved_values]
+    # what the high-precision Function keeps that this one does not: GEMM inputs it keeps in FP8
+    not_kept = [em.table[value].name for value in plan.saved_values if value not in saved_values]
     grad_outputs = [em.grad(p.output)] + [em.grad(op.extra_out) for op in tees]
     grad_inputs = convention.grad_inputs(args, grads[0], em.grad) + [None]  # (none for fp8)
     copies = own_memory(em, [g for g in grad_inputs if g is not None])
@@ -296,7 +299,7 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
              for n, op in enumerate(linears)]
     quantizes = fp8_quantizes(p)
     return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
-                names=list(p.fp8.recipes), table=table, gemms=gemms,
+                names=list(p.fp8.recipes), table=table, gemms=gemms, not_kept=not_kept,
                 paths=repr(tuple((path, index) for _, path, index, _, _ in gemms)), quantizes=quantizes,
                 quantize_points=repr(tuple((gemm, mode, path) for _, path, _, points in quantizes
                                            for gemm, mode in points)))

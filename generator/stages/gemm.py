@@ -166,10 +166,11 @@ class GemmStage(StageImpl):
             reads["d_extra"] = em.grad(meo.extra_out)
             extra += ", add={d_extra}"
         block.add(TorchCall("{dx} = {fp8}.dgrad({dy_fp8}, {w_fp8}" + extra + ")", reads, dict(dx=d_in)))
-        text = "{fp8}.weight_grad({w}, {dy_fp8}, {x}, {x_fp8}" + alpha + ")"
+        # (x itself is not read: the forward handed what the weight grad needs of it, x_fp8)
+        text = "{fp8}.weight_grad({w}, {dy_fp8}, {x_fp8}" + alpha + ")"
         if linear.args["accumulate_into_main_grad"]:  # TE's option: dW, in fp32, into weight.main_grad
             text = "ref.add_into_main_grad({w}, " + text[:-1] + ", out_dtype=torch.float32))"
-        wgrad = TorchCall(text, dict(fp8=em.fp8, w=weight, dy_fp8=dy_fp8, x=linear.input, x_fp8=x_fp8))
+        wgrad = TorchCall(text, dict(fp8=em.fp8, w=weight, dy_fp8=dy_fp8, x_fp8=x_fp8))
         block.weight_grad_calls.append((em.grad(weight), wgrad))
         return d_in
 

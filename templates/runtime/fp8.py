@@ -145,17 +145,19 @@ class Fp8Call:
 
     def linear(self, gemm, x, weight, bias=None, alpha=1.0, add=None, activation=None, amax=None):
         """The forward GEMM number ``gemm``: ``activation(alpha (x W^T + bias) + add)`` with x and W
-        cast to FP8 (``amax``: x's, where the kernel that wrote x kept it). Returns y, x's FP8
-        transpose (the weight grad's operand, cast with x in one pass; None without grad, and
-        row-wise, whose weight grad casts x per column) and the FP8 weight (the dgrad's)."""
+        cast to FP8 (``amax``: x's, where the kernel that wrote x kept it). Returns y, what the
+        weight grad reads of x (its FP8 transpose, cast with x in one pass; x itself for the
+        row-wise recipe, whose weight grad casts x per column, and calibrating; None without grad:
+        the backward keeps nothing else of x) and the FP8 weight (the dgrad's)."""
         if self.calibrating:  # high precision, the amaxes recorded
             if self.kind == "delayed":
                 self._record(x, gemm, "forward", 0)
                 self._record(weight, gemm, "forward", 1)
-            return _epilogue(x.mm(weight.t()), alpha, bias, add, activation, False), None, weight
+            y = _epilogue(x.mm(weight.t()), alpha, bias, add, activation, False)
+            return y, x if self.training else None, weight
         w = self._weight(gemm, weight)
         if self.kind == "rowwise":
-            xq, x_t = self._rowwise(x, True), None
+            xq, x_t = self._rowwise(x, True), x if self.training else None
         else:
             xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training, amax=amax)
         fused_bias = bias if alpha == 1.0 else None
@@ -185,16 +187,17 @@ class Fp8Call:
             dx.mul_(alpha)
         return dx if add is None else dx.add_(add)
 
-    def weight_grad(self, weight, dy, x, x_t, alpha=1.0, out_dtype=None):
-        """dW = alpha dy^T x: ``dy`` from grad_output, ``x_t`` x's FP8 transpose from the forward
-        (row-wise: x cast per column here), in ``out_dtype`` (default the weight's; fp32 for
-        TE's accumulate_into_main_grad, which the shipped reference's add_into_main_grad does)."""
+    def weight_grad(self, weight, dy, x_t, alpha=1.0, out_dtype=None):
+        """dW = alpha dy^T x: ``dy`` from grad_output, ``x_t`` what ``linear`` returned of x (its FP8
+        transpose; row-wise and calibrating: x, cast per column here), in ``out_dtype`` (default
+        the weight's; fp32 for TE's accumulate_into_main_grad, which the shipped reference's
+        add_into_main_grad does)."""
         _, columns = dy
         out_dtype = out_dtype or weight.dtype
         if self.calibrating:
-            dw = columns.t().mm(x).to(out_dtype)
+            dw = columns.t().mm(x_t).to(out_dtype)
         elif self.kind == "rowwise":
-            dw = scaled_mm(columns, self._columnwise(x, True), out_dtype)  # both padded alike
+            dw = scaled_mm(columns, self._columnwise(x_t, True), out_dtype)  # both padded alike
         else:  # both transposes zero-padded alike to a multiple of 16 rows of the step
             dw = scaled_mm(columns, x_t, out_dtype)
         if alpha != 1.0:

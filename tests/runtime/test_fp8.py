@@ -508,6 +508,31 @@ def test_quantize_outside_fp8_is_identity(tmp_path):
         assert torch.equal(pkg.Normed()(x), pkg.Norm()(x))
 
 
+def test_fp8_forward_keeps_no_high_precision_gemm_input(package):
+    """Under FP8 the weight grads read the FP8 transposes the forward's casts wrote, so the forward
+    keeps neither GEMM input of the MLP (the norm's output, SwiGLU's) in high precision, where the
+    high-precision forward keeps both; x, which the norm's backward reads, it keeps either way."""
+    x, _ = inputs(rows=40)
+    kept = {}
+    for mode in ("bf16", "current", "rowwise"):
+        module = package.Mlp()
+        module.fp8_min_rows = 0
+        shapes = []
+
+        def pack(t, shapes=shapes):
+            shapes.append(tuple(t.shape))
+            return t
+        recipe = {"current": package.Float8CurrentScaling(), "rowwise": package.Float8RowwiseScaling()}.get(mode)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with package.autocast(enabled=recipe is not None, recipe=recipe):
+                y = module(x.clone().requires_grad_(True))
+        y.sum().backward()  # (the backward runs on what was kept)
+        kept[mode] = shapes
+    assert kept["bf16"].count((40, 64)) == 2 and kept["bf16"].count((40, 48)) == 1  # x, the norm's out; SwiGLU's
+    for mode in ("current", "rowwise"):
+        assert kept[mode].count((40, 64)) == 1 and kept[mode].count((40, 48)) == 0, (mode, kept[mode])
+
+
 def test_extra_state_round_trip(package):
     """Delayed scaling's state is in the state_dict as TE's _extra_state (te.ops: per mode; TE's
     modules: one dict with num_gemms), and loads into a fresh module and a deepcopy."""
