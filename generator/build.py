@@ -78,8 +78,11 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
                                 f"[tool.fusegen.pipelines.{pipeline.name}] table", op.location)
     for node, mode, neighbour in quantize_points(pipeline.graph):
         if neighbour is None or neighbour.opdef.kind != "linear":
-            there = "none" if neighbour is None else neighbour.opdef.name + (
-                f" (of {neighbour.module_call})" if not neighbour.module_call.startswith(neighbour.opdef.name) else "")
+            ends = "its output: TE would hand the caller an FP8 tensor" if mode == "forward" else \
+                "its input's grad: TE would hand the caller an FP8 grad"
+            there = f"none (it is the pipeline's end, so it casts {ends})" if neighbour is None else \
+                neighbour.opdef.name + (f" (of {neighbour.module_call})"
+                                        if not neighbour.module_call.startswith(neighbour.opdef.name) else "")
             raise SpecError(f"Quantize({mode}=True) in pipeline '{pipeline.name}', built for FP8 ([tool.fusegen] fp8), "
                             f"is generated where it casts a Linear's {'input' if mode == 'forward' else 'output grad'} "
                             f"(TE's use: the Linear {'right after' if mode == 'forward' else 'right before'} it takes "

@@ -971,6 +971,9 @@ act = te.ops.Sequential(te.ops.GELU())
      "next to a Linear"),
     ('fp8 = ["current"]', FP8_PROJECT.replace("te.ops.GELU()", "te.ops.Quantize(forward=False, backward=True), te.ops.GELU()"),
      "the op before it is Bias (of Linear(64, 96))"),
+    ('fp8 = ["current"]', FP8_PROJECT.replace("te.ops.Linear(96, 64))", "te.ops.Linear(96, 64), te.ops.Quantize())"),
+     "the op after it is none (it is the pipeline's end, so it casts its output: TE would hand the caller an FP8 "
+     "tensor)"),
 ])
 def test_fp8_settings_are_checked(tmp_path, monkeypatch, capsys, table, spec, message):
     """A bad fp8 setting, or a GEMM FP8 cannot run, is a clear error (exit 2) naming what to do."""
