@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ops.te_modules import TE_COMPOSITES, TE_MACROS
+
 
 def child_module(path: str) -> str:
     """The generated module's child at ``path`` (an op's ``module_index``: "3", or "0.1" inside the
@@ -148,3 +150,10 @@ def runtime_helpers(params: list[Held], function_takes_blocks: bool) -> list[str
         if param.op.held_rows is not None:
             helpers |= {"adjacent_rows", "rows_after_load", *joins} if param.blocks else {"grouped_rows"}
     return sorted(helpers)
+
+
+def te_holder(spec_op: str) -> str:
+    """The runtime's class holding a spec-level op: TeModuleOp for one of TE's modules (its
+    _extra_state entry), SpecOp for the others and for a TE module built of TE's modules, whose
+    submodules hold theirs (TE_COMPOSITES)."""
+    return "TeModuleOp" if spec_op in TE_MACROS and spec_op not in TE_COMPOSITES else "SpecOp"
