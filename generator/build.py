@@ -77,17 +77,15 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
                                 "it sizes that are multiples of 16, or fp8 = [] in its "
                                 f"[tool.fusegen.pipelines.{pipeline.name}] table", op.location)
     for node, mode, neighbour in quantize_points(pipeline.graph):
-        if neighbour is None or neighbour.opdef.kind != "linear":
-            ends = "its output: TE would hand the caller an FP8 tensor" if mode == "forward" else \
-                "its input's grad: TE would hand the caller an FP8 grad"
-            there = f"none (it is the pipeline's end, so it casts {ends})" if neighbour is None else \
-                neighbour.opdef.name + (f" (of {neighbour.module_call})"
-                                        if not neighbour.module_call.startswith(neighbour.opdef.name) else "")
+        if neighbour is not None and neighbour.opdef.kind != "linear":
+            there = neighbour.opdef.name + (f" (of {neighbour.module_call})"
+                                            if not neighbour.module_call.startswith(neighbour.opdef.name) else "")
             raise SpecError(f"Quantize({mode}=True) in pipeline '{pipeline.name}', built for FP8 ([tool.fusegen] fp8), "
                             f"is generated where it casts a Linear's {'input' if mode == 'forward' else 'output grad'} "
                             f"(TE's use: the Linear {'right after' if mode == 'forward' else 'right before'} it takes "
-                            f"the FP8 tensor); the op {'after' if mode == 'forward' else 'before'} it is {there}: put it "
-                            "next to a Linear, or leave it out (each Linear casts its own operands)", node.location)
+                            f"the FP8 tensor) or at the pipeline's {'end' if mode == 'forward' else 'start'}; the op "
+                            f"{'after' if mode == 'forward' else 'before'} it is {there}: put it next to a Linear, or "
+                            "leave it out (each Linear casts its own operands)", node.location)
     return dataclasses.replace(pipeline, fp8=Fp8Build(recipes, config.fp8_min_rows))
 
 

@@ -71,8 +71,8 @@ class Fp8Call:
     def _slot(self, gemm, mode, which):
         """The delayed-scaling state and slot of GEMM ``gemm``'s operand ``which`` (0: x forward, dy
         backward; 1: the weight) in ``mode``: a Quantize's own where the spec puts one there (TE's
-        Linear then casts nothing itself: the Quantize's FP8 tensor is its operand), else the GEMM's
-        holder's."""
+        Linear then casts nothing itself: the Quantize's FP8 tensor is its operand; ``gemm`` "y" or
+        "dx": a Quantize at the pipeline's end, round_trip's), else the GEMM's holder's."""
         quantize = self.quantize.get((gemm, mode)) if which == 0 else None
         if quantize is not None:
             return quantize, 0
@@ -186,6 +186,21 @@ class Fp8Call:
         if self.kind == "rowwise":
             return self._rowwise(dy, False), self._columnwise(dy, False)
         return self._tensorwise(dy, gemm, "backward", 0, transpose=True, amax=amax)
+
+    def round_trip(self, end, x):
+        """A spec Quantize at the pipeline's end (``end`` "y": the output, forward) or start ("dx":
+        x's grad, backward): x cast to FP8 with the Quantize's scaling and back, the values of the
+        FP8 tensor TE hands the caller (calibrating: x, its amax recorded)."""
+        mode = "forward" if end == "y" else "backward"
+        if self.calibrating:
+            if self.kind == "delayed":
+                self._record(x, end, mode, 0)
+            return x
+        if self.kind == "rowwise":
+            q = self._rowwise(x, mode == "forward")
+        else:
+            q, _ = self._tensorwise(x, end, mode, 0, transpose=False)
+        return (q.data.to(torch.float32) * q.scale_inv).to(x.dtype)
 
     def dgrad(self, dy, weight, alpha=1.0, add=None):
         """dx = alpha dy W (+ add): ``dy`` from grad_output, ``weight`` the forward's FP8 weight."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..ops.identity import quantize_points
 from ..plan import Plan
-from ..stages import Emitter
+from ..calls import TorchCall
+from ..stages import Block, Emitter
 from . import convention
 from .blocks import backward_blocks, distinct_returns, forward_blocks, own_memory, saved_for_backward
 from .function import function_parts
@@ -20,49 +21,78 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     its own and a no-grad forward; what the module needs to make the call (fp8.py's fp8_call):
     each GEMM's holder of TE's FP8 state and the GEMM's index there."""
     em = Emitter(plan, stage_kernels, fp8=True)
+    quantizes = fp8_quantizes(p)
+    ends = {target for _, _, _, points in quantizes for target, _ in points if target in END_TARGETS}
     fwd = forward_blocks(em)
+    y = _round_trip(em, fwd, "y", p.output, p.output) if "y" in ends else p.output
     bwd, grads = backward_blocks(em)
+    dx = _round_trip(em, bwd, "dx", grads[0], 0) if "dx" in ends and grads[0] is not None else grads[0]
     saved_values = saved_for_backward(plan, em, bwd)
     saved = [em.name(value) for value in saved_values]
     # what the high-precision Function keeps that this one does not: GEMM inputs it keeps in FP8
     not_kept = [em.table[value].name for value in plan.saved_values if value not in saved_values]
     grad_outputs = [em.grad(p.output)] + [em.grad(op.extra_out) for op in tees]
-    grad_inputs = convention.grad_inputs(args, grads[0], em.grad) + [None]  # (none for fp8)
+    grad_inputs = convention.grad_inputs(args, dx, em.grad) + [None]  # (none for fp8)
     copies = own_memory(em, [g for g in grad_inputs if g is not None])
     bwd += [copies] if copies else []
     function = function_parts(
         em, f"{p.class_name}Fp8Function", f"`{p.name}` (FP8 GEMMs)", "The stages above with FP8 GEMMs (``graph``: "
         "None, FP8 calls replay no CUDA graphs yet).", "_fp8", function_inputs + ["fp8"], fwd,
-        distinct_returns([output] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs, width,
+        distinct_returns([em.name(y)] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs, width,
         tuple((em.grad(param.op.param(param.attr)), param.block_rows()) for param in blocks))
     no_grad_kernels = {("forward", start): specs for (pass_, start), specs in stage_kernels.items()
                        if pass_ == "inference"}
-    no_grad = forward_blocks(Emitter(plan, no_grad_kernels, saving=False, fp8=True), plan.inference, "no-grad")
+    no_grad_em = Emitter(plan, no_grad_kernels, saving=False, fp8=True)
+    no_grad = forward_blocks(no_grad_em, plan.inference, "no-grad")
+    no_grad_y = _round_trip(no_grad_em, no_grad, "y", p.output, p.output) if "y" in ends else p.output
     gemms = fp8_gemms(p)
     # plan.md's table: each GEMM's op and the values cast for it (x and, backward, the output's grad)
     linears = [op for op in p.ops if op.kind == "linear"]
     kept_by = {em.table[value].name: kernel for value, (_, kernel) in em.fp8_amaxes.items()}  # amaxes kept
     table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by)
              for n, op in enumerate(linears)]
-    quantizes = fp8_quantizes(p)
-    return dict(function=function, no_grad=no_grad, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
+    return dict(function=function, no_grad=no_grad, no_grad_returns=[no_grad_em.name(no_grad_y)] + extra_outputs, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
                 names=list(p.fp8.recipes), table=table, gemms=gemms, not_kept=not_kept,
                 paths=repr(tuple((path, index) for _, path, index, _, _ in gemms)), quantizes=quantizes,
                 quantize_points=repr(tuple((gemm, mode, path) for _, path, _, points in quantizes
                                            for gemm, mode in points)))
 
 
-def fp8_quantizes(p) -> list[tuple[str, str, tuple[int, int], list[tuple[int, str]]]]:
+# what a spec Quantize at an end of the pipeline casts: its output (forward, the last op), its
+# input's grad (backward, the first op); TE hands the caller that FP8 tensor
+END_TARGETS = {"y": "forward", "dx": "backward"}
+
+
+def _round_trip(em: Emitter, blocks: list, target: str, value: int, like: int) -> int:
+    """A spec Quantize at the pipeline's end: ``value`` (the output, or x's grad) cast to FP8 with
+    the Quantize's scaling state and back, in a block after ``blocks``' (the values TE hands the
+    caller as an FP8 tensor). Returns the new value (``like``: the value it stands for)."""
+    mode = END_TARGETS[target]
+    grad_of = em.table[value].grad_of
+    kind = em.table[like]
+    new = em.table.add(kind.role, kind.dtype, f"{em.name(value)}_through_fp8", kind.features, grad_of=grad_of)
+    title = ("the spec's Quantize at the pipeline's end: the output" if mode == "forward" else
+             "the spec's Quantize at the pipeline's start: x's grad")
+    block = Block(title + ", cast to FP8 and back (TE hands the caller the FP8 tensor)", name=em.name)
+    block.add(TorchCall(f"{{new}} = {{fp8}}.round_trip({target!r}, {{value}})", dict(fp8=em.fp8, value=value),
+                        dict(new=new)))
+    blocks.append(block)
+    return new
+
+
+def fp8_quantizes(p) -> list[tuple[str, str, tuple[int, int], list[tuple[int | str, str]]]]:
     """The spec's Quantize ops (TE's cast points) of a pipeline built for FP8, each with its scaling
     state (TE's: one quantizer a mode it casts in): (its holder's expression, its path, its (forward,
-    backward) slots, and what it casts: (the GEMM's number, "forward": its x, or "backward": its
-    output's grad)). build.with_fp8 checked that each sits next to its Linear."""
+    backward) slots, and what it casts: (the GEMM's number, or "y" / "dx" at the pipeline's ends
+    (END_TARGETS); "forward": the GEMM's x, or "backward": its output's grad)). build.with_fp8
+    checked that each sits next to its Linear or at an end."""
     numbers = {op.node: n for n, op in enumerate(op for op in p.ops if op.kind == "linear")}
     out: dict[str, list] = {}
     for node, mode, linear in quantize_points(p.graph):
         entry = out.setdefault(node.module_index, [child_module(node.module_index), node.module_index, [0, 0], []])
         entry[2][0 if mode == "forward" else 1] = 1
-        entry[3].append((numbers[linear.index], mode))
+        end = next(target for target, its in END_TARGETS.items() if its == mode)
+        entry[3].append((end if linear is None else numbers[linear.index], mode))
     return [(holder, path, tuple(slots), points) for holder, path, slots, points in out.values()]
 
 

@@ -209,6 +209,8 @@ main_grad = te.ops.Sequential(te.ops.BasicLinear(64, 48, accumulate_into_main_gr
 # TE's explicit cast points around a GEMM, and the same GEMM without them
 quantized = te.ops.Sequential(te.ops.Quantize(), te.ops.BasicLinear(64, 48), te.ops.Quantize(forward=False, backward=True))
 plain = te.ops.Sequential(te.ops.BasicLinear(64, 48))
+# and at the pipeline's ends: its output and x's grad handed out as TE's FP8 tensors are
+ends = te.ops.Sequential(te.ops.Quantize(backward=True), te.ops.BasicLinear(64, 48), te.ops.Quantize(backward=True))
 """
 
 
@@ -495,6 +497,38 @@ def test_quantize_ops_are_the_gemms_casts(fp8, package, recipe):
         for mode, tensors in quantized._modules[name].fp8.modes.items():
             for got, want in zip(fresh._modules[name].fp8.modes[mode], tensors):
                 assert torch.equal(got, want), (name, mode)
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_quantize_at_the_ends_hands_out_the_fp8_values(fp8, package, recipe):
+    """A Quantize at the pipeline's end casts its output, one at its start (backward=True) x's grad:
+    TE hands the caller those FP8 tensors, whose values fusegen hands out (cast and back). With
+    the same weight, y and x's grad are the plain Linear's quantized with current scaling's scale
+    (delayed scaling: its third step, whose scales are the second's amaxes, those same values),
+    and the Quantizes' scales are those amaxes'."""
+    ends, plain = package.Ends(), package.Plain()
+    with torch.no_grad():
+        plain._modules["0"].weight.copy_(ends._modules["1"].weight)
+    x, dy = inputs(seed=31)
+    # delayed: a history of one step, so the third step's scales are the second's amaxes, which the
+    # third has too (the first casts x and W with scale 1: its y differs)
+    make = {"current": package.Float8CurrentScaling, "delayed": lambda: package.DelayedScaling(amax_history_len=1)}
+    for _ in range(3):
+        results = []
+        for module in (ends, plain):
+            xi = x.clone().requires_grad_(True)
+            with package.autocast(recipe=make[recipe]()):
+                y = module(xi)
+            y.backward(dy)
+            results.append((y.detach(), xi.grad))
+    (y_ends, dx_ends), (y_plain, dx_plain) = results
+    close_to_float64(y_ends, reference_current(y_plain, E4M3, 448.0), 1)
+    close_to_float64(dx_ends, reference_current(dx_plain, E5M2, 57344.0), 1)
+    assert not torch.equal(y_ends, y_plain) and not torch.equal(dx_ends, dx_plain)  # (cast: not as they were)
+    if recipe == "delayed":
+        assert ends._modules["2"].fp8.modes["forward"][0].item() == te_current_scale(y_plain.abs().max().item(), 448.0)
+        assert ends._modules["0"].fp8.modes["backward"][0].item() == te_current_scale(dx_plain.abs().max().item(),
+                                                                                      57344.0)
 
 
 def test_quantize_outside_fp8_is_identity(tmp_path):
@@ -967,13 +1001,10 @@ act = te.ops.Sequential(te.ops.GELU())
      "BasicLinear(64, 90): out_features=90 is not a multiple of 16, which FP8 GEMMs need (TE's rule)"),
     ('fp8 = ["current"]', FP8_PROJECT.replace("te.ops.GELU(), te.ops.Linear", "te.ops.Quantize(), te.ops.GELU(), te.ops.Linear"),
      "Quantize(forward=True) in pipeline 'mlp', built for FP8 ([tool.fusegen] fp8), is generated where it casts a "
-     "Linear's input (TE's use: the Linear right after it takes the FP8 tensor); the op after it is GELU: put it "
-     "next to a Linear"),
+     "Linear's input (TE's use: the Linear right after it takes the FP8 tensor) or at the pipeline's end; the op "
+     "after it is GELU: put it next to a Linear"),
     ('fp8 = ["current"]', FP8_PROJECT.replace("te.ops.GELU()", "te.ops.Quantize(forward=False, backward=True), te.ops.GELU()"),
      "the op before it is Bias (of Linear(64, 96))"),
-    ('fp8 = ["current"]', FP8_PROJECT.replace("te.ops.Linear(96, 64))", "te.ops.Linear(96, 64), te.ops.Quantize())"),
-     "the op after it is none (it is the pipeline's end, so it casts its output: TE would hand the caller an FP8 "
-     "tensor)"),
 ])
 def test_fp8_settings_are_checked(tmp_path, monkeypatch, capsys, table, spec, message):
     """A bad fp8 setting, or a GEMM FP8 cannot run, is a clear error (exit 2) naming what to do."""
