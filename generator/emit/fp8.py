@@ -11,6 +11,7 @@ from ..stages import Block, Emitter
 from . import convention
 from .blocks import backward_blocks, distinct_returns, forward_blocks, own_memory, saved_for_backward
 from .function import function_parts
+from .segments import segments
 from .held import child_module, te_holder
 
 
@@ -31,15 +32,26 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     saved = [em.name(value) for value in saved_values]
     # what the high-precision Function keeps that this one does not: GEMM inputs it keeps in FP8
     not_kept = [em.table[value].name for value in plan.saved_values if value not in saved_values]
-    grad_outputs = [em.grad(p.output)] + [em.grad(op.extra_out) for op in tees]
-    grad_inputs = convention.grad_inputs(args, dx, em.grad) + [None]  # (none for fp8)
-    copies = own_memory(em, [g for g in grad_inputs if g is not None])
-    bwd += [copies] if copies else []
-    function = function_parts(
-        em, f"{p.class_name}Fp8Function", f"`{p.name}` (FP8 GEMMs)", "The stages above with FP8 GEMMs (``graph``: "
-        "None, FP8 calls replay no CUDA graphs yet).", "_fp8", function_inputs + ["fp8"], fwd,
-        distinct_returns([em.name(y)] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs, width,
-        tuple((em.grad(param.op.param(param.attr)), param.block_rows()) for param in blocks))
+    if any(stage.rule.stage.between_functions for stage in plan.forward):
+        # user modules: a Function of FP8 stages between each two (segments.py), run by grad_forward_fp8
+        functions, grad_steps = segments(plan, em, fwd, bwd, grads, saved_values, tees,
+                                         [arg.value for arg in args] + [em.fp8], kind="Fp8")
+        # delayed scaling's update after the backward once a call: in the Function with the call whose
+        # backward runs last (the first)
+        last = min(k for k, function in enumerate(functions) if function["fp8"] in function["saved"])
+        for k, function in enumerate(functions):
+            function["fp8"] = function["fp8"] if k == last else None
+    else:
+        grad_outputs = [em.grad(p.output)] + [em.grad(op.extra_out) for op in tees]
+        grad_inputs = convention.grad_inputs(args, dx, em.grad) + [None]  # (none for fp8)
+        copies = own_memory(em, [g for g in grad_inputs if g is not None])
+        bwd += [copies] if copies else []
+        functions = [function_parts(
+            em, f"{p.class_name}Fp8Function", f"`{p.name}` (FP8 GEMMs)", "The stages above with FP8 GEMMs "
+            "(``graph``: None, FP8 calls replay no CUDA graphs yet).", "_fp8", function_inputs + ["fp8"], fwd,
+            distinct_returns([em.name(y)] + extra_outputs, em.aliases), saved, grad_outputs, bwd, grad_inputs, width,
+            tuple((em.grad(param.op.param(param.attr)), param.block_rows()) for param in blocks))]
+        grad_steps = []
     no_grad_kernels = {("forward", start): specs for (pass_, start), specs in stage_kernels.items()
                        if pass_ == "inference"}
     no_grad_em = Emitter(plan, no_grad_kernels, saving=False, fp8=True)
@@ -51,7 +63,7 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     kept_by = {em.table[value].name: kernel for value, (_, kernel) in em.fp8_amaxes.items()}  # amaxes kept
     table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by)
              for n, op in enumerate(linears)]
-    return dict(function=function, no_grad=no_grad, no_grad_returns=[no_grad_em.name(no_grad_y)] + extra_outputs, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
+    return dict(functions=functions, grad_steps=grad_steps, no_grad=no_grad, no_grad_returns=[no_grad_em.name(no_grad_y)] + extra_outputs, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
                 names=list(p.fp8.recipes), table=table, gemms=gemms, not_kept=not_kept,
                 paths=repr(tuple((path, index) for _, path, index, _, _ in gemms)), quantizes=quantizes,
                 quantize_points=repr(tuple((gemm, mode, path) for _, path, _, points in quantizes

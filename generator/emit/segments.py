@@ -14,12 +14,13 @@ from .function import function_parts
 
 
 def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads: dict[int, int], saved: list[int],
-             tees: list, inputs: list[int]) -> tuple[list[dict], list[Block]]:
+             tees: list, inputs: list[int], kind: str = "") -> tuple[list[dict], list[Block]]:
     """A pipeline that runs user modules, under autograd: its fused stages between them as autograd
     Functions of their own (one a run of stages), the modules between them in ``grad_forward``,
     so autograd records each module as eager PyTorch does (stages/module.py). Returns each
     Function's parts (``inputs``: its arguments, of the names the pipeline's forward has, with
-    ``n`` for the input width a size-generic backward reshapes with) and grad_forward's steps."""
+    ``n`` for the input width a size-generic backward reshapes with) and grad_forward's steps.
+    ``kind``: what the Functions' names and their stages' carry ("Fp8": the FP8 emission's)."""
     p = plan.pipeline
     backward_of = list(zip(reversed(plan.backward), bwd))  # backward_blocks runs the last stage first
     steps = []
@@ -48,8 +49,9 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         takes_n = p.input_width is not None and p.input_width in backward_reads
         span = f"ops {first.ops[0].number} to {last.ops[-1].number}"
         functions.append(dict(function_parts(
-            em, f"{p.class_name}Function{k}", f"{span} of `{p.name}`",
-            "grad_forward runs the user modules between such Functions (``graph``: None).", str(k),
+            em, f"{p.class_name}{kind}Function{k}", f"{span} of `{p.name}`" + (" (FP8 GEMMs)" if kind else ""),
+            f"grad_forward{'_' + kind.lower() if kind else ''} runs the user modules between such Functions "
+            "(``graph``: None).", f"{'_' + kind.lower() if kind else ''}{k}",
             args + (["n"] if takes_n else []), blocks, distinct_returns(outputs, em.aliases),
             [em.name(v) for v in saved if v in backward_reads],
             [em.grad(last.output)] + [em.grad(op.extra_out) for op in tees if start <= op.index < end], backward,

@@ -982,6 +982,74 @@ def test_training_under_fp8_follows_high_precision(package, recipe):
         assert abs(low[step] - high[step]) <= 0.1 * high[step], (step, low[step], high[step])
 
 
+USER_LAYERS = """import torch
+
+
+class Mixer(torch.nn.Module):
+    def __init__(self, features, scale=0.5):
+        super().__init__()
+        self.gate = torch.nn.Parameter(torch.linspace(-1, 1, features))
+        self.scale = scale
+
+    def forward(self, x):
+        return x + torch.tanh(x.cumsum(dim=-2) * self.scale) * self.gate
+"""
+USER_SPEC = """import transformer_engine.pytorch as te
+from fp8_user_layers import Mixer
+
+mixed = te.ops.Sequential(te.ops.Linear(64, 64), te.ops.GELU(), Mixer(64, scale=0.25), te.ops.Linear(64, 48, bias=False))
+first = te.ops.Sequential(te.ops.Linear(64, 64), te.ops.GELU())
+second = te.ops.Sequential(te.ops.Linear(64, 48, bias=False))
+"""
+
+
+def test_fp8_around_a_module_of_the_users_code(tmp_path):
+    """A pipeline that runs a module of the user's code, built for FP8 ([tool.fusegen] fp8 builds
+    it too): its FP8 Functions around the module compute what the two pipelines around it, built
+    for FP8, and the module between them compute, bit for bit: output, x's grad, every parameter's
+    (the module's too), over three steps of each recipe; delayed scaling's state follows alike (one
+    update a call, after the backward of its first Function), and the no-grad forward as well."""
+    with imported_package(tmp_path, "spec.py", USER_SPEC, "user_fp8_pkg", fp8=("delayed", "current", "rowwise"),
+                          files={"fp8_user_layers.py": USER_LAYERS}) as pkg:
+        torch.manual_seed(0)
+        mixed, first, second = pkg.Mixed(), pkg.First(), pkg.Second()
+        for module in (mixed, first, second):
+            module.fp8_min_rows = 0
+        with torch.no_grad():
+            first._modules["0"].weight.copy_(mixed._modules["0"].weight)
+            first._modules["0"].bias.copy_(mixed._modules["0"].bias)
+            second._modules["0"].weight.copy_(mixed._modules["3"].weight)
+        mixer = copy.deepcopy(mixed._modules["2"])
+        x, dy = torch.randn(3, 8, 64), torch.randn(3, 8, 48)
+        recipes = {"current": pkg.Float8CurrentScaling, "rowwise": pkg.Float8RowwiseScaling,
+                   "delayed": lambda: pkg.DelayedScaling(amax_history_len=2)}
+        for recipe, make in recipes.items():
+            for step in range(3):
+                xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+                with pkg.autocast(recipe=make()):
+                    ya = mixed(xa)
+                ya.backward(dy)
+                with pkg.autocast(recipe=make()):
+                    yb = second(mixer(first(xb)))
+                yb.backward(dy)
+                pairs = [(ya, yb), (xa.grad, xb.grad), (mixed._modules["0"].weight.grad, first._modules["0"].weight.grad),
+                         (mixed._modules["0"].bias.grad, first._modules["0"].bias.grad),
+                         (mixed._modules["3"].weight.grad, second._modules["0"].weight.grad),
+                         (mixed._modules["2"].gate.grad, mixer.gate.grad)]
+                for got, want in pairs:
+                    assert torch.equal(got, want), (recipe, step)
+                for module in (mixed, first, second, mixer):
+                    module.zero_grad(set_to_none=True)
+            if recipe == "delayed":
+                for (a, b) in ((mixed._modules["0"].fp8, first._modules["0"].fp8),
+                               (mixed._modules["3"].fp8, second._modules["0"].fp8)):
+                    for mode in ("forward", "backward"):
+                        for got, want in zip(a.modes[mode], b.modes[mode]):
+                            assert torch.equal(got, want), mode
+        with torch.no_grad(), pkg.autocast(recipe=pkg.Float8CurrentScaling()):
+            assert torch.equal(mixed(x), second(mixer(first(x))))
+
+
 # --- build configuration ---------------------------------------------------------------------------
 
 FP8_PROJECT = """import transformer_engine.pytorch as te
@@ -1015,6 +1083,22 @@ def test_fp8_settings_are_checked(tmp_path, monkeypatch, capsys, table, spec, me
     monkeypatch.chdir(tmp_path)
     assert cli.main(["plan"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_quantize_at_an_end_of_a_pipeline_with_a_user_module_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """Its FP8 round trip is not generated for a pipeline that runs a module of the user's code: an
+    error at the Quantize naming what to do (exit 2)."""
+    from fusegen import cli
+
+    (tmp_path / "fp8_user_layers.py").write_text(USER_LAYERS)  # (a name of its own: sys.modules)
+    (tmp_path / "spec.py").write_text(USER_SPEC.replace("te.ops.Linear(64, 48, bias=False))\nfirst",
+                                                        "te.ops.Linear(64, 48, bias=False), te.ops.Quantize())\nfirst"))
+    (tmp_path / "pyproject.toml").write_text('[tool.fusegen]\nspecs = ["spec.py"]\nfp8 = ["current"]\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["plan"]) == 2
+    assert "Quantize(forward=True) at the end of pipeline 'mixed', built for FP8 ([tool.fusegen] fp8), which runs a " \
+           "module of your code: the FP8 round trip there is not generated yet" in capsys.readouterr().err
 
 
 def test_fp8_builds_only_pipelines_with_a_gemm(tmp_path, monkeypatch):
