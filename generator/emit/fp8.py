@@ -19,8 +19,10 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
               extra_outputs: list[str], tees: list, blocks: list, width: str | None) -> dict:
     """The pipeline's FP8 emission (built for [tool.fusegen] fp8): its stages once more with the
     GEMM stages through the runtime's Fp8Call (the stages' last argument, ``fp8``), as a Function of
-    its own and a no-grad forward; what the module needs to make the call (fp8.py's fp8_call):
-    each GEMM's holder of TE's FP8 state and the GEMM's index there."""
+    its own (with user modules, a Function around each run of fused stages and grad_forward_fp8's
+    steps) and a no-grad forward, a spec Quantize at an end a round trip through FP8; what the
+    module needs to make the call (fp8.py's fp8_call): each GEMM's holder of TE's FP8 state and
+    the GEMM's index there, and the Quantizes' states."""
     em = Emitter(plan, stage_kernels, fp8=True)
     quantizes = fp8_quantizes(p)
     ends = {target for _, _, _, points in quantizes for target, _ in points if target in END_TARGETS}
@@ -63,8 +65,9 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     kept_by = {em.table[value].name: kernel for value, (_, kernel) in em.fp8_amaxes.items()}  # amaxes kept
     table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by)
              for n, op in enumerate(linears)]
-    return dict(functions=functions, grad_steps=grad_steps, no_grad=no_grad, no_grad_returns=[no_grad_em.name(no_grad_y)] + extra_outputs, recipes=repr(p.fp8.recipes), min_rows=p.fp8.min_rows,
-                names=list(p.fp8.recipes), table=table, gemms=gemms, not_kept=not_kept,
+    return dict(functions=functions, grad_steps=grad_steps, no_grad=no_grad,
+                no_grad_returns=[no_grad_em.name(no_grad_y)] + extra_outputs, recipes=repr(p.fp8.recipes),
+                min_rows=p.fp8.min_rows, names=list(p.fp8.recipes), table=table, gemms=gemms, not_kept=not_kept,
                 paths=repr(tuple((path, index) for _, path, index, _, _ in gemms)), quantizes=quantizes,
                 quantize_points=repr(tuple((gemm, mode, path) for _, path, _, points in quantizes
                                            for gemm, mode in points)))
