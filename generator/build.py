@@ -59,7 +59,7 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
     TE's rule), and its Quantize ops sit where they cast a GEMM's operand or at its ends."""
     own = dict(config.pipeline_fp8).get(pipeline.name)
     recipes = own if own is not None else config.fp8
-    gemms = [op for op in pipeline.ops if op.kind == "linear"]
+    gemms = stages.gemm.gemm_ops(pipeline)
     if not recipes or (own is None and not gemms):
         return pipeline
     where = f"{config.source}: [tool.fusegen.pipelines.{pipeline.name}] fp8"

@@ -8,6 +8,7 @@ from ..ops.identity import quantize_points
 from ..plan import Plan
 from ..calls import TorchCall
 from ..stages import Block, Emitter
+from ..stages.gemm import gemm_ops
 from . import convention
 from .blocks import backward_blocks, distinct_returns, forward_blocks, own_memory, saved_for_backward
 from .function import function_parts
@@ -25,11 +26,11 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     the GEMM's index there, and the Quantizes' states."""
     em = Emitter(plan, stage_kernels, fp8=True)
     quantizes = fp8_quantizes(p)
-    ends = {target for _, _, _, points in quantizes for target, _ in points if target in END_TARGETS}
+    ends = {mode for _, _, _, points in quantizes for target, mode in points if target == ENDS[mode]}
     fwd = forward_blocks(em)
-    y = _round_trip(em, fwd, "y", p.output, p.output) if "y" in ends else p.output
+    y = _round_trip(em, fwd, "forward", p.output, p.output) if "forward" in ends else p.output
     bwd, grads = backward_blocks(em)
-    dx = _round_trip(em, bwd, "dx", grads[0], 0) if "dx" in ends and grads[0] is not None else grads[0]
+    dx = _round_trip(em, bwd, "backward", grads[0], 0) if "backward" in ends and grads[0] is not None else grads[0]
     saved_values = saved_for_backward(plan, em, bwd)
     saved = [em.name(value) for value in saved_values]
     # what the high-precision Function keeps that this one does not: GEMM inputs it keeps in FP8
@@ -58,13 +59,12 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
                        if pass_ == "inference"}
     no_grad_em = Emitter(plan, no_grad_kernels, saving=False, fp8=True)
     no_grad = forward_blocks(no_grad_em, plan.inference, "no-grad")
-    no_grad_y = _round_trip(no_grad_em, no_grad, "y", p.output, p.output) if "y" in ends else p.output
+    no_grad_y = _round_trip(no_grad_em, no_grad, "forward", p.output, p.output) if "forward" in ends else p.output
     gemms = fp8_gemms(p)
     # plan.md's table: each GEMM's op and the values cast for it (x and, backward, the output's grad)
-    linears = [op for op in p.ops if op.kind == "linear"]
     kept_by = {em.table[value].name: kernel for value, (_, kernel) in em.fp8_amaxes.items()}  # amaxes kept
     table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by)
-             for n, op in enumerate(linears)]
+             for n, op in enumerate(gemm_ops(p))]
     return dict(functions=functions, grad_steps=grad_steps, no_grad=no_grad,
                 no_grad_returns=[no_grad_em.name(no_grad_y)] + extra_outputs, recipes=repr(p.fp8.recipes),
                 min_rows=p.fp8.min_rows, names=list(p.fp8.recipes), table=table, gemms=gemms, not_kept=not_kept,
@@ -73,23 +73,22 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
                                            for gemm, mode in points)))
 
 
-# what a spec Quantize at an end of the pipeline casts: its output (forward, the last op), its
-# input's grad (backward, the first op); TE hands the caller that FP8 tensor
-END_TARGETS = {"y": "forward", "dx": "backward"}
+# what a spec Quantize at an end of the pipeline casts, by mode: the output (forward, the last op),
+# x's grad (backward, the first op); TE hands the caller that FP8 tensor
+ENDS = {"forward": "y", "backward": "dx"}
 
 
-def _round_trip(em: Emitter, blocks: list, target: str, value: int, like: int) -> int:
+def _round_trip(em: Emitter, blocks: list, mode: str, value: int, like: int) -> int:
     """A spec Quantize at the pipeline's end: ``value`` (the output, or x's grad) cast to FP8 with
     the Quantize's scaling state and back, in a block after ``blocks``' (the values TE hands the
     caller as an FP8 tensor). Returns the new value (``like``: the value it stands for)."""
-    mode = END_TARGETS[target]
     grad_of = em.table[value].grad_of
     kind = em.table[like]
     new = em.table.add(kind.role, kind.dtype, f"{em.name(value)}_through_fp8", kind.features, grad_of=grad_of)
     title = ("the spec's Quantize at the pipeline's end: the output" if mode == "forward" else
              "the spec's Quantize at the pipeline's start: x's grad")
     block = Block(title + ", cast to FP8 and back (TE hands the caller the FP8 tensor)", name=em.name)
-    block.add(TorchCall(f"{{new}} = {{fp8}}.round_trip({target!r}, {{value}})", dict(fp8=em.fp8, value=value),
+    block.add(TorchCall(f"{{new}} = {{fp8}}.round_trip({ENDS[mode]!r}, {{value}})", dict(fp8=em.fp8, value=value),
                         dict(new=new)))
     blocks.append(block)
     return new
@@ -99,15 +98,14 @@ def fp8_quantizes(p) -> list[tuple[str, str, tuple[int, int], list[tuple[int | s
     """The spec's Quantize ops (TE's cast points) of a pipeline built for FP8, each with its scaling
     state (TE's: one quantizer a mode it casts in): (its holder's expression, its path, its (forward,
     backward) slots, and what it casts: (the GEMM's number, or "y" / "dx" at the pipeline's ends
-    (END_TARGETS); "forward": the GEMM's x, or "backward": its output's grad)). build.with_fp8
+    (ENDS); "forward": the GEMM's x, or "backward": its output's grad)). build.with_fp8
     checked that each sits next to its Linear or at an end."""
-    numbers = {op.node: n for n, op in enumerate(op for op in p.ops if op.kind == "linear")}
+    numbers = {op.node: n for n, op in enumerate(gemm_ops(p))}
     out: dict[str, list] = {}
     for node, mode, linear in quantize_points(p.graph):
         entry = out.setdefault(node.module_index, [child_module(node.module_index), node.module_index, [0, 0], []])
         entry[2][0 if mode == "forward" else 1] = 1
-        end = next(target for target, its in END_TARGETS.items() if its == mode)
-        entry[3].append((end if linear is None else numbers[linear.index], mode))
+        entry[3].append((ENDS[mode] if linear is None else numbers[linear.index], mode))
     return [(holder, path, tuple(slots), points) for holder, path, slots, points in out.values()]
 
 
@@ -118,9 +116,7 @@ def fp8_gemms(p) -> list[tuple[str, str, int, int, bool]]:
     holds the weight: a TE module keeps its GEMMs' state together (its _extra_state), as te.ops'
     Linear its one."""
     gemms, counts = [], {}
-    for op in p.ops:
-        if op.kind != "linear":
-            continue
+    for op in gemm_ops(p):
         *submodules, _ = op.holder_attribute("weight").split(".")
         holder = child_module(op.module_index) + "".join(f'._modules["{name}"]' for name in submodules)
         path = ".".join([op.module_index, *submodules])
@@ -133,6 +129,6 @@ def fp8_gemms(p) -> list[tuple[str, str, int, int, bool]]:
 def fp8_children(children_: list, p) -> list:
     """``children``' entries with the class of a te.ops child that holds an FP8 GEMM's state
     Fp8SpecOp (a SpecOp with TE's _extra_state)."""
-    holders = {op.module_index for op in p.ops if op.kind == "linear"} | {path for _, path, _, _ in fp8_quantizes(p)}
+    holders = {op.module_index for op in gemm_ops(p)} | {path for _, path, _, _ in fp8_quantizes(p)}
     return [(*entry[:6], "Fp8SpecOp" if entry[6] == "SpecOp" and entry[0] in holders else entry[6], *entry[7:])
             for entry in children_]

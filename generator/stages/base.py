@@ -238,11 +238,6 @@ class Emitter:
     def pipeline(self) -> Pipeline:
         return self.plan.pipeline
 
-    def gemm_number(self, op) -> int:
-        """An FP8 GEMM's number: the op's place among the pipeline's Linears (its slots in the
-        Fp8Call's list)."""
-        return [o.index for o in self.pipeline.ops if o.kind == "linear"].index(op.index)
-
     def kernel(self, pass_: str, stage: Stage) -> KernelSpec:
         """The stage's main kernel."""
         return self.stage_kernels[(pass_, stage.start)][0]

@@ -137,7 +137,7 @@ class GemmStage(StageImpl):
         if stage.input in em.fp8_amaxes:  # x's amax, kept by the kernel that wrote x
             reads["amax"] = em.fp8_amaxes[stage.input][0]
             extra += ", amax={amax}"
-        call = f"{{fp8}}.linear({em.gemm_number(linear)}, {{x}}, {{w}}{extra})"
+        call = f"{{fp8}}.linear({gemm_number(em, linear)}, {{x}}, {{w}}{extra})"
         if not em.saving:  # the no-grad forward: y alone
             block.add(TorchCall("{y}, _, _ = " + call, reads, dict(y=stage.output)))
             return em.table[stage.output].name
@@ -157,7 +157,7 @@ class GemmStage(StageImpl):
         reads, amax = dict(fp8=em.fp8, dy=dy), ""
         if dy in em.fp8_amaxes:  # dy's amax, kept by the kernel that wrote dy
             reads["amax"], amax = em.fp8_amaxes[dy][0], ", amax={amax}"
-        block.add(TorchCall(f"{{dy_fp8}} = {{fp8}}.grad_output({em.gemm_number(linear)}, {{dy}}{amax})",
+        block.add(TorchCall(f"{{dy_fp8}} = {{fp8}}.grad_output({gemm_number(em, linear)}, {{dy}}{amax})",
                             reads, dict(dy_fp8=dy_fp8)))
         alpha = f", alpha={scale.args['scale']!r}" if scale is not None else ""
         reads = dict(fp8=em.fp8, dy_fp8=dy_fp8, w_fp8=weight_fp8)
@@ -178,6 +178,18 @@ class GemmStage(StageImpl):
 GEMM = GemmStage()
 
 
+def gemm_ops(pipeline) -> tuple:
+    """A pipeline's GEMMs (each Linear's BasicLinear) in chain order: an FP8 GEMM's number is its
+    place here (the runtime's Fp8Call and the module's fp8_gemms count them so)."""
+    return tuple(op for op in pipeline.ops if op.kind == "linear")
+
+
+def gemm_number(em, linear) -> int:
+    """An FP8 GEMM's number: the op's place among the pipeline's GEMMs (its slots in the Fp8Call's
+    list)."""
+    return gemm_ops(em.pipeline).index(linear)
+
+
 def fp8_operands(plan, pass_: str) -> frozenset[int]:
     """In a pipeline built for FP8, the values a GEMM stage casts to FP8 (``pass_`` "forward": each
     GEMM's x; "backward": each GEMM stage's output, whose grad it casts); the kernel that writes
@@ -186,7 +198,7 @@ def fp8_operands(plan, pass_: str) -> frozenset[int]:
         return frozenset()
     if pass_ == "backward":
         return frozenset(stage.output for stage in plan.backward if stage.first("linear") is not None)
-    return frozenset(op.input for op in plan.pipeline.ops if op.kind == "linear")
+    return frozenset(op.input for op in gemm_ops(plan.pipeline))
 
 
 def fp8_amax(em, block, stage, pass_: str, value: int):

@@ -81,20 +81,19 @@ class ElementwiseStage(StageImpl):
         if stage.kind == "passthrough":
             return []
         specialise = plan.pipeline.specialise
+        sizes = (None, *specialise)  # (None: the run's own size)
         if pass_ == "forward":
-            # an FP8 GEMM's x: also the variant that keeps its amax (the FP8 emission's)
-            variants = (False, True) if stage.output in fp8_operands(plan, "forward") else (False,)
-            return [spec for amax in variants for spec in (
-                forward_kernel(plan.pipeline, stage, amax=amax),
-                *(forward_kernel(plan.pipeline, stage, n, amax=amax) for n in specialise))]
+            specs = [forward_kernel(plan.pipeline, stage, n) for n in sizes]
+            if stage.output in fp8_operands(plan, "forward"):  # an FP8 GEMM's x: the variants that keep its amax
+                specs += [forward_kernel(plan.pipeline, stage, n, amax=True) for n in sizes]
+            return specs
         spec = backward_kernel(plan, stage)
         column_grads = any(step["grad"] == "column" for step in spec.ctx["steps"])
-        # dx an FP8 GEMM's output grad: also the variant that keeps its amax (the FP8 emission's)
-        amax = spec.ctx["writes_dx"] and stage.input in fp8_operands(plan, "backward")
-        return [spec, *([column_sum(spec.ctx["grad_columns"])] if column_grads else []),
-                *(backward_kernel(plan, stage, n) for n in specialise),
-                *((backward_kernel(plan, stage, amax=True), *(backward_kernel(plan, stage, n, amax=True)
-                                                              for n in specialise)) if amax else ())]
+        specs = [spec, *([column_sum(spec.ctx["grad_columns"])] if column_grads else []),
+                 *(backward_kernel(plan, stage, n) for n in specialise)]
+        if spec.ctx["writes_dx"] and stage.input in fp8_operands(plan, "backward"):  # dx an FP8 GEMM's dy: likewise
+            specs += [backward_kernel(plan, stage, n, amax=True) for n in sizes]
+        return specs
 
     def row_traffic(self, plan, pass_, stage):
         if stage.kind == "passthrough":  # aliases: nothing moves
