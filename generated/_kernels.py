@@ -3287,7 +3287,7 @@ def fp8_delayed_update(history, scale, amax, most_recent, scaled_max_bits):
     fp32 bits. Returns them."""
     # torch.compile: the custom op
     if torch.compiler.is_compiling() and history.device.type != "meta":
-        return torch.ops.fusegen.fp8_delayed_update_2ed84fe9(
+        return torch.ops.fusegen.fp8_delayed_update_18613a46(
             history, scale, amax, most_recent, scaled_max_bits)
     if not history.is_cuda:
         return fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_bits)
@@ -6905,7 +6905,7 @@ register_op(
     "fp8_cast_rows_e5m2_abb1a8f7", "(Tensor x, int power_2) -> (Tensor, Tensor)",
     fp8_cast_rows_e5m2, fp8_cast_rows_e5m2)
 register_op(
-    "fp8_delayed_update_2ed84fe9",
+    "fp8_delayed_update_18613a46",
     "(Tensor history, Tensor scale, Tensor? amax, int most_recent, int scaled_max_bits) -> "
     "(Tensor, Tensor)",
     fp8_delayed_update, fp8_delayed_update)

@@ -21,9 +21,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, Fp8State, PassGraphs, TeModuleOp, as_rows, backward_done, check_input,
-    check_packed_form, check_parameters, first_order_only, fp8_call, keep_for_backward,
-    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    check_packed_form, check_parameters, first_order_only, fp8_call, fp8_eagerly, fp8_runs,
+    keep_for_backward, register_no_grad_op, register_training_ops, replay_backward, replay_forward,
+    saved_tensors, with_lead)
 
 
 def forward_stages(
@@ -271,6 +271,15 @@ def no_grad_forward_fp8(
     return layernormmlp0_out
 
 
+def fp8_forward(module, args):
+    """A call of `fp8_layernorm_mlp` inside the package's autocast: FP8 GEMMs under its recipe (no
+    CUDA graphs, no torch.compile op yet)."""
+    fp8 = fp8_call(module, args[0], kernels)
+    if torch.is_grad_enabled():
+        return Fp8LayernormMlpFp8Function.apply(None, *args, fp8)
+    return no_grad_forward_fp8(*args, fp8)
+
+
 # torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
@@ -468,14 +477,10 @@ class Fp8LayernormMlp(torch.nn.Module):
             layernormmlp0_layer_norm_weight, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias,
             layernormmlp0_fc2_weight, layernormmlp0_fc2_bias,
         )
-        # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
-        fp8 = fp8_call(self, args[0], kernels)
-        # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
-        if fp8 is not None:
-            if torch.is_grad_enabled():
-                outputs = Fp8LayernormMlpFp8Function.apply(None, *args, fp8)
-            else:
-                outputs = no_grad_forward_fp8(*args, fp8)
+        # inside the package's autocast (fp8.py): FP8 GEMMs under its recipe (under torch.compile
+        # run eagerly, a graph break, as TE's modules)
+        if fp8_runs(self, args[0]):
+            outputs = fp8_eagerly(fp8_forward, self, args)
         elif torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():

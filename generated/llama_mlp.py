@@ -20,9 +20,9 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     CudaGraphs, Fp8SpecOp, Fp8State, PassGraphs, SpecOp, as_rows, backward_done, check_input,
-    check_packed_form, check_parameters, first_order_only, fp8_call, keep_for_backward,
-    register_no_grad_op, register_training_ops, replay_backward, replay_forward, saved_tensors,
-    with_lead)
+    check_packed_form, check_parameters, first_order_only, fp8_call, fp8_eagerly, fp8_runs,
+    keep_for_backward, register_no_grad_op, register_training_ops, replay_backward, replay_forward,
+    saved_tensors, with_lead)
 
 
 def forward_stages(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight):
@@ -218,6 +218,15 @@ def no_grad_forward_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight
     return residual0_out
 
 
+def fp8_forward(module, args):
+    """A call of `llama_mlp` inside the package's autocast: FP8 GEMMs under its recipe (no
+    CUDA graphs, no torch.compile op yet)."""
+    fp8 = fp8_call(module, args[0], kernels)
+    if torch.is_grad_enabled():
+        return LlamaMlpFp8Function.apply(None, *args, fp8)
+    return no_grad_forward_fp8(*args, fp8)
+
+
 # torch.compile: the no-grad forward as one custom op, which replays it from CUDA graphs at a few
 # rows as the module does; an op is not given its module, so these graphs go by the parameters'
 # addresses
@@ -370,14 +379,10 @@ class LlamaMlp(torch.nn.Module):
             as_rows(x, 4096),
             rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
         )
-        # the package's autocast (fp8.py): FP8 GEMMs under its recipe; None outside it
-        fp8 = fp8_call(self, args[0], kernels)
-        # (no CUDA graphs, no torch.compile op yet: under torch.compile fp8 is None)
-        if fp8 is not None:
-            if torch.is_grad_enabled():
-                outputs = LlamaMlpFp8Function.apply(None, *args, fp8)
-            else:
-                outputs = no_grad_forward_fp8(*args, fp8)
+        # inside the package's autocast (fp8.py): FP8 GEMMs under its recipe (under torch.compile
+        # run eagerly, a graph break, as TE's modules)
+        if fp8_runs(self, args[0]):
+            outputs = fp8_eagerly(fp8_forward, self, args)
         elif torch.is_grad_enabled():
             # torch.compile: the forward op (its backward: compiled_backward)
             if torch.compiler.is_compiling():

@@ -83,6 +83,11 @@ class KernelFamily:
     # values its head template and launcher template read: {template variable: value}
     module_constants: dict[str, object] = {}
 
+    def built_dtypes(self, spec: KernelSpec, dtypes: tuple[str, ...]) -> tuple[str, ...]:
+        """The dtypes ``spec``'s kernel has functions for: the package's (its ``T``, the
+        activations'), unless it reads none of them."""
+        return dtypes
+
     def launch_size(self, spec: KernelSpec, itemsize: int) -> int | None:
         """The dtype-dependent launch constant of ``spec`` (its launcher's ``geometry`` literal);
         None when its launch does not depend on the dtype."""

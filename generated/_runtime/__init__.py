@@ -28,7 +28,8 @@ results in the caller's shape, first_order_only;
   fp8_reference_delayed_update, and the row-wise recipe's fp8_reference_cast_rows,
   fp8_reference_amax_cols, fp8_reference_cast_cols) and GEMMs (scaled_mm: torch._scaled_mm, or
   emulated);
-- fp8: a call's FP8 GEMMs (fp8_call, Fp8Call): the recipe's casts, the GEMMs, the weight cache.
+- fp8: a call's FP8 GEMMs (fp8_runs, fp8_eagerly, fp8_call, Fp8Call): the recipe's casts, the GEMMs,
+  the weight cache.
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
 """
 
@@ -36,7 +37,7 @@ from .checks import (check_input, check_packed_form, check_parameters, check_row
                      packed_sequences)
 from .te_forms import te_sequences
 from .compiled_passes import PassGraphs, keep_for_backward, register_training_ops
-from .fp8 import fp8_call
+from .fp8 import fp8_call, fp8_eagerly, fp8_runs
 from .fp8_casts import (fp8_reference_amax, fp8_reference_amax_cols, fp8_reference_cast, fp8_reference_cast_cols,
                         fp8_reference_cast_rows, fp8_reference_delayed_update)
 from .fp8_recipes import (DelayedScaling, Float8CurrentScaling, Float8RowwiseScaling, Format, autocast,
@@ -59,6 +60,7 @@ __all__ = [
     "check_packed_form",
     "check_parameters", "check_row_input", "first_order_only", "forget_fp8_weights", "fp8_autocast",
     "fp8_call",
+    "fp8_eagerly", "fp8_runs",
     "fp8_reference_amax", "fp8_reference_amax_cols", "fp8_reference_cast",
     "fp8_reference_cast_cols",
     "fp8_reference_cast_rows", "fp8_reference_delayed_update",

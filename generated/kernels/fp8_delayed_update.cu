@@ -3,38 +3,6 @@
 // One translation unit for every dtype: a namespace each, whose kernels end in its suffix.
 #include "quantize.cuh"
 
-namespace bf16 {
-using T = __nv_bfloat16;
-
-// A block a slot (quantize.cuh: delayed_update_slot); T is the launch's nominal dtype.
-extern "C" __global__ void __launch_bounds__(256) fp8_delayed_update_bf16(
-    float* __restrict__ history,
-    float* __restrict__ scale,
-    const float* __restrict__ amax,
-    int length,
-    int n,
-    int most_recent,
-    int scaled_max_bits) {
-  fg::delayed_update_slot<256>(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
-}
-}  // namespace bf16
-
-namespace fp16 {
-using T = __half;
-
-// A block a slot (quantize.cuh: delayed_update_slot); T is the launch's nominal dtype.
-extern "C" __global__ void __launch_bounds__(256) fp8_delayed_update_fp16(
-    float* __restrict__ history,
-    float* __restrict__ scale,
-    const float* __restrict__ amax,
-    int length,
-    int n,
-    int most_recent,
-    int scaled_max_bits) {
-  fg::delayed_update_slot<256>(history, scale, amax, length, n, most_recent, __int_as_float(scaled_max_bits));
-}
-}  // namespace fp16
-
 namespace fp32 {
 using T = float;
 

@@ -33,6 +33,7 @@ def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
     translation unit (templates/kernel_source.cu.j2). A family template that defines a macro
     ``shared`` (the elementwise ones: the kernel's body, templated on the dtype) has it written
     once, before the dtypes' namespaces; it must render the same for every dtype."""
+    dtypes = spec.kernel_family.built_dtypes(spec, dtypes)
     template = spec.kernel_family.template
     family = env.get_template(template)
     modules = {kn.DTYPES[dtype][0]: family.make_module(spec.template_context(dtype)) for dtype in dtypes}
@@ -47,6 +48,7 @@ def cuda_source(spec: kn.KernelSpec, dtypes: tuple[str, ...], env) -> str:
 def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
     """A kernel's full (uncut) name, specialisation and entry points (its binaries' functions,
     by dtype) for MANIFEST.json."""
+    dtypes = spec.kernel_family.built_dtypes(spec, dtypes)
     entries = {}
     for dtype in dtypes:
         suffix, _, itemsize = kn.DTYPES[dtype]
@@ -58,6 +60,7 @@ def kernel_details(spec: kn.KernelSpec, dtypes: tuple[str, ...]) -> dict:
 def launcher(spec: kn.KernelSpec, op: str, dtypes: tuple[str, ...]) -> dict:
     """What templates/kernels.py.j2 and the family's launcher template read of one kernel (``k``);
     ``op``: its torch.library op's name."""
+    dtypes = spec.kernel_family.built_dtypes(spec, dtypes)
     family = spec.kernel_family
     return dict(name=spec.name, op=op, family=spec.family, launcher_template=family.launcher_template, ctx=spec.ctx,
                 summary=spec.summary, geometry=geometry(spec, dtypes), few_rows=few_rows(spec, dtypes),

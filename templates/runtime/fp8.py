@@ -1,10 +1,11 @@
 """FP8 GEMMs for a generated module built for FP8 (part of a fusegen output's runtime:
 templates/runtime/, copied verbatim; do not edit).
 
-``fp8_call`` gives a module called inside ``autocast`` its ``Fp8Call``, which the generated FP8
-stages call: each GEMM's operands cast to FP8 with the recipe's scales (delayed: the state's,
-recording the amaxes; current: each tensor's own; row-wise: each row's) by the package's quantize
-kernels, the GEMM through fp8_casts.scaled_mm, the FP8 weight kept until the parameter changes.
+A module called inside ``autocast`` (``fp8_runs``) makes its call through ``fp8_eagerly`` (eager
+under torch.compile), which gets its ``Fp8Call`` from ``fp8_call``. The generated FP8 stages call
+it: each GEMM's operands cast to FP8 with the recipe's scales (delayed: the state's, recording the
+amaxes; current: each tensor's own; row-wise: each row's) by the package's quantize kernels, the
+GEMM through fp8_casts.scaled_mm, the FP8 weight kept until the parameter changes.
 """
 
 import struct
@@ -227,18 +228,21 @@ class Fp8Call:
             update_states(self.step.backward.values())
 
 
-def fp8_call(module, x, casts):
-    """The Fp8Call of a call of ``module`` on ``x`` (its [rows, features] input) inside an autocast
-    that quantizes or calibrates, else None: the module runs in high precision, as it does on
-    fewer than ``module.fp8_min_rows`` rows (where FP8 GEMMs do not pay; delayed scaling then
-    records no amax). ``casts``: the package's quantize launchers (its _kernels). Each GEMM's
-    state is found from ``module.fp8_gemms`` (its holder's path, its index there) only inside
-    autocast: outside it a call costs the module two checks."""
-    if torch.compiler.is_compiling():  # (the FP8 stages are no compiled op yet: high precision there)
-        return None
+def fp8_runs(module, x):
+    """Whether a call of ``module`` on ``x`` (its [rows, features] input) runs in FP8: inside an
+    autocast that quantizes or calibrates, on at least ``module.fp8_min_rows`` rows (fewer run in
+    high precision, where FP8 GEMMs do not pay; delayed scaling then records no amax). Outside
+    autocast a call costs the module this check. torch.compile's trace reads it too: a compiled
+    module is guarded on the autocast stack, traced again when it runs inside autocast."""
     frame = active()
-    if frame is None or x.shape[0] < module.fp8_min_rows:
-        return None
+    return frame is not None and x.shape[0] >= module.fp8_min_rows
+
+
+def fp8_call(module, x, casts):
+    """The Fp8Call of a call of ``module`` on ``x`` that ``fp8_runs``. ``casts``: the package's
+    quantize launchers (its _kernels). Each GEMM's state is found from ``module.fp8_gemms`` (its
+    holder's path, its index there)."""
+    frame = active()
     kind = recipe_kind(frame.recipe)
     if kind not in module.fp8_recipes:
         raise RuntimeError(
@@ -249,3 +253,25 @@ def fp8_call(module, x, casts):
     quantize = {(gemm, mode): module.get_submodule(path).fp8  # the spec's Quantize ops, where it has any
                 for gemm, mode, path in getattr(module, "fp8_quantize", ())}
     return Fp8Call(frame, gemms, casts, x.device, torch.is_grad_enabled(), quantize)
+
+
+def _run(forward, *args):
+    return forward(*args)
+
+
+_EAGER = []  # _run behind torch.compiler.disable, made when first needed (importing dynamo takes 0.7 s)
+EAGER_REASON = ("an FP8 call of a fusegen module (inside its package's autocast) runs outside torch.compile's "
+                "graph, as each of TE's modules does: compile without fullgraph=True, or call it outside autocast")
+
+
+def fp8_eagerly(forward, *args):
+    """``forward(*args)``: a module's call with FP8 GEMMs. Under torch.compile it runs outside the
+    graph, by Python (a graph break, as each of TE's modules is under torch.compile): its Fp8Call,
+    the recipe's state updates and the FP8 weight cache are Python objects a graph cannot hold,
+    and the FP8 stages launch the package's kernels as they do eagerly. fullgraph=True refuses it
+    with EAGER_REASON."""
+    if not torch.compiler.is_compiling():
+        return forward(*args)
+    if not _EAGER:
+        _EAGER.append(torch.compiler.disable(_run, reason=EAGER_REASON))
+    return _EAGER[0](forward, *args)

@@ -542,6 +542,47 @@ def test_quantize_outside_fp8_is_identity(tmp_path):
         assert torch.equal(pkg.Normed()(x), pkg.Norm()(x))
 
 
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_fp8_calls_under_torch_compile_run_eagerly(package, recipe):
+    """Under torch.compile (the eager backend, on the CPU) a module built for FP8 and called inside
+    autocast makes its FP8 call outside the graph, as the uncompiled module: output, x's grad,
+    every parameter's and delayed scaling's state equal the uncompiled copy's bit for bit over three
+    steps. Outside autocast the compiled module runs high precision, as the uncompiled one does
+    (the trace is guarded on the autocast stack); fullgraph=True refuses the FP8 call, saying why."""
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    eager = package.Mlp()
+    for parameter in eager.parameters():
+        torch.nn.init.normal_(parameter, 0.5, 0.2)
+    module = copy.deepcopy(eager)
+    compiled = torch.compile(module, backend="eager")
+    make = {"current": package.Float8CurrentScaling, "delayed": lambda: package.DelayedScaling(amax_history_len=2)}
+    for step, fp8_on in enumerate((True, False, True, True)):
+        x, _ = inputs(16, seed=50 + step)
+        dy = torch.randn(16, 64)
+        results = []
+        for run, owner in ((compiled, module), (eager, eager)):
+            xi = x.clone().requires_grad_(True)
+            with package.autocast(enabled=fp8_on, recipe=make[recipe]()):
+                y = run(xi)
+            y.backward(dy)
+            results.append([y, xi.grad, *(p.grad for p in owner.parameters())])
+            owner.zero_grad(set_to_none=True)
+        for got, want in zip(*results):
+            assert torch.equal(got, want), (recipe, step, fp8_on)
+        if step == 1:  # outside autocast: high precision, not the FP8 values (a copy's: no update)
+            with package.autocast(recipe=make[recipe]()):
+                assert not torch.equal(copy.deepcopy(eager)(x), results[1][0])
+    for a, b in zip(module.modules(), eager.modules()):
+        if "fp8" in a.__dict__:
+            for mode in a.fp8.modes:
+                for got, want in zip(a.fp8.modes[mode], b.fp8.modes[mode]):
+                    assert torch.equal(got, want), mode
+    torch._dynamo.reset()
+    with package.autocast(recipe=make[recipe]()), pytest.raises(Exception, match="runs outside torch.compile's graph"):
+        torch.compile(copy.deepcopy(eager), backend="eager", fullgraph=True)(inputs(16)[0])
+
+
 def test_fp8_forward_keeps_no_high_precision_gemm_input(package):
     """Under FP8 the weight grads read the FP8 transposes the forward's casts wrote, so the forward
     keeps neither GEMM input of the MLP (the norm's output, SwiGLU's) in high precision, where the
@@ -904,6 +945,139 @@ def test_training_steps_captured_in_a_cuda_graph_replay_as_steps(recipe):
         eager.zero_grad(set_to_none=True)
 
 
+@pytest.mark.cuda
+def test_fp8_calls_under_torch_compile_on_the_gpu():
+    """generated.Fp8LayernormMlp compiled with inductor on the GPU, called inside autocast (current
+    scaling) between the caller's compiled ops: its FP8 call runs outside the graph, so output,
+    x's grad and every parameter's equal the uncompiled module's bit for bit over three steps."""
+    _needs_fp8_gpu()
+    import generated
+
+    torch._dynamo.reset()
+    torch.manual_seed(9)
+    eager = generated.Fp8LayernormMlp(device="cuda", dtype=torch.bfloat16)
+    eager.fp8_min_rows = 0
+    module = copy.deepcopy(eager)
+
+    def caller(mlp, x):
+        return mlp(x * 2) * 0.5  # (exact in bf16: compiled or not, the same values)
+
+    compiled = torch.compile(lambda x: caller(module, x))
+    for step in range(3):
+        x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+        results = []
+        for run, owner in ((compiled, module), (lambda t: caller(eager, t), eager)):
+            xi = x.clone().requires_grad_(True)
+            with generated.autocast(recipe=generated.Float8CurrentScaling()):
+                y = run(xi)
+            y.sum().backward()
+            results.append([y, xi.grad, *(p.grad for p in owner.parameters())])
+            owner.zero_grad(set_to_none=True)
+        for got, want in zip(*results):
+            assert torch.equal(got, want), step
+
+
+def _gpu_package(tmp_path, spec, name, **options):
+    """``spec`` built in bf16 for every recipe with binaries for this GPU (the cuda tests' own build:
+    the checked-in package holds no Quantize and no user module)."""
+    major, minor = torch.cuda.get_device_capability()
+    return imported_package(tmp_path, "spec.py", spec, name, dtypes=("bfloat16",), fp8=("delayed", "current", "rowwise"),
+                            archs=(f"sm_{major}{minor}",), **options)
+
+
+GPU_RECIPES = {"current": lambda pkg: pkg.Float8CurrentScaling(), "rowwise": lambda pkg: pkg.Float8RowwiseScaling(),
+               "delayed": lambda pkg: pkg.DelayedScaling(amax_history_len=1)}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
+def test_quantize_pipelines_on_the_gpu(tmp_path, recipe):
+    """te.ops.Quantize on the GPU (its casts through the package's kernels, torch._scaled_mm): next
+    to a Linear, y, x's grad and W's equal the plain Linear's bit for bit at each step, as on
+    the CPU; at the pipeline's ends (current and delayed scaling), y and x's grad are the plain
+    Linear's cast with their own amax's scale and back, within a bf16 rounding of that float64
+    value (delayed, a history of one step: the last of three steps on the same inputs, whose
+    scales are the amaxes of the one before); and each module matches its CPU emulation within
+    TE's FP8 tolerances of the largest value, over five steps."""
+    _needs_fp8_gpu()
+    with _gpu_package(tmp_path, LINEAR, "fp8_quantize_gpu_pkg") as pkg:
+        torch.manual_seed(4)
+        cpu = {"quantized": pkg.Quantized(dtype=torch.bfloat16), "plain": pkg.Plain(dtype=torch.bfloat16),
+               "ends": pkg.Ends(dtype=torch.bfloat16)}
+        with torch.no_grad():
+            cpu["plain"]._modules["0"].weight.copy_(cpu["quantized"]._modules["1"].weight)
+            cpu["ends"]._modules["1"].weight.copy_(cpu["quantized"]._modules["1"].weight)
+        gpu = {name: copy.deepcopy(module).cuda() for name, module in cpu.items()}
+        names = ["quantized", "plain"] + (["ends"] if recipe != "rowwise" else [])
+        # the last three steps on the same inputs: delayed scaling's last scales are its amaxes (the
+        # second of them settles x's and dy's scales, so the third's y and dx are the second's)
+        for step, seed in enumerate((40, 41, 42, 42, 42)):
+            x, dy = (t.to(torch.bfloat16) for t in inputs(seed=seed))
+            results = {}
+            for device, modules in (("cpu", cpu), ("cuda", gpu)):
+                for name in names:
+                    xi = x.to(device, copy=True).requires_grad_(True)
+                    with pkg.autocast(recipe=GPU_RECIPES[recipe](pkg)):
+                        y = modules[name](xi)
+                    y.backward(dy.to(device))
+                    weight = modules[name]._modules["0" if name == "plain" else "1"].weight
+                    results[device, name] = (y.detach(), xi.grad, weight.grad.clone())
+                    weight.grad = None
+            for got, want in zip(results["cuda", "quantized"], results["cuda", "plain"]):
+                assert torch.equal(got, want), (recipe, step)
+            for name in names:
+                for got, want in zip(results["cuda", name], results["cpu", name]):
+                    scale = want.double().abs().max()
+                    assert torch.allclose(got.cpu().double() / scale, want.double() / scale, **FP8_TOLS[E5M2]), (name, step)
+        if recipe == "rowwise":
+            return
+        (y_ends, dx_ends, _), (y_plain, dx_plain, _) = results["cuda", "ends"], results["cuda", "plain"]
+        for got, plain, fmt, fp8_max in ((y_ends, y_plain, E4M3, 448.0), (dx_ends, dx_plain, E5M2, 57344.0)):
+            want = reference_current(plain.float().cpu(), fmt, fp8_max)
+            torch.testing.assert_close(got.cpu().double(), want, rtol=2 ** -8, atol=0)
+            assert not torch.equal(got, plain)  # (cast: not as it was)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
+def test_fp8_around_a_users_module_on_the_gpu(tmp_path, recipe):
+    """A pipeline running a module of the user's code, built for FP8, on the GPU: its FP8
+    Functions around the module compute what the two pipelines around it and the module between
+    them compute, bit for bit (output, x's grad, every parameter's) over three steps, and match the
+    same module's CPU emulation within TE's FP8 tolerances of the largest value."""
+    _needs_fp8_gpu()
+    with _gpu_package(tmp_path, USER_SPEC, "user_fp8_gpu_pkg", files={"fp8_user_layers.py": USER_LAYERS}) as pkg:
+        torch.manual_seed(5)
+        cpu = pkg.Mixed(dtype=torch.bfloat16)
+        cpu.fp8_min_rows = 0
+        mixed = copy.deepcopy(cpu).cuda()
+        first, second = pkg.First(dtype=torch.bfloat16, device="cuda"), pkg.Second(dtype=torch.bfloat16, device="cuda")
+        for module in (first, second):
+            module.fp8_min_rows = 0
+        with torch.no_grad():
+            first._modules["0"].weight.copy_(mixed._modules["0"].weight)
+            first._modules["0"].bias.copy_(mixed._modules["0"].bias)
+            second._modules["0"].weight.copy_(mixed._modules["3"].weight)
+        mixer = copy.deepcopy(mixed._modules["2"])
+        for step in range(3):
+            x, dy = torch.randn(3, 16, 64, dtype=torch.bfloat16), torch.randn(3, 16, 48, dtype=torch.bfloat16)
+            xa, xb, xc = (x.cuda().requires_grad_(True), x.cuda().requires_grad_(True), x.clone().requires_grad_(True))
+            ys = []
+            for run, xi, d in ((mixed, xa, dy.cuda()), (lambda t: second(mixer(first(t))), xb, dy.cuda()), (cpu, xc, dy)):
+                with pkg.autocast(recipe=GPU_RECIPES[recipe](pkg)):  # one each: its own scaling update
+                    ys.append(run(xi))
+                ys[-1].backward(d)
+            ya, yb, yc = ys
+            split = [first._modules["0"].weight, first._modules["0"].bias, mixer.gate, second._modules["0"].weight]
+            for got, want in zip([ya, xa.grad, *(p.grad for p in mixed.parameters())], [yb, xb.grad, *(p.grad for p in split)]):
+                assert torch.equal(got, want), (recipe, step)
+            for got, want in zip([ya, xa.grad, *(p.grad for p in mixed.parameters())], [yc, xc.grad, *(p.grad for p in cpu.parameters())]):
+                scale = want.double().abs().max()
+                assert torch.allclose(got.cpu().double() / scale, want.double() / scale, **FP8_TOLS[E5M2]), (recipe, step)
+            for module in (mixed, first, second, mixer, cpu):
+                module.zero_grad(set_to_none=True)
+
+
 # --- delayed scaling under torch.distributed --------------------------------------------------------
 
 def _delayed_step(module, x):
@@ -1083,6 +1257,21 @@ def test_fp8_settings_are_checked(tmp_path, monkeypatch, capsys, table, spec, me
     monkeypatch.chdir(tmp_path)
     assert cli.main(["plan"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_package_of_16_bit_activations_builds_delayed_scalings_update_for_its_fp32_state(tmp_path):
+    """The update kernel reads and writes the fp32 scales and histories alone: a package built for
+    bf16 activations only has its fp32 entry point (which the launcher launches) and no other."""
+    from fusegen import build
+
+    (tmp_path / "spec.py").write_text(FP8_PROJECT)
+    config = build.Config((tmp_path / "spec.py",), tmp_path / "out", archs=(), dtypes=("bfloat16",), root=tmp_path,
+                          fp8=("delayed",))
+    files = build.build_package(config)
+    source = files["kernels/fp8_delayed_update.cu"].decode()
+    assert "void __launch_bounds__(256) fp8_delayed_update_fp32(" in source and "_bf16(" not in source
+    assert "fp8_amax_bf16(" in files["kernels/fp8_amax.cu"].decode()  # (the casts read the activations)
+    assert "_FP8_DELAYED_UPDATE.launch(\n            torch.float32," in files["_kernels.py"].decode()
 
 
 def test_quantize_at_an_end_of_a_pipeline_with_a_user_module_is_a_clear_error(tmp_path, monkeypatch, capsys):

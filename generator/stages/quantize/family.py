@@ -94,6 +94,10 @@ class Quantize(KernelFamily):
     head_position = 50
     module_constants = {"amax_threads": AMAX_THREADS, "update_threads": UPDATE_THREADS}
 
+    def built_dtypes(self, spec, dtypes):
+        # delayed scaling's update reads and writes the fp32 state alone, whatever the activations
+        return ("float32",) if spec.ctx["kind"] == "update" else dtypes
+
     def template_context(self, spec, dtype, itemsize):
         return {"amax_threads": AMAX_THREADS, "update_threads": UPDATE_THREADS}
 
