@@ -4,7 +4,8 @@ Needs only torch (and cuda-bindings for CUDA tensors). Kernels are prebuilt for
 sm_80, sm_90, sm_100, sm_120, compute_80 in bfloat16, float16, float32; nothing is compiled at run
 time.
 
-FP8 ([tool.fusegen] fp8): LlamaMlp, Fp8LayernormMlp, LlamaLayer run their GEMMs in FP8 inside
+FP8 ([tool.fusegen] fp8): LlamaMlp, Fp8NarrowMlp, Fp8LayernormMlp, LlamaLayer run their GEMMs in FP8
+inside
 ``autocast(recipe=...)``, TE's te.autocast; every other module runs in high precision there.
 """
 
@@ -15,6 +16,7 @@ from .mha_block import MhaBlock
 from .mqa_block import MqaBlock
 from .elementwise_chain import ElementwiseChain
 from .llama_mlp import LlamaMlp
+from .fp8_narrow_mlp import Fp8NarrowMlp
 from .fp8_layernorm_mlp import Fp8LayernormMlp
 from .gpt2_mlp import Gpt2Mlp
 from .llama_layer import LlamaLayer
@@ -81,15 +83,15 @@ from ._runtime import (
 
 __all__ = [
     "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
-    "LlamaMlp", "Fp8LayernormMlp", "Gpt2Mlp", "LlamaLayer", "LlamaLayerTe", "LlamaLayerTeFused",
-    "PrenormBlock", "ResidualBlocks", "NestedResidual", "Fc1", "Fc2", "GeluAny", "SwigluAny",
-    "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp", "QgegluMlp", "RegluMlp",
-    "SregluMlp", "SitugluMlp", "TeGptAttention", "TeGqaAttention", "DropoutMlp", "DropoutGlu",
-    "DropoutAny", "PostAttention", "NormDropout", "TeeNormDropout", "LinearResidual",
-    "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp", "ResidualInPlace",
-    "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp", "TeGptStack",
-    "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear", "L2normBlock",
-    "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
+    "LlamaMlp", "Fp8NarrowMlp", "Fp8LayernormMlp", "Gpt2Mlp", "LlamaLayer", "LlamaLayerTe",
+    "LlamaLayerTeFused", "PrenormBlock", "ResidualBlocks", "NestedResidual", "Fc1", "Fc2",
+    "GeluAny", "SwigluAny", "GluTeeAny", "GluGeluAny", "ResidualAny", "QgeluMlp", "GluMlp",
+    "QgegluMlp", "RegluMlp", "SregluMlp", "SitugluMlp", "TeGptAttention", "TeGqaAttention",
+    "DropoutMlp", "DropoutGlu", "DropoutAny", "PostAttention", "NormDropout", "TeeNormDropout",
+    "LinearResidual", "ScaledResidual", "ScaledLinear", "ScaledProjection", "ReluMlp",
+    "ResidualInPlace", "PrenormInPlace", "InPlaceMid", "InterleavedMlp", "InterleavedAny", "TeMlp",
+    "TeGptStack", "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear",
+    "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
     "DelayedScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "autocast",
     "fp8_autocast", "forget_fp8_weights"]

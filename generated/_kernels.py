@@ -11,8 +11,8 @@ import torch
 from . import _reference as ref
 from ._runtime import (
     Kernel, fp8_reference_amax, fp8_reference_amax_cols, fp8_reference_cast,
-    fp8_reference_cast_cols, fp8_reference_cast_rows, fp8_reference_delayed_update, pointer,
-    register_op)
+    fp8_reference_cast_cols, fp8_reference_cast_rows, fp8_reference_delayed_update,
+    fp8_reference_produced, pointer, register_op)
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
 # a norm backward of at most this many row splits adds its parameter grads itself, in one
@@ -2711,6 +2711,22 @@ def column_sum_n1024(partials, dtype):
     return out
 
 
+_COLUMN_SUM_N128 = Kernel("column_sum_n128", "ppi")
+
+
+def column_sum_n128(partials, dtype):
+    """Sum fp32 partials [splits, 128] over splits, in a fixed order, into a 128-vector of dtype."""
+    # torch.compile: the custom op
+    if torch.compiler.is_compiling() and partials.device.type != "meta":
+        return torch.ops.fusegen.column_sum_n128_2eabcfeb(partials, dtype)
+    out = torch.empty(128, device=partials.device, dtype=dtype)
+    splits = partials.shape[0]
+    _COLUMN_SUM_N128.launch(
+        dtype, (4, 1, 1), COLUMN_SUM_BLOCK, (partials.data_ptr(), out.data_ptr(), splits),
+        partials.get_device())
+    return out
+
+
 _COLUMN_SUM_N1536 = Kernel("column_sum_n1536", "ppi")
 
 
@@ -5140,6 +5156,52 @@ def rmsnorm_bwd_h1024_add_dresidual(dy, x, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
+_RMSNORM_BWD_H128 = Kernel("rmsnorm_bwd_h128", "pppppppppi", shared=512)
+_RMSNORM_BWD_H128_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def rmsnorm_bwd_h128(dy, x, rstd, gamma):
+    """RMSNorm(128) backward: returns (dx, dgamma); the parameter grads are deterministic."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_bwd_h128_19473539(dy, x, rstd, gamma)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H128.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H128_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 128), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(128, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(128, device=dy.device, dtype=dy.dtype)
+            _RMSNORM_BWD_H128.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H128_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), grads.data_ptr(), rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _RMSNORM_BWD_H128.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H128_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(), 0,
+                    dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n128(partials, dy.dtype)
+        return dx, grads
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
 _RMSNORM_BWD_H256 = Kernel("rmsnorm_bwd_h256", "pppppppppi", shared=1024)
 _RMSNORM_BWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
@@ -5424,6 +5486,45 @@ def rmsnorm_fwd_h1024_no_grad(x, gamma):
                 (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
         return y
     return rmsnorm_fwd_h1024(x, gamma)[0]  # CPU and torch.compile: the whole launcher
+
+
+_RMSNORM_FWD_H128 = Kernel("rmsnorm_fwd_h128", "ppppppppi")
+_RMSNORM_FWD_H128_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def rmsnorm_fwd_h128(x, gamma):
+    """RMSNorm(128): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_fwd_h128_d61b96f5(x, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H128.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H128_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, rstd
+
+
+def rmsnorm_fwd_h128_no_grad(x, gamma):
+    """RMSNorm(128), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H128.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H128_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_fwd_h128(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
 _RMSNORM_FWD_H256 = Kernel("rmsnorm_fwd_h256", "ppppppppi")
@@ -6053,23 +6154,96 @@ def swiglu_bwd_n14336(dy, x):
     return dx
 
 
-_SWIGLU_BWD_N14336_AMAX = Kernel("swiglu_bwd_n14336_amax", "ppppi")
-_SWIGLU_BWD_N14336_AMAX_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
+_SWIGLU_BWD_N14336_FP8 = Kernel("swiglu_bwd_n14336_fp8", "ppppppppiiiii")
+_SWIGLU_BWD_N14336_FP8_GRID_X = {torch.bfloat16: 56, torch.float16: 56, torch.float32: 112}
 
 
-def swiglu_bwd_n14336_amax(dy, x, amax):
-    """SwiGLU() backward, dx's amax: returns dx."""
+def swiglu_bwd_n14336_fp8(dy, x, scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores):
+    """SwiGLU() backward, dx written in FP8 with its transpose.
+
+    Returns dx in FP8 (E5M2 with ``e5m2``, else E4M3), cast with ``scale`` (delayed scaling's,
+    a 0-dim fp32 tensor) or TE's scale from ``amax`` (current scaling's finished amax); with
+    ``transpose`` its transpose [28672, rows rounded up to 16]; and the scale's inverse.
+    ``amax_out``: a float dx's amax is max-ed into, or None. ``stores`` 0: that alone,
+    nothing stored (current scaling's first launch)."""
     if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_bwd_n14336_amax_223f8002(dy, x, amax)
+        return torch.ops.fusegen.swiglu_bwd_n14336_fp8_831f6438(
+            dy, x, scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores)
     rows = dy.shape[0]
     if dy.is_cuda:
         dy = dy.contiguous()
         x = x.contiguous()
-        dx = torch.empty((rows, 28672), device=dy.device, dtype=dy.dtype)
+        fp8 = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+        t_cols = -(-rows // 16) * 16
+        dx = torch.empty((rows, 28672) if stores else (0,), device=dy.device, dtype=fp8)
+        dx_t = dx.new_empty(0)
+        if stores and transpose:
+            dx_t = (torch.zeros if t_cols != rows else torch.empty)(
+                (28672, t_cols), device=dy.device, dtype=fp8)
+        scale_inv = torch.empty((), device=dy.device, dtype=torch.float32)
+        if rows:
+            # fp8_tile.cuh's tiles
+            grid = (_SWIGLU_BWD_N14336_FP8_GRID_X[dy.dtype], -(-rows // 32), 1)
+            _SWIGLU_BWD_N14336_FP8.launch(
+                dy.dtype, grid, (32, 8, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), (dx.data_ptr() if stores else 0),
+                    (dx_t.data_ptr() if stores and transpose else 0), pointer(scale), pointer(amax),
+                    scale_inv.data_ptr(), pointer(amax_out), rows, t_cols, e5m2, eps_bits, power_2),
+                dy.get_device())
+        return dx, dx_t, scale_inv
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    return fp8_reference_produced(
+        g.to(dy.dtype), scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores)
+
+
+_SWIGLU_BWD_N320 = Kernel("swiglu_bwd_n320", "pppi")
+_SWIGLU_BWD_N320_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_bwd_n320(dy, x):
+    """SwiGLU() backward: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_bwd_n320_90c6887e(dy, x)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 640), device=dy.device, dtype=dy.dtype)
         splits = min(rows, ELEMENTWISE_SPLITS)
         if rows:
-            _SWIGLU_BWD_N14336_AMAX.launch(
-                dy.dtype, (_SWIGLU_BWD_N14336_AMAX_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+            _SWIGLU_BWD_N320.launch(
+                dy.dtype, (_SWIGLU_BWD_N320_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
+                (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), rows), dy.get_device())
+        return dx
+    a = ref.compute(x)
+    in0 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in0, g)
+    dx = g.to(dy.dtype)
+    return dx
+
+
+_SWIGLU_BWD_N320_AMAX = Kernel("swiglu_bwd_n320_amax", "ppppi")
+_SWIGLU_BWD_N320_AMAX_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_bwd_n320_amax(dy, x, amax):
+    """SwiGLU() backward, dx's amax: returns dx."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_bwd_n320_amax_6d3ab501(dy, x, amax)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        dx = torch.empty((rows, 640), device=dy.device, dtype=dy.dtype)
+        splits = min(rows, ELEMENTWISE_SPLITS)
+        if rows:
+            _SWIGLU_BWD_N320_AMAX.launch(
+                dy.dtype, (_SWIGLU_BWD_N320_AMAX_GRID_X[dy.dtype], splits, 1), (128, 1, 1),
                 (dy.data_ptr(), x.data_ptr(), dx.data_ptr(), pointer(amax), rows), dy.get_device())
         return dx
     a = ref.compute(x)
@@ -6213,21 +6387,86 @@ def swiglu_fwd_n14336(x):
     return a.to(x.dtype)
 
 
-_SWIGLU_FWD_N14336_AMAX = Kernel("swiglu_fwd_n14336_amax", "pppi")
-_SWIGLU_FWD_N14336_AMAX_GRID_X = {torch.bfloat16: 14, torch.float16: 14, torch.float32: 28}
+_SWIGLU_FWD_N14336_FP8 = Kernel("swiglu_fwd_n14336_fp8", "pppppppiiiii")
+_SWIGLU_FWD_N14336_FP8_GRID_X = {torch.bfloat16: 56, torch.float16: 56, torch.float32: 112}
 
 
-def swiglu_fwd_n14336_amax(x, amax):
-    """SwiGLU(), its amax: returns y."""
+def swiglu_fwd_n14336_fp8(x, scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores):
+    """SwiGLU(), written in FP8 with its transpose.
+
+    Returns y in FP8 (E5M2 with ``e5m2``, else E4M3), cast with ``scale`` (delayed scaling's,
+    a 0-dim fp32 tensor) or TE's scale from ``amax`` (current scaling's finished amax); with
+    ``transpose`` its transpose [14336, rows rounded up to 16]; and the scale's inverse.
+    ``amax_out``: a float y's amax is max-ed into, or None. ``stores`` 0: that alone,
+    nothing stored (current scaling's first launch)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n14336_amax_e4fa91a4(x, amax)
+        return torch.ops.fusegen.swiglu_fwd_n14336_fp8_c76cde64(
+            x, scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
-        y = torch.empty((rows, 14336), device=x.device, dtype=x.dtype)
+        fp8 = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+        t_cols = -(-rows // 16) * 16
+        y = torch.empty((rows, 14336) if stores else (0,), device=x.device, dtype=fp8)
+        y_t = y.new_empty(0)
+        if stores and transpose:
+            y_t = (torch.zeros if t_cols != rows else torch.empty)(
+                (14336, t_cols), device=x.device, dtype=fp8)
+        scale_inv = torch.empty((), device=x.device, dtype=torch.float32)
         if rows:
-            grid = (_SWIGLU_FWD_N14336_AMAX_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N14336_AMAX.launch(
+            # fp8_tile.cuh's tiles
+            grid = (_SWIGLU_FWD_N14336_FP8_GRID_X[x.dtype], -(-rows // 32), 1)
+            _SWIGLU_FWD_N14336_FP8.launch(
+                x.dtype, grid, (32, 8, 1),
+                (
+                    x.data_ptr(), (y.data_ptr() if stores else 0),
+                    (y_t.data_ptr() if stores and transpose else 0), pointer(scale), pointer(amax),
+                    scale_inv.data_ptr(), pointer(amax_out), rows, t_cols, e5m2, eps_bits, power_2),
+                x.get_device())
+        return y, y_t, scale_inv
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    return fp8_reference_produced(
+        a.to(x.dtype), scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores)
+
+
+_SWIGLU_FWD_N320 = Kernel("swiglu_fwd_n320", "ppi")
+_SWIGLU_FWD_N320_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_fwd_n320(x):
+    """SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_fwd_n320_62e3ed30(x)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 320), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SWIGLU_FWD_N320_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_FWD_N320.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), rows), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.swiglu(a)
+    return a.to(x.dtype)
+
+
+_SWIGLU_FWD_N320_AMAX = Kernel("swiglu_fwd_n320_amax", "pppi")
+_SWIGLU_FWD_N320_AMAX_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def swiglu_fwd_n320_amax(x, amax):
+    """SwiGLU(), its amax: returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.swiglu_fwd_n320_amax_dec312f5(x, amax)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty((rows, 320), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_SWIGLU_FWD_N320_AMAX_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _SWIGLU_FWD_N320_AMAX.launch(
                 x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), pointer(amax), rows),
                 x.get_device())
         return y
@@ -6305,30 +6544,46 @@ def swiglu_fwd_n512(x):
     return a.to(x.dtype)
 
 
-_SWIGLU_FWD_N512_AMAX = Kernel("swiglu_fwd_n512_amax", "pppi")
-_SWIGLU_FWD_N512_AMAX_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+_SWIGLU_FWD_N512_FP8 = Kernel("swiglu_fwd_n512_fp8", "pppppppiiiii")
+_SWIGLU_FWD_N512_FP8_GRID_X = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
 
 
-def swiglu_fwd_n512_amax(x, amax):
-    """SwiGLU(), its amax: returns y."""
+def swiglu_fwd_n512_fp8(x, scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores):
+    """SwiGLU(), written in FP8 with its transpose.
+
+    Returns y in FP8 (E5M2 with ``e5m2``, else E4M3), cast with ``scale`` (delayed scaling's,
+    a 0-dim fp32 tensor) or TE's scale from ``amax`` (current scaling's finished amax); with
+    ``transpose`` its transpose [512, rows rounded up to 16]; and the scale's inverse.
+    ``amax_out``: a float y's amax is max-ed into, or None. ``stores`` 0: that alone,
+    nothing stored (current scaling's first launch)."""
     if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
-        return torch.ops.fusegen.swiglu_fwd_n512_amax_93efdfc5(x, amax)
+        return torch.ops.fusegen.swiglu_fwd_n512_fp8_2ae9ee0b(
+            x, scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores)
     rows = x.shape[0]
     if x.is_cuda:
         x = x.contiguous()
-        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        fp8 = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+        t_cols = -(-rows // 16) * 16
+        y = torch.empty((rows, 512) if stores else (0,), device=x.device, dtype=fp8)
+        y_t = y.new_empty(0)
+        if stores and transpose:
+            y_t = (torch.zeros if t_cols != rows else torch.empty)(
+                (512, t_cols), device=x.device, dtype=fp8)
+        scale_inv = torch.empty((), device=x.device, dtype=torch.float32)
         if rows:
-            grid = (_SWIGLU_FWD_N512_AMAX_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
-            _SWIGLU_FWD_N512_AMAX.launch(
-                x.dtype, grid, (128, 1, 1), (x.data_ptr(), y.data_ptr(), pointer(amax), rows),
+            grid = (_SWIGLU_FWD_N512_FP8_GRID_X[x.dtype], -(-rows // 32), 1)  # fp8_tile.cuh's tiles
+            _SWIGLU_FWD_N512_FP8.launch(
+                x.dtype, grid, (32, 8, 1),
+                (
+                    x.data_ptr(), (y.data_ptr() if stores else 0),
+                    (y_t.data_ptr() if stores and transpose else 0), pointer(scale), pointer(amax),
+                    scale_inv.data_ptr(), pointer(amax_out), rows, t_cols, e5m2, eps_bits, power_2),
                 x.get_device())
-        return y
+        return y, y_t, scale_inv
     a = ref.compute(x)
     a = ref.swiglu(a)
-    y = a.to(x.dtype)
-    if amax is not None:  # max |y| into it, as the kernel keeps it
-        amax.copy_(torch.maximum(amax, fp8_reference_amax(y)))
-    return y
+    return fp8_reference_produced(
+        a.to(x.dtype), scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores)
 
 
 _SWIGLU_I32_FWD_N512 = Kernel("swiglu_i32_fwd_n512", "ppi")
@@ -6633,9 +6888,11 @@ def tee_bias_fwd_n64(x, bias1):
 _GELU_BWD_ANY_FIXED = {256: gelu_bwd_n256}
 _GELU_FWD_ANY_FIXED = {256: gelu_fwd_n256, 1024: gelu_fwd_n1024, 4096: gelu_fwd_n4096}
 _SWIGLU_BWD_ANY_FIXED = {
-    384: swiglu_bwd_n384, 512: swiglu_bwd_n512, 4096: swiglu_bwd_n4096, 14336: swiglu_bwd_n14336}
+    320: swiglu_bwd_n320, 384: swiglu_bwd_n384, 512: swiglu_bwd_n512, 4096: swiglu_bwd_n4096,
+    14336: swiglu_bwd_n14336}
 _SWIGLU_FWD_ANY_FIXED = {
-    384: swiglu_fwd_n384, 512: swiglu_fwd_n512, 4096: swiglu_fwd_n4096, 14336: swiglu_fwd_n14336}
+    320: swiglu_fwd_n320, 384: swiglu_fwd_n384, 512: swiglu_fwd_n512, 4096: swiglu_fwd_n4096,
+    14336: swiglu_fwd_n14336}
 
 
 # --- torch.compile: each launcher a custom op ---------------------------------------------------
@@ -6826,6 +7083,9 @@ register_op(
 register_op(
     "column_sum_n1024_59676d23", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1024,
     column_sum_n1024)
+register_op(
+    "column_sum_n128_2eabcfeb", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n128,
+    column_sum_n128)
 register_op(
     "column_sum_n1536_de49019c", "(Tensor partials, ScalarType dtype) -> Tensor", column_sum_n1536,
     column_sum_n1536)
@@ -7071,6 +7331,10 @@ register_op(
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h1024_add_dresidual, rmsnorm_bwd_h1024_add_dresidual)
 register_op(
+    "rmsnorm_bwd_h128_19473539",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h128,
+    rmsnorm_bwd_h128)
+register_op(
     "rmsnorm_bwd_h256_e2340e09",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h256,
     rmsnorm_bwd_h256)
@@ -7093,6 +7357,9 @@ register_op(
 register_op(
     "rmsnorm_fwd_h1024_2dd235af", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h1024,
     rmsnorm_fwd_h1024)
+register_op(
+    "rmsnorm_fwd_h128_d61b96f5", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h128,
+    rmsnorm_fwd_h128)
 register_op(
     "rmsnorm_fwd_h256_1a87ef08", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h256,
     rmsnorm_fwd_h256)
@@ -7145,8 +7412,15 @@ register_op(
     "swiglu_bwd_n14336_d389d894", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n14336,
     swiglu_bwd_n14336)
 register_op(
-    "swiglu_bwd_n14336_amax_223f8002", "(Tensor dy, Tensor x, Tensor(a!)? amax) -> Tensor",
-    swiglu_bwd_n14336_amax, swiglu_bwd_n14336_amax)
+    "swiglu_bwd_n14336_fp8_831f6438",
+    "(Tensor dy, Tensor x, Tensor? scale, Tensor? amax, Tensor(a!)? amax_out, int e5m2, int "
+    "eps_bits, int power_2, int transpose, int stores) -> (Tensor, Tensor, Tensor)",
+    swiglu_bwd_n14336_fp8, swiglu_bwd_n14336_fp8)
+register_op(
+    "swiglu_bwd_n320_90c6887e", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n320, swiglu_bwd_n320)
+register_op(
+    "swiglu_bwd_n320_amax_6d3ab501", "(Tensor dy, Tensor x, Tensor(a!)? amax) -> Tensor",
+    swiglu_bwd_n320_amax, swiglu_bwd_n320_amax)
 register_op(
     "swiglu_bwd_n384_e7da8003", "(Tensor dy, Tensor x) -> Tensor", swiglu_bwd_n384, swiglu_bwd_n384)
 register_op(
@@ -7158,14 +7432,22 @@ register_op("swiglu_fwd_any_a7d2996d", "(Tensor x) -> Tensor", swiglu_fwd_any, s
 register_op(
     "swiglu_fwd_n14336_f84cf6eb", "(Tensor x) -> Tensor", swiglu_fwd_n14336, swiglu_fwd_n14336)
 register_op(
-    "swiglu_fwd_n14336_amax_e4fa91a4", "(Tensor x, Tensor(a!)? amax) -> Tensor",
-    swiglu_fwd_n14336_amax, swiglu_fwd_n14336_amax)
+    "swiglu_fwd_n14336_fp8_c76cde64",
+    "(Tensor x, Tensor? scale, Tensor? amax, Tensor(a!)? amax_out, int e5m2, int eps_bits, int "
+    "power_2, int transpose, int stores) -> (Tensor, Tensor, Tensor)",
+    swiglu_fwd_n14336_fp8, swiglu_fwd_n14336_fp8)
+register_op("swiglu_fwd_n320_62e3ed30", "(Tensor x) -> Tensor", swiglu_fwd_n320, swiglu_fwd_n320)
+register_op(
+    "swiglu_fwd_n320_amax_dec312f5", "(Tensor x, Tensor(a!)? amax) -> Tensor", swiglu_fwd_n320_amax,
+    swiglu_fwd_n320_amax)
 register_op("swiglu_fwd_n384_aad5aa3e", "(Tensor x) -> Tensor", swiglu_fwd_n384, swiglu_fwd_n384)
 register_op("swiglu_fwd_n4096_5a8e83aa", "(Tensor x) -> Tensor", swiglu_fwd_n4096, swiglu_fwd_n4096)
 register_op("swiglu_fwd_n512_d5382d44", "(Tensor x) -> Tensor", swiglu_fwd_n512, swiglu_fwd_n512)
 register_op(
-    "swiglu_fwd_n512_amax_93efdfc5", "(Tensor x, Tensor(a!)? amax) -> Tensor", swiglu_fwd_n512_amax,
-    swiglu_fwd_n512_amax)
+    "swiglu_fwd_n512_fp8_2ae9ee0b",
+    "(Tensor x, Tensor? scale, Tensor? amax, Tensor(a!)? amax_out, int e5m2, int eps_bits, int "
+    "power_2, int transpose, int stores) -> (Tensor, Tensor, Tensor)",
+    swiglu_fwd_n512_fp8, swiglu_fwd_n512_fp8)
 register_op(
     "swiglu_i32_fwd_n512_f38281f1", "(Tensor x) -> Tensor", swiglu_i32_fwd_n512,
     swiglu_i32_fwd_n512)

@@ -196,12 +196,12 @@ def forward_stages_fp8(
     linear1_1_out, rmsnorm1_0_out_fp8_t, linear1_1_weight_fp8 = fp8.linear(
         2, rmsnorm1_0_out, linear1_1_weight)
     # forward stage 7 · rule elementwise · op 1.2: SwiGLU()
-    swiglu1_2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
-    swiglu1_2_out = kernels.swiglu_fwd_n14336_amax(linear1_1_out, swiglu1_2_out_amax)
+    swiglu1_2_out = fp8.produce(
+        3, 'forward', kernels.swiglu_fwd_n14336_fp8, kernels.swiglu_fwd_n14336, linear1_1_out)
     # forward stage 8 · rule linear_scale_add · ops 1.3, 1b: BasicLinear(14336, 4096), Residual: x +
     # ops(x)
     residual1_out, swiglu1_2_out_fp8_t, linear1_3_weight_fp8 = fp8.linear(
-        3, swiglu1_2_out, linear1_3_weight, add=residual1, amax=swiglu1_2_out_amax)
+        3, swiglu1_2_out, linear1_3_weight, add=residual1)
     return residual1_out, (
         x, groupedqueryattention0_2_out, residual1, linear1_1_out, rmsnorm0_0_rstd, fp8,
         linear0_1_weight_fp8, rmsnorm0_0_out_fp8_t, groupedqueryattention0_2_qkv,
@@ -228,11 +228,11 @@ def backward_stages_fp8(
     d_residual1_out_fp8 = fp8.grad_output(3, d_residual1_out)
     d_swiglu1_2_out = fp8.dgrad(d_residual1_out_fp8, linear1_3_weight_fp8)
     # backward stage 6 · rule elementwise_backward · op 1.2: SwiGLU()
-    d_linear1_1_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
-    d_linear1_1_out = kernels.swiglu_bwd_n14336_amax(
-        d_swiglu1_2_out, linear1_1_out, d_linear1_1_out_amax)
+    d_linear1_1_out = fp8.produce(
+        2, 'backward', kernels.swiglu_bwd_n14336_fp8, kernels.swiglu_bwd_n14336, d_swiglu1_2_out,
+        linear1_1_out)
     # backward stage 5 · rule linear_backward · op 1.1: BasicLinear(4096, 28672)
-    d_linear1_1_out_fp8 = fp8.grad_output(2, d_linear1_1_out, amax=d_linear1_1_out_amax)
+    d_linear1_1_out_fp8 = fp8.grad_output(2, d_linear1_1_out)
     d_rmsnorm1_0_out = fp8.dgrad(d_linear1_1_out_fp8, linear1_1_weight_fp8)
     # backward stage 4 · rule norm_residual_grad · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual:
     # keeps x, RMSNorm(4096)
@@ -386,12 +386,11 @@ def no_grad_forward_fp8(
     # no-grad stage 6 · rule linear · op 1.1: BasicLinear(4096, 28672)
     linear1_1_out, _, _ = fp8.linear(2, rmsnorm1_0_out, linear1_1_weight)
     # no-grad stage 7 · rule elementwise · op 1.2: SwiGLU()
-    swiglu1_2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
-    swiglu1_2_out = kernels.swiglu_fwd_n14336_amax(linear1_1_out, swiglu1_2_out_amax)
+    swiglu1_2_out = fp8.produce(
+        3, 'forward', kernels.swiglu_fwd_n14336_fp8, kernels.swiglu_fwd_n14336, linear1_1_out)
     # no-grad stage 8 · rule linear_scale_add · ops 1.3, 1b: BasicLinear(14336, 4096), Residual: x +
     # ops(x)
-    residual1_out, _, _ = fp8.linear(
-        3, swiglu1_2_out, linear1_3_weight, add=residual1, amax=swiglu1_2_out_amax)
+    residual1_out, _, _ = fp8.linear(3, swiglu1_2_out, linear1_3_weight, add=residual1)
     return residual1_out
 
 

@@ -81,6 +81,23 @@ class Launch(Call):
         self.kernel = kernel
 
 
+class Fp8Produce(Call):
+    """An FP8 GEMM's operand written by the kernel that computes it, through the call's Fp8Call:
+    ``result = fp8.produce(gemm, mode, kernels.<its FP8 variant>, kernels.<kernel>, args)``, the
+    variant launched as the recipe needs (or the kernel, where the recipe casts no producer's
+    output)."""
+
+    def __init__(self, fp8: int, gemm: int, mode: str, kernel: str, plain: str, args: Sequence[Operand],
+                 result: Operand):
+        reads: dict[str, int] = {}
+        writes: dict[str, int] = {}
+        (out,), (call,) = _slots([result], "w", writes), _slots([fp8], "r", reads)
+        ins = _slots(args, "r", reads)
+        super().__init__(f"{out} = {call}.produce({gemm}, {mode!r}, kernels.{literal(kernel)}, kernels.{literal(plain)}, "
+                         f"{', '.join(ins)})", reads, writes)
+        self.kernel, self.plain = kernel, plain
+
+
 class TorchCall(Call):
     """A line of PyTorch (a cuBLAS GEMM through torch, a view, an op's reference math, a
     random key): its text with placeholders, and the values they stand for."""

@@ -25,9 +25,9 @@ results in the caller's shape, first_order_only;
 - fp8_state: delayed scaling's scales and amax histories (Fp8State, saved as TE's _extra_state;
   Fp8SpecOp) and TE's update of them after a step;
 - fp8_casts: FP8 casts (the quantize kernels' CPU path: fp8_reference_amax, fp8_reference_cast,
-  fp8_reference_delayed_update, and the row-wise recipe's fp8_reference_cast_rows,
-  fp8_reference_amax_cols, fp8_reference_cast_cols) and GEMMs (scaled_mm: torch._scaled_mm, or
-  emulated);
+  fp8_reference_delayed_update, the row-wise recipe's fp8_reference_cast_rows,
+  fp8_reference_amax_cols, fp8_reference_cast_cols; a producer's FP8 variant's,
+  fp8_reference_produced) and GEMMs (scaled_mm: torch._scaled_mm, or emulated);
 - fp8: a call's FP8 GEMMs (fp8_runs, fp8_eagerly, fp8_call, Fp8Call): the recipe's casts, the GEMMs,
   the weight cache.
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
@@ -39,7 +39,7 @@ from .te_forms import te_sequences
 from .compiled_passes import PassGraphs, keep_for_backward, register_training_ops
 from .fp8 import fp8_call, fp8_eagerly, fp8_runs
 from .fp8_casts import (fp8_reference_amax, fp8_reference_amax_cols, fp8_reference_cast, fp8_reference_cast_cols,
-                        fp8_reference_cast_rows, fp8_reference_delayed_update)
+                        fp8_reference_cast_rows, fp8_reference_delayed_update, fp8_reference_produced)
 from .fp8_recipes import (DelayedScaling, Float8CurrentScaling, Float8RowwiseScaling, Format, autocast,
                           fp8_autocast)
 from .fp8_state import Fp8SpecOp, Fp8State, forget_fp8_weights
@@ -63,7 +63,7 @@ __all__ = [
     "fp8_eagerly", "fp8_runs",
     "fp8_reference_amax", "fp8_reference_amax_cols", "fp8_reference_cast",
     "fp8_reference_cast_cols",
-    "fp8_reference_cast_rows", "fp8_reference_delayed_update",
+    "fp8_reference_cast_rows", "fp8_reference_delayed_update", "fp8_reference_produced",
     "grouped_rows", "join_rows",
     "keep_for_backward", "packed_sequences", "pointer", "register_no_grad_op", "register_op",
     "register_training_ops", "replay_backward", "replay_forward", "rows_after_load", "rows_view",

@@ -63,7 +63,8 @@ def fp8_parts(plan: Plan, stage_kernels: dict, p, function_inputs: list[str], ar
     gemms = fp8_gemms(p)
     # plan.md's table: each GEMM's op and the values cast for it (x and, backward, the output's grad)
     kept_by = {em.table[value].name: kernel for value, (_, kernel) in em.fp8_amaxes.items()}  # amaxes kept
-    table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by)
+    written_by = {em.table[value].name: kernel for value, kernel in em.fp8_written.items()}  # FP8 variants
+    table = [(n, op.number, op.describe(), em.table[op.input].name, em.table[op.output].name, kept_by, written_by)
              for n, op in enumerate(gemm_ops(p))]
     return dict(functions=functions, grad_steps=grad_steps, no_grad=no_grad,
                 no_grad_returns=[no_grad_em.name(no_grad_y)] + extra_outputs, recipes=repr(p.fp8.recipes),

@@ -189,6 +189,8 @@ class Emitter:
     # the FP8 emission: a value an FP8 GEMM casts (forward: its x; backward: its output's grad) ->
     # (the amax value the kernel that writes it keeps its amax in, that kernel) (gemm.fp8_amax)
     fp8_amaxes: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # the values a kernel's FP8 variant writes in FP8 alone, and that kernel (gemm.fp8_producer)
+    fp8_written: dict[int, str] = field(default_factory=dict)
 
     def alias(self, block: Block, value: int, of: int) -> None:
         """``value = of`` in the forward: one tensor under a second name (an extra output that is

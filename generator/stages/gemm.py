@@ -219,3 +219,39 @@ def fp8_amax(em, block, stage, pass_: str, value: int):
                         dict(fp8=em.fp8), dict(amax=amax)))
     em.fp8_amaxes[value] = (amax, spec.name)
     return spec, amax
+
+
+def fp8_only(plan, value: int, pass_: str) -> bool:
+    """Whether the kernel that writes ``value`` (forward: an FP8 GEMM's x; backward: a GEMM
+    stage's output, whose grad it writes) may write it in FP8 alone (its FP8 variant): nothing but
+    the GEMM reads it in high precision. One op reads the value (so its grad has no other part),
+    it is no output, residual or extra output of the pipeline; forward, no stage's backward but
+    the GEMM's keeps it (the GEMM's keeps its FP8 transpose instead)."""
+    p = plan.pipeline
+    outside = {p.output, *p.residual_values, *(op.extra_out for op in p.ops if op.extra_out is not None)}
+    if value in outside or sum(op.input == value for op in p.ops) != 1:
+        return False
+    if pass_ == "backward":
+        return True
+    have = frozenset(v for stage in plan.forward for v in stage.rule.stage.materialises(stage))
+    return not any(value in stage.rule.stage.saves(p, stage, have).values for stage in plan.backward
+                   if getattr(stage.first("linear"), "input", None) != value)
+
+
+def fp8_producer(em, stage, pass_: str, written: int):
+    """The FP8 emission of a stage whose kernel writes ``written`` (forward: its output, an FP8
+    GEMM's x; backward: its input's grad, a GEMM stage's output's): its kernel's FP8 variant (the
+    stage's kernel with ``fp8_out`` in its context, listed where fp8_only allows it) and the number
+    of the GEMM that reads the value, which ``Fp8Call.produce`` launches it for. None: high
+    precision, or no such kernel."""
+    if em.fp8 is None:
+        return None
+    spec = next((spec for spec in em.stage_kernels.get((pass_, stage.start), ()) if spec.ctx.get("fp8_out")), None)
+    if spec is None:
+        return None
+    if pass_ == "forward":
+        linear = next(op for op in gemm_ops(em.pipeline) if op.input == stage.output)
+    else:
+        linear = next(s.first("linear") for s in em.plan.backward if s.output == stage.input and s.first("linear"))
+    em.fp8_written[written] = spec.name
+    return spec, gemm_number(em, linear)

@@ -12,26 +12,8 @@ import struct
 
 import torch
 
-from .fp8_casts import _Quantized, _QuantizedWeight, scaled_mm
+from .fp8_casts import _Quantized, _QuantizedWeight, epilogue, scaled_mm
 from .fp8_recipes import active, fp8_dtype, recipe_kind, update_states
-
-
-def _epilogue(y, alpha, bias, add, activation, bias_added):
-    """What the high-precision GEMM stage's epilogue does after the product: alpha (x W^T + b),
-    the extra input added (beta = 1), the ReLU or GELU (tanh) of the GEMM's forms."""
-    if alpha != 1.0:
-        y.mul_(alpha)
-        if bias is not None:
-            y.add_(bias, alpha=alpha)  # s (x W^T + b), as the high-precision stage
-    elif bias is not None and not bias_added:
-        y.add_(bias)
-    if add is not None:
-        y.add_(add)
-    if activation == "relu":
-        return torch.relu_(y)
-    if activation == "gelu":
-        return torch.nn.functional.gelu(y, approximate="tanh")
-    return y
 
 
 # --- what generated FP8 stages call -----------------------------------------------------------------
@@ -111,6 +93,32 @@ class Fp8Call:
                                      int(self.recipe.use_power_2_scales), int(transpose), None)
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
+    def produce(self, gemm, mode, fp8_kernel, kernel, *inputs):
+        """An FP8 GEMM's operand (``mode`` "forward": GEMM ``gemm``'s x; "backward": its output's
+        grad) written by the kernel that computes it: ``fp8_kernel``, the variant of ``kernel`` that
+        stores its output in FP8 with its transpose (templates/cuda/fp8_tile.cuh), from
+        ``inputs``. Delayed scaling launches it once (the state's scale; the amax recorded in its
+        slot), current scaling twice (the amax alone, then the stores with the scale from it).
+        Returns the operand as ``linear`` and ``grad_output`` take it, the FP8 tensor and its
+        transpose (none without grad: the forward's weight grad is not coming); where the
+        recipe casts no producer's output (row-wise, calibrating), ``kernel``'s high-precision
+        output, which they cast."""
+        if self.calibrating or self.kind == "rowwise":
+            return kernel(*inputs)
+        forward = mode == "forward"
+        e5m2 = int(fp8_dtype(self.recipe, forward) == torch.float8_e5m2)
+        transpose = int(self.training or not forward)
+        if self.kind == "delayed":
+            state, slot = self._slot(gemm, mode, 0)
+            scales, history = state.modes[mode]
+            y, y_t, scale_inv = fp8_kernel(*inputs, scales[slot], None, history[0, slot], e5m2, 0, 0, transpose, 1)
+        else:
+            amax = self.amax()
+            fp8_kernel(*inputs, None, None, amax, e5m2, 0, 0, 0, 0)  # the amax alone
+            y, y_t, scale_inv = fp8_kernel(*inputs, None, amax, None, e5m2, self.eps_bits,
+                                           int(self.recipe.use_power_2_scales), transpose, 1)
+        return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
+
     def _rowwise(self, x, forward):
         """x [rows, k] cast with a scale per row (the row-wise recipe: one kernel, a block a row)."""
         e4m3 = fp8_dtype(self.recipe, forward) == torch.float8_e4m3fn
@@ -154,21 +162,25 @@ class Fp8Call:
             if self.kind == "delayed":
                 self._record(x, gemm, "forward", 0)
                 self._record(weight, gemm, "forward", 1)
-            y = _epilogue(x.mm(weight.t()), alpha, bias, add, activation, False)
+            y = epilogue(x.mm(weight.t()), alpha, bias, add, activation, False)
             return y, x if self.training else None, weight
         w = self._weight(gemm, weight)
-        if self.kind == "rowwise":
+        if isinstance(x, tuple):  # written in FP8 by the kernel that computed it (produce)
+            xq, x_t = x
+        elif self.kind == "rowwise":
             xq, x_t = self._rowwise(x, True), x if self.training else None
         else:
             xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training, amax=amax)
         fused_bias = bias if alpha == 1.0 else None
-        y = scaled_mm(xq, w.rows, x.dtype, fused_bias, fast_accum=True)  # TE: fprop with fast accumulation
-        return _epilogue(y, alpha, bias, add, activation, fused_bias is not None), x_t, w
+        y = scaled_mm(xq, w.rows, weight.dtype, fused_bias, fast_accum=True)  # TE: fprop with fast accumulation
+        return epilogue(y, alpha, bias, add, activation, fused_bias is not None), x_t, w
 
     def grad_output(self, gemm, dy, amax=None):
         """dy cast for the GEMM's dgrad and weight grad (E5M2 under HYBRID): tensorwise one
         cast-transpose (``amax``: dy's, where the kernel that wrote dy kept it); row-wise per row
         of dy and per column."""
+        if isinstance(dy, tuple):  # written in FP8 by the kernel that computed it (produce)
+            return dy
         if self.calibrating:
             if self.kind == "delayed":
                 self._record(dy, gemm, "backward", 0)

@@ -102,6 +102,19 @@ def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, amax_out, d
     return y, y_t, torch.reciprocal(torch.as_tensor(scale, dtype=torch.float32, device=x.device))
 
 
+def fp8_reference_produced(y, scale, amax, amax_out, e5m2, eps_bits, power_2, transpose, stores):
+    """A producer kernel's FP8 variant off the GPU (templates/cuda/fp8_tile.cuh): its output ``y``,
+    computed as the plain kernel's reference computes it, cast as fp8_cast would (``stores``), or
+    only its amax max-ed into ``amax_out`` (current scaling's first launch)."""
+    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+    if stores:
+        return fp8_reference_cast(y, scale, amax, eps_bits, power_2, transpose, amax_out, dtype)
+    if amax_out is not None:
+        amax_out.copy_(torch.maximum(amax_out, fp8_reference_amax(y)))
+    empty = torch.empty(0, dtype=dtype, device=y.device)
+    return empty, empty, torch.ones((), dtype=torch.float32, device=y.device)
+
+
 def fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_bits):
     """The quantize family's fp8_delayed_update off the GPU, in place (quantize.cuh:
     delayed_update_slot, TE's fused kernel): the step's amax is ``amax`` where given and not 0,
@@ -144,6 +157,24 @@ class _QuantizedWeight:
 
     def __init__(self, rows, columns, dtype, key):
         self.rows, self.columns, self.dtype, self.key = rows, columns, dtype, key
+
+
+def epilogue(y, alpha, bias, add, activation, bias_added):
+    """What the high-precision GEMM stage's epilogue does after the product: alpha (x W^T + b),
+    the extra input added (beta = 1), the ReLU or GELU (tanh) of the GEMM's forms."""
+    if alpha != 1.0:
+        y.mul_(alpha)
+        if bias is not None:
+            y.add_(bias, alpha=alpha)  # s (x W^T + b), as the high-precision stage
+    elif bias is not None and not bias_added:
+        y.add_(bias)
+    if add is not None:
+        y.add_(add)
+    if activation == "relu":
+        return torch.relu_(y)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    return y
 
 
 def scaled_mm(a, b, out_dtype, bias=None, fast_accum=False):

@@ -94,6 +94,11 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
         if spec.ctx["kind"] == "cast":
             asked["y_t"] = "y_t.data_ptr() if transpose else 0"
         values = [asked.get(p.name, v) for p, v in zip(abi, values)]
+    if spec.ctx.get("fp8_out"):  # an FP8 variant: its scale, amax and amax_out given or not, stores where asked
+        out = spec.returned[0]
+        asked = {"scale": "pointer(scale)", "amax": "pointer(amax)", "amax_out": "pointer(amax_out)",
+                 out: f"{out}.data_ptr() if stores else 0", f"{out}_t": f"{out}_t.data_ptr() if stores and transpose else 0"}
+        values = [asked.get(p.name, v) for p, v in zip(abi, values)]
     if spec.ctx.get("column_tiled"):  # a column-tiled launch (no partials), then row splits' (no grads)
         assert arguments == [["0" if p.name == unwritten else v for p, v in zip(abi, values)]
                              for unwritten in ("partials", "column_grads")]

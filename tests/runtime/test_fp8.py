@@ -204,6 +204,9 @@ LINEAR = """import transformer_engine.pytorch as te
 linear = te.ops.Sequential(te.ops.Linear(64, 48))
 mlp = te.ops.Sequential(te.ops.RMSNorm(64), te.ops.Linear(64, 96, bias=False), te.ops.SwiGLU(),
                         te.ops.Linear(48, 64))
+# a SwiGLU 256 wide: its kernels write their FP8 GEMM operands themselves (fp8_tile.cuh's variants)
+wide_mlp = te.ops.Sequential(te.ops.RMSNorm(64), te.ops.Linear(64, 512, bias=False), te.ops.SwiGLU(),
+                             te.ops.Linear(256, 64))
 layer_mlp = te.Sequential(te.LayerNormMLP(64, 96, activation="swiglu", normalization="RMSNorm"))
 main_grad = te.ops.Sequential(te.ops.BasicLinear(64, 48, accumulate_into_main_grad=True))
 # TE's explicit cast points around a GEMM, and the same GEMM without them
@@ -391,11 +394,12 @@ def test_only_the_first_module_updates_the_backward_scales(package):
 
 
 @pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
-@pytest.mark.parametrize("name", ["Mlp", "LayerMlp"])
+@pytest.mark.parametrize("name", ["Mlp", "LayerMlp", "WideMlp"])
 def test_mlps_against_the_quantized_reference(package, recipe, name):
-    """RMSNorm, Linear, SwiGLU, Linear (te.ops, and TE's LayerNormMLP, two GEMMs in one holder):
-    output and every grad within TE's FP8 tolerances of the same ops in float64 with each GEMM's
-    operands quantized as the recipe does; the first call of delayed scaling casts with scale 1."""
+    """RMSNorm, Linear, SwiGLU, Linear (te.ops, and TE's LayerNormMLP, two GEMMs in one holder;
+    WideMlp's SwiGLU writes its FP8 operands itself, forward and backward): output and every grad
+    within TE's FP8 tolerances of the same ops in float64 with each GEMM's operands quantized as the
+    recipe does; the first call of delayed scaling casts with scale 1."""
     torch.manual_seed(2)
     module = getattr(package, name)()
     for parameter in module.parameters():
@@ -432,7 +436,7 @@ def test_mlps_against_the_quantized_reference(package, recipe, name):
             return q(g, False) @ q(w, True), q(g, False).t() @ q(a, True)
 
     xd = x.detach().double().requires_grad_(True)
-    if name == "Mlp":
+    if name != "LayerMlp":
         norm_w, w1, w2, b2 = params
         b1 = None
     else:
@@ -447,6 +451,46 @@ def test_mlps_against_the_quantized_reference(package, recipe, name):
                            *((p.grad, r.grad, grads) for p, r in zip(module.parameters(), params))]:
         scale = ref.abs().max()  # relative to the largest value: grads are not O(1)
         assert torch.allclose(got.double() / scale, ref.detach() / scale, **tols), (got.shape, (got - ref).abs().max())
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_producers_writing_fp8_change_no_value(fp8, package, recipe, monkeypatch):
+    """WideMlp's SwiGLU writes its output and, backward, its dx in FP8 with their transposes
+    (Fp8Call.produce: its kernels' FP8 variants, one launch delayed, two current): output, every
+    grad and delayed scaling's state equal bit for bit over three steps those of a copy whose SwiGLU
+    writes high precision for the separate casts (produce running the plain kernel, as it does for
+    the row-wise recipe), and so does the no-grad forward."""
+    source = importlib.import_module(f"{package.__name__}.wide_mlp")
+    text = open(source.__file__).read()
+    assert text.count("fp8.produce(") == 3 and "kernels.swiglu_bwd_n256_fp8" in text  # forward, backward, no-grad
+    torch.manual_seed(5)
+    fused = package.WideMlp()
+    for parameter in fused.parameters():
+        torch.nn.init.normal_(parameter, 0.3, 0.2)
+    unfused = copy.deepcopy(fused)
+    make = {"current": package.Float8CurrentScaling, "delayed": lambda: package.DelayedScaling(amax_history_len=2)}
+    plain = lambda call, gemm, mode, fp8_kernel, kernel, *inputs: kernel(*inputs)  # noqa: E731
+    for step in range(3):
+        x, _ = inputs(40, seed=60 + step)
+        dy = torch.randn(40, 64)
+        results = []
+        for module, produce in ((fused, fp8.Fp8Call.produce), (unfused, plain)):
+            monkeypatch.setattr(fp8.Fp8Call, "produce", produce)
+            xi = x.clone().requires_grad_(True)
+            with package.autocast(recipe=make[recipe]()):
+                y = module(xi)
+            y.backward(dy)
+            with torch.no_grad(), package.autocast(recipe=make[recipe]()):
+                y_no_grad = copy.deepcopy(module)(x)
+            results.append([y, y_no_grad, xi.grad, *(p.grad for p in module.parameters())])
+            module.zero_grad(set_to_none=True)
+        for got, want in zip(*results):
+            assert torch.equal(got, want), (recipe, step)
+    for a, b in zip(fused.modules(), unfused.modules()):
+        if "fp8" in a.__dict__:
+            for mode in a.fp8.modes:
+                for got, want in zip(a.fp8.modes[mode], b.fp8.modes[mode]):
+                    assert torch.equal(got, want), mode
 
 
 def quantize_pair(package):
@@ -748,8 +792,8 @@ def test_quantize_kernels_match_their_reference(fp8, dtype):
 # The FP8 emission's kernels that keep their output's amax for its cast (the producers of an FP8
 # GEMM's x, and of its output's grad): (kernel, its inputs' widths), each the plain kernel's
 # variant named <kernel>_amax.
-AMAX_VARIANTS = [("swiglu_fwd_n14336", (28672,)), ("swiglu_fwd_n512", (1024,)),
-                 ("swiglu_bwd_n14336", (14336, 28672)), ("bias_swiglu_bwd_n512", (512, 1024))]
+# (generated.fp8_narrow_mlp's SwiGLU is no multiple of the FP8 variants' 256 columns: fp8_tile.cuh)
+AMAX_VARIANTS = [("swiglu_fwd_n320", (640,)), ("swiglu_bwd_n320", (320, 640)), ("bias_swiglu_bwd_n512", (512, 1024))]
 
 
 @pytest.mark.cuda
@@ -785,6 +829,47 @@ def test_amax_variants_match_their_kernels(kernel, widths, dtype):
     amax = torch.zeros((), device="cuda")
     variant(*inputs, amax)
     assert amax.isnan().item(), kernel
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows", [40, 100])
+def test_fp8_variants_write_what_the_cast_of_the_plain_kernel_writes(dtype, rows):
+    """A kernel's FP8 variant (templates/cuda/fp8_tile.cuh: SwiGLU forward and backward at 14336,
+    generated.llama_mlp's) writes, bit for bit, what its plain kernel followed by fp8_cast writes:
+    the FP8 tensor, its transpose (zeros past the rows, padded to 16) and the scale's inverse, with
+    a given scale (delayed) or TE's from the amax its stores-off launch keeps (current), in either
+    format; the amax it keeps is fp8_amax's of the plain output. Rows that fill no whole tile."""
+    _needs_fp8_gpu()
+    import generated
+
+    kernels = generated._kernels
+    generator = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 28672, generator=generator) * 3).to(dtype).cuda()
+    dy = (torch.randn(rows, 14336, generator=generator) * 3).to(dtype).cuda()
+    runs = [(kernels.swiglu_fwd_n14336_fp8, kernels.swiglu_fwd_n14336(x), (x,)),
+            (kernels.swiglu_bwd_n14336_fp8, kernels.swiglu_bwd_n14336(dy, x), (dy, x))]
+    for variant, plain, inputs in runs:
+        want_amax = kernels.fp8_amax(plain)
+        for e5m2 in (0, 1):
+            cast = kernels.fp8_cast_e5m2 if e5m2 else kernels.fp8_cast_e4m3
+            # delayed: the given scale, the amax max-ed into a slot
+            scale, kept = torch.tensor(0.37, device="cuda"), torch.zeros((), device="cuda")
+            got = variant(*inputs, scale, None, kept, e5m2, 0, 0, 1, 1)
+            want = cast(plain, scale, None, 0, 0, 1, None)
+            assert torch.equal(kept, want_amax)
+            # current: the amax alone (nothing stored), then the stores with TE's scale from it
+            amax = torch.zeros((), device="cuda")
+            empty = variant(*inputs, None, None, amax, e5m2, 0, 0, 0, 0)
+            assert torch.equal(amax, want_amax) and empty[0].numel() == 0 and empty[1].numel() == 0
+            got_current = variant(*inputs, None, amax, None, e5m2, 0, 1, 1, 1)
+            want_current = cast(plain, None, amax, 0, 1, 1, None)
+            for a, b in ((got, want), (got_current, want_current)):
+                assert a[0].dtype == b[0].dtype and a[1].shape == b[1].shape == (plain.shape[1], -(-rows // 16) * 16)
+                for t, u in zip(a, b):
+                    assert torch.equal(t.view(torch.uint8) if t.dtype != torch.float32 else t,
+                                       u.view(torch.uint8) if u.dtype != torch.float32 else u), (variant.__name__, e5m2)
+            assert variant(*inputs, scale, None, None, e5m2, 0, 0, 0, 1)[1].numel() == 0  # no transpose asked
 
 
 @pytest.mark.cuda

@@ -14,6 +14,8 @@ def by_row_vectors(spec, itemsize: int) -> int | None:
     """Blocks along the row ("row_vectors"), or elements per vector of a size-generic kernel
     ("any_row_vectors": its launcher computes the blocks from the run-time n)."""
     vec = spec.vec(itemsize)
+    if spec.ctx.get("fp8_out"):  # an FP8 variant: a block a tile of 32 vectors (fp8_tile.cuh)
+        return spec.ctx["width"] // vec // 32
     if spec.geometry == "row_vectors":
         return -(-spec.ctx["width"] // vec // spec.ctx["threads"])
     return vec if spec.geometry == "any_row_vectors" else None
@@ -37,6 +39,20 @@ def _amax_type(spec) -> dict:
     return {"amax": "Tensor(a!)?"} if spec.ctx.get("amax") else {}
 
 
+# An FP8 variant's launcher arguments after its inputs (templates/elementwise/fp8_launch.py.j2): the
+# scale or the finished amax it casts with, the float it keeps the amax in, the recipe's format
+# and constants, whether it writes the transpose, whether it stores at all (current scaling's
+# first launch keeps the amax alone). It returns the FP8 output, its transpose, the scale's inverse.
+FP8_ARGS = ["scale", "amax", "amax_out", "e5m2", "eps_bits", "power_2", "transpose", "stores"]
+
+
+def _fp8_io(spec, first: str) -> dict:
+    """An FP8 variant's launcher_io (``first``: x or dy)."""
+    return dict(args=[first, *spec.operands, *FP8_ARGS], outputs=3,
+                random=random_operands(spec.ctx["steps"]) + ["scale", "amax", "amax_out"],
+                types={"amax_out": "Tensor(a!)?", **{name: "int" for name in FP8_ARGS[3:]}})
+
+
 class ElementwiseForward(KernelFamily):
     name = "elementwise_fwd"
     template = "elementwise/elementwise_fwd.cu.j2"
@@ -51,12 +67,15 @@ class ElementwiseForward(KernelFamily):
         return fixed_size_variant(spec)
 
     def launcher_io(self, spec):
+        if spec.ctx.get("fp8_out"):
+            return _fp8_io(spec, "x")
         written = [name for name in spec.returned if name != "y"]  # extra outputs the kernel writes
         return dict(args=["x", *spec.operands, *_amax_arg(spec)], outputs=1 + len(written), written=written,
                     random=random_operands(spec.ctx["steps"]) + _amax_arg(spec), types=_amax_type(spec))
 
     def runtime_names(self, spec):
-        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax"))
+        fp8 = ("fp8_reference_produced",) if spec.ctx.get("fp8_out") else ()
+        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax")) + fp8
 
 
 class ElementwiseBackward(KernelFamily):
@@ -84,11 +103,14 @@ class ElementwiseBackward(KernelFamily):
         return COLUMN_TILED_ROWS if spec.ctx["column_tiled"] else None
 
     def launcher_io(self, spec):
+        if spec.ctx.get("fp8_out"):
+            return _fp8_io(spec, "dy")
         return dict(args=["dy", *spec.operands, *_amax_arg(spec)], outputs=len(spec.returned),
                     random=random_operands(spec.ctx["steps"]) + _amax_arg(spec), types=_amax_type(spec))
 
     def runtime_names(self, spec):
-        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax"))
+        fp8 = ("fp8_reference_produced",) if spec.ctx.get("fp8_out") else ()
+        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax")) + fp8
 
     def launcher_context(self, spec, dtypes):
         """A column-tiled backward's 16-byte (or narrower) vectors in a row of dy, by dtype (a

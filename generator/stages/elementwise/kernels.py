@@ -61,9 +61,37 @@ def _amax_param(amax: bool) -> tuple:
     return (P("amax", "float*"),) if amax else ()
 
 
-def forward_kernel(pipeline, stage, n: int | None = None, amax: bool = False) -> kn.KernelSpec:
+# An FP8 variant's tile (templates/cuda/fp8_tile.cuh): 32 threads along the row, of 16-byte vectors
+# (8 columns at 16 bits, 4 at fp32), and 8 rows of threads, 4 rows each.
+FP8_TILE_COLUMNS = 256  # a run's width must be a multiple (the widest vectors' tile)
+FP8_TILE_THREADS = 256
+
+
+def _fp8_abi(out: str) -> tuple:
+    """An FP8 variant's output parameters: the FP8 tensor and its transpose (null: not stored), the
+    scale (delayed scaling's) or the finished amax to take it from (current), the scale's inverse,
+    the float the output's amax is max-ed into; then its sizes and the recipe's constants."""
+    return (P(out, "unsigned char*"), P(f"{out}_t", "unsigned char*"), P("scale", "const float*"),
+            P("amax", "const float*"), P("scale_inv", "float*"), P("amax_out", "float*"), P("rows", "int"),
+            P("t_cols", "int"), P("e5m2", "int"), P("eps_bits", "int"), P("power_2", "int"))
+
+
+def fp8_variant_fits(spec: kn.KernelSpec) -> bool:
+    """Whether a run's kernel has an FP8 variant (its only output written cast to FP8 with its
+    transpose, fp8_tile.cuh): a fixed width, a multiple of FP8_TILE_COLUMNS, no interleaved GLU;
+    a forward that writes no extra output, a backward that writes dx alone and sums no grad."""
+    c = spec.ctx
+    if c["generic"] or c["interleave"] or c["width"] % FP8_TILE_COLUMNS:
+        return False
+    if spec.family == "elementwise_fwd":
+        return list(spec.returned) == ["y"]
+    return c["writes_dx"] and list(spec.returned) == ["dx"] and not c["grad_columns"]
+
+
+def forward_kernel(pipeline, stage, n: int | None = None, amax: bool = False, fp8: bool = False) -> kn.KernelSpec:
     """The run's forward kernel; at input size ``n`` if given (a specialisation); with ``amax``,
-    the variant that also keeps its output's amax (its consumer is an FP8 GEMM)."""
+    the variant that also keeps its output's amax (its consumer is an FP8 GEMM); with ``fp8``,
+    the variant that writes its output in FP8 with its transpose (fp8_variant_fits)."""
     glu = glu_index(stage.ops)
     aliases = forward_aliases(stage)
     width = pipeline.width(stage.end, n)
@@ -75,22 +103,27 @@ def forward_kernel(pipeline, stage, n: int | None = None, amax: bool = False) ->
     abi = (P("x", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *(P(w, "T*") for w in written),
            P("y", "T*"), *_amax_param(amax), P("rows", "int"), *((P("n", "int"),) if size["generic"] else ()))
     tags = "_".join(op.tag for op in stage.ops)
-    qualifier = "amax" if amax else ""
+    qualifier = "amax" if amax else "fp8" if fp8 else ""
     extra = dict(amax=True) if amax else {}  # (a plain kernel's context as before: its name and sources)
+    returned, headers, summary = ["y", *written], ("amax.cuh" if amax else "common.cuh",), ", its amax" if amax else ""
+    if fp8:
+        abi = (P("x", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *_fp8_abi("y"))
+        returned, headers, summary = ["y", "y_t", "scale_inv"], ("fp8_tile.cuh",), ", written in FP8 with its transpose"
+        extra = dict(fp8_out=True)
     return kn.make_spec(
         kn.kernel_name(tags, f"fwd_{suffix}", qualifier), "elementwise_fwd",
-        ", ".join(op.describe(kernel=True) for op in stage.ops) + (", its amax" if amax else ""),
-        abi=abi, operands=operands, returned=["y", *written],
-        headers=("amax.cuh" if amax else "common.cuh", *device_headers(stage)),
+        ", ".join(op.describe(kernel=True) for op in stage.ops) + summary,
+        abi=abi, operands=operands, returned=returned, headers=(*headers, *device_headers(stage)),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None, steps=steps,
-        threads=ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd", qualifier),
+        threads=FP8_TILE_THREADS if fp8 else ELEMENTWISE_THREADS, generic_name=_generic_name(tags, "fwd", qualifier),
         **{**size, **_interleave(stage, size)}, **extra,
     )
 
 
-def backward_kernel(plan, stage, n: int | None = None, amax: bool = False) -> kn.KernelSpec:
+def backward_kernel(plan, stage, n: int | None = None, amax: bool = False, fp8: bool = False) -> kn.KernelSpec:
     """The run's backward kernel; at input size ``n`` if given (a specialisation); with ``amax``,
-    the variant that also keeps dx's amax (dx is an FP8 GEMM's output grad)."""
+    the variant that also keeps dx's amax (dx is an FP8 GEMM's output grad); with ``fp8``, the
+    variant that writes dx in FP8 with its transpose (fp8_variant_fits)."""
     pipeline = plan.pipeline
     glu = glu_index(stage.ops)
     aliases = backward_aliases(stage)
@@ -143,17 +176,23 @@ def backward_kernel(plan, stage, n: int | None = None, amax: bool = False) -> kn
         qualifier = f"from_{pipeline.ops[recompute.replay_from].tag}"
     tags = "_".join(op.tag for op in stage.ops)
     saved_two_lanes = recompute is not None and glu is not None and recompute.replay_from <= glu
-    qualifier = "_".join(part for part in (qualifier, "amax" if amax else "") if part)
+    qualifier = "_".join(part for part in (qualifier, "amax" if amax else "", "fp8" if fp8 else "") if part)
     extra = dict(amax=True) if amax else {}  # (a plain kernel's context as before: its name and sources)
+    returned = written + reduced
+    headers = (*(("amax.cuh",) if amax else ()), "column_sum.cuh" if column_tiled else "common.cuh")
+    summary = ", dx's amax" if amax else ""
+    if fp8:
+        abi = (P("dy", "const T*"), *(P(o, ctypes.get(o, "const T*")) for o in operands), *_fp8_abi("dx"))
+        returned, headers, summary = ["dx", "dx_t", "scale_inv"], ("fp8_tile.cuh",), ", dx written in FP8 with its transpose"
+        extra = dict(fp8_out=True)
     return kn.make_spec(
         kn.kernel_name(tags, f"bwd_{suffix}", qualifier), "elementwise_bwd",
-        ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward" + (", dx's amax" if amax else ""),
-        abi=abi, operands=operands, returned=written + reduced,
-        headers=(*(("amax.cuh",) if amax else ()), "column_sum.cuh" if column_tiled else "common.cuh",
-                 *device_headers(stage)),
+        ", ".join(op.describe(kernel=True) for op in stage.ops) + " backward" + summary,
+        abi=abi, operands=operands, returned=returned, headers=(*headers, *device_headers(stage)),
         in_width=_relative(pipeline.width(stage.start, n), width), glu=glu is not None,
         steps=tuple(tuple(sorted(s.items())) for s in steps),
-        threads=ELEMENTWISE_THREADS, writes_dx=writes_dx, generic_name=_generic_name(tags, "bwd", qualifier),
+        threads=FP8_TILE_THREADS if fp8 else ELEMENTWISE_THREADS, writes_dx=writes_dx,
+        generic_name=_generic_name(tags, "bwd", qualifier),
         **{**size, **_interleave(stage, size)},
         saved_offset=None if recompute is None else recompute.replay_from - stage.start,
         saved_two_lanes=saved_two_lanes, grad_columns=_relative(grad_columns, width), column_tiled=column_tiled,

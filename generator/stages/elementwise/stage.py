@@ -17,13 +17,13 @@ that operand's grad is reduced; the templates compose them with no per-op code.
 
 from __future__ import annotations
 
-from ...calls import Launch
+from ...calls import Fp8Produce, Launch
 from ...ops import elementwise_kinds
 from ...values import seed_name
 from ..base import NO_TRAFFIC, Recompute, RowTraffic, Saves, StageImpl, fixed
 from ..column_sum import column_sum
-from ..gemm import fp8_amax, fp8_operands
-from .kernels import backward_kernel, forward_kernel
+from ..gemm import fp8_amax, fp8_only, fp8_operands, fp8_producer
+from .kernels import backward_kernel, fp8_variant_fits, forward_kernel
 from .steps import (backward_aliases, forward_aliases, grad_is_reduced, io_names, new_seed, operand_width, random_ops,
                     reads_operand, width_halving_kinds)
 
@@ -84,7 +84,12 @@ class ElementwiseStage(StageImpl):
         sizes = (None, *specialise)  # (None: the run's own size)
         if pass_ == "forward":
             specs = [forward_kernel(plan.pipeline, stage, n) for n in sizes]
-            if stage.output in fp8_operands(plan, "forward"):  # an FP8 GEMM's x: the variants that keep its amax
+            if stage.output in fp8_operands(plan, "forward"):  # an FP8 GEMM's x
+                # written in FP8 by the run's kernel where the GEMM alone reads it (fp8_tile.cuh),
+                # else the variants that keep its amax for the cast
+                if (fp8_variant_fits(specs[0]) and fp8_only(plan, stage.output, "forward")
+                        and "output" not in forward_aliases(stage).values()):
+                    return [*specs, forward_kernel(plan.pipeline, stage, fp8=True)]
                 specs += [forward_kernel(plan.pipeline, stage, n, amax=True) for n in sizes]
             return specs
         spec = backward_kernel(plan, stage)
@@ -92,6 +97,9 @@ class ElementwiseStage(StageImpl):
         specs = [spec, *([column_sum(spec.ctx["grad_columns"])] if column_grads else []),
                  *(backward_kernel(plan, stage, n) for n in specialise)]
         if spec.ctx["writes_dx"] and stage.input in fp8_operands(plan, "backward"):  # dx an FP8 GEMM's dy: likewise
+            if (fp8_variant_fits(spec) and fp8_only(plan, stage.input, "backward")
+                    and set(backward_aliases(stage).values()) <= {"write", "dy"}):
+                return [*specs, backward_kernel(plan, stage, fp8=True)]
             specs += [backward_kernel(plan, stage, n, amax=True) for n in sizes]
         return specs
 
@@ -123,11 +131,16 @@ class ElementwiseStage(StageImpl):
             block.add(new_seed(p, op, stage.input))
         operands = {"y": stage.output, **io_names(stage)}
         args = [stage.input] + [operands[o] for o in spec.operands]
-        fp8 = fp8_amax(em, block, stage, "forward", stage.output)  # y an FP8 GEMM's x
-        if fp8 is not None:
-            spec, amax = fp8
-            args.append(amax)
-        block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
+        produced = fp8_producer(em, stage, "forward", stage.output)  # y an FP8 GEMM's x, which it alone reads
+        if produced is not None:
+            fp8_spec, gemm = produced
+            block.add(Fp8Produce(em.fp8, gemm, "forward", fp8_spec.name, spec.name, args, stage.output))
+        else:
+            fp8 = fp8_amax(em, block, stage, "forward", stage.output)  # y an FP8 GEMM's x
+            if fp8 is not None:
+                spec, amax = fp8
+                args.append(amax)
+            block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
         for index, alias in forward_aliases(stage).items():
             if alias != "write":
                 em.alias(block, p.ops[index].extra_out, stage.input if alias == "input" else stage.output)
@@ -148,11 +161,16 @@ class ElementwiseStage(StageImpl):
         if recompute is not None:
             operands["x"] = recompute.saved
         args = [dy] + [operands[o] for o in spec.operands]
-        fp8 = fp8_amax(em, block, stage, "backward", d_in) if spec.ctx["writes_dx"] else None  # dx an FP8 GEMM's dy
-        if fp8 is not None:
-            spec, amax = fp8
-            args.append(amax)
-        block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
+        produced = fp8_producer(em, stage, "backward", d_in)  # dx an FP8 GEMM's dy, which it alone reads
+        if produced is not None:
+            fp8_spec, gemm = produced
+            block.add(Fp8Produce(em.fp8, gemm, "backward", fp8_spec.name, spec.name, args, d_in))
+        else:
+            fp8 = fp8_amax(em, block, stage, "backward", d_in) if spec.ctx["writes_dx"] else None  # dx an FP8 GEMM's dy
+            if fp8 is not None:
+                spec, amax = fp8
+                args.append(amax)
+            block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
         for index, alias in backward_aliases(stage).items():
             if alias != "write":
                 em.grad_alias(block, em.grad(p.ops[index].extra_in), dy if alias == "dy" else d_in)
