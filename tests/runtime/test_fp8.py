@@ -927,26 +927,28 @@ def test_scaled_mm_on_the_gpu(fp8, a_dtype, b_dtype, rowwise):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
-def test_generated_mlp_on_the_gpu_matches_its_emulation(recipe):
-    """generated.Fp8LayernormMlp (TE's LayerNormMLP: RMSNorm, two GEMMs, SwiGLU) in bf16 under each
-    recipe on the GPU (its kernels, torch._scaled_mm) against the same module on the CPU (the
-    reference math, the FP8 GEMMs emulated): output, x's grad and every parameter's, within TE's FP8
-    tolerances of the largest value, over two steps (delayed scaling's second casts with the
-    scales the first's updates made, which both compute alike)."""
+@pytest.mark.parametrize("name, width", [("Fp8LayernormMlp", 256), ("Fp8NarrowMlp", 128)])
+def test_generated_mlp_on_the_gpu_matches_its_emulation(recipe, name, width):
+    """generated.Fp8LayernormMlp (TE's LayerNormMLP: RMSNorm, two GEMMs, SwiGLU; its SwiGLU writes
+    its FP8 operand) and Fp8NarrowMlp (te.ops; its SwiGLU keeps its outputs' amaxes for the casts)
+    in bf16 under each recipe on the GPU (their kernels, torch._scaled_mm) against the same module
+    on the CPU (the reference math, the FP8 GEMMs emulated): output, x's grad and every
+    parameter's, within TE's FP8 tolerances of the largest value, over two steps (delayed
+    scaling's second casts with the scales the first's updates made, which both compute alike)."""
     _needs_fp8_gpu()
     import generated
 
     made = {"current": generated.Float8CurrentScaling(), "delayed": generated.DelayedScaling(),
             "rowwise": generated.Float8RowwiseScaling()}[recipe]
     torch.manual_seed(6)
-    cpu = generated.Fp8LayernormMlp(dtype=torch.bfloat16)
+    cpu = getattr(generated, name)(dtype=torch.bfloat16)
     cpu.fp8_min_rows = 0  # FP8 at this size too (the package's default runs it in bf16)
     for parameter in cpu.parameters():
         torch.nn.init.normal_(parameter, 0.3, 0.2)
     gpu = copy.deepcopy(cpu).cuda()
     for step in range(2):
-        x = torch.randn(48, 256, dtype=torch.bfloat16) * 2
-        dy = torch.randn(48, 256, dtype=torch.bfloat16)
+        x = torch.randn(48, width, dtype=torch.bfloat16) * 2
+        dy = torch.randn(48, width, dtype=torch.bfloat16)
         results = []
         for module, device in ((cpu, "cpu"), (gpu, "cuda")):
             xd = x.to(device).requires_grad_(True) if device == "cuda" else x.clone().requires_grad_(True)
@@ -960,7 +962,7 @@ def test_generated_mlp_on_the_gpu_matches_its_emulation(recipe):
             assert torch.allclose(got.cpu().double() / scale, want.double() / scale, **FP8_TOLS[E5M2]), step
         if recipe == "delayed":
             for a, b in zip(cpu.modules(), gpu.modules()):
-                if isinstance(a.__dict__.get("fp8"), type(gpu._modules["0"].fp8)):
+                if isinstance(a.__dict__.get("fp8"), generated._runtime.Fp8State):
                     torch.testing.assert_close(b.fp8.modes["forward"][0].cpu(), a.fp8.modes["forward"][0],
                                                rtol=2e-2, atol=0)
 

@@ -501,8 +501,13 @@ def test_every_kernel_has_a_test():
     # bit for bit), and specs/fp8_mlp.py's TE LayerNormMLP (bias, 512 wide), through its GPU tests there
     tested |= {"fp8_amax", "fp8_cast_e4m3", "fp8_cast_e5m2", "fp8_delayed_update", "fp8_cast_rows_e4m3",
                "fp8_cast_rows_e5m2", "fp8_amax_cols", "fp8_cast_cols_e4m3", "fp8_cast_cols_e5m2", "bias_swiglu_bwd_n512"}
-    # the FP8 emission's kernels that keep their output's amax, against the plain kernels there
-    tested |= {"swiglu_fwd_n14336_amax", "swiglu_fwd_n512_amax", "swiglu_bwd_n14336_amax", "bias_swiglu_bwd_n512_amax"}
+    # the FP8 emission's kernels that keep their output's amax, against the plain kernels there, and
+    # fp8_narrow_mlp's (whose SwiGLU has them), through its GPU test there against its emulation
+    tested |= {"swiglu_fwd_n320_amax", "swiglu_bwd_n320_amax", "bias_swiglu_bwd_n512_amax", "swiglu_fwd_n320",
+               "swiglu_bwd_n320", "rmsnorm_fwd_h128", "rmsnorm_bwd_h128"}
+    # the FP8 variants (templates/cuda/fp8_tile.cuh), against their plain kernel and cast there, and
+    # through the modules' GPU tests
+    tested |= {"swiglu_fwd_n14336_fp8", "swiglu_bwd_n14336_fp8", "swiglu_fwd_n512_fp8"}
     manifest = json.loads((KERNELS_DIR / "MANIFEST.json").read_text())
     names = set(manifest["kernels"])
     column_sums = {n for n in names if n.startswith("column_sum_")}  # exercised by every backward above
