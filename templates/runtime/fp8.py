@@ -22,8 +22,8 @@ class Fp8Call:
     """One module call under ``autocast``: its recipe, each GEMM's state and index in it (in the
     plan's order) and the package's quantize launchers (``casts``: _kernels' fp8_amax and
     fp8_cast_e4m3 / _e5m2). The generated FP8 stages call ``linear`` in the forward,
-    ``grad_output``, ``dgrad`` and ``weight_grad`` in the backward, and the Function
-    ``backward_done`` last."""
+    ``grad_output``, ``dgrad`` and ``weight_grad`` in the backward, ``produce`` where a kernel
+    writes a GEMM's operand in FP8 itself, and the Function ``backward_done`` last."""
 
     def __init__(self, frame, gemms, casts, device, training, quantize=None):
         self.recipe, self.calibrating = frame.recipe, not frame.enabled
@@ -154,10 +154,11 @@ class Fp8Call:
 
     def linear(self, gemm, x, weight, bias=None, alpha=1.0, add=None, activation=None, amax=None):
         """The forward GEMM number ``gemm``: ``activation(alpha (x W^T + bias) + add)`` with x and W
-        cast to FP8 (``amax``: x's, where the kernel that wrote x kept it). Returns y, what the
-        weight grad reads of x (its FP8 transpose, cast with x in one pass; x itself for the
-        row-wise recipe, whose weight grad casts x per column, and calibrating; None without grad:
-        the backward keeps nothing else of x) and the FP8 weight (the dgrad's)."""
+        cast to FP8 (``amax``: x's, where the kernel that wrote x kept it; x may be ``produce``'s
+        FP8 pair, cast already). Returns y, what the weight grad reads of x (its FP8 transpose,
+        cast with x in one pass; x itself for the row-wise recipe, whose weight grad casts x per
+        column, and calibrating; None without grad: the backward keeps nothing else of x) and the
+        FP8 weight (the dgrad's)."""
         if self.calibrating:  # high precision, the amaxes recorded
             if self.kind == "delayed":
                 self._record(x, gemm, "forward", 0)
@@ -178,7 +179,7 @@ class Fp8Call:
     def grad_output(self, gemm, dy, amax=None):
         """dy cast for the GEMM's dgrad and weight grad (E5M2 under HYBRID): tensorwise one
         cast-transpose (``amax``: dy's, where the kernel that wrote dy kept it); row-wise per row
-        of dy and per column."""
+        of dy and per column. ``produce``'s FP8 pair is returned as it is."""
         if isinstance(dy, tuple):  # written in FP8 by the kernel that computed it (produce)
             return dy
         if self.calibrating:

@@ -1138,14 +1138,7 @@ def test_fp8_around_a_users_module_on_the_gpu(tmp_path, recipe):
         cpu = pkg.Mixed(dtype=torch.bfloat16)
         cpu.fp8_min_rows = 0
         mixed = copy.deepcopy(cpu).cuda()
-        first, second = pkg.First(dtype=torch.bfloat16, device="cuda"), pkg.Second(dtype=torch.bfloat16, device="cuda")
-        for module in (first, second):
-            module.fp8_min_rows = 0
-        with torch.no_grad():
-            first._modules["0"].weight.copy_(mixed._modules["0"].weight)
-            first._modules["0"].bias.copy_(mixed._modules["0"].bias)
-            second._modules["0"].weight.copy_(mixed._modules["3"].weight)
-        mixer = copy.deepcopy(mixed._modules["2"])
+        first, mixer, second = split_like(pkg, mixed, dtype=torch.bfloat16, device="cuda")
         for step in range(3):
             x, dy = torch.randn(3, 16, 64, dtype=torch.bfloat16), torch.randn(3, 16, 48, dtype=torch.bfloat16)
             xa, xb, xc = (x.cuda().requires_grad_(True), x.cuda().requires_grad_(True), x.clone().requires_grad_(True))
@@ -1264,6 +1257,19 @@ second = te.ops.Sequential(te.ops.Linear(64, 48, bias=False))
 """
 
 
+def split_like(pkg, mixed, **options):
+    """USER_SPEC's two pipelines around the user's module and a copy of the module, holding the
+    parameters of ``mixed`` (FP8 at any size)."""
+    first, second = pkg.First(**options), pkg.Second(**options)
+    for module in (first, second):
+        module.fp8_min_rows = 0
+    with torch.no_grad():
+        first._modules["0"].weight.copy_(mixed._modules["0"].weight)
+        first._modules["0"].bias.copy_(mixed._modules["0"].bias)
+        second._modules["0"].weight.copy_(mixed._modules["3"].weight)
+    return first, copy.deepcopy(mixed._modules["2"]), second
+
+
 def test_fp8_around_a_module_of_the_users_code(tmp_path):
     """A pipeline that runs a module of the user's code, built for FP8 ([tool.fusegen] fp8 builds
     it too): its FP8 Functions around the module compute what the two pipelines around it, built
@@ -1273,14 +1279,9 @@ def test_fp8_around_a_module_of_the_users_code(tmp_path):
     with imported_package(tmp_path, "spec.py", USER_SPEC, "user_fp8_pkg", fp8=("delayed", "current", "rowwise"),
                           files={"fp8_user_layers.py": USER_LAYERS}) as pkg:
         torch.manual_seed(0)
-        mixed, first, second = pkg.Mixed(), pkg.First(), pkg.Second()
-        for module in (mixed, first, second):
-            module.fp8_min_rows = 0
-        with torch.no_grad():
-            first._modules["0"].weight.copy_(mixed._modules["0"].weight)
-            first._modules["0"].bias.copy_(mixed._modules["0"].bias)
-            second._modules["0"].weight.copy_(mixed._modules["3"].weight)
-        mixer = copy.deepcopy(mixed._modules["2"])
+        mixed = pkg.Mixed()
+        mixed.fp8_min_rows = 0
+        first, mixer, second = split_like(pkg, mixed)
         x, dy = torch.randn(3, 8, 64), torch.randn(3, 8, 48)
         recipes = {"current": pkg.Float8CurrentScaling, "rowwise": pkg.Float8RowwiseScaling,
                    "delayed": lambda: pkg.DelayedScaling(amax_history_len=2)}
