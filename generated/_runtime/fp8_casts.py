@@ -43,6 +43,15 @@ def rowwise_scale(amax, max_value, power_2=True):
     return (scale.view(torch.int32) & -8388608).view(torch.float32) if power_2 else scale
 
 
+def padded_transpose(y):
+    """An FP8 tensor's transpose [cols, rows rounded up to 16], zeros past the rows, as the quantize
+    kernels write it (a GEMM over the rows reads the padding)."""
+    rows, cols = y.shape
+    y_t = torch.zeros((cols, -(-rows // 16) * 16), dtype=torch.uint8, device=y.device).view(y.dtype)
+    y_t[:, :rows] = y.t()
+    return y_t
+
+
 def fp8_reference_cast_rows(x, power_2, dtype):
     """The quantize family's fp8_cast_rows_* off the GPU: x cast with a scale per row; the inverse
     scales [rows, 1]."""
@@ -70,11 +79,7 @@ def fp8_reference_cast_cols(x, amax, power_2, dtype):
     amax, transposed and zero-padded to a multiple of 16 rows; the inverse scales [cols, 1]."""
     x = x.detach()
     scale = rowwise_scale(amax.reshape(1, -1), torch.finfo(dtype).max, bool(power_2))
-    y = cast(x, scale, dtype)
-    rows, cols = x.shape
-    y_t = torch.zeros((cols, -(-rows // 16) * 16), dtype=torch.uint8, device=x.device).view(dtype)
-    y_t[:, :rows] = y.t()
-    return y_t, torch.reciprocal(scale).reshape(-1, 1)
+    return padded_transpose(cast(x, scale, dtype)), torch.reciprocal(scale).reshape(-1, 1)
 
 
 def fp8_reference_amax(x):
@@ -92,12 +97,7 @@ def fp8_reference_cast(x, scale, amax, eps_bits, power_2, transpose, amax_out, d
         epsilon = struct.unpack("<f", struct.pack("<i", eps_bits))[0]
         scale = current_scale(amax, torch.finfo(dtype).max, epsilon, bool(power_2))
     y = cast(x, scale, dtype)
-    rows, cols = x.shape
-    y_t = y.new_empty(0)
-    if transpose:
-        y_t = torch.zeros((cols, -(-rows // 16) * 16), dtype=torch.uint8, device=x.device).view(
-            dtype)
-        y_t[:, :rows] = y.t()
+    y_t = padded_transpose(y) if transpose else y.new_empty(0)
     if amax_out is not None:
         amax_out.copy_(torch.maximum(amax_out, fp8_reference_amax(x)))
     return y, y_t, torch.reciprocal(torch.as_tensor(scale, dtype=torch.float32, device=x.device))

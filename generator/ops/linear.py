@@ -156,8 +156,8 @@ register(OpDef(
     fixed_in=lambda a: a["in_features"],
     out_features=lambda a, n: a["out_features"],
     reference=(linear, linear_bwd),
-    reference_helpers=(accumulate_into_main_grad, add_into_main_grad, _main_grad_of, _main_grad_result, weight_grad, _grad_to_add_into, _row_blocks_of,
-                       _accumulated_grad),
+    reference_helpers=(accumulate_into_main_grad, add_into_main_grad, _main_grad_of, _main_grad_result, weight_grad,
+                       _grad_to_add_into, _row_blocks_of, _accumulated_grad),
     summary="y = x W^T",
     needs_input_in_backward=True,
 ))

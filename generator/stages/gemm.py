@@ -207,9 +207,7 @@ def fp8_amax(em, block, stage, pass_: str, value: int):
     (the first of the stage's kernels with ``amax`` in its context) and the amax value it fills,
     the call's (``Fp8Call.amax``: None where the recipe takes none), which the GEMM's cast then
     reads instead of an amax pass. None: high precision, or no such kernel."""
-    if em.fp8 is None:
-        return None
-    spec = next((spec for spec in em.stage_kernels.get((pass_, stage.start), ()) if spec.ctx.get("amax")), None)
+    spec = _fp8_variant(em, stage, pass_, "amax")
     if spec is None:
         return None
     # (a grad's own in the backward: made there, never saved by the forward)
@@ -244,9 +242,7 @@ def fp8_producer(em, stage, pass_: str, written: int):
     stage's kernel with ``fp8_out`` in its context, listed where fp8_only allows it) and the number
     of the GEMM that reads the value, which ``Fp8Call.produce`` launches it for. None: high
     precision, or no such kernel."""
-    if em.fp8 is None:
-        return None
-    spec = next((spec for spec in em.stage_kernels.get((pass_, stage.start), ()) if spec.ctx.get("fp8_out")), None)
+    spec = _fp8_variant(em, stage, pass_, "fp8_out")
     if spec is None:
         return None
     if pass_ == "forward":
@@ -255,3 +251,11 @@ def fp8_producer(em, stage, pass_: str, written: int):
         linear = next(s.first("linear") for s in em.plan.backward if s.output == stage.input and s.first("linear"))
     em.fp8_written[written] = spec.name
     return spec, gemm_number(em, linear)
+
+
+def _fp8_variant(em, stage, pass_: str, key: str):
+    """In the FP8 emission, the first of the stage's kernels with ``key`` in its context (a
+    producer's variant for an FP8 GEMM), or None."""
+    if em.fp8 is None:
+        return None
+    return next((spec for spec in em.stage_kernels.get((pass_, stage.start), ()) if spec.ctx.get(key)), None)

@@ -54,11 +54,17 @@ class Fp8Call:
         state, index = self.gemms[gemm]
         return state, state.slot(mode, index, which)
 
+    def _delayed(self, gemm, mode, which):
+        """Delayed scaling's scale for GEMM ``gemm``'s operand ``which`` in ``mode`` (_slot's), and
+        the element of the history's first row its amax is max-ed into."""
+        state, slot = self._slot(gemm, mode, which)
+        scales, history = state.modes[mode]
+        return scales[slot], history[0, slot]
+
     def _record(self, x, gemm, mode, which):
         """Delayed scaling (calibrating): x's amax into its slot of the history's first row."""
-        state, slot = self._slot(gemm, mode, which)
-        history = state.modes[mode][1]
-        history[0, slot] = torch.maximum(history[0, slot], self.casts.fp8_amax(x))
+        _, kept = self._delayed(gemm, mode, which)
+        kept.copy_(torch.maximum(kept, self.casts.fp8_amax(x)))
 
     def amax(self):
         """For a kernel that writes an FP8 GEMM's operand: a zeroed float it keeps the tensor's amax
@@ -83,10 +89,8 @@ class Fp8Call:
         cast = self.casts.fp8_cast_e4m3 if fp8_dtype(self.recipe, forward) == torch.float8_e4m3fn \
             else self.casts.fp8_cast_e5m2
         if self.kind == "delayed":
-            state, slot = self._slot(gemm, mode, which)
-            scales, history = state.modes[mode]
-            # x's amax max-ed into its history slot by the cast itself
-            y, y_t, scale_inv = cast(x, scales[slot], None, 0, 0, int(transpose), history[0, slot])
+            scale, kept = self._delayed(gemm, mode, which)  # x's amax max-ed into kept by the cast itself
+            y, y_t, scale_inv = cast(x, scale, None, 0, 0, int(transpose), kept)
         else:
             amax = self.casts.fp8_amax(x) if amax is None else amax
             y, y_t, scale_inv = cast(x, None, amax, self.eps_bits,
@@ -109,9 +113,8 @@ class Fp8Call:
         e5m2 = int(fp8_dtype(self.recipe, forward) == torch.float8_e5m2)
         transpose = int(self.training or not forward)
         if self.kind == "delayed":
-            state, slot = self._slot(gemm, mode, 0)
-            scales, history = state.modes[mode]
-            y, y_t, scale_inv = fp8_kernel(*inputs, scales[slot], None, history[0, slot], e5m2, 0, 0, transpose, 1)
+            scale, kept = self._delayed(gemm, mode, 0)
+            y, y_t, scale_inv = fp8_kernel(*inputs, scale, None, kept, e5m2, 0, 0, transpose, 1)
         else:
             amax = self.amax()
             fp8_kernel(*inputs, None, None, amax, e5m2, 0, 0, 0, 0)  # the amax alone

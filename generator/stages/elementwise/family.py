@@ -53,6 +53,12 @@ def _fp8_io(spec, first: str) -> dict:
                 types={"amax_out": "Tensor(a!)?", **{name: "int" for name in FP8_ARGS[3:]}})
 
 
+def _fp8_runtime_names(spec) -> tuple[str, ...]:
+    """What an FP8 GEMM producer's launcher takes from the runtime off the GPU: the amax (an
+    ``_amax`` variant) or the cast (an ``_fp8`` variant) of its output."""
+    return (*_amax_arg(spec, "fp8_reference_amax"), *(("fp8_reference_produced",) if spec.ctx.get("fp8_out") else ()))
+
+
 class ElementwiseForward(KernelFamily):
     name = "elementwise_fwd"
     template = "elementwise/elementwise_fwd.cu.j2"
@@ -74,8 +80,7 @@ class ElementwiseForward(KernelFamily):
                     random=random_operands(spec.ctx["steps"]) + _amax_arg(spec), types=_amax_type(spec))
 
     def runtime_names(self, spec):
-        fp8 = ("fp8_reference_produced",) if spec.ctx.get("fp8_out") else ()
-        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax")) + fp8
+        return super().runtime_names(spec) + _fp8_runtime_names(spec)
 
 
 class ElementwiseBackward(KernelFamily):
@@ -109,8 +114,7 @@ class ElementwiseBackward(KernelFamily):
                     random=random_operands(spec.ctx["steps"]) + _amax_arg(spec), types=_amax_type(spec))
 
     def runtime_names(self, spec):
-        fp8 = ("fp8_reference_produced",) if spec.ctx.get("fp8_out") else ()
-        return super().runtime_names(spec) + tuple(_amax_arg(spec, "fp8_reference_amax")) + fp8
+        return super().runtime_names(spec) + _fp8_runtime_names(spec)
 
     def launcher_context(self, spec, dtypes):
         """A column-tiled backward's 16-byte (or narrower) vectors in a row of dy, by dtype (a

@@ -102,12 +102,10 @@ class Quantize(KernelFamily):
         return {"amax_threads": AMAX_THREADS, "update_threads": UPDATE_THREADS}
 
     def launcher_io(self, spec):
-        if spec.ctx["kind"] == "amax":
+        if spec.ctx["kind"] in ("amax", "amax_cols"):
             return dict(args=["x"], outputs=1)
         if spec.ctx["kind"] == "rows":
             return dict(args=["x", "power_2"], outputs=2, types={"power_2": "int"})
-        if spec.ctx["kind"] == "amax_cols":
-            return dict(args=["x"], outputs=1)
         if spec.ctx["kind"] == "cols":
             return dict(args=["x", "amax", "power_2"], outputs=2, types={"power_2": "int"})
         if spec.ctx["kind"] == "update":
