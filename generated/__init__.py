@@ -78,8 +78,8 @@ from .moe_geglu import MoeGeglu
 from .te_gpt_layer import TeGptLayer
 from .te_llama_layer import TeLlamaLayer
 from ._runtime import (
-    DelayedScaling, Float8CurrentScaling, Float8RowwiseScaling, Format, autocast, fp8_autocast,
-    forget_fp8_weights)
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
+    autocast, fp8_autocast, forget_fp8_weights)
 
 __all__ = [
     "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
@@ -93,5 +93,5 @@ __all__ = [
     "TeGptStack", "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear",
     "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
-    "DelayedScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "autocast",
-    "fp8_autocast", "forget_fp8_weights"]
+    "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling",
+    "Format", "autocast", "fp8_autocast", "forget_fp8_weights"]

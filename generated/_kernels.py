@@ -11,8 +11,8 @@ import torch
 from . import _reference as ref
 from ._runtime import (
     Kernel, fp8_reference_amax, fp8_reference_amax_cols, fp8_reference_cast,
-    fp8_reference_cast_cols, fp8_reference_cast_rows, fp8_reference_delayed_update,
-    fp8_reference_produced, pointer, register_op)
+    fp8_reference_cast_blocks, fp8_reference_cast_cols, fp8_reference_cast_rows,
+    fp8_reference_delayed_update, fp8_reference_produced, pointer, register_op)
 
 ELEMENTWISE_SPLITS = 65535  # row splits of an elementwise kernel (grid y; its largest size)
 # a norm backward of at most this many row splits adds its parameter grads itself, in one
@@ -3117,6 +3117,84 @@ def fp8_amax_cols(x):
         _FP8_AMAX_COLS.launch(
             x.dtype, grid, (256, 1, 1), (x.data_ptr(), amax.data_ptr(), rows, cols), x.get_device())
     return amax
+
+
+_FP8_CAST_BLOCKS_E4M3 = Kernel("fp8_cast_blocks_e4m3", "pppppiiiiii")
+
+
+def fp8_cast_blocks_e4m3(x, square, eps_bits, power_2, rows_out, columns_out):
+    """x [rows, cols] cast to FP8 E4M3 with TE's scale per block (Float8BlockScaling),
+    1x128 or (``square``) 128x128, from the block's amax (``eps_bits``: the amax epsilon's float
+    bits; ``power_2``). Returns, with ``rows_out``, the row-wise copy y and its inverse scales s
+    (1D: [cols / 128, rows], 2D: [rows / 128 rounded up, cols / 128]) and, with ``columns_out``, the
+    transposed copy y_t [cols, rows rounded up to 128] (zeros past the rows; 1D: its blocks along
+    its rows) and s_t (1D: [rows / 128 rounded up, cols], 2D: s transposed); empty tensors for
+    what is not asked for."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_blocks_e4m3_6f2a5961(
+            x, square, eps_bits, power_2, rows_out, columns_out)
+    rows, cols = x.shape
+    row_blocks = -(-rows // 128)
+    t_cols = row_blocks * 128
+    if (not x.is_cuda or cols % 128 or x.data_ptr() % 16 or t_cols * cols >= 2**31
+            or not rows or not cols):
+        return fp8_reference_cast_blocks(x, square, eps_bits, power_2, rows_out, columns_out,
+                                         torch.float8_e4m3fn)
+    x = x.contiguous()
+    col_blocks = cols // 128
+    y = torch.empty((rows, cols) if rows_out else 0, device=x.device, dtype=torch.float8_e4m3fn)
+    shape = (row_blocks, col_blocks) if square else (col_blocks, rows)
+    s = torch.empty(shape if rows_out else 0, device=x.device, dtype=torch.float32)
+    y_t = torch.empty((cols, t_cols) if columns_out else 0, device=x.device, dtype=y.dtype)
+    t_shape = (col_blocks, row_blocks) if square else (row_blocks, cols)
+    s_t = torch.empty(t_shape if columns_out else 0, device=x.device, dtype=torch.float32)
+    _FP8_CAST_BLOCKS_E4M3.launch(
+        x.dtype, (col_blocks, row_blocks, 1), (256, 1, 1),
+        (
+            x.data_ptr(), (y.data_ptr() if rows_out else 0), (s.data_ptr() if rows_out else 0),
+            (y_t.data_ptr() if columns_out else 0), (s_t.data_ptr() if columns_out else 0), rows,
+            cols, t_cols, square, eps_bits, power_2),
+        x.get_device())
+    return y, s, y_t, s_t
+
+
+_FP8_CAST_BLOCKS_E5M2 = Kernel("fp8_cast_blocks_e5m2", "pppppiiiiii")
+
+
+def fp8_cast_blocks_e5m2(x, square, eps_bits, power_2, rows_out, columns_out):
+    """x [rows, cols] cast to FP8 E5M2 with TE's scale per block (Float8BlockScaling),
+    1x128 or (``square``) 128x128, from the block's amax (``eps_bits``: the amax epsilon's float
+    bits; ``power_2``). Returns, with ``rows_out``, the row-wise copy y and its inverse scales s
+    (1D: [cols / 128, rows], 2D: [rows / 128 rounded up, cols / 128]) and, with ``columns_out``, the
+    transposed copy y_t [cols, rows rounded up to 128] (zeros past the rows; 1D: its blocks along
+    its rows) and s_t (1D: [rows / 128 rounded up, cols], 2D: s transposed); empty tensors for
+    what is not asked for."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.fp8_cast_blocks_e5m2_dc672955(
+            x, square, eps_bits, power_2, rows_out, columns_out)
+    rows, cols = x.shape
+    row_blocks = -(-rows // 128)
+    t_cols = row_blocks * 128
+    if (not x.is_cuda or cols % 128 or x.data_ptr() % 16 or t_cols * cols >= 2**31
+            or not rows or not cols):
+        return fp8_reference_cast_blocks(x, square, eps_bits, power_2, rows_out, columns_out,
+                                         torch.float8_e5m2)
+    x = x.contiguous()
+    col_blocks = cols // 128
+    y = torch.empty((rows, cols) if rows_out else 0, device=x.device, dtype=torch.float8_e5m2)
+    shape = (row_blocks, col_blocks) if square else (col_blocks, rows)
+    s = torch.empty(shape if rows_out else 0, device=x.device, dtype=torch.float32)
+    y_t = torch.empty((cols, t_cols) if columns_out else 0, device=x.device, dtype=y.dtype)
+    t_shape = (col_blocks, row_blocks) if square else (row_blocks, cols)
+    s_t = torch.empty(t_shape if columns_out else 0, device=x.device, dtype=torch.float32)
+    _FP8_CAST_BLOCKS_E5M2.launch(
+        x.dtype, (col_blocks, row_blocks, 1), (256, 1, 1),
+        (
+            x.data_ptr(), (y.data_ptr() if rows_out else 0), (s.data_ptr() if rows_out else 0),
+            (y_t.data_ptr() if columns_out else 0), (s_t.data_ptr() if columns_out else 0), rows,
+            cols, t_cols, square, eps_bits, power_2),
+        x.get_device())
+    return y, s, y_t, s_t
 
 
 _FP8_CAST_COLS_E4M3 = Kernel("fp8_cast_cols_e4m3", "ppppiiii")
@@ -7142,6 +7220,16 @@ register_op(
     dropout0p3_bwd_n256)
 register_op("fp8_amax_9eefefa6", "(Tensor x) -> Tensor", fp8_amax, fp8_amax)
 register_op("fp8_amax_cols_7396214a", "(Tensor x) -> Tensor", fp8_amax_cols, fp8_amax_cols)
+register_op(
+    "fp8_cast_blocks_e4m3_6f2a5961",
+    "(Tensor x, int square, int eps_bits, int power_2, int rows_out, int columns_out) -> (Tensor, "
+    "Tensor, Tensor, Tensor)",
+    fp8_cast_blocks_e4m3, fp8_cast_blocks_e4m3)
+register_op(
+    "fp8_cast_blocks_e5m2_dc672955",
+    "(Tensor x, int square, int eps_bits, int power_2, int rows_out, int columns_out) -> (Tensor, "
+    "Tensor, Tensor, Tensor)",
+    fp8_cast_blocks_e5m2, fp8_cast_blocks_e5m2)
 register_op(
     "fp8_cast_cols_e4m3_02e7914e", "(Tensor x, Tensor amax, int power_2) -> (Tensor, Tensor)",
     fp8_cast_cols_e4m3, fp8_cast_cols_e4m3)

@@ -547,7 +547,7 @@ class LlamaLayer(torch.nn.Module):
     extra_input_features = ()
     extra_output_features = ()
     # what the package's autocast may run it under ([tool.fusegen] fp8)
-    fp8_recipes = ('delayed', 'current', 'rowwise')
+    fp8_recipes = ('delayed', 'current', 'rowwise', 'block')
     # fewer rows run in high precision inside autocast ([tool.fusegen] fp8_min_rows; 0: always FP8)
     fp8_min_rows = 2048
     # each GEMM's FP8 state, in the plan's order: (its holder's path, the GEMM's index there)

@@ -73,6 +73,12 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
                                 f"(TE's rule); pipeline '{pipeline.name}' is built for FP8 ([tool.fusegen] fp8): give "
                                 "it sizes that are multiples of 16, or fp8 = [] in its "
                                 f"[tool.fusegen.pipelines.{pipeline.name}] table", op.location)
+            if "block" in recipes and isinstance(size, int) and size % 128:
+                raise SpecError(f"{op.describe()}: {what}={size} is not a multiple of 128, which Float8BlockScaling's "
+                                "1x128 and 128x128 blocks need (torch._scaled_mm's block-scaled GEMMs); pipeline "
+                                f"'{pipeline.name}' is built for it (\"block\" in fp8): give it sizes that are "
+                                "multiples of 128, or leave \"block\" out of fp8 in its "
+                                f"[tool.fusegen.pipelines.{pipeline.name}] table", op.location)
     user_modules = any(op.opdef.user_module for op in pipeline.ops)
     for node, mode, neighbour in quantize_points(pipeline.graph):
         if neighbour is None and user_modules:

@@ -46,7 +46,7 @@ PIPELINE_SCHEMA = {
     "fp8": ("FP8 recipes this pipeline runs under autocast, instead of [tool.fusegen] fp8 ([] for none)",
             '["current"]'),
 }
-FP8_RECIPES = ("delayed", "current", "rowwise")  # the runtime's fp8_recipes.RECIPES
+FP8_RECIPES = ("delayed", "current", "rowwise", "block")  # the runtime's fp8_recipes.RECIPES
 # Below this many rows a module built for FP8 runs its high-precision path inside autocast (its
 # CUDA graphs): on the H100 the Llama MLP block's FP8 training step lost to bf16's at 128 tokens
 # (1.11 against 0.76 ms, current scaling), was even at 1,024 (1.53 to 1.93 against 1.70 to 1.75 ms
@@ -161,7 +161,8 @@ def fp8_recipes(value, where: str, empty: bool = False) -> tuple[str, ...]:
     if (not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (not value and not empty)
             or any(v not in FP8_RECIPES for v in value)):
         raise UsageError(f"{where} fp8 must be a list of FP8 recipes from {list(FP8_RECIPES)} (delayed: TE's "
-                         "DelayedScaling, current: Float8CurrentScaling, rowwise: per-row scales), e.g. fp8 = "
+                         "DelayedScaling, current: Float8CurrentScaling, rowwise: per-row scales, block: "
+                         "Float8BlockScaling), e.g. fp8 = "
                          f'["delayed", "current"]{"; [] builds none for this pipeline" if empty else ""}; got {value!r}')
     return tuple(name for name in FP8_RECIPES if name in value)
 

@@ -21,15 +21,17 @@ results in the caller's shape, first_order_only;
 - graphs: CudaGraphs, a module's graphs per input shape;
 - custom_ops: the ``fusegen::`` custom ops that torch.compile calls;
 - compiled_passes: torch.compile's forward and backward ops of a graph-replaying module;
-- fp8_recipes: TE's FP8 formats and recipes (and fusegen's row-wise one), autocast;
+- fp8_recipes: TE's FP8 formats and recipes (and fusegen's row-wise one);
+- fp8_autocast: TE's autocast, a module's call inside it (fp8_runs, fp8_eagerly), and delayed
+  scaling's update after a step;
 - fp8_state: delayed scaling's scales and amax histories (Fp8State, saved as TE's _extra_state;
   Fp8SpecOp) and TE's update of them after a step;
 - fp8_casts: FP8 casts (the quantize kernels' CPU path: fp8_reference_amax, fp8_reference_cast,
   fp8_reference_delayed_update, the row-wise recipe's fp8_reference_cast_rows,
+  block scaling's fp8_reference_cast_blocks,
   fp8_reference_amax_cols, fp8_reference_cast_cols; a producer's FP8 variant's,
   fp8_reference_produced) and GEMMs (scaled_mm: torch._scaled_mm, or emulated);
-- fp8: a call's FP8 GEMMs (fp8_runs, fp8_eagerly, fp8_call, Fp8Call): the recipe's casts, the GEMMs,
-  the weight cache.
+- fp8: a call's FP8 GEMMs (fp8_call, Fp8Call): the recipe's casts, the GEMMs, the weight cache.
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
 """
 
@@ -37,11 +39,14 @@ from .checks import (check_input, check_packed_form, check_parameters, check_row
                      packed_sequences)
 from .te_forms import te_sequences
 from .compiled_passes import PassGraphs, keep_for_backward, register_training_ops
-from .fp8 import fp8_call, fp8_eagerly, fp8_runs
-from .fp8_casts import (fp8_reference_amax, fp8_reference_amax_cols, fp8_reference_cast, fp8_reference_cast_cols,
-                        fp8_reference_cast_rows, fp8_reference_delayed_update, fp8_reference_produced)
-from .fp8_recipes import (DelayedScaling, Float8CurrentScaling, Float8RowwiseScaling, Format, autocast,
-                          fp8_autocast)
+from .fp8 import fp8_call
+from .fp8_casts import (fp8_reference_amax, fp8_reference_amax_cols, fp8_reference_cast, fp8_reference_cast_blocks,
+                        fp8_reference_cast_cols, fp8_reference_cast_rows,
+                        fp8_reference_delayed_update,
+                        fp8_reference_produced)
+from .fp8_autocast import autocast, fp8_autocast, fp8_eagerly, fp8_runs
+from .fp8_recipes import (
+    DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format)
 from .fp8_state import Fp8SpecOp, Fp8State, forget_fp8_weights
 from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
@@ -53,17 +58,19 @@ from .row_blocks import (
 from .training_graphs import backward_done, replay_backward, replay_forward, saved_tensors
 
 __all__ = [
-    "CudaGraphs", "DelayedScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format",
-    "Fp8SpecOp",
-    "Fp8State", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "PassGraphs", "SpecOp",
+    "CudaGraphs", "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling",
+    "Float8RowwiseScaling", "Format",
+    "Fp8SpecOp", "Fp8State", "Kernel", "KernelIntegrityError", "KernelNotAvailableError",
+    "PassGraphs", "SpecOp",
     "TeModuleOp", "adjacent_rows", "as_rows", "autocast", "backward_done", "check_input",
     "check_packed_form",
     "check_parameters", "check_row_input", "first_order_only", "forget_fp8_weights", "fp8_autocast",
     "fp8_call",
     "fp8_eagerly", "fp8_runs",
     "fp8_reference_amax", "fp8_reference_amax_cols", "fp8_reference_cast",
-    "fp8_reference_cast_cols",
-    "fp8_reference_cast_rows", "fp8_reference_delayed_update", "fp8_reference_produced",
+    "fp8_reference_cast_blocks",
+    "fp8_reference_cast_cols", "fp8_reference_cast_rows", "fp8_reference_delayed_update",
+    "fp8_reference_produced",
     "grouped_rows", "join_rows",
     "keep_for_backward", "packed_sequences", "pointer", "register_no_grad_op", "register_op",
     "register_training_ops", "replay_backward", "replay_forward", "rows_after_load", "rows_view",

@@ -3,7 +3,7 @@ a fusegen output's runtime: templates/runtime/, copied verbatim; do not edit).
 
 ``Fp8State`` is one holder's scales and amax histories in TE's slots, saved in the holder's
 ``_extra_state`` as TE saves them (Fp8SpecOp for a te.ops op; module_helpers.TeModuleOp for TE's
-modules), the update after a step being fp8_recipes' ``update_states``.
+modules), the update after a step being fp8_autocast's ``update_states``.
 """
 
 import io

@@ -89,13 +89,15 @@ __device__ __forceinline__ void amax_pass(const T* __restrict__ x, float* __rest
 }
 
 // TE's compute_scale_from_amax: max / max(amax, epsilon); 1 for an amax of 0, inf or NaN;
-// FLT_MAX where the division overflows; with power_2, floored to a power of 2.
+// ``overflow`` (current scaling: FLT_MAX; block scaling: x's dtype's largest) where the division
+// overflows; with power_2, floored to a power of 2.
 template <int FP8_MAX>
-__device__ __forceinline__ float scale_from_amax(float amax, float epsilon, int power_2) {
+__device__ __forceinline__ float scale_from_amax(float amax, float epsilon, int power_2,
+                                                 float overflow = 3.402823466e38f) {
   if (amax < epsilon) amax = epsilon;
   if (isinf(amax) || amax == 0.0f || isnan(amax)) return 1.0f;
   float scale = __fdiv_rn(static_cast<float>(FP8_MAX), amax);
-  if (isinf(scale)) scale = 3.402823466e38f;
+  if (isinf(scale)) scale = overflow;
   if (power_2) scale = __int_as_float(__float_as_int(scale) & 0xFF800000);
   return scale;
 }

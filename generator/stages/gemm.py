@@ -117,7 +117,7 @@ class GemmStage(StageImpl):
     # torch._scaled_mm (fp8.py). The forward returns x's FP8 transpose and the FP8 weight beside y,
     # which the backward reads: its weight grad multiplies that transpose, its dgrad that weight.
     def kernels(self, plan, stage, pass_):
-        return fp8_kernels() if plan.pipeline.fp8 else []
+        return fp8_kernels(plan.pipeline.fp8.recipes) if plan.pipeline.fp8 else []
 
     def fp8_forward(self, em, stage, block):
         linear, bias, scale, add, relu, gelu = (stage.first(kind) for kind in (

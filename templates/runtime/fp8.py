@@ -1,19 +1,21 @@
 """FP8 GEMMs for a generated module built for FP8 (part of a fusegen output's runtime:
 templates/runtime/, copied verbatim; do not edit).
 
-A module called inside ``autocast`` (``fp8_runs``) makes its call through ``fp8_eagerly`` (eager
-under torch.compile), which gets its ``Fp8Call`` from ``fp8_call``. The generated FP8 stages call
-it: each GEMM's operands cast to FP8 with the recipe's scales (delayed: the state's, recording the
-amaxes; current: each tensor's own; row-wise: each row's) by the package's quantize kernels, the
-GEMM through fp8_casts.scaled_mm, the FP8 weight kept until the parameter changes.
+A module called inside ``autocast`` (fp8_autocast's ``fp8_runs``) makes its call through
+``fp8_eagerly`` (eager under torch.compile), which gets its ``Fp8Call`` from ``fp8_call``. The
+generated FP8 stages call it: each GEMM's operands cast to FP8 with the recipe's scales (delayed:
+the state's, recording the amaxes; current: each tensor's own; block: each 1x128 or 128x128
+block's; row-wise: each row's) by the package's quantize kernels, the GEMM through
+fp8_casts.scaled_mm, the FP8 weight kept until the parameter changes.
 """
 
 import struct
 
 import torch
 
-from .fp8_casts import _Quantized, _QuantizedWeight, epilogue, scaled_mm
-from .fp8_recipes import active, fp8_dtype, recipe_kind, update_states
+from .fp8_casts import _Quantized, _QuantizedWeight, dequantized, epilogue, scaled_mm
+from .fp8_autocast import active, update_states
+from .fp8_recipes import fp8_dtype, recipe_kind
 
 
 # --- what generated FP8 stages call -----------------------------------------------------------------
@@ -34,7 +36,7 @@ class Fp8Call:
         self.capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         self.amaxes, self.amaxes_taken = None, 0  # current scaling: the floats kernels keep amaxes in
         self.step, self.first = frame.step, False
-        self.eps_bits = struct.unpack("<i", struct.pack("<f", getattr(self.recipe, "amax_epsilon", 0.0)))[0]
+        self.eps_bits = _float_bits(getattr(self.recipe, "amax_epsilon", 0.0))
         if self.kind == "delayed":
             for state in dict.fromkeys([*(state for state, _ in gemms), *self.quantize.values()]):
                 state.prepare(self.recipe, device)
@@ -107,7 +109,7 @@ class Fp8Call:
         transpose (none without grad: the forward's weight grad is not coming); where the
         recipe casts no producer's output (row-wise, calibrating), ``kernel``'s high-precision
         output, which they cast."""
-        if self.calibrating or self.kind == "rowwise":
+        if self.calibrating or self.kind in ("rowwise", "block"):
             return kernel(*inputs)
         forward = mode == "forward"
         e5m2 = int(fp8_dtype(self.recipe, forward) == torch.float8_e5m2)
@@ -135,6 +137,18 @@ class Fp8Call:
         cast_cols = self.casts.fp8_cast_cols_e4m3 if e4m3 else self.casts.fp8_cast_cols_e5m2
         return _Quantized(*cast_cols(x, self.casts.fp8_amax_cols(x), int(self.recipe.use_power_2_scales)))
 
+    def _blocks(self, x, role, transpose):
+        """x [rows, k] cast with TE's block scales (Float8BlockScaling; ``role`` "x", "w" or "grad":
+        its block dim and QParams): the row-wise copy and, with ``transpose``, the transposed one
+        (1D: blocks along its own rows), each from x, in one pass (quantize_blocks.cuh)."""
+        dim = getattr(self.recipe, f"{role}_block_scaling_dim")
+        params = getattr(self.recipe, _BLOCK_ROLES[role])
+        e4m3 = fp8_dtype(self.recipe, role != "grad") == torch.float8_e4m3fn
+        cast = self.casts.fp8_cast_blocks_e4m3 if e4m3 else self.casts.fp8_cast_blocks_e5m2
+        y, s, y_t, s_t = cast(x, int(dim == 2), _float_bits(params.amax_epsilon), int(params.power_2_scale), 1,
+                              int(transpose))
+        return _Quantized(y, s, dim), _Quantized(y_t, s_t, dim) if transpose else None
+
     def _weight(self, gemm, weight):
         """The GEMM's FP8 weight, cast again only when the parameter changed (TE's weight cache:
         a weight changed through ``.data`` is not seen; ``forget_fp8_weights`` drops the cache).
@@ -148,6 +162,8 @@ class Fp8Call:
         w = weight.detach()
         if self.kind == "rowwise":
             rows, columns = self._rowwise(w, True), self._columnwise(w, True)
+        elif self.kind == "block":
+            rows, columns = self._blocks(w, "w", transpose=True)
         else:
             rows, columns = self._tensorwise(w, gemm, "forward", 1, transpose=True)
         cached = _QuantizedWeight(rows, columns, weight.dtype, key)
@@ -173,10 +189,13 @@ class Fp8Call:
             xq, x_t = x
         elif self.kind == "rowwise":
             xq, x_t = self._rowwise(x, True), x if self.training else None
+        elif self.kind == "block":
+            xq, x_t = self._blocks(x, "x", transpose=self.training)
         else:
             xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training, amax=amax)
         fused_bias = bias if alpha == 1.0 else None
-        y = scaled_mm(xq, w.rows, weight.dtype, fused_bias, fast_accum=True)  # TE: fprop with fast accumulation
+        # TE: fprop with fast accumulation, but under block scaling (split accumulation, TE asserts)
+        y = scaled_mm(xq, w.rows, weight.dtype, fused_bias, fast_accum=self.kind != "block")
         return epilogue(y, alpha, bias, add, activation, fused_bias is not None), x_t, w
 
     def grad_output(self, gemm, dy, amax=None):
@@ -191,6 +210,8 @@ class Fp8Call:
             return dy, dy
         if self.kind == "rowwise":
             return self._rowwise(dy, False), self._columnwise(dy, False)
+        if self.kind == "block":
+            return self._blocks(dy, "grad", transpose=True)
         return self._tensorwise(dy, gemm, "backward", 0, transpose=True, amax=amax)
 
     def round_trip(self, end, x):
@@ -204,9 +225,11 @@ class Fp8Call:
             return x
         if self.kind == "rowwise":
             q = self._rowwise(x, mode == "forward")
+        elif self.kind == "block":
+            q, _ = self._blocks(x, "x" if mode == "forward" else "grad", transpose=False)
         else:
             q, _ = self._tensorwise(x, end, mode, 0, transpose=False)
-        return (q.data.to(torch.float32) * q.scale_inv).to(x.dtype)
+        return dequantized(q).to(x.dtype)
 
     def dgrad(self, dy, weight, alpha=1.0, add=None):
         """dx = alpha dy W (+ add): ``dy`` from grad_output, ``weight`` the forward's FP8 weight."""
@@ -230,7 +253,7 @@ class Fp8Call:
             dw = columns.t().mm(x_t).to(out_dtype)
         elif self.kind == "rowwise":
             dw = scaled_mm(columns, self._columnwise(x_t, True), out_dtype)  # both padded alike
-        else:  # both transposes zero-padded alike to a multiple of 16 rows of the step
+        else:  # both transposes zero-padded alike (to a multiple of 16 rows of the step; blocks: of 128)
             dw = scaled_mm(columns, x_t, out_dtype)
         if alpha != 1.0:
             dw.mul_(alpha)
@@ -244,14 +267,12 @@ class Fp8Call:
             update_states(self.step.backward.values())
 
 
-def fp8_runs(module, x):
-    """Whether a call of ``module`` on ``x`` (its [rows, features] input) runs in FP8: inside an
-    autocast that quantizes or calibrates, on at least ``module.fp8_min_rows`` rows (fewer run in
-    high precision, where FP8 GEMMs do not pay; delayed scaling then records no amax). Outside
-    autocast a call costs the module this check. torch.compile's trace reads it too: a compiled
-    module is guarded on the autocast stack, traced again when it runs inside autocast."""
-    frame = active()
-    return frame is not None and x.shape[0] >= module.fp8_min_rows
+_BLOCK_ROLES = {"x": "fp8_quant_fwd_inp", "w": "fp8_quant_fwd_weight", "grad": "fp8_quant_bwd_grad"}
+
+
+def _float_bits(value):
+    """A float's fp32 bits as an int (how a kernel takes the recipe's amax epsilon)."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def fp8_call(module, x, casts):
@@ -269,25 +290,3 @@ def fp8_call(module, x, casts):
     quantize = {(gemm, mode): module.get_submodule(path).fp8  # the spec's Quantize ops, where it has any
                 for gemm, mode, path in getattr(module, "fp8_quantize", ())}
     return Fp8Call(frame, gemms, casts, x.device, torch.is_grad_enabled(), quantize)
-
-
-def _run(forward, *args):
-    return forward(*args)
-
-
-_EAGER = []  # _run behind torch.compiler.disable, made when first needed (importing dynamo takes 0.7 s)
-EAGER_REASON = ("an FP8 call of a fusegen module (inside its package's autocast) runs outside torch.compile's "
-                "graph, as each of TE's modules does: compile without fullgraph=True, or call it outside autocast")
-
-
-def fp8_eagerly(forward, *args):
-    """``forward(*args)``: a module's call with FP8 GEMMs. Under torch.compile it runs outside the
-    graph, by Python (a graph break, as each of TE's modules is under torch.compile): its Fp8Call,
-    the recipe's state updates and the FP8 weight cache are Python objects a graph cannot hold,
-    and the FP8 stages launch the package's kernels as they do eagerly. fullgraph=True refuses it
-    with EAGER_REASON."""
-    if not torch.compiler.is_compiling():
-        return forward(*args)
-    if not _EAGER:
-        _EAGER.append(torch.compiler.disable(_run, reason=EAGER_REASON))
-    return _EAGER[0](forward, *args)

@@ -19,17 +19,18 @@ def cast(x, scale, dtype):
     return (x.to(torch.float32) * scale).clamp_(-limit, limit).to(dtype)
 
 
-def current_scale(amax, max_value, epsilon=0.0, power_2=False):
+def current_scale(amax, max_value, epsilon=0.0, power_2=False, overflow=FLT_MAX):
     """TE's compute_scale_from_amax (common/recipe/recipe_common.cuh): ``max / max(amax, epsilon)``;
-    1 where the amax is 0, inf or NaN; FLT_MAX where the division overflows; with ``power_2``, the
-    mantissa dropped (the scale floored to a power of 2)."""
+    1 where the amax is 0, inf or NaN; ``overflow`` where the division overflows (FLT_MAX; block
+    scaling: x's dtype's largest); with ``power_2``, the mantissa dropped (the scale floored to a
+    power of 2)."""
     amax = amax.to(torch.float32)
     if epsilon > 0:
         amax = torch.where(amax < epsilon, torch.full_like(amax, epsilon), amax)
     scale = torch.full_like(amax, max_value) / amax  # (no host-to-device copy)
     bad = (amax == 0) | torch.isinf(amax) | torch.isnan(amax)
     scale = torch.where(bad, torch.ones_like(scale), scale)
-    scale = torch.where(torch.isinf(scale), torch.full_like(scale, FLT_MAX), scale)
+    scale = torch.where(torch.isinf(scale), torch.full_like(scale, overflow), scale)
     if power_2:
         scale = (scale.view(torch.int32) & -8388608).view(torch.float32)  # & 0xFF800000
     return scale
@@ -138,14 +139,65 @@ def fp8_reference_delayed_update(history, scale, amax, most_recent, scaled_max_b
     return history, scale
 
 
+def fp8_reference_cast_blocks(x, square, eps_bits, power_2, rows_out, columns_out, dtype):
+    """The quantize family's fp8_cast_blocks_* off the GPU (quantize_blocks.cuh): x [rows, cols] cast
+    with TE's scale per block, 1x128 or (``square``) 128x128, the overflowing scale x's dtype's
+    largest; with ``rows_out`` the row-wise copy y and its inverse scales s (1D: [cols / 128, rows];
+    2D: [row blocks, cols / 128]), with ``columns_out`` the transposed copy y_t [cols, rows rounded
+    up to 128] (zeros past the rows; 1D: blocks of 128 rows of a column) and s_t (1D: [row blocks,
+    cols]; 2D: s transposed). What is not asked for is an empty tensor."""
+    x = x.detach()
+    rows, cols = x.shape
+    row_blocks, col_blocks = -(-rows // 128), -(-cols // 128)
+    epsilon = struct.unpack("<f", struct.pack("<i", eps_bits))[0]
+    limit, overflow = torch.finfo(dtype).max, torch.finfo(x.dtype).max
+    padded = torch.zeros((row_blocks * 128, col_blocks * 128), dtype=torch.float32, device=x.device)
+    padded[:rows, :cols] = x
+    blocks = padded.reshape(row_blocks, 128, col_blocks, 128)  # [row block, row, col block, col]
+
+    def scales(amax):
+        return current_scale(amax, limit, epsilon, bool(power_2), overflow)
+
+    if square:
+        row_scale = col_scale = scales(blocks.abs().amax(dim=(1, 3)))[:, None, :, None]
+        s, s_t = row_scale[:, 0, :, 0], row_scale[:, 0, :, 0].t()
+    else:
+        row_scale = scales(blocks.abs().amax(dim=3))[..., None]  # a row's 128 columns
+        col_scale = scales(blocks.abs().amax(dim=1))[:, None]  # a column's 128 rows
+        s = row_scale[..., 0].permute(2, 0, 1).reshape(col_blocks, -1)[:, :rows]
+        s_t = col_scale[:, 0].reshape(row_blocks, -1)[:, :cols]
+    y, y_t = torch.empty(0, dtype=dtype, device=x.device), torch.empty(0, dtype=dtype, device=x.device)
+    if rows_out:
+        y = cast(blocks, row_scale, dtype).reshape(padded.shape)[:rows, :cols].contiguous()
+    if columns_out:
+        y_t = cast(blocks, col_scale, dtype).reshape(padded.shape)[:, :cols].t().contiguous()
+    empty = torch.empty(0, dtype=torch.float32, device=x.device)
+    return (y, torch.reciprocal(s).contiguous() if rows_out else empty, y_t,
+            torch.reciprocal(s_t).contiguous() if columns_out else empty)
+
+
+def dequantized(q):
+    """An FP8 tensor's value in fp32: ``data * scale_inv``, the scales spread over their blocks."""
+    data = q.data.to(torch.float32)
+    if q.block is None:
+        return data * q.scale_inv
+    rows, cols = data.shape
+    if q.block == 2:  # [row blocks, col blocks]
+        spread = q.scale_inv.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+    else:  # [col blocks, rows]: a row's 128 columns share one
+        spread = q.scale_inv.t().repeat_interleave(128, 1)[:, :cols]
+    return data * spread
+
+
 class _Quantized:
-    """An FP8 tensor: ``data`` [rows, k], one per element, and ``scale_inv``, a 0-dim tensor or one
-    per row [rows, 1]; its value is ``data * scale_inv``."""
+    """An FP8 tensor: ``data`` [rows, k], one per element, and ``scale_inv``: a 0-dim tensor, one per
+    row [rows, 1], or (``block`` 1 or 2) one per 1x128 block [k / 128, rows] or per 128x128 block
+    [rows / 128, k / 128], as torch._scaled_mm reads them; its value is ``dequantized``'s."""
 
-    __slots__ = ("data", "scale_inv")
+    __slots__ = ("data", "scale_inv", "block")
 
-    def __init__(self, data, scale_inv):
-        self.data, self.scale_inv = data, scale_inv
+    def __init__(self, data, scale_inv, block=None):
+        self.data, self.scale_inv, self.block = data, scale_inv, block
 
 
 class _QuantizedWeight:
@@ -179,18 +231,30 @@ def epilogue(y, alpha, bias, add, activation, bias_added):
 
 
 def scaled_mm(a, b, out_dtype, bias=None, fast_accum=False):
-    """``(a.data * a.scale_inv) (b.data * b.scale_inv)^T``: a [M, K], b [N, K] (row-major FP8), plus
-    ``bias``, in ``out_dtype``. ``torch._scaled_mm`` on GPUs with FP8 (compute capability 8.9 on)
-    where K and N are multiples of 16; elsewhere the same FP8 values multiplied in fp32."""
+    """``dequantized(a) dequantized(b)^T``: a [M, K], b [N, K] (row-major FP8), plus ``bias``, in
+    ``out_dtype``. ``torch._scaled_mm`` on GPUs with FP8 (compute capability 8.9 on) where K and N
+    are multiples of 16; elsewhere the same FP8 values multiplied in fp32. Block scales as it takes
+    them: a's 1x128 [M, K / 128] column-major, b's 1x128 [K / 128, N], b's 128x128 [K / 128,
+    N / 128] (a transposed view); cuBLAS reads those with their leading dimension rounded up to 4
+    (TE's CuBLASScaleMunger pads them) and torch passes none padded, so block-scaled GEMMs need M
+    and, with 128x128 scales, K / 128 to be multiples of 4 (else emulated: correct, slower)."""
     n, k = b.data.shape
-    scale_b = b.scale_inv if b.scale_inv.dim() == 0 else b.scale_inv.reshape(1, n)
-    if a.data.is_cuda and k % 16 == 0 and n % 16 == 0 and _fp8_gemms(a.data.device):
+    if a.block is not None:
+        scale_a, scale_b = a.scale_inv.t(), b.scale_inv if b.block == 1 else b.scale_inv.t()
+        fits = k % 128 == 0 and a.data.shape[0] % 4 == 0 and (b.block == 1 or k // 128 % 4 == 0)
+    else:
+        scale_a, scale_b = a.scale_inv, b.scale_inv if b.scale_inv.dim() == 0 else b.scale_inv.reshape(1, n)
+        fits = k % 16 == 0
+    if a.data.is_cuda and fits and n % 16 == 0 and _fp8_gemms(a.data.device):
         # _scaled_mm takes a bias in a 16-bit output's dtype only
         fused_bias = bias is not None and out_dtype != torch.float32 and bias.dtype == out_dtype
-        out = torch._scaled_mm(a.data, b.data.t(), a.scale_inv, scale_b, bias=bias if fused_bias else None,
+        out = torch._scaled_mm(a.data, b.data.t(), scale_a, scale_b, bias=bias if fused_bias else None,
                                out_dtype=out_dtype, use_fast_accum=fast_accum)
         return out if bias is None or fused_bias else out.add_(bias)
-    out = (a.data.to(torch.float32) @ b.data.to(torch.float32).t()) * (a.scale_inv * scale_b)
+    if a.block is not None:
+        out = dequantized(a) @ dequantized(b).t()
+    else:
+        out = (a.data.to(torch.float32) @ b.data.to(torch.float32).t()) * (scale_a * scale_b)
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out.to(out_dtype)

@@ -1,24 +1,23 @@
-"""FP8 recipes as Transformer Engine defines them, and the autocast that chooses one (part of a
-fusegen output's runtime: templates/runtime/, copied verbatim; do not edit).
+"""FP8 recipes as Transformer Engine defines them (part of a fusegen output's runtime:
+templates/runtime/, copied verbatim; do not edit).
 
 - ``Format`` and the recipes, mirrors of TE's (``transformer_engine.common.recipe``: the same
   names, fields and defaults; TE's own recipe objects are accepted too, so a package never needs
   TE): ``DelayedScaling`` (a scale per tensor from an amax history, updated after each step),
-  ``Float8CurrentScaling`` (a scale per tensor from its own amax) and ``Float8RowwiseScaling``
-  (fusegen's: a scale per row of each GEMM operand, torchao's "rowwise");
-- ``autocast`` (TE's ``te.autocast``; ``fp8_autocast`` its deprecated spelling): the modules built
-  for FP8 called inside it run their GEMMs in FP8 under its recipe, outside it in high precision;
-- ``update_states``: delayed scaling's update after a step (TE's reduce_and_update_fp8_tensors),
-  ``delayed_update`` one state's (the quantize family's fp8_delayed_update, or TE's unfused path).
+  ``Float8CurrentScaling`` (a scale per tensor from its own amax), ``Float8BlockScaling`` (a scale
+  per 1x128 or 128x128 block, with its ``QParams``) and ``Float8RowwiseScaling`` (fusegen's: a
+  scale per row of each GEMM operand, torchao's "rowwise");
+- ``as_recipe`` (TE's recipe objects read as these), ``recipe_kind``, ``default_recipe``, and each
+  recipe's FP8 dtypes and largest values (``fp8_dtype``, ``fp8_max``); autocast, which chooses a
+  recipe, is fp8_autocast's.
 
 The rules and the TE sources they come from: docs/fp8_te_semantics.md in fusegen's repository.
 """
 
 import dataclasses
 import enum
-import threading
+import os
 import typing
-import warnings
 
 import torch
 
@@ -92,7 +91,56 @@ class Float8RowwiseScaling:
         _check_format(self)
 
 
-RECIPES = {"delayed": DelayedScaling, "current": Float8CurrentScaling, "rowwise": Float8RowwiseScaling}
+@dataclasses.dataclass
+class QParams:
+    """TE's QParams: a tensor role's scale options, ``power_2_scale`` (the scale floored to a power
+    of 2) and ``amax_epsilon`` (a floor under the amax)."""
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+
+@dataclasses.dataclass
+class Float8BlockScaling:
+    """TE's Float8BlockScaling: each GEMM operand cast with TE's scale per block, 1x128 (128 values
+    along the GEMM's reduction dim: x and the grads) or 128x128 (the weights); power-of-2 scales
+    unless NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 when the class is made (TE's rule); every GEMM
+    with split accumulation (TE asserts it). ``torch._scaled_mm`` takes 128x128 blocks for a
+    GEMM's second operand only, so x and the grads are cast in 1x128 blocks (TE's defaults)."""
+
+    use_f32_scales: bool = os.getenv("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0") == "1"
+    fp8_format: Format = Format.E4M3
+    fp8_quant_fwd_inp = QParams(power_2_scale=not use_f32_scales)
+    fp8_quant_fwd_weight = QParams(power_2_scale=not use_f32_scales)
+    fp8_quant_bwd_grad = QParams(power_2_scale=not use_f32_scales)
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: object = None
+
+    def __post_init__(self):
+        _check_format(self)
+        for role in ("x", "w", "grad"):
+            if getattr(self, f"{role}_block_scaling_dim") not in (1, 2):
+                raise ValueError(f"Float8BlockScaling({role}_block_scaling_dim="
+                                 f"{getattr(self, f'{role}_block_scaling_dim')!r}): give 1 (1x128 blocks) or 2 (128x128)")
+        if self.x_block_scaling_dim == 2 or self.grad_block_scaling_dim == 2:
+            raise ValueError("Float8BlockScaling(x_block_scaling_dim=2 or grad_block_scaling_dim=2): torch._scaled_mm "
+                             "takes 128x128 blocks for a GEMM's second operand only (the weight), so this package "
+                             "casts x and the grads in 1x128 blocks, TE's defaults; give 1")
+        if self.fp8_dpa or self.fp8_mha:
+            raise ValueError("Float8BlockScaling(fp8_dpa/fp8_mha=True): FP8 attention is not supported for "
+                             "Float8BlockScaling (TE's rule)")
+        if self.backward_override is not None:
+            raise ValueError(f"Float8BlockScaling(backward_override={self.backward_override!r}): this package runs "
+                             "the backward in FP8 (TE's default, None); unset NVTE_BACKWARD_OVERRIDE or give None")
+
+
+RECIPES = {"delayed": DelayedScaling, "current": Float8CurrentScaling, "rowwise": Float8RowwiseScaling,
+           "block": Float8BlockScaling}
+_ROLES = ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad")  # Float8BlockScaling's QParams
 _KIND = {cls: kind for kind, cls in RECIPES.items()}
 
 
@@ -119,12 +167,17 @@ def as_recipe(recipe, fresh=False):
         return recipe
     mirror = {cls.__name__: cls for cls in RECIPES.values()}.get(type(recipe).__name__)
     if mirror is None:
-        raise TypeError(f"autocast(recipe={recipe!r}): this package runs DelayedScaling, Float8CurrentScaling and "
-                        "Float8RowwiseScaling (TE's, or the package's own: from <package> import DelayedScaling); "
-                        "TE's MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling are not supported")
+        raise TypeError(f"autocast(recipe={recipe!r}): this package runs DelayedScaling, Float8CurrentScaling, "
+                        "Float8BlockScaling and Float8RowwiseScaling (TE's, or the package's own: from <package> "
+                        "import DelayedScaling); TE's MXFP8BlockScaling and NVFP4BlockScaling are not supported")
     fields = {f.name: getattr(recipe, f.name) for f in dataclasses.fields(mirror) if hasattr(recipe, f.name)}
     fields["fp8_format"] = _format_of(fields.get("fp8_format", Format.HYBRID), mirror.__name__)
     made = mirror(**fields)
+    if mirror is Float8BlockScaling:  # its roles' QParams, class attributes in TE (no dataclass fields)
+        for role in _ROLES:
+            given = getattr(recipe, role)
+            setattr(made, role, QParams(bool(given.power_2_scale), float(given.amax_epsilon)))
+        return made
     epsilon = getattr(getattr(recipe, "fp8_quant_fwd_inp", None), "amax_epsilon", 0.0)
     if epsilon:
         made.amax_epsilon = epsilon
@@ -132,7 +185,8 @@ def as_recipe(recipe, fresh=False):
 
 
 def recipe_kind(recipe) -> str:
-    """"delayed", "current" or "rowwise": the name ``[tool.fusegen] fp8`` builds a recipe under."""
+    """"delayed", "current", "rowwise" or "block": the name ``[tool.fusegen] fp8`` builds a recipe
+    under."""
     return _KIND[type(recipe)]
 
 
@@ -143,132 +197,6 @@ def default_recipe(device=None):
     if torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (12, 0):
         return Float8CurrentScaling()
     return DelayedScaling()
-
-
-# --- autocast --------------------------------------------------------------------------------------
-
-class _Frames(threading.local):
-    def __init__(self):
-        self.stack = []  # the open autocasts, innermost last
-
-
-_FRAMES = _Frames()
-
-
-class _Step:
-    """What one outermost autocast gathers: the delayed-scaling states its modules cast with, whose
-    forward slots are updated when it exits and backward slots after the backward of the first
-    module called in it (TE's reduce_and_update_fp8_tensors and is_first_fp8_module)."""
-
-    def __init__(self):
-        self.forward = {}  # id -> (state, recipe, group)
-        self.backward = {}
-        self.first_taken = False
-
-
-class autocast:
-    """TE's ``te.autocast``: the modules of this package called inside run their GEMMs in FP8
-    under ``recipe`` (default: TE's default for the GPU); ``enabled=False`` turns FP8 off inside;
-    ``calibrating=True`` runs in high precision but records the amaxes delayed scaling scales
-    from; ``amax_reduction_group``: the process group over which delayed scaling's amaxes are
-    reduced (max) before each update (None: the default group, where torch.distributed is
-    initialised). Call each module once per autocast: its amaxes are one step's."""
-
-    def __init__(self, enabled=True, calibrating=False, recipe=None, amax_reduction_group=None, _graph=False):
-        self.enabled, self.calibrating, self.group = bool(enabled), bool(calibrating), amax_reduction_group
-        self.recipe = None if recipe is None else as_recipe(recipe)
-        self.step = None
-
-    def __enter__(self):
-        if self.recipe is None and (self.enabled or self.calibrating):
-            self.recipe = default_recipe()
-        outer = _FRAMES.stack[0].step if _FRAMES.stack else None
-        self.step = outer if outer is not None else _Step()
-        _FRAMES.stack.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        _FRAMES.stack.pop()
-        if not _FRAMES.stack and torch.is_grad_enabled():  # the outermost: the forward slots' update
-            update_states(self.step.forward.values())
-        return False
-
-
-def fp8_autocast(enabled=True, calibrating=False, fp8_recipe=None, fp8_group=None, _graph=False):
-    """TE's deprecated spelling of ``autocast``."""
-    warnings.warn("fp8_autocast is deprecated, as in TE: use autocast(recipe=..., amax_reduction_group=...)",
-                  DeprecationWarning, stacklevel=2)
-    return autocast(enabled, calibrating, fp8_recipe, fp8_group)
-
-
-def active():
-    """The innermost open autocast that quantizes or calibrates, or None."""
-    if not _FRAMES.stack:
-        return None
-    frame = _FRAMES.stack[-1]
-    return frame if frame.enabled or frame.calibrating else None
-
-
-# --- delayed scaling's update after a step ----------------------------------------------------------
-
-def update_states(entries):
-    """Delayed scaling's update after a step (TE's reduce_and_update_fp8_tensors): each group's
-    amaxes (the histories' first rows) reduced with max over its process group where the recipe
-    says so, then each state's scales and histories updated (``entries``: (state, mode, recipe,
-    group, the package's quantize launchers))."""
-    entries = list(entries)
-    if not entries:
-        return
-    by_group = {}
-    for state, mode, recipe, group, casts in entries:
-        by_group.setdefault(id(group), (group, []))[1].append((state, mode, recipe, casts))
-    for group, members in by_group.values():
-        amaxes = [None] * len(members)  # None: the history's first row, as it is
-        if any(recipe.reduce_amax for _, _, recipe, _ in members) and _distributed(group):
-            rows = [state.modes[mode][1][0] for state, mode, _, _ in members]
-            joined = torch.cat(rows)
-            torch.distributed.all_reduce(joined, op=torch.distributed.ReduceOp.MAX, group=group)
-            amaxes = list(joined.split([row.numel() for row in rows]))
-        for (state, mode, recipe, casts), amax in zip(members, amaxes):
-            scale, history = state.modes[mode]
-            delayed_update(history, scale, amax, recipe, fp8_max(recipe, mode == "forward"), casts)
-            if mode == "forward":  # the weights' scales may have changed: TE casts them again a step
-                state.forget_weights()
-
-
-def _distributed(group):
-    return (torch.distributed.is_available() and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size(group) > 1)
-
-
-def delayed_update(history, scale, amax, recipe, max_value, casts):
-    """TE's amax-and-scale update after a step, in place: its fused kernel (the quantize family's
-    fp8_delayed_update, ``casts``; fp8_casts.fp8_reference_delayed_update off the GPU) with the
-    recipe's amax_compute_algo and ``max_value * 2**-margin`` in fp32, or, where the recipe gives
-    amax_compute_algo or scaling_factor_compute_algo as a function, TE's unfused path, which always
-    rolls. ``amax``: the step's reduced amax, or None (the history's first row)."""
-    if callable(recipe.amax_compute_algo) or callable(recipe.scaling_factor_compute_algo):
-        if amax is not None:
-            history[0] = amax
-        if callable(recipe.amax_compute_algo):
-            chosen = recipe.amax_compute_algo(history)
-        else:
-            chosen = history.amax(0) if recipe.amax_compute_algo == "max" else history[0].clone()
-        if history.shape[0] > 1:
-            history.copy_(torch.roll(history, -1, 0))
-        history[0] = 0
-        if callable(recipe.scaling_factor_compute_algo):
-            new = recipe.scaling_factor_compute_algo(chosen, scale, max_value, recipe)
-        else:
-            new = (max_value / chosen) / (2 ** recipe.margin)
-            new = torch.where(chosen > 0.0, new, scale)
-            new = torch.where(torch.isfinite(chosen), new, scale)
-            new = torch.where(torch.isinf(new), torch.full_like(new, FLT_MAX), new)
-        scale.copy_(new)
-        return
-    scaled_max = torch.tensor(max_value, dtype=torch.float32) * torch.tensor(2.0**-recipe.margin)  # fp32, as TE's host
-    casts.fp8_delayed_update(history, scale, amax, int(recipe.amax_compute_algo == "most_recent"),
-                             int(scaled_max.view(torch.int32)))
 
 
 def fp8_dtype(recipe, forward):

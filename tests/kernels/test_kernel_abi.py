@@ -93,6 +93,9 @@ def test_signature_and_launch_tuple_come_from_one_abi(spec):
         asked = {name: f"pointer({name})" for name in kn.launcher_io(spec)["random"]}
         if spec.ctx["kind"] == "cast":
             asked["y_t"] = "y_t.data_ptr() if transpose else 0"
+        if spec.ctx["kind"] == "blocks":  # the row-wise copy and the transposed one, each where asked
+            asked.update({name: f"{name}.data_ptr() if {flag} else 0" for name, flag in (
+                ("y", "rows_out"), ("s", "rows_out"), ("y_t", "columns_out"), ("s_t", "columns_out"))})
         values = [asked.get(p.name, v) for p, v in zip(abi, values)]
     if spec.ctx.get("fp8_out"):  # an FP8 variant: its scale, amax and amax_out given or not, stores where asked
         out = spec.returned[0]

@@ -24,10 +24,10 @@ FP8_TOLS = {E4M3: dict(rtol=0.125, atol=0.0675), E5M2: dict(rtol=0.25, atol=0.12
 
 @pytest.fixture(scope="module")
 def fp8(package):
-    """The runtime's FP8 modules (fp8_recipes, fp8_state, fp8_casts, fp8) as a generated package holds them,
+    """The runtime's FP8 modules (fp8_recipes, fp8_autocast, fp8_state, fp8_casts, fp8) as a generated package holds them,
     their names in one namespace."""
     names = {}
-    for module in ("fp8_recipes", "fp8_state", "fp8_casts", "fp8"):
+    for module in ("fp8_recipes", "fp8_autocast", "fp8_state", "fp8_casts", "fp8"):
         names.update(vars(importlib.import_module(f"{package.__name__}._runtime.{module}")))
     return types.SimpleNamespace(**names)
 
@@ -1322,7 +1322,7 @@ act = te.ops.Sequential(te.ops.GELU())
 
 
 @pytest.mark.parametrize("table, spec, message", [
-    ('fp8 = ["fast"]', FP8_PROJECT, "fp8 must be a list of FP8 recipes from ['delayed', 'current', 'rowwise']"),
+    ('fp8 = ["fast"]', FP8_PROJECT, "fp8 must be a list of FP8 recipes from ['delayed', 'current', 'rowwise', 'block']"),
     ("fp8_min_rows = -1", FP8_PROJECT, "fp8_min_rows must be an integer"),
     ('[tool.fusegen.pipelines.act]\nfp8 = ["current"]', FP8_PROJECT,
      "pipeline 'act' (spec.py:4:7) has no Linear, so nothing of it runs in FP8; remove the setting"),

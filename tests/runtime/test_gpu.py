@@ -500,7 +500,8 @@ def test_every_kernel_has_a_test():
     # the quantize family's FP8 casts, checked through test_fp8.py (every dtype against their reference,
     # bit for bit), and specs/fp8_mlp.py's TE LayerNormMLP (bias, 512 wide), through its GPU tests there
     tested |= {"fp8_amax", "fp8_cast_e4m3", "fp8_cast_e5m2", "fp8_delayed_update", "fp8_cast_rows_e4m3",
-               "fp8_cast_rows_e5m2", "fp8_amax_cols", "fp8_cast_cols_e4m3", "fp8_cast_cols_e5m2", "bias_swiglu_bwd_n512"}
+               "fp8_cast_rows_e5m2", "fp8_amax_cols", "fp8_cast_cols_e4m3", "fp8_cast_cols_e5m2", "bias_swiglu_bwd_n512",
+               "fp8_cast_blocks_e4m3", "fp8_cast_blocks_e5m2"}  # (and test_fp8_blocks.py)
     # the FP8 emission's kernels that keep their output's amax, against the plain kernels there, and
     # fp8_narrow_mlp's (whose SwiGLU has them), through its GPU test there against its emulation
     tested |= {"swiglu_fwd_n320_amax", "swiglu_bwd_n320_amax", "bias_swiglu_bwd_n512_amax", "swiglu_fwd_n320",

@@ -80,11 +80,29 @@ def fp8_cast_cols(fmt: str) -> KernelSpec:
                      fp8_max=largest, torch_dtype=torch_dtype, align=8)
 
 
-def fp8_kernels() -> list[KernelSpec]:
-    """What a pipeline built for FP8 launches around its GEMMs: the amax pass, a cast a format,
-    delayed scaling's update, and the row-wise recipe's casts per row and per column."""
+def fp8_cast_blocks(fmt: str) -> KernelSpec:
+    """Float8BlockScaling's cast of x [rows, cols] to ``fmt`` with a scale per 1x128 or 128x128
+    block: its row-wise copy and its transposed one [cols, rows rounded up to 128], each cast from
+    x in one pass, with their inverse scales (quantize_blocks.cuh)."""
+    P = KernelParam
+    ctype, largest, torch_dtype = FORMATS[fmt]
+    return make_spec(kernel_name("fp8_cast_blocks", fmt), "quantize",
+                     f"x cast to FP8 {fmt.upper()} with a scale per 1x128 or 128x128 block, and transposed "
+                     "(TE's Float8BlockScaling)",
+                     abi=(P("x", "const T*"), P("y", "unsigned char*"), P("s", "float*"), P("y_t", "unsigned char*"),
+                          P("s_t", "float*"), P("rows", "int"), P("cols", "int"), P("t_cols", "int"),
+                          P("square", "int"), P("eps_bits", "int"), P("power_2", "int")),
+                     returned=("y", "s", "y_t", "s_t"), headers=("quantize_blocks.cuh",), kind="blocks", fmt=fmt,
+                     fp8_type=ctype, fp8_max=largest, torch_dtype=torch_dtype, align=8)
+
+
+def fp8_kernels(recipes: tuple[str, ...]) -> list[KernelSpec]:
+    """What a pipeline built for FP8 ``recipes`` launches around its GEMMs: the amax pass, a cast a
+    format, delayed scaling's update, the row-wise recipe's casts per row and per column, and where
+    it is built for block scaling that recipe's casts."""
     return [fp8_amax(), *(fp8_cast(fmt) for fmt in FORMATS), fp8_delayed_update(),
-            *(fp8_cast_rows(fmt) for fmt in FORMATS), fp8_amax_cols(), *(fp8_cast_cols(fmt) for fmt in FORMATS)]
+            *(fp8_cast_rows(fmt) for fmt in FORMATS), fp8_amax_cols(), *(fp8_cast_cols(fmt) for fmt in FORMATS),
+            *(fp8_cast_blocks(fmt) for fmt in FORMATS if "block" in recipes)]
 
 
 class Quantize(KernelFamily):
@@ -108,6 +126,9 @@ class Quantize(KernelFamily):
             return dict(args=["x", "power_2"], outputs=2, types={"power_2": "int"})
         if spec.ctx["kind"] == "cols":
             return dict(args=["x", "amax", "power_2"], outputs=2, types={"power_2": "int"})
+        if spec.ctx["kind"] == "blocks":
+            return dict(args=["x", "square", "eps_bits", "power_2", "rows_out", "columns_out"], outputs=4,
+                        types={name: "int" for name in ("square", "eps_bits", "power_2", "rows_out", "columns_out")})
         if spec.ctx["kind"] == "update":
             return dict(args=["history", "scale", "amax", "most_recent", "scaled_max_bits"], outputs=2,
                         random=["amax"], types={"most_recent": "int", "scaled_max_bits": "int"})
@@ -118,7 +139,8 @@ class Quantize(KernelFamily):
     def runtime_names(self, spec):
         return {"amax": ("fp8_reference_amax",), "cast": ("fp8_reference_cast",),
                 "update": ("fp8_reference_delayed_update",), "rows": ("fp8_reference_cast_rows",),
-                "amax_cols": ("fp8_reference_amax_cols",), "cols": ("fp8_reference_cast_cols",)}[spec.ctx["kind"]]
+                "amax_cols": ("fp8_reference_amax_cols",), "cols": ("fp8_reference_cast_cols",),
+                "blocks": ("fp8_reference_cast_blocks",)}[spec.ctx["kind"]]
 
 
 QUANTIZE = register_family(Quantize())
