@@ -67,16 +67,16 @@ __device__ __forceinline__ void cast_blocks(const T* __restrict__ x, unsigned ch
       for (int k = 0; k < E; ++k) raw[j].v[k] = from_float<T>(0.0f);
     }
   }
-  float v[R][E];
+  // the values stay as loaded (half the registers at 16 bits: 3 blocks an SM where floats fit 2),
+  // converted where used (to_float: exact)
   int row_max[R], col_max[E] = {};
 #pragma unroll
   for (int j = 0; j < R; ++j) {
-    to_floats(raw[j], v[j]);
     int m = 0;
 #pragma unroll
     for (int k = 0; k < E; ++k) {
-      m = max(m, abs_bits(v[j][k]));
-      col_max[k] = max(col_max[k], abs_bits(v[j][k]));
+      m = max(m, abs_bits(to_float<T>(raw[j].v[k])));
+      col_max[k] = max(col_max[k], abs_bits(to_float<T>(raw[j].v[k])));
     }
     row_max[j] = __reduce_max_sync(0xffffffffu, m);  // the row's 128 values
   }
@@ -104,7 +104,7 @@ __device__ __forceinline__ void cast_blocks(const T* __restrict__ x, unsigned ch
                                                                            power_2, overflow);
       Vec<unsigned char, E> out;
 #pragma unroll
-      for (int k = 0; k < E; ++k) out.v[k] = fp8_byte<F8>(v[j][k] * scale);
+      for (int k = 0; k < E; ++k) out.v[k] = fp8_byte<F8>(to_float<T>(raw[j].v[k]) * scale);
       *reinterpret_cast<Vec<unsigned char, E>*>(y + static_cast<long long>(row) * cols + col) = out;
       if (!square && lane == 0) s[static_cast<long long>(blockIdx.x) * rows + row] = __frcp_rn(scale);
     }
@@ -119,7 +119,7 @@ __device__ __forceinline__ void cast_blocks(const T* __restrict__ x, unsigned ch
     Vec<unsigned int, 4> four = {};  // the column's 16 rows, row 4i + b in byte b of word i
 #pragma unroll
     for (int j = 0; j < R; ++j) {
-      four.v[j / 4] |= static_cast<unsigned int>(fp8_byte<F8>(v[j][k] * scale)) << (8 * (j % 4));
+      four.v[j / 4] |= static_cast<unsigned int>(fp8_byte<F8>(to_float<T>(raw[j].v[k]) * scale)) << (8 * (j % 4));
     }
     const int column = lane * E + k;
     chunks[column * 8 + (warp ^ (column / 4 % 8))] = four;

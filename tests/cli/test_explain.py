@@ -47,10 +47,11 @@ def test_every_shipped_cubin_records_each_functions_registers_and_stack_frame():
     for cubin in cubins:
         found = resources(cubin.read_bytes())
         functions = [f for entries in manifest[cubin.name.split(".")[0]]["entries"].values() for f in entries]
-        # the kernel's entry points, and subroutines the compiler kept out of line (an fp32
-        # division's slow path: $__internal_..._div_rn_noftz_f32_slowpath)
+        # the kernel's entry points, and subroutines kept out of line, named with a "$" (an fp32
+        # division's slow path: $__internal_..._div_rn_noftz_f32_slowpath; a __noinline__ function,
+        # $<entry>$<its mangled name>: quantize_blocks.cuh's fp8_byte below sm_89)
         assert set(functions) <= set(found), cubin.name
-        assert all(f.startswith("$__internal_") for f in set(found) - set(functions)), (cubin.name, sorted(found))
+        assert all(f.startswith("$") for f in set(found) - set(functions)), (cubin.name, sorted(found))
         for function in functions:
             assert 1 <= found[function]["registers"] <= 255 and found[function]["stack_frame"] >= 0, (cubin.name, function)
         for function in set(found) - set(functions):  # runs on its caller's registers: records its stack only

@@ -307,11 +307,13 @@ def test_block_cast_kernel_matches_its_reference(dtype, rows):
 @pytest.mark.cuda
 @pytest.mark.parametrize("rows", [256, 202])
 @pytest.mark.parametrize("b_block", [1, 2])
-def test_block_scaled_mm_on_the_gpu(rows, b_block, monkeypatch):
+@pytest.mark.parametrize("a_format", ["e4m3", "e5m2"])
+def test_block_scaled_mm_on_the_gpu(rows, b_block, a_format, monkeypatch):
     """torch._scaled_mm of block-scaled operands (1x128 by 128x128: the forward and dgrad; 1x128 by
-    1x128: the weight grad) against the float64 product of the same FP8 values times their block
-    scales, within the FP8 tensor cores' accumulation and bf16's rounding. cuBLAS reads the scales
-    with a leading dimension rounded up to 4, which torch does not pad: 202 rows run emulated."""
+    1x128: the weight grad; the first in E5M2 as HYBRID's grads are) against the float64 product
+    of the same FP8 values times their block scales, within the FP8 tensor cores' accumulation and
+    bf16's rounding. cuBLAS reads the scales with a leading dimension rounded up to 4, which torch
+    does not pad: 202 rows run emulated."""
     _needs_fp8_gpu()
     import generated
 
@@ -320,7 +322,8 @@ def test_block_scaled_mm_on_the_gpu(rows, b_block, monkeypatch):
     scaled_mm = torch._scaled_mm
     monkeypatch.setattr(torch, "_scaled_mm", lambda *args, **kw: calls.append(1) or scaled_mm(*args, **kw))
     cast = generated._kernels.fp8_cast_blocks_e4m3
-    a = fp8._Quantized(*cast(awkward(rows, 512, torch.bfloat16, seed=7).cuda(), 0, 0, 1, 1, 0)[:2], 1)
+    cast_a = getattr(generated._kernels, f"fp8_cast_blocks_{a_format}")
+    a = fp8._Quantized(*cast_a(awkward(rows, 512, torch.bfloat16, seed=7).cuda(), 0, 0, 1, 1, 0)[:2], 1)
     b = fp8._Quantized(*cast(awkward(256, 512, torch.bfloat16, seed=8).cuda(), b_block - 1, 0, 1, 1, 0)[:2], b_block)
     got = fp8.scaled_mm(a, b, torch.bfloat16)
     assert len(calls) == (1 if rows % 4 == 0 else 0)
@@ -332,11 +335,13 @@ def test_block_scaled_mm_on_the_gpu(rows, b_block, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, width", [("Fp8LayernormMlp", 256), ("LlamaMlp", 4096)])
-def test_generated_mlps_under_block_scaling_match_their_emulation(name, width):
-    """generated.Fp8LayernormMlp and LlamaMlp in bf16 under Float8BlockScaling on the GPU (the block
-    cast kernel, torch._scaled_mm's block-scaled GEMMs) against the same module on the CPU (the
-    reference math, the GEMMs emulated): output, x's grad and every parameter's within TE's FP8
-    tolerances of the largest value, over two steps (the weight cache's second)."""
+@pytest.mark.parametrize("fp8_format", ["E4M3", "HYBRID"])
+def test_generated_mlps_under_block_scaling_match_their_emulation(name, width, fp8_format):
+    """generated.Fp8LayernormMlp and LlamaMlp in bf16 under Float8BlockScaling (E4M3, TE's default,
+    and HYBRID: E5M2 grads) on the GPU (the block cast kernel, torch._scaled_mm's block-scaled
+    GEMMs) against the same module on the CPU (the reference math, the GEMMs emulated): output, x's
+    grad and every parameter's within TE's FP8 tolerances of the largest value (the grads' those
+    of their format), over two steps (the weight cache's second)."""
     _needs_fp8_gpu()
     import generated
 
@@ -353,11 +358,13 @@ def test_generated_mlps_under_block_scaling_match_their_emulation(name, width):
         results = []
         for module, device in ((cpu, "cpu"), (gpu, "cuda")):
             xd = x.detach().clone().to(device).requires_grad_(True)
-            with generated.autocast(recipe=generated.Float8BlockScaling()):
+            with generated.autocast(recipe=generated.Float8BlockScaling(fp8_format=generated.Format[fp8_format])):
                 y = module(xd)
             y.backward(dy.to(device))
             results.append([y, xd.grad, *(p.grad for p in module.parameters())])
             module.zero_grad()
-        for got, want in zip(results[1], results[0]):
+        grads = FP8_TOLS[E5M2 if fp8_format == "HYBRID" else E4M3]
+        for i, (got, want) in enumerate(zip(results[1], results[0])):
             scale = want.double().abs().max()
-            assert torch.allclose(got.cpu().double() / scale, want.double() / scale, **FP8_TOLS[E4M3]), step
+            tols = FP8_TOLS[E4M3] if i == 0 else grads
+            assert torch.allclose(got.cpu().double() / scale, want.double() / scale, **tols), (step, i)
