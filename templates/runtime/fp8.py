@@ -9,13 +9,11 @@ block's; row-wise: each row's) by the package's quantize kernels, the GEMM throu
 fp8_casts.scaled_mm, the FP8 weight kept until the parameter changes.
 """
 
-import struct
-
 import torch
 
 from .fp8_casts import _Quantized, _QuantizedWeight, dequantized, epilogue, scaled_mm
 from .fp8_autocast import active, update_states
-from .fp8_recipes import fp8_dtype, recipe_kind
+from .fp8_recipes import fast_accumulation, fp8_dtype, recipe_kind, scale_options
 
 
 # --- what generated FP8 stages call -----------------------------------------------------------------
@@ -36,7 +34,10 @@ class Fp8Call:
         self.capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         self.amaxes, self.amaxes_taken = None, 0  # current scaling: the floats kernels keep amaxes in
         self.step, self.first = frame.step, False
-        self.eps_bits = _float_bits(getattr(self.recipe, "amax_epsilon", 0.0))
+        self.fast = fast_accumulation(self.recipe)  # each GEMM's (its MMParams, TE's)
+        # TE's backward_override: the backward's GEMMs in high precision, on the forward's
+        # high-precision operands ("high_precision") or its FP8 ones dequantized ("dequantized")
+        self.override = getattr(self.recipe, "backward_override", None)
         if self.kind == "delayed":
             for state in dict.fromkeys([*(state for state, _ in gemms), *self.quantize.values()]):
                 state.prepare(self.recipe, device)
@@ -55,6 +56,13 @@ class Fp8Call:
             return quantize, 0
         state, index = self.gemms[gemm]
         return state, state.slot(mode, index, which)
+
+    def _role(self, gemm, mode, which):
+        """scale_options' role of GEMM ``gemm``'s operand ``which`` in ``mode``: a spec Quantize's
+        cast where one casts there, else the Linear's own of x, w or grad."""
+        if which == 0 and (gemm, mode) in self.quantize:
+            return "quantize"
+        return "w" if which == 1 else "x" if mode == "forward" else "grad"
 
     def _delayed(self, gemm, mode, which):
         """Delayed scaling's scale for GEMM ``gemm``'s operand ``which`` in ``mode`` (_slot's), and
@@ -95,8 +103,8 @@ class Fp8Call:
             y, y_t, scale_inv = cast(x, scale, None, 0, 0, int(transpose), kept)
         else:
             amax = self.casts.fp8_amax(x) if amax is None else amax
-            y, y_t, scale_inv = cast(x, None, amax, self.eps_bits,
-                                     int(self.recipe.use_power_2_scales), int(transpose), None)
+            eps_bits, power_2 = scale_options(self.recipe, self._role(gemm, mode, which))
+            y, y_t, scale_inv = cast(x, None, amax, eps_bits, power_2, int(transpose), None)
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
     def produce(self, gemm, mode, fp8_kernel, kernel, *inputs):
@@ -109,8 +117,9 @@ class Fp8Call:
         transpose (none without grad: the forward's weight grad is not coming); where the
         recipe casts no producer's output (row-wise, calibrating), ``kernel``'s high-precision
         output, which they cast."""
-        if self.calibrating or self.kind in ("rowwise", "block"):
-            return kernel(*inputs)
+        if (self.calibrating or self.kind in ("rowwise", "block")
+                or self.override is not None and (mode == "backward" or self.override == "high_precision")):
+            return kernel(*inputs)  # (under backward_override: the grad not cast, or x kept as it is)
         forward = mode == "forward"
         e5m2 = int(fp8_dtype(self.recipe, forward) == torch.float8_e5m2)
         transpose = int(self.training or not forward)
@@ -120,8 +129,8 @@ class Fp8Call:
         else:
             amax = self.amax()
             fp8_kernel(*inputs, None, None, amax, e5m2, 0, 0, 0, 0)  # the amax alone
-            y, y_t, scale_inv = fp8_kernel(*inputs, None, amax, None, e5m2, self.eps_bits,
-                                           int(self.recipe.use_power_2_scales), transpose, 1)
+            eps_bits, power_2 = scale_options(self.recipe, self._role(gemm, mode, 0))
+            y, y_t, scale_inv = fp8_kernel(*inputs, None, amax, None, e5m2, eps_bits, power_2, transpose, 1)
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
     def _rowwise(self, x, forward):
@@ -142,11 +151,9 @@ class Fp8Call:
         its block dim and QParams): the row-wise copy and, with ``transpose``, the transposed one
         (1D: blocks along its own rows), each from x, in one pass (quantize_blocks.cuh)."""
         dim = getattr(self.recipe, f"{role}_block_scaling_dim")
-        params = getattr(self.recipe, _BLOCK_ROLES[role])
         e4m3 = fp8_dtype(self.recipe, role != "grad") == torch.float8_e4m3fn
         cast = self.casts.fp8_cast_blocks_e4m3 if e4m3 else self.casts.fp8_cast_blocks_e5m2
-        y, s, y_t, s_t = cast(x, int(dim == 2), _float_bits(params.amax_epsilon), int(params.power_2_scale), 1,
-                              int(transpose))
+        y, s, y_t, s_t = cast(x, int(dim == 2), *scale_options(self.recipe, role), 1, int(transpose))
         return _Quantized(y, s, dim), _Quantized(y_t, s_t, dim) if transpose else None
 
     def _weight(self, gemm, weight):
@@ -177,7 +184,8 @@ class Fp8Call:
         FP8 pair, cast already). Returns y, what the weight grad reads of x (its FP8 transpose,
         cast with x in one pass; x itself for the row-wise recipe, whose weight grad casts x per
         column, and calibrating; None without grad: the backward keeps nothing else of x) and the
-        FP8 weight (the dgrad's)."""
+        FP8 weight (the dgrad's). Under backward_override: x and the weight as the backward's
+        high-precision GEMMs read them (as they are, or their FP8 values dequantized)."""
         if self.calibrating:  # high precision, the amaxes recorded
             if self.kind == "delayed":
                 self._record(x, gemm, "forward", 0)
@@ -190,13 +198,18 @@ class Fp8Call:
         elif self.kind == "rowwise":
             xq, x_t = self._rowwise(x, True), x if self.training else None
         elif self.kind == "block":
-            xq, x_t = self._blocks(x, "x", transpose=self.training)
+            xq, x_t = self._blocks(x, "x", transpose=self.training and self.override is None)
         else:
-            xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training, amax=amax)
+            xq, x_t = self._tensorwise(x, gemm, "forward", 0, transpose=self.training and self.override is None,
+                                       amax=amax)
         fused_bias = bias if alpha == 1.0 else None
-        # TE: fprop with fast accumulation, but under block scaling (split accumulation, TE asserts)
-        y = scaled_mm(xq, w.rows, weight.dtype, fused_bias, fast_accum=self.kind != "block")
-        return epilogue(y, alpha, bias, add, activation, fused_bias is not None), x_t, w
+        y = scaled_mm(xq, w.rows, weight.dtype, fused_bias, fast_accum=self.fast["fprop"])
+        y = epilogue(y, alpha, bias, add, activation, fused_bias is not None)
+        if self.override is None or not self.training:
+            return y, x_t, w
+        if self.override == "high_precision":  # (produce left x in high precision)
+            return y, x, weight
+        return y, dequantized(xq).to(weight.dtype), dequantized(w.rows).to(weight.dtype)
 
     def grad_output(self, gemm, dy, amax=None):
         """dy cast for the GEMM's dgrad and weight grad (E5M2 under HYBRID): tensorwise one
@@ -204,7 +217,7 @@ class Fp8Call:
         of dy and per column. ``produce``'s FP8 pair is returned as it is."""
         if isinstance(dy, tuple):  # written in FP8 by the kernel that computed it (produce)
             return dy
-        if self.calibrating:
+        if self.calibrating or self.override is not None:  # (backward_override: dy is not cast)
             if self.kind == "delayed":
                 self._record(dy, gemm, "backward", 0)
             return dy, dy
@@ -219,7 +232,7 @@ class Fp8Call:
         x's grad, backward): x cast to FP8 with the Quantize's scaling and back, the values of the
         FP8 tensor TE hands the caller (calibrating: x, its amax recorded)."""
         mode = "forward" if end == "y" else "backward"
-        if self.calibrating:
+        if self.calibrating or self.override is not None and mode == "backward":
             if self.kind == "delayed":
                 self._record(x, end, mode, 0)
             return x
@@ -232,12 +245,13 @@ class Fp8Call:
         return dequantized(q).to(x.dtype)
 
     def dgrad(self, dy, weight, alpha=1.0, add=None):
-        """dx = alpha dy W (+ add): ``dy`` from grad_output, ``weight`` the forward's FP8 weight."""
+        """dx = alpha dy W (+ add): ``dy`` from grad_output, ``weight`` the forward's FP8 weight (or
+        what ``linear`` returned of it)."""
         rows, _ = dy
-        if self.calibrating:
+        if self.calibrating or self.override is not None:
             dx = rows.mm(weight)
         else:
-            dx = scaled_mm(rows, weight.columns, weight.dtype)  # TE: dgrad without fast accumulation
+            dx = scaled_mm(rows, weight.columns, weight.dtype, fast_accum=self.fast["dgrad"])
         if alpha != 1.0:
             dx.mul_(alpha)
         return dx if add is None else dx.add_(add)
@@ -249,12 +263,12 @@ class Fp8Call:
         add_into_main_grad does)."""
         _, columns = dy
         out_dtype = out_dtype or weight.dtype
-        if self.calibrating:
+        if self.calibrating or self.override is not None:
             dw = columns.t().mm(x_t).to(out_dtype)
-        elif self.kind == "rowwise":
-            dw = scaled_mm(columns, self._columnwise(x_t, True), out_dtype)  # both padded alike
+        elif self.kind == "rowwise":  # both padded alike
+            dw = scaled_mm(columns, self._columnwise(x_t, True), out_dtype, fast_accum=self.fast["wgrad"])
         else:  # both transposes zero-padded alike (to a multiple of 16 rows of the step; blocks: of 128)
-            dw = scaled_mm(columns, x_t, out_dtype)
+            dw = scaled_mm(columns, x_t, out_dtype, fast_accum=self.fast["wgrad"])
         if alpha != 1.0:
             dw.mul_(alpha)
         return dw
@@ -265,14 +279,6 @@ class Fp8Call:
         CUDA graph's capture the update is captured too: each replay updates as a step does."""
         if self.first:
             update_states(self.step.backward.values())
-
-
-_BLOCK_ROLES = {"x": "fp8_quant_fwd_inp", "w": "fp8_quant_fwd_weight", "grad": "fp8_quant_bwd_grad"}
-
-
-def _float_bits(value):
-    """A float's fp32 bits as an int (how a kernel takes the recipe's amax epsilon)."""
-    return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def fp8_call(module, x, casts):

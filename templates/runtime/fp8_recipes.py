@@ -8,7 +8,8 @@ templates/runtime/, copied verbatim; do not edit).
   per 1x128 or 128x128 block, with its ``QParams``) and ``Float8RowwiseScaling`` (fusegen's: a
   scale per row of each GEMM operand, torchao's "rowwise");
 - ``as_recipe`` (TE's recipe objects read as these), ``recipe_kind``, ``default_recipe``, and each
-  recipe's FP8 dtypes and largest values (``fp8_dtype``, ``fp8_max``); autocast, which chooses a
+  recipe's FP8 dtypes and largest values (``fp8_dtype``, ``fp8_max``), a cast's scale options
+  (``scale_options``) and a GEMM's accumulation (``fast_accumulation``); autocast, which chooses a
   recipe, is fp8_autocast's.
 
 The rules and the TE sources they come from: docs/fp8_te_semantics.md in fusegen's repository.
@@ -17,6 +18,7 @@ The rules and the TE sources they come from: docs/fp8_te_semantics.md in fusegen
 import dataclasses
 import enum
 import os
+import struct
 import typing
 
 import torch
@@ -42,6 +44,32 @@ class Format(enum.Enum):
 
 
 @dataclasses.dataclass
+class QParams:
+    """TE's QParams: a tensor role's scale options, ``power_2_scale`` (the scale floored to a power
+    of 2) and ``amax_epsilon`` (a floor under the amax)."""
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+
+@dataclasses.dataclass
+class MMParams:
+    """TE's MMParams: a GEMM's ``use_split_accumulator`` (False: FP8 fast accumulation, cuBLAS's
+    FAST_ACCUM)."""
+
+    use_split_accumulator: bool = True
+
+
+_OVERRIDES = (None, "high_precision", "dequantized")  # TE's _BACKWARD_OVERRIDES
+
+
+def _check_backward_override(recipe, allowed=_OVERRIDES):
+    if recipe.backward_override not in allowed:
+        raise ValueError(f"{type(recipe).__name__}(backward_override={recipe.backward_override!r}): give "
+                         f"{' or '.join(repr(v) for v in allowed)} (TE's rule; NVTE_BACKWARD_OVERRIDE sets the default)")
+
+
+@dataclasses.dataclass
 class DelayedScaling:
     """TE's DelayedScaling: each tensor cast with a scale computed after the step from the max of
     its amax history, ``(fp8_max / amax) / 2**margin``."""
@@ -54,9 +82,11 @@ class DelayedScaling:
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: object = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
 
     def __post_init__(self):
         _check_format(self)
+        _check_backward_override(self, (None,))  # "Delayed scaling only supports backward_override=None."
         if self.amax_compute_algo not in ("max", "most_recent") and not callable(self.amax_compute_algo):
             raise ValueError(f"DelayedScaling(amax_compute_algo={self.amax_compute_algo!r}): give 'max', "
                              "'most_recent' or a function of the amax history")
@@ -66,16 +96,30 @@ class DelayedScaling:
 
 @dataclasses.dataclass
 class Float8CurrentScaling:
-    """TE's Float8CurrentScaling: each tensor cast with ``fp8_max / amax`` of itself (stateless)."""
+    """TE's Float8CurrentScaling: each tensor cast with ``fp8_max / amax`` of itself (stateless).
+    As in TE, a Linear casts its input, weight and output grad with its role's QParams (class
+    attributes made once, from NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES; ``use_power_2_scales``
+    given later does not reach them: TE's modules read the QParams), a spec's Quantize with
+    ``use_power_2_scales``; each GEMM accumulates as its MMParams say; ``backward_override``
+    "high_precision" runs the backward's GEMMs in high precision on the forward's high-precision
+    operands, "dequantized" on its FP8 operands dequantized (the output grad not cast in either)."""
 
-    use_power_2_scales: bool = False
+    use_power_2_scales: bool = os.getenv("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0") == "1"
     fp8_format: Format = Format.HYBRID
+    fp8_quant_fwd_inp = QParams(power_2_scale=use_power_2_scales)
+    fp8_quant_fwd_weight = QParams(power_2_scale=use_power_2_scales)
+    fp8_quant_bwd_grad = QParams(power_2_scale=use_power_2_scales)
+    fp8_gemm_fprop: MMParams = dataclasses.field(default_factory=lambda: MMParams(use_split_accumulator=False))
+    fp8_gemm_dgrad: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_wgrad: MMParams = dataclasses.field(default_factory=MMParams)
     fp8_dpa: bool = False
     fp8_mha: bool = False
-    amax_epsilon = 0.0  # TE's QParams.amax_epsilon, the same for input, weight and grad
+    backward_override: object = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
 
     def __post_init__(self):
         _check_format(self)
+        _own_qparams(self)
+        _check_backward_override(self)
 
 
 @dataclasses.dataclass
@@ -92,21 +136,13 @@ class Float8RowwiseScaling:
 
 
 @dataclasses.dataclass
-class QParams:
-    """TE's QParams: a tensor role's scale options, ``power_2_scale`` (the scale floored to a power
-    of 2) and ``amax_epsilon`` (a floor under the amax)."""
-
-    power_2_scale: bool = False
-    amax_epsilon: float = 0.0
-
-
-@dataclasses.dataclass
 class Float8BlockScaling:
     """TE's Float8BlockScaling: each GEMM operand cast with TE's scale per block, 1x128 (128 values
     along the GEMM's reduction dim: x and the grads) or 128x128 (the weights); power-of-2 scales
     unless NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 when the class is made (TE's rule); every GEMM
     with split accumulation (TE asserts it). ``torch._scaled_mm`` takes 128x128 blocks for a
-    GEMM's second operand only, so x and the grads are cast in 1x128 blocks (TE's defaults)."""
+    GEMM's second operand only, so x and the grads are cast in 1x128 blocks (TE's defaults).
+    ``backward_override`` as Float8CurrentScaling's."""
 
     use_f32_scales: bool = os.getenv("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0") == "1"
     fp8_format: Format = Format.E4M3
@@ -116,9 +152,12 @@ class Float8BlockScaling:
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_dgrad: MMParams = dataclasses.field(default_factory=MMParams)
+    fp8_gemm_wgrad: MMParams = dataclasses.field(default_factory=MMParams)
     fp8_dpa: bool = False
     fp8_mha: bool = False
-    backward_override: object = None
+    backward_override: object = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
 
     def __post_init__(self):
         _check_format(self)
@@ -133,15 +172,25 @@ class Float8BlockScaling:
         if self.fp8_dpa or self.fp8_mha:
             raise ValueError("Float8BlockScaling(fp8_dpa/fp8_mha=True): FP8 attention is not supported for "
                              "Float8BlockScaling (TE's rule)")
-        if self.backward_override is not None:
-            raise ValueError(f"Float8BlockScaling(backward_override={self.backward_override!r}): this package runs "
-                             "the backward in FP8 (TE's default, None); unset NVTE_BACKWARD_OVERRIDE or give None")
+        for gemm in ("fprop", "dgrad", "wgrad"):
+            if not getattr(self, f"fp8_gemm_{gemm}").use_split_accumulator:
+                raise ValueError(f"Float8BlockScaling(fp8_gemm_{gemm}=MMParams(use_split_accumulator=False)): block "
+                                 "scaling needs split accumulation in every GEMM (TE's rule)")
+        _own_qparams(self)
+        _check_backward_override(self)
 
 
 RECIPES = {"delayed": DelayedScaling, "current": Float8CurrentScaling, "rowwise": Float8RowwiseScaling,
            "block": Float8BlockScaling}
-_ROLES = ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad")  # Float8BlockScaling's QParams
+_ROLES = ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad")  # a recipe's QParams, by role
 _KIND = {cls: kind for kind, cls in RECIPES.items()}
+
+
+def _own_qparams(recipe):
+    """The recipe's own copies of its class's QParams (shared objects in TE: changing one recipe's
+    would change every one's)."""
+    for role in _ROLES:
+        setattr(recipe, role, dataclasses.replace(getattr(recipe, role)))
 
 
 def _check_format(recipe):
@@ -172,15 +221,13 @@ def as_recipe(recipe, fresh=False):
                         "import DelayedScaling); TE's MXFP8BlockScaling and NVFP4BlockScaling are not supported")
     fields = {f.name: getattr(recipe, f.name) for f in dataclasses.fields(mirror) if hasattr(recipe, f.name)}
     fields["fp8_format"] = _format_of(fields.get("fp8_format", Format.HYBRID), mirror.__name__)
+    for name, value in fields.items():  # TE's MMParams objects, read by attribute
+        if name.startswith("fp8_gemm_"):
+            fields[name] = MMParams(bool(value.use_split_accumulator))
     made = mirror(**fields)
-    if mirror is Float8BlockScaling:  # its roles' QParams, class attributes in TE (no dataclass fields)
-        for role in _ROLES:
-            given = getattr(recipe, role)
-            setattr(made, role, QParams(bool(given.power_2_scale), float(given.amax_epsilon)))
-        return made
-    epsilon = getattr(getattr(recipe, "fp8_quant_fwd_inp", None), "amax_epsilon", 0.0)
-    if epsilon:
-        made.amax_epsilon = epsilon
+    for role in _ROLES if hasattr(mirror, _ROLES[0]) else ():  # QParams: class attributes in TE, no fields
+        given = getattr(recipe, role, getattr(made, role))
+        setattr(made, role, QParams(bool(given.power_2_scale), float(given.amax_epsilon)))
     return made
 
 
@@ -208,3 +255,30 @@ def fp8_dtype(recipe, forward):
 
 def fp8_max(recipe, forward):
     return recipe.fp8_format.value.max_fwd if forward else recipe.fp8_format.value.max_bwd
+
+
+def float_bits(value):
+    """A float's fp32 bits as an int (how a cast kernel takes an amax epsilon)."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def scale_options(recipe, role):
+    """(the amax epsilon's fp32 bits, power_2) of a cast of ``role``: "x", "w" or "grad", a Linear's
+    operand, with the recipe's QParams for it (TE's modules copy them onto their quantizers; te.ops
+    misspells the epsilon's attribute, so TE's te.ops ignore it: here every Linear honours it);
+    "quantize", a spec Quantize's, with the recipe's use_power_2_scales and no epsilon (TE's
+    recipe-state quantizer). A recipe without QParams (fusegen's row-wise) has use_power_2_scales
+    alone."""
+    if role == "quantize" or not hasattr(recipe, _ROLES[0]):
+        return 0, int(getattr(recipe, "use_power_2_scales", False))
+    params = getattr(recipe, _ROLES[("x", "w", "grad").index(role)])
+    return float_bits(params.amax_epsilon), int(params.power_2_scale)
+
+
+def fast_accumulation(recipe):
+    """{"fprop", "dgrad", "wgrad": whether that GEMM of a Linear accumulates fast}
+    (torch._scaled_mm's use_fast_accum, TE's use_split_accumulator off): the recipe's MMParams
+    where it has them, else TE's module constants (_2X_ACC_FPROP False, _2X_ACC_DGRAD and
+    _2X_ACC_WGRAD True: the forward alone fast)."""
+    return {gemm: not getattr(recipe, f"fp8_gemm_{gemm}", MMParams(gemm != "fprop")).use_split_accumulator
+            for gemm in ("fprop", "dgrad", "wgrad")}

@@ -153,7 +153,9 @@ def test_block_recipe_mirrors_te(package):
     with pytest.raises(ValueError, match="FP8 attention is not supported"):
         package.Float8BlockScaling(fp8_mha=True)
     with pytest.raises(ValueError, match="backward_override"):
-        package.Float8BlockScaling(backward_override="high_precision")
+        package.Float8BlockScaling(backward_override="low_precision")
+    with pytest.raises(ValueError, match="split accumulation in every GEMM"):
+        package.Float8BlockScaling(fp8_gemm_fprop=package._runtime.fp8_recipes.MMParams(False))
     with pytest.raises(ValueError, match="pure E5M2"):
         package.Float8BlockScaling(fp8_format=package.Format.E5M2)
 
