@@ -144,8 +144,10 @@ def test_backward_override_on_the_gpu_matches_its_emulation(override):
     torch.manual_seed(6)
     cpu = generated.LlamaMlp(dtype=torch.bfloat16)
     cpu.fp8_min_rows = 0
+    # signed weights: the forward GEMMs accumulate fast (TE's default), which loses much of a sum
+    # over 14,336 products of one sign (23% of the output with weights of mean 0.3, on an H100)
     for parameter in cpu.parameters():
-        torch.nn.init.normal_(parameter, 0.3, 0.2)
+        torch.nn.init.normal_(parameter, 0.0 if parameter.dim() == 2 else 1.0, 0.05)
     gpu = copy.deepcopy(cpu).cuda()
     x = torch.randn(136, 4096, dtype=torch.bfloat16) * 2
     dy = torch.randn(136, 4096, dtype=torch.bfloat16)
