@@ -20,6 +20,11 @@ SPEC = """import transformer_engine.pytorch as te
 linear = te.ops.Sequential(te.ops.Linear(128, 256))
 mlp = te.ops.Sequential(te.ops.RMSNorm(128), te.ops.Linear(128, 512, bias=False), te.ops.SwiGLU(),
                         te.ops.Linear(256, 128))
+# TE's cast points around a GEMM, the same GEMM without them, and at the pipeline's ends
+quantized = te.ops.Sequential(te.ops.Quantize(), te.ops.BasicLinear(128, 256),
+                              te.ops.Quantize(forward=False, backward=True))
+plain = te.ops.Sequential(te.ops.BasicLinear(128, 256))
+ends = te.ops.Sequential(te.ops.Quantize(backward=True), te.ops.BasicLinear(128, 256), te.ops.Quantize(backward=True))
 """
 
 
@@ -270,6 +275,31 @@ def test_training_under_block_scaling_follows_high_precision(package):
         assert abs(block[step] - high[step]) <= 0.1 * high[step], (step, block[step], high[step])
     gap = {name: sum(abs(a - b) for a, b in zip(losses[name], high)) / 60 for name in ("current", "block")}
     assert gap["block"] <= gap["current"], gap
+
+
+def test_quantize_ops_under_block_scaling(package):
+    """te.ops.Quantize under Float8BlockScaling: next to a Linear the Linear takes its FP8 tensor,
+    so y, dx and dW are those of the Linear alone, bit for bit; at the ends the output and x's
+    grad come out as their 1x128-block FP8 values (E4M3: the recipe's format)."""
+    quantized, plain, ends = package.Quantized(), package.Plain(), package.Ends()
+    with torch.no_grad():
+        for module, name in ((plain, "0"), (ends, "1")):
+            module._modules[name].weight.copy_(quantized._modules["1"].weight)
+    x = awkward(200, 128, torch.float32, seed=3)
+    dy = torch.randn(200, 256, generator=torch.Generator().manual_seed(4))
+    results = {}
+    for name, module in (("quantized", quantized), ("plain", plain), ("ends", ends)):
+        xi = x.clone().requires_grad_(True)
+        with package.autocast(recipe=package.Float8BlockScaling()):
+            y = module(xi)
+        y.backward(dy)
+        results[name] = (y.detach(), xi.grad)
+    assert all(torch.equal(got, want) for got, want in zip(results["quantized"], results["plain"]))
+    y_plain, dx_plain = results["plain"]
+    y_ends, dx_ends = results["ends"]
+    close_to_float64(y_ends, block_quantized(y_plain, E4M3, False), 1)
+    close_to_float64(dx_ends, block_quantized(dx_plain, E4M3, False), 1)
+    assert not torch.equal(y_ends, y_plain)
 
 
 def test_sizes_block_scaling_cannot_take_are_a_clear_error(tmp_path, monkeypatch, capsys):
