@@ -968,7 +968,7 @@ def test_generated_mlp_on_the_gpu_matches_its_emulation(recipe, name, width):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("recipe", ["delayed", "current", "block"])
 def test_training_steps_captured_in_a_cuda_graph_replay_as_steps(recipe):
     """A user's CUDA graph of a whole training step (autocast, forward, backward) of
     generated.Fp8LayernormMlp, replayed with its weights changed in place between replays (as an
@@ -979,7 +979,8 @@ def test_training_steps_captured_in_a_cuda_graph_replay_as_steps(recipe):
     _needs_fp8_gpu()
     import generated
 
-    made = {"current": generated.Float8CurrentScaling(), "delayed": generated.DelayedScaling(amax_history_len=4)}[recipe]
+    made = {"current": generated.Float8CurrentScaling(), "delayed": generated.DelayedScaling(amax_history_len=4),
+            "block": generated.Float8BlockScaling()}[recipe]
     torch.manual_seed(8)
     eager = generated.Fp8LayernormMlp(device="cuda", dtype=torch.bfloat16)
     eager.fp8_min_rows = 0
