@@ -377,6 +377,63 @@ def add_rmsnorm_fwd_h4096_no_grad(x, residual, gamma, keep_sum):
     return (y, residual_out) if keep_sum else y
 
 
+_ADD_RMSNORM_FWD_H4096_AMAX = Kernel(
+    "add_rmsnorm_fwd_h4096_amax", "pppppppppi",
+    few_rows=(torch.bfloat16, torch.float16, torch.float32,))
+_ADD_RMSNORM_FWD_H4096_AMAX_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def add_rmsnorm_fwd_h4096_amax(x, residual, gamma, amax):
+    """residual add + RMSNorm(4096), its amax: returns (y, residual_out, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_rmsnorm_fwd_h4096_amax_b4a6d8e3(x, residual, gamma, amax)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_RMSNORM_FWD_H4096_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H4096_AMAX_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    residual_out.data_ptr(), 0, rstd.data_ptr(), pointer(amax), rows),
+                x.get_device())
+        return y, residual_out, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    if amax is not None:  # max |y| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(y)))
+    return y, residual_out, rstd
+
+
+def add_rmsnorm_fwd_h4096_amax_no_grad(x, residual, gamma, amax, keep_sum):
+    """residual add + RMSNorm(4096), its amax, without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_RMSNORM_FWD_H4096_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H4096_AMAX_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, pointer(amax), rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_rmsnorm_fwd_h4096_amax(x, residual, gamma, amax)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
 _ADD_SCALE0P5_TEE_QGELU_BWD_ANY_FROM_ADD = Kernel(
     "add_scale0p5_tee_qgelu_bwd_any_from_add", "pppppii")
 # elements per 16-byte vector, by dtype
@@ -5605,6 +5662,50 @@ def rmsnorm_fwd_h128_no_grad(x, gamma):
     return rmsnorm_fwd_h128(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
+_RMSNORM_FWD_H128_AMAX = Kernel("rmsnorm_fwd_h128_amax", "pppppppppi")
+_RMSNORM_FWD_H128_AMAX_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
+
+
+def rmsnorm_fwd_h128_amax(x, gamma, amax):
+    """RMSNorm(128), its amax: returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_fwd_h128_amax_5b07f881(x, gamma, amax)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H128_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H128_AMAX_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(),
+                    pointer(amax), rows),
+                x.get_device())
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    if amax is not None:  # max |y| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(y)))
+    return y, rstd
+
+
+def rmsnorm_fwd_h128_amax_no_grad(x, gamma, amax):
+    """RMSNorm(128), its amax, without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H128_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H128_AMAX_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, pointer(amax), rows),
+                x.get_device())
+        return y
+    return rmsnorm_fwd_h128_amax(x, gamma, amax)[0]  # CPU and torch.compile: the whole launcher
+
+
 _RMSNORM_FWD_H256 = Kernel("rmsnorm_fwd_h256", "ppppppppi")
 _RMSNORM_FWD_H256_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
 
@@ -5644,6 +5745,50 @@ def rmsnorm_fwd_h256_no_grad(x, gamma):
     return rmsnorm_fwd_h256(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
+_RMSNORM_FWD_H256_AMAX = Kernel("rmsnorm_fwd_h256_amax", "pppppppppi")
+_RMSNORM_FWD_H256_AMAX_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def rmsnorm_fwd_h256_amax(x, gamma, amax):
+    """RMSNorm(256), its amax: returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_fwd_h256_amax_c31f1da0(x, gamma, amax)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H256_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H256_AMAX_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(),
+                    pointer(amax), rows),
+                x.get_device())
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    if amax is not None:  # max |y| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(y)))
+    return y, rstd
+
+
+def rmsnorm_fwd_h256_amax_no_grad(x, gamma, amax):
+    """RMSNorm(256), its amax, without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H256_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H256_AMAX_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, pointer(amax), rows),
+                x.get_device())
+        return y
+    return rmsnorm_fwd_h256_amax(x, gamma, amax)[0]  # CPU and torch.compile: the whole launcher
+
+
 _RMSNORM_FWD_H4096 = Kernel("rmsnorm_fwd_h4096", "ppppppppi")
 _RMSNORM_FWD_H4096_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
 
@@ -5681,6 +5826,50 @@ def rmsnorm_fwd_h4096_no_grad(x, gamma):
                 (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
         return y
     return rmsnorm_fwd_h4096(x, gamma)[0]  # CPU and torch.compile: the whole launcher
+
+
+_RMSNORM_FWD_H4096_AMAX = Kernel("rmsnorm_fwd_h4096_amax", "pppppppppi")
+_RMSNORM_FWD_H4096_AMAX_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+
+
+def rmsnorm_fwd_h4096_amax(x, gamma, amax):
+    """RMSNorm(4096), its amax: returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_fwd_h4096_amax_237a635f(x, gamma, amax)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H4096_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_AMAX_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(),
+                    pointer(amax), rows),
+                x.get_device())
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    if amax is not None:  # max |y| into it, as the kernel keeps it
+        amax.copy_(torch.maximum(amax, fp8_reference_amax(y)))
+    return y, rstd
+
+
+def rmsnorm_fwd_h4096_amax_no_grad(x, gamma, amax):
+    """RMSNorm(4096), its amax, without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H4096_AMAX.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H4096_AMAX_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, pointer(amax), rows),
+                x.get_device())
+        return y
+    return rmsnorm_fwd_h4096_amax(x, gamma, amax)[0]  # CPU and torch.compile: the whole launcher
 
 
 _RMSNORM_FWD_H64 = Kernel("rmsnorm_fwd_h64", "ppppppppi")
@@ -7008,6 +7197,10 @@ register_op(
     "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h4096,
     add_rmsnorm_fwd_h4096)
 register_op(
+    "add_rmsnorm_fwd_h4096_amax_b4a6d8e3",
+    "(Tensor x, Tensor residual, Tensor gamma, Tensor(a!)? amax) -> (Tensor, Tensor, Tensor)",
+    add_rmsnorm_fwd_h4096_amax, add_rmsnorm_fwd_h4096_amax)
+register_op(
     "add_scale0p5_tee_qgelu_bwd_any_from_add_9c800a27",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
     add_scale0p5_tee_qgelu_bwd_any_from_add, add_scale0p5_tee_qgelu_bwd_any_from_add)
@@ -7449,11 +7642,23 @@ register_op(
     "rmsnorm_fwd_h128_d61b96f5", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h128,
     rmsnorm_fwd_h128)
 register_op(
+    "rmsnorm_fwd_h128_amax_5b07f881",
+    "(Tensor x, Tensor gamma, Tensor(a!)? amax) -> (Tensor, Tensor)", rmsnorm_fwd_h128_amax,
+    rmsnorm_fwd_h128_amax)
+register_op(
     "rmsnorm_fwd_h256_1a87ef08", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h256,
     rmsnorm_fwd_h256)
 register_op(
+    "rmsnorm_fwd_h256_amax_c31f1da0",
+    "(Tensor x, Tensor gamma, Tensor(a!)? amax) -> (Tensor, Tensor)", rmsnorm_fwd_h256_amax,
+    rmsnorm_fwd_h256_amax)
+register_op(
     "rmsnorm_fwd_h4096_0213660e", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h4096,
     rmsnorm_fwd_h4096)
+register_op(
+    "rmsnorm_fwd_h4096_amax_237a635f",
+    "(Tensor x, Tensor gamma, Tensor(a!)? amax) -> (Tensor, Tensor)", rmsnorm_fwd_h4096_amax,
+    rmsnorm_fwd_h4096_amax)
 register_op(
     "rmsnorm_fwd_h64_7187cf87", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
     rmsnorm_fwd_h64)

@@ -120,14 +120,20 @@ def forward_stages_fp8(
 
     Returns its output, then the tensors its backward reads."""
     # forward stage 0 · rule norm · op 0a: RMSNorm(256)
-    layernormmlp0_layer_norm_pre_linear, layernormmlp0_layer_norm_rstd = kernels.rmsnorm_fwd_h256(
-        x, layernormmlp0_layer_norm_weight)
+    # kept by the kernel below for its FP8 cast (current scaling)
+    layernormmlp0_layer_norm_pre_linear_amax = fp8.amax()
+    (
+        layernormmlp0_layer_norm_pre_linear,
+        layernormmlp0_layer_norm_rstd
+    ) = kernels.rmsnorm_fwd_h256_amax(
+        x, layernormmlp0_layer_norm_weight, layernormmlp0_layer_norm_pre_linear_amax)
     # forward stage 1 · rule linear_bias · ops 0b, 0c: BasicLinear(256, 1024), Bias(1024)
     (
         layernormmlp0_fc1_pre_glu, layernormmlp0_layer_norm_pre_linear_fp8_t,
         layernormmlp0_fc1_weight_fp8
     ) = fp8.linear(
-        0, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias)
+        0, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias,
+        amax=layernormmlp0_layer_norm_pre_linear_amax)
     # forward stage 2 · rule elementwise · op 0d: SwiGLU()
     layernormmlp0_activation_pre_linear = fp8.produce(
         1, 'forward', kernels.swiglu_fwd_n512_fp8, kernels.swiglu_fwd_n512,
@@ -252,11 +258,14 @@ def no_grad_forward_fp8(
     """The no-grad forward with FP8 GEMMs under the call's recipe (``fp8``: the runtime's Fp8Call).
     """
     # no-grad stage 0 · rule norm · op 0a: RMSNorm(256)
-    layernormmlp0_layer_norm_pre_linear = kernels.rmsnorm_fwd_h256_no_grad(
-        x, layernormmlp0_layer_norm_weight)
+    # kept by the kernel below for its FP8 cast (current scaling)
+    layernormmlp0_layer_norm_pre_linear_amax = fp8.amax()
+    layernormmlp0_layer_norm_pre_linear = kernels.rmsnorm_fwd_h256_amax_no_grad(
+        x, layernormmlp0_layer_norm_weight, layernormmlp0_layer_norm_pre_linear_amax)
     # no-grad stage 1 · rule linear_bias · ops 0b, 0c: BasicLinear(256, 1024), Bias(1024)
     layernormmlp0_fc1_pre_glu, _, _ = fp8.linear(
-        0, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias)
+        0, layernormmlp0_layer_norm_pre_linear, layernormmlp0_fc1_weight, layernormmlp0_fc1_bias,
+        amax=layernormmlp0_layer_norm_pre_linear_amax)
     # no-grad stage 2 · rule elementwise · op 0d: SwiGLU()
     layernormmlp0_activation_pre_linear = fp8.produce(
         1, 'forward', kernels.swiglu_fwd_n512_fp8, kernels.swiglu_fwd_n512,

@@ -95,10 +95,12 @@ def forward_stages_fp8(x, rmsnorm0_weight, linear1_weight, linear3_weight, fp8):
 
     Returns its output, then the tensors its backward reads."""
     # forward stage 0 · rule norm · op 0: RMSNorm(128)
-    rmsnorm0_out, rmsnorm0_rstd = kernels.rmsnorm_fwd_h128(x, rmsnorm0_weight)
+    rmsnorm0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm0_out, rmsnorm0_rstd = kernels.rmsnorm_fwd_h128_amax(
+        x, rmsnorm0_weight, rmsnorm0_out_amax)
     # forward stage 1 · rule linear · op 1: BasicLinear(128, 640)
     linear1_out, rmsnorm0_out_fp8_t, linear1_weight_fp8 = fp8.linear(
-        0, rmsnorm0_out, linear1_weight)
+        0, rmsnorm0_out, linear1_weight, amax=rmsnorm0_out_amax)
     # forward stage 2 · rule elementwise · op 2: SwiGLU()
     swiglu2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
     swiglu2_out = kernels.swiglu_fwd_n320_amax(linear1_out, swiglu2_out_amax)
@@ -186,9 +188,10 @@ def no_grad_forward_fp8(x, rmsnorm0_weight, linear1_weight, linear3_weight, fp8)
     """The no-grad forward with FP8 GEMMs under the call's recipe (``fp8``: the runtime's Fp8Call).
     """
     # no-grad stage 0 · rule norm · op 0: RMSNorm(128)
-    rmsnorm0_out = kernels.rmsnorm_fwd_h128_no_grad(x, rmsnorm0_weight)
+    rmsnorm0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm0_out = kernels.rmsnorm_fwd_h128_amax_no_grad(x, rmsnorm0_weight, rmsnorm0_out_amax)
     # no-grad stage 1 · rule linear · op 1: BasicLinear(128, 640)
-    linear1_out, _, _ = fp8.linear(0, rmsnorm0_out, linear1_weight)
+    linear1_out, _, _ = fp8.linear(0, rmsnorm0_out, linear1_weight, amax=rmsnorm0_out_amax)
     # no-grad stage 2 · rule elementwise · op 2: SwiGLU()
     swiglu2_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
     swiglu2_out = kernels.swiglu_fwd_n320_amax(linear1_out, swiglu2_out_amax)

@@ -171,10 +171,12 @@ def forward_stages_fp8(
     # forward stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # forward stage 1 · rule norm · op 0.0: RMSNorm(4096)
-    rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm0_0_weight)
+    rmsnorm0_0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h4096_amax(
+        x, rmsnorm0_0_weight, rmsnorm0_0_out_amax)
     # forward stage 2 · rule linear · op 0.1: BasicLinear(4096, 6144)
     linear0_1_out, rmsnorm0_0_out_fp8_t, linear0_1_weight_fp8 = fp8.linear(
-        0, rmsnorm0_0_out, linear0_1_weight)
+        0, rmsnorm0_0_out, linear0_1_weight, amax=rmsnorm0_0_out_amax)
     # forward stage 3 · rule attention · op 0.2: GroupedQueryAttention(4096, 32, 8,
     # rotary_base=500000.0)
     groupedqueryattention0_2_qkv = kernels.qkv_prep_rope500000_fwd_h32_kv8_d128(
@@ -190,11 +192,12 @@ def forward_stages_fp8(
         1, groupedqueryattention0_2_out, linear0_3_weight)
     # forward stage 5 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,
     # RMSNorm(4096)
-    rmsnorm1_0_out, residual1, rmsnorm1_0_rstd = kernels.add_rmsnorm_fwd_h4096(
-        linear0_3_out, residual0, rmsnorm1_0_weight)
+    rmsnorm1_0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm1_0_out, residual1, rmsnorm1_0_rstd = kernels.add_rmsnorm_fwd_h4096_amax(
+        linear0_3_out, residual0, rmsnorm1_0_weight, rmsnorm1_0_out_amax)
     # forward stage 6 · rule linear · op 1.1: BasicLinear(4096, 28672)
     linear1_1_out, rmsnorm1_0_out_fp8_t, linear1_1_weight_fp8 = fp8.linear(
-        2, rmsnorm1_0_out, linear1_1_weight)
+        2, rmsnorm1_0_out, linear1_1_weight, amax=rmsnorm1_0_out_amax)
     # forward stage 7 · rule elementwise · op 1.2: SwiGLU()
     swiglu1_2_out = fp8.produce(
         3, 'forward', kernels.swiglu_fwd_n14336_fp8, kernels.swiglu_fwd_n14336, linear1_1_out)
@@ -364,9 +367,11 @@ def no_grad_forward_fp8(
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # no-grad stage 1 · rule norm · op 0.0: RMSNorm(4096)
-    rmsnorm0_0_out = kernels.rmsnorm_fwd_h4096_no_grad(x, rmsnorm0_0_weight)
+    rmsnorm0_0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm0_0_out = kernels.rmsnorm_fwd_h4096_amax_no_grad(
+        x, rmsnorm0_0_weight, rmsnorm0_0_out_amax)
     # no-grad stage 2 · rule linear · op 0.1: BasicLinear(4096, 6144)
-    linear0_1_out, _, _ = fp8.linear(0, rmsnorm0_0_out, linear0_1_weight)
+    linear0_1_out, _, _ = fp8.linear(0, rmsnorm0_0_out, linear0_1_weight, amax=rmsnorm0_0_out_amax)
     # no-grad stage 3 · rule attention · op 0.2: GroupedQueryAttention(4096, 32, 8,
     # rotary_base=500000.0)
     groupedqueryattention0_2_qkv = kernels.qkv_prep_rope500000_fwd_h32_kv8_d128(
@@ -381,10 +386,11 @@ def no_grad_forward_fp8(
     linear0_3_out, _, _ = fp8.linear(1, groupedqueryattention0_2_out, linear0_3_weight)
     # no-grad stage 5 · rule add_norm · ops 0b, 1a, 1.0: Residual: x + ops(x), Residual: keeps x,
     # RMSNorm(4096)
-    rmsnorm1_0_out, residual1 = kernels.add_rmsnorm_fwd_h4096_no_grad(
-        linear0_3_out, residual0, rmsnorm1_0_weight, keep_sum=True)
+    rmsnorm1_0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm1_0_out, residual1 = kernels.add_rmsnorm_fwd_h4096_amax_no_grad(
+        linear0_3_out, residual0, rmsnorm1_0_weight, rmsnorm1_0_out_amax, keep_sum=True)
     # no-grad stage 6 · rule linear · op 1.1: BasicLinear(4096, 28672)
-    linear1_1_out, _, _ = fp8.linear(2, rmsnorm1_0_out, linear1_1_weight)
+    linear1_1_out, _, _ = fp8.linear(2, rmsnorm1_0_out, linear1_1_weight, amax=rmsnorm1_0_out_amax)
     # no-grad stage 7 · rule elementwise · op 1.2: SwiGLU()
     swiglu1_2_out = fp8.produce(
         3, 'forward', kernels.swiglu_fwd_n14336_fp8, kernels.swiglu_fwd_n14336, linear1_1_out)

@@ -103,10 +103,12 @@ def forward_stages_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight,
     # forward stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # forward stage 1 · rule norm · op 0.0: RMSNorm(4096)
-    rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h4096(x, rmsnorm0_0_weight)
+    rmsnorm0_0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h4096_amax(
+        x, rmsnorm0_0_weight, rmsnorm0_0_out_amax)
     # forward stage 2 · rule linear · op 0.1: BasicLinear(4096, 28672)
     linear0_1_out, rmsnorm0_0_out_fp8_t, linear0_1_weight_fp8 = fp8.linear(
-        0, rmsnorm0_0_out, linear0_1_weight)
+        0, rmsnorm0_0_out, linear0_1_weight, amax=rmsnorm0_0_out_amax)
     # forward stage 3 · rule elementwise · op 0.2: SwiGLU()
     swiglu0_2_out = fp8.produce(
         1, 'forward', kernels.swiglu_fwd_n14336_fp8, kernels.swiglu_fwd_n14336, linear0_1_out)
@@ -205,9 +207,11 @@ def no_grad_forward_fp8(x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight
     # no-grad stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # no-grad stage 1 · rule norm · op 0.0: RMSNorm(4096)
-    rmsnorm0_0_out = kernels.rmsnorm_fwd_h4096_no_grad(x, rmsnorm0_0_weight)
+    rmsnorm0_0_out_amax = fp8.amax()  # kept by the kernel below for its FP8 cast (current scaling)
+    rmsnorm0_0_out = kernels.rmsnorm_fwd_h4096_amax_no_grad(
+        x, rmsnorm0_0_weight, rmsnorm0_0_out_amax)
     # no-grad stage 2 · rule linear · op 0.1: BasicLinear(4096, 28672)
-    linear0_1_out, _, _ = fp8.linear(0, rmsnorm0_0_out, linear0_1_weight)
+    linear0_1_out, _, _ = fp8.linear(0, rmsnorm0_0_out, linear0_1_weight, amax=rmsnorm0_0_out_amax)
     # no-grad stage 3 · rule elementwise · op 0.2: SwiGLU()
     swiglu0_2_out = fp8.produce(
         1, 'forward', kernels.swiglu_fwd_n14336_fp8, kernels.swiglu_fwd_n14336, linear0_1_out)

@@ -23,6 +23,7 @@
 // and beta are T too. Static shared memory is tiny (2 * THREADS / 32 floats at most); the
 // shared-memory backward also takes M * H * 4 bytes of dynamic shared memory.
 #pragma once
+#include "amax.cuh"        // an FP8 GEMM's x: its amax kept as it is stored (the _amax variants)
 #include "column_sum.cuh"  // and common.cuh
 
 namespace fg {
@@ -59,7 +60,8 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
                                              const T* __restrict__ gamma, const T* __restrict__ beta,
                                              T* __restrict__ y, T* __restrict__ residual_out,
                                              float* __restrict__ mean, float* __restrict__ rstd, int rows,
-                                             float eps, const Prologue prologue, const Epilogue epilogue) {
+                                             float eps, const Prologue prologue, const Epilogue epilogue,
+                                             float* __restrict__ amax) {
   constexpr bool LAYERNORM = KIND == Norm::LAYER;
   constexpr bool WRITE_H = RESIDUAL || Prologue::active();
   using Tile = RowTiling<H, VEC, THREADS>;
@@ -133,6 +135,7 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
     if (LAYERNORM) mean[row] = mu;
     rstd[row] = inv;
   }
+  int amax_bits = 0;  // (an FP8 GEMM's x: max |y| as stored, amax.cuh)
 #pragma unroll
   for (int i = 0; i < Tile::NV; ++i) {
     if (!Tile::valid(i)) continue;
@@ -152,8 +155,10 @@ __device__ __forceinline__ void row_norm_fwd(const T* __restrict__ x, const T* _
       out[k] = (h[i][k] - mu) * inv * gk + (LAYERNORM ? b[k] : 0.f);
     }
     epilogue(out, base + Tile::col(i), Tile::col(i), row);
+    if (amax != nullptr) max_stored<T, VEC>(out, amax_bits);
     store<T, VEC>(y + base + Tile::col(i), out);
   }
+  if (amax != nullptr) warp_amax_to(amax, amax_bits);
 }
 
 // LayerNorm / RMSNorm forward.
@@ -164,10 +169,10 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
                                          T* __restrict__ y, T* __restrict__ residual_out,
                                          float* __restrict__ mean, float* __restrict__ rstd, int rows,
                                          float eps, const Prologue prologue = Prologue(),
-                                         const Epilogue epilogue = Epilogue()) {
+                                         const Epilogue epilogue = Epilogue(), float* amax = nullptr) {
   row_norm_fwd<T, H, VEC, THREADS, HOLD_PARAMS, LOADS_FIRST, LAYERNORM ? Norm::LAYER : Norm::RMS, RESIDUAL,
                ZERO_CENTERED>(
-      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue);
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue, amax);
 }
 
 // L2Normalization forward (gamma and beta unused).
@@ -178,9 +183,9 @@ __device__ __forceinline__ void l2norm_fwd(const T* __restrict__ x, const T* __r
                                            T* __restrict__ y, T* __restrict__ residual_out,
                                            float* __restrict__ mean, float* __restrict__ rstd, int rows,
                                            float eps, const Prologue prologue = Prologue(),
-                                           const Epilogue epilogue = Epilogue()) {
+                                           const Epilogue epilogue = Epilogue(), float* amax = nullptr) {
   row_norm_fwd<T, H, VEC, THREADS, false, LOADS_FIRST, Norm::L2, RESIDUAL, false>(
-      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue);
+      x, residual, gamma, beta, y, residual_out, mean, rstd, rows, eps, prologue, epilogue, amax);
 }
 
 // Backward, parameter-grad partials in registers: rows too wide for shared memory, and L2 (none).

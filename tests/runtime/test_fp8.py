@@ -831,6 +831,47 @@ def test_amax_variants_match_their_kernels(kernel, widths, dtype):
     assert amax.isnan().item(), kernel
 
 
+# the norm forwards whose output an FP8 GEMM casts: (kernel, hidden, whether it adds a residual)
+NORM_AMAX_VARIANTS = [("rmsnorm_fwd_h128", 128, False), ("rmsnorm_fwd_h256", 256, False),
+                      ("rmsnorm_fwd_h4096", 4096, False), ("add_rmsnorm_fwd_h4096", 4096, True)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kernel,hidden,residual", NORM_AMAX_VARIANTS, ids=[k for k, _, _ in NORM_AMAX_VARIANTS])
+def test_norm_amax_variants_match_their_kernels(kernel, hidden, residual, dtype):
+    """A norm forward's amax variant (norm.cuh with amax.cuh) writes what the plain kernel writes
+    (y, the sum, the statistics), bit for bit, with and without autograd, and max-es y's amax into
+    the given float: bit for bit the quantize family's amax pass over y (a larger float is kept, a
+    NaN wins); None keeps none."""
+    _needs_fp8_gpu()
+    import generated
+
+    kernels = generated._kernels
+    plain, variant = getattr(kernels, kernel), getattr(kernels, kernel + "_amax")
+    generator = torch.Generator().manual_seed(12)
+    for rows in (1, 3, 513, 4099):
+        x = (torch.randn(rows, hidden, generator=generator) * 4).to(dtype).cuda()
+        inputs = [x, *([torch.randn(rows, hidden, generator=generator).to(dtype).cuda()] if residual else []),
+                  (torch.rand(hidden, generator=generator) + 0.5).to(dtype).cuda()]
+        want = plain(*inputs)
+        want_amax = kernels.fp8_amax(want[0])
+        for start in (0.0, 1e30):
+            amax = torch.tensor(start, device="cuda")
+            got = variant(*inputs, amax)
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), (kernel, rows)
+            assert amax.item() == (torch.tensor(start).item() if start else want_amax.item()), (kernel, rows, start)
+        amax = torch.zeros((), device="cuda")
+        no_grad = getattr(kernels, kernel + "_amax_no_grad")(*inputs, amax, *([True] if residual else []))
+        no_grad = no_grad if isinstance(no_grad, tuple) else (no_grad,)
+        assert all(torch.equal(g, w) for g, w in zip(no_grad, want)) and amax.item() == want_amax.item()
+        assert torch.equal(variant(*inputs, None)[0], want[0])
+    x[rows // 2, 7] = float("nan")
+    amax = torch.zeros((), device="cuda")
+    variant(*inputs, amax)
+    assert amax.isnan().item(), kernel
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("rows", [40, 100])

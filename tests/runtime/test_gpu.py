@@ -501,7 +501,9 @@ def test_every_kernel_has_a_test():
     # bit for bit), and specs/fp8_mlp.py's TE LayerNormMLP (bias, 512 wide), through its GPU tests there
     tested |= {"fp8_amax", "fp8_cast_e4m3", "fp8_cast_e5m2", "fp8_delayed_update", "fp8_cast_rows_e4m3",
                "fp8_cast_rows_e5m2", "fp8_amax_cols", "fp8_cast_cols_e4m3", "fp8_cast_cols_e5m2", "bias_swiglu_bwd_n512",
-               "fp8_cast_blocks_e4m3", "fp8_cast_blocks_e5m2"}  # (and test_fp8_blocks.py)
+               "fp8_cast_blocks_e4m3", "fp8_cast_blocks_e5m2",  # (and test_fp8_blocks.py)
+               # the norm forwards that keep their output's amax, against the plain kernels in test_fp8.py
+               "rmsnorm_fwd_h128_amax", "rmsnorm_fwd_h256_amax", "rmsnorm_fwd_h4096_amax", "add_rmsnorm_fwd_h4096_amax"}
     # the FP8 emission's kernels that keep their output's amax, against the plain kernels there, and
     # fp8_narrow_mlp's (whose SwiGLU has them), through its GPU test there against its emulation
     tested |= {"swiglu_fwd_n320_amax", "swiglu_bwd_n320_amax", "bias_swiglu_bwd_n512_amax", "swiglu_fwd_n320",

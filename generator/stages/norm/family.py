@@ -37,8 +37,15 @@ class NormForward(KernelFamily):
         ctx = spec.ctx
         args = ["x", *spec.operands] + (["residual"] if ctx["residual"] else []) + ([] if ctx["l2"] else ["gamma"])
         args += ["beta"] if ctx["layernorm"] else []
-        return dict(args=args, outputs=2 + ctx["writes_h"] + ctx["layernorm"],  # y, [h], [mean], rstd
-                    random=random_operands(ctx["steps"]))  # its prologue's and epilogue's
+        # an FP8 GEMM's x: last, the float its amax is max-ed into (or None), written in place
+        amax = ["amax"] if ctx.get("amax") else []
+        return dict(args=args + amax, outputs=2 + ctx["writes_h"] + ctx["layernorm"],  # y, [h], [mean], rstd
+                    random=random_operands(ctx["steps"]) + amax,  # its prologue's and epilogue's, the amax
+                    types={"amax": "Tensor(a!)?"} if amax else {})
+
+    def runtime_names(self, spec):
+        # off the GPU, the amax variant's launcher keeps the amax with the quantize family's reference
+        return super().runtime_names(spec) + (("fp8_reference_amax",) if spec.ctx.get("amax") else ())
 
 
 class NormBackward(KernelFamily):

@@ -50,7 +50,9 @@ def kernel_ops_of(stage) -> list:
     return [*before, norm_of(stage), *after]
 
 
-def norm_forward(stage) -> kn.KernelSpec:
+def norm_forward(stage, amax: bool = False) -> kn.KernelSpec:
+    """The stage's forward kernel; with ``amax``, the variant that also keeps its output's amax
+    (an FP8 GEMM casts the output: current scaling's cast then needs no amax pass over it)."""
     norm = norm_of(stage)
     residual = stage.first("add_extra_input") is not None
     before, after = _sides(stage)
@@ -66,12 +68,15 @@ def norm_forward(stage) -> kn.KernelSpec:
     chain = "_".join([op.tag for op in before] + (["add"] if residual else []) + [norm.tag] + [op.tag for op in after])
     summary = [op.describe(kernel=True) for op in before] + (["residual add"] if residual else [])
     summary += [norm.describe(kernel=True)] + [op.describe(kernel=True) for op in after]
+    extra = dict(amax=True) if amax else {}  # (a plain kernel's context as before: its name and sources)
     return kn.make_spec(
-        kn.kernel_name(chain, f"fwd_h{norm.in_features}"), "norm_fwd", " + ".join(summary),
+        kn.kernel_name(chain, f"fwd_h{norm.in_features}" + ("_amax" if amax else "")), "norm_fwd",
+        " + ".join(summary) + (", its amax" if amax else ""),
         abi=(P("x", "const T*"), *(P(o, ctypes[o]) for o in operands), P("residual", "const T*", residual),
              P("gamma", "const T*", not l2), P("beta", "const T*", layernorm), P("y", "T*"),
-             P("residual_out", "T*", writes_h), P("mean", "float*", layernorm), P("rstd", "float*"), P("rows", "int")),
-        operands=operands, headers=("norm.cuh", *(ew.device_headers(stage) if before or after else ())),
+             P("residual_out", "T*", writes_h), P("mean", "float*", layernorm), P("rstd", "float*"),
+             *((P("amax", "float*"),) if amax else ()), P("rows", "int")),
+        operands=operands, headers=("norm.cuh", *(ew.device_headers(stage) if before or after else ())), **extra,
         hidden=norm.in_features, align=norm.in_features, layernorm=layernorm, l2=l2, residual=residual,
         writes_h=writes_h, prologue=prologue, epilogue=epilogue, steps=prologue + epilogue,
         prologue_members=tuple(members[0]), epilogue_members=tuple(members[1]),

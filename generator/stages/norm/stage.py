@@ -19,6 +19,7 @@ from ...values import Role
 from ..base import RowTraffic, Saves, StageImpl, fixed
 from ..column_sum import column_sum
 from ..elementwise import steps as ew
+from ..gemm import fp8_amax, fp8_operands
 from .kernels import NORM_KINDS, kernel_ops_of, norm_backward, norm_forward, norm_of, params_of
 
 
@@ -110,8 +111,9 @@ class NormStage(StageImpl):
         return Saves(values=frozenset({norm_of(stage).input}))
 
     def kernels(self, plan, stage, pass_):
-        if pass_ == "forward":
-            return [norm_forward(stage)]
+        if pass_ == "forward":  # (and an FP8 GEMM's x: the variant that keeps its amax for the cast)
+            return [norm_forward(stage), *([norm_forward(stage, amax=True)]
+                                           if stage.output in fp8_operands(plan, "forward") else [])]
         spec = norm_backward(stage)
         return [spec, column_sum(spec.ctx["grad_columns"])] if spec.ctx["grad_columns"] else [spec]
 
@@ -139,6 +141,10 @@ class NormStage(StageImpl):
         operands = ew.io_names(stage, kernel_ops_of(stage))
         args = [stage.input] + [operands[o] for o in spec.operands] + ([add.extra_in] if add else [])
         args += _param_args(norm, params_of(norm))
+        fp8 = fp8_amax(em, block, stage, "forward", stage.output)  # y an FP8 GEMM's x
+        if fp8 is not None:
+            spec, amax = fp8
+            args.append(amax)
         results = [stage.output]
         if spec.ctx["writes_h"] and (meo or em.saving):  # the sum: an extra output, or read by the backward
             summed = meo.extra_out if meo else norm.input
