@@ -19,7 +19,7 @@ SPEC = textwrap.dedent("""\
 # What each kernel family's source includes, directly or through another header.
 # A backward that may add its own parameter grads (every norm backward: norm.cuh includes
 # column_sum.cuh; here bias_gelu_bwd) includes column_sum.cuh.
-FAMILY_HEADERS = {"norm": {"norm.cuh", "column_sum.cuh", "common.cuh"},
+FAMILY_HEADERS = {"norm": {"norm.cuh", "amax.cuh", "column_sum.cuh", "common.cuh"},
                   "column_sum": {"column_sum.cuh", "common.cuh"},
                   "elementwise": {"activations.cuh", "common.cuh"},
                   "elementwise_sums": {"activations.cuh", "column_sum.cuh", "common.cuh"}}
@@ -97,6 +97,7 @@ def test_nothing_changed_compiles_nothing(package):
 @pytest.mark.parametrize("header,families", [
     ("activations.cuh", {"elementwise", "elementwise_sums"}),
     ("norm.cuh", {"norm"}),
+    ("amax.cuh", {"norm"}),  # (an FP8 GEMM's x: the norm's _amax variant; none here is elementwise's)
     ("column_sum.cuh", {"column_sum", "norm", "elementwise_sums"}),
     ("common.cuh", {"norm", "column_sum", "elementwise", "elementwise_sums"}),  # included by every other header
 ])

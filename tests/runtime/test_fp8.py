@@ -1246,6 +1246,26 @@ def test_delayed_scaling_reduces_amaxes_across_ddp_ranks():
         assert not torch.equal(alone[0][mode], alone[1][mode])  # (the shards' amaxes differ)
 
 
+def training_losses(package, recipe, width, steps=60):
+    """The losses of package.Mlp (``width`` features) fitted with Adam to a fixed target, each step
+    inside autocast with ``recipe`` (None: high precision)."""
+    generator = torch.Generator().manual_seed(12)
+    x = torch.randn(256, width, generator=generator)
+    target = torch.tanh(x @ torch.randn(width, width, generator=generator) / 8)
+    torch.manual_seed(13)
+    module = package.Mlp()
+    optimizer = torch.optim.Adam(module.parameters(), lr=3e-3)
+    curve = []
+    for _ in range(steps):
+        with package.autocast(enabled=recipe is not None, recipe=recipe or package.Float8CurrentScaling()):
+            loss = (module(x) - target).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        curve.append(loss.item())
+    return curve
+
+
 @pytest.mark.parametrize("recipe", ["current", "delayed", "rowwise"])
 def test_training_under_fp8_follows_high_precision(package, recipe):
     """A small MLP (RMSNorm, Linear, SwiGLU, Linear) fitted to a fixed target for 60 Adam steps
@@ -1255,24 +1275,7 @@ def test_training_under_fp8_follows_high_precision(package, recipe):
     percent)."""
     made = {"current": package.Float8CurrentScaling(), "delayed": package.DelayedScaling(amax_history_len=16),
             "rowwise": package.Float8RowwiseScaling()}[recipe]
-    generator = torch.Generator().manual_seed(12)
-    x = torch.randn(256, 64, generator=generator)
-    target = torch.tanh(x @ torch.randn(64, 64, generator=generator) / 8)
-    losses = {}
-    for fp8_on in (False, True):
-        torch.manual_seed(13)
-        module = package.Mlp()
-        optimizer = torch.optim.Adam(module.parameters(), lr=3e-3)
-        curve = []
-        for _ in range(60):
-            with package.autocast(enabled=fp8_on, recipe=made):
-                loss = (module(x) - target).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            curve.append(loss.item())
-        losses[fp8_on] = curve
-    high, low = losses[False], losses[True]
+    high, low = (training_losses(package, None, 64), training_losses(package, made, 64))
     assert high[-1] < high[0] / 3 and low[-1] < low[0] / 3, (high[-1], low[-1])
     for step in range(10, 60):
         assert abs(low[step] - high[step]) <= 0.1 * high[step], (step, low[step], high[step])

@@ -12,7 +12,7 @@ import struct
 import pytest
 import torch
 
-from tests.runtime.test_fp8 import E4M3, E5M2, FP8_TOLS, _needs_fp8_gpu, close_to_float64, f32
+from tests.runtime.test_fp8 import E4M3, E5M2, FP8_TOLS, _needs_fp8_gpu, close_to_float64, f32, training_losses
 from tests.spec_packages import imported_package
 
 SPEC = """import transformer_engine.pytorch as te
@@ -251,24 +251,8 @@ def test_training_under_block_scaling_follows_high_precision(package):
     FP8's noise floor, about 0.005, where every recipe's curve flattens: a relative gap says nothing
     there), and over all 60 its mean gap is no larger than current scaling's (TE's block scaling is
     the finer-grained of the two)."""
-    generator = torch.Generator().manual_seed(12)
-    x = torch.randn(256, 128, generator=generator)
-    target = torch.tanh(x @ torch.randn(128, 128, generator=generator) / 8)
-    losses = {}
-    for name, recipe in (("high", None), ("current", package.Float8CurrentScaling()),
-                         ("block", package.Float8BlockScaling())):
-        torch.manual_seed(13)
-        module = package.Mlp()
-        optimizer = torch.optim.Adam(module.parameters(), lr=3e-3)
-        curve = []
-        for _ in range(60):
-            with package.autocast(enabled=recipe is not None, recipe=recipe or package.Float8BlockScaling()):
-                loss = (module(x) - target).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            curve.append(loss.item())
-        losses[name] = curve
+    losses = {name: training_losses(package, recipe, 128) for name, recipe in (
+        ("high", None), ("current", package.Float8CurrentScaling()), ("block", package.Float8BlockScaling()))}
     high, block = losses["high"], losses["block"]
     assert all(curve[-1] < curve[0] / 3 for curve in losses.values()), {k: v[-1] for k, v in losses.items()}
     for step in range(10, 40):
