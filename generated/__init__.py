@@ -79,7 +79,7 @@ from .te_gpt_layer import TeGptLayer
 from .te_llama_layer import TeLlamaLayer
 from ._runtime import (
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
-    autocast, fp8_autocast, forget_fp8_weights)
+    MMParams, QParams, autocast, fp8_autocast, forget_fp8_weights)
 
 __all__ = [
     "GptOssMlp", "Relu2Mlp", "AttentionBlock", "MhaBlock", "MqaBlock", "ElementwiseChain",
@@ -94,4 +94,4 @@ __all__ = [
     "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
     "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling",
-    "Format", "autocast", "fp8_autocast", "forget_fp8_weights"]
+    "Format", "MMParams", "QParams", "autocast", "fp8_autocast", "forget_fp8_weights"]

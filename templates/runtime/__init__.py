@@ -42,7 +42,8 @@ from .fp8_casts import (fp8_reference_amax, fp8_reference_amax_cols, fp8_referen
                         fp8_reference_cast_cols, fp8_reference_cast_rows, fp8_reference_delayed_update,
                         fp8_reference_produced)
 from .fp8_autocast import autocast, fp8_autocast, fp8_eagerly, fp8_runs
-from .fp8_recipes import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format
+from .fp8_recipes import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
+                          MMParams, QParams)
 from .fp8_state import Fp8SpecOp, Fp8State, forget_fp8_weights
 from .custom_ops import register_no_grad_op, register_op
 from .graphs import CudaGraphs
@@ -54,8 +55,8 @@ from .training_graphs import backward_done, replay_backward, replay_forward, sav
 
 __all__ = [
     "CudaGraphs", "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format",
-    "Fp8SpecOp", "Fp8State", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "PassGraphs", "SpecOp",
-    "TeModuleOp", "adjacent_rows", "as_rows", "autocast", "backward_done", "check_input", "check_packed_form",
+    "Fp8SpecOp", "Fp8State", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "MMParams", "PassGraphs",
+    "QParams", "SpecOp", "TeModuleOp", "adjacent_rows", "as_rows", "autocast", "backward_done", "check_input", "check_packed_form",
     "check_parameters", "check_row_input", "first_order_only", "forget_fp8_weights", "fp8_autocast", "fp8_call",
     "fp8_eagerly", "fp8_runs",
     "fp8_reference_amax", "fp8_reference_amax_cols", "fp8_reference_cast", "fp8_reference_cast_blocks",

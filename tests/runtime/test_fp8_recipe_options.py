@@ -57,7 +57,7 @@ def fast_flags(package, recipe, monkeypatch):
 def test_mmparams_choose_each_gemms_accumulation(package, monkeypatch):
     """TE's defaults (the forward fast, the grads' GEMMs split), a Float8CurrentScaling whose
     MMParams turn them round, and block scaling, split everywhere."""
-    MMParams = package._runtime.fp8_recipes.MMParams
+    MMParams = package.MMParams  # (the package exports TE's option classes)
     default = {"fprop": True, "dgrad": False, "wgrad": False}
     assert fast_flags(package, package.DelayedScaling(), monkeypatch) == default
     assert fast_flags(package, package.Float8CurrentScaling(), monkeypatch) == default
@@ -71,7 +71,7 @@ def test_each_role_casts_with_its_qparams(package):
     """A grad QParams with power-of-2 scales: dy's casts floor its scale to a power of 2, x's and
     the weight's keep theirs (y as with the defaults); ``use_power_2_scales`` given to the recipe
     does not reach a Linear's casts (TE's modules read the QParams, made when the class was)."""
-    QParams = package._runtime.fp8_recipes.QParams
+    QParams = package.QParams
     recipe = package.Float8CurrentScaling()
     recipe.fp8_quant_bwd_grad = QParams(power_2_scale=True)
     module, x, dy, y, dx = step(package, recipe)
