@@ -9,7 +9,8 @@ templates/runtime/, copied verbatim; do not edit).
   scale per row of each GEMM operand, torchao's "rowwise");
 - ``as_recipe`` (TE's recipe objects read as these), ``recipe_kind``, ``default_recipe``, and each
   recipe's FP8 dtypes and largest values (``fp8_dtype``, ``fp8_max``), a cast's scale options
-  (``scale_options``) and a GEMM's accumulation (``fast_accumulation``); autocast, which chooses a
+  (``scale_options``, ``ScaleOptions``) and a GEMM's accumulation (``fast_accumulation``); autocast,
+  which chooses a
   recipe, is fp8_autocast's.
 
 The rules and the TE sources they come from: docs/fp8_te_semantics.md in fusegen's repository.
@@ -285,6 +286,18 @@ def scale_options(recipe, role):
         return 0, int(getattr(recipe, "use_power_2_scales", False))
     params = getattr(recipe, _ROLES[("x", "w", "grad").index(role)])
     return float_bits(params.amax_epsilon), int(params.power_2_scale)
+
+
+class ScaleOptions(dict):
+    """A recipe's scale_options by role, each found when a call first casts in that role."""
+
+    def __init__(self, recipe):
+        super().__init__()
+        self.recipe = recipe
+
+    def __missing__(self, role):
+        self[role] = found = scale_options(self.recipe, role)
+        return found
 
 
 def fast_accumulation(recipe):

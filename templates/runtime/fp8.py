@@ -13,7 +13,7 @@ import torch
 
 from .fp8_casts import _Quantized, _QuantizedWeight, dequantized, epilogue, scaled_mm
 from .fp8_autocast import active, update_states
-from .fp8_recipes import fast_accumulation, fp8_dtype, recipe_kind, scale_options
+from .fp8_recipes import ScaleOptions, fast_accumulation, fp8_dtype, recipe_kind
 
 
 # --- what generated FP8 stages call -----------------------------------------------------------------
@@ -35,6 +35,7 @@ class Fp8Call:
         self.amaxes, self.amaxes_taken = None, 0  # current scaling: the floats kernels keep amaxes in
         self.step, self.first = frame.step, False
         self.fast = fast_accumulation(self.recipe)  # each GEMM's (its MMParams, TE's)
+        self.options = ScaleOptions(self.recipe)  # each cast role's epsilon and power-of-2 rule
         # TE's backward_override: the backward's GEMMs in high precision, on the forward's
         # high-precision operands ("high_precision") or its FP8 ones dequantized ("dequantized")
         self.override = getattr(self.recipe, "backward_override", None)
@@ -58,7 +59,7 @@ class Fp8Call:
         return state, state.slot(mode, index, which)
 
     def _role(self, gemm, mode, which):
-        """scale_options' role of GEMM ``gemm``'s operand ``which`` in ``mode``: a spec Quantize's
+        """ScaleOptions' role of GEMM ``gemm``'s operand ``which`` in ``mode``: a spec Quantize's
         cast where one casts there, else the Linear's own of x, w or grad."""
         if which == 0 and (gemm, mode) in self.quantize:
             return "quantize"
@@ -103,7 +104,7 @@ class Fp8Call:
             y, y_t, scale_inv = cast(x, scale, None, 0, 0, int(transpose), kept)
         else:
             amax = self.casts.fp8_amax(x) if amax is None else amax
-            eps_bits, power_2 = scale_options(self.recipe, self._role(gemm, mode, which))
+            eps_bits, power_2 = self.options[self._role(gemm, mode, which)]
             y, y_t, scale_inv = cast(x, None, amax, eps_bits, power_2, int(transpose), None)
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
@@ -129,7 +130,7 @@ class Fp8Call:
         else:
             amax = self.amax()
             fp8_kernel(*inputs, None, None, amax, e5m2, 0, 0, 0, 0)  # the amax alone
-            eps_bits, power_2 = scale_options(self.recipe, self._role(gemm, mode, 0))
+            eps_bits, power_2 = self.options[self._role(gemm, mode, 0)]
             y, y_t, scale_inv = fp8_kernel(*inputs, None, amax, None, e5m2, eps_bits, power_2, transpose, 1)
         return _Quantized(y, scale_inv), _Quantized(y_t, scale_inv) if transpose else None
 
@@ -153,7 +154,7 @@ class Fp8Call:
         dim = getattr(self.recipe, f"{role}_block_scaling_dim")
         e4m3 = fp8_dtype(self.recipe, role != "grad") == torch.float8_e4m3fn
         cast = self.casts.fp8_cast_blocks_e4m3 if e4m3 else self.casts.fp8_cast_blocks_e5m2
-        y, s, y_t, s_t = cast(x, int(dim == 2), *scale_options(self.recipe, role), 1, int(transpose))
+        y, s, y_t, s_t = cast(x, int(dim == 2), *self.options[role], 1, int(transpose))
         return _Quantized(y, s, dim), _Quantized(y_t, s_t, dim) if transpose else None
 
     def _weight(self, gemm, weight):
