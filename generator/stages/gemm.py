@@ -201,22 +201,23 @@ def fp8_operands(plan, pass_: str) -> frozenset[int]:
     return frozenset(op.input for op in gemm_ops(plan.pipeline))
 
 
-def fp8_amax(em, block, stage, pass_: str, value: int):
-    """The FP8 emission of a stage whose kernel writes ``value`` (forward: the stage's output;
-    backward: its input's grad) that an FP8 GEMM casts: its kernel's variant that keeps the amax
-    (the first of the stage's kernels with ``amax`` in its context) and the amax value it fills,
-    the call's (``Fp8Call.amax``: None where the recipe takes none), which the GEMM's cast then
-    reads instead of an amax pass. None: high precision, or no such kernel."""
-    spec = _fp8_variant(em, stage, pass_, "amax")
-    if spec is None:
-        return None
+def fp8_amax(em, block, stage, pass_: str, value: int, spec, args: list):
+    """The launch of a stage's kernel ``spec`` on ``args`` where the kernel writes ``value``
+    (forward: the stage's output; backward: its input's grad) and an FP8 GEMM casts it: the
+    kernel's variant that keeps the amax (the first of the stage's kernels with ``amax`` in its
+    context) and ``args`` with the amax value it fills appended, the call's (``Fp8Call.amax``: None
+    where the recipe takes none), which the GEMM's cast then reads instead of an amax pass. Returns
+    (spec, args): as given in high precision, or where the stage has no such kernel."""
+    variant = _fp8_variant(em, stage, pass_, "amax")
+    if variant is None:
+        return spec, args
     # (a grad's own in the backward: made there, never saved by the forward)
     grad_of = em.table[value].grad_of if pass_ == "backward" else None
     amax = em.table.add(Role.OBJECT, HOST_OBJECT, f"{em.name(value)}_amax", grad_of=grad_of)
     block.add(TorchCall("{amax} = {fp8}.amax()  # kept by the kernel below for its FP8 cast (current scaling)",
                         dict(fp8=em.fp8), dict(amax=amax)))
-    em.fp8_amaxes[value] = (amax, spec.name)
-    return spec, amax
+    em.fp8_amaxes[value] = (amax, variant.name)
+    return variant, [*args, amax]
 
 
 def fp8_only(plan, value: int, pass_: str) -> bool:

@@ -136,10 +136,7 @@ class ElementwiseStage(StageImpl):
             fp8_spec, gemm = produced
             block.add(Fp8Produce(em.fp8, gemm, "forward", fp8_spec.name, spec.name, args, stage.output))
         else:
-            fp8 = fp8_amax(em, block, stage, "forward", stage.output)  # y an FP8 GEMM's x
-            if fp8 is not None:
-                spec, amax = fp8
-                args.append(amax)
+            spec, args = fp8_amax(em, block, stage, "forward", stage.output, spec, args)  # y an FP8 GEMM's x
             block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
         for index, alias in forward_aliases(stage).items():
             if alias != "write":
@@ -166,10 +163,8 @@ class ElementwiseStage(StageImpl):
             fp8_spec, gemm = produced
             block.add(Fp8Produce(em.fp8, gemm, "backward", fp8_spec.name, spec.name, args, d_in))
         else:
-            fp8 = fp8_amax(em, block, stage, "backward", d_in) if spec.ctx["writes_dx"] else None  # dx an FP8 GEMM's dy
-            if fp8 is not None:
-                spec, amax = fp8
-                args.append(amax)
+            if spec.ctx["writes_dx"]:  # dx an FP8 GEMM's dy
+                spec, args = fp8_amax(em, block, stage, "backward", d_in, spec, args)
             block.add(Launch(spec.name, args, [operands[r] for r in spec.returned]))
         for index, alias in backward_aliases(stage).items():
             if alias != "write":

@@ -141,10 +141,7 @@ class NormStage(StageImpl):
         operands = ew.io_names(stage, kernel_ops_of(stage))
         args = [stage.input] + [operands[o] for o in spec.operands] + ([add.extra_in] if add else [])
         args += _param_args(norm, params_of(norm))
-        fp8 = fp8_amax(em, block, stage, "forward", stage.output)  # y an FP8 GEMM's x
-        if fp8 is not None:
-            spec, amax = fp8
-            args.append(amax)
+        spec, args = fp8_amax(em, block, stage, "forward", stage.output, spec, args)  # y an FP8 GEMM's x
         results = [stage.output]
         if spec.ctx["writes_h"] and (meo or em.saving):  # the sum: an extra output, or read by the backward
             summed = meo.extra_out if meo else norm.input
