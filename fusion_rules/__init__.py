@@ -8,6 +8,7 @@ passes. To add a rule: one file named after the op chain it matches, then one li
 
 from .add_norm import FORWARD_ADD_NORM
 from .attention import BACKWARD_ATTENTION, FORWARD_ATTENTION
+from .collective import BACKWARD_COLLECTIVE, FORWARD_COLLECTIVE
 from .dropout_norm import FORWARD_DROPOUT_ADD_NORM, FORWARD_NORM_DROPOUT
 from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
 from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
@@ -39,6 +40,7 @@ FORWARD_RULES = (
     FORWARD_OPAQUE,  # an op registered opaque: its reference math in PyTorch
     FORWARD_RESHAPE,  # Reshape: a view, no kernel
     FORWARD_MODULE,  # a module of the user's code: run as it is
+    FORWARD_COLLECTIVE,  # AllGather, ReduceScatter, AllReduce (a TP Linear's too): torch.distributed
 )
 
 BACKWARD_RULES = (
@@ -53,6 +55,7 @@ BACKWARD_RULES = (
     BACKWARD_OPAQUE,  # an op registered opaque: its reference backward in PyTorch
     BACKWARD_RESHAPE,  # Reshape: the grad viewed back, no kernel
     BACKWARD_MODULE,  # a module of the user's code: its own backward
+    BACKWARD_COLLECTIVE,  # a collective: its pair through autograd
 )
 
 __all__ = ["FORWARD_RULES", "BACKWARD_RULES"]

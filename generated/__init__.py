@@ -77,6 +77,11 @@ from .moe_situglu import MoeSituglu
 from .moe_geglu import MoeGeglu
 from .te_gpt_layer import TeGptLayer
 from .te_llama_layer import TeLlamaLayer
+from .tp_mlp import TpMlp
+from .tp_mlp4 import TpMlp4
+from .tp_column import TpColumn
+from .tp_row import TpRow
+from .tp_comm import TpComm
 from ._runtime import (
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
     MMParams, QParams, autocast, fp8_autocast, forget_fp8_weights)
@@ -93,5 +98,6 @@ __all__ = [
     "TeGptStack", "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear",
     "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
-    "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling",
-    "Format", "MMParams", "QParams", "autocast", "fp8_autocast", "forget_fp8_weights"]
+    "TpMlp", "TpMlp4", "TpColumn", "TpRow", "TpComm", "DelayedScaling", "Float8BlockScaling",
+    "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "MMParams", "QParams", "autocast",
+    "fp8_autocast", "forget_fp8_weights"]

@@ -46,9 +46,11 @@ def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules:
     plans = []
     for spec in specs:
         names.claim(spec.name, spec.name_location)
-        pipeline = build_pipeline(spec, (features or {}).get(spec.name, ()))
+        tensor_parallel = dict(config.tensor_parallel).get(spec.name, 1) if config is not None else 1
+        pipeline = build_pipeline(spec, (features or {}).get(spec.name, ()), tensor_parallel)
         if config is not None:
             pipeline = with_fp8(pipeline, config)
+            check_tensor_parallel(pipeline, config)
         plans.append(plan_pipeline(pipeline, forward_rules, backward_rules))
     return plans
 
@@ -98,13 +100,30 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
     return dataclasses.replace(pipeline, fp8=Fp8Build(recipes, config.fp8_min_rows))
 
 
+def check_tensor_parallel(pipeline: Pipeline, config: Config) -> None:
+    """A pipeline built for a tensor-parallel size above 1 splits something over the group, and
+    is not built for FP8 as well (not generated yet)."""
+    if pipeline.tensor_parallel == 1:
+        return
+    where = f"{config.source}: [tool.fusegen.pipelines.{pipeline.name}] tensor_parallel_size"
+    if pipeline.group is None:
+        raise UsageError(f"{where}: pipeline '{pipeline.name}' ({pipeline.location}) has no op that splits over a "
+                         "tensor-parallel group (a Linear with tensor_parallel_mode, AllGather, ReduceScatter, "
+                         "AllReduce); remove the setting")
+    if pipeline.fp8 is not None:
+        raise UsageError(f"{where}: pipeline '{pipeline.name}' is built for FP8 too, and FP8 GEMMs between "
+                         "tensor-parallel collectives are not generated yet; build it with fp8 = [] in its "
+                         f"[tool.fusegen.pipelines.{pipeline.name}] table, or tensor_parallel_size = 1")
+
+
 def check_features(config: Config, plans: list[Plan]) -> None:
     """Each [tool.fusegen.pipelines.<name>] names a size-generic pipeline of the specs, and its
     sizes are ones the pipeline accepts. Spec files named on the command line may be a part of
     the project's: a table naming a pipeline they do not hold is then for another file."""
     where = f"{config.source}: [tool.fusegen.pipelines"
     pipelines = {plan.pipeline.name: plan.pipeline for plan in plans}
-    for name in sorted({name for name, _ in config.features} | {name for name, _ in config.pipeline_fp8}):
+    named = {name for name, _ in config.features} | {name for name, _ in config.pipeline_fp8}
+    for name in sorted(named | {name for name, _ in config.tensor_parallel}):
         if name not in pipelines and not config.specs_named_on_command_line:
             close = difflib.get_close_matches(name, pipelines, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"pipelines: {', '.join(sorted(pipelines))}"

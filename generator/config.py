@@ -45,6 +45,7 @@ PIPELINE_SCHEMA = {
     "features": ("input sizes to build fixed-size kernels for, besides the size-generic ones", "[4096, 8192]"),
     "fp8": ("FP8 recipes this pipeline runs under autocast, instead of [tool.fusegen] fp8 ([] for none)",
             '["current"]'),
+    "tensor_parallel_size": ("the ranks of the tensor-parallel group its TP ops split over (default 1)", "2"),
 }
 FP8_RECIPES = ("delayed", "current", "rowwise", "block")  # the runtime's fp8_recipes.RECIPES
 # Below this many rows a module built for FP8 runs its high-precision path inside autocast (its
@@ -80,6 +81,7 @@ class Config:
     features: tuple[tuple[str, tuple[int, ...]], ...] = ()
     fp8: tuple[str, ...] = ()  # the FP8 recipes of every pipeline with a GEMM
     pipeline_fp8: tuple[tuple[str, tuple[str, ...]], ...] = ()  # pipeline name -> its own recipes
+    tensor_parallel: tuple[tuple[str, int], ...] = ()  # pipeline name -> its tensor-parallel size (else 1)
     fp8_min_rows: int = FP8_MIN_ROWS
     specs_named_on_command_line: bool = False  # a subset of the project's specs, maybe
 
@@ -142,8 +144,9 @@ def pipeline_features(table: dict, where: str) -> tuple[tuple[str, tuple[int, ..
                 hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(PIPELINE_SCHEMA)}"
                 raise UsageError(f"{at} has an unknown key '{key}'; {hint}")
         if not settings:
-            raise UsageError(f"{at} is empty; give features = {PIPELINE_SCHEMA['features'][1]} or fp8 = "
-                             f"{PIPELINE_SCHEMA['fp8'][1]}")
+            raise UsageError(f"{at} is empty; give features = {PIPELINE_SCHEMA['features'][1]}, fp8 = "
+                             f"{PIPELINE_SCHEMA['fp8'][1]} or tensor_parallel_size = "
+                             f"{PIPELINE_SCHEMA['tensor_parallel_size'][1]}")
         if "features" not in settings:
             continue
         sizes = settings["features"]
@@ -172,6 +175,22 @@ def pipeline_fp8(table: dict) -> tuple[tuple[str, tuple[str, ...]], ...]:
     pipeline_features), by name."""
     return tuple((name, fp8_recipes(settings["fp8"], f"[tool.fusegen.pipelines.{name}]", empty=True))
                  for name, settings in sorted(table.items()) if isinstance(settings, dict) and "fp8" in settings)
+
+
+def pipeline_tensor_parallel(table: dict) -> tuple[tuple[str, int], ...]:
+    """[tool.fusegen.pipelines.<name>] tensor_parallel_size settings (their tables already checked
+    by pipeline_features), by name: each a group size from 1 on."""
+    result = []
+    for name, settings in sorted(table.items()):
+        if not isinstance(settings, dict) or "tensor_parallel_size" not in settings:
+            continue
+        size = settings["tensor_parallel_size"]
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1024:
+            what, example = PIPELINE_SCHEMA["tensor_parallel_size"]
+            raise UsageError(f"[tool.fusegen.pipelines.{name}] tensor_parallel_size must be a whole number from 1 to "
+                             f"1024 ({what}), e.g. tensor_parallel_size = {example}; got {size!r}")
+        result.append((name, size))
+    return tuple(result)
 
 
 def split_list(text: str, option: str) -> tuple[str, ...]:
@@ -269,5 +288,6 @@ def load_config(cli_specs: list[str], config: str | None, out: str | None, archs
     return Config(specs, out_path, tuple(dict.fromkeys(arch_list)), tuple(dict.fromkeys(dtype_list)),
                   root=root.resolve(), source=pyproject, plugins=tuple(dict.fromkeys(plugins)), features=features,
                   fp8=fp8, pipeline_fp8=pipeline_fp8(table.get("pipelines", {})),
+                  tensor_parallel=pipeline_tensor_parallel(table.get("pipelines", {})),
                   fp8_min_rows=table.get("fp8_min_rows", FP8_MIN_ROWS),
                   specs_named_on_command_line=bool(cli_specs))

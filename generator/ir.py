@@ -23,6 +23,7 @@ from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
 from .ops import MAX_FEATURES, OPS, RESIDUAL, HeldRows, OpDef, basic_parts
 from .ops.identity import around_rows
+from .tensor_parallel import localised
 
 
 @dataclass(frozen=True)
@@ -254,19 +255,21 @@ class _Expanded:
 OPEN, CLOSE = "open", "close"
 
 
-def _expand(calls: tuple[OpCall, ...], prefix: str = "") -> list[_Expanded]:
-    """The spec's basic ops in the order they run, each with its path in the eager module."""
+def _expand(calls: tuple[OpCall, ...], prefix: str = "", size: int = 1) -> list[_Expanded]:
+    """The spec's basic ops in the order they run, each with its path in the eager module, as a
+    rank of a tensor-parallel group of ``size`` runs them (tensor_parallel.localised)."""
     expanded = []
     for position, call in enumerate(calls):
         path = f"{prefix}{position}"
         if call.op == RESIDUAL:
             plain = {"in_place": False}
             expanded.append(_Expanded(OPS["MakeExtraOutput"], plain, call, path, OPEN, branch=path))
-            expanded += _expand(call.inner, f"{path}.")
+            expanded += _expand(call.inner, f"{path}.", size)
             expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE, branch=path))
             continue
         spans = OPS[call.op].residuals(call.args)  # a TE layer's residual branches, by position in its expansion
-        for position, (basic, basic_args, part, held) in enumerate(basic_parts(call.op, call.args)):
+        parts = localised(basic_parts(call.op, call.args), size, call)
+        for position, (basic, basic_args, part, held) in enumerate(parts):
             for first, _, name in spans:
                 if first == position:
                     expanded.append(_Expanded(OPS["MakeExtraOutput"], {"in_place": False}, call, path, OPEN,
@@ -301,10 +304,11 @@ def _module_call(call: OpCall) -> str:
     return OPS[call.op].describe(call.args, name=OPS[call.op].attribute)
 
 
-def build_graph(spec: SequentialSpec) -> Graph:
+def build_graph(spec: SequentialSpec, tensor_parallel: int = 1) -> Graph:
+    """The graph of ``spec`` as one rank of a tensor-parallel group of ``tensor_parallel`` runs it."""
     if not spec.calls:
         raise SpecError(f"pipeline '{spec.name}' is empty; give Sequential at least one op", spec.location)
-    expanded = _expand(spec.calls)
+    expanded = _expand(spec.calls, size=tensor_parallel)
     sizes = _infer_sizes(spec, [(step.op, step.args, step.call) for step in expanded],
                          [f"{step.call.op.lower() if step.residual else OPS[step.call.op].attribute.lower()}"
                           f"{step.path.replace('.', '_')}" for step in expanded])

@@ -134,6 +134,10 @@ class Pipeline:
     sequence_format: str | None = None
     rotary_table: int | None = None  # TE's forward(rotary_pos_emb=...), float32 [max_s, d] ([0, d]: None)
     fp8: object = None  # config.Fp8Build: its FP8 recipes and rows ([tool.fusegen] fp8: build.with_fp8)
+    # the tensor-parallel size it is built for (generator/tensor_parallel.py), and the GROUP value
+    # its collectives run on (None: it has none)
+    tensor_parallel: int = 1
+    group: int | None = None
 
     def value(self, id: int) -> Value:
         return self.values[id]
@@ -236,11 +240,11 @@ def ops_cited(ops) -> str:
     return ("op " if len(ops) == 1 else "ops ") + ", ".join(op.number for op in ops)
 
 
-def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = ()) -> Pipeline:
-    return chain(build_graph(spec), specialise)
+def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = (), tensor_parallel: int = 1) -> Pipeline:
+    return chain(build_graph(spec, tensor_parallel), specialise, tensor_parallel)
 
 
-def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
+def chain(graph: Graph, specialise: tuple[int, ...] = (), tensor_parallel: int = 1) -> Pipeline:
     """The planner's view of a graph: its nodes in order, views left out, each op reading the
     running value its predecessor wrote; extra inputs and outputs numbered by their order among
     the graph's inputs and outputs (a Residual's tee and add have neither: ir.build_graph joins
@@ -269,10 +273,11 @@ def chain(graph: Graph, specialise: tuple[int, ...] = ()) -> Pipeline:
             ))
             n_hidden += 1
     ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
-    ops, values, training, width, sequences = _values(graph, ops)
+    ops, values, training, width, sequences, group = _values(graph, ops)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
                     len(graph.outputs) - 1, graph, tuple(specialise), values, training, width, sequences,
-                    _sequence_format(ops), next((op.rotary_table for op in ops if op.rotary_table), None))
+                    _sequence_format(ops), next((op.rotary_table for op in ops if op.rotary_table), None),
+                    tensor_parallel=tensor_parallel, group=group)
 
 
 def _sequence_format(ops: list[Op]) -> str | None:
@@ -290,7 +295,7 @@ def _sequence_format(ops: list[Op]) -> str | None:
 
 
 def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], int | None, int | None,
-                                                  tuple[int, int] | None]:
+                                                  tuple[int, int] | None, int | None]:
     """The pipeline's value table and each op's value ids. The graph numbers the input, each
     op's output and the extra inputs (ir.build_graph); the rest get ids after the graph's: the
     value a hidden tee writes (it has no graph node), extra outputs, parameters, random keys, the
@@ -346,5 +351,8 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
     random = any(op.seed is not None or op.opdef.uses_training(op.args) for op in with_ids)
     training = add(Role.FLAG, "bool", "training") if random else None
     width = add(Role.METADATA, "int64", "n") if isinstance(graph.features(0), Sym) else None
+    # the collectives' group: the module's, given at construction (tensor_parallel.py)
+    group = add(Role.GROUP, "object", "tensor_parallel_group") if any(
+        op.opdef.kind == "collective" for op in with_ids) else None
     assert sorted(table) == list(range(len(table))), "value ids are the table's positions"
-    return with_ids, tuple(table[id] for id in sorted(table)), training, width, sequences
+    return with_ids, tuple(table[id] for id in sorted(table)), training, width, sequences, group

@@ -26,6 +26,7 @@ class Role(Enum):
     PARAMETER = "parameter"  # a module parameter (its own dtype)
     STATE = "state"  # kept across calls in the state_dict (none yet: FP8 scales live in the runtime's Fp8State)
     OBJECT = "object"  # a Python object handed in: a user's module
+    GROUP = "group"  # the tensor-parallel process group the generated module is given at construction
     FLAG = "flag"  # a bool: the module's training mode
 
 

@@ -73,7 +73,8 @@ def free_values(pipeline) -> list[int]:
     modules = [value for op in p.ops if op.module_object is not None for value in (op.module_object, op.lead)]
     return ([0, *p.extra_input_values, *(value for op in p.ops for _, value in op.param_ids)]
             + ([p.training] if p.training is not None else []) + list(p.sequences or ())
-            + ([p.rotary_table] if p.rotary_table is not None else []) + modules)
+            + ([p.rotary_table] if p.rotary_table is not None else []) + modules
+            + ([p.group] if p.group is not None else []))
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
     if value.role is Role.FLAG:
         return Argument(value.id, value.role, name, "self.training", line=name,
                         comment="Dropout draws its masks in training only")
+    if value.role is Role.GROUP:  # the module's tensor-parallel group, given at construction
+        return Argument(value.id, value.role, name, f"self.{name}", line=name)
     if value.role is Role.OBJECT:  # a user's module, on one line with the leading dims it runs at
         return Argument(value.id, value.role, name, f'self._modules["{op.module_index}"]', line=name)
     if value.role is Role.METADATA and f.sequences is not None and value.id in f.sequences:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
+from .. import tensor_parallel
 from ..ir import Sym, size_expr
 from ..kernels import DTYPES
 from ..ops import part_submodule
@@ -49,7 +50,7 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
         elif op.opdef.new_lead is not None:
             helper, dims = op.opdef.new_lead(op.args)
             call = py_string(f"{calls[op.module_index]} (op {op.module_index} at {op.location})")
-            where = f'"{p.class_name}", {call}, ' if helper == "flattened_lead" else ""
+            where = f'"{p.class_name}", {call}, ' if helper != "unflattened_lead" else ""  # (which cannot fail)
             lines.append(f"{new} = ref.{helper}({where}{current}, {dims!r})")
             current = new
     names[len(p.ops)] = current
@@ -254,5 +255,5 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         check_lines=convention.check_lines(args, lead_lines) + convention.ignored_sequences_lines(p.class_name, args),
         check_helpers=sorted(convention.check_helpers(args) + runtime_helpers(held, not between)),
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
-        fp8=fp8,
+        fp8=fp8, shards=tensor_parallel.shards(p),
     )

@@ -157,6 +157,8 @@ class OpBinder:
                 raise SpecError(f"te.{attribute}(): argument '{name}' is {shown}: it {why}", self.source.loc(node))
 
         def value(spec_arg: Arg, node: cst.BaseExpression) -> object:
+            if spec_arg.kind == "group":  # a process group: the module's, at run time; the expression only shown
+                return None if isinstance(node, cst.Name) and node.value == "None" else self.source.code(node)
             named = self.named_object(spec_arg, node)
             folded = self.folder.evaluate(node, f"argument '{spec_arg.name}' of {op.name}") if named is None else named
             return check_value(op, spec_arg, folded)

@@ -37,7 +37,7 @@ from .opdef import (FLOAT32_MAX, FLOAT32_MIN_NORMAL, MAX_FEATURES, MAX_NORM_FEAT
 # _reference.py); imported by name so that no import sorter can reorder them.
 FAMILIES = tuple(importlib.import_module(f".{name}", __name__) for name in (
     "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
-    "attention", "torch_nn", "te_modules", "te_layer", "module"))
+    "attention", "collectives", "torch_nn", "te_modules", "te_layer", "module"))
 
 # Spellings a spec may use for the pipeline container, and the modules it comes from.
 SEQUENTIAL = "Sequential"
@@ -57,8 +57,6 @@ def elementwise_kinds() -> frozenset[str]:
 
 # te.ops operations fusegen does not generate yet, and why: a spec naming one gets this, not "unknown op".
 NOT_YET = {
-    **dict.fromkeys(("AllGather", "AllReduce", "ReduceScatter"),
-                    "tensor- and sequence-parallel communication is not supported yet"),
     "GroupedLinear": "grouped (MoE expert) GEMMs are not supported yet",
 }
 

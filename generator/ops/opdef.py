@@ -313,15 +313,21 @@ def _parallel_not_yet(v):
             "generate the unsharded pipeline") if v not in (None, False) else None
 
 
-# TE's tensor- and sequence-parallel arguments: accepted at their defaults, so a TE spec that spells
-# them out compiles unchanged; anything else is "not supported yet".
+def _check_mode(v):
+    return None if v in (None, "column", "row") else (
+        f'must be None, "column" (the output features split over the group) or "row" (the input features), '
+        f"as TE's; got {v!r}")
+
+
+# TE's tensor- and sequence-parallel arguments (catalog 2.1, 2.2, 2.13; generator/tensor_parallel.py
+# localises the ops for the size a pipeline is built for). A group is any expression: the spec is
+# never run, so the generated module takes the group at construction (tensor_parallel_group=) and
+# the spec's expression is kept only to be shown.
 TENSOR_PARALLEL_MODE = Arg("tensor_parallel_mode", "str", None, keyword_only=True, in_kernel=False, te_only=True,
-                           check=_parallel_not_yet)
-TENSOR_PARALLEL_GROUP = Arg("tensor_parallel_group", "str", None, keyword_only=True, in_kernel=False, te_only=True,
-                            check=_parallel_not_yet)
-SEQUENCE_PARALLEL = Arg("sequence_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True,
-                        check=_parallel_not_yet)
-TENSOR_PARALLEL = Arg("tensor_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True, check=_parallel_not_yet)
+                           check=_check_mode)
+TENSOR_PARALLEL_GROUP = Arg("tensor_parallel_group", "group", None, keyword_only=True, in_kernel=False, te_only=True)
+SEQUENCE_PARALLEL = Arg("sequence_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True)
+TENSOR_PARALLEL = Arg("tensor_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True)
 RNG_STATE_TRACKER = Arg("rng_state_tracker_function", "str", None, keyword_only=True, in_kernel=False, te_only=True,
                         check=lambda v: "must be None: fusegen initialises parameters with PyTorch's generator")
 USERBUFFERS = Arg("userbuffers_options", "str", None, keyword_only=True, in_kernel=False, te_only=True, check=_parallel_not_yet)

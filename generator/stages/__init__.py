@@ -7,12 +7,13 @@ backward into (emit renders them). A kernel family has a folder (elementwise/, n
 column_sum/, attention/ (the attention stage and its attention_prep kernels), quantize/ (the FP8
 casts a GEMM stage built for FP8 launches through the runtime): its stage, its
 KernelSpecs and tuning, its KernelFamily objects; templates/<family>/ mirrors it); the stages that
-launch no generated kernel (gemm, opaque, module, reshape) are one module each.
+launch no generated kernel (gemm, opaque, module, reshape, collective) are one module each.
 """
 
 from ..planned import Recompute, Saves
 from .attention import ATTENTION, ATTENTION_PREP
 from .base import Block, Emitter, StageImpl
+from .collective import COLLECTIVE
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM
@@ -21,7 +22,7 @@ from .module import MODULE
 from .opaque import OPAQUE
 from .reshape import RESHAPE
 
-__all__ = ["ATTENTION", "ATTENTION_PREP", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "QUANTIZE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ATTENTION", "ATTENTION_PREP", "COLLECTIVE", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "QUANTIZE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:

@@ -1,0 +1,182 @@
+"""Tensor parallelism's collectives (issue 41) for a generated module built for a tensor-parallel
+size above 1 ([tool.fusegen.pipelines.<name>] tensor_parallel_size): the group it is given, the
+collectives its stages call between the fused Functions (autograd records them, each backward its
+pair, as TE's te.ops comm ops), and its parameters' shards against a full, unsharded state_dict.
+
+They run as PyTorch's collectives on the group: NCCL on CUDA tensors, gloo on CPU ones, on the
+current stream, along the first dim of the [rows, features] tensors the stages hand (which is the
+first dim of the caller's tensor: TE gathers and scatters along dim 0).
+"""
+
+import torch
+
+
+def group_of(module, group, size):
+    """The process group a module's collectives run on: ``group``, or the world's where None (TE's
+    default), checked to have the ``size`` ranks the module is built for."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{module} is built for a tensor-parallel group of {size} ranks, but torch.distributed is "
+                           "not initialised in this process: launch one process a rank (torchrun "
+                           "--nproc-per-node "
+                           f"{size} ...), call torch.distributed.init_process_group first, then construct it with "
+                           "tensor_parallel_group= (the world's group where None)")
+    if group is None:
+        group = dist.group.WORLD
+    elif not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{module}: tensor_parallel_group must be a torch.distributed.ProcessGroup (or None for the "
+                        f"world's), got {type(group).__name__}")
+    ranks = dist.get_world_size(group)
+    if ranks != size:
+        raise ValueError(f"{module}: the tensor-parallel group has {ranks} ranks, but the module is built for {size} "
+                         f"([tool.fusegen.pipelines.<name>] tensor_parallel_size = {size}); give it a group of {size} "
+                         f"ranks, or build the pipeline for {ranks}")
+    return group
+
+
+def _single(name, before):
+    """torch.distributed's collective ``name``, or its older spelling ``before`` (torch 2.13 renamed
+    all_gather_into_tensor and reduce_scatter_tensor, deprecating the old names)."""
+    return getattr(torch.distributed, name, None) or getattr(torch.distributed, before)
+
+
+def _gathered(x, group):
+    ranks = torch.distributed.get_world_size(group)
+    out = x.new_empty((x.shape[0] * ranks, *x.shape[1:]))
+    _single("all_gather_single", "all_gather_into_tensor")(out, x.contiguous(), group=group)
+    return out
+
+
+def _scattered(x, group):
+    ranks = torch.distributed.get_world_size(group)
+    if x.shape[0] % ranks:
+        raise ValueError(f"a reduce-scatter over {ranks} ranks splits the rows, so they must be a multiple of {ranks}, "
+                         f"got {x.shape[0]}")
+    out = x.new_empty((x.shape[0] // ranks, *x.shape[1:]))
+    _single("reduce_scatter_single", "reduce_scatter_tensor")(out, x.contiguous(), group=group)
+    return out
+
+
+def _summed(x, group):
+    # (the caller's tensor, maybe: left as it is)
+    out = x.clone(memory_format=torch.contiguous_format)
+    torch.distributed.all_reduce(out, group=group)
+    return out
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gathered(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _scattered(dy, ctx.group), None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _scattered(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _gathered(dy, ctx.group), None
+
+
+class _AllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _summed(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
+class _CopyToGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _summed(dy, ctx.group), None
+
+
+def all_gather(x, group):
+    """The ranks' rows joined in rank order; backward: the grad reduce-scattered (TE's AllGather).
+    """
+    return _AllGather.apply(x, group)
+
+
+def reduce_scatter(x, group):
+    """The ranks' tensors summed, each rank keeping its rows; backward: the grad all-gathered."""
+    return _ReduceScatter.apply(x, group)
+
+
+def all_reduce(x, group):
+    """The ranks' tensors summed; backward: the grad as it is (TE's AllReduce)."""
+    return _AllReduce.apply(x, group)
+
+
+def copy_to_group(x, group):
+    """y = x; backward: the grad all-reduced (a column-parallel Linear's input without sequence
+    parallelism, as TE's BasicLinear all-reduces its dgrad)."""
+    return _CopyToGroup.apply(x, group)
+
+
+def full_state_dict(module):
+    """The module's state_dict as the unsharded pipeline's (every rank gets it whole): each sharded
+    parameter gathered along its split dim (the module's ``tensor_parallel_shards``; a
+    column-parallel Linear before a GLU: each rank's rows hold its share of the gates, then of the
+    linears), a row-parallel Linear's bias (each rank's added before the reduction, as TE's
+    te.ops.Linear) summed over the ranks."""
+    group, shards = module.tensor_parallel_group, module.tensor_parallel_shards
+    state = {}
+    for key, value in module.state_dict().items():
+        split = shards.get(key)
+        if split is None or not isinstance(value, torch.Tensor):
+            state[key] = value
+        elif split == "sum":
+            state[key] = _summed(value, group)
+        else:
+            parts = [
+                torch.empty_like(value) for _ in range(torch.distributed.get_world_size(group))]
+            torch.distributed.all_gather(parts, value.contiguous(), group=group)
+            # each rank's [gate share; linear share]: the gates first, then the linears
+            if split == "glu":
+                halves = [part.chunk(2) for part in parts]
+                state[key] = torch.cat(
+                    [gate for gate, _ in halves] + [linear for _, linear in halves])
+            else:
+                state[key] = torch.cat(parts, dim=split)
+    return state
+
+
+def load_full_state_dict(module, state_dict, strict=True):
+    """Load an unsharded state_dict (the pipeline's at tensor_parallel_size 1, or full_state_dict's)
+    into this rank's shards: each sharded parameter's slice along its split dim; a row-parallel
+    Linear's bias on rank 0, zeros on the others (their sum, which the module adds, is the bias)."""
+    group, shards = module.tensor_parallel_group, module.tensor_parallel_shards
+    rank, ranks = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    local = {}
+    for key, value in state_dict.items():
+        split = shards.get(key)
+        if split is None or not isinstance(value, torch.Tensor):
+            local[key] = value
+        elif split == "sum":
+            local[key] = value if rank == 0 else torch.zeros_like(value)
+        # this rank's share of the gates, then of the linears (see full_state_dict)
+        elif split == "glu":
+            local[key] = torch.cat([half.chunk(ranks)[rank] for half in value.chunk(2)])
+        else:
+            if value.shape[split] % ranks:
+                raise ValueError(f"{type(module).__name__}: {key} has {value.shape[split]} rows along dim {split}, "
+                                 f"which do not split over the group's {ranks} ranks; is it the unsharded "
+                                 "pipeline's state_dict?")
+            local[key] = value.chunk(ranks, dim=split)[rank]
+    return module.load_state_dict(local, strict=strict)

@@ -1,0 +1,71 @@
+"""Communication over the tensor-parallel group (catalog 2.13; TE's ops/basic/all_gather.py,
+reduce_scatter.py, all_reduce.py), and the collective TE's BasicLinear runs inside itself.
+
+- AllGather: the ranks' rows joined in rank order (the leading dims' first one times the group's
+  size); backward: the grad reduce-scattered (summed over the ranks, each keeping its rows).
+- ReduceScatter: the ranks' tensors summed, each rank keeping its share of the rows (the first
+  leading dim divided by the group's size); backward: the grad all-gathered.
+- AllReduce: the ranks' tensors summed, every rank keeping the sum; backward: the grad as it is
+  (TE's ``reduce_in_backward`` is stored but unused there, so here too).
+- TensorParallelCopy (no spec names it): y = x, and the grad all-reduced; a column-parallel
+  BasicLinear without sequence parallelism reads its input through it (TE's dgrad all-reduce).
+
+The group is the generated module's (its constructor's ``tensor_parallel_group``), whatever the
+spec's ``process_group`` expression; ``size`` is the group size the pipeline is built for
+([tool.fusegen.pipelines.<name>] tensor_parallel_size), which generator/tensor_parallel.py sets:
+at size 1 a collective is the identity (as TE's are) and the graph leaves it out. They run as
+PyTorch's collectives (templates/runtime/collectives.py, through stages/collective.py), so they
+have no reference math of their own here.
+"""
+
+from .lazy import torch
+from .opdef import Arg, OpDef, register
+
+PROCESS_GROUP = Arg("process_group", "group", None, in_kernel=False)
+
+
+def _size_set_by_build(v):
+    return None if v == 1 else ("is the tensor-parallel size the pipeline is built for: set it with "
+                                "[tool.fusegen.pipelines.<name>] tensor_parallel_size, not in the spec")
+
+
+# the group size the pipeline is built for (generator/tensor_parallel.py sets it; a spec cannot)
+SIZE = Arg("size", "int", 1, keyword_only=True, in_kernel=False, te_only=True, check=_size_set_by_build)
+
+def tensor_parallel_lead(module, op, lead, dims):
+    """The leading dims after a collective that joins the group's rows (``dims`` (k, 1): the first
+    dim k times longer, AllGather) or splits them (``dims`` (1, k): k times shorter, ReduceScatter),
+    as TE's gather and scatter along dim 0; or a clear error naming the module and the op."""
+    times, over = dims
+    if len(lead) == 0:
+        raise ValueError(f"{module}: {op} joins or splits the first dim over the tensor-parallel group, but the "
+                         "input is 1-D (its features only); give it rows: [rows, features] or [seq, batch, features]")
+    if lead[0] % over:
+        raise ValueError(f"{module}: {op} splits the first dim over the {over} ranks of the tensor-parallel group, "
+                         f"so it must be a multiple of {over}, got {lead[0]} (input shape {list(lead)} + features); "
+                         f"give each rank a multiple of {over} rows")
+    return torch.Size((lead[0] * times // over, *lead[1:]))
+
+
+register(OpDef(
+    "AllGather", "collective", args=(PROCESS_GROUP, SIZE),
+    new_lead=lambda a: ("tensor_parallel_lead", (a["size"], 1)), reference_helpers=(tensor_parallel_lead,),
+    summary="the ranks' rows joined in rank order; backward: the grad reduce-scattered",
+))
+register(OpDef(
+    "ReduceScatter", "collective", args=(PROCESS_GROUP, SIZE),
+    new_lead=lambda a: ("tensor_parallel_lead", (1, a["size"])),
+    summary="the ranks' tensors summed, each rank keeping its share of the rows; backward: the grad all-gathered",
+))
+register(OpDef(
+    "AllReduce", "collective",
+    args=(PROCESS_GROUP, Arg("reduce_in_backward", "bool", True, in_kernel=False), SIZE),
+    summary="the ranks' tensors summed; backward: the grad as it is",
+))
+register(OpDef(
+    "TensorParallelCopy", "collective", args=(PROCESS_GROUP, SIZE), modules=(),
+    summary="y = x; backward: the grad all-reduced (a column-parallel BasicLinear's input, without sequence "
+            "parallelism)",
+    changes_value=False,
+))
+

@@ -1,0 +1,42 @@
+"""Tensor and sequence parallelism (issue 41): TE's tensor-parallel Linears and communication ops,
+each pipeline built for the tensor-parallel size pyproject.toml gives it
+([tool.fusegen.pipelines.<name>] tensor_parallel_size). The group is the generated module's,
+given at construction (``tensor_parallel_group=``): the spec's expression is only shown.
+"""
+
+import transformer_engine.pytorch as te
+
+tp_group = None  # the process group: the generated module takes it at construction
+
+# an MLP block split over 2 ranks, with sequence parallelism: each rank holds a share of the
+# tokens for the norm, all-gathers them for the column-parallel Linear (its share of the SwiGLU's
+# features), and reduce-scatters the row-parallel Linear's partial sums back to its tokens
+tp_mlp = te.ops.Sequential(
+    te.ops.RMSNorm(256),
+    te.ops.Linear(256, 2048, bias=False, tensor_parallel_mode="column", tensor_parallel_group=tp_group,
+                  sequence_parallel=True),
+    te.ops.SwiGLU(),
+    te.ops.Linear(1024, 256, tensor_parallel_mode="row", tensor_parallel_group=tp_group, sequence_parallel=True),
+)
+
+# the same block over 4 ranks
+tp_mlp4 = te.ops.Sequential(
+    te.ops.RMSNorm(256),
+    te.ops.Linear(256, 4096, bias=False, tensor_parallel_mode="column", tensor_parallel_group=tp_group,
+                  sequence_parallel=True),
+    te.ops.SwiGLU(),
+    te.ops.Linear(2048, 256, tensor_parallel_mode="row", tensor_parallel_group=tp_group, sequence_parallel=True),
+)
+
+# without sequence parallelism: the column-parallel Linear's input grad all-reduced, the
+# row-parallel Linear's output all-reduced
+tp_column = te.ops.Sequential(te.ops.Linear(256, 512, tensor_parallel_mode="column", tensor_parallel_group=tp_group))
+tp_row = te.ops.Sequential(te.ops.Linear(512, 256, tensor_parallel_mode="row", tensor_parallel_group=tp_group))
+
+# TE's communication ops on their own
+tp_comm = te.ops.Sequential(
+    te.ops.AllGather(tp_group),
+    te.ops.Linear(256, 256),
+    te.ops.ReduceScatter(tp_group),
+    te.ops.AllReduce(tp_group),
+)

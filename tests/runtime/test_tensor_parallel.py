@@ -1,0 +1,219 @@
+"""Tensor and sequence parallelism (issue 41): specs/tensor_parallel.py's pipelines, one process a
+rank (gloo on CPU in CI, 2 and 4 ranks; NCCL on 2 GPUs where there are), against float64
+references of the unsharded model on the full tensors, written here from TE's semantics (catalog
+2.1-2.3, 2.13): each rank's output and input grad are its share of the reference's, and its
+parameter grads, put together as the shards split (independently of the runtime's helpers), are
+the reference's.
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.references import rms_norm, swiglu
+
+ROWS = 8  # tokens a rank holds where the sequence is split (x is [ROWS, 3, 256] there)
+
+
+def _mlp(p, x):
+    return F.linear(swiglu(F.linear(rms_norm(x, p["0.weight"]), p["1.weight"])), p["3.weight"], p["3.bias"])
+
+
+def _glu_rows(w, rank, ranks):
+    """A column-parallel weight before a SwiGLU: this rank's share of the gates, then of the linears."""
+    return torch.cat([half.chunk(ranks)[rank] for half in w.chunk(2)])
+
+
+# Each pipeline: its size, full parameter shapes, how x and y are split over the ranks ("rows": dim 0
+# of the tokens, "features": the last dim, "none": every rank has it whole), and how each parameter
+# is held: "rows"/"cols" (a slice along dim 0 / 1), "glu" (_glu_rows), "whole" (every rank the whole,
+# each rank's grad its own share: their sum is the reference's), "bias-sum" (a row-parallel Linear's
+# bias: rank 0's the bias, the others zeros; each rank's grad the reference's whole).
+PIPELINES = {
+    "TpMlp": (2, {"0.weight": (256,), "1.weight": (2048, 256), "3.weight": (256, 1024), "3.bias": (256,)},
+              "rows", "rows", {"0.weight": "whole", "1.weight": "glu", "3.weight": "cols", "3.bias": "bias-sum"}, _mlp),
+    "TpMlp4": (4, {"0.weight": (256,), "1.weight": (4096, 256), "3.weight": (256, 2048), "3.bias": (256,)},
+               "rows", "rows", {"0.weight": "whole", "1.weight": "glu", "3.weight": "cols", "3.bias": "bias-sum"},
+               _mlp),
+    "TpColumn": (2, {"0.weight": (512, 256), "0.bias": (512,)}, "none", "features",
+                 {"0.weight": "rows", "0.bias": "rows"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
+    "TpRow": (2, {"0.weight": (256, 512), "0.bias": (256,)}, "features", "none",
+              {"0.weight": "cols", "0.bias": "bias-sum"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
+}
+
+
+def _share(t, how, rank, ranks):
+    if how in ("none", "whole", "bias-sum"):
+        return t
+    if how == "glu":
+        return _glu_rows(t, rank, ranks)
+    dim = {"rows": 0, "cols": 1, "features": -1}[how]
+    return t.chunk(ranks, dim=dim)[rank]
+
+
+def _close(got, want, what):
+    err, scale = (got.double() - want).abs().max().item(), want.abs().max().item()
+    assert err <= 1e-12 * max(scale, 1.0), f"{what}: max |err| {err:.3e} against max |ref| {scale:.3e}"
+
+
+def check_pipeline(rank, ranks, device, name):
+    import generated
+
+    size, shapes, x_split, y_split, held, reference = PIPELINES[name]
+    assert size == ranks
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    gen = torch.Generator().manual_seed(7)  # the same full tensors on every rank
+    full = {key: torch.randn(shape, generator=gen, dtype=torch.float64) * (0.1 if len(shape) == 2 else 1.0)
+            for key, shape in shapes.items()}
+    in_features = next(iter(shapes.values()))[-1] if name != "TpRow" else 512
+    x = torch.randn(ROWS * ranks if x_split == "rows" else ROWS, 3, in_features, generator=gen, dtype=torch.float64)
+    # the reference: the unsharded model on the full tensors, in float64, through autograd
+    params = {key: value.clone().requires_grad_() for key, value in full.items()}
+    xr = x.clone().requires_grad_()
+    yr = reference(params, xr)
+    dy = torch.randn(yr.shape, generator=gen, dtype=torch.float64)
+    yr.backward(dy)
+
+    module = getattr(generated, name)(device=device, dtype=dtype)
+    module.load_full_state_dict({key: value.to(device, dtype) for key, value in full.items()})
+    xl = _share(x, x_split, rank, ranks).to(device, dtype).requires_grad_()
+    y = module(xl)
+    y.backward(_share(dy, y_split, rank, ranks).to(device, dtype))
+    check = _close if device == "cpu" else _close_f32
+    check(y.cpu(), _share(yr.detach(), y_split, rank, ranks), f"{name} rank {rank} y")
+    check(xl.grad.cpu(), _share(xr.grad, x_split, rank, ranks), f"{name} rank {rank} dx")
+    for key, parameter in module.named_parameters():
+        grad = parameter.grad.cpu()
+        if held[key] == "whole":  # each rank's share of the reference's grad: their sum is it
+            grad = grad.to(device)
+            torch.distributed.all_reduce(grad)
+            grad = grad.cpu()
+        check(grad, _share(params[key].grad, held[key], rank, ranks), f"{name} rank {rank} d{key}")
+    # the shards put back together are the full parameters, on every rank
+    for key, value in module.full_state_dict().items():
+        check(value.cpu(), full[key], f"{name} rank {rank} full_state_dict {key}")
+
+
+def _close_f32(got, want, what):
+    # fp32 on the GPU (TF32 off): GEMMs of up to 2,048 products, four stages; the reference is float64
+    err, scale = (got.double() - want).abs().max().item(), want.abs().max().item()
+    assert err <= 1e-5 * max(scale, 1.0), f"{what}: max |err| {err:.3e} against max |ref| {scale:.3e}"
+
+
+def check_comm(rank, ranks, device):
+    """TE's AllGather, ReduceScatter and AllReduce around a Linear every rank holds whole."""
+    import generated
+
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    gen = torch.Generator().manual_seed(11)
+    w, b = torch.randn(256, 256, generator=gen, dtype=torch.float64) * 0.1, torch.randn(256, generator=gen, dtype=torch.float64)
+    x = torch.randn(ranks * 6, 256, generator=gen, dtype=torch.float64)  # each rank's 6 rows, in rank order
+    # y is every rank's the same after the all-reduce, and so is its grad (TE's AllReduce passes the
+    # grad on as it is: the loss every rank computes is the same, as in Megatron's replicated regions)
+    dy = torch.randn(6, 256, generator=gen, dtype=torch.float64)
+    wr, br, xr = w.clone().requires_grad_(), b.clone().requires_grad_(), x.clone().requires_grad_()
+    # gathered: every rank computes h from all rows; reduce-scatter: the ranks' (equal) h summed,
+    # rank r keeping its rows; all-reduce: those summed over the ranks
+    h = F.linear(xr, wr, br) * ranks
+    summed = sum(h.chunk(ranks))  # every rank's y
+    (summed * dy).sum().backward()
+    module = generated.TpComm(device=device, dtype=dtype)
+    module.load_state_dict({"1.weight": w.to(device, dtype), "1.bias": b.to(device, dtype)})
+    xl = x.chunk(ranks)[rank].to(device, dtype).requires_grad_()
+    y = module(xl)
+    y.backward(dy.to(device, dtype))
+    check = _close if device == "cpu" else _close_f32
+    check(y.cpu(), summed.detach(), f"TpComm rank {rank} y")
+    check(xl.grad.cpu(), xr.grad.chunk(ranks)[rank], f"TpComm rank {rank} dx")
+    for key, want in (("1.weight", wr.grad), ("1.bias", br.grad)):
+        grad = dict(module.named_parameters())[key].grad.clone()
+        torch.distributed.all_reduce(grad)  # each rank's copy got its share
+        check(grad.cpu(), want, f"TpComm rank {rank} d{key}")
+
+
+def _rank_main(rank, ranks, port, backend, device, check, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        device = f"cuda:{rank}"
+    torch.distributed.init_process_group(backend, rank=rank, world_size=ranks)
+    try:
+        check(rank, ranks, device, *args)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(ranks, check, *args, backend="gloo", device="cpu"):
+    """``check(rank, ranks, device, *args)`` in ``ranks`` processes of one process group; a failing
+    rank's exception fails the test."""
+    torch.multiprocessing.spawn(_rank_main, args=(ranks, _free_port(), backend, device, check, args), nprocs=ranks)
+
+
+@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpColumn", "TpRow"])
+def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
+    run_ranks(PIPELINES[name][0], check_pipeline, name)
+
+
+def test_te_communication_ops():
+    run_ranks(2, check_comm)
+
+
+def _gpus(n):
+    return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < n,
+                              reason=f"needs {n} GPUs")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpColumn", "TpRow"])
+def test_tensor_parallel_pipeline_on_gpus_with_nccl(name):
+    ranks = PIPELINES[name][0]
+    if not torch.cuda.is_available() or torch.cuda.device_count() < ranks:
+        pytest.skip(f"needs {ranks} GPUs")
+    run_ranks(ranks, check_pipeline, name, backend="nccl", device="cuda")
+
+
+@pytest.mark.cuda
+@_gpus(2)
+def test_te_communication_ops_on_gpus_with_nccl():
+    run_ranks(2, check_comm, backend="nccl", device="cuda")
+
+
+def test_construction_without_torch_distributed_says_how_to_launch():
+    import generated
+
+    with pytest.raises(RuntimeError, match=r"TpMlp is built for a tensor-parallel group of 2 ranks, but "
+                                           r"torch.distributed is not initialised.*torchrun --nproc-per-node 2"):
+        generated.TpMlp()
+
+
+def check_errors(rank, ranks, device):
+    import generated
+
+    with pytest.raises(ValueError, match=r"TpMlp4: the tensor-parallel group has 2 ranks, but the module is built "
+                                         r"for 4 \(\[tool.fusegen.pipelines.<name>\] tensor_parallel_size = 4\)"):
+        generated.TpMlp4()
+    with pytest.raises(TypeError, match="tensor_parallel_group must be a torch.distributed.ProcessGroup"):
+        generated.TpMlp(tensor_parallel_group="tp")
+    module = generated.TpMlp(dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"TpMlp: Linear\(256, 2048, .*\) \(op 1 at specs/tensor_parallel.py:.*\) "
+                                         r"joins or splits the first dim .* but the input is 1-D"):
+        module(torch.randn(256, dtype=torch.float64))
+    # a group of the same size, set later
+    module.set_tensor_parallel_group(torch.distributed.new_group([0, 1]))
+    y = module(torch.randn(4, 256, dtype=torch.float64))
+    assert y.shape == (4, 256)
+
+
+def test_bad_groups_and_inputs_get_clear_errors():
+    run_ranks(2, check_errors)
