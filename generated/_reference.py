@@ -987,14 +987,17 @@ def self_attention_bwd(x, dy, cu_seqlens, heads, kv_heads, causal, rotary_base, 
 
 def tensor_parallel_lead(module, op, lead, dims):
     """The leading dims after a collective that joins the group's rows (``dims`` (k, 1): the first
-    dim k times longer, AllGather) or splits them (``dims`` (1, k): k times shorter, ReduceScatter),
-    as TE's gather and scatter along dim 0; or a clear error naming the module and the op."""
+    dim k times longer, AllGather) or splits them (``dims`` (1, k): k times shorter,
+    ReduceScatter), as TE's gather and scatter along dim 0; or a clear error naming the module
+    and the op."""
     times, over = dims
     if len(lead) == 0:
-        raise ValueError(f"{module}: {op} joins or splits the first dim over the tensor-parallel group, but the "
-                         "input is 1-D (its features only); give it rows: [rows, features] or [seq, batch, features]")
+        raise ValueError(f"{module}: {op} joins or splits the first dim over the tensor-parallel "
+                         "group, but the input is 1-D (its features only); give it rows: "
+                         "[rows, features] or [seq, batch, features]")
     if lead[0] % over:
-        raise ValueError(f"{module}: {op} splits the first dim over the {over} ranks of the tensor-parallel group, "
-                         f"so it must be a multiple of {over}, got {lead[0]} (input shape {list(lead)} + features); "
-                         f"give each rank a multiple of {over} rows")
+        raise ValueError(f"{module}: {op} splits the first dim over the {over} ranks of the "
+                         f"tensor-parallel group, so it must be a multiple of {over}, got "
+                         f"{lead[0]} (leading dims {list(lead)}); give each rank a multiple of "
+                         f"{over} rows")
     return torch.Size((lead[0] * times // over, *lead[1:]))

@@ -2,7 +2,7 @@
 and backward as flowcharts, each fused stage a box around the ops it runs, labelled with what it
 runs as (a kernel, a GEMM call, or nothing); extra inputs enter the stage that adds them, extra
 outputs leave the stage that hands them out. Each op is labelled and named by its number in the
-spec (pipeline.spec_numbers), as the plan's tables and the generated code cite it."""
+spec (names.spec_numbers), as the plan's tables and the generated code cite it."""
 
 from __future__ import annotations
 

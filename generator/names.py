@@ -5,13 +5,18 @@ enough for a file name, and clear of the package's own modules. Two pipelines of
 not share a module (exactly, or up to case on case-insensitive file systems) or a class name.
 ``NameTable`` holds the names of one file (the frontend) or of one whole build (``load_plans``),
 so the error points at the second definition and names the first.
+
+The ops' numbers, the one numbering plans and generated code cite ops by, are here too
+(``spec_numbers``, ``ops_cited``).
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+import string
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 
 from .errors import Location, SpecError
@@ -123,3 +128,24 @@ class NameTable:
 def _where(first: Location, second: Location) -> str:
     """Where the first definition is, as seen from the second: 'line 3' or 'a.py:3'."""
     return f"line {first.line}" if first.file == second.file else f"{first.file}:{first.line}"
+
+
+def spec_numbers(ops: list) -> list[str]:
+    """Each basic op's number, the one numbering plans and generated code use: its spec op's
+    position in the Sequential as written (the eager Sequential's child index, the state_dict
+    prefix; views count; inside a Residual its path, "0.1"), lettered where that op runs as several
+    basic ops: "1a", "1b" for a Linear's BasicLinear and Bias, an in-place AddExtraInput's add and
+    its write-back, or a Residual's tee and add."""
+    parts = Counter(op.module_index for op in ops)
+    seen: Counter[str] = Counter()
+    numbers = []
+    for op in ops:
+        letter = string.ascii_lowercase[seen[op.module_index]] if parts[op.module_index] > 1 else ""
+        numbers.append(f"{op.module_index}{letter}")
+        seen[op.module_index] += 1
+    return numbers
+
+
+def ops_cited(ops) -> str:
+    """``ops`` as plans and comments cite them: "op 3" or "ops 1a, 1b"."""
+    return ("op " if len(ops) == 1 else "ops ") + ", ".join(op.number for op in ops)

@@ -13,8 +13,6 @@ to build fixed-size kernels for as well (``[tool.fusegen.pipelines.<name>] featu
 from __future__ import annotations
 
 import math
-import string
-from collections import Counter
 from dataclasses import dataclass, replace
 
 from . import names
@@ -219,27 +217,6 @@ class Pipeline:
         return size_at(size, n)
 
 
-def spec_numbers(ops: list[Op]) -> list[str]:
-    """Each basic op's number, the one numbering plans and generated code use: its spec op's
-    position in the Sequential as written (the eager Sequential's child index, the state_dict
-    prefix; views count; inside a Residual its path, "0.1"), lettered where that op runs as several
-    basic ops: "1a", "1b" for a Linear's BasicLinear and Bias, an in-place AddExtraInput's add and
-    its write-back, or a Residual's tee and add."""
-    parts = Counter(op.module_index for op in ops)
-    seen: Counter[str] = Counter()
-    numbers = []
-    for op in ops:
-        letter = string.ascii_lowercase[seen[op.module_index]] if parts[op.module_index] > 1 else ""
-        numbers.append(f"{op.module_index}{letter}")
-        seen[op.module_index] += 1
-    return numbers
-
-
-def ops_cited(ops) -> str:
-    """``ops`` as plans and comments cite them: "op 3" or "ops 1a, 1b"."""
-    return ("op " if len(ops) == 1 else "ops ") + ", ".join(op.number for op in ops)
-
-
 def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = (), tensor_parallel: int = 1) -> Pipeline:
     return chain(build_graph(spec, tensor_parallel), specialise, tensor_parallel)
 
@@ -272,7 +249,7 @@ def chain(graph: Graph, specialise: tuple[int, ...] = (), tensor_parallel: int =
                 location=node.location, extra_output=n_hidden, writes_back_to=extra_input, node=node.index,
             ))
             n_hidden += 1
-    ops = [replace(op, number=number) for op, number in zip(ops, spec_numbers(ops))]
+    ops = [replace(op, number=number) for op, number in zip(ops, names.spec_numbers(ops))]
     ops, values, training, width, sequences, group = _values(graph, ops)
     return Pipeline(graph.name, graph.file, graph.location, tuple(ops), len(graph.inputs) - 1,
                     len(graph.outputs) - 1, graph, tuple(specialise), values, training, width, sequences,

@@ -13,9 +13,12 @@ EPS = 1e-5
 
 def module_names(package):
     """The generated modules a package exports (its ``__all__`` holds its FP8 recipes and autocast
-    too, where a pipeline is built for FP8)."""
+    too, where a pipeline is built for FP8) that one process runs: those built for a tensor-parallel
+    group of several ranks (``tensor_parallel_shards``) need one process a rank, and
+    tests/runtime/test_tensor_parallel.py runs them."""
     return sorted(name for name in package.__all__
-                  if isinstance(getattr(package, name), type) and issubclass(getattr(package, name), torch.nn.Module))
+                  if isinstance(getattr(package, name), type) and issubclass(getattr(package, name), torch.nn.Module)
+                  and not hasattr(getattr(package, name), "tensor_parallel_shards"))
 
 
 def linear(x, w, b=None):

@@ -2,11 +2,11 @@
 
 A pipeline's free values are what its code takes rather than computes: x, the extra inputs, the
 parameters, the training flag, the packed sequences where an op reads them (``cu_seqlens``,
-``max_seqlen``: made by the module's forward from its call form), each user module and the
-leading dims it runs at (values.py). In that order they are the autograd Function's inputs (and
-the no-grad forward's, and a segment Function's where it reads them); each role says how the
-module's ``forward`` passes the value, whether the Function returns a grad for it, its type in the
-no-grad custom op's schema, and how the module's ``forward`` checks it before the call
+``max_seqlen``: made by the module's forward from its call form), each user module and the leading
+dims it runs at, the tensor-parallel group (values.py). In that order they are the autograd
+Function's inputs (and the no-grad forward's, and a segment Function's where it reads them); each
+role says how the module's ``forward`` passes the value, whether the Function returns a grad for
+it, its type in the no-grad custom op's schema, and how the ``forward`` checks it before the call
 (``check_lines``). A new kind of input is one role here and its rendering in ``argument`` (what is
 passed and checked), ``TENSOR_ROLES`` (whether it has a grad) and ``Argument.schema``. Every
 module's forward also takes the packed-sequence call form (``forward_parameters``), and ignores it
@@ -23,8 +23,7 @@ from ..source_text import comment_text
 from ..values import Role, Value, module_name
 from .held import fresh_parameters, held_parameters
 
-# the roles of values that are tensors with grads (a flag, an object or metadata has none: the
-# Function returns None for it, and a custom op's schema has no tensor for it)
+# the roles of tensors with grads (the Function returns None for the others, which a custom op's schema has no tensor for)
 TENSOR_ROLES = (Role.ACTIVATION, Role.ROWWISE, Role.PARAMETER)
 # the roles of the tensors the caller hands the module (a CUDA graph is captured per their shapes)
 CALLER_ROLES = (Role.ACTIVATION, Role.ROWWISE)
@@ -73,8 +72,7 @@ def free_values(pipeline) -> list[int]:
     modules = [value for op in p.ops if op.module_object is not None for value in (op.module_object, op.lead)]
     return ([0, *p.extra_input_values, *(value for op in p.ops for _, value in op.param_ids)]
             + ([p.training] if p.training is not None else []) + list(p.sequences or ())
-            + ([p.rotary_table] if p.rotary_table is not None else []) + modules
-            + ([p.group] if p.group is not None else []))
+            + ([p.rotary_table] if p.rotary_table is not None else []) + modules + ([p.group] if p.group else []))
 
 
 @dataclass(frozen=True)
@@ -186,10 +184,9 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
     if value.role is Role.FLAG:
         return Argument(value.id, value.role, name, "self.training", line=name,
                         comment="Dropout draws its masks in training only")
-    if value.role is Role.GROUP:  # the module's tensor-parallel group, given at construction
-        return Argument(value.id, value.role, name, f"self.{name}", line=name)
-    if value.role is Role.OBJECT:  # a user's module, on one line with the leading dims it runs at
-        return Argument(value.id, value.role, name, f'self._modules["{op.module_index}"]', line=name)
+    if value.role in (Role.GROUP, Role.OBJECT):  # the TP group it was given; a user's module (beside its leading dims)
+        held = f"self.{name}" if value.role is Role.GROUP else f'self._modules["{op.module_index}"]'
+        return Argument(value.id, value.role, name, held, line=name)
     if value.role is Role.METADATA and f.sequences is not None and value.id in f.sequences:
         # the packed sequences, made once from the call form (x's rows; seq_lens=, max_seqlen=) and
         # checked there: int32 offsets on x's device, and a host int (bounded by the rows where a

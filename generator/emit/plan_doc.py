@@ -27,7 +27,7 @@ def runs_as(plan: Plan, stage_kernels: dict) -> dict[tuple[str, int], str]:
 class SpecRow(NamedTuple):
     """One op of the spec as the plan's Ops table and the module's docstring list it."""
 
-    number: str  # pipeline.spec_numbers
+    number: str  # names.spec_numbers
     call: str  # the basic op as a spec would write it
     note: str  # what the plan adds: a view's, or a write-back's
     in_features: Size

@@ -308,29 +308,22 @@ SM_MARGIN = Arg("sm_margin", "int", 0, keyword_only=True, in_kernel=False,
                 check=lambda v: None if v >= 0 else "must be 0 or more (SMs left to other kernels)")
 
 
-def _parallel_not_yet(v):
-    return (f"must be left at its default: tensor and sequence parallelism are not supported yet (got {v!r}); "
-            "generate the unsharded pipeline") if v not in (None, False) else None
-
-
 def _check_mode(v):
-    return None if v in (None, "column", "row") else (
-        f'must be None, "column" (the output features split over the group) or "row" (the input features), '
-        f"as TE's; got {v!r}")
+    return None if v in (None, "column", "row") else ('must be None, "column" (the output features split over the '
+                                                      f'group) or "row" (the input features), as TE\'s; got {v!r}')
 
 
-# TE's tensor- and sequence-parallel arguments (catalog 2.1, 2.2, 2.13; generator/tensor_parallel.py
-# localises the ops for the size a pipeline is built for). A group is any expression: the spec is
-# never run, so the generated module takes the group at construction (tensor_parallel_group=) and
-# the spec's expression is kept only to be shown.
-TENSOR_PARALLEL_MODE = Arg("tensor_parallel_mode", "str", None, keyword_only=True, in_kernel=False, te_only=True,
-                           check=_check_mode)
-TENSOR_PARALLEL_GROUP = Arg("tensor_parallel_group", "group", None, keyword_only=True, in_kernel=False, te_only=True)
-SEQUENCE_PARALLEL = Arg("sequence_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True)
-TENSOR_PARALLEL = Arg("tensor_parallel", "bool", False, keyword_only=True, in_kernel=False, te_only=True)
-RNG_STATE_TRACKER = Arg("rng_state_tracker_function", "str", None, keyword_only=True, in_kernel=False, te_only=True,
+# TE's tensor- and sequence-parallel arguments (generator/tensor_parallel.py localises the ops). A group is any
+# expression: the spec is never run; the generated module takes the group at construction, the expression is shown
+_TE_ONLY = dict(keyword_only=True, in_kernel=False, te_only=True)
+TENSOR_PARALLEL_MODE = Arg("tensor_parallel_mode", "str", None, check=_check_mode, **_TE_ONLY)
+TENSOR_PARALLEL_GROUP = Arg("tensor_parallel_group", "group", None, **_TE_ONLY)
+SEQUENCE_PARALLEL = Arg("sequence_parallel", "bool", False, **_TE_ONLY)
+TENSOR_PARALLEL = Arg("tensor_parallel", "bool", False, **_TE_ONLY)
+RNG_STATE_TRACKER = Arg("rng_state_tracker_function", "str", None, **_TE_ONLY,
                         check=lambda v: "must be None: fusegen initialises parameters with PyTorch's generator")
-USERBUFFERS = Arg("userbuffers_options", "str", None, keyword_only=True, in_kernel=False, te_only=True, check=_parallel_not_yet)
+USERBUFFERS = Arg("userbuffers_options", "str", None, **_TE_ONLY,
+                  check=lambda v: f"must be left at its default: userbuffers are not supported yet (got {v!r})")
 LINEAR_PARALLEL = (TENSOR_PARALLEL_MODE, TENSOR_PARALLEL_GROUP, SEQUENCE_PARALLEL, RNG_STATE_TRACKER, USERBUFFERS)
 
 

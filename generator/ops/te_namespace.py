@@ -43,7 +43,7 @@ MODULE_ONLY_ARGS: dict[str, dict[str, tuple[object, str]]] = {
                                         "ub_bulk_wgrad", "ub_name", "save_original_input", "name")},
         "delay_wgrad_compute": (False, "defers the weight grads to a backward_dw() call, which fusegen's module "
                                        "does not have; leave it False"),
-        "symmetric_ar_type": (None, _PARALLEL)},
+        "symmetric_ar_type": (None, _PARALLEL), "sequence_parallel": (False, _PARALLEL)},
     "LayerNorm": {"sequence_parallel": (ANY, "")},  # TE: a flag for Megatron-LM, read by nothing in the module
     "RMSNorm": {"sequence_parallel": (ANY, "")},
 }

@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 from ..kernels import sums_itself_up_to
 from ..calls import Alias, Call
 from ..kernels import KernelSpec
-from ..pipeline import Op, Pipeline, ops_cited
+from ..names import ops_cited
+from ..pipeline import Op, Pipeline
 from ..planned import Plan, Recompute, Saves, Stage
 from ..values import HOST_OBJECT, Role, ValueTable, extra_input_name, extra_output_name, grad_name, param_name
 

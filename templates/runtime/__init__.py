@@ -30,9 +30,12 @@ subject, each importing only those listed above it:
   fp8_reference_amax_cols, fp8_reference_cast_cols; a producer's FP8 variant's,
   fp8_reference_produced) and GEMMs (scaled_mm: torch._scaled_mm, or emulated);
 - fp8: a call's FP8 GEMMs (fp8_call, Fp8Call): the recipe's casts, the GEMMs, the weight cache.
+- collectives: tensor parallelism's group check, collectives (autograd Functions) and state_dict
+  helpers (imported by the generated modules built for a tensor-parallel size, as a module).
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
 """
 
+from . import collectives
 from .checks import (check_input, check_packed_form, check_parameters, check_row_input,
                      packed_sequences)
 from .te_forms import te_sequences
@@ -57,7 +60,7 @@ __all__ = [
     "CudaGraphs", "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format",
     "Fp8SpecOp", "Fp8State", "Kernel", "KernelIntegrityError", "KernelNotAvailableError", "MMParams", "PassGraphs",
     "QParams", "SpecOp", "TeModuleOp", "adjacent_rows", "as_rows", "autocast", "backward_done", "check_input", "check_packed_form",
-    "check_parameters", "check_row_input", "first_order_only", "forget_fp8_weights", "fp8_autocast", "fp8_call",
+    "check_parameters", "check_row_input", "collectives", "first_order_only", "forget_fp8_weights", "fp8_autocast", "fp8_call",
     "fp8_eagerly", "fp8_runs",
     "fp8_reference_amax", "fp8_reference_amax_cols", "fp8_reference_cast", "fp8_reference_cast_blocks",
     "fp8_reference_cast_cols", "fp8_reference_cast_rows", "fp8_reference_delayed_update", "fp8_reference_produced",

@@ -104,6 +104,7 @@ ROLES = [
     (Value(6, Role.FLAG, "bool", "training"), None, "self.training", False, "bool", None),
     (Value(11, Role.OBJECT, "object", "module2_module"), OP, 'self._modules["2"]', False, None, None),
     (Value(12, Role.METADATA, "object", "module2_lead"), OP, "lead1", False, None, None),
+    (Value(13, Role.GROUP, "object", "tensor_parallel_group"), None, "self.tensor_parallel_group", False, None, None),
 ]
 
 

@@ -126,6 +126,7 @@ FLOAT_EDGES = [
 ]
 BOOL_EDGES = ["True", "False", "1", "0", "None", "not True", "USE"]
 SHAPE_EDGES = INT_EDGES + ["(64,)", "(8, 64)", "()", "[64]", "('64',)", "(True,)", "'64'"]
+GROUP_EDGES = ["None", "tp_group", "group.of(2)", "4", "'g'"]  # any expression: the group is given at run time
 DIMS_EDGES = SHAPE_EDGES + ["(-1, 64)", "(-1, -1)", "(64, -1)", "[-1, 2, 32]", "(0, 64)"]
 DEVICE_EDGES = ["None", "'cuda'", "'cuda:1'", "'cpu'", "'tpu'", "''", "0", "torch.float32"]
 DTYPE_EDGES = ["None", "torch.bfloat16", "torch.half", "torch.int8", "'bf16'", "torch", "float", "1"]
@@ -144,7 +145,8 @@ SIZING = [name for name in TE_OPS if OPS[name].kind in ("linear", "container", "
 
 def edge_value(rng: random.Random, kind: str) -> str:
     return rng.choice({"int": INT_EDGES, "float": FLOAT_EDGES, "bool": BOOL_EDGES, "shape": SHAPE_EDGES,
-                       "device": DEVICE_EDGES, "dtype": DTYPE_EDGES, "str": STR_EDGES, "dims": DIMS_EDGES}[kind])
+                       "device": DEVICE_EDGES, "dtype": DTYPE_EDGES, "str": STR_EDGES, "dims": DIMS_EDGES,
+                       "group": GROUP_EDGES}[kind])
 
 
 OPTIONAL = {"eps": ["1e-6", "1e-5", "0.001"], "zero_centered_gamma": ["True", "False"], "bias": ["True", "False"],

@@ -174,9 +174,10 @@ def test_registry_order_is_the_family_order():
                          "RowScale", "ScaledSwiGLU", "ScaledSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU",
                          "ConstantScale", "Dropout", "AddExtraInput", "MakeExtraOutput", "Identity", "Quantize", "Reshape", "FlattenRows",
                          "UnflattenRows",
-                         "MultiHeadedSelfAttention", "GroupedQueryAttention", "MultiQuerySelfAttention", "nn.Linear",
+                         "MultiHeadedSelfAttention", "GroupedQueryAttention", "MultiQuerySelfAttention",
+                         "AllGather", "ReduceScatter", "AllReduce", "TensorParallelCopy", "nn.Linear",
                          "nn.LayerNorm", "nn.RMSNorm", "nn.GELU", "nn.SiLU", "nn.ReLU", "nn.Dropout", "nn.Identity",
                          "LayerNormLinear", "LayerNormMLP", "MultiheadAttention", "TransformerLayer", "Module"]
     assert [m.__name__.rpartition(".")[2] for m in ops.FAMILIES] == [
         "linear", "bias", "norms", "activations", "glu", "row_scaled", "scale", "dropout", "extra_io", "identity",
-        "attention", "torch_nn", "te_modules", "te_layer", "module"]
+        "attention", "collectives", "torch_nn", "te_modules", "te_layer", "module"]

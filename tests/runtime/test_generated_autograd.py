@@ -9,6 +9,7 @@ import torch
 
 import generated
 from spec_packages import imported_package
+from references import module_names
 
 
 TINY_SPEC = textwrap.dedent("""\
@@ -128,11 +129,9 @@ def addends(tmp_path_factory):
 def small_shipped_modules():
     """The shipped modules small enough to run on CPU in a test (TeMlp's weights are 1.4 GB)."""
     names = []
-    for name in sorted(dir(generated)):
-        cls = getattr(generated, name)
-        if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-            if sum(p.numel() for p in cls(device="meta").parameters()) < 1 << 22:
-                names.append(name)
+    for name in module_names(generated):  # (one process: not those built for a tensor-parallel group)
+        if sum(p.numel() for p in getattr(generated, name)(device="meta").parameters()) < 1 << 22:
+            names.append(name)
     return names
 
 

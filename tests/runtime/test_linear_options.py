@@ -87,13 +87,14 @@ def test_a_missing_main_grad_is_a_clear_error(pkg):
 
 
 @pytest.mark.parametrize("call, message", [
-    ("Linear(8, 4, tensor_parallel_mode='column')", "argument 'tensor_parallel_mode' of Linear must be left at its "
-                                                    "default: tensor and sequence parallelism are not supported yet"),
-    ("BasicLinear(8, 4, sequence_parallel=True)", "argument 'sequence_parallel' of BasicLinear must be left at its default"),
-    ("Bias(8, tensor_parallel=True)", "argument 'tensor_parallel' of Bias must be left at its default"),
+    ("Linear(8, 4, tensor_parallel_mode='diagonal')", "argument 'tensor_parallel_mode' of Linear must be None, "
+                                                      '"column" (the output features split over the group) or "row"'),
+    ("BasicLinear(8, 4, userbuffers_options='qkv')",
+     "argument 'userbuffers_options' of BasicLinear must be left at its default"),
     ("Linear(8, 4, rng_state_tracker_function='tracker')", "must be None: fusegen initialises parameters"),
+    ("AllGather(tp_group, size=2)", "argument 'size' of AllGather is the tensor-parallel size the pipeline is built for"),
 ])
-def test_parallel_arguments_other_than_their_defaults_are_not_supported_yet(call, message):
+def test_parallel_arguments_fusegen_does_not_take_are_refused(call, message):
     with pytest.raises(SpecError) as info:
         parse_spec(f"import transformer_engine.pytorch as te\nm = te.ops.Sequential(te.ops.{call})\n", "spec.py")
     assert message in info.value.message

@@ -217,3 +217,51 @@ def check_errors(rank, ranks, device):
 
 def test_bad_groups_and_inputs_get_clear_errors():
     run_ranks(2, check_errors)
+
+
+TP_SPEC = """import transformer_engine.pytorch as te
+mlp = te.ops.Sequential(
+    te.ops.RMSNorm(64),
+    te.ops.Linear(64, 256, bias=False, tensor_parallel_mode="column", tensor_parallel_group=tp, sequence_parallel=True),
+    te.ops.SwiGLU(),
+    te.ops.Linear(128, 64, tensor_parallel_mode="row", tensor_parallel_group=tp, sequence_parallel=True),
+)
+"""
+
+
+def _plans(tmp_path, spec, table):
+    from fusegen import build, config
+
+    (tmp_path / "spec.py").write_text(spec)
+    (tmp_path / "pyproject.toml").write_text('[tool.fusegen]\nspecs = ["spec.py"]\n' + table)
+    return build.load_plans(config.load_config([], None, None, None, None, None, cwd=tmp_path))
+
+
+def test_at_size_1_the_modes_are_ignored_and_the_collectives_left_out(tmp_path):
+    (plan,) = _plans(tmp_path, TP_SPEC, "")
+    assert [op.describe() for op in plan.pipeline.ops][1:3] == [
+        "BasicLinear(64, 256, tensor_parallel_mode='column', tensor_parallel_group='tp', sequence_parallel=True)",
+        "SwiGLU()"]
+    assert plan.pipeline.group is None and not any(op.opdef.kind == "collective" for op in plan.pipeline.ops)
+    (plan,) = _plans(tmp_path, TP_SPEC, "[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = 4\n")
+    assert [op.opdef.name for op in plan.pipeline.ops] == [
+        "RMSNorm", "AllGather", "BasicLinear", "SwiGLU", "BasicLinear", "Bias", "ReduceScatter"]
+    assert [shape for *_, shape, _ in plan.pipeline.params] == [(64,), (64, 64), (64, 32), (64,)]
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = 3\n",
+     r"Linear\(\): out_features=256 does not split over the 3 ranks of the tensor-parallel group"),
+    ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = 0\n",
+     r"tensor_parallel_size must be a whole number from 1 to 1024"),
+    ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = 2\nfp8 = [\"current\"]\n",
+     r"built for FP8 too, and FP8 GEMMs between tensor-parallel collectives are not generated yet"),
+    ("[tool.fusegen.pipelines.plain]\ntensor_parallel_size = 2\n",
+     r"pipeline 'plain' .* has no op that splits over a tensor-parallel group"),
+])
+def test_build_errors_name_the_op_or_the_setting(tmp_path, table, message):
+    from fusegen.errors import SpecError, UsageError
+
+    spec = TP_SPEC + "plain = te.ops.Sequential(te.ops.Linear(64, 64))\n"
+    with pytest.raises((SpecError, UsageError), match=message):
+        _plans(tmp_path, spec, table)
