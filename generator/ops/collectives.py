@@ -32,6 +32,19 @@ def _size_set_by_build(v):
 # the group size the pipeline is built for (generator/tensor_parallel.py sets it; a spec cannot)
 SIZE = Arg("size", "int", 1, keyword_only=True, in_kernel=False, te_only=True, check=_size_set_by_build)
 
+# Each op's collective in the generated package's runtime (_runtime/collectives.py, an autograd
+# Function), and what its forward and its backward run, as plans say it
+_OVER = " over the tensor-parallel group"
+RUNS = {
+    "AllGather": ("all_gather", "torch.distributed: all-gather" + _OVER, "torch.distributed: reduce-scatter" + _OVER),
+    "ReduceScatter": ("reduce_scatter", "torch.distributed: reduce-scatter" + _OVER,
+                      "torch.distributed: all-gather" + _OVER),
+    "AllReduce": ("all_reduce", "torch.distributed: all-reduce" + _OVER, "no communication: the grad as it is"),
+    "TensorParallelCopy": ("copy_to_group", "y = x (its backward: all-reduce" + _OVER + ")",
+                           "torch.distributed: all-reduce" + _OVER),
+}
+
+
 def tensor_parallel_lead(module, op, lead, dims):
     """The leading dims after a collective that joins the group's rows (``dims`` (k, 1): the first
     dim k times longer, AllGather) or splits them (``dims`` (1, k): k times shorter,

@@ -13,14 +13,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ..calls import TorchCall
+from ..ops.collectives import RUNS
 from .base import StageImpl
-
-# each op's collective in the runtime (its forward; its backward is the runtime's too)
-RUNS = {"AllGather": "all_gather", "ReduceScatter": "reduce_scatter", "AllReduce": "all_reduce",
-        "TensorParallelCopy": "copy_to_group"}
-PAIRS = {"AllGather": "reduce-scatter", "ReduceScatter": "all-gather", "AllReduce": "the grad as it is",
-         "TensorParallelCopy": "all-reduce"}
-
 
 class CollectiveStage(StageImpl):
     name = "collective"
@@ -31,19 +25,17 @@ class CollectiveStage(StageImpl):
         return None if list(chain) == ["collective"] else "a collective stage runs one collective op"
 
     def runs_as(self, pass_, stage, kernels):
-        op = stage.ops[0].opdef.name
-        what = RUNS[op].replace("_", "-") if pass_ == "forward" else PAIRS[op]
-        return f"torch.distributed: {what} over the tensor-parallel group" if what != "copy-to-group" else \
-            "y = x (its backward: all-reduce over the tensor-parallel group)"
+        _, forward, backward = RUNS[stage.ops[0].opdef.name]
+        return forward if pass_ == "forward" else backward
 
     def rows_factor(self, stage):
-        op = stage.ops[0]
-        return {"AllGather": Fraction(op.args["size"]), "ReduceScatter": Fraction(1, op.args["size"])}.get(
-            op.opdef.name, Fraction(1))
+        op = stage.ops[0]  # an AllGather's rows times the group's size, a ReduceScatter's over it (new_lead)
+        times, over = op.opdef.new_lead(op.args)[1] if op.opdef.new_lead else (1, 1)
+        return Fraction(times, over)
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
-        block.add(TorchCall(f"{{y}} = collectives.{RUNS[op.opdef.name]}({{x}}, {{group}})",
+        block.add(TorchCall(f"{{y}} = collectives.{RUNS[op.opdef.name][0]}({{x}}, {{group}})",
                             dict(x=stage.input, group=em.pipeline.group), dict(y=stage.output)))
         return em.table[stage.output].name
 

@@ -68,7 +68,7 @@ def check_pipeline(rank, ranks, device, name):
     gen = torch.Generator().manual_seed(7)  # the same full tensors on every rank
     full = {key: torch.randn(shape, generator=gen, dtype=torch.float64) * (0.1 if len(shape) == 2 else 1.0)
             for key, shape in shapes.items()}
-    in_features = next(iter(shapes.values()))[-1] if name != "TpRow" else 512
+    in_features = next(iter(shapes.values()))[-1]  # (the first parameter's last dim: x's width)
     x = torch.randn(ROWS * ranks if x_split == "rows" else ROWS, 3, in_features, generator=gen, dtype=torch.float64)
     # the reference: the unsharded model on the full tensors, in float64, through autograd
     params = {key: value.clone().requires_grad_() for key, value in full.items()}
@@ -160,6 +160,11 @@ def run_ranks(ranks, check, *args, backend="gloo", device="cpu"):
     torch.multiprocessing.spawn(_rank_main, args=(ranks, _free_port(), backend, device, check, args), nprocs=ranks)
 
 
+def _gpus(n):
+    return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < n,
+                              reason=f"needs {n} GPUs")
+
+
 @pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpColumn", "TpRow"])
 def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name)
@@ -169,18 +174,11 @@ def test_te_communication_ops():
     run_ranks(2, check_comm)
 
 
-def _gpus(n):
-    return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < n,
-                              reason=f"needs {n} GPUs")
-
-
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpColumn", "TpRow"])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=_gpus(PIPELINES[name][0]))
+                                  for name in ["TpMlp", "TpMlp4", "TpColumn", "TpRow"]])
 def test_tensor_parallel_pipeline_on_gpus_with_nccl(name):
-    ranks = PIPELINES[name][0]
-    if not torch.cuda.is_available() or torch.cuda.device_count() < ranks:
-        pytest.skip(f"needs {ranks} GPUs")
-    run_ranks(ranks, check_pipeline, name, backend="nccl", device="cuda")
+    run_ranks(PIPELINES[name][0], check_pipeline, name, backend="nccl", device="cuda")
 
 
 @pytest.mark.cuda
