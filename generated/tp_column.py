@@ -48,7 +48,7 @@ def backward_stages0(d_linear0_out, linear0_pre_linear, linear0_weight):
 class TpColumnFunction0(torch.autograd.Function):
     """Forward and backward of ops 0b to 0c of `tp_column` on 2-D [rows, features] tensors.
 
-    grad_forward runs the user modules between such Functions (``graph``: None)."""
+    grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
@@ -71,7 +71,8 @@ class TpColumnFunction0(torch.autograd.Function):
 
 def grad_forward(x, linear0_weight, linear0_bias, tensor_parallel_group):
     """The forward of `tp_column` under autograd: its fused ops as the Functions above, its
-    user modules between them as they are, which autograd records as eager PyTorch does."""
+    user modules and collectives between them as they are, which autograd records as eager PyTorch
+    does."""
     # forward stage 0 · rule collective · op 0a: TensorParallelCopy(process_group='tp_group',
     # size=2)
     linear0_pre_linear = collectives.copy_to_group(x, tensor_parallel_group)
@@ -167,7 +168,7 @@ class TpColumn(torch.nn.Module):
             self.tensor_parallel_group,
         )
         if torch.is_grad_enabled():
-            # the fused ops' Functions and the user modules between them
+            # the fused ops' Functions, the user modules and collectives between them
             outputs = grad_forward(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)

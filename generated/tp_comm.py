@@ -46,7 +46,7 @@ def backward_stages0(d_linear1_out, allgather0_out, linear1_weight):
 class TpCommFunction0(torch.autograd.Function):
     """Forward and backward of ops 1a to 1b of `tp_comm` on 2-D [rows, features] tensors.
 
-    grad_forward runs the user modules between such Functions (``graph``: None)."""
+    grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
@@ -68,7 +68,8 @@ class TpCommFunction0(torch.autograd.Function):
 
 def grad_forward(x, linear1_weight, linear1_bias, tensor_parallel_group):
     """The forward of `tp_comm` under autograd: its fused ops as the Functions above, its
-    user modules between them as they are, which autograd records as eager PyTorch does."""
+    user modules and collectives between them as they are, which autograd records as eager PyTorch
+    does."""
     # forward stage 0 · rule collective · op 0: AllGather(process_group='tp_group', size=2)
     allgather0_out = collectives.all_gather(x, tensor_parallel_group)
     # ops 1a to 1b, fused
@@ -174,7 +175,7 @@ class TpComm(torch.nn.Module):
             self.tensor_parallel_group,
         )
         if torch.is_grad_enabled():
-            # the fused ops' Functions and the user modules between them
+            # the fused ops' Functions, the user modules and collectives between them
             outputs = grad_forward(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)

@@ -49,7 +49,7 @@ def backward_stages0(d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight):
 class TpMlpFunction0(torch.autograd.Function):
     """Forward and backward of ops 0 to 0 of `tp_mlp` on 2-D [rows, features] tensors.
 
-    grad_forward runs the user modules between such Functions (``graph``: None)."""
+    grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
@@ -105,7 +105,7 @@ def backward_stages1(
 class TpMlpFunction1(torch.autograd.Function):
     """Forward and backward of ops 1b to 3b of `tp_mlp` on 2-D [rows, features] tensors.
 
-    grad_forward runs the user modules between such Functions (``graph``: None)."""
+    grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
@@ -137,7 +137,8 @@ class TpMlpFunction1(torch.autograd.Function):
 def grad_forward(
         x, rmsnorm0_weight, linear1_weight, linear3_weight, linear3_bias, tensor_parallel_group):
     """The forward of `tp_mlp` under autograd: its fused ops as the Functions above, its
-    user modules between them as they are, which autograd records as eager PyTorch does."""
+    user modules and collectives between them as they are, which autograd records as eager PyTorch
+    does."""
     # ops 0 to 0, fused
     rmsnorm0_out = TpMlpFunction0.apply(None, x, rmsnorm0_weight)
     # forward stage 1 · rule collective · op 1a: AllGather(process_group='tp_group', size=2)
@@ -281,7 +282,7 @@ class TpMlp(torch.nn.Module):
             self.tensor_parallel_group,
         )
         if torch.is_grad_enabled():
-            # the fused ops' Functions and the user modules between them
+            # the fused ops' Functions, the user modules and collectives between them
             outputs = grad_forward(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)

@@ -47,7 +47,7 @@ def backward_stages0(d_linear0_pre_collective, x, linear0_weight):
 class TpRowFunction0(torch.autograd.Function):
     """Forward and backward of ops 0a to 0b of `tp_row` on 2-D [rows, features] tensors.
 
-    grad_forward runs the user modules between such Functions (``graph``: None)."""
+    grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
@@ -70,7 +70,8 @@ class TpRowFunction0(torch.autograd.Function):
 
 def grad_forward(x, linear0_weight, linear0_bias, tensor_parallel_group):
     """The forward of `tp_row` under autograd: its fused ops as the Functions above, its
-    user modules between them as they are, which autograd records as eager PyTorch does."""
+    user modules and collectives between them as they are, which autograd records as eager PyTorch
+    does."""
     # ops 0a to 0b, fused
     linear0_pre_collective = TpRowFunction0.apply(None, x, linear0_weight, linear0_bias)
     # forward stage 1 · rule collective · op 0c: AllReduce(process_group='tp_group', size=2)
@@ -161,7 +162,7 @@ class TpRow(torch.nn.Module):
             self.tensor_parallel_group,
         )
         if torch.is_grad_enabled():
-            # the fused ops' Functions and the user modules between them
+            # the fused ops' Functions, the user modules and collectives between them
             outputs = grad_forward(*args)
         else:  # autograd is off: the forward alone, keeping nothing for a backward
             outputs = no_grad_forward(*args)

@@ -50,7 +50,7 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         span = f"ops {first.ops[0].number} to {last.ops[-1].number}"
         functions.append(dict(function_parts(
             em, f"{p.class_name}{kind}Function{k}", f"{span} of `{p.name}`" + (" (FP8 GEMMs)" if kind else ""),
-            f"grad_forward{'_' + kind.lower() if kind else ''} runs the user modules between such Functions "
+            f"grad_forward{'_' + kind.lower() if kind else ''} runs the user modules and collectives between such Functions "
             "(``graph``: None).", f"{'_' + kind.lower() if kind else ''}{k}",
             args + (["n"] if takes_n else []), blocks, distinct_returns(outputs, em.aliases),
             [em.name(v) for v in saved if v in backward_reads],
