@@ -40,3 +40,15 @@ tp_comm = te.ops.Sequential(
     te.ops.ReduceScatter(tp_group),
     te.ops.AllReduce(tp_group),
 )
+
+# the block with its residual (a Llama MLP block, sequence parallel): the add reads the rank's own
+# tokens, kept across the collectives
+tp_residual_mlp = te.ops.Sequential(
+    te.ops.Residual(
+        te.ops.RMSNorm(256),
+        te.ops.Linear(256, 2048, bias=False, tensor_parallel_mode="column", tensor_parallel_group=tp_group,
+                      sequence_parallel=True),
+        te.ops.SwiGLU(),
+        te.ops.Linear(1024, 256, tensor_parallel_mode="row", tensor_parallel_group=tp_group, sequence_parallel=True),
+    ),
+)

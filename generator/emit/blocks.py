@@ -69,6 +69,11 @@ def reads_of(blocks: list[Block]) -> list[int]:
     return list(dict.fromkeys(value for block in blocks for value in block.reads()))
 
 
+def writes_of(blocks: list[Block]) -> list[int]:
+    """The values ``blocks``' calls write, in order, each once."""
+    return list(dict.fromkeys(value for block in blocks for call in block.calls for value in call.writes.values()))
+
+
 def made_before_read(blocks: list[Block]) -> set[int]:
     """The values ``blocks``' calls write before any of them reads it (made where they run)."""
     made, read = set(), set()
@@ -109,10 +114,11 @@ def saved_for_backward(plan: Plan, em: Emitter, bwd: list[Block]) -> list[int]:
     return list(tensors.values())
 
 
-def distinct_returns(names: list[str], aliases: dict[str, str]) -> list[str]:
+def distinct_returns(names: list[str], aliases: dict[str, str], inputs: list[str] = ()) -> list[str]:
     """The Function's outputs, a tensor returned twice (an extra output that is the output itself)
-    the second time as a view of it: torch.compile cannot trace one tensor as two outputs."""
-    seen: set[str] = set()
+    the second time as a view of it: torch.compile cannot trace one tensor as two outputs; one of
+    its ``inputs`` returned (a Residual's input handed to a later Function) as a view of it too."""
+    seen: set[str] = {aliases.get(name, name) for name in inputs}
     out = []
     for name in names:
         tensor = aliases.get(name, name)

@@ -9,7 +9,7 @@ from ..plan import Plan
 from ..stages import Block, Emitter
 from ..stages.base import extra_output_name
 from . import convention
-from .blocks import distinct_returns, own_memory, reads_of
+from .blocks import distinct_returns, own_memory, reads_of, writes_of
 from .function import function_parts
 
 
@@ -32,14 +32,21 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         else:
             steps.append([(stage, block)])
     functions = []
+    runs = [[block for _, block in run] for run in steps if isinstance(run, list)]
     for k, run in enumerate(step for step in steps if isinstance(step, list)):
         start, end = run[0][0].start, run[-1][0].end  # the run's ops
-        blocks = [block for _, block in run]
+        blocks = runs[k]
         backward = [block for stage, block in backward_of if start <= stage.start < end]
         first, last = run[0][0], run[-1][0]
-        outputs = [em.name(last.output)] + [extra_output_name(op) for op in tees if start <= op.index < end]
+        # values one Function makes and a later one reads (a Residual's input, kept for its add
+        # across a collective): an output of the first and an input of the second, their grads
+        # flowing back the same way
+        sent = [v for v in writes_of(blocks) if v != last.output and v in reads_of(sum(runs[k + 1:], []))]
+        received = [v for v in reads_of(blocks) if v != first.input and v in writes_of(sum(runs[:k], []))]
+        outputs = ([em.name(last.output)] + [extra_output_name(op) for op in tees if start <= op.index < end]
+                   + [em.name(v) for v in sent])
         forward_reads = reads_of(blocks)
-        taken = [value for value in inputs[1:] if value in forward_reads]  # the free values the run reads
+        taken = [value for value in inputs[1:] if value in forward_reads] + received  # the free values, the made ones
         args = [em.name(first.input)] + [em.name(value) for value in taken]
         grad_inputs = [grads[first.input]] + [em.grad(v) if em.table[v].role in convention.TENSOR_ROLES
                                               else None for v in taken]
@@ -50,11 +57,12 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         span = f"ops {first.ops[0].number} to {last.ops[-1].number}"
         functions.append(dict(function_parts(
             em, f"{p.class_name}{kind}Function{k}", f"{span} of `{p.name}`" + (" (FP8 GEMMs)" if kind else ""),
-            f"grad_forward{'_' + kind.lower() if kind else ''} runs the user modules and collectives between such Functions "
-            "(``graph``: None).", f"{'_' + kind.lower() if kind else ''}{k}",
-            args + (["n"] if takes_n else []), blocks, distinct_returns(outputs, em.aliases),
+            f"grad_forward{'_' + kind.lower() if kind else ''} runs the user modules and collectives between such "
+            "Functions (``graph``: None).", f"{'_' + kind.lower() if kind else ''}{k}",
+            args + (["n"] if takes_n else []), blocks, distinct_returns(outputs, em.aliases, args),
             [em.name(v) for v in saved if v in backward_reads],
-            [em.grad(last.output)] + [em.grad(op.extra_out) for op in tees if start <= op.index < end], backward,
+            [em.grad(last.output)] + [em.grad(op.extra_out) for op in tees if start <= op.index < end]
+            + [em.grad(v) for v in sent], backward,
             grad_inputs + ([None] if takes_n else []), "args[-1]" if takes_n else None),
             span=span, outputs=outputs))
     calls = iter(functions)

@@ -38,6 +38,10 @@ PIPELINES = {
     "TpMlp4": (4, {"0.weight": (256,), "1.weight": (4096, 256), "3.weight": (256, 2048), "3.bias": (256,)},
                "rows", "rows", {"0.weight": "whole", "1.weight": "glu", "3.weight": "cols", "3.bias": "bias-sum"},
                _mlp),
+    "TpResidualMlp": (2, {"0.0.weight": (256,), "0.1.weight": (2048, 256), "0.3.weight": (256, 1024), "0.3.bias": (256,)},
+                      "rows", "rows", {"0.0.weight": "whole", "0.1.weight": "glu", "0.3.weight": "cols",
+                                       "0.3.bias": "bias-sum"},
+                      lambda p, x: x + _mlp({key[2:]: value for key, value in p.items()}, x)),
     "TpColumn": (2, {"0.weight": (512, 256), "0.bias": (512,)}, "none", "features",
                  {"0.weight": "rows", "0.bias": "rows"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
     "TpRow": (2, {"0.weight": (256, 512), "0.bias": (256,)}, "features", "none",
@@ -165,7 +169,7 @@ def _gpus(n):
                               reason=f"needs {n} GPUs")
 
 
-@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpColumn", "TpRow"])
+@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow"])
 def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name)
 
@@ -176,7 +180,7 @@ def test_te_communication_ops():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", [pytest.param(name, marks=_gpus(PIPELINES[name][0]))
-                                  for name in ["TpMlp", "TpMlp4", "TpColumn", "TpRow"]])
+                                  for name in ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow"]])
 def test_tensor_parallel_pipeline_on_gpus_with_nccl(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name, backend="nccl", device="cuda")
 
