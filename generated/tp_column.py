@@ -52,6 +52,7 @@ class TpColumnFunction0(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
+        ctx.early = collectives.pair_of(args[0])  # the backward of the collective that made x
         return replay_forward(graph, ctx, forward_stages0, args)
 
     @staticmethod
@@ -61,6 +62,8 @@ class TpColumnFunction0(torch.autograd.Function):
         stage_grads, _ = replay_backward(ctx, backward_stages0, (d_linear0_out, *saved))
         d_linear0_pre_linear, d_linear0_bias = stage_grads
         linear0_pre_linear, linear0_weight = saved
+        # x's collective's backward, started now: it runs behind the weight-grad GEMMs below
+        collectives.start_pair(ctx.early, d_linear0_pre_linear)
         # backward stage 1 · rule linear_backward · op 0b: BasicLinear(256, 256,
         # tensor_parallel_mode='column', tensor_parallel_group='tp_group') · weight grad
         d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(

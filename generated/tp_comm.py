@@ -50,6 +50,7 @@ class TpCommFunction0(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
+        ctx.early = collectives.pair_of(args[0])  # the backward of the collective that made x
         return replay_forward(graph, ctx, forward_stages0, args)
 
     @staticmethod
@@ -59,6 +60,8 @@ class TpCommFunction0(torch.autograd.Function):
         stage_grads, _ = replay_backward(ctx, backward_stages0, (d_linear1_out, *saved))
         d_allgather0_out, d_linear1_bias = stage_grads
         allgather0_out, linear1_weight = saved
+        # x's collective's backward, started now: it runs behind the weight-grad GEMMs below
+        collectives.start_pair(ctx.early, d_allgather0_out)
         # backward stage 1 · rule linear_backward · op 1a: BasicLinear(256, 256) · weight grad
         d_linear1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
             ctx, linear1_weight, d_linear1_out, allgather0_out)

@@ -109,6 +109,7 @@ class TpMlp4Function1(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
+        ctx.early = collectives.pair_of(args[0])  # the backward of the collective that made x
         return replay_forward(graph, ctx, forward_stages1, args)
 
     @staticmethod
@@ -120,6 +121,8 @@ class TpMlp4Function1(torch.autograd.Function):
         d_linear1_pre_linear, d_linear3_bias = stage_grads
         d_linear1_out, = operands
         linear1_pre_linear, linear1_out, swiglu2_out, linear1_weight, linear3_weight = saved
+        # x's collective's backward, started now: it runs behind the weight-grad GEMMs below
+        collectives.start_pair(ctx.early, d_linear1_pre_linear)
         # backward stage 4 · rule linear_backward · op 3a: BasicLinear(512, 256,
         # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True) ·
         # weight grad

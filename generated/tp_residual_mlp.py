@@ -117,6 +117,7 @@ class TpResidualMlpFunction1(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, *args):
+        ctx.early = collectives.pair_of(args[0])  # the backward of the collective that made x
         return replay_forward(graph, ctx, forward_stages1, args)
 
     @staticmethod
@@ -130,6 +131,8 @@ class TpResidualMlpFunction1(torch.autograd.Function):
         (
             linear0_1_pre_linear, linear0_1_out, swiglu0_2_out, linear0_1_weight,
             linear0_3_weight) = saved
+        # x's collective's backward, started now: it runs behind the weight-grad GEMMs below
+        collectives.start_pair(ctx.early, d_linear0_1_pre_linear)
         # backward stage 4 · rule linear_backward · op 0.3a: BasicLinear(512, 256,
         # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True) ·
         # weight grad

@@ -40,50 +40,94 @@ def _single(name, before):
     return getattr(torch.distributed, name, None) or getattr(torch.distributed, before)
 
 
-def _gathered(x, group):
+def _gathered(x, group, async_op=False):
     ranks = torch.distributed.get_world_size(group)
     out = x.new_empty((x.shape[0] * ranks, *x.shape[1:]))
-    _single("all_gather_single", "all_gather_into_tensor")(out, x.contiguous(), group=group)
-    return out
+    work = _single("all_gather_single", "all_gather_into_tensor")(
+        out, x.contiguous(), group=group, async_op=async_op)
+    return (out, work) if async_op else out
 
 
-def _scattered(x, group):
+def _scattered(x, group, async_op=False):
     ranks = torch.distributed.get_world_size(group)
     if x.shape[0] % ranks:
         raise ValueError(f"a reduce-scatter over {ranks} ranks splits the rows, so they must be a multiple of {ranks}, "
                          f"got {x.shape[0]}")
     out = x.new_empty((x.shape[0] // ranks, *x.shape[1:]))
-    _single("reduce_scatter_single", "reduce_scatter_tensor")(out, x.contiguous(), group=group)
-    return out
+    work = _single("reduce_scatter_single", "reduce_scatter_tensor")(out, x.contiguous(), group=group,
+                                                                    async_op=async_op)
+    return (out, work) if async_op else out
 
 
-def _summed(x, group):
+def _summed(x, group, async_op=False):
     # (the caller's tensor, maybe: left as it is)
     out = x.clone(memory_format=torch.contiguous_format)
-    torch.distributed.all_reduce(out, group=group)
+    work = torch.distributed.all_reduce(out, group=group, async_op=async_op)
+    return (out, work) if async_op else out
+
+
+class Pair:
+    """A collective's backward (its pair: ``run`` on the group), which the Function that reads the
+    collective's output starts as soon as it has that output's grad, before its weight-grad GEMMs
+    (``start``: asynchronous, on NCCL's stream), so that it runs behind them, as TE's BasicLinear
+    overlaps its dgrad's reduce-scatter with its wgrad; the collective's own backward then takes
+    the result (``take``). A grad other than the one started (the output read twice: autograd
+    summed the grads) is left to the collective to reduce itself."""
+
+    __slots__ = ("run", "group", "grad", "out", "work")
+
+    def __init__(self, run, group):
+        self.run, self.group, self.grad, self.out, self.work = run, group, None, None, None
+
+    def start(self, grad):
+        self.grad = grad
+        self.out, self.work = self.run(grad, self.group, async_op=True)
+
+    def take(self, grad):
+        started, out, work = self.grad, self.out, self.work
+        self.grad = self.out = self.work = None
+        if work is None or started is not grad:
+            return self.run(grad, self.group)
+        work.wait()  # (the current stream waits for it; the host does not)
+        return out
+
+
+def _with_pair(ctx, out, run, group):
+    """``out``, the collective's output, carrying the Pair its backward runs (pair_of finds it)."""
+    ctx.pair = out._fusegen_pair = Pair(run, group)
     return out
+
+
+def pair_of(x):
+    """The Pair of the collective whose output ``x`` is, or None (x is no collective's output)."""
+    return getattr(x, "_fusegen_pair", None)
+
+
+def start_pair(pair, grad):
+    """Start ``pair`` (pair_of's) on ``grad``, the grad of the collective's output; None: nothing.
+    """
+    if pair is not None and grad is not None:
+        pair.start(grad)
 
 
 class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group = group
-        return _gathered(x, group)
+        return _with_pair(ctx, _gathered(x, group), _scattered, group)
 
     @staticmethod
     def backward(ctx, dy):
-        return _scattered(dy, ctx.group), None
+        return ctx.pair.take(dy), None
 
 
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group = group
-        return _scattered(x, group)
+        return _with_pair(ctx, _scattered(x, group), _gathered, group)
 
     @staticmethod
     def backward(ctx, dy):
-        return _gathered(dy, ctx.group), None
+        return ctx.pair.take(dy), None
 
 
 class _AllReduce(torch.autograd.Function):
@@ -99,12 +143,11 @@ class _AllReduce(torch.autograd.Function):
 class _CopyToGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
+        return _with_pair(ctx, x.view_as(x), _summed, group)
 
     @staticmethod
     def backward(ctx, dy):
-        return _summed(dy, ctx.group), None
+        return ctx.pair.take(dy), None
 
 
 def all_gather(x, group):

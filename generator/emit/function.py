@@ -24,13 +24,14 @@ from ..values import HOST_DTYPES
 def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, inputs: list[str],
                    forward: list[Block], returns: list[str], saved: list[str], grad_outputs: list[int],
                    backward: list[Block], grad_inputs: list[int | None], width: str | None,
-                   row_blocks: tuple[tuple[int, tuple[int, ...]], ...] = ()) -> dict:
+                   row_blocks: tuple[tuple[int, tuple[int, ...]], ...] = (), early: bool = False) -> dict:
     """What pipeline.py.j2's ``function`` macro renders. ``inputs``: the stages' arguments
     (after ``graph``); ``grad_outputs``: the grad values its backward takes, one per output;
     ``grad_inputs``: the grad value it returns for each input (None: no grad); ``width``: where
     the Function finds the input width its backward reshapes with (None: it has none to find);
     ``row_blocks``: (grad value, each block's rows) of each parameter taken as TE's row blocks
-    after ``inputs``, in order. The grads are values until here, where they take their names
+    after ``inputs``, in order; ``early``: its first input is a collective's output, whose backward
+    pair the Function starts before its weight-grad GEMMs, to run behind them. The grads are values until here, where they take their names
     (``em.name``)."""
     weight_grads = {grad for block in backward for grad, _ in block.weight_grad_calls}
     # what backward_stages returns: the grads but the weight grads, then the grads the weight-grad
@@ -72,4 +73,6 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
         host=tuple(i for i, name in enumerate(saved) if name in host_values),
         # an FP8 Function's call (runtime Fp8Call), told when its backward is done
         fp8=em.name(em.fp8) if em.fp8 is not None else None,
+        # the first input's grad, whose collective's backward pair the backward starts early
+        early=grad_names[0] if early and grad_names[0] != "None" and weight_grads else None,
     )

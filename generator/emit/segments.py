@@ -23,10 +23,14 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
     ``kind``: what the Functions' names and their stages' carry ("Fp8": the FP8 emission's)."""
     p = plan.pipeline
     backward_of = list(zip(reversed(plan.backward), bwd))  # backward_blocks runs the last stage first
-    steps = []
+    steps, after_pair = [], set()  # after_pair: the runs whose input a collective makes, by run number
     for stage, block in zip(plan.forward, fwd):
         if stage.rule.stage.between_functions:
             steps.append(block)
+            if stage.rule.stage.starts_pair_early:
+                after_pair.add(sum(isinstance(step, list) for step in steps))
+            else:  # (a user module's output: the run after it reads no collective's)
+                after_pair.discard(sum(isinstance(step, list) for step in steps))
         elif steps and isinstance(steps[-1], list):
             steps[-1].append((stage, block))
         else:
@@ -63,7 +67,7 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
             [em.name(v) for v in saved if v in backward_reads],
             [em.grad(last.output)] + [em.grad(op.extra_out) for op in tees if start <= op.index < end]
             + [em.grad(v) for v in sent], backward,
-            grad_inputs + ([None] if takes_n else []), "args[-1]" if takes_n else None),
+            grad_inputs + ([None] if takes_n else []), "args[-1]" if takes_n else None, early=k in after_pair),
             span=span, outputs=outputs))
     calls = iter(functions)
     return functions, [step if isinstance(step, Block) else _call_block(next(calls)) for step in steps]

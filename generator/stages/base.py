@@ -62,6 +62,9 @@ class StageImpl:
     # runs as it is under autograd, between the autograd Functions of the fused stages (a user's
     # module: emit.segments), so autograd records its backward and the stage emits none
     between_functions = False
+    # (with between_functions) the Function that reads its output may start its backward's
+    # collective before its own weight-grad GEMMs, which it then runs behind (a collective)
+    starts_pair_early = False
 
     def check(self, pass_: str, chain: Sequence[str]) -> str | None:
         """Why this implementation cannot run ``chain`` (op kinds in forward order) in ``pass_``,

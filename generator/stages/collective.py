@@ -20,6 +20,7 @@ class CollectiveStage(StageImpl):
     name = "collective"
     replayable = False
     between_functions = True
+    starts_pair_early = True  # the reading Function starts the backward's collective before its weight grads
 
     def check(self, pass_, chain):
         return None if list(chain) == ["collective"] else "a collective stage runs one collective op"

@@ -49,6 +49,11 @@ PIPELINES = {
 }
 
 
+# each collective's backward in backward order: whether it took the result its reader started
+EARLY = {"TpMlp": [False, True], "TpMlp4": [False, True], "TpResidualMlp": [False, True], "TpColumn": [True],
+         "TpRow": []}
+
+
 def _share(t, how, rank, ranks):
     if how in ("none", "whole", "bias-sum"):
         return t
@@ -84,8 +89,15 @@ def check_pipeline(rank, ranks, device, name):
     module = getattr(generated, name)(device=device, dtype=dtype)
     module.load_full_state_dict({key: value.to(device, dtype) for key, value in full.items()})
     xl = _share(x, x_split, rank, ranks).to(device, dtype).requires_grad_()
+    pairs = _taken_early()
     y = module(xl)
     y.backward(_share(dy, y_split, rank, ranks).to(device, dtype))
+    # a collective whose output a fused Function with weight-grad GEMMs reads (an all-gather or the
+    # copy before a column-parallel Linear) has its backward started by that Function before those
+    # GEMMs, and takes that result; one whose output the module returns or a Function without
+    # weight grads reads (a reduce-scatter before the residual add) runs its own; an all-reduce's
+    # backward runs none
+    assert pairs == EARLY[name], pairs
     check = _close if device == "cpu" else _close_f32
     check(y.cpu(), _share(yr.detach(), y_split, rank, ranks), f"{name} rank {rank} y")
     check(xl.grad.cpu(), _share(xr.grad, x_split, rank, ranks), f"{name} rank {rank} dx")
@@ -99,6 +111,20 @@ def check_pipeline(rank, ranks, device, name):
     # the shards put back together are the full parameters, on every rank
     for key, value in module.full_state_dict().items():
         check(value.cpu(), full[key], f"{name} rank {rank} full_state_dict {key}")
+
+
+def _taken_early():
+    """A list that each collective's backward appends to from now on in this process: whether it
+    took the result its reader's Function started early (collectives.Pair)."""
+    from generated._runtime import collectives
+
+    taken, take = [], collectives.Pair.take
+
+    def recording(pair, grad):
+        taken.append(pair.work is not None and pair.grad is grad)
+        return take(pair, grad)
+    collectives.Pair.take = recording
+    return taken
 
 
 def _close_f32(got, want, what):
