@@ -13,10 +13,10 @@ sequence parallelism (each rank holds a 1/k share of the tokens), one process a 
 and on one GPU (all 16,384 tokens): fusegen's block built for size 1 and torch.compile of the plain
 block, the baseline the split steps are measured against. A training step (forward + backward)
 runs back to back under CUDA events (``steps`` of them, the median of ``rounds`` turns, the peers
-taking turns, every rank in step: a barrier before each turn). Each peer's communication and the
-share of it hidden behind computation come from one profiled step on rank 0: its communication
-kernels' time C (NCCL's, symmetric memory's), the others' K and the step's span T: hidden =
-(C + K - T) / C. First each peer's output and x's grad are checked against fusegen's (bf16, so
+taking turns, every rank in step: a barrier before each turn). How much of fusegen's communication
+is hidden: its step's collectives timed alone (the all-gathers and reduce-scatters of the block's
+forward and backward, back to back: C) and its step with them replaced by local stand-ins of the
+same shapes (no communication: L), so exposed = T - L and hidden = 1 - exposed / C. First each peer's output and x's grad are checked against fusegen's (bf16, so
 within 8 units of bf16 roundoff of max |fusegen's|: both round their own intermediates).
 
     python3 bench/bench_tp.py [--out bench/results/tp_h100.md]     (on a machine with 4 GPUs)
@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "build"))
 
 HIDDEN, FFN, TOKENS = 8192, 28672, 16384
-COMM_KERNELS = ("nccl", "symm", "multimem", "copy_engine", "p2p")
 
 
 class Ffn(torch.nn.Module):
@@ -118,24 +117,39 @@ def timed(step, steps):
     return start.elapsed_time(end) / steps
 
 
-def communication(step):
-    """(C, K, T) of one profiled step, ms: communication kernels, the other kernels, the span."""
-    import json
-    import tempfile
+def collectives_alone(size, group, args):
+    """ms of the block's collectives a step, alone: the forward's all-gather of the norm's output
+    and reduce-scatter of the second GEMM's, and the backward's pair of each."""
+    local = torch.randn(TOKENS // size, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    full = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    gathered, scattered = torch.empty_like(full), torch.empty_like(local)
 
-    from torch.profiler import ProfilerActivity, profile
+    def step():
+        for _ in range(2):
+            torch.distributed.all_gather_into_tensor(gathered, local, group=group)
+            torch.distributed.reduce_scatter_tensor(scattered, full, group=group)
+    timed(step, 3)
+    return statistics.median(timed(step, args.steps) for _ in range(args.rounds))
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
-        prof.export_chrome_trace(trace.name)
-        events = json.load(open(trace.name))["traceEvents"]
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    comm = sum(e["dur"] for e in kernels if any(k in e["name"].lower() for k in COMM_KERNELS))
-    rest = sum(e["dur"] for e in kernels) - comm
-    span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
-    return comm / 1000, rest / 1000, span / 1000
+
+def without_communication(size):
+    """A context in which fusegen's collectives are local stand-ins of the same shapes (a rank's
+    rows repeated, a share of them kept): its step's computation alone."""
+    import contextlib
+
+    from tp._runtime import collectives
+
+    @contextlib.contextmanager
+    def patched():
+        saved = {name: getattr(collectives, name) for name in ("all_gather_matmul", "matmul_reduce_scatter")}
+        collectives.all_gather_matmul = lambda a, b, group: (a.repeat(size, 1), a.repeat(size, 1) @ b)
+        collectives.matmul_reduce_scatter = lambda a, b, group: (a @ b)[: a.shape[0] // size]
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(collectives, name, value)
+    return patched()
 
 
 def training_step(module, x, dy):
@@ -154,7 +168,7 @@ def check(name, got, want):
 
 
 def measure(peers, x, dy, args, barrier=lambda: None):
-    """Each peer's median ms a step, and (C, K, T) of one profiled step."""
+    """Each peer's median ms a step."""
     steps = {name: training_step(module, x, dy) for name, module in peers.items()}
     for step in steps.values():
         timed(step, 3)  # warm: compiles, caches
@@ -163,11 +177,7 @@ def measure(peers, x, dy, args, barrier=lambda: None):
         for name in names[turn % len(names):] + names[:turn % len(names)]:
             barrier()
             times[name].append(timed(steps[name], args.steps))
-    profiled = {}
-    for name, step in steps.items():
-        barrier()
-        profiled[name] = communication(step)
-    return {name: statistics.median(values) for name, values in times.items()}, profiled
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def check_peers(peers, x, dy, label):
@@ -191,8 +201,7 @@ def single_gpu(args):
     dy = torch.randn(TOKENS, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16)
     peers = {"fusegen": fusegen_block(1, weights), "torch.compile": torch.compile(Block(weights))}
     check_peers(peers, x, dy, "1 GPU")
-    medians, profiled = measure(peers, x, dy, args)
-    return medians
+    return measure(peers, x, dy, args)
 
 
 def rank_main(rank, size, port, args, queue):
@@ -227,9 +236,14 @@ def rank_main(rank, size, port, args, queue):
                          f"{str(err).splitlines()[0][:200]}")
         check_peers(peers, x, dy, f"TP {size} rank {rank}")
         barrier = torch.distributed.barrier
-        medians, profiled = measure(peers, x, dy, args, barrier)
+        medians = measure(peers, x, dy, args, barrier)
+        alone = collectives_alone(size, None, args)
+        with without_communication(size):  # (every rank: the stand-ins keep the ranks in step)
+            barrier()
+            local = statistics.median(timed(training_step(peers["fusegen"], x, dy), args.steps)
+                                      for _ in range(args.rounds))
         if rank == 0:
-            queue.put((medians, profiled, notes))
+            queue.put((medians, (alone, local), notes))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -266,15 +280,16 @@ def main():
              "peers taking turns; one process a GPU, NCCL, NVLink multicast off.", "",
              f"One GPU, all {TOKENS:,} tokens: fusegen {base['fusegen']:.3f} ms, torch.compile "
              f"{base['torch.compile']:.3f} ms.", "",
-             "| TP | peer | ms a step | x of fusegen's 1-GPU step | communication (ms, one profiled step) | "
-             "hidden behind compute |", "|---|---|---|---|---|---|"]
+             "| TP | peer | ms a step | x of fusegen's 1-GPU step |", "|---|---|---|---|"]
     notes = []
-    for size, medians, profiled, size_notes in rows:
+    for size, medians, (alone, local), size_notes in rows:
         notes += size_notes
         for name, ms in medians.items():
-            comm, rest, span = profiled[name]
-            hidden = max(0.0, min(1.0, (comm + rest - span) / comm)) if comm else 0.0
-            lines.append(f"| {size} | {name} | {ms:.3f} | {ms / base['fusegen']:.3f} | {comm:.3f} | {hidden:.0%} |")
+            lines.append(f"| {size} | {name} | {ms:.3f} | {ms / base['fusegen']:.3f} |")
+        exposed = medians["fusegen"] - local
+        notes.append(f"TP = {size}: fusegen's collectives take {alone:.3f} ms a step alone; its step without them "
+                     f"(local stand-ins) {local:.3f} ms, so {max(exposed, 0.0):.3f} ms of communication is exposed: "
+                     f"{max(0.0, min(1.0, 1 - exposed / alone)):.0%} hidden behind computation")
     lines += [""] + [f"- {note}" for note in notes]
     text = "\n".join(lines) + "\n"
     print(text, flush=True)

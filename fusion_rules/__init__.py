@@ -9,6 +9,8 @@ passes. To add a rule: one file named after the op chain it matches, then one li
 from .add_norm import FORWARD_ADD_NORM
 from .attention import BACKWARD_ATTENTION, FORWARD_ATTENTION
 from .collective import BACKWARD_COLLECTIVE, FORWARD_COLLECTIVE
+from .collective_gemm import (BACKWARD_ALL_GATHER_LINEAR, BACKWARD_LINEAR_REDUCE_SCATTER, FORWARD_ALL_GATHER_LINEAR,
+                              FORWARD_LINEAR_REDUCE_SCATTER)
 from .dropout_norm import FORWARD_DROPOUT_ADD_NORM, FORWARD_NORM_DROPOUT
 from .elementwise import BACKWARD_ELEMENTWISE, FORWARD_ELEMENTWISE
 from .extra_output_linear import BACKWARD_EXTRA_OUTPUT_LINEAR
@@ -29,6 +31,8 @@ FORWARD_RULES = (
     FORWARD_ADD_NORM,  # AddExtraInput [MakeExtraOutput] Norm: residual add + norm in one kernel
     FORWARD_NORM,  # Norm
     FORWARD_L2_NORMALIZATION,  # L2Normalization at a fixed width: the norm kernel
+    FORWARD_ALL_GATHER_LINEAR,  # AllGather BasicLinear: one call, micro-pipelined (symmetric memory)
+    FORWARD_LINEAR_REDUCE_SCATTER,  # BasicLinear ReduceScatter: one call, micro-pipelined (symmetric memory)
     FORWARD_LINEAR_BIAS_RELU,  # BasicLinear Bias ReLU: cuBLASLt's bias + ReLU epilogue
     FORWARD_LINEAR_BIAS_GELU,  # BasicLinear Bias GELU, without grad only: cuBLASLt's bias + GELU epilogue
     FORWARD_LINEAR_SCALE_ADD,  # BasicLinear [ConstantScale] AddExtraInput: GEMM alpha, accumulating (beta=1)
@@ -47,6 +51,8 @@ BACKWARD_RULES = (
     BACKWARD_NORM_RESIDUAL_GRAD,  # [AddExtraInput] [MakeExtraOutput] Norm: residual grad add in norm dx
     BACKWARD_NORM,  # Norm
     BACKWARD_L2_NORMALIZATION,  # L2Normalization at a fixed width: the norm dx kernel
+    BACKWARD_ALL_GATHER_LINEAR,  # AllGather BasicLinear: the dgrad GEMM and its reduce-scatter micro-pipelined
+    BACKWARD_LINEAR_REDUCE_SCATTER,  # BasicLinear ReduceScatter: dy's all-gather and the dgrad GEMM micro-pipelined
     BACKWARD_EXTRA_OUTPUT_LINEAR,  # MakeExtraOutput BasicLinear: dgrad GEMM accumulates (beta=1)
     BACKWARD_LINEAR_SCALE,  # BasicLinear ConstantScale: the scale as the GEMMs' alpha
     BACKWARD_LINEAR,  # BasicLinear: dgrad and wgrad GEMMs

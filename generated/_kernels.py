@@ -1536,6 +1536,30 @@ def bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2(dy, x, seed1):
     return dx, dbias0
 
 
+_BIAS_FWD_N256 = Kernel("bias_fwd_n256", "pppi")
+_BIAS_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_fwd_n256(x, bias0):
+    """Bias(256): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_fwd_n256_a5118c19(x, bias0)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_BIAS_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _BIAS_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias0.data_ptr(), y.data_ptr(), rows),
+                x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    return a.to(x.dtype)
+
+
 _BIAS_GELU_BWD_N1024 = Kernel("bias_gelu_bwd_n1024", "pppppi", shared=4096)
 _BIAS_GELU_BWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 # vectors a row, by dtype
@@ -7267,6 +7291,8 @@ register_op(
     "(Tensor dy, Tensor x, Tensor? seed1) -> (Tensor, Tensor)",
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2,
     bias_dropout0p2_swiglu_bwd_n512_from_dropout0p2)
+register_op(
+    "bias_fwd_n256_a5118c19", "(Tensor x, Tensor bias0) -> Tensor", bias_fwd_n256, bias_fwd_n256)
 register_op(
     "bias_gelu_bwd_n1024_10c1621f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_gelu_bwd_n1024, bias_gelu_bwd_n1024)

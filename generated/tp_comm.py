@@ -22,61 +22,63 @@ from ._runtime import (
     first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
-def forward_stages0(allgather0_out, linear1_weight, linear1_bias):
-    """The forward of ops 1a to 1b of `tp_comm` under autograd.
+def forward_stages0(x, linear1_weight, linear1_bias, tensor_parallel_group):
+    """The forward of ops 0 to 1b of `tp_comm` under autograd.
 
     Returns its output, then the tensors its backward reads."""
-    # forward stage 1 · rule linear_bias · ops 1a, 1b: BasicLinear(256, 256), Bias(256)
-    linear1_out = torch.addmm(linear1_bias, allgather0_out, linear1_weight.t())
-    return linear1_out, (allgather0_out, linear1_weight)
+    # forward stage 0 · rule all_gather_linear · ops 0, 1a: AllGather(process_group='tp_group',
+    # size=2), BasicLinear(256, 256)
+    x_gathered, linear1_pre_bias = collectives.all_gather_matmul(
+        x, linear1_weight.t(), tensor_parallel_group)
+    # forward stage 1 · rule elementwise · op 1b: Bias(256)
+    linear1_out = kernels.bias_fwd_n256(linear1_pre_bias, linear1_bias)
+    return linear1_out, (tensor_parallel_group, x_gathered, linear1_weight)
 
 
-def backward_stages0(d_linear1_out, allgather0_out, linear1_weight):
-    """The backward of ops 1a to 1b of `tp_comm` but its weight-grad GEMMs.
+def backward_stages0(d_linear1_out, tensor_parallel_group, x_gathered, linear1_weight):
+    """The backward of ops 0 to 1b of `tp_comm` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
-    # backward stage 2 · rule elementwise_backward · op 1b: Bias(256)
+    # backward stage 1 · rule elementwise_backward · op 1b: Bias(256)
     d_linear1_bias = kernels.bias_bwd_n256(d_linear1_out)
-    # backward stage 1 · rule linear_backward · op 1a: BasicLinear(256, 256)
-    d_allgather0_out = d_linear1_out.mm(linear1_weight)
-    return (d_allgather0_out, d_linear1_bias), ()
+    # backward stage 0 · rule all_gather_linear_backward · ops 0, 1a:
+    # AllGather(process_group='tp_group', size=2), BasicLinear(256, 256)
+    d_x = collectives.matmul_reduce_scatter(d_linear1_out, linear1_weight, tensor_parallel_group)
+    return (d_x, d_linear1_bias), ()
 
 
 class TpCommFunction0(torch.autograd.Function):
-    """Forward and backward of ops 1a to 1b of `tp_comm` on 2-D [rows, features] tensors.
+    """Forward and backward of ops 0 to 1b of `tp_comm` on 2-D [rows, features] tensors.
 
     grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
-        ctx.early = collectives.pair_of(args[0])  # the backward of the collective that made x
-        return replay_forward(graph, ctx, forward_stages0, args)
+        return replay_forward(graph, ctx, forward_stages0, args, host=(0,))
 
     @staticmethod
     @first_order_only("TpComm")  # a double backward raises instead of being wrong
     def backward(ctx, d_linear1_out):
         saved = saved_tensors(ctx)
         stage_grads, _ = replay_backward(ctx, backward_stages0, (d_linear1_out, *saved))
-        d_allgather0_out, d_linear1_bias = stage_grads
-        allgather0_out, linear1_weight = saved
-        # x's collective's backward, started now: it runs behind the weight-grad GEMMs below
-        collectives.start_pair(ctx.early, d_allgather0_out)
-        # backward stage 1 · rule linear_backward · op 1a: BasicLinear(256, 256) · weight grad
+        d_x, d_linear1_bias = stage_grads
+        tensor_parallel_group, x_gathered, linear1_weight = saved
+        # backward stage 0 · rule all_gather_linear_backward · ops 0, 1a:
+        # AllGather(process_group='tp_group', size=2), BasicLinear(256, 256) · weight grad
         d_linear1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
-            ctx, linear1_weight, d_linear1_out, allgather0_out)
+            ctx, linear1_weight, d_linear1_out, x_gathered)
         backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
-        return None, d_allgather0_out, d_linear1_weight, d_linear1_bias
+        return None, d_x, d_linear1_weight, d_linear1_bias, None
 
 
 def grad_forward(x, linear1_weight, linear1_bias, tensor_parallel_group):
     """The forward of `tp_comm` under autograd: its fused ops as the Functions above, its
     user modules and collectives between them as they are, which autograd records as eager PyTorch
     does."""
-    # forward stage 0 · rule collective · op 0: AllGather(process_group='tp_group', size=2)
-    allgather0_out = collectives.all_gather(x, tensor_parallel_group)
-    # ops 1a to 1b, fused
-    linear1_out = TpCommFunction0.apply(None, allgather0_out, linear1_weight, linear1_bias)
+    # ops 0 to 1b, fused
+    linear1_out = TpCommFunction0.apply(
+        None, x, linear1_weight, linear1_bias, tensor_parallel_group)
     # forward stage 2 · rule collective · op 2: ReduceScatter(process_group='tp_group', size=2)
     reducescatter2_out = collectives.reduce_scatter(linear1_out, tensor_parallel_group)
     # forward stage 3 · rule collective · op 3: AllReduce(process_group='tp_group', size=2)
@@ -87,10 +89,12 @@ def grad_forward(x, linear1_weight, linear1_bias, tensor_parallel_group):
 def no_grad_forward(x, linear1_weight, linear1_bias, tensor_parallel_group):
     """The forward of `tp_comm` when autograd is off (torch.no_grad, torch.inference_mode):
     the same stages, keeping nothing for a backward."""
-    # no-grad stage 0 · rule collective · op 0: AllGather(process_group='tp_group', size=2)
-    allgather0_out = collectives.all_gather(x, tensor_parallel_group)
-    # no-grad stage 1 · rule linear_bias · ops 1a, 1b: BasicLinear(256, 256), Bias(256)
-    linear1_out = torch.addmm(linear1_bias, allgather0_out, linear1_weight.t())
+    # no-grad stage 0 · rule all_gather_linear · ops 0, 1a: AllGather(process_group='tp_group',
+    # size=2), BasicLinear(256, 256)
+    _, linear1_pre_bias = collectives.all_gather_matmul(
+        x, linear1_weight.t(), tensor_parallel_group)
+    # no-grad stage 1 · rule elementwise · op 1b: Bias(256)
+    linear1_out = kernels.bias_fwd_n256(linear1_pre_bias, linear1_bias)
     # no-grad stage 2 · rule collective · op 2: ReduceScatter(process_group='tp_group', size=2)
     reducescatter2_out = collectives.reduce_scatter(linear1_out, tensor_parallel_group)
     # no-grad stage 3 · rule collective · op 3: AllReduce(process_group='tp_group', size=2)

@@ -26,115 +26,89 @@ from ._runtime import (
     first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
-def forward_stages0(x, rmsnorm0_weight):
-    """The forward of ops 0 to 0 of `tp_mlp` under autograd.
+def forward_stages0(
+        x, rmsnorm0_weight, linear1_weight, linear3_weight, linear3_bias, tensor_parallel_group):
+    """The forward of ops 0 to 3b of `tp_mlp` under autograd.
 
     Returns its output, then the tensors its backward reads."""
     # forward stage 0 · rule norm · op 0: RMSNorm(256)
     rmsnorm0_out, rmsnorm0_rstd = kernels.rmsnorm_fwd_h256(x, rmsnorm0_weight)
-    return rmsnorm0_out, (x, rmsnorm0_rstd, rmsnorm0_weight)
+    # forward stage 1 · rule all_gather_linear · ops 1a, 1b: AllGather(process_group='tp_group',
+    # size=2), BasicLinear(256, 1024, tensor_parallel_mode='column',
+    # tensor_parallel_group='tp_group', sequence_parallel=True)
+    rmsnorm0_out_gathered, linear1_out = collectives.all_gather_matmul(
+        rmsnorm0_out, linear1_weight.t(), tensor_parallel_group)
+    # forward stage 2 · rule elementwise · op 2: SwiGLU()
+    swiglu2_out = kernels.swiglu_fwd_n512(linear1_out)
+    # forward stage 3 · rule linear_bias · ops 3a, 3b: BasicLinear(512, 256,
+    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
+    # Bias(256)
+    linear3_pre_reduce_scatter = torch.addmm(linear3_bias, swiglu2_out, linear3_weight.t())
+    return linear3_pre_reduce_scatter, (
+        x, linear1_out, swiglu2_out, rmsnorm0_rstd, tensor_parallel_group, rmsnorm0_out_gathered,
+        rmsnorm0_weight, linear1_weight, linear3_weight)
 
 
-def backward_stages0(d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight):
-    """The backward of ops 0 to 0 of `tp_mlp` but its weight-grad GEMMs.
+def backward_stages0(
+        d_linear3_pre_reduce_scatter, x, linear1_out, swiglu2_out, rmsnorm0_rstd,
+        tensor_parallel_group, rmsnorm0_out_gathered, rmsnorm0_weight, linear1_weight,
+        linear3_weight):
+    """The backward of ops 0 to 3b of `tp_mlp` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
+    # backward stage 4 · rule elementwise_backward · op 3b: Bias(256)
+    d_linear3_bias = kernels.bias_bwd_n256(d_linear3_pre_reduce_scatter)
+    # backward stage 3 · rule linear_backward · op 3a: BasicLinear(512, 256,
+    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True)
+    d_swiglu2_out = d_linear3_pre_reduce_scatter.mm(linear3_weight)
+    # backward stage 2 · rule elementwise_backward · op 2: SwiGLU()
+    d_linear1_out = kernels.swiglu_bwd_n512(d_swiglu2_out, linear1_out)
+    # backward stage 1 · rule all_gather_linear_backward · ops 1a, 1b:
+    # AllGather(process_group='tp_group', size=2), BasicLinear(256, 1024,
+    # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True)
+    d_rmsnorm0_out = collectives.matmul_reduce_scatter(
+        d_linear1_out, linear1_weight, tensor_parallel_group)
     # backward stage 0 · rule norm_backward · op 0: RMSNorm(256)
     d_x, d_rmsnorm0_weight = kernels.rmsnorm_bwd_h256(
         d_rmsnorm0_out, x, rmsnorm0_rstd, rmsnorm0_weight)
-    return (d_x, d_rmsnorm0_weight), ()
+    return (d_x, d_rmsnorm0_weight, d_linear3_bias), (d_linear1_out,)
 
 
 class TpMlpFunction0(torch.autograd.Function):
-    """Forward and backward of ops 0 to 0 of `tp_mlp` on 2-D [rows, features] tensors.
+    """Forward and backward of ops 0 to 3b of `tp_mlp` on 2-D [rows, features] tensors.
 
     grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages0, args)
+        return replay_forward(graph, ctx, forward_stages0, args, host=(4,))
 
     @staticmethod
     @first_order_only("TpMlp")  # a double backward raises instead of being wrong
-    def backward(ctx, d_rmsnorm0_out):
-        saved = saved_tensors(ctx)
-        stage_grads, _ = replay_backward(ctx, backward_stages0, (d_rmsnorm0_out, *saved))
-        d_x, d_rmsnorm0_weight = stage_grads
-        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
-        return None, d_x, d_rmsnorm0_weight
-
-
-def forward_stages1(linear1_pre_linear, linear1_weight, linear3_weight, linear3_bias):
-    """The forward of ops 1b to 3b of `tp_mlp` under autograd.
-
-    Returns its output, then the tensors its backward reads."""
-    # forward stage 2 · rule linear · op 1b: BasicLinear(256, 1024, tensor_parallel_mode='column',
-    # tensor_parallel_group='tp_group', sequence_parallel=True)
-    linear1_out = linear1_pre_linear.mm(linear1_weight.t())
-    # forward stage 3 · rule elementwise · op 2: SwiGLU()
-    swiglu2_out = kernels.swiglu_fwd_n512(linear1_out)
-    # forward stage 4 · rule linear_bias · ops 3a, 3b: BasicLinear(512, 256,
-    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
-    # Bias(256)
-    linear3_pre_collective = torch.addmm(linear3_bias, swiglu2_out, linear3_weight.t())
-    return linear3_pre_collective, (
-        linear1_pre_linear, linear1_out, swiglu2_out, linear1_weight, linear3_weight)
-
-
-def backward_stages1(
-        d_linear3_pre_collective, linear1_pre_linear, linear1_out, swiglu2_out, linear1_weight,
-        linear3_weight):
-    """The backward of ops 1b to 3b of `tp_mlp` but its weight-grad GEMMs.
-
-    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
-    Returns the other grads, then what those GEMMs read."""
-    # backward stage 5 · rule elementwise_backward · op 3b: Bias(256)
-    d_linear3_bias = kernels.bias_bwd_n256(d_linear3_pre_collective)
-    # backward stage 4 · rule linear_backward · op 3a: BasicLinear(512, 256,
-    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True)
-    d_swiglu2_out = d_linear3_pre_collective.mm(linear3_weight)
-    # backward stage 3 · rule elementwise_backward · op 2: SwiGLU()
-    d_linear1_out = kernels.swiglu_bwd_n512(d_swiglu2_out, linear1_out)
-    # backward stage 2 · rule linear_backward · op 1b: BasicLinear(256, 1024,
-    # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True)
-    d_linear1_pre_linear = d_linear1_out.mm(linear1_weight)
-    return (d_linear1_pre_linear, d_linear3_bias), (d_linear1_out,)
-
-
-class TpMlpFunction1(torch.autograd.Function):
-    """Forward and backward of ops 1b to 3b of `tp_mlp` on 2-D [rows, features] tensors.
-
-    grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
-
-    @staticmethod
-    def forward(ctx, graph, *args):
-        ctx.early = collectives.pair_of(args[0])  # the backward of the collective that made x
-        return replay_forward(graph, ctx, forward_stages1, args)
-
-    @staticmethod
-    @first_order_only("TpMlp")  # a double backward raises instead of being wrong
-    def backward(ctx, d_linear3_pre_collective):
+    def backward(ctx, d_linear3_pre_reduce_scatter):
         saved = saved_tensors(ctx)
         stage_grads, operands = replay_backward(
-            ctx, backward_stages1, (d_linear3_pre_collective, *saved))
-        d_linear1_pre_linear, d_linear3_bias = stage_grads
+            ctx, backward_stages0, (d_linear3_pre_reduce_scatter, *saved))
+        d_x, d_rmsnorm0_weight, d_linear3_bias = stage_grads
         d_linear1_out, = operands
-        linear1_pre_linear, linear1_out, swiglu2_out, linear1_weight, linear3_weight = saved
-        # x's collective's backward, started now: it runs behind the weight-grad GEMMs below
-        collectives.start_pair(ctx.early, d_linear1_pre_linear)
-        # backward stage 4 · rule linear_backward · op 3a: BasicLinear(512, 256,
+        (
+            x, linear1_out, swiglu2_out, rmsnorm0_rstd, tensor_parallel_group,
+            rmsnorm0_out_gathered, rmsnorm0_weight, linear1_weight, linear3_weight) = saved
+        # backward stage 3 · rule linear_backward · op 3a: BasicLinear(512, 256,
         # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True) ·
         # weight grad
-        d_linear3_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
-            ctx, linear3_weight, d_linear3_pre_collective, swiglu2_out)
-        # backward stage 2 · rule linear_backward · op 1b: BasicLinear(256, 1024,
+        d_linear3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear3_weight, d_linear3_pre_reduce_scatter, swiglu2_out)
+        # backward stage 1 · rule all_gather_linear_backward · ops 1a, 1b:
+        # AllGather(process_group='tp_group', size=2), BasicLinear(256, 1024,
         # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True) ·
         # weight grad
-        d_linear1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
-            ctx, linear1_weight, d_linear1_out, linear1_pre_linear)
+        d_linear1_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear1_weight, d_linear1_out, rmsnorm0_out_gathered)
         backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
-        return None, d_linear1_pre_linear, d_linear1_weight, d_linear3_weight, d_linear3_bias
+        return (
+            None, d_x, d_rmsnorm0_weight, d_linear1_weight, d_linear3_weight, d_linear3_bias, None)
 
 
 def grad_forward(
@@ -142,15 +116,12 @@ def grad_forward(
     """The forward of `tp_mlp` under autograd: its fused ops as the Functions above, its
     user modules and collectives between them as they are, which autograd records as eager PyTorch
     does."""
-    # ops 0 to 0, fused
-    rmsnorm0_out = TpMlpFunction0.apply(None, x, rmsnorm0_weight)
-    # forward stage 1 · rule collective · op 1a: AllGather(process_group='tp_group', size=2)
-    linear1_pre_linear = collectives.all_gather(rmsnorm0_out, tensor_parallel_group)
-    # ops 1b to 3b, fused
-    linear3_pre_collective = TpMlpFunction1.apply(
-        None, linear1_pre_linear, linear1_weight, linear3_weight, linear3_bias)
-    # forward stage 5 · rule collective · op 3c: ReduceScatter(process_group='tp_group', size=2)
-    linear3_out = collectives.reduce_scatter(linear3_pre_collective, tensor_parallel_group)
+    # ops 0 to 3b, fused
+    linear3_pre_reduce_scatter = TpMlpFunction0.apply(
+        None, x, rmsnorm0_weight, linear1_weight, linear3_weight, linear3_bias,
+        tensor_parallel_group)
+    # forward stage 4 · rule collective · op 3c: ReduceScatter(process_group='tp_group', size=2)
+    linear3_out = collectives.reduce_scatter(linear3_pre_reduce_scatter, tensor_parallel_group)
     return linear3_out
 
 
@@ -160,19 +131,19 @@ def no_grad_forward(
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule norm · op 0: RMSNorm(256)
     rmsnorm0_out = kernels.rmsnorm_fwd_h256_no_grad(x, rmsnorm0_weight)
-    # no-grad stage 1 · rule collective · op 1a: AllGather(process_group='tp_group', size=2)
-    linear1_pre_linear = collectives.all_gather(rmsnorm0_out, tensor_parallel_group)
-    # no-grad stage 2 · rule linear · op 1b: BasicLinear(256, 1024, tensor_parallel_mode='column',
+    # no-grad stage 1 · rule all_gather_linear · ops 1a, 1b: AllGather(process_group='tp_group',
+    # size=2), BasicLinear(256, 1024, tensor_parallel_mode='column',
     # tensor_parallel_group='tp_group', sequence_parallel=True)
-    linear1_out = linear1_pre_linear.mm(linear1_weight.t())
-    # no-grad stage 3 · rule elementwise · op 2: SwiGLU()
+    _, linear1_out = collectives.all_gather_matmul(
+        rmsnorm0_out, linear1_weight.t(), tensor_parallel_group)
+    # no-grad stage 2 · rule elementwise · op 2: SwiGLU()
     swiglu2_out = kernels.swiglu_fwd_n512(linear1_out)
-    # no-grad stage 4 · rule linear_bias · ops 3a, 3b: BasicLinear(512, 256,
+    # no-grad stage 3 · rule linear_bias · ops 3a, 3b: BasicLinear(512, 256,
     # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
     # Bias(256)
-    linear3_pre_collective = torch.addmm(linear3_bias, swiglu2_out, linear3_weight.t())
-    # no-grad stage 5 · rule collective · op 3c: ReduceScatter(process_group='tp_group', size=2)
-    linear3_out = collectives.reduce_scatter(linear3_pre_collective, tensor_parallel_group)
+    linear3_pre_reduce_scatter = torch.addmm(linear3_bias, swiglu2_out, linear3_weight.t())
+    # no-grad stage 4 · rule collective · op 3c: ReduceScatter(process_group='tp_group', size=2)
+    linear3_out = collectives.reduce_scatter(linear3_pre_reduce_scatter, tensor_parallel_group)
     return linear3_out
 
 

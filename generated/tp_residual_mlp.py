@@ -30,157 +30,128 @@ from ._runtime import (
     first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
 
 
-def forward_stages0(x, rmsnorm0_0_weight):
-    """The forward of ops 0a to 0.0 of `tp_residual_mlp` under autograd.
+def forward_stages0(
+        x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, linear0_3_bias,
+        tensor_parallel_group):
+    """The forward of ops 0a to 0.3b of `tp_residual_mlp` under autograd.
 
     Returns its outputs, then the tensors its backward reads."""
     # forward stage 0 · rule elementwise · op 0a: Residual: keeps x · no kernel
     residual0 = x
     # forward stage 1 · rule norm · op 0.0: RMSNorm(256)
     rmsnorm0_0_out, rmsnorm0_0_rstd = kernels.rmsnorm_fwd_h256(x, rmsnorm0_0_weight)
-    return (rmsnorm0_0_out, residual0.view_as(residual0)), (x, rmsnorm0_0_rstd, rmsnorm0_0_weight)
+    # forward stage 2 · rule all_gather_linear · ops 0.1a, 0.1b: AllGather(process_group='tp_group',
+    # size=2), BasicLinear(256, 1024, tensor_parallel_mode='column',
+    # tensor_parallel_group='tp_group', sequence_parallel=True)
+    rmsnorm0_0_out_gathered, linear0_1_out = collectives.all_gather_matmul(
+        rmsnorm0_0_out, linear0_1_weight.t(), tensor_parallel_group)
+    # forward stage 3 · rule elementwise · op 0.2: SwiGLU()
+    swiglu0_2_out = kernels.swiglu_fwd_n512(linear0_1_out)
+    # forward stage 4 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(512, 256,
+    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
+    # Bias(256)
+    linear0_3_pre_reduce_scatter = torch.addmm(linear0_3_bias, swiglu0_2_out, linear0_3_weight.t())
+    return (linear0_3_pre_reduce_scatter, residual0.view_as(residual0)), (
+        x, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, tensor_parallel_group,
+        rmsnorm0_0_out_gathered, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight)
 
 
-def backward_stages0(d_rmsnorm0_0_out, d_residual0, x, rmsnorm0_0_rstd, rmsnorm0_0_weight):
-    """The backward of ops 0a to 0.0 of `tp_residual_mlp` but its weight-grad GEMMs.
+def backward_stages0(
+        d_linear0_3_pre_reduce_scatter, d_residual0, x, linear0_1_out, swiglu0_2_out,
+        rmsnorm0_0_rstd, tensor_parallel_group, rmsnorm0_0_out_gathered, rmsnorm0_0_weight,
+        linear0_1_weight, linear0_3_weight):
+    """The backward of ops 0a to 0.3b of `tp_residual_mlp` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
+    # backward stage 4 · rule elementwise_backward · op 0.3b: Bias(256)
+    d_linear0_3_bias = kernels.bias_bwd_n256(d_linear0_3_pre_reduce_scatter)
+    # backward stage 3 · rule linear_backward · op 0.3a: BasicLinear(512, 256,
+    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True)
+    d_swiglu0_2_out = d_linear0_3_pre_reduce_scatter.mm(linear0_3_weight)
+    # backward stage 2 · rule elementwise_backward · op 0.2: SwiGLU()
+    d_linear0_1_out = kernels.swiglu_bwd_n512(d_swiglu0_2_out, linear0_1_out)
+    # backward stage 1 · rule all_gather_linear_backward · ops 0.1a, 0.1b:
+    # AllGather(process_group='tp_group', size=2), BasicLinear(256, 1024,
+    # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True)
+    d_rmsnorm0_0_out = collectives.matmul_reduce_scatter(
+        d_linear0_1_out, linear0_1_weight, tensor_parallel_group)
     # backward stage 0 · rule norm_residual_grad · ops 0a, 0.0: Residual: keeps x, RMSNorm(256)
     d_x, d_rmsnorm0_0_weight = kernels.rmsnorm_bwd_h256_add_dresidual(
         d_rmsnorm0_0_out, x, rmsnorm0_0_rstd, rmsnorm0_0_weight, d_residual0)
-    return (d_x, d_rmsnorm0_0_weight), ()
+    return (d_x, d_rmsnorm0_0_weight, d_linear0_3_bias), (d_linear0_1_out,)
 
 
 class TpResidualMlpFunction0(torch.autograd.Function):
-    """Forward and backward of ops 0a to 0.0 of `tp_residual_mlp` on 2-D [rows, features] tensors.
+    """Forward and backward of ops 0a to 0.3b of `tp_residual_mlp` on 2-D [rows, features] tensors.
 
     grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages0, args)
+        return replay_forward(graph, ctx, forward_stages0, args, host=(4,))
 
     @staticmethod
     @first_order_only("TpResidualMlp")  # a double backward raises instead of being wrong
-    def backward(ctx, d_rmsnorm0_0_out, d_residual0):
-        saved = saved_tensors(ctx)
-        stage_grads, _ = replay_backward(
-            ctx, backward_stages0, (d_rmsnorm0_0_out, d_residual0, *saved))
-        d_x, d_rmsnorm0_0_weight = stage_grads
-        backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
-        return None, d_x, d_rmsnorm0_0_weight
-
-
-def forward_stages1(linear0_1_pre_linear, linear0_1_weight, linear0_3_weight, linear0_3_bias):
-    """The forward of ops 0.1b to 0.3b of `tp_residual_mlp` under autograd.
-
-    Returns its output, then the tensors its backward reads."""
-    # forward stage 3 · rule linear · op 0.1b: BasicLinear(256, 1024, tensor_parallel_mode='column',
-    # tensor_parallel_group='tp_group', sequence_parallel=True)
-    linear0_1_out = linear0_1_pre_linear.mm(linear0_1_weight.t())
-    # forward stage 4 · rule elementwise · op 0.2: SwiGLU()
-    swiglu0_2_out = kernels.swiglu_fwd_n512(linear0_1_out)
-    # forward stage 5 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(512, 256,
-    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
-    # Bias(256)
-    linear0_3_pre_collective = torch.addmm(linear0_3_bias, swiglu0_2_out, linear0_3_weight.t())
-    return linear0_3_pre_collective, (
-        linear0_1_pre_linear, linear0_1_out, swiglu0_2_out, linear0_1_weight, linear0_3_weight)
-
-
-def backward_stages1(
-        d_linear0_3_pre_collective, linear0_1_pre_linear, linear0_1_out, swiglu0_2_out,
-        linear0_1_weight, linear0_3_weight):
-    """The backward of ops 0.1b to 0.3b of `tp_residual_mlp` but its weight-grad GEMMs.
-
-    The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
-    Returns the other grads, then what those GEMMs read."""
-    # backward stage 5 · rule elementwise_backward · op 0.3b: Bias(256)
-    d_linear0_3_bias = kernels.bias_bwd_n256(d_linear0_3_pre_collective)
-    # backward stage 4 · rule linear_backward · op 0.3a: BasicLinear(512, 256,
-    # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True)
-    d_swiglu0_2_out = d_linear0_3_pre_collective.mm(linear0_3_weight)
-    # backward stage 3 · rule elementwise_backward · op 0.2: SwiGLU()
-    d_linear0_1_out = kernels.swiglu_bwd_n512(d_swiglu0_2_out, linear0_1_out)
-    # backward stage 2 · rule linear_backward · op 0.1b: BasicLinear(256, 1024,
-    # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True)
-    d_linear0_1_pre_linear = d_linear0_1_out.mm(linear0_1_weight)
-    return (d_linear0_1_pre_linear, d_linear0_3_bias), (d_linear0_1_out,)
-
-
-class TpResidualMlpFunction1(torch.autograd.Function):
-    """Forward and backward of ops 0.1b to 0.3b of `tp_residual_mlp` on 2-D [rows, features]
-    tensors.
-
-    grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
-
-    @staticmethod
-    def forward(ctx, graph, *args):
-        ctx.early = collectives.pair_of(args[0])  # the backward of the collective that made x
-        return replay_forward(graph, ctx, forward_stages1, args)
-
-    @staticmethod
-    @first_order_only("TpResidualMlp")  # a double backward raises instead of being wrong
-    def backward(ctx, d_linear0_3_pre_collective):
+    def backward(ctx, d_linear0_3_pre_reduce_scatter, d_residual0):
         saved = saved_tensors(ctx)
         stage_grads, operands = replay_backward(
-            ctx, backward_stages1, (d_linear0_3_pre_collective, *saved))
-        d_linear0_1_pre_linear, d_linear0_3_bias = stage_grads
+            ctx, backward_stages0, (d_linear0_3_pre_reduce_scatter, d_residual0, *saved))
+        d_x, d_rmsnorm0_0_weight, d_linear0_3_bias = stage_grads
         d_linear0_1_out, = operands
         (
-            linear0_1_pre_linear, linear0_1_out, swiglu0_2_out, linear0_1_weight,
-            linear0_3_weight) = saved
-        # x's collective's backward, started now: it runs behind the weight-grad GEMMs below
-        collectives.start_pair(ctx.early, d_linear0_1_pre_linear)
-        # backward stage 4 · rule linear_backward · op 0.3a: BasicLinear(512, 256,
+            x, linear0_1_out, swiglu0_2_out, rmsnorm0_0_rstd, tensor_parallel_group,
+            rmsnorm0_0_out_gathered, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight) = saved
+        # backward stage 3 · rule linear_backward · op 0.3a: BasicLinear(512, 256,
         # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True) ·
         # weight grad
-        d_linear0_3_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
-            ctx, linear0_3_weight, d_linear0_3_pre_collective, swiglu0_2_out)
-        # backward stage 2 · rule linear_backward · op 0.1b: BasicLinear(256, 1024,
+        d_linear0_3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
+            ctx, linear0_3_weight, d_linear0_3_pre_reduce_scatter, swiglu0_2_out)
+        # backward stage 1 · rule all_gather_linear_backward · ops 0.1a, 0.1b:
+        # AllGather(process_group='tp_group', size=2), BasicLinear(256, 1024,
         # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True) ·
         # weight grad
-        d_linear0_1_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
-            ctx, linear0_1_weight, d_linear0_1_out, linear0_1_pre_linear)
+        d_linear0_1_weight = None if not ctx.needs_input_grad[3] else ref.weight_grad(
+            ctx, linear0_1_weight, d_linear0_1_out, rmsnorm0_0_out_gathered)
         backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return (
-            None, d_linear0_1_pre_linear, d_linear0_1_weight, d_linear0_3_weight, d_linear0_3_bias)
+            None, d_x, d_rmsnorm0_0_weight, d_linear0_1_weight, d_linear0_3_weight,
+            d_linear0_3_bias, None)
 
 
-def forward_stages2(linear0_3_out, residual0):
+def forward_stages1(linear0_3_out, residual0):
     """The forward of ops 0b to 0b of `tp_residual_mlp` under autograd.
 
     Returns its output, then the tensors its backward reads."""
-    # forward stage 7 · rule elementwise · op 0b: Residual: x + ops(x)
+    # forward stage 6 · rule elementwise · op 0b: Residual: x + ops(x)
     residual0_out = kernels.add_fwd_n256(linear0_3_out, residual0)
     return residual0_out, ()
 
 
-def backward_stages2(d_residual0_out):
+def backward_stages1(d_residual0_out):
     """The backward of ops 0b to 0b of `tp_residual_mlp` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
-    # backward stage 7 · rule elementwise_backward · op 0b: Residual: x + ops(x) · no kernel
+    # backward stage 6 · rule elementwise_backward · op 0b: Residual: x + ops(x) · no kernel
     d_residual0 = d_residual0_out.clone()  # in memory of its own (.grad accumulates in place)
     return (d_residual0_out, d_residual0), ()
 
 
-class TpResidualMlpFunction2(torch.autograd.Function):
+class TpResidualMlpFunction1(torch.autograd.Function):
     """Forward and backward of ops 0b to 0b of `tp_residual_mlp` on 2-D [rows, features] tensors.
 
     grad_forward runs the user modules and collectives between such Functions (``graph``: None)."""
 
     @staticmethod
     def forward(ctx, graph, *args):
-        return replay_forward(graph, ctx, forward_stages2, args)
+        return replay_forward(graph, ctx, forward_stages1, args)
 
     @staticmethod
     @first_order_only("TpResidualMlp")  # a double backward raises instead of being wrong
     def backward(ctx, d_residual0_out):
         saved = saved_tensors(ctx)
-        stage_grads, _ = replay_backward(ctx, backward_stages2, (d_residual0_out, *saved))
+        stage_grads, _ = replay_backward(ctx, backward_stages1, (d_residual0_out, *saved))
         d_residual0_out, d_residual0 = stage_grads
         backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_residual0_out, d_residual0
@@ -192,17 +163,14 @@ def grad_forward(
     """The forward of `tp_residual_mlp` under autograd: its fused ops as the Functions above, its
     user modules and collectives between them as they are, which autograd records as eager PyTorch
     does."""
-    # ops 0a to 0.0, fused
-    rmsnorm0_0_out, residual0 = TpResidualMlpFunction0.apply(None, x, rmsnorm0_0_weight)
-    # forward stage 2 · rule collective · op 0.1a: AllGather(process_group='tp_group', size=2)
-    linear0_1_pre_linear = collectives.all_gather(rmsnorm0_0_out, tensor_parallel_group)
-    # ops 0.1b to 0.3b, fused
-    linear0_3_pre_collective = TpResidualMlpFunction1.apply(
-        None, linear0_1_pre_linear, linear0_1_weight, linear0_3_weight, linear0_3_bias)
-    # forward stage 6 · rule collective · op 0.3c: ReduceScatter(process_group='tp_group', size=2)
-    linear0_3_out = collectives.reduce_scatter(linear0_3_pre_collective, tensor_parallel_group)
+    # ops 0a to 0.3b, fused
+    linear0_3_pre_reduce_scatter, residual0 = TpResidualMlpFunction0.apply(
+        None, x, rmsnorm0_0_weight, linear0_1_weight, linear0_3_weight, linear0_3_bias,
+        tensor_parallel_group)
+    # forward stage 5 · rule collective · op 0.3c: ReduceScatter(process_group='tp_group', size=2)
+    linear0_3_out = collectives.reduce_scatter(linear0_3_pre_reduce_scatter, tensor_parallel_group)
     # ops 0b to 0b, fused
-    residual0_out = TpResidualMlpFunction2.apply(None, linear0_3_out, residual0)
+    residual0_out = TpResidualMlpFunction1.apply(None, linear0_3_out, residual0)
     return residual0_out
 
 
@@ -215,20 +183,20 @@ def no_grad_forward(
     residual0 = x
     # no-grad stage 1 · rule norm · op 0.0: RMSNorm(256)
     rmsnorm0_0_out = kernels.rmsnorm_fwd_h256_no_grad(x, rmsnorm0_0_weight)
-    # no-grad stage 2 · rule collective · op 0.1a: AllGather(process_group='tp_group', size=2)
-    linear0_1_pre_linear = collectives.all_gather(rmsnorm0_0_out, tensor_parallel_group)
-    # no-grad stage 3 · rule linear · op 0.1b: BasicLinear(256, 1024, tensor_parallel_mode='column',
+    # no-grad stage 2 · rule all_gather_linear · ops 0.1a, 0.1b: AllGather(process_group='tp_group',
+    # size=2), BasicLinear(256, 1024, tensor_parallel_mode='column',
     # tensor_parallel_group='tp_group', sequence_parallel=True)
-    linear0_1_out = linear0_1_pre_linear.mm(linear0_1_weight.t())
-    # no-grad stage 4 · rule elementwise · op 0.2: SwiGLU()
+    _, linear0_1_out = collectives.all_gather_matmul(
+        rmsnorm0_0_out, linear0_1_weight.t(), tensor_parallel_group)
+    # no-grad stage 3 · rule elementwise · op 0.2: SwiGLU()
     swiglu0_2_out = kernels.swiglu_fwd_n512(linear0_1_out)
-    # no-grad stage 5 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(512, 256,
+    # no-grad stage 4 · rule linear_bias · ops 0.3a, 0.3b: BasicLinear(512, 256,
     # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
     # Bias(256)
-    linear0_3_pre_collective = torch.addmm(linear0_3_bias, swiglu0_2_out, linear0_3_weight.t())
-    # no-grad stage 6 · rule collective · op 0.3c: ReduceScatter(process_group='tp_group', size=2)
-    linear0_3_out = collectives.reduce_scatter(linear0_3_pre_collective, tensor_parallel_group)
-    # no-grad stage 7 · rule elementwise · op 0b: Residual: x + ops(x)
+    linear0_3_pre_reduce_scatter = torch.addmm(linear0_3_bias, swiglu0_2_out, linear0_3_weight.t())
+    # no-grad stage 5 · rule collective · op 0.3c: ReduceScatter(process_group='tp_group', size=2)
+    linear0_3_out = collectives.reduce_scatter(linear0_3_pre_reduce_scatter, tensor_parallel_group)
+    # no-grad stage 6 · rule elementwise · op 0b: Residual: x + ops(x)
     residual0_out = kernels.add_fwd_n256(linear0_3_out, residual0)
     return residual0_out
 

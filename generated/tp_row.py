@@ -27,20 +27,20 @@ def forward_stages0(x, linear0_weight, linear0_bias):
     Returns its output, then the tensors its backward reads."""
     # forward stage 0 · rule linear_bias · ops 0a, 0b: BasicLinear(256, 256,
     # tensor_parallel_mode='row', tensor_parallel_group='tp_group'), Bias(256)
-    linear0_pre_collective = torch.addmm(linear0_bias, x, linear0_weight.t())
-    return linear0_pre_collective, (x, linear0_weight)
+    linear0_pre_all_reduce = torch.addmm(linear0_bias, x, linear0_weight.t())
+    return linear0_pre_all_reduce, (x, linear0_weight)
 
 
-def backward_stages0(d_linear0_pre_collective, x, linear0_weight):
+def backward_stages0(d_linear0_pre_all_reduce, x, linear0_weight):
     """The backward of ops 0a to 0b of `tp_row` but its weight-grad GEMMs.
 
     The Function runs those after it, so a CUDA graph of it writes no parameter-sized grad.
     Returns the other grads, then what those GEMMs read."""
     # backward stage 1 · rule elementwise_backward · op 0b: Bias(256)
-    d_linear0_bias = kernels.bias_bwd_n256(d_linear0_pre_collective)
+    d_linear0_bias = kernels.bias_bwd_n256(d_linear0_pre_all_reduce)
     # backward stage 0 · rule linear_backward · op 0a: BasicLinear(256, 256,
     # tensor_parallel_mode='row', tensor_parallel_group='tp_group')
-    d_x = d_linear0_pre_collective.mm(linear0_weight)
+    d_x = d_linear0_pre_all_reduce.mm(linear0_weight)
     return (d_x, d_linear0_bias), ()
 
 
@@ -55,15 +55,15 @@ class TpRowFunction0(torch.autograd.Function):
 
     @staticmethod
     @first_order_only("TpRow")  # a double backward raises instead of being wrong
-    def backward(ctx, d_linear0_pre_collective):
+    def backward(ctx, d_linear0_pre_all_reduce):
         saved = saved_tensors(ctx)
-        stage_grads, _ = replay_backward(ctx, backward_stages0, (d_linear0_pre_collective, *saved))
+        stage_grads, _ = replay_backward(ctx, backward_stages0, (d_linear0_pre_all_reduce, *saved))
         d_x, d_linear0_bias = stage_grads
         x, linear0_weight = saved
         # backward stage 0 · rule linear_backward · op 0a: BasicLinear(256, 256,
         # tensor_parallel_mode='row', tensor_parallel_group='tp_group') · weight grad
         d_linear0_weight = None if not ctx.needs_input_grad[2] else ref.weight_grad(
-            ctx, linear0_weight, d_linear0_pre_collective, x)
+            ctx, linear0_weight, d_linear0_pre_all_reduce, x)
         backward_done(ctx)  # frees a replayed forward's graph (this module replays none)
         return None, d_x, d_linear0_weight, d_linear0_bias
 
@@ -73,9 +73,9 @@ def grad_forward(x, linear0_weight, linear0_bias, tensor_parallel_group):
     user modules and collectives between them as they are, which autograd records as eager PyTorch
     does."""
     # ops 0a to 0b, fused
-    linear0_pre_collective = TpRowFunction0.apply(None, x, linear0_weight, linear0_bias)
+    linear0_pre_all_reduce = TpRowFunction0.apply(None, x, linear0_weight, linear0_bias)
     # forward stage 1 · rule collective · op 0c: AllReduce(process_group='tp_group', size=2)
-    linear0_out = collectives.all_reduce(linear0_pre_collective, tensor_parallel_group)
+    linear0_out = collectives.all_reduce(linear0_pre_all_reduce, tensor_parallel_group)
     return linear0_out
 
 
@@ -84,9 +84,9 @@ def no_grad_forward(x, linear0_weight, linear0_bias, tensor_parallel_group):
     the same stages, keeping nothing for a backward."""
     # no-grad stage 0 · rule linear_bias · ops 0a, 0b: BasicLinear(256, 256,
     # tensor_parallel_mode='row', tensor_parallel_group='tp_group'), Bias(256)
-    linear0_pre_collective = torch.addmm(linear0_bias, x, linear0_weight.t())
+    linear0_pre_all_reduce = torch.addmm(linear0_bias, x, linear0_weight.t())
     # no-grad stage 1 · rule collective · op 0c: AllReduce(process_group='tp_group', size=2)
-    linear0_out = collectives.all_reduce(linear0_pre_collective, tensor_parallel_group)
+    linear0_out = collectives.all_reduce(linear0_pre_all_reduce, tensor_parallel_group)
     return linear0_out
 
 

@@ -21,8 +21,9 @@ from .frontend import SequentialSpec
 from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, HeldRows, OpDef, part_attribute
 from .ops.attention import reads_rotary_table
-from .values import (HOST_INT, X_DTYPE, Role, Value, activation_name, extra_input_name, extra_output_name, lead_name,
-                     module_name, param_name, residual_name, seed_name)
+from .ops.collectives import KINDS as COLLECTIVES
+from .values import (HOST_INT, HOST_OBJECT, X_DTYPE, Role, Value, activation_name, extra_input_name,
+                     extra_output_name, lead_name, module_name, param_name, residual_name, seed_name)
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,7 @@ def _values(graph: Graph, ops: list[Op]) -> tuple[list[Op], tuple[Value, ...], i
     training = add(Role.FLAG, "bool", "training") if random else None
     width = add(Role.METADATA, "int64", "n") if isinstance(graph.features(0), Sym) else None
     # the collectives' group: the module's, given at construction (tensor_parallel.py)
-    group = add(Role.GROUP, "object", "tensor_parallel_group") if any(
-        op.opdef.kind == "collective" for op in with_ids) else None
+    group = add(Role.GROUP, HOST_OBJECT, "tensor_parallel_group") if any(
+        op.opdef.kind in COLLECTIVES for op in with_ids) else None
     assert sorted(table) == list(range(len(table))), "value ids are the table's positions"
     return with_ids, tuple(table[id] for id in sorted(table)), training, width, sequences, group

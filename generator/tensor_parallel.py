@@ -23,19 +23,18 @@ from __future__ import annotations
 
 from .errors import SpecError
 from .ops import OPS
-
-COLLECTIVE = "collective"
+from .ops.collectives import KINDS as COLLECTIVES
 
 
 def localised(parts: list[tuple], size: int, call) -> list[tuple]:
     """The basic parts of one spec call (ops.basic_parts: (op, args, part, held)) as a rank of a
     group of ``size`` runs them."""
     if size == 1:
-        return [part for part in parts if part[0].kind != COLLECTIVE]
+        return [part for part in parts if part[0].kind not in COLLECTIVES]
     before, ops, after = [], [], []
     column = False
     for op, args, part, held in parts:
-        if op.kind == COLLECTIVE:
+        if op.kind in COLLECTIVES:
             ops.append((op, {**args, "size": size}, part, held))
         elif op.name == "BasicLinear" and args["tensor_parallel_mode"] is not None:
             mode, group, sequence = args["tensor_parallel_mode"], args["tensor_parallel_group"], args["sequence_parallel"]

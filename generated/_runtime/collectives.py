@@ -172,6 +172,50 @@ def copy_to_group(x, group):
     return _CopyToGroup.apply(x, group)
 
 
+_SYMMETRIC = {}  # group name -> whether PyTorch's symmetric memory serves the group
+
+
+def _symmetric(x, group):
+    """Whether the fused collective matmuls of symmetric memory run for ``x`` on ``group``: CUDA
+    tensors and a torch with them; enabled for the group on first use."""
+    if not x.is_cuda:
+        return False
+    name = group.group_name
+    if name not in _SYMMETRIC:
+        try:
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+            enable_symm_mem_for_group(name)
+            _SYMMETRIC[name] = hasattr(torch.ops, "symm_mem") and hasattr(
+                torch.ops.symm_mem, "fused_all_gather_matmul")
+        # (a torch without it: NCCL's collective, then the GEMM)
+        except (ImportError, RuntimeError):
+            _SYMMETRIC[name] = False
+    return _SYMMETRIC[name]
+
+
+def all_gather_matmul(a, b, group):
+    """(a all-gathered along its rows, that @ b): on CUDA micro-pipelined over symmetric memory
+    (each rank's rows multiplied as they arrive: torch.ops.symm_mem.fused_all_gather_matmul);
+    elsewhere the all-gather, then the GEMM."""
+    a = a.contiguous()
+    if _symmetric(a, group):
+        gathered, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group.group_name)
+        return gathered, out
+    gathered = _gathered(a, group)
+    return gathered, gathered @ b
+
+
+def matmul_reduce_scatter(a, b, group):
+    """a @ b summed over the ranks, each keeping its share of the rows: on CUDA micro-pipelined
+    over symmetric memory (torch.ops.symm_mem.fused_matmul_reduce_scatter); elsewhere the GEMM,
+    then the reduce-scatter."""
+    a = a.contiguous()
+    if _symmetric(a, group):
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group.group_name)
+    return _scattered(a @ b, group)
+
+
 def full_state_dict(module):
     """The module's state_dict as the unsharded pipeline's (every rank gets it whole): each sharded
     parameter gathered along its split dim (the module's ``tensor_parallel_shards``; a

@@ -32,6 +32,9 @@ def _size_set_by_build(v):
 # the group size the pipeline is built for (generator/tensor_parallel.py sets it; a spec cannot)
 SIZE = Arg("size", "int", 1, keyword_only=True, in_kernel=False, te_only=True, check=_size_set_by_build)
 
+# The collectives' op kinds (a rule fusing an all-gather into the GEMM after it names its own)
+KINDS = frozenset({"all_gather", "reduce_scatter", "all_reduce", "copy_to_group"})
+
 # Each op's collective in the generated package's runtime (_runtime/collectives.py, an autograd
 # Function), and what its forward and its backward run, as plans say it
 _OVER = " over the tensor-parallel group"
@@ -64,22 +67,22 @@ def tensor_parallel_lead(module, op, lead, dims):
 
 
 register(OpDef(
-    "AllGather", "collective", args=(PROCESS_GROUP, SIZE),
+    "AllGather", "all_gather", args=(PROCESS_GROUP, SIZE),
     new_lead=lambda a: ("tensor_parallel_lead", (a["size"], 1)), reference_helpers=(tensor_parallel_lead,),
     summary="the ranks' rows joined in rank order; backward: the grad reduce-scattered",
 ))
 register(OpDef(
-    "ReduceScatter", "collective", args=(PROCESS_GROUP, SIZE),
+    "ReduceScatter", "reduce_scatter", args=(PROCESS_GROUP, SIZE),
     new_lead=lambda a: ("tensor_parallel_lead", (1, a["size"])),
     summary="the ranks' tensors summed, each rank keeping its share of the rows; backward: the grad all-gathered",
 ))
 register(OpDef(
-    "AllReduce", "collective",
+    "AllReduce", "all_reduce",
     args=(PROCESS_GROUP, Arg("reduce_in_backward", "bool", True, in_kernel=False), SIZE),
     summary="the ranks' tensors summed; backward: the grad as it is",
 ))
 register(OpDef(
-    "TensorParallelCopy", "collective", args=(PROCESS_GROUP, SIZE), modules=(),
+    "TensorParallelCopy", "copy_to_group", args=(PROCESS_GROUP, SIZE), modules=(),
     summary="y = x; backward: the grad all-reduced (a column-parallel BasicLinear's input, without sequence "
             "parallelism)",
     changes_value=False,

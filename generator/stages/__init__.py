@@ -13,7 +13,7 @@ launch no generated kernel (gemm, opaque, module, reshape, collective) are one m
 from ..planned import Recompute, Saves
 from .attention import ATTENTION, ATTENTION_PREP
 from .base import Block, Emitter, StageImpl
-from .collective import COLLECTIVE
+from .collective import COLLECTIVE, COLLECTIVE_GEMM
 from .elementwise import ELEMENTWISE
 from .gemm import GEMM
 from .norm import NORM
@@ -22,7 +22,7 @@ from .module import MODULE
 from .opaque import OPAQUE
 from .reshape import RESHAPE
 
-__all__ = ["ATTENTION", "ATTENTION_PREP", "COLLECTIVE", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "QUANTIZE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
+__all__ = ["ATTENTION", "ATTENTION_PREP", "COLLECTIVE", "COLLECTIVE_GEMM", "ELEMENTWISE", "GEMM", "MODULE", "NORM", "OPAQUE", "QUANTIZE", "RESHAPE", "Block", "Emitter", "Recompute", "Saves", "StageImpl", "stage_kernels"]
 
 
 def stage_kernels(plan) -> dict:

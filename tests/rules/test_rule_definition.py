@@ -5,7 +5,7 @@ import pytest
 
 from fusegen import fusion_rules
 from fusegen.plan import BACKWARD, FORWARD, Rule, RuleError
-from fusegen.stages import ATTENTION, COLLECTIVE, ELEMENTWISE, GEMM, MODULE, NORM, OPAQUE, RESHAPE
+from fusegen.stages import ATTENTION, COLLECTIVE, COLLECTIVE_GEMM, ELEMENTWISE, GEMM, MODULE, NORM, OPAQUE, RESHAPE
 
 
 FORMS_TEXT = ("linear; linear + bias; linear + scale; linear + bias + scale; linear + bias + relu; "
@@ -75,6 +75,6 @@ def test_pass_and_stage_are_checked():
 
 def test_shipped_rules_are_valid_and_each_names_its_stage():
     for rule in fusion_rules.FORWARD_RULES + fusion_rules.BACKWARD_RULES:
-        assert rule.stage in (GEMM, NORM, ELEMENTWISE, OPAQUE, RESHAPE, MODULE, ATTENTION, COLLECTIVE)
+        assert rule.stage in (GEMM, NORM, ELEMENTWISE, OPAQUE, RESHAPE, MODULE, ATTENTION, COLLECTIVE, COLLECTIVE_GEMM)
     assert [r.pass_ for r in fusion_rules.FORWARD_RULES] == [FORWARD] * len(fusion_rules.FORWARD_RULES)
     assert [r.pass_ for r in fusion_rules.BACKWARD_RULES] == [BACKWARD] * len(fusion_rules.BACKWARD_RULES)

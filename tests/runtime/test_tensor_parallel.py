@@ -49,9 +49,10 @@ PIPELINES = {
 }
 
 
-# each collective's backward in backward order: whether it took the result its reader started
-EARLY = {"TpMlp": [False, True], "TpMlp4": [False, True], "TpResidualMlp": [False, True], "TpColumn": [True],
-         "TpRow": []}
+# each collective's backward between the fused Functions, in backward order: whether it took the
+# result its reader started (an all-gather before a Linear and a Linear's reduce-scatter run inside
+# the Function, micro-pipelined with the GEMM: stages/collective.py's COLLECTIVE_GEMM)
+EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": []}
 
 
 def _share(t, how, rank, ranks):
@@ -270,7 +271,7 @@ def test_at_size_1_the_modes_are_ignored_and_the_collectives_left_out(tmp_path):
     assert [op.describe() for op in plan.pipeline.ops][1:3] == [
         "BasicLinear(64, 256, tensor_parallel_mode='column', tensor_parallel_group='tp', sequence_parallel=True)",
         "SwiGLU()"]
-    assert plan.pipeline.group is None and not any(op.opdef.kind == "collective" for op in plan.pipeline.ops)
+    assert plan.pipeline.group is None and not any(op.opdef.name in ("AllGather", "ReduceScatter") for op in plan.pipeline.ops)
     (plan,) = _plans(tmp_path, TP_SPEC, "[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = 4\n")
     assert [op.opdef.name for op in plan.pipeline.ops] == [
         "RMSNorm", "AllGather", "BasicLinear", "SwiGLU", "BasicLinear", "Bias", "ReduceScatter"]
