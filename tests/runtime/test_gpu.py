@@ -489,6 +489,10 @@ def test_every_kernel_has_a_test():
     # through test_te_models.py (bf16 on the GPU against float64, every parameter's grad, and trained)
     tested |= {"bias_dropout0p1_add_layernorm_x7749ae2f_fwd_h256", "bias_qgelu_bwd_n1024",
                "layernorm_zc_bwd_h256_add_dresidual", "qgelu_fwd_n1024", "qkv_prep_bwd_h8_kv1_d32"}
+    # specs/tensor_parallel.py's (its other kernels are shared with the specs above), checked through
+    # test_tensor_parallel.py on 2 GPUs (NCCL, fp32 against float64): TE's AllGather and a Linear with
+    # a bias, whose GEMM takes the all-gather (so the Bias is a kernel of its own)
+    tested |= {"bias_fwd_n256"}
     # specs/llama_layer.py's te.TransformerLayer spelling, checked through test_te_llama_layer.py (bf16
     # on the GPU against float64, every parameter's grad)
     tested |= {"qkv_prep_bwd_h32_kv8_d128", "qkv_prep_table_fwd_h32_kv8_d128", "qkv_prep_table_bwd_h32_kv8_d128"}
