@@ -79,6 +79,30 @@ def add_fwd_n4096(x, extra_in0):
     return a.to(x.dtype)
 
 
+_ADD_FWD_N512 = Kernel("add_fwd_n512", "pppi")
+_ADD_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def add_fwd_n512(x, extra_in0):
+    """AddExtraInput(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_fwd_n512_679f79d5(x, extra_in0)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        extra_in0 = extra_in0.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_ADD_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _ADD_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), extra_in0.data_ptr(), y.data_ptr(), rows), x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.add_extra_input(a, ref.compute(extra_in0))
+    return a.to(x.dtype)
+
+
 _ADD_GELU_FWD_N1024 = Kernel("add_gelu_fwd_n1024", "pppi")
 _ADD_GELU_FWD_N1024_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
 
@@ -431,6 +455,59 @@ def add_rmsnorm_fwd_h4096_amax_no_grad(x, residual, gamma, amax, keep_sum):
         return (y, residual_out) if keep_sum else y
     # CPU and torch.compile: the whole launcher
     y, residual_out = add_rmsnorm_fwd_h4096_amax(x, residual, gamma, amax)[:2]
+    return (y, residual_out) if keep_sum else y
+
+
+_ADD_RMSNORM_FWD_H512 = Kernel("add_rmsnorm_fwd_h512", "ppppppppi")
+_ADD_RMSNORM_FWD_H512_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
+
+
+def add_rmsnorm_fwd_h512(x, residual, gamma):
+    """residual add + RMSNorm(512): returns (y, residual_out, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.add_rmsnorm_fwd_h512_662e9d6f(x, residual, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x)
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _ADD_RMSNORM_FWD_H512.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H512_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    residual_out.data_ptr(), 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, residual_out, rstd
+    residual_out = (ref.compute(x) + ref.compute(residual)).to(x.dtype)
+    x = residual_out
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, residual_out, rstd
+
+
+def add_rmsnorm_fwd_h512_no_grad(x, residual, gamma, keep_sum):
+    """residual add + RMSNorm(512), without autograd.
+
+    Returns y (and the sum h, with keep_sum). Writes nothing only a backward reads: no statistics,
+    and no sum without keep_sum."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        residual = residual.contiguous()
+        residual_out = torch.empty_like(x) if keep_sum else None
+        y = torch.empty_like(x)
+        if rows:
+            _ADD_RMSNORM_FWD_H512.launch(
+                x.dtype, (rows, 1, 1), (_ADD_RMSNORM_FWD_H512_THREADS[x.dtype], 1, 1),
+                (
+                    x.data_ptr(), residual.data_ptr(), gamma.data_ptr(), 0, y.data_ptr(),
+                    (residual_out.data_ptr() if keep_sum else 0), 0, 0, rows),
+                x.get_device())
+        return (y, residual_out) if keep_sum else y
+    # CPU and torch.compile: the whole launcher
+    y, residual_out = add_rmsnorm_fwd_h512(x, residual, gamma)[:2]
     return (y, residual_out) if keep_sum else y
 
 
@@ -5516,6 +5593,59 @@ def rmsnorm_bwd_h4096_add_dresidual(dy, x, rstd, gamma, dresidual):
     return dx.to(dy.dtype), dgamma.to(gamma.dtype)
 
 
+_RMSNORM_BWD_H512_ADD_DRESIDUAL = Kernel(
+    "rmsnorm_bwd_h512_add_dresidual", "pppppppppi", shared=2048)
+_RMSNORM_BWD_H512_ADD_DRESIDUAL_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def rmsnorm_bwd_h512_add_dresidual(dy, x, rstd, gamma, dresidual):
+    """RMSNorm(512) backward, + residual grad: returns (dx, dgamma); the parameter grads are
+    deterministic.
+    """
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_bwd_h512_add_dresidual_40c49b05(
+            dy, x, rstd, gamma, dresidual)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy, x = dy.contiguous(), x.contiguous()
+        dresidual = dresidual.contiguous()
+        dx = torch.empty_like(dy)
+        # one wave of resident blocks, each looping over its rows (at most one block a row)
+        splits = max(
+            1,
+            min(
+                rows,
+                _RMSNORM_BWD_H512_ADD_DRESIDUAL.resident_blocks(
+                    dy.dtype, dy.get_device(), _RMSNORM_BWD_H512_ADD_DRESIDUAL_THREADS[dy.dtype])
+            )
+        )
+        partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+        if not rows:
+            grads = torch.zeros(512, device=dy.device, dtype=dy.dtype)
+        elif splits <= SUMS_IN_KERNEL_SPLITS:
+            # one launch: the grid adds its partials into the grads itself (a cooperative launch)
+            grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
+            _RMSNORM_BWD_H512_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H512_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), grads.data_ptr(),
+                    rows),
+                dy.get_device(), cooperative=True)
+        else:
+            _RMSNORM_BWD_H512_ADD_DRESIDUAL.launch(
+                dy.dtype, (splits, 1, 1), (_RMSNORM_BWD_H512_ADD_DRESIDUAL_THREADS[dy.dtype], 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), 0, rstd.data_ptr(), gamma.data_ptr(),
+                    dresidual.data_ptr(), dx.data_ptr(), partials.data_ptr(), 0, rows),
+                dy.get_device())
+            grads = column_sum_n512(partials, dy.dtype)
+        return dx, grads
+    dx, dgamma = ref.rms_norm_bwd(dy, x, rstd, gamma, False)
+    dx = dx + ref.compute(dresidual)
+    return dx.to(dy.dtype), dgamma.to(gamma.dtype)
+
+
 _RMSNORM_BWD_H64 = Kernel("rmsnorm_bwd_h64", "pppppppppi", shared=256)
 _RMSNORM_BWD_H64_THREADS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 32}
 
@@ -5894,6 +6024,45 @@ def rmsnorm_fwd_h4096_amax_no_grad(x, gamma, amax):
                 x.get_device())
         return y
     return rmsnorm_fwd_h4096_amax(x, gamma, amax)[0]  # CPU and torch.compile: the whole launcher
+
+
+_RMSNORM_FWD_H512 = Kernel("rmsnorm_fwd_h512", "ppppppppi")
+_RMSNORM_FWD_H512_THREADS = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
+
+
+def rmsnorm_fwd_h512(x, gamma):
+    """RMSNorm(512): returns (y, rstd)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.rmsnorm_fwd_h512_1e556416(x, gamma)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+        if rows:
+            _RMSNORM_FWD_H512.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H512_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, rstd.data_ptr(), rows),
+                x.get_device())
+        return y, rstd
+    y, rstd = ref.rms_norm(x, gamma, 1e-05, False)
+    return y, rstd
+
+
+def rmsnorm_fwd_h512_no_grad(x, gamma):
+    """RMSNorm(512), without autograd.
+
+    Returns y. Writes nothing only a backward reads: no statistics."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        rows = x.shape[0]
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if rows:
+            _RMSNORM_FWD_H512.launch(
+                x.dtype, (rows, 1, 1), (_RMSNORM_FWD_H512_THREADS[x.dtype], 1, 1),
+                (x.data_ptr(), 0, gamma.data_ptr(), 0, y.data_ptr(), 0, 0, 0, rows), x.get_device())
+        return y
+    return rmsnorm_fwd_h512(x, gamma)[0]  # CPU and torch.compile: the whole launcher
 
 
 _RMSNORM_FWD_H64 = Kernel("rmsnorm_fwd_h64", "ppppppppi")
@@ -7198,6 +7367,8 @@ register_op(
     "add_fwd_n4096_87fbfa52", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n4096,
     add_fwd_n4096)
 register_op(
+    "add_fwd_n512_679f79d5", "(Tensor x, Tensor extra_in0) -> Tensor", add_fwd_n512, add_fwd_n512)
+register_op(
     "add_gelu_fwd_n1024_e5779b1c", "(Tensor x, Tensor extra_in0) -> Tensor", add_gelu_fwd_n1024,
     add_gelu_fwd_n1024)
 register_op(
@@ -7224,6 +7395,10 @@ register_op(
     "add_rmsnorm_fwd_h4096_amax_b4a6d8e3",
     "(Tensor x, Tensor residual, Tensor gamma, Tensor(a!)? amax) -> (Tensor, Tensor, Tensor)",
     add_rmsnorm_fwd_h4096_amax, add_rmsnorm_fwd_h4096_amax)
+register_op(
+    "add_rmsnorm_fwd_h512_662e9d6f",
+    "(Tensor x, Tensor residual, Tensor gamma) -> (Tensor, Tensor, Tensor)", add_rmsnorm_fwd_h512,
+    add_rmsnorm_fwd_h512)
 register_op(
     "add_scale0p5_tee_qgelu_bwd_any_from_add_9c800a27",
     "(Tensor dy, Tensor x, Tensor extra_in0, Tensor d_extra_out2) -> Tensor",
@@ -7654,6 +7829,10 @@ register_op(
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
     rmsnorm_bwd_h4096_add_dresidual, rmsnorm_bwd_h4096_add_dresidual)
 register_op(
+    "rmsnorm_bwd_h512_add_dresidual_40c49b05",
+    "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma, Tensor dresidual) -> (Tensor, Tensor)",
+    rmsnorm_bwd_h512_add_dresidual, rmsnorm_bwd_h512_add_dresidual)
+register_op(
     "rmsnorm_bwd_h64_fc89c461",
     "(Tensor dy, Tensor x, Tensor rstd, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_bwd_h64,
     rmsnorm_bwd_h64)
@@ -7685,6 +7864,9 @@ register_op(
     "rmsnorm_fwd_h4096_amax_237a635f",
     "(Tensor x, Tensor gamma, Tensor(a!)? amax) -> (Tensor, Tensor)", rmsnorm_fwd_h4096_amax,
     rmsnorm_fwd_h4096_amax)
+register_op(
+    "rmsnorm_fwd_h512_1e556416", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h512,
+    rmsnorm_fwd_h512)
 register_op(
     "rmsnorm_fwd_h64_7187cf87", "(Tensor x, Tensor gamma) -> (Tensor, Tensor)", rmsnorm_fwd_h64,
     rmsnorm_fwd_h64)

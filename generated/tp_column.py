@@ -110,7 +110,7 @@ class TpColumn(torch.nn.Module):
     # each sharded parameter's split dim over the tensor-parallel group ("sum": a row-parallel
     # Linear's bias, each rank's added before the reduction, as TE's te.ops.Linear), for
     # full_state_dict and load_full_state_dict (_runtime/collectives.py)
-    tensor_parallel_shards = {'0.weight': 0, '0.bias': 0}
+    tensor_parallel_shards = {'0.weight': (512,), '0.bias': (512,)}
 
     def __init__(self, *, device=None, dtype=None, tensor_parallel_group=None):
         super().__init__()

@@ -160,7 +160,7 @@ class TpMlp4(torch.nn.Module):
     # each sharded parameter's split dim over the tensor-parallel group ("sum": a row-parallel
     # Linear's bias, each rank's added before the reduction, as TE's te.ops.Linear), for
     # full_state_dict and load_full_state_dict (_runtime/collectives.py)
-    tensor_parallel_shards = {'1.weight': 'glu', '3.weight': 1, '3.bias': 'sum'}
+    tensor_parallel_shards = {'1.weight': (2048, 2048), '3.weight': 1, '3.bias': 'sum'}
 
     def __init__(self, *, device=None, dtype=None, tensor_parallel_group=None):
         super().__init__()

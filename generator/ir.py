@@ -23,7 +23,7 @@ from .errors import Location, SpecError
 from .frontend import OpCall, SequentialSpec
 from .ops import MAX_FEATURES, OPS, RESIDUAL, HeldRows, OpDef, basic_parts
 from .ops.identity import around_rows
-from .tensor_parallel import localised
+from .tensor_parallel import Localiser
 
 
 @dataclass(frozen=True)
@@ -255,20 +255,20 @@ class _Expanded:
 OPEN, CLOSE = "open", "close"
 
 
-def _expand(calls: tuple[OpCall, ...], prefix: str = "", size: int = 1) -> list[_Expanded]:
+def _expand(calls: tuple[OpCall, ...], localised: Localiser, prefix: str = "") -> list[_Expanded]:
     """The spec's basic ops in the order they run, each with its path in the eager module, as a
-    rank of a tensor-parallel group of ``size`` runs them (tensor_parallel.localised)."""
+    rank of a tensor-parallel group runs them (``localised``, carried across the calls)."""
     expanded = []
     for position, call in enumerate(calls):
         path = f"{prefix}{position}"
         if call.op == RESIDUAL:
             plain = {"in_place": False}
             expanded.append(_Expanded(OPS["MakeExtraOutput"], plain, call, path, OPEN, branch=path))
-            expanded += _expand(call.inner, f"{path}.", size)
+            expanded += _expand(call.inner, localised, f"{path}.")
             expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE, branch=path))
             continue
         spans = OPS[call.op].residuals(call.args)  # a TE layer's residual branches, by position in its expansion
-        parts = localised(basic_parts(call.op, call.args), size, call)
+        parts = localised(basic_parts(call.op, call.args), call)
         for position, (basic, basic_args, part, held) in enumerate(parts):
             for first, _, name in spans:
                 if first == position:
@@ -308,7 +308,7 @@ def build_graph(spec: SequentialSpec, tensor_parallel: int = 1) -> Graph:
     """The graph of ``spec`` as one rank of a tensor-parallel group of ``tensor_parallel`` runs it."""
     if not spec.calls:
         raise SpecError(f"pipeline '{spec.name}' is empty; give Sequential at least one op", spec.location)
-    expanded = _expand(spec.calls, size=tensor_parallel)
+    expanded = _expand(spec.calls, Localiser(tensor_parallel))
     sizes = _infer_sizes(spec, [(step.op, step.args, step.call) for step in expanded],
                          [f"{step.call.op.lower() if step.residual else OPS[step.call.op].attribute.lower()}"
                           f"{step.path.replace('.', '_')}" for step in expanded])

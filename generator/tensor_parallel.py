@@ -10,7 +10,11 @@ tensor_parallel_size, default 1). Its graph holds each rank's share of the work,
 - a row-parallel BasicLinear(K, N) reads K / k input features, and the spec op's output (after a
   Linear's Bias, which each rank adds in full before the reduction, as TE's te.ops.Linear) is
   reduce-scattered with sequence parallelism (ReduceScatter), else all-reduced (AllReduce);
-- a Bias with tensor_parallel=True (a column-parallel Linear's) holds size / k values;
+- between them each rank holds its share of the features: elementwise ops and GLUs run on it as
+  they are, a Bias holds size / k values (as te.ops.Bias(tensor_parallel=True), which holds them
+  anywhere), attention runs heads / k query and kv_heads / k key/value heads (OpDef.split_features,
+  Megatron's and TE's split: attention heads column-wise, the output projection row-wise); an op
+  that reads a whole row (a norm, a Linear of neither mode) is an error there;
 - the spec's AllGather, ReduceScatter and AllReduce take the size.
 
 At k = 1 the modes are ignored and the collectives left out, as TE does for a group of one rank:
@@ -26,35 +30,88 @@ from .ops import OPS
 from .ops.collectives import KINDS as COLLECTIVES
 
 
-def localised(parts: list[tuple], size: int, call) -> list[tuple]:
-    """The basic parts of one spec call (ops.basic_parts: (op, args, part, held)) as a rank of a
-    group of ``size`` runs them."""
-    if size == 1:
-        return [part for part in parts if part[0].kind not in COLLECTIVES]
-    before, ops, after = [], [], []
-    column = False
-    for op, args, part, held in parts:
-        if op.kind in COLLECTIVES:
-            ops.append((op, {**args, "size": size}, part, held))
-        elif op.name == "BasicLinear" and args["tensor_parallel_mode"] is not None:
-            mode, group, sequence = args["tensor_parallel_mode"], args["tensor_parallel_group"], args["sequence_parallel"]
-            features = "out_features" if mode == "column" else "in_features"
-            local = dict(args, **{features: _shard(args[features], size, f"{features}={args[features]}", call)})
-            ops.append((op, local, part, held))
-            if mode == "column":
-                column = True
-                gather = "AllGather" if sequence else "TensorParallelCopy"
-                before.append((OPS[gather], {"process_group": group, "size": size}, part, None))
+class Localiser:
+    """The ops of a spec's calls, in order, as a rank of a group of ``size`` runs them. ``share``:
+    whether the running value holds the rank's share of the features (after a column-parallel
+    Linear, until a row-parallel one); ``reduction``: a row-parallel Linear's, which waits for its
+    te.ops.Linear's Bias (each rank adds it in full before the reduction, as TE's te.ops)."""
+
+    def __init__(self, size: int):
+        self.size, self.share, self.reduction, self.width = size, False, None, 0
+
+    def __call__(self, parts: list[tuple], call) -> list[tuple]:
+        """The basic parts of one spec call (ops.basic_parts: (op, args, part, held))."""
+        if self.size == 1:
+            return [part for part in parts if part[0].kind not in COLLECTIVES]
+        ops = []
+        for op, args, part, held in parts:
+            if self.reduction is not None and op.name != "Bias":
+                ops.append(self.reduction)
+                self.reduction = None
+            if op.name == "BasicLinear" and args["tensor_parallel_mode"] is not None:
+                ops += self._linear(op, args, part, held, call)
+            elif op.kind in COLLECTIVES:
+                self._whole_rows(op, call)
+                ops.append((op, {**args, "size": self.size}, part, held))
+            elif op.name == "Bias" and (self.share or args["tensor_parallel"]):
+                # a column-parallel Linear's bias, or te.ops.Bias(tensor_parallel=True): a share of it
+                local = _shard(args["size"], self.size, f"size={args['size']}", call)
+                ops.append((op, dict(args, size=local, tensor_parallel=True), part, held))
             else:
-                reduction = OPS["ReduceScatter" if sequence else "AllReduce"]
-                after.append((reduction, {**_defaults(reduction), "process_group": group, "size": size}, part, None))
-        elif op.name == "Bias" and (column or args["tensor_parallel"]):
-            # a column-parallel Linear's bias, or te.ops.Bias(tensor_parallel=True): a share of it
-            ops.append((op, dict(args, size=_shard(args["size"], size, f"size={args['size']}", call), tensor_parallel=True),
-                        part, held))
-        else:
-            ops.append((op, args, part, held))
-    return before + ops + after
+                ops.append((op, self._on_share(op, args, call) if self.share else args, part, held))
+            if op.name == "Bias" and self.reduction is not None:
+                ops.append(self.reduction)
+                self.reduction = None
+        if self.reduction is not None:  # the call's last op: its output is reduced before the next call
+            ops.append(self.reduction)
+            self.reduction = None
+        return ops
+
+    def _linear(self, op, args, part, held, call) -> list[tuple]:
+        """A column-parallel Linear's N / k outputs after its input's all-gather (sequence
+        parallel) or copy; a row-parallel one's K / k inputs, its reduction pending."""
+        mode, group = args["tensor_parallel_mode"], args["tensor_parallel_group"]
+        if self.share and mode == "column":
+            raise SpecError(f"{call.op}(): a column-parallel Linear reads whole rows of features, but the ops before "
+                            "it hold a rank's share of them (after another column-parallel Linear): make it "
+                            "row-parallel, or put a row-parallel Linear before it", call.location)
+        features = "out_features" if mode == "column" else "in_features"
+        local = dict(args, **{features: _shard(args[features], self.size, f"{features}={args[features]}", call)})
+        self.share, self.width = mode == "column", local["out_features"]
+        shared = {"process_group": group, "size": self.size}
+        if mode == "row":
+            reduction = OPS["ReduceScatter" if args["sequence_parallel"] else "AllReduce"]
+            self.reduction = (reduction, {**_defaults(reduction), **shared}, part, None)
+            return [(op, local, part, held)]
+        gather = OPS["AllGather" if args["sequence_parallel"] else "TensorParallelCopy"]
+        return [(gather, shared, part, None), (op, local, part, held)]
+
+    def _on_share(self, op, args, call) -> dict:
+        """An op's arguments on the rank's share of the features: as they are for an op of each
+        value alone (an activation, a GLU on its halves, dropout, a scale by one learnable value),
+        the op's own split (attention's heads), else an error."""
+        if op.split_features is not None:
+            split = op.split_features(args, self.size)
+            if isinstance(split, str):
+                raise SpecError(f"{call.op}(): runs on a rank's share of the features here (after a "
+                                f"column-parallel Linear, over {self.size} ranks), but {split}", call.location)
+            return split
+        operand, interleave = op.operand, op.interleave(args)
+        if interleave is not None and self.width % (2 * interleave):
+            raise SpecError(f"{call.op}(): its blocks of {interleave} alternate gates and linears, but a rank's share "
+                            f"of the features ({self.width}) is not a whole number of pairs of blocks; give the "
+                            "column-parallel Linear a multiple of 2 * glu_interleave_size * the group size",
+                            call.location)
+        if op.functor_form in ("unary", "gate") or (operand is not None and operand.broadcast in ("scalar", "random")):
+            return args
+        raise SpecError(f"{call.op}(): reads whole rows of features, but here each rank holds 1/{self.size} of them "
+                        f"(after a column-parallel Linear, before a row-parallel one); move it before the "
+                        "column-parallel Linear or after the row-parallel one", call.location)
+
+    def _whole_rows(self, op, call) -> None:
+        if self.share:
+            raise SpecError(f"{call.op}(): a collective between a column-parallel Linear and a row-parallel one, where "
+                            "each rank holds a share of the features; move it before or after them", call.location)
 
 
 def _defaults(op) -> dict:
@@ -70,13 +127,30 @@ def _shard(features: int, size: int, what: str, call) -> int:
     return features // size
 
 
-def shards(pipeline) -> dict[str, int | str]:
+def sequence_ranks(ops) -> int:
+    """How many ranks' tokens the ops that read the packed sequences see: the group's after a
+    sequence-parallel all-gather (attention between the column- and row-parallel Linears), 1
+    without; the module's call form gives the sequences of all of them, in rank order."""
+    ranks, seen = 1, set()
+    for op in ops:
+        if op.opdef.kind in COLLECTIVES and op.opdef.new_lead is not None:
+            times, over = op.opdef.new_lead(op.args)[1]
+            ranks = ranks * times // over
+        elif op.opdef.reads_sequences:
+            seen.add(ranks)
+    if len(seen) > 1:  # (localising joins each all-gather with its reduce-scatter: not a spec's doing)
+        raise AssertionError(f"ops reading the sequences see the tokens of {sorted(seen)} ranks")
+    return seen.pop() if seen else 1
+
+
+def shards(pipeline) -> dict[str, int | str | tuple[int, ...]]:
     """Each sharded parameter's state_dict key and how its ranks' shards split the unsharded one,
-    for the runtime's full_state_dict and load_full_state_dict: 0 (a column-parallel weight's or
-    bias's rows, in rank order), 1 (a row-parallel weight's columns), "glu" (a column-parallel
-    Linear's rows feeding a GLU, which each rank splits into its own two halves: each half split in
-    rank order, so the ranks together compute the unsharded GLU) or "sum" (a row-parallel Linear's
-    bias, each rank's added before the reduction). Replicated parameters are left out."""
+    for the runtime's full_state_dict and load_full_state_dict: 1 (a row-parallel weight's
+    columns), sections of rows (a column-parallel weight's or bias's: each section split in rank
+    order, so a rank's rows are its share of each; one section where the op after it reads the
+    features alike, a GLU's two halves, attention's q, k and v heads: OpDef.feature_sections) or
+    "sum" (a row-parallel Linear's bias, each rank's added before the reduction). Replicated
+    parameters are left out."""
     if pipeline.tensor_parallel == 1:
         return {}
     ops = pipeline.ops
@@ -87,9 +161,22 @@ def shards(pipeline) -> dict[str, int | str]:
         if mode == "row":
             split[key] = 1
         elif mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"]):
-            after = next((o for o in ops[op.index + 1:] if o.opdef.name != "Bias"), None)
-            glu = after is not None and after.opdef.halves_width and after.opdef.interleave(after.args) is None
-            split[key] = "glu" if glu else 0
+            split[key] = _sections(ops[op.index + 1:], pipeline.tensor_parallel * (
+                op.args["out_features"] if mode else op.args["size"]))
         elif op.opdef.name == "Bias" and op.module_index in rows:
             split[key] = "sum"
     return split
+
+
+def _sections(after, features: int) -> tuple[int, ...]:
+    """How the op reading a column-parallel Linear's features groups them (``after``: the ops
+    after the Linear): attention's q, k and v, a GLU's two halves (its interleaved blocks: split
+    as they are), else one section."""
+    for op in after:
+        if op.opdef.name == "BasicLinear":
+            break
+        if op.opdef.feature_sections is not None:
+            return op.opdef.feature_sections(op.args, features)
+        if op.opdef.halves_width:
+            return (features // 2,) * 2 if op.opdef.interleave(op.args) is None else (features,)
+    return (features,)

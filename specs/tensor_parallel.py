@@ -52,3 +52,26 @@ tp_residual_mlp = te.ops.Sequential(
         te.ops.Linear(1024, 256, tensor_parallel_mode="row", tensor_parallel_group=tp_group, sequence_parallel=True),
     ),
 )
+
+# a Llama decoder layer over packed sequences, sequence parallel: each rank all-gathers the tokens
+# for its share of the attention heads (the fused q, k, v projection split column-wise: a share of
+# each of q, k and v) and of the MLP's features; the output projection and the MLP's second Linear
+# are row-parallel, reduce-scattered back to the rank's tokens for the residual adds
+tp_layer = te.ops.Sequential(
+    te.ops.Residual(
+        te.ops.RMSNorm(512),
+        te.ops.Linear(512, (8 + 2 * 4) * 64, bias=False, tensor_parallel_mode="column",
+                      tensor_parallel_group=tp_group, sequence_parallel=True),
+        te.ops.GroupedQueryAttention(512, 8, 4, te.DotProductAttention, rotary_base=10000.0),
+        te.ops.Linear(512, 512, bias=False, tensor_parallel_mode="row", tensor_parallel_group=tp_group,
+                      sequence_parallel=True),
+    ),
+    te.ops.Residual(
+        te.ops.RMSNorm(512),
+        te.ops.Linear(512, 2048, bias=False, tensor_parallel_mode="column", tensor_parallel_group=tp_group,
+                      sequence_parallel=True),
+        te.ops.SwiGLU(),
+        te.ops.Linear(1024, 512, bias=False, tensor_parallel_mode="row", tensor_parallel_group=tp_group,
+                      sequence_parallel=True),
+    ),
+)

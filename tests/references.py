@@ -241,6 +241,39 @@ class _StreamedLinear(torch.autograd.Function):
         return dx, None, flat_dy.sum(0) if ctx.needs_input_grad[2] else None
 
 
+def rotate_half64(t, base):
+    """Rotary on t [seq, heads, d] (one sequence, positions 0..seq-1): t cos + rotate_half(t) sin,
+    rotate_half(t) = (-t[d/2:], t[:d/2]), frequencies base^(-2i/d) for each half's i."""
+    seq, d = t.shape[0], t.shape[-1]
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None, :], torch.cat([angles.sin()] * 2, -1)[:, None, :]
+    rotated = torch.cat([-t[..., d // 2:], t[..., : d // 2]], dim=-1)
+    return t * cos + rotated * sin
+
+
+def attention64(qkv, lengths, heads, kv_heads, causal, rotary_base):
+    """Self-attention of each packed sequence on its own: [total, (heads + 2 kv) d] → [total, heads d]."""
+    d = qkv.shape[1] // (heads + 2 * kv_heads)
+    outputs, start = [], 0
+    for n in lengths:
+        piece = qkv[start:start + n]
+        start += n
+        q = piece[:, : heads * d].reshape(n, heads, d)
+        k = piece[:, heads * d:(heads + kv_heads) * d].reshape(n, kv_heads, d)
+        v = piece[:, (heads + kv_heads) * d:].reshape(n, kv_heads, d)
+        if rotary_base is not None:
+            q, k = rotate_half64(q, rotary_base), rotate_half64(k, rotary_base)
+        group = heads // kv_heads  # query head h reads kv head h // group
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
+        if causal:
+            mask = torch.ones(n, n, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+        outputs.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v).reshape(n, heads * d))
+    return torch.cat(outputs) if outputs else qkv.new_zeros(0, heads * d)
+
+
 def as64(t, device, requires_grad=False):
     """A float64 copy of ``t`` on ``device``: a new leaf, with ``requires_grad`` one of autograd's."""
     return t.detach().to(device=device, dtype=torch.float64).requires_grad_(requires_grad)

@@ -218,10 +218,10 @@ def matmul_reduce_scatter(a, b, group):
 
 def full_state_dict(module):
     """The module's state_dict as the unsharded pipeline's (every rank gets it whole): each sharded
-    parameter gathered along its split dim (the module's ``tensor_parallel_shards``; a
-    column-parallel Linear before a GLU: each rank's rows hold its share of the gates, then of the
-    linears), a row-parallel Linear's bias (each rank's added before the reduction, as TE's
-    te.ops.Linear) summed over the ranks."""
+    parameter gathered (the module's ``tensor_parallel_shards``: a row-parallel weight's columns;
+    a column-parallel one's rows, in sections that each split over the ranks: a GLU's gates and
+    linears, attention's q, k and v), a row-parallel Linear's bias (each rank's added before the
+    reduction, as TE's te.ops.Linear) summed over the ranks."""
     group, shards = module.tensor_parallel_group, module.tensor_parallel_shards
     state = {}
     for key, value in module.state_dict().items():
@@ -234,19 +234,18 @@ def full_state_dict(module):
             parts = [
                 torch.empty_like(value) for _ in range(torch.distributed.get_world_size(group))]
             torch.distributed.all_gather(parts, value.contiguous(), group=group)
-            # each rank's [gate share; linear share]: the gates first, then the linears
-            if split == "glu":
-                halves = [part.chunk(2) for part in parts]
-                state[key] = torch.cat(
-                    [gate for gate, _ in halves] + [linear for _, linear in halves])
-            else:
-                state[key] = torch.cat(parts, dim=split)
+            if split == 1:
+                state[key] = torch.cat(parts, dim=1)
+            else:  # each rank's rows: its share of each section; the sections one after another
+                ranks = len(parts)
+                shares = [part.split([rows // ranks for rows in split]) for part in parts]
+                state[key] = torch.cat([share[s] for s in range(len(split)) for share in shares])
     return state
 
 
 def load_full_state_dict(module, state_dict, strict=True):
     """Load an unsharded state_dict (the pipeline's at tensor_parallel_size 1, or full_state_dict's)
-    into this rank's shards: each sharded parameter's slice along its split dim; a row-parallel
+    into this rank's shards: each sharded parameter's share (see full_state_dict); a row-parallel
     Linear's bias on rank 0, zeros on the others (their sum, which the module adds, is the bias)."""
     group, shards = module.tensor_parallel_group, module.tensor_parallel_shards
     rank, ranks = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
@@ -257,13 +256,16 @@ def load_full_state_dict(module, state_dict, strict=True):
             local[key] = value
         elif split == "sum":
             local[key] = value if rank == 0 else torch.zeros_like(value)
-        # this rank's share of the gates, then of the linears (see full_state_dict)
-        elif split == "glu":
-            local[key] = torch.cat([half.chunk(ranks)[rank] for half in value.chunk(2)])
         else:
-            if value.shape[split] % ranks:
-                raise ValueError(f"{type(module).__name__}: {key} has {value.shape[split]} rows along dim {split}, "
-                                 f"which do not split over the group's {ranks} ranks; is it the unsharded "
-                                 "pipeline's state_dict?")
-            local[key] = value.chunk(ranks, dim=split)[rank]
+            dim, whole = (1, None) if split == 1 else (0, sum(split))
+            if value.dim() <= dim or value.shape[dim] != (whole or value.shape[dim]) or value.shape[
+                dim] % ranks:
+                raise ValueError(f"{type(module).__name__}: {key} has shape {list(value.shape)}, which is not the "
+                                 f"unsharded parameter's " + (f"({whole} rows)" if whole else "(columns over the "
+                                 f"group's {ranks} ranks)") + "; is it the unsharded pipeline's state_dict?")
+            if split == 1:
+                local[key] = value.chunk(ranks, dim=1)[rank]
+            else:  # this rank's share of each section
+                local[key] = torch.cat(
+                    [section.chunk(ranks)[rank] for section in value.split(list(split))])
     return module.load_state_dict(local, strict=strict)

@@ -20,6 +20,7 @@ from typing import Callable
 
 from ..ir import Size, size_expr
 from ..source_text import comment_text
+from ..tensor_parallel import sequence_ranks
 from ..values import Role, Value, module_name
 from .held import fresh_parameters, held_parameters
 
@@ -58,10 +59,8 @@ class Argument:
     @property
     def schema(self) -> str:
         """Its type in a custom op's schema."""
-        if self.typed:
-            return self.typed
-        if self.role is Role.FLAG:
-            return "bool"
+        if self.typed or self.role is Role.FLAG:
+            return self.typed or "bool"
         assert self.tensor, f"{self.name}: a {self.role.value} value has no type in a custom op's schema"
         return "Tensor"
 
@@ -93,11 +92,11 @@ class ModuleForward:
     graphs: bool = False  # the module replays CUDA graphs (emit.replays_graphs)
     sequence_format: str | None = None  # how x is read (TE's qkv_format), None: fusegen's call forms
     te_masks: tuple[str, ...] = ()  # a TE attention module's masks: the module takes TE's forward keywords
-    # parameters handed as a new tensor each call, CUDA graphs copy them in as x (held.fresh_parameters)
-    fresh: frozenset[int] = frozenset()
+    fresh: frozenset[int] = frozenset()  # parameters new each call, CUDA graphs copy them in as x (held.fresh_parameters)
     fresh_compiled: frozenset[int] = frozenset()  # under torch.compile
     rotary_table: int | None = None  # TE's per-call rotary table, where an attention op reads it
     head_dims: tuple[int, ...] = ()  # the head sizes of the attention ops that read it
+    sequence_ranks: int = 1  # the ranks whose tokens the sequences span (tensor_parallel.sequence_ranks)
 
     @property
     def like_is(self) -> str:
@@ -135,8 +134,8 @@ def _module_forward(pipeline, leads: dict[int, str], copied: set[int], lead_line
                          in_features=p.in_features, like=params[0][2] if params else "x", parameters_check=check,
                          sequences=p.sequences, graphs=graphs, sequence_format=p.sequence_format,
                          te_masks=te_masks(p), fresh=fresh_parameters(held),
-                         fresh_compiled=fresh_parameters(held, compiled=True),
-                         rotary_table=p.rotary_table,
+                         fresh_compiled=fresh_parameters(held, compiled=True), rotary_table=p.rotary_table,
+                         sequence_ranks=sequence_ranks(p.ops),
                          head_dims=tuple(sorted({op.args["hidden"] // op.args["heads"] for op in p.ops
                                                  if op.rotary_table is not None})))
 
@@ -200,6 +199,7 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
         if f.rotary_table is not None:  # TE's table: float32 [max_s, d] ([0, d] for None), its rows bound the lengths
             check += (f'rotary_table = ref.rotary_table_argument("{f.module}", rotary_pos_emb, {f.head_dims!r}, x)',)
             te += ", positions=rotary_table.shape[0] or None"
+        te += f", ranks={f.sequence_ranks}" if f.sequence_ranks > 1 else ""  # x: a rank's share (sequence parallel)
         check += (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form}{te})',)
         if f.sequence_format == "sbhd":  # TE's default: x [seq, batch, hidden] runs as batch-major rows inside
             check += ("x = x.transpose(0, 1)  # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence",)

@@ -205,9 +205,29 @@ HELPERS = (attention_dropout_scale, attention_positions, attention_rotary_angles
            attention_inputs_table, attention_inputs_table_bwd)
 
 
+def _split_heads(a, kv_heads, ranks) -> dict | str:
+    """The op on a rank of ``ranks`` (after a column-parallel Linear): heads / ranks query heads and
+    kv_heads / ranks key/value heads (each rank's own q heads' kv heads: Megatron's and TE's split)."""
+    kv = kv_heads(a)
+    if a["heads"] % ranks or kv % ranks:
+        return (f"its {a['heads']} query heads and {kv} key/value heads must each split over the {ranks} ranks (each "
+                "runs its share of them); give heads and kv_heads that are multiples of the group size"
+                + (" (GroupedQueryAttention: MultiQuerySelfAttention has one kv head)" if kv == 1 else ""))
+    local = {**a, "hidden": a["hidden"] // ranks, "heads": a["heads"] // ranks}
+    return {**local, "kv_heads": kv // ranks} if "kv_heads" in a else local
+
+
+def _qkv_sections(a, kv_heads, features) -> tuple[int, ...]:
+    """The fused projection's q, k and v rows, each split over the ranks (``features``: all of them)."""
+    heads, kv = a["heads"], kv_heads(a)
+    return tuple(features * n // (heads + 2 * kv) for n in (heads, kv, kv))
+
+
 def _attention(name, args, kv_heads, summary, helpers):
     register(OpDef(
         name, "attention", args=args,
+        split_features=lambda a, ranks: _split_heads(a, kv_heads, ranks),
+        feature_sections=lambda a, features: _qkv_sections(a, kv_heads, features),
         fixed_in=lambda a: (a["heads"] + 2 * kv_heads(a)) * _head_dim(a),
         out_features=lambda a, n: a["hidden"],
             validate=lambda a: _validate(_full(a, kv_heads)),

@@ -80,15 +80,12 @@ class Operand:
 @dataclass(frozen=True)
 class OpDef:
     """A fusible operation, as a spec names it.
-
-    kind -- what the planner sees: linear, bias, norm, activation, glu, scale,
-            add_extra_input, make_extra_output, identity. ``Linear`` has kind "container": it
-            expands to the basic ops listed in ``expand``.
-    features -- (in, out) feature rule: fixed_in(args) -> int | None, out(in) -> int.
+    kind -- what the planner sees: linear, bias, norm, activation, glu, scale, add_extra_input,
+            make_extra_output, identity, ... (``Linear``: "container", expanding to ``expand``'s ops).
     tag -- the op's word in kernel names (may depend on arguments).
     device_struct -- the functor with the op's fwd/bwd math (in ``device_header``); a fused kernel
                      constructs it from ``device_args`` (compile-time constants).
-    device_header -- the header holding it: one of templates/cuda/, or of a plugin's ``.cuh`` folder.
+    device_header -- its header: one of templates/cuda/, or of a plugin's ``.cuh`` folder.
     operand -- the tensor the functor reads besides the running value (Bias's vector, an extra
                input, a learnable scalar), and how its gradient is reduced.
     device_args -- the op's constants, in the order the functor's fields and the reference
@@ -107,8 +104,8 @@ class OpDef:
     kind: str
     args: tuple[Arg, ...] = ()
     params: tuple[Param, ...] = ()
-    fixed_in: Callable[[dict], int | None] = lambda a: None
-    out_features: Callable[[dict, int], int] = lambda a, n: n
+    fixed_in: Callable[[dict], int | None] = lambda a: None  # its input size, or None: any
+    out_features: Callable[[dict, int], int] = lambda a, n: n  # its output size given the input's
     fixed_out: Callable[[dict], int | None] = lambda a: None  # its output size whatever its input's; -1: run time
     # The shape the op gives the running tensor (Reshape: torch.reshape's argument), or None
     reshape: Callable[[dict], tuple[int, ...]] | None = None
@@ -126,6 +123,10 @@ class OpDef:
     uses_training: Callable[[dict], bool] = lambda a: False  # reads the training flag (attention's dropout)
     # A GLU's glu_interleave_size: its input rows alternate blocks [a(k), b(k), a(k), ...]; None: [a | b]
     interleave: Callable[[dict], int | None] = lambda a: None
+    # On a rank's share of the features (generator/tensor_parallel.py): its arguments for 1/k of them (k given), or
+    # an error text; and the sections of its (unsharded) input features that each split in rank order (q, k, v)
+    split_features: Callable[[dict, int], dict | str] | None = None
+    feature_sections: Callable[[dict, int], tuple[int, ...]] | None = None
     tag: Callable[[dict], str] = lambda a: ""
     device_struct: str = ""
     device_header: str = "activations.cuh"

@@ -149,7 +149,7 @@ def check_packed_form(module, x):
 
 
 def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=None, offsets=None,
-                     positions=None):
+                     positions=None, ranks=1):
     """(cu_seqlens, max_seqlen) of a call: int32 offsets [batch + 1] on x's device and the host
     int bounding the longest sequence. Call forms: ``m(x, seq_lens)`` with x [total, hidden] and
     seq_lens [batch] (int32 or int64, on x's device or the CPU); ``m(x)`` with a 2-D x (one
@@ -169,7 +169,11 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
     max_seqlen then). One quick pass a call; errors say what to pass.
     ``offsets``: TE's cu_seqlens_q (te_sequences) in place of seq_lens, taken as they are (their
     start checked to be 0 with the lengths). ``positions``: the most tokens a sequence may have
-    (the rows of TE's rotary table, forward(rotary_pos_emb=...)), checked with the lengths."""
+    (the rows of TE's rotary table, forward(rotary_pos_emb=...)), checked with the lengths.
+    ``ranks``: x is this rank's share of the tokens of a tensor-parallel group of ``ranks``
+    (sequence parallelism), which the ops all-gather in rank order before they read the
+    sequences: the call form describes all of them (seq_lens summing to ranks * x.shape[0]; a 3-D
+    x one of ranks * batch sequences, the ranks' batches in rank order)."""
     if max_seqlen is not None and (type(max_seqlen) is not int or max_seqlen < 0):  # (not a bool)
         raise TypeError(f"{module}: max_seqlen must be None or an int of 0 or more (the longest "
                         f"sequence's length, or more), got {max_seqlen!r}")
@@ -184,7 +188,7 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
             raise ValueError(f"{module}: x must be 2-D [tokens, hidden] (one sequence) or 3-D "
                              f"[batch, seq, hidden] (batch sequences of seq tokens), got "
                              f"{list(x.shape)}")
-        batch, seq = (1, x.shape[0]) if dims == 2 else (x.shape[0], x.shape[1])
+        batch, seq = (1, x.shape[0] * ranks) if dims == 2 else (x.shape[0] * ranks, x.shape[1])
         _check_bound(module, max_seqlen, seq, "x's sequence length")
         _check_positions(module, positions, seq)
         cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=x.device) * seq
@@ -195,7 +199,9 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
     if dims != 2:
         raise ValueError(f"{module}: with seq_lens, x must be 2-D [total_tokens, hidden], got "
                          f"{list(x.shape)}")
-    rows = x.shape[0]
+    rows = x.shape[0] * ranks
+    # (sequence parallel: the rows of x on all the ranks)
+    held = "x's" if ranks == 1 else f"the {ranks} ranks' x's"
     few = _few_rows(x, few_rows, compiling, rows)
     if offsets is None:
         _check_lengths(module, x, seq_lens)
@@ -220,8 +226,8 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
                              "0 or more" + ("" if offsets is None else ": the offsets must not decrease"))
         if total != rows:
             raise ValueError(f"{module}: " + (f"seq_lens sums to {total} tokens" if offsets is None else
-                                              f"cu_seqlens_q ends at {total}") + f" but x has {rows} rows; "
-                             "the lengths of the packed sequences must add up to x.shape[0]")
+                                              f"cu_seqlens_q ends at {total}") + f" but {held} rows are {rows}; "
+                             "the lengths of the packed sequences must add up to them")
         _check_bound(module, max_seqlen, longest, f"the longest of {given}")
         _check_positions(module, positions, longest)
         bound = longest if max_seqlen is None else max_seqlen
@@ -235,7 +241,7 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
         what = ("seq_lens must be lengths of 0 or more" if offsets is None else
                 "cu_seqlens_q must be non-decreasing offsets from 0 of lengths")
         torch._assert_async(
-            valid, f"{module}: {what} summing to x's {rows} rows"
+            valid, f"{module}: {what} summing to {held} {rows} rows"
             + (f", the longest at most max_seqlen={bound}" if max_seqlen is not None else "")
             + (f", at most forward(rotary_pos_emb=...)'s {positions} positions"
                if positions is not None and positions < bound else ""))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import generated
-from references import as64, assert_close_to_reference, layer_norm, randomize_, rms_norm, swiglu
+from references import as64, assert_close_to_reference, attention64, layer_norm, randomize_, rms_norm, swiglu
 
 HIDDEN, HEAD_DIM = 256, 64
 
@@ -31,39 +31,6 @@ LAYERS = {
 GPU_LAYERS = {**LAYERS, "LlamaLayer": (32, 8, True, 500000.0, "rms")}
 # packed batches: lengths 1, 2, odd and long, an empty sequence among them, one long sequence
 BATCHES = [[1, 2, 7, 33], [1], [2, 0, 1, 40], [65], [5, 5, 5]]
-
-
-def rotate_half64(t, base):
-    """Rotary on t [seq, heads, d] (one sequence, positions 0..seq-1): t cos + rotate_half(t) sin,
-    rotate_half(t) = (-t[d/2:], t[:d/2]), frequencies base^(-2i/d) for each half's i."""
-    seq, d = t.shape[0], t.shape[-1]
-    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None, :], torch.cat([angles.sin()] * 2, -1)[:, None, :]
-    rotated = torch.cat([-t[..., d // 2:], t[..., : d // 2]], dim=-1)
-    return t * cos + rotated * sin
-
-
-def attention64(qkv, lengths, heads, kv_heads, causal, rotary_base):
-    """Self-attention of each packed sequence on its own: [total, (heads + 2 kv) d] → [total, heads d]."""
-    d = qkv.shape[1] // (heads + 2 * kv_heads)
-    outputs, start = [], 0
-    for n in lengths:
-        piece = qkv[start:start + n]
-        start += n
-        q = piece[:, : heads * d].reshape(n, heads, d)
-        k = piece[:, heads * d:(heads + kv_heads) * d].reshape(n, kv_heads, d)
-        v = piece[:, (heads + kv_heads) * d:].reshape(n, kv_heads, d)
-        if rotary_base is not None:
-            q, k = rotate_half64(q, rotary_base), rotate_half64(k, rotary_base)
-        group = heads // kv_heads  # query head h reads kv head h // group
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
-        if causal:
-            mask = torch.ones(n, n, dtype=torch.bool).tril()
-            scores = scores.masked_fill(~mask, float("-inf"))
-        outputs.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v).reshape(n, heads * d))
-    return torch.cat(outputs) if outputs else qkv.new_zeros(0, heads * d)
 
 
 def layer64(name, p, x, lengths):
@@ -208,7 +175,7 @@ def test_state_dict_keys_follow_the_eager_nesting():
 
 
 @pytest.mark.parametrize("seq_lens,kind,problem", [
-    (torch.tensor([3, 4]), ValueError, "sums to 7 tokens but x has 8 rows"),
+    (torch.tensor([3, 4]), ValueError, "sums to 7 tokens but x's rows are 8"),
     (torch.tensor([9, -1]), ValueError, "negative length"),
     (torch.tensor([4.0, 4.0]), TypeError, "int32 or int64"),
     (torch.tensor([], dtype=torch.int64), ValueError, "at least one"),

@@ -203,7 +203,7 @@ def test_every_generated_module_takes_the_call_form_and_only_attentions_compute_
     (torch.tensor([3, -1, 5]), None, ValueError, r"Packed: seq_lens holds a negative length \(-1\)"),
     (torch.tensor([], dtype=torch.int32), None, ValueError,
      r"Packed: seq_lens must be 1-D \[batch\] .* got shape \[0\]"),
-    (torch.tensor([2, 3]), None, ValueError, r"Packed: seq_lens sums to 5 tokens but x has 7 rows"),
+    (torch.tensor([2, 3]), None, ValueError, r"Packed: seq_lens sums to 5 tokens but x's rows are 7"),
     (torch.tensor([[3, 4]]), None, ValueError, r"Packed: seq_lens must be 1-D \[batch\]"),
     ([3, 4], None, TypeError, r"Packed: seq_lens must be a torch.Tensor .* got list"),
     (torch.tensor([3, 4]), 3, ValueError, r"Packed: max_seqlen=3 is less than the longest of seq_lens, 4"),

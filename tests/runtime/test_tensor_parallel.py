@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.references import rms_norm, swiglu
+from tests.references import attention64, rms_norm, swiglu
 
 ROWS = 8  # tokens a rank holds where the sequence is split (x is [ROWS, 3, 256] there)
 
@@ -27,9 +27,26 @@ def _glu_rows(w, rank, ranks):
     return torch.cat([half.chunk(ranks)[rank] for half in w.chunk(2)])
 
 
+def _qkv_rows(w, rank, ranks):
+    """The fused q, k, v projection of 8 query and 4 key/value heads of 64: this rank's share of the
+    q heads, then of the k heads, then of the v heads (each rank attends with its own heads)."""
+    return torch.cat([part.chunk(ranks)[rank] for part in w.split([8 * 64, 4 * 64, 4 * 64])])
+
+
+def _layer(p, x, lengths=None):
+    """specs/tensor_parallel.py's tp_layer, unsharded: x [tokens, 512] of packed sequences of
+    ``lengths``, or [batch, seq, 512] (batch sequences of seq tokens)."""
+    rows = x.reshape(-1, x.shape[-1])
+    lengths = lengths or [x.shape[1]] * x.shape[0]
+    h = attention64(F.linear(rms_norm(rows, p["0.0.weight"]), p["0.1.weight"]), lengths, 8, 4, True, 10000.0)
+    rows = rows + F.linear(h, p["0.3.weight"])
+    rows = rows + F.linear(swiglu(F.linear(rms_norm(rows, p["1.0.weight"]), p["1.1.weight"])), p["1.3.weight"])
+    return rows.reshape(x.shape)
+
+
 # Each pipeline: its size, full parameter shapes, how x and y are split over the ranks ("rows": dim 0
 # of the tokens, "features": the last dim, "none": every rank has it whole), and how each parameter
-# is held: "rows"/"cols" (a slice along dim 0 / 1), "glu" (_glu_rows), "whole" (every rank the whole,
+# is held: "rows"/"cols" (a slice along dim 0 / 1), "glu" (_glu_rows), "qkv" (_qkv_rows), "whole" (every rank the whole,
 # each rank's grad its own share: their sum is the reference's), "bias-sum" (a row-parallel Linear's
 # bias: rank 0's the bias, the others zeros; each rank's grad the reference's whole).
 PIPELINES = {
@@ -46,20 +63,28 @@ PIPELINES = {
                  {"0.weight": "rows", "0.bias": "rows"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
     "TpRow": (2, {"0.weight": (256, 512), "0.bias": (256,)}, "features", "none",
               {"0.weight": "cols", "0.bias": "bias-sum"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
+    "TpLayer": (2, {"0.0.weight": (512,), "0.1.weight": (1024, 512), "0.3.weight": (512, 512), "1.0.weight": (512,),
+                    "1.1.weight": (2048, 512), "1.3.weight": (512, 1024)}, "rows", "rows",
+                {"0.0.weight": "whole", "0.1.weight": "qkv", "0.3.weight": "cols", "1.0.weight": "whole",
+                 "1.1.weight": "glu", "1.3.weight": "cols"}, _layer),
 }
+# packed sequences over the ranks' tokens (sequence parallel: rank r holds rows 12r..12r+11, and a
+# sequence may cross ranks), empty and one-token ones among them
+LENGTHS = [5, 1, 10, 0, 8]
 
 
 # each collective's backward between the fused Functions, in backward order: whether it took the
 # result its reader started (an all-gather before a Linear and a Linear's reduce-scatter run inside
 # the Function, micro-pipelined with the GEMM: stages/collective.py's COLLECTIVE_GEMM)
-EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": []}
+EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": [],
+         "TpLayer": []}
 
 
 def _share(t, how, rank, ranks):
     if how in ("none", "whole", "bias-sum"):
         return t
-    if how == "glu":
-        return _glu_rows(t, rank, ranks)
+    if how in ("glu", "qkv"):
+        return (_glu_rows if how == "glu" else _qkv_rows)(t, rank, ranks)
     dim = {"rows": 0, "cols": 1, "features": -1}[how]
     return t.chunk(ranks, dim=dim)[rank]
 
@@ -69,7 +94,9 @@ def _close(got, want, what):
     assert err <= 1e-12 * max(scale, 1.0), f"{what}: max |err| {err:.3e} against max |ref| {scale:.3e}"
 
 
-def check_pipeline(rank, ranks, device, name):
+def check_pipeline(rank, ranks, device, name, lengths=None):
+    """``lengths``: x is [tokens, features] of packed sequences of these lengths over all the ranks'
+    tokens, passed as seq_lens (else [rows, 3, features])."""
     import generated
 
     size, shapes, x_split, y_split, held, reference = PIPELINES[name]
@@ -80,6 +107,9 @@ def check_pipeline(rank, ranks, device, name):
             for key, shape in shapes.items()}
     in_features = next(iter(shapes.values()))[-1]  # (the first parameter's last dim: x's width)
     x = torch.randn(ROWS * ranks if x_split == "rows" else ROWS, 3, in_features, generator=gen, dtype=torch.float64)
+    if lengths is not None:
+        x = torch.randn(sum(lengths), in_features, generator=gen, dtype=torch.float64)
+        reference = (lambda model: lambda p, x: model(p, x, lengths))(reference)
     # the reference: the unsharded model on the full tensors, in float64, through autograd
     params = {key: value.clone().requires_grad_() for key, value in full.items()}
     xr = x.clone().requires_grad_()
@@ -91,7 +121,7 @@ def check_pipeline(rank, ranks, device, name):
     module.load_full_state_dict({key: value.to(device, dtype) for key, value in full.items()})
     xl = _share(x, x_split, rank, ranks).to(device, dtype).requires_grad_()
     pairs = _taken_early()
-    y = module(xl)
+    y = module(xl) if lengths is None else module(xl, torch.tensor(lengths))
     y.backward(_share(dy, y_split, rank, ranks).to(device, dtype))
     # a collective whose output a fused Function with weight-grad GEMMs reads (an all-gather or the
     # copy before a column-parallel Linear) has its backward started by that Function before those
@@ -196,9 +226,13 @@ def _gpus(n):
                               reason=f"needs {n} GPUs")
 
 
-@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow"])
+@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer"])
 def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name)
+
+
+def test_a_tensor_parallel_layer_attends_over_packed_sequences_across_the_ranks():
+    run_ranks(2, check_pipeline, "TpLayer", LENGTHS)
 
 
 def test_te_communication_ops():
@@ -207,9 +241,15 @@ def test_te_communication_ops():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", [pytest.param(name, marks=_gpus(PIPELINES[name][0]))
-                                  for name in ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow"]])
+                                  for name in ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer"]])
 def test_tensor_parallel_pipeline_on_gpus_with_nccl(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name, backend="nccl", device="cuda")
+
+
+@pytest.mark.cuda
+@_gpus(2)
+def test_a_tensor_parallel_layer_over_packed_sequences_on_gpus_with_nccl():
+    run_ranks(2, check_pipeline, "TpLayer", LENGTHS, backend="nccl", device="cuda")
 
 
 @pytest.mark.cuda
@@ -294,3 +334,44 @@ def test_build_errors_name_the_op_or_the_setting(tmp_path, table, message):
     spec = TP_SPEC + "plain = te.ops.Sequential(te.ops.Linear(64, 64))\n"
     with pytest.raises((SpecError, UsageError), match=message):
         _plans(tmp_path, spec, table)
+
+
+def _linear(n_in, n_out, mode):
+    return (f"te.ops.Linear({n_in}, {n_out}, bias=False, tensor_parallel_mode='{mode}', tensor_parallel_group=tp, "
+            "sequence_parallel=True)")
+
+
+@pytest.mark.parametrize("ops, message", [
+    # a norm reads whole rows, which a rank does not hold between the column- and row-parallel Linears
+    ([_linear(64, 128, "column"), "te.ops.RMSNorm(64)", _linear(64, 64, "row")],
+     r"RMSNorm\(\): reads whole rows of features, but here each rank holds 1/4 of them"),
+    ([_linear(64, 128, "column"), _linear(64, 64, "column")],
+     r"Linear\(\): a column-parallel Linear reads whole rows of features, but the ops before it hold a rank's share"),
+    ([_linear(64, 64, "column"), "te.ops.AllReduce(tp)"], r"AllReduce\(\): a collective between a column-parallel"),
+    # attention splits its heads over the ranks: 2 kv heads do not split over 4
+    ([_linear(256, 512, "column"), "te.ops.GroupedQueryAttention(256, 4, 2, te.DotProductAttention)",
+      _linear(256, 256, "row")], r"GroupedQueryAttention\(\): runs on a rank's share of the features here .* its 4 "
+                                 r"query heads and 2 key/value heads must each split over the 4 ranks"),
+    ([_linear(256, 384, "column"), "te.ops.MultiQuerySelfAttention(256, 4, te.DotProductAttention)",
+      _linear(256, 256, "row")], r"MultiQuerySelfAttention\(\): .* 1 key/value heads must each split over the 4 "
+                                 r"ranks.*GroupedQueryAttention"),
+    # a rank's 32 features of an interleaved GLU's blocks of 32 (gates, linears, ...) hold no linears
+    ([_linear(64, 128, "column"), "te.ops.SwiGLU(glu_interleave_size=32)", _linear(64, 64, "row")],
+     r"SwiGLU\(\): its blocks of 32 alternate gates and linears, but a rank's share of the features \(32\) is not"),
+])
+def test_ops_on_a_ranks_share_of_the_features_are_checked(tmp_path, ops, message):
+    from fusegen.errors import SpecError
+
+    spec = ("import transformer_engine.pytorch as te\nblock = te.ops.Sequential(\n"
+            + "".join(f"    {op},\n" for op in ops) + ")\n")
+    with pytest.raises(SpecError, match=message):
+        _plans(tmp_path, spec, "[tool.fusegen.pipelines.block]\ntensor_parallel_size = 4\n")
+
+
+def test_the_sharded_layer_splits_each_of_q_k_and_v_and_reads_all_ranks_tokens():
+    import generated
+
+    shards = generated.TpLayer.tensor_parallel_shards
+    assert shards == {"0.1.weight": (512, 256, 256), "0.3.weight": 1, "1.1.weight": (1024, 1024), "1.3.weight": 1}
+    source = open(generated.tp_layer.__file__).read()
+    assert 'packed_sequences("TpLayer", x, seq_lens, max_seqlen, ranks=2)' in source
