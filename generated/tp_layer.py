@@ -266,9 +266,10 @@ class TpLayer(torch.nn.Module):
     out_features = 512
     extra_input_features = ()
     extra_output_features = ()
-    # each sharded parameter's split dim over the tensor-parallel group ("sum": a row-parallel
-    # Linear's bias, each rank's added before the reduction, as TE's te.ops.Linear), for
-    # full_state_dict and load_full_state_dict (_runtime/collectives.py)
+    # how each sharded parameter splits over the tensor-parallel group: 1 its columns, a tuple
+    # its rows in sections each split in rank order, "sum" a row-parallel Linear's bias (each
+    # rank's added before the reduction, as TE's te.ops.Linear); for full_state_dict and
+    # load_full_state_dict (_runtime/collectives.py)
     tensor_parallel_shards = {
         '0.1.weight': (512, 256, 256), '0.3.weight': 1, '1.1.weight': (1024, 1024), '1.3.weight': 1}
 

@@ -157,9 +157,10 @@ class TpMlp(torch.nn.Module):
     out_features = 256
     extra_input_features = ()
     extra_output_features = ()
-    # each sharded parameter's split dim over the tensor-parallel group ("sum": a row-parallel
-    # Linear's bias, each rank's added before the reduction, as TE's te.ops.Linear), for
-    # full_state_dict and load_full_state_dict (_runtime/collectives.py)
+    # how each sharded parameter splits over the tensor-parallel group: 1 its columns, a tuple
+    # its rows in sections each split in rank order, "sum" a row-parallel Linear's bias (each
+    # rank's added before the reduction, as TE's te.ops.Linear); for full_state_dict and
+    # load_full_state_dict (_runtime/collectives.py)
     tensor_parallel_shards = {'1.weight': (1024, 1024), '3.weight': 1, '3.bias': 'sum'}
 
     def __init__(self, *, device=None, dtype=None, tensor_parallel_group=None):
