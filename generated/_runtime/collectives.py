@@ -5,10 +5,19 @@ pair, as TE's te.ops comm ops), and its parameters' shards against a full, unsha
 
 They run as PyTorch's collectives on the group: NCCL on CUDA tensors, gloo on CPU ones, on the
 current stream, along the first dim of the [rows, features] tensors the stages hand (which is the
-first dim of the caller's tensor: TE gathers and scatters along dim 0).
+first dim of the caller's tensor: TE gathers and scatters along dim 0). Under torch.compile they
+are PyTorch's functional collectives (torch.distributed._functional_collectives), which Dynamo
+traces into the graph and Inductor schedules: no early start of a backward collective (its side
+effects cannot be traced), and the all-gather / reduce-scatter beside a GEMM as the collective and
+the GEMM (Inductor's async-TP pass, torch._inductor.config._micro_pipeline_tp, fuses them again).
 """
 
 import torch
+
+try:
+    from torch.distributed import _functional_collectives as funcol
+except ImportError:  # a torch without torch.distributed: no module of this kind can be constructed
+    funcol = None
 
 
 def group_of(module, group, size):
@@ -41,6 +50,8 @@ def _single(name, before):
 
 
 def _gathered(x, group, async_op=False):
+    if torch.compiler.is_compiling():
+        return funcol.all_gather_tensor(x.contiguous(), 0, group)
     ranks = torch.distributed.get_world_size(group)
     out = x.new_empty((x.shape[0] * ranks, *x.shape[1:]))
     work = _single("all_gather_single", "all_gather_into_tensor")(
@@ -53,6 +64,8 @@ def _scattered(x, group, async_op=False):
     if x.shape[0] % ranks:
         raise ValueError(f"a reduce-scatter over {ranks} ranks splits the rows, so they must be a multiple of {ranks}, "
                          f"got {x.shape[0]}")
+    if torch.compiler.is_compiling():
+        return funcol.reduce_scatter_tensor(x.contiguous(), "sum", 0, group)
     out = x.new_empty((x.shape[0] // ranks, *x.shape[1:]))
     work = _single("reduce_scatter_single", "reduce_scatter_tensor")(out, x.contiguous(), group=group,
                                                                     async_op=async_op)
@@ -60,6 +73,8 @@ def _scattered(x, group, async_op=False):
 
 
 def _summed(x, group, async_op=False):
+    if torch.compiler.is_compiling():
+        return funcol.all_reduce(x, "sum", group)
     # (the caller's tensor, maybe: left as it is)
     out = x.clone(memory_format=torch.contiguous_format)
     work = torch.distributed.all_reduce(out, group=group, async_op=async_op)
@@ -99,8 +114,9 @@ def _with_pair(ctx, out, run, group):
 
 
 def pair_of(x):
-    """The Pair of the collective whose output ``x`` is, or None (x is no collective's output)."""
-    return getattr(x, "_fusegen_pair", None)
+    """The Pair of the collective whose output ``x`` is, or None (x is no collective's output;
+    under torch.compile, where the collectives carry none)."""
+    return None if torch.compiler.is_compiling() else getattr(x, "_fusegen_pair", None)
 
 
 def start_pair(pair, grad):
@@ -130,7 +146,7 @@ class _ReduceScatter(torch.autograd.Function):
         return ctx.pair.take(dy), None
 
 
-class _AllReduce(torch.autograd.Function):
+class _AllReduce(torch.autograd.Function):  # (no Pair: its backward communicates nothing)
     @staticmethod
     def forward(ctx, x, group):
         return _summed(x, group)
@@ -138,6 +154,17 @@ class _AllReduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         return dy, None
+
+
+class _CompiledCopyToGroup(torch.autograd.Function):  # under torch.compile: no Pair
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _summed(dy, ctx.group), None
 
 
 class _CopyToGroup(torch.autograd.Function):
@@ -153,11 +180,15 @@ class _CopyToGroup(torch.autograd.Function):
 def all_gather(x, group):
     """The ranks' rows joined in rank order; backward: the grad reduce-scattered (TE's AllGather).
     """
+    if torch.compiler.is_compiling():
+        return funcol.all_gather_tensor_autograd(x.contiguous(), 0, group)
     return _AllGather.apply(x, group)
 
 
 def reduce_scatter(x, group):
     """The ranks' tensors summed, each rank keeping its rows; backward: the grad all-gathered."""
+    if torch.compiler.is_compiling():
+        return funcol.reduce_scatter_tensor_autograd(x.contiguous(), "sum", 0, group)
     return _ReduceScatter.apply(x, group)
 
 
@@ -169,7 +200,7 @@ def all_reduce(x, group):
 def copy_to_group(x, group):
     """y = x; backward: the grad all-reduced (a column-parallel Linear's input without sequence
     parallelism, as TE's BasicLinear all-reduces its dgrad)."""
-    return _CopyToGroup.apply(x, group)
+    return (_CompiledCopyToGroup if torch.compiler.is_compiling() else _CopyToGroup).apply(x, group)
 
 
 _SYMMETRIC = {}  # group name -> whether PyTorch's symmetric memory serves the group
@@ -199,7 +230,7 @@ def all_gather_matmul(a, b, group):
     (each rank's rows multiplied as they arrive: torch.ops.symm_mem.fused_all_gather_matmul);
     elsewhere the all-gather, then the GEMM."""
     a = a.contiguous()
-    if _symmetric(a, group):
+    if not torch.compiler.is_compiling() and _symmetric(a, group):
         gathered, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group.group_name)
         return gathered, out
     gathered = _gathered(a, group)
@@ -211,7 +242,7 @@ def matmul_reduce_scatter(a, b, group):
     over symmetric memory (torch.ops.symm_mem.fused_matmul_reduce_scatter); elsewhere the GEMM,
     then the reduce-scatter."""
     a = a.contiguous()
-    if _symmetric(a, group):
+    if not torch.compiler.is_compiling() and _symmetric(a, group):
         return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group.group_name)
     return _scattered(a @ b, group)
 

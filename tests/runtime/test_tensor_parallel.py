@@ -258,6 +258,84 @@ def test_te_communication_ops_on_gpus_with_nccl():
     run_ranks(2, check_comm, backend="nccl", device="cuda")
 
 
+def _step(module, x, dy, lengths=None):
+    """One training step's output, x grad and parameter grads (set anew)."""
+    for parameter in module.parameters():
+        parameter.grad = None
+    x = x.detach().requires_grad_()
+    y = module(x) if lengths is None else module(x, torch.tensor(lengths))
+    y.backward(dy)
+    return [y.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in module.parameters()]
+
+
+def check_compiled(rank, ranks, device, name, backend, lengths=None):
+    """torch.compile(fullgraph=True) of the module in training (the collectives traced as PyTorch's
+    functional collectives; fullgraph raises on a graph break) gives the eager module's output and
+    grads, on two calls of new values."""
+    import generated
+
+    torch.manual_seed(rank)
+    module = getattr(generated, name)(device=device, dtype=torch.float64 if device == "cpu" else torch.float32)
+    compiled = torch.compile(module, fullgraph=True, backend=backend)
+    rows = (sum(lengths) // ranks,) if lengths else (ROWS, 3)
+    for _ in range(2):
+        x = torch.randn(*rows, module.in_features, device=device, dtype=next(module.parameters()).dtype)
+        dy = torch.randn(*rows, module.out_features, device=device, dtype=x.dtype)
+        for got, want in zip(_step(compiled, x, dy, lengths), _step(module, x, dy, lengths)):
+            torch.testing.assert_close(got, want, rtol=1e-12 if device == "cpu" else 1e-5, atol=1e-12 if device == "cpu" else 1e-5)
+
+
+@pytest.mark.parametrize("name", ["TpMlp", "TpColumn", "TpRow", "TpLayer"])
+def test_compile_fullgraph_runs_the_collectives_in_the_graph(name):
+    run_ranks(2, check_compiled, name, "aot_eager", LENGTHS if name == "TpLayer" else None)
+
+
+def test_compile_fullgraph_runs_te_communication_ops():
+    run_ranks(2, check_compiled, "TpComm", "aot_eager")
+
+
+def check_graphed(rank, ranks, device, name):
+    """A training step of the module captured in a CUDA graph (NCCL's collectives captured with it)
+    and replayed on new values gives the eager step's output and grads."""
+    import generated
+
+    torch.manual_seed(rank)
+    module = getattr(generated, name)(device=device)
+    rows = (ROWS, 3)
+    static_x = torch.randn(*rows, module.in_features, device=device, requires_grad=True)
+    static_dy = torch.randn(*rows, module.out_features, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (NCCL's communicators, symmetric memory)
+        for _ in range(3):
+            _step(module, static_x, static_dy)
+    torch.cuda.current_stream().wait_stream(side)
+    for parameter in module.parameters():
+        parameter.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = module(static_x)
+        static_y.backward(static_dy)
+    for _ in range(2):
+        x, dy = torch.randn_like(static_x), torch.randn_like(static_dy)
+        static_x.data.copy_(x)
+        static_dy.copy_(dy)
+        static_x.grad.zero_()
+        graph.replay()
+        got = [static_y.clone(), static_x.grad.clone()] + [p.grad.clone() for p in module.parameters()]
+        for g, want in zip(got, _step(module, x, dy)):
+            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@_gpus(2)
+@pytest.mark.parametrize("name", ["TpMlp", "TpColumn", "TpRow", "TpComm", "TpLayer"])
+def test_compile_and_cuda_graphs_on_gpus_with_nccl(name):
+    run_ranks(2, check_compiled, name, "inductor", LENGTHS if name == "TpLayer" else None, backend="nccl",
+              device="cuda")
+    run_ranks(2, check_graphed, name, backend="nccl", device="cuda")
+
+
 def test_construction_without_torch_distributed_says_how_to_launch():
     import generated
 
