@@ -268,6 +268,62 @@ def _step(module, x, dy, lengths=None):
     return [y.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in module.parameters()]
 
 
+def check_two_dimensions(rank, ranks, device, wrapper):
+    """TpMlp on a 2 x 2 mesh: tensor parallel over "tp", data parallel over "dp" by DDP or FSDP2
+    (fully_shard: each parameter's shard further split over dp, gathered for the forward). Each dp
+    group runs its own batch; the grads are the unsharded model's averaged over the batches."""
+    import generated
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.split(":")[0], (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
+    _, shapes, _, _, held, reference = PIPELINES["TpMlp"]
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    gen = torch.Generator().manual_seed(7)
+    full = {key: torch.randn(shape, generator=gen, dtype=torch.float64) * (0.1 if len(shape) == 2 else 1.0)
+            for key, shape in shapes.items()}
+    xs = [torch.randn(ROWS * 2, 3, 256, generator=gen, dtype=torch.float64) for _ in range(2)]  # a batch a dp group
+    dys = [torch.randn(ROWS * 2, 3, 256, generator=gen, dtype=torch.float64) for _ in range(2)]
+    params = {key: value.clone().requires_grad_() for key, value in full.items()}
+    ys = []
+    for x, dy in zip(xs, dys):
+        y = reference(params, x)
+        (y * dy).sum().backward()
+        ys.append(y.detach())
+    module = generated.TpMlp(device=device, dtype=dtype, tensor_parallel_group=mesh["tp"].get_group())
+    module.load_full_state_dict({key: value.to(device, dtype) for key, value in full.items()})
+    if wrapper == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(module, process_group=mesh["dp"].get_group())
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        model = fully_shard(module, mesh=mesh["dp"])
+    x = xs[dp].chunk(2)[tp].to(device, dtype).requires_grad_()
+    y = model(x)
+    y.backward(dys[dp].chunk(2)[tp].to(device, dtype))
+    check = _close if device == "cpu" else _close_f32
+    check(y.detach().cpu(), ys[dp].chunk(2)[tp], f"{wrapper} rank {rank} y")
+    for key, parameter in module.named_parameters():
+        grad = parameter.grad
+        grad = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
+        if held[key] == "whole":  # each tp rank's share of it (see check_pipeline)
+            torch.distributed.all_reduce(grad, group=mesh["tp"].get_group())
+        want = _share(params[key].grad / 2, held[key], tp, 2)  # averaged over the 2 dp groups' batches
+        check(grad.cpu(), want, f"{wrapper} rank {rank} d{key}")
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_tensor_parallel_composes_with_data_parallel_on_a_2d_mesh(wrapper):
+    run_ranks(4, check_two_dimensions, wrapper)
+
+
+@pytest.mark.cuda
+@_gpus(4)
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_a_2d_mesh_on_gpus_with_nccl(wrapper):
+    run_ranks(4, check_two_dimensions, wrapper, backend="nccl", device="cuda")
+
+
 def check_compiled(rank, ranks, device, name, backend, lengths=None):
     """torch.compile(fullgraph=True) of the module in training (the collectives traced as PyTorch's
     functional collectives; fullgraph raises on a graph break) gives the eager module's output and
