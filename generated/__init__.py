@@ -84,6 +84,7 @@ from .tp_row import TpRow
 from .tp_comm import TpComm
 from .tp_residual_mlp import TpResidualMlp
 from .tp_layer import TpLayer
+from .tp_te_modules import TpTeModules
 from ._runtime import (
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
     MMParams, QParams, autocast, fp8_autocast, forget_fp8_weights)
@@ -100,6 +101,6 @@ __all__ = [
     "TeGptStack", "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear",
     "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
-    "TpMlp", "TpMlp4", "TpColumn", "TpRow", "TpComm", "TpResidualMlp", "TpLayer", "DelayedScaling",
-    "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "MMParams",
-    "QParams", "autocast", "fp8_autocast", "forget_fp8_weights"]
+    "TpMlp", "TpMlp4", "TpColumn", "TpRow", "TpComm", "TpResidualMlp", "TpLayer", "TpTeModules",
+    "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling",
+    "Format", "MMParams", "QParams", "autocast", "fp8_autocast", "forget_fp8_weights"]

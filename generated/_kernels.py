@@ -2652,6 +2652,88 @@ def bias_swiglu_bwd_n512_amax(dy, x, amax):
     return dx, dbias0
 
 
+_BIAS_SWIGLU_BWD_N512_FROM_BIAS = Kernel("bias_swiglu_bwd_n512_from_bias", "ppppppi", shared=4096)
+_BIAS_SWIGLU_BWD_N512_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SWIGLU_BWD_N512_FROM_BIAS_ROW_VECTORS = {
+    torch.bfloat16: 64, torch.float16: 64, torch.float32: 128}
+
+
+def bias_swiglu_bwd_n512_from_bias(dy, x, bias0):
+    """Bias(1024), SwiGLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_swiglu_bwd_n512_from_bias_33f09d6b(dy, x, bias0)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        dx = torch.empty((rows, 1024), device=dy.device, dtype=dy.dtype)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(1024, device=dy.device, dtype=dy.dtype)
+            _BIAS_SWIGLU_BWD_N512_FROM_BIAS.launch(
+                dy.dtype, (-(-_BIAS_SWIGLU_BWD_N512_FROM_BIAS_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), dx.data_ptr(), 0,
+                    column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SWIGLU_BWD_N512_FROM_BIAS_GRID_X[dy.dtype]
+            resident = _BIAS_SWIGLU_BWD_N512_FROM_BIAS.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 1024), device=dy.device, dtype=torch.float32)
+            _BIAS_SWIGLU_BWD_N512_FROM_BIAS.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), dx.data_ptr(),
+                    partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n1024(partials, dy.dtype)
+        dbias0 = column_grads[0:1024]
+        return dx, dbias0
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
+_BIAS_SWIGLU_FWD_N512 = Kernel("bias_swiglu_fwd_n512", "pppi")
+_BIAS_SWIGLU_FWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_swiglu_fwd_n512(x, bias0):
+    """Bias(1024), SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_swiglu_fwd_n512_c48eb791(x, bias0)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        y = torch.empty((rows, 512), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_BIAS_SWIGLU_FWD_N512_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _BIAS_SWIGLU_FWD_N512.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias0.data_ptr(), y.data_ptr(), rows),
+                x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.swiglu(a)
+    return a.to(x.dtype)
+
+
 _BIAS_SWIGLU_I32_BWD_N512 = Kernel("bias_swiglu_i32_bwd_n512", "pppppi", shared=4096)
 _BIAS_SWIGLU_I32_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 # vectors a row, by dtype
@@ -7533,6 +7615,13 @@ register_op(
     "bias_swiglu_bwd_n512_amax_329e7a5a",
     "(Tensor dy, Tensor x, Tensor(a!)? amax) -> (Tensor, Tensor)", bias_swiglu_bwd_n512_amax,
     bias_swiglu_bwd_n512_amax)
+register_op(
+    "bias_swiglu_bwd_n512_from_bias_33f09d6b",
+    "(Tensor dy, Tensor x, Tensor bias0) -> (Tensor, Tensor)", bias_swiglu_bwd_n512_from_bias,
+    bias_swiglu_bwd_n512_from_bias)
+register_op(
+    "bias_swiglu_fwd_n512_c48eb791", "(Tensor x, Tensor bias0) -> Tensor", bias_swiglu_fwd_n512,
+    bias_swiglu_fwd_n512)
 register_op(
     "bias_swiglu_i32_bwd_n512_375e611f", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_i32_bwd_n512, bias_swiglu_i32_bwd_n512)

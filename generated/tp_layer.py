@@ -108,7 +108,7 @@ def backward_stages(
     # backward stage 7 · rule linear_reduce_scatter_backward · ops 1.3a, 1.3b: BasicLinear(512, 512,
     # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
     # ReduceScatter(process_group='tp_group', size=2)
-    d_residual1_out_gathered, d_swiglu1_2_out = collectives.all_gather_matmul(
+    d_linear1_3_pre_reduce_scatter, d_swiglu1_2_out = collectives.all_gather_matmul(
         d_residual1_out, linear1_3_weight, tensor_parallel_group)
     # backward stage 6 · rule elementwise_backward · op 1.2: SwiGLU()
     d_linear1_1_out = kernels.swiglu_bwd_n512(d_swiglu1_2_out, linear1_1_out)
@@ -125,7 +125,7 @@ def backward_stages(
     # backward stage 3 · rule linear_reduce_scatter_backward · ops 0.3a, 0.3b: BasicLinear(256, 512,
     # tensor_parallel_mode='row', tensor_parallel_group='tp_group', sequence_parallel=True),
     # ReduceScatter(process_group='tp_group', size=2)
-    d_linear0_3_out_gathered, d_groupedqueryattention0_2_out = collectives.all_gather_matmul(
+    d_linear0_3_pre_reduce_scatter, d_groupedqueryattention0_2_out = collectives.all_gather_matmul(
         d_linear0_3_out, linear0_3_weight, tensor_parallel_group)
     # backward stage 2 · rule attention_backward · op 0.2: GroupedQueryAttention(256, 4, 2,
     # rotary_base=10000.0)
@@ -151,7 +151,8 @@ def backward_stages(
     d_x, d_rmsnorm0_0_weight = kernels.rmsnorm_bwd_h512_add_dresidual(
         d_rmsnorm0_0_out, x, rmsnorm0_0_rstd, rmsnorm0_0_weight, d_residual0)
     return (d_x, d_rmsnorm0_0_weight, d_rmsnorm1_0_weight), (
-        d_residual1_out_gathered, d_linear1_1_out, d_linear0_3_out_gathered, d_linear0_1_out)
+        d_linear1_3_pre_reduce_scatter, d_linear1_1_out, d_linear0_3_pre_reduce_scatter,
+        d_linear0_1_out)
 
 
 class TpLayerFunction(torch.autograd.Function):
@@ -170,7 +171,7 @@ class TpLayerFunction(torch.autograd.Function):
         stage_grads, operands = replay_backward(ctx, backward_stages, (d_residual1_out, *saved))
         d_x, d_rmsnorm0_0_weight, d_rmsnorm1_0_weight = stage_grads
         (
-            d_residual1_out_gathered, d_linear1_1_out, d_linear0_3_out_gathered,
+            d_linear1_3_pre_reduce_scatter, d_linear1_1_out, d_linear0_3_pre_reduce_scatter,
             d_linear0_1_out) = operands
         (
             x, groupedqueryattention0_2_out, residual1, linear1_1_out, swiglu1_2_out,
@@ -182,7 +183,7 @@ class TpLayerFunction(torch.autograd.Function):
         # 512, tensor_parallel_mode='row', tensor_parallel_group='tp_group',
         # sequence_parallel=True), ReduceScatter(process_group='tp_group', size=2) · weight grad
         d_linear1_3_weight = None if not ctx.needs_input_grad[7] else ref.weight_grad(
-            ctx, linear1_3_weight, d_residual1_out_gathered, swiglu1_2_out)
+            ctx, linear1_3_weight, d_linear1_3_pre_reduce_scatter, swiglu1_2_out)
         # backward stage 5 · rule all_gather_linear_backward · ops 1.1a, 1.1b:
         # AllGather(process_group='tp_group', size=2), BasicLinear(512, 1024,
         # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True) ·
@@ -193,7 +194,7 @@ class TpLayerFunction(torch.autograd.Function):
         # 512, tensor_parallel_mode='row', tensor_parallel_group='tp_group',
         # sequence_parallel=True), ReduceScatter(process_group='tp_group', size=2) · weight grad
         d_linear0_3_weight = None if not ctx.needs_input_grad[4] else ref.weight_grad(
-            ctx, linear0_3_weight, d_linear0_3_out_gathered, groupedqueryattention0_2_out)
+            ctx, linear0_3_weight, d_linear0_3_pre_reduce_scatter, groupedqueryattention0_2_out)
         # backward stage 1 · rule all_gather_linear_backward · ops 0.1a, 0.1b:
         # AllGather(process_group='tp_group', size=2), BasicLinear(512, 512,
         # tensor_parallel_mode='column', tensor_parallel_group='tp_group', sequence_parallel=True) ·

@@ -46,7 +46,8 @@ def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules:
     plans = []
     for spec in specs:
         names.claim(spec.name, spec.name_location)
-        tensor_parallel = dict(config.tensor_parallel).get(spec.name, 1) if config is not None else 1
+        # the size the pipeline's table gives, else the one its TE modules' tp_size fixes, else 1
+        tensor_parallel = dict(config.tensor_parallel).get(spec.name) if config is not None else None
         pipeline = build_pipeline(spec, (features or {}).get(spec.name, ()), tensor_parallel)
         if config is not None:
             pipeline = with_fp8(pipeline, config)

@@ -22,6 +22,7 @@ from .ir import Graph, Size, Sym, build_graph, size_at
 from .ops import OPS, HeldRows, OpDef, part_attribute
 from .ops.attention import reads_rotary_table
 from .ops.collectives import KINDS as COLLECTIVES
+from .tensor_parallel import spec_size
 from .values import (HOST_INT, HOST_OBJECT, X_DTYPE, Role, Value, activation_name, extra_input_name,
                      extra_output_name, lead_name, module_name, param_name, residual_name, seed_name)
 
@@ -218,8 +219,10 @@ class Pipeline:
         return size_at(size, n)
 
 
-def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = (), tensor_parallel: int = 1) -> Pipeline:
-    return chain(build_graph(spec, tensor_parallel), specialise, tensor_parallel)
+def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = (), tensor_parallel: int | None = None) -> Pipeline:
+    """``tensor_parallel``: the group size to build for; None: the one the spec's tp_size fixes, else 1."""
+    size = tensor_parallel or spec_size(spec.calls) or 1
+    return chain(build_graph(spec, size), specialise, size)
 
 
 def chain(graph: Graph, specialise: tuple[int, ...] = (), tensor_parallel: int = 1) -> Pipeline:

@@ -41,11 +41,19 @@ class Localiser:
 
     def __call__(self, parts: list[tuple], call) -> list[tuple]:
         """The basic parts of one spec call (ops.basic_parts: (op, args, part, held))."""
+        if call.args.get("tp_size", 1) not in (1, self.size):  # TE's modules' tp_size, where the spec fixes it
+            raise SpecError(f"{call.op}(): tp_size={call.args['tp_size']}, but the pipeline is built for a tensor-"
+                            f"parallel group of {self.size}; set [tool.fusegen.pipelines.<name>] tensor_parallel_size "
+                            f"= {call.args['tp_size']} (or leave tp_size out: the group given at run time has the "
+                            "build's size)", call.location)
         if self.size == 1:
             return [part for part in parts if part[0].kind not in COLLECTIVES]
+        # TE's modules (their parallel_mode, set_parallel_mode) add a row-parallel Linear's bias once, after the
+        # reduction; te.ops' Linear before it (each rank's)
+        bias_first = not (call.args.get("parallel_mode") or call.args.get("set_parallel_mode"))
         ops = []
         for op, args, part, held in parts:
-            if self.reduction is not None and op.name != "Bias":
+            if self.reduction is not None and (op.name != "Bias" or not bias_first):
                 ops.append(self.reduction)
                 self.reduction = None
             if op.name == "BasicLinear" and args["tensor_parallel_mode"] is not None:
@@ -127,6 +135,21 @@ def _shard(features: int, size: int, what: str, call) -> int:
     return features // size
 
 
+def spec_size(calls) -> int | None:
+    """The group size a spec fixes with TE's modules' ``tp_size`` (where not 1), or None: the build's
+    size where its pyproject table gives none. Two sizes in one spec are an error at the second."""
+    sizes = {}  # each size given, and the first call giving it
+    for call in calls:
+        for size in (spec_size(call.inner) if call.inner else None, call.args.get("tp_size", 1)):
+            if size not in (None, 1):
+                sizes.setdefault(size, call)
+    if len(sizes) > 1:
+        first, (size, call) = next(iter(sizes)), list(sizes.items())[1]
+        raise SpecError(f"{call.op}(): tp_size={size}, but an op before it gives tp_size={first}; one pipeline is "
+                        "built for one tensor-parallel size", call.location)
+    return next(iter(sizes), None)
+
+
 def sequence_ranks(ops) -> int:
     """How many ranks' tokens the ops that read the packed sequences see: the group's after a
     sequence-parallel all-gather (attention between the column- and row-parallel Linears), 1
@@ -163,8 +186,8 @@ def shards(pipeline) -> dict[str, int | str | tuple[int, ...]]:
         elif mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"]):
             split[key] = _sections(ops[op.index + 1:], pipeline.tensor_parallel * (
                 op.args["out_features"] if mode else op.args["size"]))
-        elif op.opdef.name == "Bias" and op.module_index in rows:
-            split[key] = "sum"
+        elif op.opdef.name == "Bias" and op.module_index in rows and ops[op.index - 1].opdef.kind not in COLLECTIVES:
+            split[key] = "sum"  # (a TE module's, after the reduction: every rank's the same, not split)
     return split
 
 

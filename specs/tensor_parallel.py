@@ -75,3 +75,14 @@ tp_layer = te.ops.Sequential(
                       sequence_parallel=True),
     ),
 )
+
+# TE's modules' spelling of the same splits: te.LayerNormMLP with set_parallel_mode (fc1 column-, fc2
+# row-parallel), te.Linear with parallel_mode; as TE's modules, a row-parallel Linear's bias is added
+# once, after the reduce-scatter (te.ops.Linear adds each rank's before it); tp_size=2 builds it for
+# 2 ranks (pyproject.toml needs no table for it)
+tp_te_modules = te.Sequential(
+    te.LayerNormMLP(256, 1024, activation="swiglu", normalization="RMSNorm", set_parallel_mode=True,
+                    sequence_parallel=True, tp_group=tp_group),
+    te.Linear(256, 512, parallel_mode="column", tp_group=tp_group, sequence_parallel=True),
+    te.Linear(512, 256, parallel_mode="row", tp_group=tp_group, sequence_parallel=True, tp_size=2),
+)

@@ -6,7 +6,8 @@ The reference functions below are shipped by source into the output's ``_referen
 """
 
 from .lazy import torch
-from .opdef import DEVICE, DTYPE, LINEAR_PARALLEL, Arg, OpDef, Param, check_features, register
+from .opdef import (DEVICE, DTYPE, LINEAR_PARALLEL, MODULE_PARALLEL_MODE, TP_SIZE, Arg, OpDef, Param, check_features,
+                    register)
 
 # TE's accumulate_into_main_grad: the weight gradient is added into ``weight.main_grad``.
 MAIN_GRAD = Arg("accumulate_into_main_grad", "bool", False, keyword_only=True, in_kernel=False)
@@ -161,13 +162,25 @@ register(OpDef(
     summary="y = x W^T",
     needs_input_in_backward=True,
 ))
+def _module_mode(a) -> str | None:
+    """TE's te.Linear module spelling: its parallel_mode is te.ops' tensor_parallel_mode (and its
+    row-parallel bias is added after the reduction: tensor_parallel.py reads the call's parallel_mode)."""
+    if a["parallel_mode"] is not None and a["tensor_parallel_mode"] not in (None, a["parallel_mode"]):
+        return (f"parallel_mode={a['parallel_mode']!r} (TE's module) and tensor_parallel_mode="
+                f"{a['tensor_parallel_mode']!r} (TE's op) disagree; give one of them")
+    return None
+
+
 register(OpDef(
     "Linear", "container",
     args=(Arg("in_features", "int", check=check_features), Arg("out_features", "int", check=check_features),
-          Arg("bias", "bool", True, keyword_only=True), DEVICE, DTYPE, *LINEAR_PARALLEL, MAIN_GRAD),
+          Arg("bias", "bool", True, keyword_only=True), DEVICE, DTYPE, *LINEAR_PARALLEL, MAIN_GRAD,
+          MODULE_PARALLEL_MODE, TP_SIZE),
+    validate=_module_mode,
     expand=lambda a: [("BasicLinear", {"in_features": a["in_features"], "out_features": a["out_features"],
                                        "device": a["device"], "dtype": a["dtype"],
                                        **{arg.name: a[arg.name] for arg in LINEAR_PARALLEL},
+                                       "tensor_parallel_mode": a["tensor_parallel_mode"] or a["parallel_mode"],
                                        "accumulate_into_main_grad": a["accumulate_into_main_grad"]}, "")]
     + ([("Bias", {"size": a["out_features"], "device": a["device"], "dtype": a["dtype"]}, "")] if a["bias"] else []),
     summary="BasicLinear followed by Bias",

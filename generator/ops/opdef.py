@@ -158,11 +158,9 @@ class OpDef:
     changes_grad: bool = True  # backward grad differs from incoming grad (False: identity-like ops)
 
     def describe(self, args: dict, kernel: bool = False, name: str = "") -> str:
-        """A call of the op as a spec would write it (``name``: as spelled there, else the op's
-        name): required arguments by position, others if not default. ``kernel=True``: as a
-        kernel sees it, without the arguments that are no part of what it computes (device=,
-        dtype=, TE's no-op hints: ``Arg.in_kernel``). A module of the user's code: its call as
-        written."""
+        """A call of the op as a spec would write it (``name``: as spelled there, else the op's name): required
+        arguments by position, others if not default. ``kernel=True``: as a kernel sees it, without the arguments
+        that are no part of what it computes (``Arg.in_kernel``). A user's module: its call as written."""
         if self.user_module:
             return args["call"]
         shown = []
@@ -297,8 +295,7 @@ def check_positive_finite(v):
     return check_finite(v) or (None if v > 0 else "must be positive")
 
 
-# Where and in which dtype an op's parameters are made (TE's device= and dtype=): the generated
-# module's defaults for that op's parameters; its constructor's device=/dtype= override them.
+# Where and in which dtype an op's parameters are made (TE's device=, dtype=; the module's device=/dtype= override)
 DEVICE = Arg("device", "device", None, keyword_only=True, in_kernel=False)
 DTYPE = Arg("dtype", "dtype", None, keyword_only=True, in_kernel=False)
 
@@ -315,7 +312,8 @@ def _check_mode(v):
 
 
 # TE's tensor- and sequence-parallel arguments (generator/tensor_parallel.py localises the ops). A group is any
-# expression: the spec is never run; the generated module takes the group at construction, the expression is shown
+# expression (the spec is never run): the generated module takes the group at construction. TE's modules' names:
+# parallel_mode (their row-parallel bias added after the reduction) and tp_size (the build's size where not 1)
 _TE_ONLY = dict(keyword_only=True, in_kernel=False, te_only=True)
 TENSOR_PARALLEL_MODE = Arg("tensor_parallel_mode", "str", None, check=_check_mode, **_TE_ONLY)
 TENSOR_PARALLEL_GROUP = Arg("tensor_parallel_group", "group", None, **_TE_ONLY)
@@ -326,6 +324,8 @@ RNG_STATE_TRACKER = Arg("rng_state_tracker_function", "str", None, **_TE_ONLY,
 USERBUFFERS = Arg("userbuffers_options", "str", None, **_TE_ONLY,
                   check=lambda v: f"must be left at its default: userbuffers are not supported yet (got {v!r})")
 LINEAR_PARALLEL = (TENSOR_PARALLEL_MODE, TENSOR_PARALLEL_GROUP, SEQUENCE_PARALLEL, RNG_STATE_TRACKER, USERBUFFERS)
+MODULE_PARALLEL_MODE = Arg("parallel_mode", "str", None, check=_check_mode, **_TE_ONLY)
+TP_SIZE = Arg("tp_size", "int", 1, check=lambda v: None if v > 0 else "must be positive", **_TE_ONLY)
 
 
 def check_probability(v):

@@ -15,7 +15,12 @@ or refused at its position in the spec with the reason:
   sequence parallelism (the ub_* userbuffers overlaps, return_layernorm_output_gathered), the JIT
   warm-up sizes (seq_length, micro_batch_size), ``name`` (debugging), ``ub_name``, ``checkpoint``
   (TE's recompute of fc1 in the backward: the same values, fusegen saves what its plan saves);
-- refused where given another value than TE's default: parallelism (issue 41), initialisers and
+- honoured for tensor and sequence parallelism (issue 41, generator/tensor_parallel.py): LayerNormLinear's
+  parallel_mode="column", LayerNormMLP's set_parallel_mode (fc1 column-, fc2 row-parallel, fc2's bias
+  added once after the reduction, as TE's modules), their tp_group (the generated module's, given at
+  construction), tp_size (where not 1: the build's tensor_parallel_size) and sequence_parallel;
+- refused where given another value than TE's default: MultiheadAttention's and TransformerLayer's
+  parallelism (write their te.ops spelling to split them), initialisers and
   the RNG tracker (fusegen initialises as te.ops does; load a checkpoint instead), return_bias (another
   output), parameters_split's dict of sizes (its tuple of names is honoured: the weight and bias
   as equal row blocks, ops/held_rows.py), delay_wgrad_compute (no backward_dw),
@@ -48,8 +53,9 @@ def _refused(why: str, default: object = None):
     return lambda v: None if v == default else why
 
 
-_PARALLEL = ("is tensor or sequence parallelism, which fusegen does not support yet (issue 41): leave it at "
-             "its default and generate the unsharded module")
+_PARALLEL = ("splits TE's attention modules over a tensor-parallel group, which fusegen does not yet (TE's Linear, "
+             "LayerNormLinear and LayerNormMLP it does): write the layer in te.ops' spelling (te.ops.Linear(..., "
+             "tensor_parallel_mode=...) around te.ops.GroupedQueryAttention) to split it, or leave it at its default")
 _INIT = ("is an initialiser, which a spec cannot carry (fusegen never runs it): fusegen initialises the parameters "
          "as te.ops does; load a checkpoint or initialise them after construction, and leave it out")
 
@@ -67,6 +73,13 @@ def _refuse(name, kind, default, why):
 
 def _parallel(name, kind, default):
     return _refuse(name, kind, default, _PARALLEL)
+
+
+# TE's modules' tensor- and sequence-parallel arguments, honoured (generator/tensor_parallel.py): the group
+# (any expression: the generated module takes it at construction), its size (the build's where not 1)
+_SEQUENCE_PARALLEL = Arg("sequence_parallel", "bool", False, in_kernel=False)
+_TP_GROUP = Arg("tp_group", "group", None, in_kernel=False)
+_TP_SIZE = Arg("tp_size", "int", 1, in_kernel=False, check=lambda v: None if v > 0 else "must be positive")
 
 
 _EPS = Arg("eps", "float", 1e-5, check=check_eps)
@@ -92,7 +105,7 @@ _DELAY = _refuse("delay_wgrad_compute", "bool", False,
 _TRACKER = _refuse("get_rng_state_tracker", "object", None, _INIT)
 _UB = tuple(_hint(name, "bool", False) for name in ("ub_overlap_ag", "ub_overlap_rs", "ub_overlap_rs_dgrad"))
 _UB_BULK = (_hint("ub_bulk_dgrad", "bool", False), _hint("ub_bulk_wgrad", "bool", False))
-_SYMMETRIC_AR = _parallel("symmetric_ar_type", "object", None)
+_SYMMETRIC_AR = _hint("symmetric_ar_type", "object", None)  # how TE all-reduces: fusegen's runtime chooses
 _NAME = _hint("name", "str", None)
 # TE's device (default "cuda" there): positional as in TE; None here, the generated module's device=
 _DEVICE = Arg("device", "device", None, in_kernel=False)
@@ -104,11 +117,15 @@ def _norm(a: dict, size: int) -> tuple:
                    "zero_centered_gamma": a["zero_centered_gamma"]}, "layer_norm")
 
 
-def _linear(a: dict, part: str, in_features: int, out_features: int, held: HeldRows | None = None) -> list[tuple]:
+def _linear(a: dict, part: str, in_features: int, out_features: int, held: HeldRows | None = None,
+            mode: str | None = None) -> list[tuple]:
     """TE's GEMM with its optional bias: BasicLinear, then Bias where ``bias``; ``held``: how the
-    part holds both (TE's QKV layouts), else one weight and one bias."""
+    part holds both (TE's QKV layouts), else one weight and one bias; ``mode``: its
+    tensor-parallel mode ("column", "row"), over the module's tp_group, sequence parallel or not."""
     placed = {"device": a["device"], "dtype": a["params_dtype"]}
-    ops = [("BasicLinear", {"in_features": in_features, "out_features": out_features, **placed,
+    parallel = {"tensor_parallel_mode": mode, "tensor_parallel_group": a.get("tp_group"),
+                "sequence_parallel": a.get("sequence_parallel", False)} if mode else {}
+    ops = [("BasicLinear", {"in_features": in_features, "out_features": out_features, **placed, **parallel,
                             "accumulate_into_main_grad": a["fuse_wgrad_accumulation"]}, part, held)]
     return ops + ([("Bias", {"size": out_features, **placed}, part, held)] if a["bias"] else [])
 
@@ -121,7 +138,7 @@ def _layernorm_output(a: dict) -> list[tuple]:
 def _layernorm_linear(a: dict) -> list[tuple]:
     held = _split_blocks(a["parameters_split"], a["out_features"])
     return [_norm(a, a["in_features"]), *_layernorm_output(a),
-            *_linear(a, "", a["in_features"], a["out_features"], held)]
+            *_linear(a, "", a["in_features"], a["out_features"], held, a["parallel_mode"])]
 
 
 def _split_blocks(names, out_features: int) -> HeldRows | None:
@@ -153,6 +170,9 @@ def _validate_layernorm_linear(a: dict) -> str | None:
     if names is not None and a["out_features"] % len(names):
         return (f"parameters_split splits out_features={a['out_features']} into {len(names)} equal blocks, "
                 f"which it is not a multiple of")
+    if a["parallel_mode"] is not None and names is not None:
+        return ("parallel_mode with parameters_split would split each named block over the ranks, which fusegen "
+                "does not yet; leave one of them out")
     if names is not None and a["fuse_wgrad_accumulation"]:
         return ("fuse_wgrad_accumulation=True adds the weight's grad into the one weight's main_grad, which fusegen "
                 "does for a weight held whole only (TE keeps one per parameters_split block); leave one of the two "
@@ -163,9 +183,13 @@ def _validate_layernorm_linear(a: dict) -> str | None:
 register(OpDef(
     "LayerNormLinear", "container", modules=TE_MODULES,
     args=(Arg("in_features", "int", check=check_features), Arg("out_features", "int", check=check_features), _EPS,
-          _parallel("sequence_parallel", "bool", False), _WGRAD, _parallel("tp_group", "object", None),
-          _parallel("tp_size", "int", 1), _TRACKER, _refuse("init_method", "object", None, _INIT), _BIAS,
-          _NORMALIZATION, _RETURN_BIAS, _PARAMS_DTYPE, _parallel("parallel_mode", "object", None), _RETURN_LN,
+          _SEQUENCE_PARALLEL, _WGRAD, _TP_GROUP, _TP_SIZE, _TRACKER, _refuse("init_method", "object", None, _INIT),
+          _BIAS, _NORMALIZATION, _RETURN_BIAS, _PARAMS_DTYPE,
+          # a norm before a row-parallel GEMM would normalise a rank's share of the features: not TE's math
+          Arg("parallel_mode", "str", None, in_kernel=False, check=lambda v: None if v in (None, "column") else (
+              f"must be None or 'column' (its output features split over the group), got {v!r}: a norm before a "
+              "row-parallel GEMM reads whole rows; write te.LayerNorm or te.RMSNorm, then te.Linear(..., "
+              "parallel_mode='row')")), _RETURN_LN,
           _hint("return_layernorm_output_gathered", "bool", False),
           Arg("parameters_split", "object", None, check=_check_split),
           _ZCG, _DEVICE, *_UB, *reversed(_UB_BULK), _hint("ub_name", "str", None), _DELAY, _SYMMETRIC_AR,
@@ -178,15 +202,16 @@ register(OpDef(
 def _layernorm_mlp(a: dict) -> list[tuple]:
     hidden, ffn, activation = a["hidden_size"], a["ffn_hidden_size"], a["activation"]
     fc1_out = 2 * ffn if activation in GATED else ffn
-    return [_norm(a, hidden), *_layernorm_output(a), *_linear(a, "fc1", hidden, fc1_out),
-            (ACTIVATIONS[activation], {}, "activation"), *_linear(a, "fc2", ffn, hidden)]
+    split = a.get("set_parallel_mode")  # fc1 column-parallel, fc2 row-parallel (TE's; a TransformerLayer: none yet)
+    return [_norm(a, hidden), *_layernorm_output(a), *_linear(a, "fc1", hidden, fc1_out, mode="column" if split else None),
+            (ACTIVATIONS[activation], {}, "activation"), *_linear(a, "fc2", ffn, hidden, mode="row" if split else None)]
 
 
 register(OpDef(
     "LayerNormMLP", "container", modules=TE_MODULES,
     args=(Arg("hidden_size", "int", check=check_features), Arg("ffn_hidden_size", "int", check=check_features), _EPS,
-          _parallel("sequence_parallel", "bool", False), _RETURN_BIAS, _TRACKER, _parallel("tp_group", "object", None),
-          _parallel("tp_size", "int", 1), _refuse("init_method", "object", None, _INIT), _BIAS, _NORMALIZATION,
+          _SEQUENCE_PARALLEL, _RETURN_BIAS, _TRACKER, _TP_GROUP, _TP_SIZE, _refuse("init_method", "object", None, _INIT),
+          _BIAS, _NORMALIZATION,
           Arg("activation", "str", "gelu", check=lambda v: None if v in ACTIVATIONS else (
               f"must be one of TE's activations: {', '.join(ACTIVATIONS)}; got {v!r}")),
           _refuse("activation_params", "object", None,
@@ -195,7 +220,7 @@ register(OpDef(
                   "te.ops.Linear ops in the Sequential"),
           _refuse("output_layer_init_method", "object", None, _INIT), _WGRAD, _PARAMS_DTYPE, _RETURN_LN,
           _hint("return_layernorm_output_gathered", "bool", False), _hint("seq_length", "int", None),
-          _hint("micro_batch_size", "int", None), _parallel("set_parallel_mode", "bool", False), _ZCG, _DEVICE,
+          _hint("micro_batch_size", "int", None), Arg("set_parallel_mode", "bool", False, in_kernel=False), _ZCG, _DEVICE,
           _UB[0], _NAME, *_UB[1:], *_UB_BULK, _DELAY, _SYMMETRIC_AR, _hint("checkpoint", "bool", False)),
     expand=_layernorm_mlp,
     summary="TE's module: LayerNorm or RMSNorm (layer_norm_weight, layer_norm_bias), fc1 (fc1_weight, fc1_bias; "

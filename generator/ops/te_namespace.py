@@ -8,7 +8,9 @@ and the frontend's scope find them there). In real Transformer Engine, ``te.Line
 arguments and another positional order: the te. spelling binds positional arguments in TE's order
 (``MODULE_POSITIONAL``), reads TE's names for te.ops' arguments as those (``MODULE_KEYWORDS``:
 ``params_dtype`` is ``dtype``, a norm's ``hidden_size`` its ``normalized_shape``, te.Linear's
-``fuse_wgrad_accumulation`` te.ops' ``accumulate_into_main_grad``), and accepts the arguments only
+``fuse_wgrad_accumulation`` te.ops' ``accumulate_into_main_grad``, its ``tp_group`` te.ops'
+``tensor_parallel_group``; its ``parallel_mode`` and ``tp_size`` are arguments of the Linear op that
+only this spelling gives: ops/linear.py, tensor_parallel.py), and accepts the arguments only
 TE's module takes where they change nothing fusegen computes (``MODULE_ONLY_ARGS``: TE's no-ops at
 any value, the others at TE's default; another value is refused with why). TE's modules with no
 te.ops op of their name (``te.LayerNormMLP``, ...) are macros (ops/te_modules.py), or refused
@@ -20,8 +22,6 @@ from __future__ import annotations
 TE_NAMESPACE = "transformer_engine.pytorch"
 
 ANY = object()  # a module-only argument accepted at any value (TE's no-op without parallelism or FP8)
-_PARALLEL = ("is tensor or sequence parallelism, which fusegen does not support yet (issue 41): leave it at its "
-             "default and generate the unsharded module")
 _INIT = ("is an initialiser, which a spec cannot carry (fusegen never runs it): fusegen initialises the parameters "
          "as te.ops does; load a checkpoint or initialise them after construction, and leave it out")
 
@@ -31,11 +31,10 @@ _INIT = ("is an initialiser, which a spec cannot carry (fusegen never runs it): 
 # at TE's default only, another value refused with why (a spec giving one means TE's module).
 MODULE_ONLY_ARGS: dict[str, dict[str, tuple[object, str]]] = {
     "Linear": {
-        "tp_group": (None, _PARALLEL), "tp_size": (1, _PARALLEL), "get_rng_state_tracker": (None, _INIT),
+        "get_rng_state_tracker": (None, _INIT),
         "rng_tracker_name": (ANY, ""), "init_method": (None, _INIT),
         "return_bias": (False, "returns the bias unadded beside the output, which fusegen's module does not; give "
                                "bias=False and add a te.ops.Bias after it in the Sequential instead"),
-        "parallel_mode": (None, _PARALLEL),
         "parameters_split": (None, "splits the weight into parameters of other names, which fusegen's te.Linear "
                                    "does not hold; leave it out (te.LayerNormLinear's parameters_split and "
                                    "te.MultiheadAttention's fuse_qkv_params=False are read)"),
@@ -43,7 +42,7 @@ MODULE_ONLY_ARGS: dict[str, dict[str, tuple[object, str]]] = {
                                         "ub_bulk_wgrad", "ub_name", "save_original_input", "name")},
         "delay_wgrad_compute": (False, "defers the weight grads to a backward_dw() call, which fusegen's module "
                                        "does not have; leave it False"),
-        "symmetric_ar_type": (None, _PARALLEL), "sequence_parallel": (False, _PARALLEL)},
+        "symmetric_ar_type": (ANY, "")},  # how TE all-reduces (symmetric memory): fusegen's runtime chooses
     "LayerNorm": {"sequence_parallel": (ANY, "")},  # TE: a flag for Megatron-LM, read by nothing in the module
     "RMSNorm": {"sequence_parallel": (ANY, "")},
 }
@@ -63,7 +62,7 @@ MODULE_POSITIONAL: dict[str, tuple[str, ...]] = {
 # Arguments of TE's modules read as te.ops' argument of the same meaning, by the te. spelling
 _PARAMS_DTYPE = {"params_dtype": "dtype"}
 MODULE_KEYWORDS: dict[str, dict[str, str]] = {
-    "Linear": {**_PARAMS_DTYPE, "fuse_wgrad_accumulation": "accumulate_into_main_grad"},
+    "Linear": {**_PARAMS_DTYPE, "fuse_wgrad_accumulation": "accumulate_into_main_grad", "tp_group": "tensor_parallel_group"},
     "LayerNorm": {**_PARAMS_DTYPE, "hidden_size": "normalized_shape"},
     "RMSNorm": {**_PARAMS_DTYPE, "hidden_size": "normalized_shape"},
 }

@@ -117,7 +117,7 @@ class CollectiveGemmStage(StageImpl):
                                 dict(dy=dy, w=weight, group=group), dict(dx=d_in)))
             x, wgrad_dy = em.stats[linear.index][0], dy
         else:  # dy gathered, dx = gathered dy W; dW = gathered dy^T x
-            wgrad_dy = em.table.add(Role.ACTIVATION, X_DTYPE, f"{em.name(dy)}_gathered", grad_of=em.table[dy].grad_of)
+            wgrad_dy = em.grad(linear.output)  # (the GEMM's output before the reduce-scatter: its grad is dy gathered)
             block.add(TorchCall("{g}, {dx} = collectives.all_gather_matmul({dy}, {w}, {group})",
                                 dict(dy=dy, w=weight, group=group), dict(g=wgrad_dy, dx=d_in)))
             x = linear.input

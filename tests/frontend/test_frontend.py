@@ -8,7 +8,8 @@ from spec_errors import assert_points_at
 
 from fusegen.ops import NOT_YET, OPS
 from fusegen.ops.linear import MAIN_GRAD
-from fusegen.ops.opdef import CACHE_QUANTIZED_INPUT, LINEAR_PARALLEL, SM_MARGIN, TENSOR_PARALLEL, TorchDtype
+from fusegen.ops.opdef import (CACHE_QUANTIZED_INPUT, LINEAR_PARALLEL, MODULE_PARALLEL_MODE, SM_MARGIN, TENSOR_PARALLEL,
+                               TP_SIZE, TorchDtype)
 from fusegen.errors import SpecError
 from fusegen.frontend import OpCall, SequentialSpec, parse_spec, parse_spec_file
 from fusegen.pipeline import build_pipeline
@@ -25,8 +26,8 @@ def parse(source):
 # TE arguments with no effect at their defaults: hints, placement, and the parallelism and
 # main-grad options of linears and biases
 HINTS = {CACHE_QUANTIZED_INPUT.name: False, SM_MARGIN.name: 0, "device": None, "dtype": None,
-         **{a.name: a.default for a in (*LINEAR_PARALLEL, TENSOR_PARALLEL, MAIN_GRAD)}}
-LINEAR_DEFAULTS = {a.name: a.default for a in (*LINEAR_PARALLEL, MAIN_GRAD)}
+         **{a.name: a.default for a in (*LINEAR_PARALLEL, TENSOR_PARALLEL, MAIN_GRAD, MODULE_PARALLEL_MODE, TP_SIZE)}}
+LINEAR_DEFAULTS = {a.name: a.default for a in (*LINEAR_PARALLEL, MAIN_GRAD, MODULE_PARALLEL_MODE, TP_SIZE)}
 
 
 def ops(spec):

@@ -58,11 +58,10 @@ def error(text):
 
 @pytest.mark.parametrize("call, argument, value, says", [
     ("te.Linear(64, 64, return_bias=True)", "return_bias", "True", "returns the bias unadded"),
-    ("te.Linear(64, 64, parallel_mode='column')", "parallel_mode", "'column'", "issue 41"),
-    ("te.Linear(64, 64, tp_size=2)", "tp_size", "2", "issue 41"),
     ("te.Linear(64, 64, init_method=torch.nn.init.zeros_)", "init_method", "torch.nn.init.zeros_", "initialiser"),
     ("te.Linear(64, 64, delay_wgrad_compute=True)", "delay_wgrad_compute", "True", "backward_dw"),
-    ("te.Linear(64, 64, False, False, None, 4)", "tp_size", "4", "issue 41"),  # TE's 6th positional
+    ("te.Linear(64, 64, False, False, None, 1, None, None, None, True, True)", "return_bias", "True",
+     "returns the bias unadded"),  # TE's 11th positional
 ])
 def test_an_argument_of_te_s_monolithic_module_is_refused_at_its_value(call, argument, value, says):
     """te.Linear's module-only arguments at another value than TE's default (module/linear.py)."""
@@ -111,11 +110,14 @@ def test_te_ops_keeps_its_own_arguments_and_errors():
 
 
 def test_te_linear_s_third_positional_is_sequence_parallel_as_in_te_s_module():
-    # TE's module takes sequence_parallel third (module/linear.py), not bias: read as TE reads it
-    assert calls("import transformer_engine.pytorch as te\nm = te.Sequential(te.Linear(64, 64, False))\n")[0][1][
-        "bias"] is True
-    err = error("m = te.Sequential(te.Linear(64, 64, True))\n")
-    assert "sequence_parallel" in err.message and (err.location.line, err.location.col) == (2, 37)
+    # TE's module takes sequence_parallel third (module/linear.py), not bias: read as TE reads it, and
+    # its parallel arguments by TE's module's names and places (tensor_parallel.py splits them)
+    for given in ("False", "True"):
+        args = calls(f"import transformer_engine.pytorch as te\nm = te.Sequential(te.Linear(64, 64, {given}))\n")[0][1]
+        assert (args["bias"], args["sequence_parallel"]) == (True, given == "True")
+    args = calls("import transformer_engine.pytorch as te\ng = None\n"
+                 "m = te.Sequential(te.Linear(64, 64, True, False, g, 2, parallel_mode='row'))\n")[0][1]
+    assert (args["tensor_parallel_group"], args["tp_size"], args["parallel_mode"]) == ("g", 2, "row")
 
 
 def test_te_module_arguments_with_a_meaning_are_read_as_te_ops_ones():

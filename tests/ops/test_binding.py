@@ -32,4 +32,4 @@ def test_defaults_and_conversion():
     assert eager.Linear(4, 8).args == {
         "in_features": 4, "out_features": 8, "bias": True, "device": None, "dtype": None, "tensor_parallel_mode": None,
         "tensor_parallel_group": None, "sequence_parallel": False, "rng_state_tracker_function": None,
-        "userbuffers_options": None, "accumulate_into_main_grad": False}
+        "userbuffers_options": None, "accumulate_into_main_grad": False, "parallel_mode": None, "tp_size": 1}

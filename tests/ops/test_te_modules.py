@@ -273,9 +273,8 @@ def error(text):
 
 
 @pytest.mark.parametrize("call, at, says", [
-    ("te.LayerNormMLP(32, 48, tp_size=2)", "2", "tensor or sequence parallelism, which fusegen does not support "
-     "yet (issue 41)"),
-    ("te.LayerNormMLP(32, 48, set_parallel_mode=True)", "True", "issue 41"),
+    ("te.LayerNormMLP(32, 48, tp_size=0)", "0", "must be positive"),
+    ("te.LayerNormLinear(32, 48, parallel_mode='row')", "'row'", "a norm before a row-parallel GEMM reads whole rows"),
     ("te.LayerNormMLP(32, 48, activation='tanh')", "'tanh'", "must be one of TE's activations: gelu, geglu"),
     ("te.LayerNormMLP(32, 48, normalization='BatchNorm')", "'BatchNorm'", "must be 'LayerNorm' or 'RMSNorm'"),
     ("te.LayerNormMLP(32, 48, return_bias=True)", "True", "returns the bias unadded"),
@@ -288,7 +287,6 @@ def error(text):
     ("te.LayerNormLinear(32, 48, parameters_split={'q': 48})", "{", "unsupported expression in argument "
      "'parameters_split'"),
     ("te.LayerNormLinear(32, 48, eps=0.0)", "0.0", "must be positive"),
-    ("te.LayerNormLinear(32, 48, 1e-5, True)", "True", "issue 41"),  # TE's 4th: sequence_parallel
 ])
 def test_bad_arguments_are_refused_where_they_are_written(call, at, says):
     """Each error points at the value given (the binder's place for a value's error)."""
@@ -355,8 +353,8 @@ def test_parameters_split_holds_te_s_blocks_and_computes_the_whole_weight_s_func
 
 
 def test_the_eager_modules_refuse_the_same_arguments():
-    with pytest.raises(ValueError, match="argument 'tp_size' of LayerNormMLP is tensor or sequence parallelism"):
-        eager.LayerNormMLP(32, 48, tp_size=2)
+    with pytest.raises(ValueError, match="argument 'parallel_mode' of LayerNormLinear must be None or 'column'"):
+        eager.LayerNormLinear(32, 48, parallel_mode="row")
     with pytest.raises(ValueError, match="must be one of TE's activations"):
         eager.LayerNormMLP(32, 48, activation="tanh")
     with pytest.raises(TypeError, match="unexpected keyword argument 'hidden'"):

@@ -495,6 +495,8 @@ def test_every_kernel_has_a_test():
     tested |= {"bias_fwd_n256"}
     # and its decoder layer (tp_layer), checked the same way on 2 GPUs, packed sequences across the ranks
     tested |= {"add_fwd_n512", "add_rmsnorm_fwd_h512", "rmsnorm_bwd_h512_add_dresidual", "rmsnorm_fwd_h512"}
+    # and its TE modules' spelling (tp_te_modules: LayerNormMLP's fc1 bias and SwiGLU), the same way
+    tested |= {"bias_swiglu_fwd_n512", "bias_swiglu_bwd_n512_from_bias"}
     # specs/llama_layer.py's te.TransformerLayer spelling, checked through test_te_llama_layer.py (bf16
     # on the GPU against float64, every parameter's grad)
     tested |= {"qkv_prep_bwd_h32_kv8_d128", "qkv_prep_table_fwd_h32_kv8_d128", "qkv_prep_table_bwd_h32_kv8_d128"}

@@ -68,6 +68,21 @@ PIPELINES = {
                 {"0.0.weight": "whole", "0.1.weight": "qkv", "0.3.weight": "cols", "1.0.weight": "whole",
                  "1.1.weight": "glu", "1.3.weight": "cols"}, _layer),
 }
+
+
+def _te_modules(p, x):
+    """specs/tensor_parallel.py's tp_te_modules, unsharded (TE's modules: biases added once)."""
+    h = F.linear(rms_norm(x, p["0.layer_norm_weight"]), p["0.fc1_weight"], p["0.fc1_bias"])
+    h = F.linear(swiglu(h), p["0.fc2_weight"], p["0.fc2_bias"])
+    return F.linear(F.linear(h, p["1.weight"], p["1.bias"]), p["2.weight"], p["2.bias"])
+
+
+PIPELINES["TpTeModules"] = (
+    2, {"0.layer_norm_weight": (256,), "0.fc1_weight": (2048, 256), "0.fc1_bias": (2048,), "0.fc2_weight": (256, 1024),
+        "0.fc2_bias": (256,), "1.weight": (512, 256), "1.bias": (512,), "2.weight": (256, 512), "2.bias": (256,)},
+    "rows", "rows", {"0.layer_norm_weight": "whole", "0.fc1_weight": "glu", "0.fc1_bias": "glu", "0.fc2_weight": "cols",
+                     "0.fc2_bias": "whole", "1.weight": "rows", "1.bias": "rows", "2.weight": "cols", "2.bias": "whole"},
+    _te_modules)
 # packed sequences over the ranks' tokens (sequence parallel: rank r holds rows 12r..12r+11, and a
 # sequence may cross ranks), empty and one-token ones among them
 LENGTHS = [5, 1, 10, 0, 8]
@@ -77,7 +92,7 @@ LENGTHS = [5, 1, 10, 0, 8]
 # result its reader started (an all-gather before a Linear and a Linear's reduce-scatter run inside
 # the Function, micro-pipelined with the GEMM: stages/collective.py's COLLECTIVE_GEMM)
 EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": [],
-         "TpLayer": []}
+         "TpLayer": [], "TpTeModules": []}
 
 
 def _share(t, how, rank, ranks):
@@ -118,7 +133,8 @@ def check_pipeline(rank, ranks, device, name, lengths=None):
     yr.backward(dy)
 
     module = getattr(generated, name)(device=device, dtype=dtype)
-    module.load_full_state_dict({key: value.to(device, dtype) for key, value in full.items()})
+    extra = {key: value for key, value in module.state_dict().items() if key not in full}  # TE's _extra_state
+    module.load_full_state_dict({key: value.to(device, dtype) for key, value in full.items()} | extra)
     xl = _share(x, x_split, rank, ranks).to(device, dtype).requires_grad_()
     pairs = _taken_early()
     y = module(xl) if lengths is None else module(xl, torch.tensor(lengths))
@@ -141,7 +157,8 @@ def check_pipeline(rank, ranks, device, name, lengths=None):
         check(grad, _share(params[key].grad, held[key], rank, ranks), f"{name} rank {rank} d{key}")
     # the shards put back together are the full parameters, on every rank
     for key, value in module.full_state_dict().items():
-        check(value.cpu(), full[key], f"{name} rank {rank} full_state_dict {key}")
+        if key not in extra:
+            check(value.cpu(), full[key], f"{name} rank {rank} full_state_dict {key}")
 
 
 def _taken_early():
@@ -226,7 +243,7 @@ def _gpus(n):
                               reason=f"needs {n} GPUs")
 
 
-@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer"])
+@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer", "TpTeModules"])
 def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name)
 
@@ -241,7 +258,8 @@ def test_te_communication_ops():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", [pytest.param(name, marks=_gpus(PIPELINES[name][0]))
-                                  for name in ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer"]])
+                                  for name in ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer",
+                                               "TpTeModules"]])
 def test_tensor_parallel_pipeline_on_gpus_with_nccl(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name, backend="nccl", device="cuda")
 
@@ -513,3 +531,23 @@ def test_the_sharded_layer_splits_each_of_q_k_and_v_and_reads_all_ranks_tokens()
     assert shards == {"0.1.weight": (512, 256, 256), "0.3.weight": 1, "1.1.weight": (1024, 1024), "1.3.weight": 1}
     source = open(generated.tp_layer.__file__).read()
     assert 'packed_sequences("TpLayer", x, seq_lens, max_seqlen, ranks=2)' in source
+
+
+@pytest.mark.parametrize("op, table, message", [
+    ("te.Linear(64, 64, parallel_mode='column', tp_size=4)", 2,
+     r"Linear\(\): tp_size=4, but the pipeline is built for a tensor-parallel group of 2; set "
+     r"\[tool.fusegen.pipelines.<name>\] tensor_parallel_size = 4"),
+    ("te.Linear(64, 64, parallel_mode='column', tp_size=2)", 1, r"tp_size=2, but the pipeline is built for a "
+                                                                r"tensor-parallel group of 1"),
+    ("te.Linear(64, 64, parallel_mode='row', tensor_parallel_mode='column')", 2,
+     r"parallel_mode='row' \(TE's module\) and tensor_parallel_mode='column' \(TE's op\) disagree"),
+    ("te.LayerNormLinear(64, 64, parallel_mode='row')", 2, r"a norm before a row-parallel GEMM reads whole rows"),
+    ("te.MultiheadAttention(256, 4, set_parallel_mode=True)", 2,
+     r"splits TE's attention modules over a tensor-parallel group, which fusegen does not yet.*te.ops' spelling"),
+])
+def test_te_modules_parallel_arguments_are_checked(tmp_path, op, table, message):
+    from fusegen.errors import SpecError
+
+    spec = f"import transformer_engine.pytorch as te\nblock = te.Sequential({op})\n"
+    with pytest.raises(SpecError, match=message):
+        _plans(tmp_path, spec, f"[tool.fusegen.pipelines.block]\ntensor_parallel_size = {table}\n")
