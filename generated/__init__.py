@@ -85,6 +85,7 @@ from .tp_comm import TpComm
 from .tp_residual_mlp import TpResidualMlp
 from .tp_layer import TpLayer
 from .tp_te_modules import TpTeModules
+from .tp_te_layer import TpTeLayer
 from ._runtime import (
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
     MMParams, QParams, autocast, fp8_autocast, forget_fp8_weights)
@@ -102,5 +103,6 @@ __all__ = [
     "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
     "TpMlp", "TpMlp4", "TpColumn", "TpRow", "TpComm", "TpResidualMlp", "TpLayer", "TpTeModules",
-    "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling",
-    "Format", "MMParams", "QParams", "autocast", "fp8_autocast", "forget_fp8_weights"]
+    "TpTeLayer", "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling",
+    "Float8RowwiseScaling", "Format", "MMParams", "QParams", "autocast", "fp8_autocast",
+    "forget_fp8_weights"]

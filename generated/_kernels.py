@@ -722,6 +722,33 @@ def bias_add_bwd_n4096(dy):
     return dbias0
 
 
+_BIAS_ADD_FWD_N256 = Kernel("bias_add_fwd_n256", "ppppi")
+_BIAS_ADD_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_add_fwd_n256(x, bias0, extra_in1):
+    """Bias(256), AddExtraInput(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_add_fwd_n256_7ee45c92(x, bias0, extra_in1)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        extra_in1 = extra_in1.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_BIAS_ADD_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _BIAS_ADD_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1),
+                (x.data_ptr(), bias0.data_ptr(), extra_in1.data_ptr(), y.data_ptr(), rows),
+                x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.add_extra_input(a, ref.compute(extra_in1))
+    return a.to(x.dtype)
+
+
 _BIAS_ADD_GELU_BWD_N1024_FROM_ADD = Kernel(
     "bias_add_gelu_bwd_n1024_from_add", "ppppppi", shared=4096)
 _BIAS_ADD_GELU_BWD_N1024_FROM_ADD_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 2}
@@ -2548,6 +2575,63 @@ def bias_swiglu_bwd_n14336(dy, x):
     return dx, dbias0
 
 
+_BIAS_SWIGLU_BWD_N256_FROM_BIAS = Kernel("bias_swiglu_bwd_n256_from_bias", "ppppppi", shared=4096)
+_BIAS_SWIGLU_BWD_N256_FROM_BIAS_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+# vectors a row, by dtype
+_BIAS_SWIGLU_BWD_N256_FROM_BIAS_ROW_VECTORS = {
+    torch.bfloat16: 32, torch.float16: 32, torch.float32: 64}
+
+
+def bias_swiglu_bwd_n256_from_bias(dy, x, bias0):
+    """Bias(512), SwiGLU() backward: returns dx, dbias0."""
+    if torch.compiler.is_compiling() and dy.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_swiglu_bwd_n256_from_bias_85d2259f(dy, x, bias0)
+    rows = dy.shape[0]
+    if dy.is_cuda:
+        dy = dy.contiguous()
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        dx = torch.empty((rows, 512), device=dy.device, dtype=dy.dtype)
+        if rows <= COLUMN_TILED_ROWS:
+            # one launch, column-tiled: a block takes every row of its columns in row lanes and adds
+            # their sums itself (templates/cuda/column_sum.cuh: sum_row_lanes)
+            lanes = 16 if rows <= 16 else 32  # a row a thread up to 16 rows, at most 4 above
+            tile = 128 // lanes  # vectors a block
+            column_grads = torch.empty(512, device=dy.device, dtype=dy.dtype)
+            _BIAS_SWIGLU_BWD_N256_FROM_BIAS.launch(
+                dy.dtype, (-(-_BIAS_SWIGLU_BWD_N256_FROM_BIAS_ROW_VECTORS[dy.dtype] // tile), 1, 1),
+                (tile, lanes, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), dx.data_ptr(), 0,
+                    column_grads.data_ptr(), rows),
+                dy.get_device())
+        else:
+            # one wave of resident blocks, each looping over its rows and summing its columns' grads
+            grid_x = _BIAS_SWIGLU_BWD_N256_FROM_BIAS_GRID_X[dy.dtype]
+            resident = _BIAS_SWIGLU_BWD_N256_FROM_BIAS.resident_blocks(
+                dy.dtype, dy.get_device(), 128)
+            splits = max(1, min(rows, resident // grid_x))
+            partials = torch.empty((splits, 512), device=dy.device, dtype=torch.float32)
+            _BIAS_SWIGLU_BWD_N256_FROM_BIAS.launch(
+                dy.dtype, (grid_x, splits, 1), (128, 1, 1),
+                (
+                    dy.data_ptr(), x.data_ptr(), bias0.data_ptr(), dx.data_ptr(),
+                    partials.data_ptr(), 0, rows),
+                dy.get_device())
+            column_grads = column_sum_n512(partials, dy.dtype)
+        dbias0 = column_grads[0:512]
+        return dx, dbias0
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    in1 = a
+    g = ref.compute(dy)
+    g = ref.swiglu_bwd(in1, g)
+    g, dt = ref.bias_bwd(None, None, g)
+    dbias0 = dt.sum(0).to(dy.dtype)
+    dx = g.to(dy.dtype)
+    return dx, dbias0
+
+
 _BIAS_SWIGLU_BWD_N512 = Kernel("bias_swiglu_bwd_n512", "pppppi", shared=4096)
 _BIAS_SWIGLU_BWD_N512_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
 # vectors a row, by dtype
@@ -2707,6 +2791,31 @@ def bias_swiglu_bwd_n512_from_bias(dy, x, bias0):
     dbias0 = dt.sum(0).to(dy.dtype)
     dx = g.to(dy.dtype)
     return dx, dbias0
+
+
+_BIAS_SWIGLU_FWD_N256 = Kernel("bias_swiglu_fwd_n256", "pppi")
+_BIAS_SWIGLU_FWD_N256_GRID_X = {torch.bfloat16: 1, torch.float16: 1, torch.float32: 1}
+
+
+def bias_swiglu_fwd_n256(x, bias0):
+    """Bias(512), SwiGLU(): returns y."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.bias_swiglu_fwd_n256_d206e889(x, bias0)
+    rows = x.shape[0]
+    if x.is_cuda:
+        x = x.contiguous()
+        bias0 = bias0.contiguous()
+        y = torch.empty((rows, 256), device=x.device, dtype=x.dtype)
+        if rows:
+            grid = (_BIAS_SWIGLU_FWD_N256_GRID_X[x.dtype], min(rows, ELEMENTWISE_SPLITS), 1)
+            _BIAS_SWIGLU_FWD_N256.launch(
+                x.dtype, grid, (128, 1, 1), (x.data_ptr(), bias0.data_ptr(), y.data_ptr(), rows),
+                x.get_device())
+        return y
+    a = ref.compute(x)
+    a = ref.bias(a, ref.compute(bias0))
+    a = ref.swiglu(a)
+    return a.to(x.dtype)
 
 
 _BIAS_SWIGLU_FWD_N512 = Kernel("bias_swiglu_fwd_n512", "pppi")
@@ -4650,6 +4759,39 @@ def qgelu_fwd_n512(x):
     return a.to(x.dtype)
 
 
+_QKV_PREP_BWD_H2_KV1_D64 = Kernel("qkv_prep_bwd_h2_kv1_d64", "pppppiiii")
+_QKV_PREP_BWD_H2_KV1_D64_THREADS = {torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+# rows a block
+_QKV_PREP_BWD_H2_KV1_D64_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 24}
+
+
+def qkv_prep_bwd_h2_kv1_d64(dq, dk, dv, cu_seqlens):
+    """attention prep backward: dq, dk, dv copied (2 + 2 x 1 heads of 64).
+
+    dq [rows, 2, 64], dk and dv [rows, 1, 64], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 256] in dq's dtype."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_bwd_h2_kv1_d64_a00c8cbe(dq, dk, dv, cu_seqlens)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 256, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 128, 64
+        batch = cu_seqlens.shape[0] - 1
+        if rows:
+            grid = -(-rows // _QKV_PREP_BWD_H2_KV1_D64_ROWS[dq.dtype])
+            _QKV_PREP_BWD_H2_KV1_D64.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_BWD_H2_KV1_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, None)
+    return dx.to(dq.dtype)
+
+
 _QKV_PREP_BWD_H32_KV8_D128 = Kernel("qkv_prep_bwd_h32_kv8_d128", "pppppiiii")
 _QKV_PREP_BWD_H32_KV8_D128_THREADS = {torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
 # rows a block
@@ -4997,6 +5139,44 @@ def qkv_prep_rope500000_fwd_h32_kv8_d128(x, cu_seqlens):
     return torch.cat([q, k, v], dim=1).to(x.dtype)
 
 
+_QKV_PREP_TABLE_BWD_H2_KV1_D64 = Kernel("qkv_prep_table_bwd_h2_kv1_d64", "ppppppiiiii")
+_QKV_PREP_TABLE_BWD_H2_KV1_D64_THREADS = {
+    torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_BWD_H2_KV1_D64_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 24}
+
+
+def qkv_prep_table_bwd_h2_kv1_d64(dq, dk, dv, cu_seqlens, table):
+    """attention prep backward: the rotary's transpose of dq and dk, dv copied (rotary by TE's
+    per-call table) (2 + 2 x 1 heads of 64).
+
+    dq [rows, 2, 64], dk and dv [rows, 1, 64], cu_seqlens int32 [batch + 1] on their
+    device: returns the fused projection's grad [rows, 256] in dq's dtype. table: TE's rotary
+    angles, float32 [max_s, 64], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and dq.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_bwd_h2_kv1_d64_90bf4e92(
+            dq, dk, dv, cu_seqlens, table)
+    if dq.is_cuda:
+        rows = dq.shape[0]
+        q, k, v = dq.contiguous(), dk.contiguous(), dv.contiguous()
+        out = torch.empty(rows, 256, device=dq.device, dtype=dq.dtype)
+        q_stride, kv_stride = 128, 64
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_BWD_H2_KV1_D64_ROWS[dq.dtype])
+            _QKV_PREP_TABLE_BWD_H2_KV1_D64.launch(
+                dq.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_BWD_H2_KV1_D64_THREADS[dq.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                dq.get_device())
+        return out
+    dx = ref.attention_inputs_table_bwd(
+        ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, table)
+    return dx.to(dq.dtype)
+
+
 _QKV_PREP_TABLE_BWD_H32_KV8_D128 = Kernel("qkv_prep_table_bwd_h32_kv8_d128", "ppppppiiiii")
 _QKV_PREP_TABLE_BWD_H32_KV8_D128_THREADS = {
     torch.bfloat16: 256, torch.float16: 256, torch.float32: 256}
@@ -5147,6 +5327,44 @@ def qkv_prep_table_bwd_h8_kv2_d32(dq, dk, dv, cu_seqlens, table):
     dx = ref.attention_inputs_table_bwd(
         ref.compute(dq), ref.compute(dk), ref.compute(dv), cu_seqlens, table)
     return dx.to(dq.dtype)
+
+
+_QKV_PREP_TABLE_FWD_H2_KV1_D64 = Kernel("qkv_prep_table_fwd_h2_kv1_d64", "ppppppiiiii")
+_QKV_PREP_TABLE_FWD_H2_KV1_D64_THREADS = {
+    torch.bfloat16: 128, torch.float16: 128, torch.float32: 256}
+# rows a block
+_QKV_PREP_TABLE_FWD_H2_KV1_D64_ROWS = {torch.bfloat16: 32, torch.float16: 32, torch.float32: 24}
+
+
+def qkv_prep_table_fwd_h2_kv1_d64(x, cu_seqlens, table):
+    """attention prep forward: rotary of q and k, v copied (rotary by TE's per-call table) (2 + 2 x
+    1 heads of 64).
+
+    x [rows, 256] (any row stride, dense columns), cu_seqlens int32 [batch + 1] on x's
+    device: returns one [rows, 4, 64] buffer in x's dtype. table: TE's rotary angles, float32
+    [max_s, 64], contiguous, on that device (at least one row)."""
+    if torch.compiler.is_compiling() and x.device.type != "meta":  # torch.compile: the custom op
+        return torch.ops.fusegen.qkv_prep_table_fwd_h2_kv1_d64_748b9dbd(x, cu_seqlens, table)
+    if x.is_cuda:
+        rows = x.shape[0]
+        if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16 or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)  # the kernel's 16-byte vectors
+        out = torch.empty(rows, 4, 64, device=x.device, dtype=x.dtype)
+        q, k, v = x, x[:, 128:], x[:, 192:]
+        q_stride = kv_stride = x.stride(0)
+        batch = cu_seqlens.shape[0] - 1
+        table_rows = table.shape[0]
+        if rows:
+            grid = -(-rows // _QKV_PREP_TABLE_FWD_H2_KV1_D64_ROWS[x.dtype])
+            _QKV_PREP_TABLE_FWD_H2_KV1_D64.launch(
+                x.dtype, (grid, 1, 1), (_QKV_PREP_TABLE_FWD_H2_KV1_D64_THREADS[x.dtype], 1, 1),
+                (
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+                    table.data_ptr(), table_rows, q_stride, kv_stride, batch, rows),
+                x.get_device())
+        return out
+    q, k, v = ref.attention_inputs_table(ref.compute(x), cu_seqlens, 2, 1, table)
+    return torch.cat([q, k, v], dim=1).to(x.dtype)
 
 
 _QKV_PREP_TABLE_FWD_H32_KV8_D128 = Kernel("qkv_prep_table_fwd_h32_kv8_d128", "ppppppiiiii")
@@ -7499,6 +7717,9 @@ register_op(
 register_op(
     "bias_add_bwd_n4096_b0f01d58", "(Tensor dy) -> Tensor", bias_add_bwd_n4096, bias_add_bwd_n4096)
 register_op(
+    "bias_add_fwd_n256_7ee45c92", "(Tensor x, Tensor bias0, Tensor extra_in1) -> Tensor",
+    bias_add_fwd_n256, bias_add_fwd_n256)
+register_op(
     "bias_add_gelu_bwd_n1024_from_add_c4f1a7c8",
     "(Tensor dy, Tensor x, Tensor extra_in1) -> (Tensor, Tensor)", bias_add_gelu_bwd_n1024_from_add,
     bias_add_gelu_bwd_n1024_from_add)
@@ -7609,6 +7830,10 @@ register_op(
     "bias_swiglu_bwd_n14336_4b7a4ca5", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n14336, bias_swiglu_bwd_n14336)
 register_op(
+    "bias_swiglu_bwd_n256_from_bias_85d2259f",
+    "(Tensor dy, Tensor x, Tensor bias0) -> (Tensor, Tensor)", bias_swiglu_bwd_n256_from_bias,
+    bias_swiglu_bwd_n256_from_bias)
+register_op(
     "bias_swiglu_bwd_n512_403318ec", "(Tensor dy, Tensor x) -> (Tensor, Tensor)",
     bias_swiglu_bwd_n512, bias_swiglu_bwd_n512)
 register_op(
@@ -7619,6 +7844,9 @@ register_op(
     "bias_swiglu_bwd_n512_from_bias_33f09d6b",
     "(Tensor dy, Tensor x, Tensor bias0) -> (Tensor, Tensor)", bias_swiglu_bwd_n512_from_bias,
     bias_swiglu_bwd_n512_from_bias)
+register_op(
+    "bias_swiglu_fwd_n256_d206e889", "(Tensor x, Tensor bias0) -> Tensor", bias_swiglu_fwd_n256,
+    bias_swiglu_fwd_n256)
 register_op(
     "bias_swiglu_fwd_n512_c48eb791", "(Tensor x, Tensor bias0) -> Tensor", bias_swiglu_fwd_n512,
     bias_swiglu_fwd_n512)
@@ -7821,6 +8049,10 @@ register_op("qgeglu_fwd_n512_2f36c7c9", "(Tensor x) -> Tensor", qgeglu_fwd_n512,
 register_op("qgelu_fwd_n1024_51ae349d", "(Tensor x) -> Tensor", qgelu_fwd_n1024, qgelu_fwd_n1024)
 register_op("qgelu_fwd_n512_c4bbf851", "(Tensor x) -> Tensor", qgelu_fwd_n512, qgelu_fwd_n512)
 register_op(
+    "qkv_prep_bwd_h2_kv1_d64_a00c8cbe",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h2_kv1_d64,
+    qkv_prep_bwd_h2_kv1_d64)
+register_op(
     "qkv_prep_bwd_h32_kv8_d128_34d899ec",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens) -> Tensor", qkv_prep_bwd_h32_kv8_d128,
     qkv_prep_bwd_h32_kv8_d128)
@@ -7858,6 +8090,10 @@ register_op(
     "qkv_prep_rope500000_fwd_h32_kv8_d128_ebe85640", "(Tensor x, Tensor cu_seqlens) -> Tensor",
     qkv_prep_rope500000_fwd_h32_kv8_d128, qkv_prep_rope500000_fwd_h32_kv8_d128)
 register_op(
+    "qkv_prep_table_bwd_h2_kv1_d64_90bf4e92",
+    "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens, Tensor table) -> Tensor",
+    qkv_prep_table_bwd_h2_kv1_d64, qkv_prep_table_bwd_h2_kv1_d64)
+register_op(
     "qkv_prep_table_bwd_h32_kv8_d128_e4a6735c",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens, Tensor table) -> Tensor",
     qkv_prep_table_bwd_h32_kv8_d128, qkv_prep_table_bwd_h32_kv8_d128)
@@ -7873,6 +8109,10 @@ register_op(
     "qkv_prep_table_bwd_h8_kv2_d32_453b87bf",
     "(Tensor dq, Tensor dk, Tensor dv, Tensor cu_seqlens, Tensor table) -> Tensor",
     qkv_prep_table_bwd_h8_kv2_d32, qkv_prep_table_bwd_h8_kv2_d32)
+register_op(
+    "qkv_prep_table_fwd_h2_kv1_d64_748b9dbd",
+    "(Tensor x, Tensor cu_seqlens, Tensor table) -> Tensor", qkv_prep_table_fwd_h2_kv1_d64,
+    qkv_prep_table_fwd_h2_kv1_d64)
 register_op(
     "qkv_prep_table_fwd_h32_kv8_d128_80f04ec5",
     "(Tensor x, Tensor cu_seqlens, Tensor table) -> Tensor", qkv_prep_table_fwd_h32_kv8_d128,

@@ -268,14 +268,13 @@ def _expand(calls: tuple[OpCall, ...], localised: Localiser, prefix: str = "") -
             expanded.append(_Expanded(OPS["AddExtraInput"], plain, call, path, CLOSE, branch=path))
             continue
         spans = OPS[call.op].residuals(call.args)  # a TE layer's residual branches, by position in its expansion
-        parts = localised(basic_parts(call.op, call.args), call)
-        for position, (basic, basic_args, part, held) in enumerate(parts):
+        for position, group in enumerate(localised(basic_parts(call.op, call.args), call)):
             for first, _, name in spans:
                 if first == position:
                     expanded.append(_Expanded(OPS["MakeExtraOutput"], {"in_place": False}, call, path, OPEN,
                                               f"{name}_residual", f"{path} {name}"))
             expanded += [_Expanded(op, args, call, path, part=part, held=held)
-                         for op, args in around_rows(basic, basic_args)]
+                         for basic, basic_args, part, held in group for op, args in around_rows(basic, basic_args)]
             for _, end, name in spans:
                 if end == position + 1:
                     expanded.append(_Expanded(OPS["AddExtraInput"], {"in_place": False}, call, path, CLOSE,

@@ -38,42 +38,56 @@ class Localiser:
 
     def __init__(self, size: int):
         self.size, self.share, self.reduction, self.width = size, False, None, 0
+        self.rows = 1  # the ranks whose rows the running value holds (after a sequence-parallel all-gather: all)
 
-    def __call__(self, parts: list[tuple], call) -> list[tuple]:
-        """The basic parts of one spec call (ops.basic_parts: (op, args, part, held))."""
+    def __call__(self, parts: list[tuple], call) -> list[list[tuple]]:
+        """The basic parts of one spec call (ops.basic_parts: (op, args, part, held)), each as the
+        ops it becomes: itself localised, with the collectives it needs (none at size 1, where the
+        spec's own collectives are left out), so a TE layer's residuals still open and close at
+        their parts (OpDef.residuals)."""
         if call.args.get("tp_size", 1) not in (1, self.size):  # TE's modules' tp_size, where the spec fixes it
             raise SpecError(f"{call.op}(): tp_size={call.args['tp_size']}, but the pipeline is built for a tensor-"
                             f"parallel group of {self.size}; set [tool.fusegen.pipelines.<name>] tensor_parallel_size "
                             f"= {call.args['tp_size']} (or leave tp_size out: the group given at run time has the "
                             "build's size)", call.location)
         if self.size == 1:
-            return [part for part in parts if part[0].kind not in COLLECTIVES]
+            return [[] if part[0].kind in COLLECTIVES else [part] for part in parts]
         # TE's modules (their parallel_mode, set_parallel_mode) add a row-parallel Linear's bias once, after the
         # reduction; te.ops' Linear before it (each rank's)
         bias_first = not (call.args.get("parallel_mode") or call.args.get("set_parallel_mode"))
-        ops = []
+        groups = []
         for op, args, part, held in parts:
+            if op.reads_sequences and self.rows > 1 and args.get("qkv_format") == "sbhd":
+                raise SpecError(f"{call.op}(): qkv_format='sbhd' (TE's default) with sequence parallelism gathers the "
+                                "ranks' shares of each sequence along dim 0, which fusegen's attention does not read "
+                                "(it runs sbhd batch-major inside); give it qkv_format='thd' (packed tokens) or 'bshd' "
+                                "(te.TransformerLayer: attn_input_format)", call.location)
             if self.reduction is not None and (op.name != "Bias" or not bias_first):
-                ops.append(self.reduction)
+                groups[-1].append(self.reduction)  # (right after the Linear)
                 self.reduction = None
             if op.name == "BasicLinear" and args["tensor_parallel_mode"] is not None:
-                ops += self._linear(op, args, part, held, call)
+                group = self._linear(op, args, part, held, call)
             elif op.kind in COLLECTIVES:
                 self._whole_rows(op, call)
-                ops.append((op, {**args, "size": self.size}, part, held))
+                group = [(op, {**args, "size": self.size}, part, held)]
             elif op.name == "Bias" and (self.share or args["tensor_parallel"]):
                 # a column-parallel Linear's bias, or te.ops.Bias(tensor_parallel=True): a share of it
                 local = _shard(args["size"], self.size, f"size={args['size']}", call)
-                ops.append((op, dict(args, size=local, tensor_parallel=True), part, held))
+                group = [(op, dict(args, size=local, tensor_parallel=True), part, held and held.shard(self.size))]
             else:
-                ops.append((op, self._on_share(op, args, call) if self.share else args, part, held))
-            if op.name == "Bias" and self.reduction is not None:
-                ops.append(self.reduction)
+                group = [(op, self._on_share(op, args, call) if self.share else args, part, held)]
+            if op.name == "Bias" and self.reduction is not None:  # te.ops.Linear's: then the reduction
+                group.append(self.reduction)
                 self.reduction = None
+            groups.append(group)
+            for collective, collective_args, *_ in group:  # the rows a rank holds: times the ranks gathered
+                if collective.kind in COLLECTIVES and collective.new_lead is not None:
+                    times, over = collective.new_lead(collective_args)[1]
+                    self.rows = self.rows * times // over
         if self.reduction is not None:  # the call's last op: its output is reduced before the next call
-            ops.append(self.reduction)
+            groups[-1].append(self.reduction)
             self.reduction = None
-        return ops
+        return groups
 
     def _linear(self, op, args, part, held, call) -> list[tuple]:
         """A column-parallel Linear's N / k outputs after its input's all-gather (sequence
@@ -85,6 +99,12 @@ class Localiser:
                             "row-parallel, or put a row-parallel Linear before it", call.location)
         features = "out_features" if mode == "column" else "in_features"
         local = dict(args, **{features: _shard(args[features], self.size, f"{features}={args[features]}", call)})
+        if held is not None and mode == "column":  # TE's QKV layouts: a share of each block, whole GQA groups
+            for name, rows in held.blocks:
+                _shard(rows, self.size, f"its {name} rows ({rows})", call)
+            if held.groups is not None:
+                _shard(held.groups[0], self.size, f"its {held.groups[0]} GQA groups", call)
+            held = held.shard(self.size)
         self.share, self.width = mode == "column", local["out_features"]
         shared = {"process_group": group, "size": self.size}
         if mode == "row":
@@ -179,10 +199,13 @@ def shards(pipeline) -> dict[str, int | str | tuple[int, ...]]:
     ops = pipeline.ops
     rows = {op.module_index for op in ops if op.opdef.name == "BasicLinear" and op.args["tensor_parallel_mode"] == "row"}
     split = {}
-    for op, _, key, _, _ in pipeline.params:
+    for op, attr, key, shape, _ in pipeline.params:
         mode = op.args.get("tensor_parallel_mode") if op.opdef.name == "BasicLinear" else None
         if mode == "row":
             split[key] = 1
+        elif (mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"])) and op.held_rows:
+            for name, shape in op.held_rows.held(attr, shape):  # TE's QKV blocks (or grouped rows): each in rank order
+                split[f"{op.module_index}.{op.holder_attribute(name)}"] = (shape[0] * pipeline.tensor_parallel,)
         elif mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"]):
             split[key] = _sections(ops[op.index + 1:], pipeline.tensor_parallel * (
                 op.args["out_features"] if mode else op.args["size"]))

@@ -86,3 +86,18 @@ tp_te_modules = te.Sequential(
     te.Linear(256, 512, parallel_mode="column", tp_group=tp_group, sequence_parallel=True),
     te.Linear(512, 256, parallel_mode="row", tp_group=tp_group, sequence_parallel=True, tp_size=2),
 )
+
+# TE's te.TransformerLayer split as TE splits it (set_parallel_mode: the QKV projection and fc1
+# column-parallel, the output projection and fc2 row-parallel, their biases added once after the
+# reduce-scatter), sequence parallel over packed tokens ("thd"): the first layer holds TE's query,
+# key and value blocks (each rank its share of each), the second one fused weight with its rows
+# grouped per GQA group (qkv_weight_interleaved, TE's default: each rank its whole groups)
+tp_te_layer = te.Sequential(
+    te.TransformerLayer(256, 512, 4, num_gqa_groups=2, hidden_dropout=0.0, attention_dropout=0.0,
+                        normalization="RMSNorm", activation="swiglu", attn_input_format="thd",
+                        set_parallel_mode=True, sequence_parallel=True, tp_group=tp_group, tp_size=2),
+    te.TransformerLayer(256, 512, 4, num_gqa_groups=2, hidden_dropout=0.0, attention_dropout=0.0,
+                        normalization="RMSNorm", activation="swiglu", attn_input_format="thd",
+                        fuse_qkv_params=True, set_parallel_mode=True, sequence_parallel=True, tp_group=tp_group,
+                        tp_size=2),
+)

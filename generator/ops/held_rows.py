@@ -36,6 +36,12 @@ class HeldRows:
             return [(attr, shape)]
         return [(f"{name}_{attr}", (rows, *shape[1:])) for name, rows in self.blocks]
 
+    def shard(self, ranks: int) -> HeldRows:
+        """How a rank of a tensor-parallel group of ``ranks`` holds its share of a column-parallel
+        GEMM's rows (tensor_parallel.py): its share of each block, whole GQA groups."""
+        return HeldRows(blocks=tuple((name, rows // ranks) for name, rows in self.blocks),
+                        groups=None if self.groups is None else (self.groups[0] // ranks, self.groups[1]))
+
     def gemm_rows(self, rows: int) -> list[int]:
         """The held tensor's row that the GEMM's row r reads, for each r < ``rows`` (fusegen.eager's
         gather: the reference; the generated module's runtime reshapes instead)."""

@@ -18,13 +18,15 @@ takes a second input), ``parallel_attention_mlp`` and ``drop_path_rate`` refused
 """
 
 from .opdef import Arg, OpDef, check_eps, check_features, register
-from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _ROTARY_INTERLEAVED, _TRACKER,
-                         _WGRAD, _ZCG, ACTIVATIONS, TE_MODULES, _attention_dropout, _hint, _layernorm_mlp,
-                         _multihead_attention, _parallel, _qkv_format, _refuse, _validate_mha)
+from .te_modules import (_BIAS, _DEVICE, _INIT, _NAME, _NORMALIZATION, _PARAMS_DTYPE, _ROTARY_INTERLEAVED,
+                         _SEQUENCE_PARALLEL, _SET_PARALLEL_MODE, _TP_GROUP, _TP_SIZE, _TRACKER, _WGRAD, _ZCG,
+                         ACTIVATIONS, TE_MODULES, _attention_dropout, _hint, _layernorm_mlp, _multihead_attention,
+                         _qkv_format, _refuse, _validate_mha)
 
 _MHA_ARGS = ("hidden_size", "num_attention_heads", "kv_channels", "attention_dropout", "layernorm_epsilon",
              "num_gqa_groups", "fuse_wgrad_accumulation", "params_dtype", "fuse_qkv_params", "zero_centered_gamma",
-             "qkv_weight_interleaved", "bias", "normalization", "device")
+             "qkv_weight_interleaved", "bias", "normalization", "device",
+             "tp_group", "sequence_parallel", "set_parallel_mode")  # (TE's layer splits both blocks alike)
 
 
 def _attention_args(a: dict, input_layernorm: bool) -> dict:
@@ -39,7 +41,8 @@ def _mlp_args(a: dict) -> dict:
     return {"hidden_size": a["hidden_size"], "ffn_hidden_size": a["ffn_hidden_size"], "eps": a["layernorm_epsilon"],
             "fuse_wgrad_accumulation": a["fuse_wgrad_accumulation"], "bias": a["bias"],
             "normalization": a["normalization"], "activation": a["activation"], "params_dtype": a["params_dtype"],
-            "return_layernorm_output": False, "zero_centered_gamma": a["zero_centered_gamma"], "device": a["device"]}
+            "return_layernorm_output": False, "zero_centered_gamma": a["zero_centered_gamma"], "device": a["device"],
+            **{name: a[name] for name in ("tp_group", "sequence_parallel", "set_parallel_mode")}}
 
 
 def _in(submodule: str, parts: list[tuple]) -> list[tuple]:
@@ -106,9 +109,9 @@ register(OpDef(
           _hint("bottom_right_diagonal", "bool", None),
           _hint("enc_dec_attn_mask_type", "str", "no_mask"),  # the decoder's (refused) cross-attention only
           _hint("enc_dec_bottom_right_diagonal", "bool", None), _hint("enc_dec_window_size", "object", None),
-          _parallel("tp_group", "object", None), _parallel("tp_size", "int", 1), _PARAMS_DTYPE, _TRACKER, _WGRAD,
+          _TP_GROUP, _TP_SIZE, _PARAMS_DTYPE, _TRACKER, _WGRAD,
           _hint("seq_length", "int", None), _hint("micro_batch_size", "int", None),
-          _parallel("sequence_parallel", "bool", False),
+          _SEQUENCE_PARALLEL,
           Arg("apply_residual_connection_post_layernorm", "bool", False), Arg("output_layernorm", "bool", False),
           _refuse("parallel_attention_mlp", "bool", False, "computes attention and MLP from the same input (Falcon), "
                   "which fusegen's layer does not; leave it False"),
@@ -116,7 +119,7 @@ register(OpDef(
                   "(the encoder's output), which fusegen's pipelines do not take; only layer_type='encoder'"),
           _refuse("drop_path_rate", "float", 0.0, "drops whole samples' paths (stochastic depth), which fusegen "
                   "does not; leave it 0.0"),
-          _parallel("set_parallel_mode", "bool", False),
+          _SET_PARALLEL_MODE,
           Arg("fuse_qkv_params", "bool", False, in_kernel=False),
           _ROTARY_INTERLEAVED, _ZCG,
           Arg("qkv_weight_interleaved", "bool", True, in_kernel=False),

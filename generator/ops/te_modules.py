@@ -16,11 +16,13 @@ or refused at its position in the spec with the reason:
   warm-up sizes (seq_length, micro_batch_size), ``name`` (debugging), ``ub_name``, ``checkpoint``
   (TE's recompute of fc1 in the backward: the same values, fusegen saves what its plan saves);
 - honoured for tensor and sequence parallelism (issue 41, generator/tensor_parallel.py): LayerNormLinear's
-  parallel_mode="column", LayerNormMLP's set_parallel_mode (fc1 column-, fc2 row-parallel, fc2's bias
-  added once after the reduction, as TE's modules), their tp_group (the generated module's, given at
-  construction), tp_size (where not 1: the build's tensor_parallel_size) and sequence_parallel;
-- refused where given another value than TE's default: MultiheadAttention's and TransformerLayer's
-  parallelism (write their te.ops spelling to split them), initialisers and
+  parallel_mode="column", LayerNormMLP's set_parallel_mode (fc1 column-, fc2 row-parallel),
+  MultiheadAttention's (the QKV projection column-parallel: each rank its share of the heads, of each
+  of TE's query, key and value blocks, or whole GQA groups; the output projection row-parallel) and
+  TransformerLayer's (both), a row-parallel bias added once after the reduction, as TE's modules;
+  their tp_group (the generated module's, given at construction), tp_size (where not 1: the build's
+  tensor_parallel_size) and sequence_parallel;
+- refused where given another value than TE's default: initialisers and
   the RNG tracker (fusegen initialises as te.ops does; load a checkpoint instead), return_bias (another
   output), parameters_split's dict of sizes (its tuple of names is honoured: the weight and bias
   as equal row blocks, ops/held_rows.py), delay_wgrad_compute (no backward_dw),
@@ -53,9 +55,6 @@ def _refused(why: str, default: object = None):
     return lambda v: None if v == default else why
 
 
-_PARALLEL = ("splits TE's attention modules over a tensor-parallel group, which fusegen does not yet (TE's Linear, "
-             "LayerNormLinear and LayerNormMLP it does): write the layer in te.ops' spelling (te.ops.Linear(..., "
-             "tensor_parallel_mode=...) around te.ops.GroupedQueryAttention) to split it, or leave it at its default")
 _INIT = ("is an initialiser, which a spec cannot carry (fusegen never runs it): fusegen initialises the parameters "
          "as te.ops does; load a checkpoint or initialise them after construction, and leave it out")
 
@@ -71,15 +70,12 @@ def _refuse(name, kind, default, why):
     return Arg(name, kind, default, in_kernel=False, check=_refused(why, default))
 
 
-def _parallel(name, kind, default):
-    return _refuse(name, kind, default, _PARALLEL)
-
-
 # TE's modules' tensor- and sequence-parallel arguments, honoured (generator/tensor_parallel.py): the group
 # (any expression: the generated module takes it at construction), its size (the build's where not 1)
 _SEQUENCE_PARALLEL = Arg("sequence_parallel", "bool", False, in_kernel=False)
 _TP_GROUP = Arg("tp_group", "group", None, in_kernel=False)
 _TP_SIZE = Arg("tp_size", "int", 1, in_kernel=False, check=lambda v: None if v > 0 else "must be positive")
+_SET_PARALLEL_MODE = Arg("set_parallel_mode", "bool", False, in_kernel=False)
 
 
 _EPS = Arg("eps", "float", 1e-5, check=check_eps)
@@ -220,7 +216,7 @@ register(OpDef(
                   "te.ops.Linear ops in the Sequential"),
           _refuse("output_layer_init_method", "object", None, _INIT), _WGRAD, _PARAMS_DTYPE, _RETURN_LN,
           _hint("return_layernorm_output_gathered", "bool", False), _hint("seq_length", "int", None),
-          _hint("micro_batch_size", "int", None), Arg("set_parallel_mode", "bool", False, in_kernel=False), _ZCG, _DEVICE,
+          _hint("micro_batch_size", "int", None), _SET_PARALLEL_MODE, _ZCG, _DEVICE,
           _UB[0], _NAME, *_UB[1:], *_UB_BULK, _DELAY, _SYMMETRIC_AR, _hint("checkpoint", "bool", False)),
     expand=_layernorm_mlp,
     summary="TE's module: LayerNorm or RMSNorm (layer_norm_weight, layer_norm_bias), fc1 (fc1_weight, fc1_bias; "
@@ -293,15 +289,16 @@ def _multihead_attention(a: dict) -> list[tuple]:
     groups = _attention_args(a)["kv_heads"]
     qkv = (heads + 2 * groups) * (hidden // heads)
     held = _qkv_held(a, heads, groups, hidden // heads)
+    split = a["set_parallel_mode"]  # the QKV projection column-, the output projection row-parallel (TE's)
     if a["input_layernorm"]:  # TE's layernorm_qkv: a LayerNormLinear
         norm = {**a, "eps": a["layernorm_epsilon"]}
         kind, norm_args, _ = _norm(norm, hidden)
         front = [(kind, norm_args, "layernorm_qkv.layer_norm"), *_layernorm_output(a),
-                 *_linear(a, "layernorm_qkv.", hidden, qkv, held)]
+                 *_linear(a, "layernorm_qkv.", hidden, qkv, held, "column" if split else None)]
     else:  # TE's qkv: a Linear (TE ignores return_layernorm_output without the norm)
-        front = _linear(a, "qkv.", hidden, qkv, held)
+        front = _linear(a, "qkv.", hidden, qkv, held, "column" if split else None)
     attention = ("GroupedQueryAttention", _attention_args(a), "core_attention.")  # TE's DotProductAttention
-    return [*front, attention, *_linear(a, "proj.", hidden, hidden)]
+    return [*front, attention, *_linear(a, "proj.", hidden, hidden, mode="row" if split else None)]
 
 
 register(OpDef(
@@ -318,13 +315,13 @@ register(OpDef(
           _refuse("window_size", "object", None, "is sliding-window attention, which fusegen does not support; "
                   "leave it out"),
           _hint("bottom_right_diagonal", "bool", None),  # self-attention: q and kv lengths agree, one diagonal
-          _parallel("tp_group", "object", None), _parallel("tp_size", "int", 1),
+          _TP_GROUP, _TP_SIZE,
           Arg("num_gqa_groups", "int", None, check=lambda v: None if v is None or v > 0 else "must be positive"),
-          _WGRAD, _TRACKER, _parallel("sequence_parallel", "bool", False), _PARAMS_DTYPE, _RETURN_BIAS,
+          _WGRAD, _TRACKER, _SEQUENCE_PARALLEL, _PARAMS_DTYPE, _RETURN_BIAS,
           _RETURN_LN, Arg("input_layernorm", "bool", False),
           _refuse("attention_type", "str", "self", "is cross-attention (a second input, the encoder's output), "
                   "which fusegen's pipelines do not take; only attention_type='self'"),
-          _parallel("set_parallel_mode", "bool", False),
+          _SET_PARALLEL_MODE,
           Arg("fuse_qkv_params", "bool", False, in_kernel=False), _ZCG,
           Arg("qkv_weight_interleaved", "bool", True, in_kernel=False),
           _ROTARY_INTERLEAVED,

@@ -241,7 +241,7 @@ OK = "fuse_qkv_params=True, qkv_weight_interleaved=False, qkv_format='bshd'"
      "qkv_format='bhsd')", "'bhsd'", "must be 'sbhd' (x [seq, batch, hidden], TE's default), 'bshd'"),
     (f"te.MultiheadAttention(64, 4, {OK}, attention_type='cross')", "'cross'", "is cross-attention"),
     (f"te.MultiheadAttention(64, 4, {OK}, attn_mask_type='padding')", "'padding'", "must be 'causal' or 'no_mask'"),
-    (f"te.MultiheadAttention(64, 4, {OK}, tp_size=2)", "2)", "splits TE's attention modules"),
+    (f"te.MultiheadAttention(64, 4, {OK}, tp_size=0)", "0)", "must be positive"),
     (f"te.MultiheadAttention(64, 4, {OK}, window_size=(8, 0))", "8, 0", "sliding-window"),
     (f"te.MultiheadAttention(64, 4, {OK}, qk_norm_type='L2Normalization')", "'L2", "normalises q and k"),
     (f"te.MultiheadAttention(64, 4, {OK}, softmax_type='learnable')", "'learnable'", "the softmax"),

@@ -190,7 +190,7 @@ OK = "fuse_qkv_params=True, qkv_weight_interleaved=False, attn_input_format='bsh
     (f"te.TransformerLayer(64, 96, 4, {OK}, layer_type='decoder')", "'decoder'", "is a decoder layer"),
     (f"te.TransformerLayer(64, 96, 4, {OK}, parallel_attention_mlp=True)", "True", "Falcon"),
     (f"te.TransformerLayer(64, 96, 4, {OK}, drop_path_rate=0.1)", "0.1", "stochastic depth"),
-    (f"te.TransformerLayer(64, 96, 4, {OK}, tp_size=2)", "2)", "splits TE's attention modules"),
+    (f"te.TransformerLayer(64, 96, 4, {OK}, tp_size=0)", "0)", "must be positive"),
     (f"te.TransformerLayer(64, 96, 4, {OK}, self_attn_mask_type='padding')", "'padding'", "must be 'causal'"),
     (f"te.TransformerLayer(64, 96, 4, {OK}, activation='tanh')", "'tanh'", "must be one of TE's activations"),
     (f"te.TransformerLayer(64, 96, 4, {OK}, hidden_dropout=1.0)", "1.0", "must be in [0, 1)"),

@@ -497,6 +497,10 @@ def test_every_kernel_has_a_test():
     tested |= {"add_fwd_n512", "add_rmsnorm_fwd_h512", "rmsnorm_bwd_h512_add_dresidual", "rmsnorm_fwd_h512"}
     # and its TE modules' spelling (tp_te_modules: LayerNormMLP's fc1 bias and SwiGLU), the same way
     tested |= {"bias_swiglu_fwd_n512", "bias_swiglu_bwd_n512_from_bias"}
+    # and TE's TransformerLayer split (tp_te_layer: its local heads' prep kernels, fc1's bias and SwiGLU,
+    # the output projections' bias before the residual add), the same way over packed sequences
+    tested |= {"bias_add_fwd_n256", "bias_swiglu_bwd_n256_from_bias", "bias_swiglu_fwd_n256",
+               "qkv_prep_bwd_h2_kv1_d64", "qkv_prep_table_bwd_h2_kv1_d64", "qkv_prep_table_fwd_h2_kv1_d64"}
     # specs/llama_layer.py's te.TransformerLayer spelling, checked through test_te_llama_layer.py (bf16
     # on the GPU against float64, every parameter's grad)
     tested |= {"qkv_prep_bwd_h32_kv8_d128", "qkv_prep_table_fwd_h32_kv8_d128", "qkv_prep_table_bwd_h32_kv8_d128"}

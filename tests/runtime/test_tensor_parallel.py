@@ -83,6 +83,56 @@ PIPELINES["TpTeModules"] = (
     "rows", "rows", {"0.layer_norm_weight": "whole", "0.fc1_weight": "glu", "0.fc1_bias": "glu", "0.fc2_weight": "cols",
                      "0.fc2_bias": "whole", "1.weight": "rows", "1.bias": "rows", "2.weight": "cols", "2.bias": "whole"},
     _te_modules)
+
+
+def _grouped_to_qkv(t, groups=2, per_group=2, d=64):
+    """TE's fused QKV rows grouped per GQA group ([q heads of g, k_g, v_g] each) as [q | k | v]."""
+    blocks = t.reshape(groups, (per_group + 2) * d, *t.shape[1:])
+    return torch.cat([blocks[:, : per_group * d].reshape(-1, *t.shape[1:]),
+                      blocks[:, per_group * d:(per_group + 1) * d].reshape(-1, *t.shape[1:]),
+                      blocks[:, (per_group + 1) * d:].reshape(-1, *t.shape[1:])])
+
+
+def _te_layers(p, x, lengths):
+    """specs/tensor_parallel.py's tp_te_layer, unsharded: two of TE's TransformerLayers (pre-norm
+    RMSNorm, 4 heads and 2 GQA groups of 64, causal, no rotary, SwiGLU, biases), the first holding
+    TE's query, key and value blocks, the second one weight grouped per GQA group."""
+    for layer in ("0", "1"):
+        qkv = f"{layer}.self_attention.layernorm_qkv."
+        if layer == "0":
+            w = torch.cat([p[qkv + f"{name}_weight"] for name in ("query", "key", "value")])
+            b = torch.cat([p[qkv + f"{name}_bias"] for name in ("query", "key", "value")])
+        else:
+            w, b = _grouped_to_qkv(p[qkv + "weight"]), _grouped_to_qkv(p[qkv + "bias"])
+        h = attention64(F.linear(rms_norm(x, p[qkv + "layer_norm_weight"]), w, b), lengths, 4, 2, True, None)
+        x = x + F.linear(h, p[f"{layer}.self_attention.proj.weight"], p[f"{layer}.self_attention.proj.bias"])
+        mlp = f"{layer}.layernorm_mlp."
+        h = swiglu(F.linear(rms_norm(x, p[mlp + "layer_norm_weight"]), p[mlp + "fc1_weight"], p[mlp + "fc1_bias"]))
+        x = x + F.linear(h, p[mlp + "fc2_weight"], p[mlp + "fc2_bias"])
+    return x
+
+
+def _te_layer_parameters():
+    shapes, held = {}, {}
+    for layer in ("0", "1"):
+        qkv, mlp = f"{layer}.self_attention.layernorm_qkv.", f"{layer}.layernorm_mlp."
+        blocks = {"query": 256, "key": 128, "value": 128} if layer == "0" else {"": 512}
+        for name, rows in blocks.items():
+            for kind, shape in (("weight", (rows, 256)), ("bias", (rows,))):
+                shapes[qkv + (f"{name}_{kind}" if name else kind)] = shape
+                held[qkv + (f"{name}_{kind}" if name else kind)] = "rows"  # (whole GQA groups: rows in order)
+        for key, shape, how in ((qkv + "layer_norm_weight", (256,), "whole"),
+                                (f"{layer}.self_attention.proj.weight", (256, 256), "cols"),
+                                (f"{layer}.self_attention.proj.bias", (256,), "whole"),
+                                (mlp + "layer_norm_weight", (256,), "whole"), (mlp + "fc1_weight", (1024, 256), "glu"),
+                                (mlp + "fc1_bias", (1024,), "glu"), (mlp + "fc2_weight", (256, 512), "cols"),
+                                (mlp + "fc2_bias", (256,), "whole")):
+            shapes[key], held[key] = shape, how
+    return shapes, held
+
+
+_TE_SHAPES, _TE_HELD = _te_layer_parameters()
+PIPELINES["TpTeLayer"] = (2, _TE_SHAPES, "rows", "rows", _TE_HELD, _te_layers)
 # packed sequences over the ranks' tokens (sequence parallel: rank r holds rows 12r..12r+11, and a
 # sequence may cross ranks), empty and one-token ones among them
 LENGTHS = [5, 1, 10, 0, 8]
@@ -92,7 +142,7 @@ LENGTHS = [5, 1, 10, 0, 8]
 # result its reader started (an all-gather before a Linear and a Linear's reduce-scatter run inside
 # the Function, micro-pipelined with the GEMM: stages/collective.py's COLLECTIVE_GEMM)
 EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": [],
-         "TpLayer": [], "TpTeModules": []}
+         "TpLayer": [], "TpTeModules": [], "TpTeLayer": []}
 
 
 def _share(t, how, rank, ranks):
@@ -248,8 +298,9 @@ def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name)
 
 
-def test_a_tensor_parallel_layer_attends_over_packed_sequences_across_the_ranks():
-    run_ranks(2, check_pipeline, "TpLayer", LENGTHS)
+@pytest.mark.parametrize("name", ["TpLayer", "TpTeLayer"])
+def test_a_tensor_parallel_layer_attends_over_packed_sequences_across_the_ranks(name):
+    run_ranks(2, check_pipeline, name, LENGTHS)
 
 
 def test_te_communication_ops():
@@ -266,8 +317,9 @@ def test_tensor_parallel_pipeline_on_gpus_with_nccl(name):
 
 @pytest.mark.cuda
 @_gpus(2)
-def test_a_tensor_parallel_layer_over_packed_sequences_on_gpus_with_nccl():
-    run_ranks(2, check_pipeline, "TpLayer", LENGTHS, backend="nccl", device="cuda")
+@pytest.mark.parametrize("name", ["TpLayer", "TpTeLayer"])
+def test_a_tensor_parallel_layer_over_packed_sequences_on_gpus_with_nccl(name):
+    run_ranks(2, check_pipeline, name, LENGTHS, backend="nccl", device="cuda")
 
 
 @pytest.mark.cuda
@@ -542,8 +594,11 @@ def test_the_sharded_layer_splits_each_of_q_k_and_v_and_reads_all_ranks_tokens()
     ("te.Linear(64, 64, parallel_mode='row', tensor_parallel_mode='column')", 2,
      r"parallel_mode='row' \(TE's module\) and tensor_parallel_mode='column' \(TE's op\) disagree"),
     ("te.LayerNormLinear(64, 64, parallel_mode='row')", 2, r"a norm before a row-parallel GEMM reads whole rows"),
-    ("te.MultiheadAttention(256, 4, set_parallel_mode=True)", 2,
-     r"splits TE's attention modules over a tensor-parallel group, which fusegen does not yet.*te.ops' spelling"),
+    # TE's default sbhd: the ranks' shares of each sequence along dim 0, which fusegen's attention does not read
+    ("te.MultiheadAttention(256, 4, set_parallel_mode=True, sequence_parallel=True)", 2,
+     r"MultiheadAttention\(\): qkv_format='sbhd' \(TE's default\) with sequence parallelism .* qkv_format='thd'"),
+    ("te.TransformerLayer(256, 512, 4, num_gqa_groups=1, set_parallel_mode=True, attn_input_format='thd')", 2,
+     r"its 4 query heads and 1 key/value heads must each split over the 2 ranks"),
 ])
 def test_te_modules_parallel_arguments_are_checked(tmp_path, op, table, message):
     from fusegen.errors import SpecError
