@@ -39,6 +39,7 @@ class Localiser:
     def __init__(self, size: int):
         self.size, self.share, self.reduction, self.width = size, False, None, 0
         self.rows = 1  # the ranks whose rows the running value holds (after a sequence-parallel all-gather: all)
+        self.attended = None  # the rows the first attention read: every one must read the same sequences
 
     def __call__(self, parts: list[tuple], call) -> list[list[tuple]]:
         """The basic parts of one spec call (ops.basic_parts: (op, args, part, held)), each as the
@@ -57,6 +58,12 @@ class Localiser:
         bias_first = not (call.args.get("parallel_mode") or call.args.get("set_parallel_mode"))
         groups = []
         for op, args, part, held in parts:
+            if op.reads_sequences and self.attended not in (None, self.rows):
+                raise SpecError(f"{call.op}(): its attention reads the tokens of {self.rows} rank(s), but an attention "
+                                f"before it those of {self.attended}: the module's call gives one set of sequences; "
+                                "give every Linear around attention the same sequence_parallel", call.location)
+            if op.reads_sequences:
+                self.attended = self.rows
             if op.reads_sequences and self.rows > 1 and args.get("qkv_format") == "sbhd":
                 raise SpecError(f"{call.op}(): qkv_format='sbhd' (TE's default) with sequence parallelism gathers the "
                                 "ranks' shares of each sequence along dim 0, which fusegen's attention does not read "
@@ -69,7 +76,7 @@ class Localiser:
                 group = self._linear(op, args, part, held, call)
             elif op.kind in COLLECTIVES:
                 self._whole_rows(op, call)
-                group = [(op, {**args, "size": self.size}, part, held)]
+                group = [self._collective(op, {**args, "size": self.size}, part)]
             elif op.name == "Bias" and (self.share or args["tensor_parallel"]):
                 # a column-parallel Linear's bias, or te.ops.Bias(tensor_parallel=True): a share of it
                 local = _shard(args["size"], self.size, f"size={args['size']}", call)
@@ -80,10 +87,6 @@ class Localiser:
                 group.append(self.reduction)
                 self.reduction = None
             groups.append(group)
-            for collective, collective_args, *_ in group:  # the rows a rank holds: times the ranks gathered
-                if collective.kind in COLLECTIVES and collective.new_lead is not None:
-                    times, over = collective.new_lead(collective_args)[1]
-                    self.rows = self.rows * times // over
         if self.reduction is not None:  # the call's last op: its output is reduced before the next call
             groups[-1].append(self.reduction)
             self.reduction = None
@@ -109,10 +112,17 @@ class Localiser:
         shared = {"process_group": group, "size": self.size}
         if mode == "row":
             reduction = OPS["ReduceScatter" if args["sequence_parallel"] else "AllReduce"]
-            self.reduction = (reduction, {**_defaults(reduction), **shared}, part, None)
+            self.reduction = self._collective(reduction, {**_defaults(reduction), **shared}, part)
             return [(op, local, part, held)]
         gather = OPS["AllGather" if args["sequence_parallel"] else "TensorParallelCopy"]
-        return [(gather, shared, part, None), (op, local, part, held)]
+        return [self._collective(gather, shared, part), (op, local, part, held)]
+
+    def _collective(self, op, args, part) -> tuple:
+        """A collective's part, the rows it leaves a rank counted (an all-gather's: the group's)."""
+        if op.new_lead is not None:
+            times, over = op.new_lead(args)[1]
+            self.rows = self.rows * times // over
+        return (op, args, part, None)
 
     def _on_share(self, op, args, call) -> dict:
         """An op's arguments on the rank's share of the features: as they are for an op of each
@@ -181,7 +191,7 @@ def sequence_ranks(ops) -> int:
             ranks = ranks * times // over
         elif op.opdef.reads_sequences:
             seen.add(ranks)
-    if len(seen) > 1:  # (localising joins each all-gather with its reduce-scatter: not a spec's doing)
+    if len(seen) > 1:  # (the Localiser refuses such a spec)
         raise AssertionError(f"ops reading the sequences see the tokens of {sorted(seen)} ranks")
     return seen.pop() if seen else 1
 

@@ -606,3 +606,15 @@ def test_te_modules_parallel_arguments_are_checked(tmp_path, op, table, message)
     spec = f"import transformer_engine.pytorch as te\nblock = te.Sequential({op})\n"
     with pytest.raises(SpecError, match=message):
         _plans(tmp_path, spec, f"[tool.fusegen.pipelines.block]\ntensor_parallel_size = {table}\n")
+
+
+def test_attention_ops_that_would_read_different_tokens_are_refused(tmp_path):
+    from fusegen.errors import SpecError
+
+    layer = ("    te.TransformerLayer(256, 512, 4, num_gqa_groups=2, attn_input_format='thd', set_parallel_mode=True, "
+             "sequence_parallel={}),\n")
+    spec = ("import transformer_engine.pytorch as te\nblock = te.Sequential(\n" + layer.format(True) + layer.format(False)
+            + ")\n")
+    with pytest.raises(SpecError, match=r"TransformerLayer\(\): its attention reads the tokens of 1 rank\(s\), but an "
+                                        r"attention before it those of 2"):
+        _plans(tmp_path, spec, "[tool.fusegen.pipelines.block]\ntensor_parallel_size = 2\n")
