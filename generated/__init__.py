@@ -80,12 +80,15 @@ from .te_llama_layer import TeLlamaLayer
 from .tp_mlp import TpMlp
 from .tp_mlp4 import TpMlp4
 from .tp_column import TpColumn
-from .tp_row import TpRow
+from .tp_row_tp1 import TpRowTp1
+from .tp_row_tp2 import TpRowTp2
+from .tp_row_tp4 import TpRowTp4
 from .tp_comm import TpComm
 from .tp_residual_mlp import TpResidualMlp
 from .tp_layer import TpLayer
 from .tp_te_modules import TpTeModules
 from .tp_te_layer import TpTeLayer
+from .tp_row import TpRow  # (by its group's tensor-parallel size)
 from ._runtime import (
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
     MMParams, QParams, autocast, fp8_autocast, forget_fp8_weights)
@@ -102,7 +105,7 @@ __all__ = [
     "TeGptStack", "GptStack", "TeLlamaStack", "LlamaStack", "TeLayernormMlp", "TeLayernormLinear",
     "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
-    "TpMlp", "TpMlp4", "TpColumn", "TpRow", "TpComm", "TpResidualMlp", "TpLayer", "TpTeModules",
-    "TpTeLayer", "DelayedScaling", "Float8BlockScaling", "Float8CurrentScaling",
-    "Float8RowwiseScaling", "Format", "MMParams", "QParams", "autocast", "fp8_autocast",
-    "forget_fp8_weights"]
+    "TpMlp", "TpMlp4", "TpColumn", "TpRowTp1", "TpRowTp2", "TpRowTp4", "TpComm", "TpResidualMlp",
+    "TpLayer", "TpTeModules", "TpTeLayer", "TpRow", "DelayedScaling", "Float8BlockScaling",
+    "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "MMParams", "QParams", "autocast",
+    "fp8_autocast", "forget_fp8_weights"]

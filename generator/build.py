@@ -18,7 +18,7 @@ from . import kernels as kn
 from .config import Config, Fp8Build
 from .errors import SpecError, UsageError
 from .frontend import SequentialSpec, parse_spec_file
-from .names import NameTable
+from .names import NameTable, class_name
 from .ops.identity import quantize_points
 from .output import MANIFEST, manifest_bytes
 from .pipeline import Pipeline, build_pipeline
@@ -46,13 +46,20 @@ def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules:
     plans = []
     for spec in specs:
         names.claim(spec.name, spec.name_location)
-        # the size the pipeline's table gives, else the one its TE modules' tp_size fixes, else 1
-        tensor_parallel = dict(config.tensor_parallel).get(spec.name) if config is not None else None
-        pipeline = build_pipeline(spec, (features or {}).get(spec.name, ()), tensor_parallel)
-        if config is not None:
-            pipeline = with_fp8(pipeline, config)
-            check_tensor_parallel(pipeline, config)
-        plans.append(plan_pipeline(pipeline, forward_rules, backward_rules))
+        # the sizes the pipeline's table gives, else the one its TE modules' tp_size fixes, else 1; several
+        # sizes are a pipeline each, "<name>_tp<size>" (the package's <Name> chooses by the group's size)
+        sizes = dict(config.tensor_parallel).get(spec.name, (None,)) if config is not None else (None,)
+        for size in sizes:
+            variant = dataclasses.replace(spec, name=f"{spec.name}_tp{size}") if len(sizes) > 1 else spec
+            if variant is not spec:
+                names.claim(variant.name, spec.name_location)
+            pipeline = build_pipeline(variant, (features or {}).get(spec.name, ()), size)
+            if variant is not spec:
+                pipeline = dataclasses.replace(pipeline, variant_of=spec.name)
+            if config is not None:
+                pipeline = with_fp8(pipeline, config)
+                check_tensor_parallel(pipeline, config)
+            plans.append(plan_pipeline(pipeline, forward_rules, backward_rules))
     return plans
 
 
@@ -60,7 +67,7 @@ def with_fp8(pipeline: Pipeline, config: Config) -> Pipeline:
     """The pipeline with the FP8 recipes it is built for: its own table's ``fp8``, else
     [tool.fusegen] fp8 where it has a GEMM. The GEMMs' sizes must suit FP8 GEMMs (multiples of 16,
     TE's rule), and its Quantize ops sit where they cast a GEMM's operand or at its ends."""
-    own = dict(config.pipeline_fp8).get(pipeline.name)
+    own = dict(config.pipeline_fp8).get(pipeline.table_name)
     recipes = own if own is not None else config.fp8
     gemms = stages.gemm.gemm_ops(pipeline)
     if not recipes or (own is None and not gemms):
@@ -106,7 +113,7 @@ def check_tensor_parallel(pipeline: Pipeline, config: Config) -> None:
     is not built for FP8 as well (not generated yet)."""
     if pipeline.tensor_parallel == 1:
         return
-    where = f"{config.source}: [tool.fusegen.pipelines.{pipeline.name}] tensor_parallel_size"
+    where = f"{config.source}: [tool.fusegen.pipelines.{pipeline.table_name}] tensor_parallel_size"
     if pipeline.group is None:
         raise UsageError(f"{where}: pipeline '{pipeline.name}' ({pipeline.location}) has no op that splits over a "
                          "tensor-parallel group (a Linear with tensor_parallel_mode, AllGather, ReduceScatter, "
@@ -114,7 +121,7 @@ def check_tensor_parallel(pipeline: Pipeline, config: Config) -> None:
     if pipeline.fp8 is not None:
         raise UsageError(f"{where}: pipeline '{pipeline.name}' is built for FP8 too, and FP8 GEMMs between "
                          "tensor-parallel collectives are not generated yet; build it with fp8 = [] in its "
-                         f"[tool.fusegen.pipelines.{pipeline.name}] table, or tensor_parallel_size = 1")
+                         f"[tool.fusegen.pipelines.{pipeline.table_name}] table, or tensor_parallel_size = 1")
 
 
 def check_features(config: Config, plans: list[Plan]) -> None:
@@ -122,7 +129,7 @@ def check_features(config: Config, plans: list[Plan]) -> None:
     sizes are ones the pipeline accepts. Spec files named on the command line may be a part of
     the project's: a table naming a pipeline they do not hold is then for another file."""
     where = f"{config.source}: [tool.fusegen.pipelines"
-    pipelines = {plan.pipeline.name: plan.pipeline for plan in plans}
+    pipelines = {plan.pipeline.table_name: plan.pipeline for plan in plans}
     named = {name for name, _ in config.features} | {name for name, _ in config.pipeline_fp8}
     for name in sorted(named | {name for name, _ in config.tensor_parallel}):
         if name not in pipelines and not config.specs_named_on_command_line:
@@ -229,8 +236,17 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
         ctx = emit.pipeline_context(plan, per_plan[plan.pipeline.name])
         files[f"{plan.pipeline.name}.py"] = env.get_template("pipeline.py.j2").render(**ctx)
         files[f"{plan.pipeline.name}.plan.md"] = env.get_template("plan.md.j2").render(**ctx)
+    variants: dict[str, list[Pipeline]] = {}  # a pipeline built for several tensor-parallel sizes: one a size
+    for plan in plans:
+        if plan.pipeline.variant_of:
+            variants.setdefault(plan.pipeline.variant_of, []).append(plan.pipeline)
+    for name, pipelines in variants.items():  # its module choosing among them by the group's size
+        files[f"{name}.py"] = env.get_template("tensor_parallel_sizes.py.j2").render(
+            name=name, file=pipelines[0].file, class_name=class_name(name), sizes=[p.tensor_parallel for p in pipelines],
+            variants=[(p.tensor_parallel, p.class_name) for p in pipelines])
     files["__init__.py"] = env.get_template("package_init.py.j2").render(
-        pipelines=[p.pipeline for p in plans], dtypes=config.dtypes, archs=config.archs)
+        pipelines=[p.pipeline for p in plans], chosen=[(name, class_name(name)) for name in variants],
+        dtypes=config.dtypes, archs=config.archs)
     if before_compiling is not None:
         before_compiling({*files, *(binary_name(kernel, target) for kernel in sources for target in config.archs),
                           MANIFEST})

@@ -81,7 +81,7 @@ class Config:
     features: tuple[tuple[str, tuple[int, ...]], ...] = ()
     fp8: tuple[str, ...] = ()  # the FP8 recipes of every pipeline with a GEMM
     pipeline_fp8: tuple[tuple[str, tuple[str, ...]], ...] = ()  # pipeline name -> its own recipes
-    tensor_parallel: tuple[tuple[str, int], ...] = ()  # pipeline name -> its tensor-parallel size (else 1)
+    tensor_parallel: tuple[tuple[str, tuple[int, ...]], ...] = ()  # pipeline name -> its tensor-parallel sizes
     fp8_min_rows: int = FP8_MIN_ROWS
     specs_named_on_command_line: bool = False  # a subset of the project's specs, maybe
 
@@ -177,19 +177,23 @@ def pipeline_fp8(table: dict) -> tuple[tuple[str, tuple[str, ...]], ...]:
                  for name, settings in sorted(table.items()) if isinstance(settings, dict) and "fp8" in settings)
 
 
-def pipeline_tensor_parallel(table: dict) -> tuple[tuple[str, int], ...]:
+def pipeline_tensor_parallel(table: dict) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """[tool.fusegen.pipelines.<name>] tensor_parallel_size settings (their tables already checked
-    by pipeline_features), by name: each a group size from 1 on."""
+    by pipeline_features), by name: the group sizes from 1 on it is built for, ascending (a list
+    builds one module a size, the constructor choosing by the group's)."""
     result = []
     for name, settings in sorted(table.items()):
         if not isinstance(settings, dict) or "tensor_parallel_size" not in settings:
             continue
-        size = settings["tensor_parallel_size"]
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1024:
+        given = settings["tensor_parallel_size"]
+        sizes = given if isinstance(given, list) else [given]
+        if not sizes or len(set(map(repr, sizes))) != len(sizes) or any(
+                isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1024 for size in sizes):
             what, example = PIPELINE_SCHEMA["tensor_parallel_size"]
             raise UsageError(f"[tool.fusegen.pipelines.{name}] tensor_parallel_size must be a whole number from 1 to "
-                             f"1024 ({what}), e.g. tensor_parallel_size = {example}; got {size!r}")
-        result.append((name, size))
+                             f"1024 ({what}), or a list of distinct ones, e.g. tensor_parallel_size = {example} or "
+                             f"[2, 4]; got {given!r}")
+        result.append((name, tuple(sorted(sizes))))
     return tuple(result)
 
 

@@ -138,6 +138,14 @@ class Pipeline:
     # its collectives run on (None: it has none)
     tensor_parallel: int = 1
     group: int | None = None
+    # where the pipeline's table builds it for several sizes: the spec's name, which this size's pipeline
+    # (named "<it>_tp<size>") is one of; its table's settings are that name's
+    variant_of: str = ""
+
+    @property
+    def table_name(self) -> str:
+        """The name its [tool.fusegen.pipelines.<name>] table has."""
+        return self.variant_of or self.name
 
     def value(self, id: int) -> Value:
         return self.values[id]

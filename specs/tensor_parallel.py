@@ -29,7 +29,9 @@ tp_mlp4 = te.ops.Sequential(
 )
 
 # without sequence parallelism: the column-parallel Linear's input grad all-reduced, the
-# row-parallel Linear's output all-reduced
+# row-parallel Linear's output all-reduced (tp_row built for 1, 2 and 4 ranks: pyproject.toml's
+# tensor_parallel_size = [1, 2, 4] makes TpRowTp1, TpRowTp2 and TpRowTp4, and TpRow chooses by the
+# group's size)
 tp_column = te.ops.Sequential(te.ops.Linear(256, 512, tensor_parallel_mode="column", tensor_parallel_group=tp_group))
 tp_row = te.ops.Sequential(te.ops.Linear(512, 256, tensor_parallel_mode="row", tensor_parallel_group=tp_group))
 

@@ -43,6 +43,33 @@ def group_of(module, group, size):
     return group
 
 
+def built_size(module, group, sizes):
+    """Which of the tensor-parallel ``sizes`` a module built for several (``tensor_parallel_size =
+    [...]``) runs at: ``group``'s size (the world's where None, as TE's; 1 where torch.distributed
+    is not initialised and None is given), or a clear error."""
+    dist = torch.distributed
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        if 1 not in sizes:
+            raise RuntimeError(f"{module} is built for tensor-parallel groups of {' and '.join(map(str, sizes))} "
+                               "ranks, but torch.distributed is not initialised in this process: "
+                               "launch one process "
+                               f"a rank (torchrun --nproc-per-node {sizes[0]} ...), call "
+                               "torch.distributed.init_process_group first, then construct it with "
+                               "tensor_parallel_group= (the world's group where None)")
+        size = 1
+    elif group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"{module}: tensor_parallel_group must be a torch.distributed.ProcessGroup (or None for the "
+                        f"world's), got {type(group).__name__}")
+    else:
+        size = dist.get_world_size(dist.group.WORLD if group is None else group)
+    if size not in sizes:
+        built = " and ".join(map(str, sizes))
+        raise ValueError(f"{module} is built for tensor-parallel groups of {built} ranks, but the group has {size}; "
+                         f"build it for {size} too ([tool.fusegen.pipelines.<name>] tensor_parallel_size = "
+                         f"{sorted({*sizes, size})}), or give it a group of one of those sizes")
+    return size
+
+
 def _single(name, before):
     """torch.distributed's collective ``name``, or its older spelling ``before`` (torch 2.13 renamed
     all_gather_into_tensor and reduce_scatter_tensor, deprecating the old names)."""

@@ -63,6 +63,9 @@ PIPELINES = {
                  {"0.weight": "rows", "0.bias": "rows"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
     "TpRow": (2, {"0.weight": (256, 512), "0.bias": (256,)}, "features", "none",
               {"0.weight": "cols", "0.bias": "bias-sum"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
+    # the same pipeline over 4 ranks: TpRow is built for 1, 2 and 4 (tensor_parallel_size = [1, 2, 4])
+    "TpRow4": (4, {"0.weight": (256, 512), "0.bias": (256,)}, "features", "none",
+               {"0.weight": "cols", "0.bias": "bias-sum"}, lambda p, x: F.linear(x, p["0.weight"], p["0.bias"])),
     "TpLayer": (2, {"0.0.weight": (512,), "0.1.weight": (1024, 512), "0.3.weight": (512, 512), "1.0.weight": (512,),
                     "1.1.weight": (2048, 512), "1.3.weight": (512, 1024)}, "rows", "rows",
                 {"0.0.weight": "whole", "0.1.weight": "qkv", "0.3.weight": "cols", "1.0.weight": "whole",
@@ -133,6 +136,7 @@ def _te_layer_parameters():
 
 _TE_SHAPES, _TE_HELD = _te_layer_parameters()
 PIPELINES["TpTeLayer"] = (2, _TE_SHAPES, "rows", "rows", _TE_HELD, _te_layers)
+CLASSES = {"TpRow4": "TpRow"}  # a test's module class where it is not the test's name
 # packed sequences over the ranks' tokens (sequence parallel: rank r holds rows 12r..12r+11, and a
 # sequence may cross ranks), empty and one-token ones among them
 LENGTHS = [5, 1, 10, 0, 8]
@@ -141,7 +145,7 @@ LENGTHS = [5, 1, 10, 0, 8]
 # each collective's backward between the fused Functions, in backward order: whether it took the
 # result its reader started (an all-gather before a Linear and a Linear's reduce-scatter run inside
 # the Function, micro-pipelined with the GEMM: stages/collective.py's COLLECTIVE_GEMM)
-EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": [],
+EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": [], "TpRow4": [],
          "TpLayer": [], "TpTeModules": [], "TpTeLayer": []}
 
 
@@ -182,7 +186,7 @@ def check_pipeline(rank, ranks, device, name, lengths=None):
     dy = torch.randn(yr.shape, generator=gen, dtype=torch.float64)
     yr.backward(dy)
 
-    module = getattr(generated, name)(device=device, dtype=dtype)
+    module = getattr(generated, CLASSES.get(name, name))(device=device, dtype=dtype)
     extra = {key: value for key, value in module.state_dict().items() if key not in full}  # TE's _extra_state
     module.load_full_state_dict({key: value.to(device, dtype) for key, value in full.items()} | extra)
     xl = _share(x, x_split, rank, ranks).to(device, dtype).requires_grad_()
@@ -293,7 +297,8 @@ def _gpus(n):
                               reason=f"needs {n} GPUs")
 
 
-@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer", "TpTeModules"])
+@pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpRow4", "TpLayer",
+                                  "TpTeModules"])
 def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name)
 
@@ -466,6 +471,18 @@ def test_compile_and_cuda_graphs_on_gpus_with_nccl(name):
     run_ranks(2, check_graphed, name, backend="nccl", device="cuda")
 
 
+def test_without_torch_distributed_a_pipeline_built_for_size_1_too_is_the_unsharded_one():
+    import generated
+
+    module = generated.TpRow(dtype=torch.float64)  # tensor_parallel_size = [1, 2, 4]
+    assert type(module) is generated.TpRowTp1 and not hasattr(module, "tensor_parallel_group")
+    x = torch.randn(3, 512, dtype=torch.float64)
+    weight, bias = module.state_dict()["0.weight"], module.state_dict()["0.bias"]
+    torch.testing.assert_close(module(x), F.linear(x, weight, bias), rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match=r"TpMlp is built for a tensor-parallel group of 2 ranks, but "):
+        generated.TpMlp()
+
+
 def test_construction_without_torch_distributed_says_how_to_launch():
     import generated
 
@@ -486,6 +503,16 @@ def check_errors(rank, ranks, device):
     with pytest.raises(ValueError, match=r"TpMlp: Linear\(256, 2048, .*\) \(op 1 at specs/tensor_parallel.py:.*\) "
                                          r"joins or splits the first dim .* but the input is 1-D"):
         module(torch.randn(256, dtype=torch.float64))
+    # a pipeline built for several sizes: the module built for the group's, else an error naming them
+    from generated._runtime import collectives
+
+    assert type(generated.TpRow(dtype=torch.float64)) is generated.TpRowTp2
+    with pytest.raises(ValueError, match=r"X is built for tensor-parallel groups of 1 and 4 ranks, but the group has "
+                                         r"2; build it for 2 too \(\[tool.fusegen.pipelines.<name>\] "
+                                         r"tensor_parallel_size = \[1, 2, 4\]\)"):
+        collectives.built_size("X", None, (1, 4))
+    with pytest.raises(TypeError, match="X: tensor_parallel_group must be a torch.distributed.ProcessGroup"):
+        collectives.built_size("X", "tp", (1, 4))
     # a group of the same size, set later
     module.set_tensor_parallel_group(torch.distributed.new_group([0, 1]))
     y = module(torch.randn(4, 256, dtype=torch.float64))
