@@ -4,9 +4,9 @@ query and 8 key/value heads of 128 over 4 causal sequences of 4,096 tokens, then
 16,384 tokens, their Linears split over 2 and 4 GPUs with sequence parallelism (each rank holds a
 1/k share of the tokens), one process a GPU (NCCL), as
 
-- fusegen: bench/specs/tp_mlp.py's block and tp_layer.py's layer built for that group size
+- fusegen: bench/specs/tp_mlp.py's block and tp_layer.py's layer, built for 1, 2 and 4 ranks
   (bench/build/tp, generated from bench/tp/pyproject.toml: ``cd bench/tp && ../../.venv/bin/fusegen
-  generate``);
+  generate``; ``tp.Mlp`` and ``tp.Layer`` construct the one for the group's size);
 - PyTorch's tensor parallelism: the same block and layer as plain modules (torchtitan's Llama)
   under ``parallelize_module`` with torchtitan's plan (the norms sequence parallel, each block's
   input all-gathered once, wq, wk, wv, w1 and w3 column-wise, wo and w2 row-wise with their outputs
@@ -160,18 +160,18 @@ def fusegen_block(size, weights, group=None, block="mlp"):
     rank's shard loaded from the full state)."""
     import tp
 
-    cls = getattr(tp, f"{block.capitalize()}Tp{size}")
+    cls = getattr(tp, block.capitalize())  # (built for 1, 2 and 4: the module for the world's size)
     mlp = "0" if block == "mlp" else "1"
     state = {f"{mlp}.0.weight": weights["norm"], f"{mlp}.1.weight": torch.cat([weights["w1"], weights["w3"]]),
              f"{mlp}.3.weight": weights["w2"]}
     if block == "layer":
         state |= {"0.0.weight": weights["attention_norm"], "0.3.weight": weights["wo"],
                   "0.1.weight": torch.cat([weights["wq"], weights["wk"], weights["wv"]])}
+    module = cls(device="cuda", dtype=torch.bfloat16, tensor_parallel_group=group)
+    assert type(module).__name__ == f"{block.capitalize()}Tp{size}"
     if size == 1:
-        module = cls(device="cuda", dtype=torch.bfloat16)
         module.load_state_dict(state)
     else:
-        module = cls(device="cuda", dtype=torch.bfloat16, tensor_parallel_group=group)
         module.load_full_state_dict(state)
     return module if block == "mlp" else Packed(module)
 
