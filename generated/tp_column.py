@@ -18,7 +18,7 @@ from . import _kernels as kernels
 from . import _reference as ref
 from ._runtime import (
     SpecOp, as_rows, backward_done, check_input, check_packed_form, check_parameters, collectives,
-    first_order_only, replay_backward, replay_forward, saved_tensors, with_lead)
+    first_order_only, replay_backward, replay_forward, saved_tensors, tensor_parallel, with_lead)
 
 
 def forward_stages0(linear0_pre_linear, linear0_weight, linear0_bias):
@@ -110,14 +110,14 @@ class TpColumn(torch.nn.Module):
     # how each sharded parameter splits over the tensor-parallel group: 1 its columns, a tuple
     # its rows in sections each split in rank order, "sum" a row-parallel Linear's bias (each
     # rank's added before the reduction, as TE's te.ops.Linear); for full_state_dict and
-    # load_full_state_dict (_runtime/collectives.py)
+    # load_full_state_dict (_runtime/tensor_parallel.py)
     tensor_parallel_shards = {'0.weight': (512,), '0.bias': (512,)}
 
     def __init__(self, *, device=None, dtype=None, tensor_parallel_group=None):
         super().__init__()
         # the group its collectives run on: this rank's share of the work, one of 2 ranks
         # ([tool.fusegen.pipelines.tp_column] tensor_parallel_size); the world's where None, as TE's
-        self.tensor_parallel_group = collectives.group_of("TpColumn", tensor_parallel_group, 2)
+        self.tensor_parallel_group = tensor_parallel.group_of("TpColumn", tensor_parallel_group, 2)
         # the spec's ops in order, each holding its parameters (the Sequential's state_dict keys)
         self.add_module(
             "0",
@@ -132,17 +132,17 @@ class TpColumn(torch.nn.Module):
 
     def set_tensor_parallel_group(self, group):
         """Run the collectives on ``group`` from now on (of 2 ranks; the world's where None)."""
-        self.tensor_parallel_group = collectives.group_of("TpColumn", group, 2)
+        self.tensor_parallel_group = tensor_parallel.group_of("TpColumn", group, 2)
 
     def full_state_dict(self):
         """The unsharded pipeline's state_dict, gathered from the ranks' shards (on every rank)."""
-        return collectives.full_state_dict(self)
+        return tensor_parallel.full_state_dict(self)
 
     def load_full_state_dict(self, state_dict, strict=True):
         """Load an unsharded state_dict (the pipeline's at tensor_parallel_size 1) into this rank's
         shards.
         """
-        return collectives.load_full_state_dict(self, state_dict, strict)
+        return tensor_parallel.load_full_state_dict(self, state_dict, strict)
 
     def reset_parameters(self):
         ref.init_parameter(self._modules["0"].weight, "kaiming_uniform")

@@ -6,7 +6,7 @@ plan beside it: `TpRowTp1` (1), `TpRowTp2` (2), `TpRowTp4` (4). They hold the sa
 keys, each rank its own shards.
 """
 
-from ._runtime import collectives
+from ._runtime import tensor_parallel
 from .tp_row_tp1 import TpRowTp1
 from .tp_row_tp2 import TpRowTp2
 from .tp_row_tp4 import TpRowTp4
@@ -21,7 +21,7 @@ class TpRow:
     tensor_parallel_sizes = {1: TpRowTp1, 2: TpRowTp2, 4: TpRowTp4}
 
     def __new__(cls, *args, tensor_parallel_group=None, **kwargs):
-        size = collectives.built_size(
+        size = tensor_parallel.built_size(
             "TpRow", tensor_parallel_group, tuple(cls.tensor_parallel_sizes))
         if size == 1:  # (built without a group)
             return cls.tensor_parallel_sizes[1](*args, **kwargs)

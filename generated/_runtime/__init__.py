@@ -32,12 +32,14 @@ results in the caller's shape, first_order_only;
   fp8_reference_amax_cols, fp8_reference_cast_cols; a producer's FP8 variant's,
   fp8_reference_produced) and GEMMs (scaled_mm: torch._scaled_mm, or emulated);
 - fp8: a call's FP8 GEMMs (fp8_call, Fp8Call): the recipe's casts, the GEMMs, the weight cache.
-- collectives: tensor parallelism's group check, collectives (autograd Functions) and state_dict
-  helpers (imported by the generated modules built for a tensor-parallel size, as a module).
+- collectives: tensor parallelism's collectives (autograd Functions; micro-pipelined with GEMMs),
+  and tensor_parallel: a module's group (its check; a size of several built) and its shards'
+  state_dict helpers (both imported by the generated modules built for a tensor-parallel size, as
+  modules).
 Here: the names the generated modules (and the package's users) import from ``_runtime``.
 """
 
-from . import collectives
+from . import collectives, tensor_parallel
 from .checks import (check_input, check_packed_form, check_parameters, check_row_input,
                      packed_sequences)
 from .te_forms import te_sequences
@@ -77,5 +79,5 @@ __all__ = [
     "grouped_rows", "join_rows",
     "keep_for_backward", "packed_sequences", "pointer", "register_no_grad_op", "register_op",
     "register_training_ops", "replay_backward", "replay_forward", "rows_after_load", "rows_view",
-    "saved_tensors", "split_rows", "te_sequences", "with_lead", "with_shape",
+    "saved_tensors", "split_rows", "te_sequences", "tensor_parallel", "with_lead", "with_shape",
 ]

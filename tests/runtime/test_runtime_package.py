@@ -12,7 +12,7 @@ RUNTIME = ROOT / "templates" / "runtime"
 # each module may import only those before it (so no circle): the order __init__'s docstring gives
 ORDER = ["loading", "launch", "te_forms", "checks", "capture", "training_graphs", "module_helpers", "row_blocks", "graphs", "custom_ops",
          "compiled_passes", "fp8_recipes", "fp8_autocast", "fp8_state", "fp8_casts", "fp8",
-         "collectives"]
+         "collectives", "tensor_parallel"]
 MAX_LINES = 300
 
 

@@ -504,15 +504,15 @@ def check_errors(rank, ranks, device):
                                          r"joins or splits the first dim .* but the input is 1-D"):
         module(torch.randn(256, dtype=torch.float64))
     # a pipeline built for several sizes: the module built for the group's, else an error naming them
-    from generated._runtime import collectives
+    from generated._runtime import tensor_parallel
 
     assert type(generated.TpRow(dtype=torch.float64)) is generated.TpRowTp2
     with pytest.raises(ValueError, match=r"X is built for tensor-parallel groups of 1 and 4 ranks, but the group has "
                                          r"2; build it for 2 too \(\[tool.fusegen.pipelines.<name>\] "
                                          r"tensor_parallel_size = \[1, 2, 4\]\)"):
-        collectives.built_size("X", None, (1, 4))
+        tensor_parallel.built_size("X", None, (1, 4))
     with pytest.raises(TypeError, match="X: tensor_parallel_group must be a torch.distributed.ProcessGroup"):
-        collectives.built_size("X", "tp", (1, 4))
+        tensor_parallel.built_size("X", "tp", (1, 4))
     # a group of the same size, set later
     module.set_tensor_parallel_group(torch.distributed.new_group([0, 1]))
     y = module(torch.randn(4, 256, dtype=torch.float64))
