@@ -227,7 +227,8 @@ class Pipeline:
         return size_at(size, n)
 
 
-def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = (), tensor_parallel: int | None = None) -> Pipeline:
+def build_pipeline(spec: SequentialSpec, specialise: tuple[int, ...] = (),
+                   tensor_parallel: int | None = None) -> Pipeline:
     """``tensor_parallel``: the group size to build for; None: the one the spec's tp_size fixes, else 1."""
     size = tensor_parallel or spec_size(spec.calls) or 1
     return chain(build_graph(spec, size), specialise, size)

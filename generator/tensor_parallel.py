@@ -214,8 +214,8 @@ def shards(pipeline) -> dict[str, int | str | tuple[int, ...]]:
         if mode == "row":
             split[key] = 1
         elif (mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"])) and op.held_rows:
-            for name, shape in op.held_rows.held(attr, shape):  # TE's QKV blocks (or grouped rows): each in rank order
-                split[f"{op.module_index}.{op.holder_attribute(name)}"] = (shape[0] * pipeline.tensor_parallel,)
+            for name, held in op.held_rows.held(attr, shape):  # TE's QKV blocks (or grouped rows): each in rank order
+                split[f"{op.module_index}.{op.holder_attribute(name)}"] = (held[0] * pipeline.tensor_parallel,)
         elif mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"]):
             split[key] = _sections(ops[op.index + 1:], pipeline.tensor_parallel * (
                 op.args["out_features"] if mode else op.args["size"]))

@@ -92,7 +92,7 @@ class ModuleForward:
     graphs: bool = False  # the module replays CUDA graphs (emit.replays_graphs)
     sequence_format: str | None = None  # how x is read (TE's qkv_format), None: fusegen's call forms
     te_masks: tuple[str, ...] = ()  # a TE attention module's masks: the module takes TE's forward keywords
-    fresh: frozenset[int] = frozenset()  # parameters new each call, CUDA graphs copy them in as x (held.fresh_parameters)
+    fresh: frozenset[int] = frozenset()  # parameters new each call, copied in as x by graphs (held.fresh_parameters)
     fresh_compiled: frozenset[int] = frozenset()  # under torch.compile
     rotary_table: int | None = None  # TE's per-call rotary table, where an attention op reads it
     head_dims: tuple[int, ...] = ()  # the head sizes of the attention ops that read it

@@ -199,15 +199,16 @@ def _layernorm_mlp(a: dict) -> list[tuple]:
     hidden, ffn, activation = a["hidden_size"], a["ffn_hidden_size"], a["activation"]
     fc1_out = 2 * ffn if activation in GATED else ffn
     split = a.get("set_parallel_mode")  # fc1 column-parallel, fc2 row-parallel (TE's; a TransformerLayer: none yet)
-    return [_norm(a, hidden), *_layernorm_output(a), *_linear(a, "fc1", hidden, fc1_out, mode="column" if split else None),
+    return [_norm(a, hidden), *_layernorm_output(a),
+            *_linear(a, "fc1", hidden, fc1_out, mode="column" if split else None),
             (ACTIVATIONS[activation], {}, "activation"), *_linear(a, "fc2", ffn, hidden, mode="row" if split else None)]
 
 
 register(OpDef(
     "LayerNormMLP", "container", modules=TE_MODULES,
     args=(Arg("hidden_size", "int", check=check_features), Arg("ffn_hidden_size", "int", check=check_features), _EPS,
-          _SEQUENCE_PARALLEL, _RETURN_BIAS, _TRACKER, _TP_GROUP, _TP_SIZE, _refuse("init_method", "object", None, _INIT),
-          _BIAS, _NORMALIZATION,
+          _SEQUENCE_PARALLEL, _RETURN_BIAS, _TRACKER, _TP_GROUP, _TP_SIZE,
+          _refuse("init_method", "object", None, _INIT), _BIAS, _NORMALIZATION,
           Arg("activation", "str", "gelu", check=lambda v: None if v in ACTIVATIONS else (
               f"must be one of TE's activations: {', '.join(ACTIVATIONS)}; got {v!r}")),
           _refuse("activation_params", "object", None,

@@ -62,7 +62,8 @@ MODULE_POSITIONAL: dict[str, tuple[str, ...]] = {
 # Arguments of TE's modules read as te.ops' argument of the same meaning, by the te. spelling
 _PARAMS_DTYPE = {"params_dtype": "dtype"}
 MODULE_KEYWORDS: dict[str, dict[str, str]] = {
-    "Linear": {**_PARAMS_DTYPE, "fuse_wgrad_accumulation": "accumulate_into_main_grad", "tp_group": "tensor_parallel_group"},
+    "Linear": {**_PARAMS_DTYPE, "fuse_wgrad_accumulation": "accumulate_into_main_grad",
+               "tp_group": "tensor_parallel_group"},
     "LayerNorm": {**_PARAMS_DTYPE, "hidden_size": "normalized_shape"},
     "RMSNorm": {**_PARAMS_DTYPE, "hidden_size": "normalized_shape"},
 }
