@@ -88,6 +88,7 @@ from .tp_residual_mlp import TpResidualMlp
 from .tp_layer import TpLayer
 from .tp_te_modules import TpTeModules
 from .tp_te_layer import TpTeLayer
+from .tp_te_layer_sbhd import TpTeLayerSbhd
 from .tp_row import TpRow  # (by its group's tensor-parallel size)
 from ._runtime import (
     DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Float8RowwiseScaling, Format,
@@ -106,6 +107,6 @@ __all__ = [
     "L2normBlock", "Layernorm2d", "RmsnormGroups", "HeadNorm", "RowsOf64", "SplitRows", "SplitNorm",
     "IdentityOnly", "MoeSrelu", "MoeSwiglu", "MoeSituglu", "MoeGeglu", "TeGptLayer", "TeLlamaLayer",
     "TpMlp", "TpMlp4", "TpColumn", "TpRowTp1", "TpRowTp2", "TpRowTp4", "TpComm", "TpResidualMlp",
-    "TpLayer", "TpTeModules", "TpTeLayer", "TpRow", "DelayedScaling", "Float8BlockScaling",
-    "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "MMParams", "QParams", "autocast",
-    "fp8_autocast", "forget_fp8_weights"]
+    "TpLayer", "TpTeModules", "TpTeLayer", "TpTeLayerSbhd", "TpRow", "DelayedScaling",
+    "Float8BlockScaling", "Float8CurrentScaling", "Float8RowwiseScaling", "Format", "MMParams",
+    "QParams", "autocast", "fp8_autocast", "forget_fp8_weights"]

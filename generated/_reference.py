@@ -856,6 +856,18 @@ def sequences_of(x2d, lead):
     return torch.arange(0, count + 1, dtype=torch.int32, device=x2d.device) * length
 
 
+def batch_major(rows, cu_seqlens):
+    """``rows`` in [seq, batch] order (TE's "sbhd" under sequence parallelism: the ranks' shares of
+    each sequence gathered along seq) as [batch, seq] rows, each sequence's together (what the
+    attention reads), a new tensor; the batch is cu_seqlens' sequences."""
+    return rows.unflatten(0, (-1, cu_seqlens.shape[0] - 1)).transpose(0, 1).reshape(rows.shape)
+
+
+def sequence_major(rows, cu_seqlens):
+    """``batch_major``'s inverse: [batch, seq] rows back in [seq, batch] order."""
+    return rows.unflatten(0, (cu_seqlens.shape[0] - 1, -1)).transpose(0, 1).reshape(rows.shape)
+
+
 # --- generator/ops/attention_rotary_table.py ----------------------------------------------------
 
 def rotary_table_of(rotary_pos_emb, head_dim, longest, device):

@@ -64,11 +64,6 @@ class Localiser:
                                 "give every Linear around attention the same sequence_parallel", call.location)
             if op.reads_sequences:
                 self.attended = self.rows
-            if op.reads_sequences and self.rows > 1 and args.get("qkv_format") == "sbhd":
-                raise SpecError(f"{call.op}(): qkv_format='sbhd' (TE's default) with sequence parallelism gathers the "
-                                "ranks' shares of each sequence along dim 0, which fusegen's attention does not read "
-                                "(it runs sbhd batch-major inside); give it qkv_format='thd' (packed tokens) or 'bshd' "
-                                "(te.TransformerLayer: attn_input_format)", call.location)
             if self.reduction is not None and (op.name != "Bias" or not bias_first):
                 groups[-1].append(self.reduction)  # (right after the Linear)
                 self.reduction = None
@@ -194,6 +189,14 @@ def sequence_ranks(ops) -> int:
     if len(seen) > 1:  # (the Localiser refuses such a spec)
         raise AssertionError(f"ops reading the sequences see the tokens of {sorted(seen)} ranks")
     return seen.pop() if seen else 1
+
+
+def sequence_major(pipeline) -> bool:
+    """Whether the pipeline's rows run in x's [seq, batch] order: TE's "sbhd" under sequence
+    parallelism, each rank's share of every sequence gathered along seq (dim 0, TE's), so the
+    attention stage reorders its own rows batch-major and back; without it "sbhd" runs batch-major
+    rows throughout (the module transposes x once)."""
+    return pipeline.sequence_format == "sbhd" and sequence_ranks(pipeline.ops) > 1
 
 
 def shards(pipeline) -> dict[str, int | str | tuple[int, ...]]:

@@ -103,3 +103,12 @@ tp_te_layer = te.Sequential(
                         fuse_qkv_params=True, set_parallel_mode=True, sequence_parallel=True, tp_group=tp_group,
                         tp_size=2),
 )
+
+# the same layer as TE's default writes it, x [seq, batch, hidden] ("sbhd"), sequence parallel: each
+# rank holds its share of every sequence (dim 0, as TE splits it); the rows run in x's order and the
+# attention reads them batch-major
+tp_te_layer_sbhd = te.Sequential(
+    te.TransformerLayer(256, 512, 4, num_gqa_groups=2, hidden_dropout=0.0, attention_dropout=0.0,
+                        normalization="RMSNorm", activation="swiglu", set_parallel_mode=True, sequence_parallel=True,
+                        tp_group=tp_group, tp_size=2),
+)

@@ -173,7 +173,8 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
     ``ranks``: x is this rank's share of the tokens of a tensor-parallel group of ``ranks``
     (sequence parallelism), which the ops all-gather in rank order before they read the
     sequences: the call form describes all of them (seq_lens summing to ranks * x.shape[0]; a 3-D
-    x one of ranks * batch sequences, the ranks' batches in rank order)."""
+    x one of ranks * batch sequences, the ranks' batches in rank order; with qkv_format "sbhd" the
+    ranks' shares of each sequence, along its seq dim)."""
     if max_seqlen is not None and (type(max_seqlen) is not int or max_seqlen < 0):  # (not a bool)
         raise TypeError(f"{module}: max_seqlen must be None or an int of 0 or more (the longest "
                         f"sequence's length, or more), got {max_seqlen!r}")
@@ -189,7 +190,11 @@ def packed_sequences(module, x, seq_lens, max_seqlen, few_rows=None, qkv_format=
             raise ValueError(f"{module}: x must be 2-D [tokens, hidden] (one sequence) or 3-D "
                              f"[batch, seq, hidden] (batch sequences of seq tokens), got "
                              f"{list(x.shape)}")
-        batch, seq = (1, x.shape[0] * ranks) if dims == 2 else (x.shape[0] * ranks, x.shape[1])
+        batch, seq = (1, x.shape[0]) if dims == 2 else (x.shape[0], x.shape[1])
+        # the ranks' shares joined along x's dim 0 (TE's): an sbhd x's seq (here dim 1), else its
+        # rows or batch
+        batch, seq = (batch, seq * ranks) if dims == 2 or qkv_format == "sbhd" else (
+            batch * ranks, seq)
         _check_bound(module, max_seqlen, seq, "x's sequence length")
         _check_positions(module, positions, seq)
         cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=x.device) * seq

@@ -201,7 +201,7 @@ def argument(f: ModuleForward, value: Value, op) -> Argument:
             te += ", positions=rotary_table.shape[0] or None"
         te += f", ranks={f.sequence_ranks}" if f.sequence_ranks > 1 else ""  # x: a rank's share (sequence parallel)
         check += (f'cu_seqlens, max_seqlen = packed_sequences("{f.module}", x, seq_lens, max_seqlen{few_rows}{form}{te})',)
-        if f.sequence_format == "sbhd":  # TE's default: x [seq, batch, hidden] runs as batch-major rows inside
+        if f.sequence_format == "sbhd" and f.sequence_ranks == 1:  # TE's default: x [seq, batch] as batch-major rows
             check += ("x = x.transpose(0, 1)  # 'sbhd': batch-major rows inside (as_rows copies once), each batch column a sequence",)
         first = value.id == f.sequences[0]
         return Argument(value.id, value.role, name, name, line="sequences", check=check,

@@ -256,4 +256,7 @@ def pipeline_context(plan: Plan, stage_kernels: dict) -> dict:
         check_helpers=sorted(convention.check_helpers(args) + runtime_helpers(held, not between)),
         kernels=stage_kernels, runs_as=cells, diagrams=diagrams(plan, cells, extra_inputs, extra_outputs),
         fp8=fp8, shards=tensor_parallel.shards(p),
+        # TE's "sbhd": x [seq, batch] transposed to batch-major rows inside, and the output back (not under
+        # sequence parallelism, where the rows run as x's: tensor_parallel.sequence_major)
+        batch_major_inside=p.sequence_format == "sbhd" and not tensor_parallel.sequence_major(p),
     )

@@ -121,6 +121,18 @@ def sequences_of(x2d, lead):
     return torch.arange(0, count + 1, dtype=torch.int32, device=x2d.device) * length
 
 
+def batch_major(rows, cu_seqlens):
+    """``rows`` in [seq, batch] order (TE's "sbhd" under sequence parallelism: the ranks' shares of
+    each sequence gathered along seq) as [batch, seq] rows, each sequence's together (what the
+    attention reads), a new tensor; the batch is cu_seqlens' sequences."""
+    return rows.unflatten(0, (-1, cu_seqlens.shape[0] - 1)).transpose(0, 1).reshape(rows.shape)
+
+
+def sequence_major(rows, cu_seqlens):
+    """``batch_major``'s inverse: [batch, seq] rows back in [seq, batch] order."""
+    return rows.unflatten(0, (cu_seqlens.shape[0] - 1, -1)).transpose(0, 1).reshape(rows.shape)
+
+
 def reads_rotary_table(opdef, args) -> bool:
     """Whether an op rotates q and k by TE's per-call table (forward(rotary_pos_emb=...), ops/
     attention_rotary_table.py): an attention op of TE's modules (its qkv_format set: the module takes
@@ -199,7 +211,8 @@ DROPOUT = Arg("dropout", "float", 0.0, keyword_only=True, check=_dropout)
 FORMAT = Arg("qkv_format", "str", None, keyword_only=True, in_kernel=False, check=_format)
 HELPERS = (attention_dropout_scale, attention_positions, attention_rotary_angles, attention_rotary, attention_split, attention_bounds,
            attention_blocks, attention_core, attention_core_bwd, attention_inputs, attention_inputs_bwd,
-           attention_on_flash, flash_attention_forward, flash_attention_backward, sequences_of,
+           attention_on_flash, flash_attention_forward, flash_attention_backward, sequences_of, batch_major,
+           sequence_major,
            # TE's per-call rotary table (ops/attention_rotary_table.py): its check and the prep kernels' CPU math
            rotary_table_of, rotary_table_argument, attention_rotary_table_angles, attention_rotary_partial,
            attention_inputs_table, attention_inputs_table_bwd)

@@ -186,14 +186,14 @@ def test_every_generated_module_takes_the_call_form_and_only_attentions_compute_
                                            "te_gpt_layer.py", "te_llama_layer.py",  # specs/te_transformer_layer.py
                                            "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py",
                                            "llama_stack.py",  # specs/te_models.py
-                                           "tp_layer.py", "tp_te_layer.py"}  # specs/tensor_parallel.py
+                                           "tp_layer.py", "tp_te_layer.py", "tp_te_layer_sbhd.py"}  # specs/tensor_parallel.py
     # TE's per-call rotary table (forward(rotary_pos_emb=...)): the pipelines whose attention ops read
     # a qkv_format (TE's modules, gpt_stack's te.ops) and rotate by no rotary_base of their own
     tables = {path.name for path in Path(generated.__file__).parent.glob("*.py")
               if "ref.rotary_table_argument(" in path.read_text()}
     assert tables == {"te_gpt_attention.py", "te_gqa_attention.py", "te_gpt_layer.py", "te_llama_layer.py",
                       "te_gpt_stack.py", "gpt_stack.py", "te_llama_stack.py", "llama_layer_te.py",
-                      "llama_layer_te_fused.py", "tp_te_layer.py"}
+                      "llama_layer_te_fused.py", "tp_te_layer.py", "tp_te_layer_sbhd.py"}
     assert "packed_sequences(" in Path(pkg.__file__).with_name("packed.py").read_text()
     assert "packed_sequences(" not in Path(pkg.__file__).with_name("plain.py").read_text()
 

@@ -96,11 +96,11 @@ def _grouped_to_qkv(t, groups=2, per_group=2, d=64):
                       blocks[:, (per_group + 1) * d:].reshape(-1, *t.shape[1:])])
 
 
-def _te_layers(p, x, lengths):
+def _te_layers(p, x, lengths, layers=("0", "1")):
     """specs/tensor_parallel.py's tp_te_layer, unsharded: two of TE's TransformerLayers (pre-norm
     RMSNorm, 4 heads and 2 GQA groups of 64, causal, no rotary, SwiGLU, biases), the first holding
     TE's query, key and value blocks, the second one weight grouped per GQA group."""
-    for layer in ("0", "1"):
+    for layer in layers:
         qkv = f"{layer}.self_attention.layernorm_qkv."
         if layer == "0":
             w = torch.cat([p[qkv + f"{name}_weight"] for name in ("query", "key", "value")])
@@ -115,9 +115,17 @@ def _te_layers(p, x, lengths):
     return x
 
 
-def _te_layer_parameters():
+def _te_layer_sbhd(p, x):
+    """tp_te_layer_sbhd, unsharded: the first of those layers on x [seq, batch, hidden], each batch
+    column a sequence."""
+    seq, batch, hidden = x.shape
+    rows = _te_layers(p, x.transpose(0, 1).reshape(-1, hidden), [seq] * batch, layers=("0",))
+    return rows.reshape(batch, seq, hidden).transpose(0, 1)
+
+
+def _te_layer_parameters(layers=("0", "1")):
     shapes, held = {}, {}
-    for layer in ("0", "1"):
+    for layer in layers:
         qkv, mlp = f"{layer}.self_attention.layernorm_qkv.", f"{layer}.layernorm_mlp."
         blocks = {"query": 256, "key": 128, "value": 128} if layer == "0" else {"": 512}
         for name, rows in blocks.items():
@@ -136,6 +144,9 @@ def _te_layer_parameters():
 
 _TE_SHAPES, _TE_HELD = _te_layer_parameters()
 PIPELINES["TpTeLayer"] = (2, _TE_SHAPES, "rows", "rows", _TE_HELD, _te_layers)
+# TE's default "sbhd", sequence parallel: x [seq, batch, hidden], each rank its share of the seq dim
+PIPELINES["TpTeLayerSbhd"] = (2, *_te_layer_parameters(("0",))[:1], "rows", "rows", _te_layer_parameters(("0",))[1],
+                              _te_layer_sbhd)
 CLASSES = {"TpRow4": "TpRow"}  # a test's module class where it is not the test's name
 # packed sequences over the ranks' tokens (sequence parallel: rank r holds rows 12r..12r+11, and a
 # sequence may cross ranks), empty and one-token ones among them
@@ -146,7 +157,7 @@ LENGTHS = [5, 1, 10, 0, 8]
 # result its reader started (an all-gather before a Linear and a Linear's reduce-scatter run inside
 # the Function, micro-pipelined with the GEMM: stages/collective.py's COLLECTIVE_GEMM)
 EARLY = {"TpMlp": [False], "TpMlp4": [False], "TpResidualMlp": [False], "TpColumn": [True], "TpRow": [], "TpRow4": [],
-         "TpLayer": [], "TpTeModules": [], "TpTeLayer": []}
+         "TpLayer": [], "TpTeModules": [], "TpTeLayer": [], "TpTeLayerSbhd": []}
 
 
 def _share(t, how, rank, ranks):
@@ -298,7 +309,7 @@ def _gpus(n):
 
 
 @pytest.mark.parametrize("name", ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpRow4", "TpLayer",
-                                  "TpTeModules"])
+                                  "TpTeModules", "TpTeLayerSbhd"])
 def test_tensor_parallel_pipeline_matches_the_unsharded_model(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name)
 
@@ -315,7 +326,7 @@ def test_te_communication_ops():
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", [pytest.param(name, marks=_gpus(PIPELINES[name][0]))
                                   for name in ["TpMlp", "TpMlp4", "TpResidualMlp", "TpColumn", "TpRow", "TpLayer",
-                                               "TpTeModules"]])
+                                               "TpTeModules", "TpTeLayerSbhd"]])
 def test_tensor_parallel_pipeline_on_gpus_with_nccl(name):
     run_ranks(PIPELINES[name][0], check_pipeline, name, backend="nccl", device="cuda")
 
@@ -416,7 +427,7 @@ def check_compiled(rank, ranks, device, name, backend, lengths=None):
             torch.testing.assert_close(got, want, rtol=1e-12 if device == "cpu" else 1e-5, atol=1e-12 if device == "cpu" else 1e-5)
 
 
-@pytest.mark.parametrize("name", ["TpMlp", "TpColumn", "TpRow", "TpLayer"])
+@pytest.mark.parametrize("name", ["TpMlp", "TpColumn", "TpRow", "TpLayer", "TpTeLayerSbhd"])
 def test_compile_fullgraph_runs_the_collectives_in_the_graph(name):
     run_ranks(2, check_compiled, name, "aot_eager", LENGTHS if name == "TpLayer" else None)
 
@@ -621,9 +632,6 @@ def test_the_sharded_layer_splits_each_of_q_k_and_v_and_reads_all_ranks_tokens()
     ("te.Linear(64, 64, parallel_mode='row', tensor_parallel_mode='column')", 2,
      r"parallel_mode='row' \(TE's module\) and tensor_parallel_mode='column' \(TE's op\) disagree"),
     ("te.LayerNormLinear(64, 64, parallel_mode='row')", 2, r"a norm before a row-parallel GEMM reads whole rows"),
-    # TE's default sbhd: the ranks' shares of each sequence along dim 0, which fusegen's attention does not read
-    ("te.MultiheadAttention(256, 4, set_parallel_mode=True, sequence_parallel=True)", 2,
-     r"MultiheadAttention\(\): qkv_format='sbhd' \(TE's default\) with sequence parallelism .* qkv_format='thd'"),
     ("te.TransformerLayer(256, 512, 4, num_gqa_groups=1, set_parallel_mode=True, attn_input_format='thd')", 2,
      r"its 4 query heads and 1 key/value heads must each split over the 2 ranks"),
 ])

@@ -25,6 +25,7 @@ table's shape, so each graph holds one branch.
 from __future__ import annotations
 
 from ...calls import Launch, TorchCall, literal
+from ...tensor_parallel import sequence_major
 from ...values import Role
 from ..base import Saves, StageImpl
 from .kernels import attention_shape, prep_backward, prep_forward, prep_table
@@ -54,7 +55,10 @@ class AttentionStage(StageImpl):
 
     def saves(self, pipeline, stage, have):
         # FA2's backward reads the output, and q, k, v: views of the prep kernel's buffer (a value
-        # the forward makes, saved by the calls that read it), or without rotary of the input
+        # the forward makes, saved by the calls that read it), or without rotary of the input;
+        # rows in x's [seq, batch] order (sequence_major): the batch-major ones it made, all made values
+        if sequence_major(pipeline):
+            return Saves(values=frozenset())
         without_prep = prep_forward(stage.ops[0]) is None and stage.ops[0].rotary_table is None
         return Saves(values=frozenset({stage.output, *([stage.input] if without_prep else [])}))
 
@@ -67,6 +71,10 @@ class AttentionStage(StageImpl):
         op = stage.ops[0]
         heads, kv_heads, head_dim, rotary = attention_shape(op)
         qkv, lse, *rng = (em.table[value].name for value in em.stats[op.index])
+        out = {}
+        if sequence_major(em.pipeline):  # (the last: the output and the input in batch-major rows)
+            *rng, y, _ = rng
+            out = {y: (f"[rows, {heads * head_dim}], the output in batch-major rows (x's are [seq, batch])", "x's dtype")}
         what = ("the prep kernel's buffer: rotary(q), rotary(k), v" if rotary is not None else
                 "the prep kernel's buffer where TE's table has rows, else a view of the projection"
                 if op.rotary_table is not None else "the projection")
@@ -77,7 +85,7 @@ class AttentionStage(StageImpl):
                 em.name(op.cu_seqlens): ("[batch + 1]", "int32"),
                 **({em.name(op.rotary_table): ("[max_s, d], TE's rotary table ([0, d]: none)", "float32")}
                    if op.rotary_table is not None else {}),
-                em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int")}
+                em.name(op.max_seqlen): ("a host int, on the autograd ctx", "int"), **out}
 
     def runs_as(self, pass_, stage, kernels):
         names = [f"`{k.name}`" for k in kernels]
@@ -96,17 +104,22 @@ class AttentionStage(StageImpl):
         op = stage.ops[0]
         qkv = [em.table.add(Role.ACTIVATION, "x", f"{op.hint}_{name}") for name in ("q", "k", "v")]
         spec, table = prep_forward(op), prep_table(op, inverse=False)
+        x, y = stage.input, stage.output
+        if sequence_major(em.pipeline):  # rows in x's [seq, batch] order: each sequence's rows together here
+            x = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_in_by_sequence")
+            y = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_out_by_sequence")
+            block.add(TorchCall("{b} = ref.batch_major({x}, {cu})", dict(x=stage.input, cu=op.cu_seqlens), dict(b=x)))
         if spec is not None:  # one buffer [rows, heads + 2 kv_heads, d]: q, k, v are views of it
             heads_in = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_qkv")
-            block.add(Launch(spec.name, [stage.input, op.cu_seqlens], [heads_in]))
+            block.add(Launch(spec.name, [x, op.cu_seqlens], [heads_in]))
         elif table is not None:  # TE's table: its prep kernel's buffer where it has rows, else views of x
             heads_in = em.table.add(Role.ACTIVATION, "x", f"{op.hint}_qkv")
             heads, kv_heads, head_dim, _ = attention_shape(op)
             block.add(TorchCall(f"{{b}} = kernels.{table.name}({{x}}, {{cu}}, {{t}}) if {{t}}.shape[0] else "
                                 f"{{x}}.unflatten(1, ({heads + 2 * kv_heads}, {head_dim}))",
-                                dict(x=stage.input, cu=op.cu_seqlens, t=op.rotary_table), dict(b=heads_in)))
+                                dict(x=x, cu=op.cu_seqlens, t=op.rotary_table), dict(b=heads_in)))
         else:  # no rotary: views of the projection itself
-            heads_in = stage.input
+            heads_in = x
         block.add(_split(op, heads_in, qkv))
         causal = literal(repr(op.opdef.reference_arguments(op.args)[2]))
         reads = dict(q=qkv[0], k=qkv[1], v=qkv[2], cu=op.cu_seqlens, max=op.max_seqlen)
@@ -118,25 +131,34 @@ class AttentionStage(StageImpl):
         else:
             call = f"ref.flash_attention_forward({{q}}, {{k}}, {{v}}, {{cu}}, {{max}}, {causal})"
         if not em.saving:  # the no-grad forward keeps nothing for a backward
-            block.add(TorchCall(f"{{y}} = {call}[0]", reads, dict(y=stage.output)))
-            return em.table[stage.output].name
-        flash = [em.table.add(role, dtype, f"{op.hint}_{name}") for name, role, dtype in _flash_saved(op)]
-        # the backward reads the one tensor q, k and v are views of (its own views again): one
-        # saved tensor, not three views (a custom op under torch.compile returns tensors of its
-        # own, so three views would be three copies there)
-        em.stats[op.index] = [heads_in, *flash]
-        writes = dict(y=stage.output, **{f"s{k}": value for k, value in enumerate(flash)})
-        block.add(TorchCall(", ".join("{" + slot + "}" for slot in writes) + f" = {call}", reads, writes))
+            block.add(TorchCall(f"{{y}} = {call}[0]", reads, dict(y=y)))
+        else:
+            flash = [em.table.add(role, dtype, f"{op.hint}_{name}") for name, role, dtype in _flash_saved(op)]
+            # the backward reads the one tensor q, k and v are views of (its own views again): one
+            # saved tensor, not three views (a custom op under torch.compile returns tensors of its
+            # own, so three views would be three copies there); with rows in [seq, batch] order, the
+            # output in batch-major rows too
+            em.stats[op.index] = [heads_in, *flash, *([y, x] if y != stage.output else [])]  # (x: its grad's name)
+            writes = dict(y=y, **{f"s{k}": value for k, value in enumerate(flash)})
+            block.add(TorchCall(", ".join("{" + slot + "}" for slot in writes) + f" = {call}", reads, writes))
+        if y != stage.output:  # back in x's [seq, batch] order
+            block.add(TorchCall("{o} = ref.sequence_major({y}, {cu})", dict(y=y, cu=op.cu_seqlens), dict(o=stage.output)))
         return em.table[stage.output].name
 
     def backward(self, em, stage, block, dy, d_in):
         op = stage.ops[0]
         heads_in, *flash = em.stats[op.index]
+        y, d_out = stage.output, d_in
+        if sequence_major(em.pipeline):  # rows in x's [seq, batch] order: the grads batch-major here, then back
+            *flash, y, x = flash
+            batch_dy = em.grad(y)
+            block.add(TorchCall("{b} = ref.batch_major({dy}, {cu})", dict(dy=dy, cu=op.cu_seqlens), dict(b=batch_dy)))
+            dy, d_in = batch_dy, em.grad(x)
         qkv = [em.table.add(Role.ACTIVATION, "x", f"{op.hint}_{name}") for name in ("q", "k", "v")]
         block.add(_split(op, heads_in, qkv))
         grads = [em.grad(value) for value in qkv]  # dq, dk, dv
         saved = [*qkv, *flash]
-        reads = dict(dy=dy, y=stage.output, **{f"s{k}": value for k, value in enumerate(saved)},
+        reads = dict(dy=dy, y=y, **{f"s{k}": value for k, value in enumerate(saved)},
                      cu=op.cu_seqlens, max=op.max_seqlen)
         causal = op.opdef.reference_arguments(op.args)[2]
         slots = ", ".join("{" + f"s{k}" + "}" for k in range(4))  # q, k, v, lse
@@ -146,11 +168,14 @@ class AttentionStage(StageImpl):
         table = prep_table(op, inverse=True)
         if table is None:
             block.add(Launch(prep_backward(op).name, [*grads, op.cu_seqlens], [d_in]))
-            return d_in
-        reads = dict(dq=grads[0], dk=grads[1], dv=grads[2], cu=op.cu_seqlens, t=op.rotary_table)
-        block.add(TorchCall(f"{{d}} = kernels.{table.name}({{dq}}, {{dk}}, {{dv}}, {{cu}}, {{t}}) if {{t}}.shape[0] else "
-                            f"kernels.{prep_backward(op).name}({{dq}}, {{dk}}, {{dv}}, {{cu}})", reads, dict(d=d_in)))
-        return d_in
+        else:
+            reads = dict(dq=grads[0], dk=grads[1], dv=grads[2], cu=op.cu_seqlens, t=op.rotary_table)
+            block.add(TorchCall(f"{{d}} = kernels.{table.name}({{dq}}, {{dk}}, {{dv}}, {{cu}}, {{t}}) if {{t}}.shape[0] "
+                                f"else kernels.{prep_backward(op).name}({{dq}}, {{dk}}, {{dv}}, {{cu}})", reads,
+                                dict(d=d_in)))
+        if d_in != d_out:  # back in x's [seq, batch] order
+            block.add(TorchCall("{d} = ref.sequence_major({b}, {cu})", dict(b=d_in, cu=op.cu_seqlens), dict(d=d_out)))
+        return d_out
 
 
 def _split(op, heads_in, qkv) -> TorchCall:
