@@ -4,6 +4,7 @@ convention, its saved tensors, its module's children and checks, whether it repl
 from __future__ import annotations
 
 import hashlib
+import inspect
 
 from .. import tensor_parallel
 from ..ir import Sym, size_expr
@@ -50,8 +51,9 @@ def leading_dims(p) -> tuple[dict[int, str], list[str]]:
         elif op.opdef.new_lead is not None:
             helper, dims = op.opdef.new_lead(op.args)
             call = py_string(f"{calls[op.module_index]} (op {op.module_index} at {op.location})")
-            where = f'"{p.class_name}", {call}, ' if helper != "unflattened_lead" else ""  # (which cannot fail)
-            lines.append(f"{new} = ref.{helper}({where}{current}, {dims!r})")
+            named = list(inspect.signature(helper).parameters)[:2] == ["module", "op"]  # (a helper that can fail)
+            where = f'"{p.class_name}", {call}, ' if named else ""
+            lines.append(f"{new} = ref.{helper.__name__}({where}{current}, {dims!r})")
             current = new
     names[len(p.ops)] = current
     return names, lines

@@ -68,12 +68,12 @@ def tensor_parallel_lead(module, op, lead, dims):
 
 register(OpDef(
     "AllGather", "all_gather", args=(PROCESS_GROUP, SIZE),
-    new_lead=lambda a: ("tensor_parallel_lead", (a["size"], 1)), reference_helpers=(tensor_parallel_lead,),
+    new_lead=lambda a: (tensor_parallel_lead, (a["size"], 1)), reference_helpers=(tensor_parallel_lead,),
     summary="the ranks' rows joined in rank order; backward: the grad reduce-scattered",
 ))
 register(OpDef(
     "ReduceScatter", "reduce_scatter", args=(PROCESS_GROUP, SIZE),
-    new_lead=lambda a: ("tensor_parallel_lead", (1, a["size"])),
+    new_lead=lambda a: (tensor_parallel_lead, (1, a["size"])),
     summary="the ranks' tensors summed, each rank keeping its share of the rows; backward: the grad all-gathered",
 ))
 register(OpDef(

@@ -20,6 +20,7 @@ generated module checks that the leading dims end in dims[:-1] (``flattened_lead
 
 import math
 
+from .common import flattened_lead, unflattened_lead
 from .opdef import MAX_FEATURES, Arg, OpDef, register
 
 register(OpDef("Identity", "identity", summary="y = x", changes_value=False, changes_grad=False, view=True))
@@ -93,14 +94,14 @@ _DIMS = (Arg("dims", "dims"),)
 FLATTEN_ROWS = register(OpDef(
     "FlattenRows", "reshape", args=_DIMS, modules=(),
     fixed_in=lambda a: a["dims"][-1], out_features=lambda a, n: math.prod(a["dims"]),
-    new_lead=lambda a: ("flattened_lead", a["dims"]), tag=lambda a: "reshape",
+    new_lead=lambda a: (flattened_lead, a["dims"]), tag=lambda a: "reshape",
     summary="the last len(dims) dims as one: y = x.reshape(*x.shape[:-len(dims)], prod(dims))",
     changes_value=False, changes_grad=False,
 ))
 UNFLATTEN_ROWS = register(OpDef(
     "UnflattenRows", "reshape", args=_DIMS, modules=(),
     fixed_in=lambda a: math.prod(a["dims"]), out_features=lambda a, n: a["dims"][-1],
-    new_lead=lambda a: ("unflattened_lead", a["dims"]), tag=lambda a: "reshape",
+    new_lead=lambda a: (unflattened_lead, a["dims"]), tag=lambda a: "reshape",
     summary="FlattenRows undone: y = x.reshape(*x.shape[:-1], *dims)", changes_value=False, changes_grad=False,
 ))
 

@@ -111,9 +111,9 @@ class OpDef:
     reshape: Callable[[dict], tuple[int, ...]] | None = None
     # A check of the op's input and output sizes once all are known (ints, or run-time Syms): an error text, or None
     check_sizes: Callable[[dict, object, object], str | None] = lambda a, n_in, n_out: None
-    # A view that moves dims between the leading shape and the features (ops/identity.py's
-    # FlattenRows, UnflattenRows): the shipped helper that gives the new leading dims, and its dims
-    new_lead: Callable[[dict], tuple[str, tuple[int, ...]]] | None = None
+    # A view that moves dims between the leading shape and the features (identity.py's FlattenRows, UnflattenRows):
+    # the shipped helper that gives the new leading dims (naming the module and op if its first parameters say so)
+    new_lead: Callable[[dict], tuple[Callable, tuple[int, ...]]] | None = None
     # The trailing dims the op reads as one row where they are several (a norm's multi-dim
     # normalized_shape): the graph runs it on their product, between views that flatten them into
     # the features and back (ir.build_graph)
