@@ -443,7 +443,7 @@ def check_graphed(rank, ranks, device, name):
     import generated
 
     torch.manual_seed(rank)
-    dtype = torch.bfloat16 if name == "TpLayer" else torch.float32
+    dtype = torch.bfloat16 if "Layer" in name else torch.float32
     module = getattr(generated, name)(device=device, dtype=dtype)
     rows = (ROWS, 3)
     static_x = torch.randn(*rows, module.in_features, device=device, dtype=dtype, requires_grad=True)
@@ -475,7 +475,7 @@ def check_graphed(rank, ranks, device, name):
 
 @pytest.mark.cuda
 @_gpus(2)
-@pytest.mark.parametrize("name", ["TpMlp", "TpColumn", "TpRow", "TpComm", "TpLayer"])
+@pytest.mark.parametrize("name", ["TpMlp", "TpColumn", "TpRow", "TpComm", "TpLayer", "TpTeLayerSbhd"])
 def test_compile_and_cuda_graphs_on_gpus_with_nccl(name):
     run_ranks(2, check_compiled, name, "inductor", LENGTHS if name == "TpLayer" else None, backend="nccl",
               device="cuda")
