@@ -145,8 +145,8 @@ def _te_layer_parameters(layers=("0", "1")):
 _TE_SHAPES, _TE_HELD = _te_layer_parameters()
 PIPELINES["TpTeLayer"] = (2, _TE_SHAPES, "rows", "rows", _TE_HELD, _te_layers)
 # TE's default "sbhd", sequence parallel: x [seq, batch, hidden], each rank its share of the seq dim
-PIPELINES["TpTeLayerSbhd"] = (2, *_te_layer_parameters(("0",))[:1], "rows", "rows", _te_layer_parameters(("0",))[1],
-                              _te_layer_sbhd)
+_SBHD_SHAPES, _SBHD_HELD = _te_layer_parameters(("0",))
+PIPELINES["TpTeLayerSbhd"] = (2, _SBHD_SHAPES, "rows", "rows", _SBHD_HELD, _te_layer_sbhd)
 CLASSES = {"TpRow4": "TpRow"}  # a test's module class where it is not the test's name
 # packed sequences over the ranks' tokens (sequence parallel: rank r holds rows 12r..12r+11, and a
 # sequence may cross ranks), empty and one-token ones among them
@@ -569,6 +569,11 @@ def test_at_size_1_the_modes_are_ignored_and_the_collectives_left_out(tmp_path):
      r"Linear\(\): out_features=256 does not split over the 3 ranks of the tensor-parallel group"),
     ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = 0\n",
      r"tensor_parallel_size must be a whole number from 1 to 1024"),
+    ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = [2, 2]\n",
+     r"tensor_parallel_size must be a whole number from 1 to 1024 .*, or a list of distinct ones.*got \[2, 2\]"),
+    ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = []\n", r"or a list of distinct ones"),
+    ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = [2, 3]\n",
+     r"Linear\(\): out_features=256 does not split over the 3 ranks"),
     ("[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = 2\nfp8 = [\"current\"]\n",
      r"built for FP8 too, and FP8 GEMMs between tensor-parallel collectives are not generated yet"),
     ("[tool.fusegen.pipelines.plain]\ntensor_parallel_size = 2\n",
@@ -641,6 +646,28 @@ def test_te_modules_parallel_arguments_are_checked(tmp_path, op, table, message)
     spec = f"import transformer_engine.pytorch as te\nblock = te.Sequential({op})\n"
     with pytest.raises(SpecError, match=message):
         _plans(tmp_path, spec, f"[tool.fusegen.pipelines.block]\ntensor_parallel_size = {table}\n")
+
+
+def test_a_spec_fixing_two_sizes_is_refused_at_the_second(tmp_path):
+    from fusegen.errors import SpecError
+
+    spec = ("import transformer_engine.pytorch as te\nblock = te.Sequential(\n"
+            "    te.Linear(64, 64, parallel_mode='column', tp_size=2),\n"
+            "    te.Linear(64, 64, parallel_mode='row', tp_size=4),\n)\n")
+    with pytest.raises(SpecError, match=r"Linear\(\): tp_size=4, but an op before it gives tp_size=2") as info:
+        _plans(tmp_path, spec, "")
+    assert info.value.location.line == 4
+
+
+def test_a_several_size_pipeline_claims_its_size_names(tmp_path):
+    from fusegen.errors import SpecError
+
+    spec = TP_SPEC + "mlp_tp2 = te.ops.Sequential(te.ops.Linear(64, 64))\n"
+    with pytest.raises(SpecError, match="mlp_tp2"):
+        _plans(tmp_path, spec, "[tool.fusegen.pipelines.mlp]\ntensor_parallel_size = [2, 4]\n")
+    names = [plan.pipeline.name for plan in _plans(tmp_path, TP_SPEC, "[tool.fusegen.pipelines.mlp]\n"
+                                                                         "tensor_parallel_size = [4, 2]\n")]
+    assert names == ["mlp_tp2", "mlp_tp4"]
 
 
 def test_attention_ops_that_would_read_different_tokens_are_refused(tmp_path):
