@@ -50,11 +50,12 @@ def plan_specs(specs: Iterable[SequentialSpec], names: NameTable, forward_rules:
         # sizes are a pipeline each, "<name>_tp<size>" (the package's <Name> chooses by the group's size)
         sizes = dict(config.tensor_parallel).get(spec.name, (None,)) if config is not None else (None,)
         for size in sizes:
-            variant = dataclasses.replace(spec, name=f"{spec.name}_tp{size}") if len(sizes) > 1 else spec
-            if variant is not spec:
+            variant = spec
+            if len(sizes) > 1:
+                variant = dataclasses.replace(spec, name=f"{spec.name}_tp{size}")
                 names.claim(variant.name, spec.name_location)
             pipeline = build_pipeline(variant, (features or {}).get(spec.name, ()), size)
-            if variant is not spec:
+            if len(sizes) > 1:
                 pipeline = dataclasses.replace(pipeline, variant_of=spec.name)
             if config is not None:
                 pipeline = with_fp8(pipeline, config)

@@ -45,8 +45,9 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
         # values one Function makes and a later one reads (a Residual's input, kept for its add
         # across a collective): an output of the first and an input of the second, their grads
         # flowing back the same way
-        sent = [v for v in writes_of(blocks) if v != last.output and v in reads_of(sum(runs[k + 1:], []))]
-        received = [v for v in reads_of(blocks) if v != first.input and v in writes_of(sum(runs[:k], []))]
+        later, earlier = set(reads_of(sum(runs[k + 1:], []))), set(writes_of(sum(runs[:k], [])))
+        sent = [v for v in writes_of(blocks) if v != last.output and v in later]
+        received = [v for v in reads_of(blocks) if v != first.input and v in earlier]
         outputs = ([em.name(last.output)] + [extra_output_name(op) for op in tees if start <= op.index < end]
                    + [em.name(v) for v in sent])
         forward_reads = reads_of(blocks)

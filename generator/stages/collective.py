@@ -4,8 +4,11 @@ through PyTorch's collectives (templates/runtime/collectives.py: NCCL on CUDA, g
 Each runs between the fused stages under autograd, as a user's module does (emit/segments.py):
 the runtime's collective is an autograd Function whose backward is its pair (an all-gather's a
 reduce-scatter, and the reverse; an all-reduce's the grad as it is; TensorParallelCopy's an
-all-reduce), so the stage emits no backward. It captures into no CUDA graph of fusegen's own (a
-gloo collective cannot be captured; NCCL's overlap with the GEMMs is planned next, issue 41).
+all-reduce), so the stage emits no backward; the Function reading its output starts that backward
+early (``starts_pair_early``). It replays in no CUDA graph of fusegen's own (a gloo collective
+cannot be captured): a user captures a whole step with NCCL's, README "Tensor and sequence
+parallelism". COLLECTIVE_GEMM runs an all-gather or a reduce-scatter inside the fused Function,
+micro-pipelined with its GEMM.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ..calls import TorchCall
-from ..values import X_DTYPE, Role
 from ..ops.collectives import KINDS as COLLECTIVES, RUNS
+from ..values import X_DTYPE, Role
 from .base import Saves, StageImpl
+
 
 class CollectiveStage(StageImpl):
     name = "collective"

@@ -8,18 +8,7 @@ import torch
 def group_of(module, group, size):
     """The process group a module's collectives run on: ``group``, or the world's where None (TE's
     default), checked to have the ``size`` ranks the module is built for."""
-    dist = torch.distributed
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f"{module} is built for a tensor-parallel group of {size} ranks, but torch.distributed is "
-                           "not initialised in this process: launch one process a rank (torchrun --nproc-per-node "
-                           f"{size} ...), call torch.distributed.init_process_group first, then construct it with "
-                           "tensor_parallel_group= (the world's group where None)")
-    if group is None:
-        group = dist.group.WORLD
-    elif not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"{module}: tensor_parallel_group must be a torch.distributed.ProcessGroup (or None for the "
-                        f"world's), got {type(group).__name__}")
-    ranks = dist.get_world_size(group)
+    group, ranks = _given(module, group, (size,))
     if ranks != size:
         raise ValueError(f"{module}: the tensor-parallel group has {ranks} ranks, but the module is built for {size} "
                          f"([tool.fusegen.pipelines.<name>] tensor_parallel_size = {size}); give it a group of {size} "
@@ -32,25 +21,33 @@ def built_size(module, group, sizes):
     [...]``) runs at: ``group``'s size (the world's where None, as TE's; 1 where torch.distributed
     is not initialised and None is given), or a clear error."""
     dist = torch.distributed
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        if 1 not in sizes:
-            raise RuntimeError(f"{module} is built for tensor-parallel groups of {' and '.join(map(str, sizes))} "
-                               "ranks, but torch.distributed is not initialised in this process: launch one process "
-                               f"a rank (torchrun --nproc-per-node {sizes[0]} ...), call "
-                               "torch.distributed.init_process_group first, then construct it with "
-                               "tensor_parallel_group= (the world's group where None)")
-        size = 1
-    elif group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+    if group is None and 1 in sizes and not (dist.is_available() and dist.is_initialized()):
+        return 1
+    _, size = _given(module, group, sizes)
+    if size not in sizes:
+        raise ValueError(f"{module} is built for tensor-parallel groups of {' and '.join(map(str, sizes))} ranks, but "
+                         f"the group has {size}; build it for {size} too ([tool.fusegen.pipelines.<name>] "
+                         f"tensor_parallel_size = {sorted({*sizes, size})}), or give it a group of one of those sizes")
+    return size
+
+
+def _given(module, group, sizes):
+    """(the group, its size): ``group``, or the world's where None; torch.distributed initialised
+    and a ProcessGroup given, or a clear error naming the ``sizes`` the module is built for."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        built = f"a tensor-parallel group of {sizes[0]}" if len(sizes) == 1 else (
+            f"tensor-parallel groups of {' and '.join(map(str, sizes))}")
+        raise RuntimeError(f"{module} is built for {built} ranks, but torch.distributed is not initialised in this "
+                           f"process: launch one process a rank (torchrun --nproc-per-node {max(sizes)} ...), call "
+                           "torch.distributed.init_process_group first, then construct it with "
+                           "tensor_parallel_group= (the world's group where None)")
+    if group is None:
+        group = dist.group.WORLD
+    elif not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"{module}: tensor_parallel_group must be a torch.distributed.ProcessGroup (or None for the "
                         f"world's), got {type(group).__name__}")
-    else:
-        size = dist.get_world_size(dist.group.WORLD if group is None else group)
-    if size not in sizes:
-        built = " and ".join(map(str, sizes))
-        raise ValueError(f"{module} is built for tensor-parallel groups of {built} ranks, but the group has {size}; "
-                         f"build it for {size} too ([tool.fusegen.pipelines.<name>] tensor_parallel_size = "
-                         f"{sorted({*sizes, size})}), or give it a group of one of those sizes")
-    return size
+    return group, dist.get_world_size(group)
 
 
 def full_state_dict(module):
