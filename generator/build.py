@@ -244,7 +244,7 @@ def _build(config: Config, ext: plugins.Extensions, progress: Progress, reuse: b
     for name, pipelines in variants.items():  # its module choosing among them by the group's size
         files[f"{name}.py"] = env.get_template("tensor_parallel_sizes.py.j2").render(
             name=name, file=pipelines[0].file, class_name=class_name(name),
-            sizes=[p.tensor_parallel for p in pipelines], variants=[(p.tensor_parallel, p.class_name) for p in pipelines])
+            variants=[(p.tensor_parallel, p.class_name) for p in pipelines])
     files["__init__.py"] = env.get_template("package_init.py.j2").render(
         pipelines=[p.pipeline for p in plans], chosen=[(name, class_name(name)) for name in variants],
         dtypes=config.dtypes, archs=config.archs)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .errors import SpecError
 from .ops import OPS
-from .ops.collectives import KINDS as COLLECTIVES
+from .ops.collectives import KINDS as COLLECTIVES, rows_times
 
 
 class Localiser:
@@ -114,9 +114,7 @@ class Localiser:
 
     def _collective(self, op, args, part) -> tuple:
         """A collective's part, the rows it leaves a rank counted (an all-gather's: the group's)."""
-        if op.new_lead is not None:
-            times, over = op.new_lead(args)[1]
-            self.rows = self.rows * times // over
+        self.rows = int(self.rows * rows_times(op, args))
         return (op, args, part, None)
 
     def _on_share(self, op, args, call) -> dict:
@@ -181,9 +179,8 @@ def sequence_ranks(ops) -> int:
     without; the module's call form gives the sequences of all of them, in rank order."""
     ranks, seen = 1, set()
     for op in ops:
-        if op.opdef.kind in COLLECTIVES and op.opdef.new_lead is not None:
-            times, over = op.opdef.new_lead(op.args)[1]
-            ranks = ranks * times // over
+        if op.opdef.kind in COLLECTIVES:
+            ranks = int(ranks * rows_times(op.opdef, op.args))
         elif op.opdef.reads_sequences:
             seen.add(ranks)
     if len(seen) > 1:  # (the Localiser refuses such a spec)
@@ -210,20 +207,22 @@ def shards(pipeline) -> dict[str, int | str | tuple[int, ...]]:
     if pipeline.tensor_parallel == 1:
         return {}
     ops = pipeline.ops
-    rows = {op.module_index for op in ops if op.opdef.name == "BasicLinear" and op.args["tensor_parallel_mode"] == "row"}
+    rows = {op.module_index for op in ops
+            if op.opdef.name == "BasicLinear" and op.args["tensor_parallel_mode"] == "row"}
     split = {}
     for op, attr, key, shape, _ in pipeline.params:
         mode = op.args.get("tensor_parallel_mode") if op.opdef.name == "BasicLinear" else None
+        by_rows = mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"])
         if mode == "row":
             split[key] = 1
-        elif (mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"])) and op.held_rows:
+        elif by_rows and op.held_rows:
             for name, held in op.held_rows.held(attr, shape):  # TE's QKV blocks (or grouped rows): each in rank order
                 split[f"{op.module_index}.{op.holder_attribute(name)}"] = (held[0] * pipeline.tensor_parallel,)
-        elif mode == "column" or (op.opdef.name == "Bias" and op.args["tensor_parallel"]):
+        elif by_rows:
             split[key] = _sections(ops[op.index + 1:], pipeline.tensor_parallel * (
                 op.args["out_features"] if mode else op.args["size"]))
         elif op.opdef.name == "Bias" and op.module_index in rows and ops[op.index - 1].opdef.kind not in COLLECTIVES:
-            split[key] = "sum"  # (a TE module's, after the reduction: every rank's the same, not split)
+            split[key] = "sum"  # (te.ops'; a TE module's, after the reduction, is every rank's the same)
     return split
 
 

@@ -31,8 +31,8 @@ def function_parts(em: Emitter, name: str, title: str, doc: str, suffix: str, in
     the Function finds the input width its backward reshapes with (None: it has none to find);
     ``row_blocks``: (grad value, each block's rows) of each parameter taken as TE's row blocks
     after ``inputs``, in order; ``early``: its first input is a collective's output, whose backward
-    pair the Function starts before its weight-grad GEMMs, to run behind them. The grads are values until here, where they take their names
-    (``em.name``)."""
+    pair the Function starts before its weight-grad GEMMs, to run behind them. The grads are
+    values until here, where they take their names (``em.name``)."""
     weight_grads = {grad for block in backward for grad, _ in block.weight_grad_calls}
     # what backward_stages returns: the grads but the weight grads, then the grads the weight-grad
     # GEMMs after it read that it computes (not those it takes)

@@ -27,10 +27,11 @@ def segments(plan: Plan, em: Emitter, fwd: list[Block], bwd: list[Block], grads:
     for stage, block in zip(plan.forward, fwd):
         if stage.rule.stage.between_functions:
             steps.append(block)
+            following = sum(isinstance(step, list) for step in steps)  # the number of the run after it
             if stage.rule.stage.starts_pair_early:
-                after_pair.add(sum(isinstance(step, list) for step in steps))
+                after_pair.add(following)
             else:  # (a user module's output: the run after it reads no collective's)
-                after_pair.discard(sum(isinstance(step, list) for step in steps))
+                after_pair.discard(following)
         elif steps and isinstance(steps[-1], list):
             steps[-1].append((stage, block))
         else:

@@ -18,6 +18,8 @@ PyTorch's collectives (templates/runtime/collectives.py, through stages/collecti
 have no reference math of their own here.
 """
 
+from fractions import Fraction
+
 from .lazy import torch
 from .opdef import Arg, OpDef, register
 
@@ -64,6 +66,15 @@ def tensor_parallel_lead(module, op, lead, dims):
                          f"{lead[0]} (leading dims {list(lead)}); give each rank a multiple of "
                          f"{over} rows")
     return torch.Size((lead[0] * times // over, *lead[1:]))
+
+
+def rows_times(opdef, args) -> Fraction:
+    """How many times a rank's rows a collective's output holds: an AllGather's group size, a
+    ReduceScatter's 1 / size (their ``new_lead``), 1 for the others."""
+    if opdef.new_lead is None:
+        return Fraction(1)
+    times, over = opdef.new_lead(args)[1]
+    return Fraction(times, over)
 
 
 register(OpDef(

@@ -13,10 +13,8 @@ micro-pipelined with its GEMM.
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from ..calls import TorchCall
-from ..ops.collectives import KINDS as COLLECTIVES, RUNS
+from ..ops.collectives import KINDS as COLLECTIVES, RUNS, rows_times
 from ..values import X_DTYPE, Role
 from .base import Saves, StageImpl
 
@@ -35,9 +33,7 @@ class CollectiveStage(StageImpl):
         return forward if pass_ == "forward" else backward
 
     def rows_factor(self, stage):
-        op = stage.ops[0]  # an AllGather's rows times the group's size, a ReduceScatter's over it (new_lead)
-        times, over = op.opdef.new_lead(op.args)[1] if op.opdef.new_lead else (1, 1)
-        return Fraction(times, over)
+        return rows_times(stage.ops[0].opdef, stage.ops[0].args)
 
     def forward(self, em, stage, block):
         op = stage.ops[0]
@@ -80,8 +76,7 @@ class CollectiveGemmStage(StageImpl):
 
     def rows_factor(self, stage):
         op = stage.first("all_gather") or stage.first("reduce_scatter")
-        times, over = op.opdef.new_lead(op.args)[1]
-        return Fraction(times, over)
+        return rows_times(op.opdef, op.args)
 
     def saves(self, pipeline, stage, have):
         # a GEMM-reduce-scatter's weight grad reads its x; an all-gather-GEMM's the gathered x,
