@@ -177,10 +177,10 @@ def test_progress_counts_one_binary_as_one(spec, capsys):
     code, err = run(capsys, *GENERATE)
     assert code == 0
     assert "fusegen: compiling 1 kernel binary in 1 compile with NVRTC 13.0 (4 reused)\n" in err
-    # 44: the runtime's 18 modules (compiled_passes.py, torch.compile's training ops, the tenth;
+    # 45: the runtime's 19 modules (compiled_passes.py, torch.compile's training ops, the tenth;
     # te_forms.py, TE's attention call forms; row_blocks.py, TE's split and interleaved QKV
     # parameters; fp8_recipes.py, fp8_autocast.py, fp8_state.py, fp8_casts.py and fp8.py, FP8;
-    # collectives.py, tensor parallelism)
+    # collectives.py and tensor_parallel.py, tensor parallelism)
     # and the kernel headers every package ships (attention_prep.cuh, attention_prep_table.cuh,
     # quantize.cuh, quantize_blocks.cuh, amax.cuh and fp8_tile.cuh among them)
     assert "fusegen: fused: 45 files, 1 written, 0 removed\n" in err
